@@ -1,0 +1,21 @@
+"""cortado: symbolic tensor expressions, rewritten by rules, differentiated, planned and run fast.
+
+    import cortado as ct
+    x = ct.var("x", (64, 784)); W = ct.var("W", (784, 10)); b = ct.var("b", (10,))
+    logits = x @ W + b
+    ct.evaluate(logits, {"x": xv, "W": Wv, "b": bv})
+"""
+
+from .backends.reference import evaluate
+from .errors import BackendError, CortadoError, DTypeError, FeedError, PlanError, RewriteError, ShapeError
+from .exprgraph import Graph, Term, format_graph, schedule, to_dot
+from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matmul, ...: see __all__ there)
+from .exprgraph.constructors import __all__ as _constructors
+
+__version__ = "0.1.0"
+
+__all__ = [
+    *_constructors,
+    "evaluate", "Graph", "Term", "format_graph", "schedule", "to_dot",
+    "CortadoError", "ShapeError", "DTypeError", "FeedError", "RewriteError", "PlanError", "BackendError",
+]

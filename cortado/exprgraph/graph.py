@@ -1,0 +1,87 @@
+"""Graphs: the terms reachable from some outputs, in an order that evaluates them.
+
+Every walk here is iterative, so a chain of 100k terms needs no deep Python recursion.
+"""
+
+from ..errors import FeedError
+from .term import Term
+
+
+def as_outputs(outputs):
+    """A tuple of terms from one term or an iterable of them."""
+    if isinstance(outputs, Term):
+        return (outputs,)
+    outputs = tuple(outputs)
+    for out in outputs:
+        if not isinstance(out, Term):
+            raise TypeError(f"expected cortado terms as outputs, got {type(out).__name__}")
+    return outputs
+
+
+def schedule(outputs):
+    """Every term the outputs depend on, each after its arguments (depth-first post-order)."""
+    order = []
+    seen = set()
+    for out in as_outputs(outputs):
+        if out in seen:
+            continue
+        seen.add(out)
+        stack = [(out, iter(out.args))]
+        while stack:
+            node, pending = stack[-1]
+            for arg in pending:
+                if arg not in seen:
+                    seen.add(arg)
+                    stack.append((arg, iter(arg.args)))
+                    break
+            else:
+                stack.pop()
+                order.append(node)
+    return order
+
+
+def users(order):
+    """For each term of a schedule, the ``(user, argument position)`` pairs that read it."""
+    result = {term: [] for term in order}
+    for term in order:
+        for position, arg in enumerate(term.args):
+            result[arg].append((term, position))
+    return result
+
+
+class Graph:
+    """The outputs, their schedule and the users of each term, computed once."""
+
+    def __init__(self, outputs):
+        self.outputs = as_outputs(outputs)
+        self.schedule = schedule(self.outputs)
+        self.users = users(self.schedule)
+
+    @property
+    def variables(self):
+        return [t for t in self.schedule if t.op.name == "var"]
+
+    def variables_by_name(self):
+        """``{name: var}``; two different variables with one name are an error, named."""
+        found = {}
+        for v in self.variables:
+            other = found.setdefault(v.name, v)
+            if other is not v:
+                raise FeedError(
+                    f"two different variables are both named {v.name!r}: {other!r} built at "
+                    f"{other.where_built} and {v!r} built at {v.where_built}; feeds could not tell them apart"
+                )
+        return found
+
+    def __len__(self):
+        return len(self.schedule)
+
+    def __str__(self):
+        from .printing import format_graph
+
+        return format_graph(self)
+
+    def to_dot(self):
+        from .printing import to_dot
+
+        return to_dot(self)

@@ -1,0 +1,376 @@
+"""The op table: for every op, its arity, attributes, shape rule, dtype rule and kind.
+
+This is the single source of what an op *is*. Later stages (rules, backends) look ops up here by
+name and add what they need (a NumPy implementation, a derivative, a kernel) in tables of their
+own. Rules raise ``RuleViolation`` with a short reason; ``term.make`` adds the op name, operand
+types and the user's line.
+
+Dtype rules of the elementwise ops ask NumPy's own ufuncs (``resolve_dtypes``), so promotion is
+exactly NumPy 2's; Python scalars are weak (NEP 50) and are materialised by the constructors
+before a term is built, so the rules here only ever see concrete dtypes.
+"""
+
+import functools
+import operator
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from . import einsum as einsum_rules
+from .dtypes import as_dtype
+from .term import dtype_violation, shape_violation
+
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+LEAF = "leaf"
+CONTRACTION = "contraction"
+LAYOUT = "layout"
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """An op: its name, arity (None: any number), attribute names, rules and kind."""
+
+    name: str
+    arity: int | None
+    attr_names: tuple
+    shape_rule: Callable
+    dtype_rule: Callable
+    kind: str
+    normalize: Callable | None = None  # user parameters -> attribute tuple; may raise RuleViolation
+
+    @property
+    def elementwise(self):
+        return self.kind == ELEMENTWISE
+
+    def __repr__(self):
+        return f"Op({self.name})"
+
+
+# -- shape helpers ---------------------------------------------------------------------------
+
+
+def broadcast_shapes(*shapes):
+    """NumPy broadcasting of ``shapes``, or a RuleViolation saying which do not broadcast."""
+    ndim = max(len(s) for s in shapes)
+    result = []
+    for i in range(-ndim, 0):
+        sizes = {s[i] for s in shapes if len(s) >= -i}
+        sizes.discard(1)
+        if len(sizes) > 1:
+            listed = " and ".join(str(s) for s in shapes)
+            raise shape_violation(f"shapes {listed} do not broadcast (dimension {i}: sizes {sorted(sizes)})")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def as_shape(shape):
+    """A shape as a tuple of non-negative Python ints; a bare int is a 1-d shape."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(shape)
+    except TypeError:
+        raise shape_violation(f"a shape must be a tuple of non-negative ints, not {shape!r}") from None
+    for d in dims:
+        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
+            raise shape_violation(f"a shape must be a tuple of non-negative ints, not {shape!r}")
+    return tuple(int(d) for d in dims)
+
+
+def normalize_axes(axis, ndim):
+    """Axes as a sorted tuple of non-negative ints; None means every axis."""
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) else axis
+    try:
+        axes = tuple(axes)
+    except TypeError:
+        raise shape_violation(f"axis must be None, an int or a tuple of ints, not {axis!r}") from None
+    result = []
+    for a in axes:
+        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
+            raise shape_violation(f"axis must be None, an int or a tuple of ints, not {axis!r}")
+        if not -ndim <= a < ndim:
+            raise shape_violation(f"axis {a} is out of range for a tensor of rank {ndim}")
+        a = int(a) % ndim
+        if a in result:
+            raise shape_violation(f"axis {axis!r} repeats axis {a}")
+        result.append(a)
+    return tuple(sorted(result))
+
+
+def _size(shape):
+    return functools.reduce(operator.mul, shape, 1)
+
+
+# -- dtype helpers ---------------------------------------------------------------------------
+
+
+@functools.cache
+def ufunc_loop(ufunc, dtypes):
+    """The dtypes NumPy's ``ufunc`` computes in for operands of ``dtypes`` (Python types: weak)."""
+    try:
+        return ufunc.resolve_dtypes(tuple(dtypes) + (None,) * ufunc.nout)
+    except TypeError:  # NumPy's "no loop" errors are TypeErrors
+        names = ", ".join(getattr(d, "name", getattr(d, "__name__", str(d))) for d in dtypes)
+        raise dtype_violation(f"NumPy's {ufunc.__name__} is not defined for ({names})") from None
+
+
+def ufunc_dtype(ufunc):
+    def rule(args, *attrs):
+        return ufunc_loop(ufunc, tuple(a.dtype for a in args))[-1]
+
+    return rule
+
+
+@functools.cache
+def _reduced_dtype(reduction, dtype):
+    return getattr(np, reduction)(np.zeros(1, dtype)).dtype
+
+
+def same_dtype(args, *attrs):
+    return args[0].dtype
+
+
+# -- leaves ----------------------------------------------------------------------------------
+
+
+class Constant:
+    """A constant's value: a read-only array, compared and hashed by dtype, shape and bytes.
+
+    ``weak`` marks a Python scalar whose dtype is still open (NEP 50): ``x * 2.0`` keeps
+    ``x``'s float32. Constructors materialise weak constants at the dtype they combine to.
+    """
+
+    __slots__ = ("array", "weak", "_key")
+
+    def __init__(self, array, weak=False):
+        array = np.array(array, order="C", copy=True)
+        array.flags.writeable = False
+        self.array = array
+        self.weak = weak
+        self._key = (array.dtype.str, array.shape, array.tobytes(), weak)
+
+    def __eq__(self, other):
+        return isinstance(other, Constant) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        return np.array2string(self.array, separator=", ", threshold=6) if self.array.ndim else repr(self.array.item())
+
+
+def _var_normalize(args, name, shape, dtype):
+    if not isinstance(name, str) or not name:
+        raise shape_violation(f"a variable's name must be a non-empty string, not {name!r}")
+    try:
+        dtype = as_dtype(dtype, context=f"variable {name!r}")
+    except Exception as error:
+        raise dtype_violation(str(error)) from None
+    return (name, as_shape(shape), dtype)
+
+
+VAR = Op("var", 0, ("name", "shape", "dtype"),
+         lambda args, name, shape, dtype: shape,
+         lambda args, name, shape, dtype: dtype,
+         LEAF, _var_normalize)
+CONST = Op("const", 0, ("value",),
+           lambda args, value: value.array.shape,
+           lambda args, value: value.array.dtype,
+           LEAF, lambda args, value: (value,))
+
+
+# -- elementwise -----------------------------------------------------------------------------
+
+
+def _broadcast_rule(args, *attrs):
+    return broadcast_shapes(*(a.shape for a in args))
+
+
+def _plain(args):
+    return ()
+
+
+def _elementwise(name, arity, dtype_rule):
+    return Op(name, arity, (), _broadcast_rule, dtype_rule, ELEMENTWISE, _plain)
+
+
+def _float_result(args):
+    """The dtype ``exp`` would give: floats keep theirs, ints and bool become floating."""
+    return ufunc_loop(np.exp, (args[0].dtype,))[-1]
+
+
+def _relu_dtype(args):
+    if args[0].dtype.kind not in "iuf":
+        raise dtype_violation("relu needs a numeric operand")
+    return args[0].dtype
+
+
+def _cast_normalize(args, dtype):
+    try:
+        return (as_dtype(dtype, context="cast"),)
+    except Exception as error:
+        raise dtype_violation(str(error)) from None
+
+
+def _where_dtype(args):
+    return np.result_type(args[1].dtype, args[2].dtype)
+
+
+UFUNC_OPS = {
+    "negative": np.negative, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
+    "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.absolute, "sign": np.sign,
+    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
+    "power": np.power, "maximum": np.maximum, "minimum": np.minimum,
+    "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
+    "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
+}
+
+_ops = [_elementwise(name, ufunc.nin, ufunc_dtype(ufunc)) for name, ufunc in UFUNC_OPS.items()]
+_ops += [
+    _elementwise("sigmoid", 1, _float_result),
+    _elementwise("relu", 1, _relu_dtype),
+    _elementwise("where", 3, _where_dtype),
+    Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize),
+]
+
+
+# -- reductions ------------------------------------------------------------------------------
+
+
+def _reduce_normalize(args, axis=None, keepdims=False):
+    return (normalize_axes(axis, args[0].ndim), bool(keepdims))
+
+
+def _reduce_shape(args, axes, keepdims):
+    shape = args[0].shape
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _nonempty_reduce_shape(args, axes, keepdims):
+    empty = [a for a in axes if args[0].shape[a] == 0]
+    if empty:
+        raise shape_violation(f"cannot reduce over axis {empty[0]}, which has size 0 (no identity)")
+    return _reduce_shape(args, axes, keepdims)
+
+
+def _softmax_normalize(args, axis=-1):
+    return (normalize_axes(axis, args[0].ndim),)
+
+
+def _softmax_shape(args, axes):
+    _nonempty_reduce_shape(args, axes, True)  # only to reject empty axes
+    return args[0].shape
+
+
+_ops += [
+    Op("sum", 1, ("axes", "keepdims"), _reduce_shape,
+       lambda args, axes, keepdims: _reduced_dtype("sum", args[0].dtype), REDUCTION, _reduce_normalize),
+    Op("mean", 1, ("axes", "keepdims"), _reduce_shape,
+       lambda args, axes, keepdims: _reduced_dtype("mean", args[0].dtype), REDUCTION, _reduce_normalize),
+    Op("max", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
+       lambda args, axes, keepdims: args[0].dtype, REDUCTION, _reduce_normalize),
+    Op("logsumexp", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
+       lambda args, axes, keepdims: _float_result(args), REDUCTION, _reduce_normalize),
+    Op("softmax", 1, ("axes",), _softmax_shape,
+       lambda args, axes: _float_result(args), REDUCTION, _softmax_normalize),
+    Op("log_softmax", 1, ("axes",), _softmax_shape,
+       lambda args, axes: _float_result(args), REDUCTION, _softmax_normalize),
+]
+
+
+# -- contractions ----------------------------------------------------------------------------
+
+
+def _matmul_shape(args):
+    a, b = (x.shape for x in args)
+    if not a or not b:
+        raise shape_violation("matmul needs operands of rank 1 or more (use multiply for scalars)")
+    a2 = (1,) + a if len(a) == 1 else a
+    b2 = b + (1,) if len(b) == 1 else b
+    if a2[-1] != b2[-2]:
+        raise shape_violation(
+            f"the contracted dimensions differ: {a2[-1]} (last of the left) and {b2[-2]} "
+            f"({'only' if len(b) == 1 else 'second-to-last'} of the right)"
+        )
+    batch = broadcast_shapes(a2[:-2], b2[:-2])
+    out = batch + (a2[-2],) * (len(a) > 1) + (b2[-1],) * (len(b) > 1)
+    return out
+
+
+def _einsum_normalize(args, subscripts):
+    return (einsum_rules.parse(subscripts, [a.shape for a in args])[0],)
+
+
+def _einsum_dtype(args, subscripts):
+    return np.result_type(*(a.dtype for a in args))
+
+
+_ops += [
+    Op("matmul", 2, (), _matmul_shape, ufunc_dtype(np.matmul), CONTRACTION, _plain),
+    Op("einsum", None, ("subscripts",),
+       lambda args, subscripts: einsum_rules.parse(subscripts, [a.shape for a in args])[1],
+       _einsum_dtype, CONTRACTION, _einsum_normalize),
+]
+
+
+# -- layout ----------------------------------------------------------------------------------
+
+
+def _transpose_normalize(args, axes=None):
+    ndim = args[0].ndim
+    if axes is None:
+        return (tuple(range(ndim))[::-1],)
+    try:
+        given = tuple(axes)
+        perm = tuple(int(a) % ndim if -ndim <= a < ndim else -1 for a in given) if ndim else given
+    except TypeError:
+        raise shape_violation(f"axes must be a permutation of range({ndim}), not {axes!r}") from None
+    if sorted(perm) != list(range(ndim)):
+        raise shape_violation(f"axes {given} are not a permutation of range({ndim})")
+    return (perm,)
+
+
+def _reshape_normalize(args, shape):
+    if isinstance(shape, (int, np.integer)):
+        shape = (shape,)
+    try:
+        dims = [int(d) for d in shape]
+    except TypeError:
+        raise shape_violation(f"a shape must be a tuple of ints, not {shape!r}") from None
+    size = args[0].size
+    if dims.count(-1) > 1:
+        raise shape_violation(f"shape {tuple(dims)} has more than one -1")
+    if -1 in dims:
+        known = _size(d for d in dims if d != -1)
+        if known == 0 or size % known:
+            raise shape_violation(f"cannot reshape {size} elements into {tuple(dims)}")
+        dims[dims.index(-1)] = size // known
+    dims = as_shape(dims)
+    if _size(dims) != size:
+        raise shape_violation(f"cannot reshape {size} elements into {dims}")
+    return (dims,)
+
+
+def _broadcast_to_normalize(args, shape):
+    shape = as_shape(shape)
+    source = args[0].shape
+    if len(source) > len(shape) or broadcast_shapes(source, shape) != shape:
+        raise shape_violation(f"cannot broadcast {source} to {shape}")
+    return (shape,)
+
+
+_ops += [
+    Op("transpose", 1, ("axes",), lambda args, axes: tuple(args[0].shape[a] for a in axes),
+       same_dtype, LAYOUT, _transpose_normalize),
+    Op("reshape", 1, ("shape",), lambda args, shape: shape, same_dtype, LAYOUT, _reshape_normalize),
+    Op("broadcast_to", 1, ("shape",), lambda args, shape: shape, same_dtype, LAYOUT,
+       _broadcast_to_normalize),
+]
+
+OPS = {op.name: op for op in [VAR, CONST] + _ops}

@@ -1,0 +1,109 @@
+"""Readable views of terms and graphs: a one-line form, an SSA listing, and Graphviz DOT."""
+
+from .dtypes import type_string
+
+
+def _is_inline_const(term):
+    return term.op.name == "const" and term.attrs[0].array.ndim == 0
+
+
+def _attr_text(term):
+    shown = []
+    for name, value in zip(term.op.attr_names, term.attrs):
+        if term.op.name in ("var", "const") or value is False:
+            continue
+        if name == "dtype":
+            value = value.name
+        shown.append(f"{name}={value!r}")
+    return shown
+
+
+def inline(term, depth=3):
+    """``add(matmul(x, W), b)``: a term as one expression, cut to ``...`` below ``depth``."""
+    if term.op.name == "var":
+        return term.name
+    if _is_inline_const(term):
+        return repr(term.attrs[0])
+    if term.op.name == "const":
+        return f"const({type_string(term.shape, term.dtype)})"
+    if depth == 0:
+        return "..."
+    parts = [inline(a, depth - 1) for a in term.args] + _attr_text(term)
+    return f"{term.op.name}({', '.join(parts)})"
+
+
+def _names(graph):
+    """A printed name per term: variables by name (made unique), the rest ``%0, %1, ...``."""
+    names = {}
+    taken = set()
+    counter = 0
+    for term in graph.schedule:
+        if term.op.name == "var":
+            name, k = term.name, 1
+            while name in taken:
+                k += 1
+                name = f"{term.name}#{k}"
+            taken.add(name)
+            names[term] = name
+        elif _is_inline_const(term):
+            names[term] = repr(term.attrs[0])
+        else:
+            names[term] = f"%{counter}"
+            counter += 1
+    return names
+
+
+def format_graph(graph):
+    """One SSA-style line per term, variables first, outputs last::
+
+        var x : float32[64,784]
+        %0 = matmul(x, W) : float32[64,10]
+        return %0
+    """
+    names = _names(graph)
+    lines = []
+    body = []
+    for term in graph.schedule:
+        typ = type_string(term.shape, term.dtype)
+        if term.op.name == "var":
+            lines.append(f"var {names[term]} : {typ}")
+        elif term.op.name == "const":
+            if not _is_inline_const(term):
+                body.append((f"{names[term]} = const {term.attrs[0]!r}", typ))
+        else:
+            parts = [names[a] for a in term.args] + _attr_text(term)
+            body.append((f"{names[term]} = {term.op.name}({', '.join(parts)})", typ))
+    width = max((len(text) for text, _ in body), default=0)
+    lines += [f"{text:<{width}} : {typ}" for text, typ in body]
+    lines.append("return " + ", ".join(names[o] for o in graph.outputs))
+    return "\n".join(lines)
+
+
+def _quote(text):
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def to_dot(graph):
+    """The graph in Graphviz DOT: one node per term, an edge from each argument to its user."""
+    names = _names(graph)
+    ids = {term: f"n{i}" for i, term in enumerate(graph.schedule)}
+    outputs = set(graph.outputs)
+    lines = ["digraph cortado {", '  node [shape=box, fontname="monospace"];']
+    for term in graph.schedule:
+        typ = type_string(term.shape, term.dtype)
+        if term.op.name == "var":
+            label, shape = f"{names[term]}\n{typ}", "ellipse"
+        elif term.op.name == "const":
+            label, shape = f"{term.attrs[0]!r}\n{typ}", "plaintext"
+        else:
+            attrs = ", ".join(_attr_text(term))
+            label = f"{names[term]} = {term.op.name}" + (f"({attrs})" if attrs else "") + f"\n{typ}"
+            shape = "box"
+        extra = ", peripheries=2" if term in outputs else ""
+        lines.append(f"  {ids[term]} [label={_quote(label)}, shape={shape}{extra}];")
+    for term in graph.schedule:
+        for position, arg in enumerate(term.args):
+            label = f' [label="{position}"]' if len(term.args) > 1 else ""
+            lines.append(f"  {ids[arg]} -> {ids[term]}{label};")
+    lines.append("}")
+    return "\n".join(lines)

@@ -1,0 +1,249 @@
+"""Terms: immutable, hash-consed nodes of the expression graph.
+
+A term is an op applied to argument terms with some attributes. Building the same term twice
+returns the same object, so structural equality is identity, common subexpressions are shared
+for free, and passes can memoise by identity. The interning table holds its terms weakly: a term
+that nobody references any more is freed, and its entry goes with it.
+
+``==`` and ``!=`` on terms are therefore identity (terms are dict keys: ``state={W: value}``);
+the elementwise comparisons are ``ct.equal`` and ``ct.not_equal``. ``< <= > >=`` build terms.
+"""
+
+import weakref
+
+from ..errors import DTypeError, ShapeError
+from .dtypes import type_string
+from .location import format_location, user_location
+
+_interned = weakref.WeakValueDictionary()
+
+
+def interned_count():
+    """How many terms are alive in the interning table (tests use it to prove it does not leak)."""
+    return len(_interned)
+
+
+class RuleViolation(Exception):
+    """Raised by an op's shape or dtype rule; ``make`` turns it into a full ShapeError/DTypeError."""
+
+    def __init__(self, reason, kind=ShapeError):
+        super().__init__(reason)
+        self.kind = kind
+
+
+def shape_violation(reason):
+    return RuleViolation(reason, ShapeError)
+
+
+def dtype_violation(reason):
+    return RuleViolation(reason, DTypeError)
+
+
+def _describe(term):
+    if term.op.name == "const" and term.attrs[0].weak:
+        return repr(term.attrs[0])  # a Python scalar: show the value the user wrote
+    return type_string(term.shape, term.dtype)
+
+
+def describe_operands(args):
+    return ", ".join(_describe(a) for a in args)
+
+
+def rejection(op_name, args, violation):
+    """The user-facing error for a rule violation: op, operand types, and the user's line."""
+    where = f"{op_name}({describe_operands(args)})" if args else op_name
+    return violation.kind(
+        f"{where}: {violation}\n"
+        f"  built at {format_location(user_location())}"
+    )
+
+
+def apply(op, args, **params):
+    """Build ``op(*args)`` from user-level parameters, normalised by the op into attributes."""
+    try:
+        attrs = op.normalize(args, **params)
+    except RuleViolation as violation:
+        raise rejection(op.name, args, violation) from None
+    return make(op, args, attrs)
+
+
+def make(op, args, attrs=()):
+    """The unique term ``op(*args)`` with attribute values ``attrs`` (in ``op.attr_names`` order).
+
+    Shape and dtype are inferred by the op's rules; a rule that rejects its operands raises a
+    ShapeError or DTypeError naming the op, the operands and the user's line.
+    """
+    args = tuple(args)
+    attrs = tuple(attrs)
+    key = (op, args, attrs)
+    term = _interned.get(key)
+    if term is not None:
+        return term
+    if op.arity is not None and len(args) != op.arity:
+        raise TypeError(f"{op.name} takes {op.arity} operands, got {len(args)}")
+    try:
+        shape = op.shape_rule(args, *attrs)
+        dtype = op.dtype_rule(args, *attrs)
+    except RuleViolation as violation:
+        raise rejection(op.name, args, violation) from None
+    term = Term.__new__(Term)
+    _set(term, "op", op)
+    _set(term, "args", args)
+    _set(term, "attrs", attrs)
+    _set(term, "shape", tuple(shape))
+    _set(term, "dtype", dtype)
+    _set(term, "location", user_location())
+    _interned[key] = term
+    return term
+
+
+_set = object.__setattr__
+
+
+class Term:
+    """One node of an expression: ``op(*args)`` with attributes, a shape and a dtype.
+
+    Build terms with the functions of ``cortado`` (``ct.var``, ``ct.exp``, ``x @ W``, ...),
+    never with this class directly.
+    """
+
+    __slots__ = ("op", "args", "attrs", "shape", "dtype", "location", "__weakref__")
+    __array_ufunc__ = None  # make NumPy defer to our reflected operators: ndarray + term -> term
+
+    def __init__(self, *_, **__):
+        raise TypeError("terms are built with cortado's functions (ct.var, ct.exp, x @ W, ...)")
+
+    def __setattr__(self, name, value):
+        raise AttributeError("terms are immutable: passes build new terms instead")
+
+    # -- what a term is -------------------------------------------------------------------
+
+    @property
+    def ndim(self):
+        return len(self.shape)
+
+    @property
+    def size(self):
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def name(self):
+        """The variable's name for a ``var``, otherwise None."""
+        return self.attrs[0] if self.op.name == "var" else None
+
+    def attr(self, name):
+        """The value of the attribute ``name`` of this term's op."""
+        return self.attrs[self.op.attr_names.index(name)]
+
+    @property
+    def attr_dict(self):
+        return dict(zip(self.op.attr_names, self.attrs))
+
+    def rebuild(self, args):
+        """The same op with the same attributes applied to ``args`` (the rewrite interface)."""
+        return make(self.op, args, self.attrs)
+
+    @property
+    def where_built(self):
+        """``file:line`` of the user code that first built this term."""
+        return format_location(self.location)
+
+    def __repr__(self):
+        from .printing import inline
+
+        return f"<{inline(self)} : {type_string(self.shape, self.dtype)}>"
+
+    def __bool__(self):
+        raise TypeError(
+            "a symbolic term has no truth value; use ct.where for a choice, "
+            "and `is` (or ==, which is identity) to compare terms"
+        )
+
+    __hash__ = object.__hash__
+
+    # -- operators: thin wrappers over the functions of cortado --------------------------
+
+    def __add__(self, other):
+        return _c.add(self, other)
+
+    def __radd__(self, other):
+        return _c.add(other, self)
+
+    def __sub__(self, other):
+        return _c.subtract(self, other)
+
+    def __rsub__(self, other):
+        return _c.subtract(other, self)
+
+    def __mul__(self, other):
+        return _c.multiply(self, other)
+
+    def __rmul__(self, other):
+        return _c.multiply(other, self)
+
+    def __truediv__(self, other):
+        return _c.divide(self, other)
+
+    def __rtruediv__(self, other):
+        return _c.divide(other, self)
+
+    def __pow__(self, other):
+        return _c.power(self, other)
+
+    def __rpow__(self, other):
+        return _c.power(other, self)
+
+    def __matmul__(self, other):
+        return _c.matmul(self, other)
+
+    def __rmatmul__(self, other):
+        return _c.matmul(other, self)
+
+    def __neg__(self):
+        return _c.negative(self)
+
+    def __pos__(self):
+        return self
+
+    def __abs__(self):
+        return _c.abs(self)
+
+    def __lt__(self, other):
+        return _c.less(self, other)
+
+    def __le__(self, other):
+        return _c.less_equal(self, other)
+
+    def __gt__(self, other):
+        return _c.greater(self, other)
+
+    def __ge__(self, other):
+        return _c.greater_equal(self, other)
+
+    @property
+    def T(self):
+        return _c.transpose(self)
+
+    def sum(self, axis=None, keepdims=False):
+        return _c.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return _c.mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return _c.max(self, axis, keepdims)
+
+    def reshape(self, *shape):
+        return _c.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def transpose(self, *axes):
+        return _c.transpose(self, axes[0] if len(axes) == 1 else (axes or None))
+
+    def astype(self, dtype):
+        return _c.cast(self, dtype)
+
+
+from . import constructors as _c  # noqa: E402  (constructors build on Term; operators need them)
