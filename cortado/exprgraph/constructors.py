@@ -99,6 +99,20 @@ def _settle_defaults(op_name, terms):
     return [_materialise(t, t.dtype, op_name, terms) for t in terms]
 
 
+_COMPARISONS = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
+
+
+def _fits(value, dtype):
+    return dtype.kind not in "iu" or np.iinfo(dtype).min <= value <= np.iinfo(dtype).max
+
+
+def _comparison_dtype(value, dtype):
+    """NumPy 2 compares an integer with a Python int out of its range exactly: widen to fit."""
+    if type(value) is int and not _fits(value, dtype):
+        return np.result_type(dtype, np.min_scalar_type(value))
+    return dtype
+
+
 def _ufunc_call(name, *operands):
     terms = _terms(operands)
     if any(is_weak(t) for t in terms):
@@ -106,6 +120,8 @@ def _ufunc_call(name, *operands):
             loop = ufunc_loop(UFUNC_OPS[name], tuple(_promotion_key(t) for t in terms))
         except RuleViolation as violation:
             raise rejection(name, _settle_defaults(name, terms), violation) from None
+        if name in _COMPARISONS:
+            loop = [_comparison_dtype(_weak_value(t), d) if is_weak(t) else d for t, d in zip(terms, loop)]
         terms = [_materialise(t, dtype, name, terms) for t, dtype in zip(terms, loop)]
     return apply(OPS[name], terms)
 

@@ -24,7 +24,7 @@ def as_dtype(spec, *, context="dtype"):
         dtype = None if spec is None or isinstance(spec, bool) else np.dtype(spec)
     except (TypeError, ValueError):
         dtype = None
-    if dtype not in SUPPORTED:
+    if dtype is None or dtype not in SUPPORTED:  # (np.dtype == None is True: test None first)
         names = ", ".join(d.name for d in SUPPORTED)
         raise DTypeError(f"{context}: unknown or unsupported dtype {spec!r}; cortado supports {names}")
     return dtype

@@ -360,7 +360,8 @@ def _reshape_normalize(args, shape):
 def _broadcast_to_normalize(args, shape):
     shape = as_shape(shape)
     source = args[0].shape
-    if len(source) > len(shape) or broadcast_shapes(source, shape) != shape:
+    lead = len(shape) - len(source)
+    if lead < 0 or any(d not in (1, t) for d, t in zip(source, shape[lead:])):
         raise shape_violation(f"cannot broadcast {source} to {shape}")
     return (shape,)
 

@@ -1,6 +1,11 @@
 """Readable views of terms and graphs: a one-line form, an SSA listing, and Graphviz DOT."""
 
 from .dtypes import type_string
+from .graph import Graph
+
+
+def _as_graph(outputs):
+    return outputs if isinstance(outputs, Graph) else Graph(outputs)
 
 
 def _is_inline_const(term):
@@ -53,13 +58,16 @@ def _names(graph):
     return names
 
 
-def format_graph(graph):
+def format_graph(outputs):
     """One SSA-style line per term, variables first, outputs last::
 
         var x : float32[64,784]
         %0 = matmul(x, W) : float32[64,10]
         return %0
+
+    ``outputs`` is a term, a list of terms or a Graph.
     """
+    graph = _as_graph(outputs)
     names = _names(graph)
     lines = []
     body = []
@@ -83,8 +91,9 @@ def _quote(text):
     return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
 
 
-def to_dot(graph):
-    """The graph in Graphviz DOT: one node per term, an edge from each argument to its user."""
+def to_dot(outputs):
+    """Graphviz DOT of a term, list of terms or Graph: a node per term, an edge per argument."""
+    graph = _as_graph(outputs)
     names = _names(graph)
     ids = {term: f"n{i}" for i, term in enumerate(graph.schedule)}
     outputs = set(graph.outputs)

@@ -1,0 +1,479 @@
+"""Hypothesis strategies for random, well-typed expression graphs and matching random feeds.
+
+For people who test rules, passes and backends, cortado's own tests included::
+
+    from hypothesis import given
+    import cortado as ct
+    from cortado.testing import graphs_with_feeds
+
+    @given(graphs_with_feeds(ops=["add", "exp", "sum", "matmul"]))
+    def test_my_backend(case):
+        graph, feeds = case
+        expected = ct.evaluate(graph.outputs, feeds, precision="float64")
+        ...
+
+A drawn ``RandomGraph`` is a *recipe*: a list of steps, each a call of one function by name with
+earlier values and literal constants as arguments. Building it with cortado's functions gives
+the terms (``graph.outputs``); ``graph.replay(namespace, feeds)`` runs the same recipe with any
+other implementation of those functions (NumPy's, say) as an independent oracle. Its ``repr`` is
+the recipe as code, so a failing example reads as a program.
+
+Every value carries an interval that bounds it for feeds drawn by ``feeds``, and steps are only
+taken where the result stays finite and well-conditioned: ``log`` and ``sqrt`` see values of at
+least 0.25, divisors stay away from zero, ``exp`` sees at most 8, and no value grows past 1e4. So
+drawn graphs are safe for tolerance-based comparison and for finite differences.
+"""
+
+import math
+import string
+from dataclasses import dataclass
+
+import numpy as np
+from hypothesis import strategies as st
+from hypothesis.extra import numpy as hnp
+
+import cortado
+
+UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu"]
+BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
+COMPARISONS = ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal"]
+REDUCTIONS = ["sum", "mean", "max", "logsumexp", "softmax", "log_softmax"]
+STRUCTURAL = ["matmul", "einsum", "transpose", "reshape", "broadcast_to", "cast", "where"]
+ALL_OPS = UNARY + BINARY + COMPARISONS + REDUCTIONS + STRUCTURAL
+
+LIMIT = 1e4  # no value may be bounded by more than this
+MAX_SIZE = 1024  # nor have more elements than this
+MARGIN = 0.25  # log, sqrt and divisors stay this far from their singularities
+
+
+@dataclass(frozen=True)
+class Literal:
+    """A constant argument of a step, passed as is (Python scalars stay weak, as in NumPy)."""
+
+    value: object
+
+    def __repr__(self):
+        return repr(self.value)
+
+
+@dataclass(frozen=True)
+class Step:
+    """``values.append(namespace.fn(*args, **kwargs))``; int args index earlier values."""
+
+    fn: str
+    args: tuple
+    kwargs: tuple = ()
+
+
+@dataclass(frozen=True)
+class RandomGraph:
+    """A drawn graph: its variables, the recipe that built it, and its outputs.
+
+    ``bounds[name]`` is the interval ``feeds`` draws that variable's values from.
+    """
+
+    inputs: tuple
+    steps: tuple
+    output_indices: tuple
+    outputs: tuple
+    bounds: dict
+
+    def replay(self, namespace, feeds):
+        """The outputs computed by the recipe with ``namespace``'s functions (a module or mapping)."""
+        values = [feeds[v.name] for v in self.inputs]
+        for step in self.steps:
+            values.append(_call(namespace, step, values))
+        return [values[i] for i in self.output_indices]
+
+    def __repr__(self):
+        lines = [f"v{i} = var({v.name!r}, {v.shape}, {v.dtype.name!r})" for i, v in enumerate(self.inputs)]
+        for k, step in enumerate(self.steps, start=len(self.inputs)):
+            args = [f"v{a}" if isinstance(a, int) else repr(a) for a in step.args]
+            args += [f"{name}={value!r}" for name, value in step.kwargs]
+            lines.append(f"v{k} = {step.fn}({', '.join(args)})")
+        lines.append("outputs: " + ", ".join(f"v{i}" for i in self.output_indices))
+        return "\n".join(lines)
+
+    def _repr_pretty_(self, printer, cycle):  # how hypothesis shows a falsifying example
+        printer.text(repr(self))
+
+
+def _call(namespace, step, values):
+    fn = namespace[step.fn] if isinstance(namespace, dict) else getattr(namespace, step.fn)
+    args = [values[a] if isinstance(a, int) else a.value for a in step.args]
+    return fn(*args, **dict(step.kwargs))
+
+
+@dataclass(frozen=True)
+class _Value:
+    term: object
+    lo: float
+    hi: float
+
+    @property
+    def shape(self):
+        return self.term.shape
+
+    @property
+    def is_bool(self):
+        return self.term.dtype == np.bool_
+
+    @property
+    def magnitude(self):
+        return max(abs(self.lo), abs(self.hi))
+
+
+# -- intervals -------------------------------------------------------------------------------
+
+
+def _monotone(f):
+    return lambda lo, hi: (f(lo), f(hi))
+
+
+def _product(a, b):
+    corners = [a[0] * b[0], a[0] * b[1], a[1] * b[0], a[1] * b[1]]
+    return min(corners), max(corners)
+
+
+def _divide(a, b):
+    return _product(a, (1 / b[1], 1 / b[0]))
+
+
+def _power(a, exponent):
+    corners = [a[0] ** exponent, a[1] ** exponent]
+    if isinstance(exponent, int) and exponent % 2 == 0 and a[0] < 0 < a[1]:
+        corners.append(0.0)
+    return min(corners), max(corners)
+
+
+UNARY_BOUNDS = {
+    "negative": lambda lo, hi: (-hi, -lo),
+    "exp": _monotone(math.exp),
+    "log": _monotone(math.log),
+    "log1p": _monotone(math.log1p),
+    "expm1": _monotone(math.expm1),
+    "sqrt": _monotone(math.sqrt),
+    "tanh": _monotone(math.tanh),
+    "sigmoid": _monotone(lambda x: 1 / (1 + math.exp(-x))),
+    "relu": _monotone(lambda x: max(x, 0.0)),
+    "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
+    "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),
+}
+UNARY_DOMAINS = {
+    "exp": lambda lo, hi: hi <= 8,
+    "expm1": lambda lo, hi: hi <= 8,
+    "log": lambda lo, hi: lo >= MARGIN,
+    "log1p": lambda lo, hi: lo >= MARGIN - 1,
+    "sqrt": lambda lo, hi: lo >= MARGIN,
+}
+BINARY_BOUNDS = {
+    "add": lambda a, b: (a[0] + b[0], a[1] + b[1]),
+    "subtract": lambda a, b: (a[0] - b[1], a[1] - b[0]),
+    "multiply": _product,
+    "divide": _divide,
+    "maximum": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
+    "minimum": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
+}
+SCALARS = [0.5, 2.0, -1.5, 3, 1.0]
+EXPONENTS = {2: -math.inf, 3: -math.inf, 0.5: MARGIN, -1.0: MARGIN}  # exponent -> least base
+
+
+def _broadcastable(*shapes):
+    try:
+        np.broadcast_shapes(*shapes)
+        return True
+    except ValueError:
+        return False
+
+
+# -- one builder per kind of op: which values it may take, and how to draw its arguments -----
+
+
+def _numeric(values):
+    return [i for i, v in enumerate(values) if not v.is_bool]
+
+
+def _unary(draw, name, values):
+    domain = UNARY_DOMAINS.get(name, lambda lo, hi: True)
+    choices = [i for i in _numeric(values) if domain(values[i].lo, values[i].hi)]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    return Step(name, (i,)), UNARY_BOUNDS[name](values[i].lo, values[i].hi)
+
+
+def _binary(draw, name, values):
+    numeric = _numeric(values)
+    a = draw(st.sampled_from(numeric))
+    with_value = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)]
+    if name == "divide":
+        with_value = [j for j in with_value if values[j].lo >= MARGIN or values[j].hi <= -MARGIN]
+    if name == "power":
+        exponent = draw(st.sampled_from([e for e, least in EXPONENTS.items() if values[a].lo >= least] or [2]))
+        return Step(name, (a, Literal(exponent))), _power((values[a].lo, values[a].hi), exponent)
+    if with_value and draw(st.booleans()):
+        b = draw(st.sampled_from(with_value))
+        bounds_b, arg_b = (values[b].lo, values[b].hi), b
+    else:
+        scalar = draw(st.sampled_from(SCALARS))
+        bounds_b, arg_b = (scalar, scalar), Literal(scalar)
+    bounds_a = (values[a].lo, values[a].hi)
+    if draw(st.booleans()) and name != "divide":  # scalar on the left too: 2.0 - x
+        return Step(name, (arg_b, a)), BINARY_BOUNDS[name](bounds_b, bounds_a)
+    return Step(name, (a, arg_b)), BINARY_BOUNDS[name](bounds_a, bounds_b)
+
+
+def _comparison(draw, name, values):
+    numeric = _numeric(values)
+    a = draw(st.sampled_from(numeric))
+    partners = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)]
+    b = draw(st.sampled_from(partners))
+    return Step(name, (a, b)), (0.0, 1.0)
+
+
+def _where(draw, name, values):
+    conditions = [i for i, v in enumerate(values) if v.is_bool]
+    if not conditions or draw(st.integers(0, 3)) == 0:
+        conditions = range(len(values))  # a numeric condition means "nonzero", as in NumPy
+    c = draw(st.sampled_from(conditions))
+    numeric = [j for j in _numeric(values) if _broadcastable(values[c].shape, values[j].shape)]
+    x = draw(st.sampled_from(numeric))
+    y_choices = [j for j in numeric if _broadcastable(values[c].shape, values[x].shape, values[j].shape)]
+    y = draw(st.sampled_from(y_choices))
+    return Step(name, (c, x, y)), (min(values[x].lo, values[y].lo), max(values[x].hi, values[y].hi))
+
+
+def _axes(draw, ndim, nonempty):
+    if ndim == 0:
+        return None, ()
+    subset = draw(st.lists(st.integers(0, ndim - 1), unique=True, min_size=int(nonempty), max_size=ndim))
+    form = draw(st.sampled_from(["tuple", "int", "negative", "none"]))
+    if form == "none" and ndim:
+        return None, tuple(range(ndim))
+    if form in ("int", "negative") and len(subset) == 1:
+        return subset[0] - ndim * (form == "negative"), tuple(subset)
+    return tuple(subset), tuple(subset)
+
+
+def _reduction(draw, name, values):
+    choices = [i for i in _numeric(values) if values[i].term.ndim or name not in ("softmax", "log_softmax")]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    v = values[i]
+    if name in ("softmax", "log_softmax"):
+        axis, axes = _axes(draw, v.term.ndim, nonempty=True)
+        kwargs = (("axis", axis),)
+    else:
+        axis, axes = _axes(draw, v.term.ndim, nonempty=False)
+        kwargs = (("axis", axis), ("keepdims", draw(st.booleans())))
+    count = math.prod(v.shape[a] for a in axes)
+    spread = v.hi - v.lo
+    bounds = {
+        "sum": (min(v.lo, v.lo * count), max(v.hi, v.hi * count)),
+        "mean": (v.lo, v.hi),
+        "max": (v.lo, v.hi),
+        "logsumexp": (v.lo, v.hi + math.log(max(count, 1))),
+        "softmax": (0.0, 1.0),
+        "log_softmax": (-spread - math.log(max(count, 1)), 0.0),
+    }[name]
+    return Step(name, (i,), kwargs), bounds
+
+
+def _matmul(draw, name, values):
+    def fits(a, b):
+        if not a or not b:
+            return False
+        a2 = (1,) + a if len(a) == 1 else a
+        b2 = b + (1,) if len(b) == 1 else b
+        return a2[-1] == b2[-2] and _broadcastable(a2[:-2], b2[:-2])
+
+    numeric = _numeric(values)
+    pairs = [(i, j) for i in numeric for j in numeric if fits(values[i].shape, values[j].shape)]
+    if not pairs:
+        return None
+    i, j = draw(st.sampled_from(pairs))
+    a = values[i].shape
+    n = a[-1]
+    lo, hi = _product((values[i].lo, values[i].hi), (values[j].lo, values[j].hi))
+    return Step(name, (i, j)), (min(lo, lo * n), max(hi, hi * n))
+
+
+def _einsum(draw, name, values):
+    numeric = _numeric(values)
+    count = draw(st.integers(1, min(2, len(numeric))))
+    operands = draw(st.lists(st.sampled_from(numeric), min_size=count, max_size=count))
+    sizes = {}
+    terms = []
+    letters = iter(string.ascii_lowercase)
+    for i in operands:
+        labels = ""
+        for size in values[i].shape:
+            reusable = [label for label, s in sizes.items() if s == size]
+            if reusable and draw(st.booleans()):
+                labels += draw(st.sampled_from(reusable))
+            else:
+                label = next(letters)
+                sizes[label] = size
+                labels += label
+        terms.append(labels)
+    used = sorted(set("".join(terms)))
+    output = "".join(draw(st.permutations(used))[: draw(st.integers(0, len(used)))])
+    explicit = draw(st.booleans())
+    subscripts = ",".join(terms) + ("->" + output if explicit else "")
+    if not explicit:
+        output = "".join(label for label in used if "".join(terms).count(label) == 1)
+    summed = math.prod(sizes[label] for label in used if label not in output)
+    lo, hi = values[operands[0]].lo, values[operands[0]].hi
+    for i in operands[1:]:
+        lo, hi = _product((lo, hi), (values[i].lo, values[i].hi))
+    return Step(name, (Literal(subscripts), *operands)), (min(lo, lo * summed), max(hi, hi * summed))
+
+
+def _transpose(draw, name, values):
+    i = draw(st.sampled_from(range(len(values))))
+    ndim = values[i].term.ndim
+    axes = draw(st.none() | st.permutations(range(ndim)).map(tuple))
+    kwargs = () if axes is None else (("axes", axes),)
+    return Step(name, (i,), kwargs), (values[i].lo, values[i].hi)
+
+
+def _reshape(draw, name, values):
+    i = draw(st.sampled_from(range(len(values))))
+    size = values[i].term.size
+    dims = []
+    rest = size
+    for _ in range(draw(st.integers(0, 3))):
+        divisors = [d for d in range(1, rest + 1) if rest % d == 0]
+        d = draw(st.sampled_from(divisors))
+        dims.append(d)
+        rest //= d
+    if rest != 1 or not dims or draw(st.booleans()):
+        dims.append(rest)
+    if draw(st.booleans()) and dims:
+        dims[draw(st.integers(0, len(dims) - 1))] = -1
+    return Step(name, (i,), (("shape", tuple(dims)),)), (values[i].lo, values[i].hi)
+
+
+def _broadcast_to(draw, name, values):
+    i = draw(st.sampled_from(range(len(values))))
+    shape = tuple(draw(st.integers(2, 3)) if d == 1 and draw(st.booleans()) else d for d in values[i].shape)
+    lead = tuple(draw(st.lists(st.integers(1, 3), max_size=4 - len(shape))))
+    return Step(name, (i,), (("shape", lead + shape),)), (values[i].lo, values[i].hi)
+
+
+BUILDERS = {
+    **{name: _unary for name in UNARY},
+    **{name: _binary for name in BINARY},
+    **{name: _comparison for name in COMPARISONS},
+    **{name: _reduction for name in REDUCTIONS},
+    "where": _where,
+    "matmul": _matmul,
+    "einsum": _einsum,
+    "transpose": _transpose,
+    "reshape": _reshape,
+    "broadcast_to": _broadcast_to,
+}
+
+
+def _cast_builder(dtypes):
+    def build(draw, name, values):
+        i = draw(st.sampled_from(_numeric(values)))
+        return Step(name, (i,), (("dtype", draw(st.sampled_from(dtypes))),)), (values[i].lo, values[i].hi)
+
+    return build
+
+
+# -- the strategies --------------------------------------------------------------------------
+
+
+def _input_shapes(draw, count, max_rank, max_side):
+    """Shapes that often broadcast together and share sizes, so that every op finds operands."""
+    base = draw(st.lists(st.integers(1, max_side), min_size=0, max_size=max_rank))
+    shapes = []
+    for _ in range(count):
+        if draw(st.integers(0, 4)) == 0:
+            shapes.append(tuple(draw(st.lists(st.integers(1, max_side), max_size=max_rank))))
+        else:
+            suffix = base[len(base) - draw(st.integers(0, len(base))):]
+            shapes.append(tuple(1 if draw(st.integers(0, 3)) == 0 else d for d in suffix))
+    return shapes
+
+
+@st.composite
+def graphs(draw, ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, max_rank=3, max_side=4):
+    """A strategy of ``RandomGraph``: well-typed graphs over ``ops`` (names of cortado functions).
+
+    Variables are named ``x0, x1, ...`` with floating dtypes drawn from ``dtypes``; shapes have at
+    most ``max_rank`` dimensions of at most ``max_side``. Steps whose result would not stay
+    bounded are skipped, so a graph may have fewer than ``max_steps`` of them.
+    """
+    ops = list(ALL_OPS if ops is None else ops)
+    if any(np.dtype(d).kind != "f" for d in dtypes):
+        raise ValueError(f"cortado.testing.graphs draws floating variables; got dtypes {dtypes}")
+    unknown = sorted(set(ops) - set(BUILDERS) - {"cast"})
+    if unknown:
+        raise ValueError(f"cortado.testing.graphs: no builder for ops {unknown}; known: {ALL_OPS}")
+    builders = {name: BUILDERS.get(name) for name in ops}
+    if "cast" in ops:
+        builders["cast"] = _cast_builder(list(dtypes))
+    count = draw(st.integers(1, max_inputs))
+    values, inputs, bounds = [], [], {}
+    for k, shape in enumerate(_input_shapes(draw, count, max_rank, max_side)):
+        v = cortado.var(f"x{k}", shape, draw(st.sampled_from(dtypes)))
+        lo, hi = draw(st.sampled_from([(-2.0, 2.0), (0.5, 2.0)]))
+        inputs.append(v)
+        bounds[v.name] = (lo, hi)
+        values.append(_Value(v, lo, hi))
+    steps = []
+    for _ in range(draw(st.integers(0, max_steps))):
+        name = draw(st.sampled_from(ops))
+        built = builders[name](draw, name, values)
+        if built is None:
+            continue
+        step, (lo, hi) = built
+        if not (math.isfinite(lo) and math.isfinite(hi)) or max(abs(lo), abs(hi)) > LIMIT:
+            continue
+        term = _call(cortado, step, [v.term for v in values])
+        if term.size <= MAX_SIZE:
+            steps.append(step)
+            values.append(_Value(term, lo, hi))
+    read = {a for step in steps for a in step.args if isinstance(a, int)}
+    sinks = [i for i in range(len(inputs), len(values)) if i not in read] or [0]
+    outputs = tuple(values[i].term for i in sinks)
+    used = set(cortado.Graph(outputs).variables)
+    kept = tuple(v for v in inputs if v in used)
+    renumber = {old: new for new, old in enumerate([inputs.index(v) for v in kept])}
+    renumber.update({i: i - len(inputs) + len(kept) for i in range(len(inputs), len(values))})
+    steps = tuple(
+        Step(s.fn, tuple(renumber[a] if isinstance(a, int) else a for a in s.args), s.kwargs) for s in steps
+    )
+    return RandomGraph(kept, steps, tuple(renumber[i] for i in sinks), outputs,
+                       {v.name: bounds[v.name] for v in kept})
+
+
+def _array(var, lo, hi):
+    if var.dtype.kind == "f":
+        elements = st.floats(lo, hi, width=var.dtype.itemsize * 8, allow_nan=False)
+    elif var.dtype.kind == "b":
+        elements = st.booleans()
+    else:
+        elements = st.integers(int(math.ceil(lo)), int(math.floor(hi)))
+    return hnp.arrays(var.dtype, var.shape, elements=elements)
+
+
+def feeds(graph, bounds=(-2.0, 2.0)):
+    """A strategy of ``{name: array}`` for a ``RandomGraph`` (its own bounds) or a list of variables."""
+    if isinstance(graph, RandomGraph):
+        variables, ranges = graph.inputs, graph.bounds
+    else:
+        variables = list(graph)
+        ranges = {v.name: bounds for v in variables}
+    return st.fixed_dictionaries({v.name: _array(v, *ranges[v.name]) for v in variables})
+
+
+@st.composite
+def graphs_with_feeds(draw, **graph_options):
+    """``(RandomGraph, feeds)``: a graph from ``graphs(**graph_options)`` and feeds for it."""
+    graph = draw(graphs(**graph_options))
+    return graph, draw(feeds(graph))

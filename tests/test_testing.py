@@ -1,0 +1,64 @@
+"""The public hypothesis strategies keep their promises: well-typed, bounded, replayable graphs."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from numpy_oracle import replay_numpy
+
+import cortado as ct
+from cortado.testing import ALL_OPS, LIMIT, feeds, graphs, graphs_with_feeds
+
+
+@given(graphs_with_feeds())
+def test_drawn_graphs_stay_finite_and_within_the_limit(case):
+    graph, values = case
+    for out in ct.evaluate(graph.outputs, values, precision="float64"):
+        assert np.isfinite(out).all()
+        assert np.abs(out).max(initial=0) <= LIMIT
+
+
+@given(graphs_with_feeds(ops=["matmul", "add"], dtypes=("float64",), max_inputs=2))
+def test_options_restrict_ops_and_dtypes(case):
+    graph, values = case
+    assert {s.fn for s in graph.steps} <= {"matmul", "add"}
+    assert all(v.dtype == np.float64 for v in graph.inputs)
+    assert set(values) == {v.name for v in graph.inputs} == {v.name for v in ct.Graph(graph.outputs).variables}
+
+
+def test_every_op_is_drawn():
+    seen = set()
+
+    @settings(max_examples=300, database=None)
+    @given(graphs(max_steps=10))
+    def collect(graph):
+        seen.update(s.fn for s in graph.steps)
+
+    collect()
+    assert seen == set(ALL_OPS)
+
+
+@given(graphs())
+def test_repr_is_the_recipe(graph):
+    text = repr(graph)
+    assert text.count("\n") == len(graph.inputs) + len(graph.steps)
+    assert text.splitlines()[-1].startswith("outputs: v")
+
+
+@given(feeds([ct.var("a", (2, 3), "float32"), ct.var("n", (4,), "int32")], bounds=(-1, 1)))
+def test_feeds_for_plain_variables(values):
+    assert values["a"].shape == (2, 3) and values["a"].dtype == np.float32
+    assert values["n"].dtype == np.int32 and np.abs(values["n"]).max() <= 1
+    assert np.abs(values["a"]).max() <= 1
+
+
+def test_bad_options_are_refused():
+    with pytest.raises(ValueError, match="no builder for ops"):
+        graphs(ops=["conv2d"]).example()
+    with pytest.raises(ValueError, match="floating"):
+        graphs(dtypes=("int32",)).example()
+
+
+@given(graphs_with_feeds(ops=["sigmoid", "softmax", "einsum"]))
+def test_replay_runs_any_namespace(case):
+    graph, values = case
+    assert len(replay_numpy(graph, values)) == len(graph.outputs)
