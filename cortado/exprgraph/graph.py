@@ -3,8 +3,27 @@
 Every walk here is iterative, so a chain of 100k terms needs no deep Python recursion.
 """
 
+import contextlib
+import gc
+
 from ..errors import FeedError
 from .term import Term
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """Pause Python's cyclic garbage collector for a walk that makes no reference cycles.
+
+    A walk keeps many small containers alive at once; each collection the allocations trigger
+    would rescan every live term, which made scheduling a 100k-term graph 3x slower than linear.
+    """
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def as_outputs(outputs):
@@ -22,7 +41,13 @@ def schedule(outputs):
     """Every term the outputs depend on, each after its arguments (depth-first post-order)."""
     order = []
     seen = set()
-    for out in as_outputs(outputs):
+    with collector_paused():
+        _walk(as_outputs(outputs), order, seen)
+    return order
+
+
+def _walk(outputs, order, seen):
+    for out in outputs:
         if out in seen:
             continue
         seen.add(out)
@@ -37,7 +62,6 @@ def schedule(outputs):
             else:
                 stack.pop()
                 order.append(node)
-    return order
 
 
 def users(order):

@@ -160,7 +160,9 @@ class Constant:
         return hash(self._key)
 
     def __repr__(self):
-        return np.array2string(self.array, separator=", ", threshold=6) if self.array.ndim else repr(self.array.item())
+        if self.array.ndim:
+            return np.array2string(self.array, separator=", ", threshold=6)
+        return str(self.array[()])  # NumPy's shortest form for the dtype: 1.7320508 for float32
 
 
 def _var_normalize(args, name, shape, dtype):

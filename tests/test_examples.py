@@ -1,0 +1,35 @@
+"""The demo and the examples run as a user would run them, and say what they promise."""
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run(args, cwd):
+    result = subprocess.run([sys.executable, *args], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_demo_prints_the_graph_and_a_plausible_loss(tmp_path):
+    out = run(["-m", "cortado", "demo", "--dot", str(tmp_path / "g.dot")], cwd=ROOT)
+    assert "var W1 : float32[64,32]" in out and "logsumexp" in out
+    assert "loss on random data:" in out
+    assert (tmp_path / "g.dot").read_text().startswith("digraph cortado {")
+
+
+def test_expressions_example(tmp_path):
+    out = run([os.path.join(ROOT, "examples", "expressions.py")], cwd=tmp_path)
+    assert "ShapeError: matmul(float32[8,3], float32[4,3])" in out
+    assert "FeedError: no feed for variable 'query'" in out
+    assert "float32 float64" in out
+    assert (tmp_path / "attention.dot").exists()
+
+
+@pytest.mark.parametrize("example", ["property_test.py"])
+def test_example_test_files_pass(example):
+    run(["-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "examples", example)], cwd=ROOT)
