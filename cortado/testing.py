@@ -400,8 +400,7 @@ def _input_shapes(draw, count, max_rank, max_side):
     return shapes
 
 
-@st.composite
-def graphs(draw, ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, max_rank=3, max_side=4):
+def graphs(ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, max_rank=3, max_side=4):
     """A strategy of ``RandomGraph``: well-typed graphs over ``ops`` (names of cortado functions).
 
     Variables are named ``x0, x1, ...`` with floating dtypes drawn from ``dtypes``; shapes have at
@@ -409,14 +408,21 @@ def graphs(draw, ops=None, dtypes=("float32", "float64"), max_inputs=3, max_step
     bounded are skipped, so a graph may have fewer than ``max_steps`` of them.
     """
     ops = list(ALL_OPS if ops is None else ops)
-    if any(np.dtype(d).kind != "f" for d in dtypes):
-        raise ValueError(f"cortado.testing.graphs draws floating variables; got dtypes {dtypes}")
     unknown = sorted(set(ops) - set(BUILDERS) - {"cast"})
     if unknown:
         raise ValueError(f"cortado.testing.graphs: no builder for ops {unknown}; known: {ALL_OPS}")
+    dtypes = [np.dtype(d).name for d in dtypes]
+    if not dtypes or any(np.dtype(d).kind != "f" for d in dtypes):
+        raise ValueError(f"cortado.testing.graphs draws floating variables; got dtypes {dtypes}")
     builders = {name: BUILDERS.get(name) for name in ops}
     if "cast" in ops:
-        builders["cast"] = _cast_builder(list(dtypes))
+        builders["cast"] = _cast_builder(dtypes)
+    return _graphs(builders, dtypes, max_inputs, max_steps, max_rank, max_side)
+
+
+@st.composite
+def _graphs(draw, builders, dtypes, max_inputs, max_steps, max_rank, max_side):
+    ops = list(builders)
     count = draw(st.integers(1, max_inputs))
     values, inputs, bounds = [], [], {}
     for k, shape in enumerate(_input_shapes(draw, count, max_rank, max_side)):

@@ -130,3 +130,32 @@ def test_equality_operators_are_identity_so_terms_are_dict_keys():
     table = {x: 1, y: 2}
     assert table[ct.var("x", (2,))] == 1
     assert ct.evaluate(ct.equal(x, y), {"x": np.ones(2, "f4"), "y": np.ones(2, "f4")}).all()
+
+
+def test_users_and_schedule_order():
+    x, W = ct.var("x", (2, 3)), ct.var("W", (3, 3))
+    h = x @ W
+    out = h * h + ct.sum(h)
+    g = ct.Graph(out)
+    position = {t: i for i, t in enumerate(g.schedule)}
+    assert all(position[a] < position[t] for t in g.schedule for a in t.args)
+    assert sorted((position[u], k) for u, k in g.users[h]) == sorted(
+        [(position[h * h], 0), (position[h * h], 1), (position[ct.sum(h)], 0)])
+    assert g.users[out] == [] and g.variables == [x, W]
+    assert g.variables_by_name() == {"x": x, "W": W}
+
+
+def test_interning_is_safe_across_threads():
+    import threading
+
+    results = []
+
+    def build():
+        results.append(ct.tanh(ct.var("threaded", (5,)) * 3.0 + 1.0))
+
+    threads = [threading.Thread(target=build) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert all(r is results[0] for r in results)

@@ -9,6 +9,7 @@ that nobody references any more is freed, and its entry goes with it.
 the elementwise comparisons are ``ct.equal`` and ``ct.not_equal``. ``< <= > >=`` build terms.
 """
 
+import threading
 import weakref
 
 from ..errors import DTypeError, ShapeError
@@ -16,6 +17,7 @@ from .dtypes import type_string
 from .location import format_location, user_location
 
 _interned = weakref.WeakValueDictionary()
+_interning = threading.Lock()  # two threads building one term must get one object
 
 
 def interned_count():
@@ -93,8 +95,8 @@ def make(op, args, attrs=()):
     _set(term, "shape", tuple(shape))
     _set(term, "dtype", dtype)
     _set(term, "location", user_location())
-    _interned[key] = term
-    return term
+    with _interning:
+        return _interned.setdefault(key, term)
 
 
 _set = object.__setattr__
