@@ -65,39 +65,41 @@ def broadcast_shapes(*shapes):
     return tuple(result)
 
 
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def int_tuple(value, what):
+    """``value`` (an int or a sequence of ints) as a tuple of Python ints; ``what`` names it."""
+    items = (value,) if _is_int(value) else value
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise shape_violation(f"{what} must be an int or a tuple of ints, not {value!r}") from None
+    if not all(_is_int(v) for v in items):
+        raise shape_violation(f"{what} must be an int or a tuple of ints, not {value!r}")
+    return tuple(int(v) for v in items)
+
+
 def as_shape(shape):
     """A shape as a tuple of non-negative Python ints; a bare int is a 1-d shape."""
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        dims = tuple(shape)
-    except TypeError:
-        raise shape_violation(f"a shape must be a tuple of non-negative ints, not {shape!r}") from None
-    for d in dims:
-        if isinstance(d, bool) or not isinstance(d, (int, np.integer)) or d < 0:
-            raise shape_violation(f"a shape must be a tuple of non-negative ints, not {shape!r}")
-    return tuple(int(d) for d in dims)
+    dims = int_tuple(shape, "a shape")
+    if any(d < 0 for d in dims):
+        raise shape_violation(f"a shape must have non-negative sizes, not {shape!r}")
+    return dims
 
 
 def normalize_axes(axis, ndim):
     """Axes as a sorted tuple of non-negative ints; None means every axis."""
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) else axis
-    try:
-        axes = tuple(axes)
-    except TypeError:
-        raise shape_violation(f"axis must be None, an int or a tuple of ints, not {axis!r}") from None
     result = []
-    for a in axes:
-        if isinstance(a, bool) or not isinstance(a, (int, np.integer)):
-            raise shape_violation(f"axis must be None, an int or a tuple of ints, not {axis!r}")
+    for a in int_tuple(axis, "axis (when not None)"):
         if not -ndim <= a < ndim:
             raise shape_violation(f"axis {a} is out of range for a tensor of rank {ndim}")
-        a = int(a) % ndim
-        if a in result:
-            raise shape_violation(f"axis {axis!r} repeats axis {a}")
-        result.append(a)
+        if a % ndim in result:
+            raise shape_violation(f"axis {axis!r} repeats axis {a % ndim}")
+        result.append(a % ndim)
     return tuple(sorted(result))
 
 
@@ -328,23 +330,15 @@ def _transpose_normalize(args, axes=None):
     ndim = args[0].ndim
     if axes is None:
         return (tuple(range(ndim))[::-1],)
-    try:
-        given = tuple(axes)
-        perm = tuple(int(a) % ndim if -ndim <= a < ndim else -1 for a in given) if ndim else given
-    except TypeError:
-        raise shape_violation(f"axes must be a permutation of range({ndim}), not {axes!r}") from None
+    given = int_tuple(axes, "axes")
+    perm = tuple(a % ndim if -ndim <= a < ndim else -1 for a in given)
     if sorted(perm) != list(range(ndim)):
         raise shape_violation(f"axes {given} are not a permutation of range({ndim})")
     return (perm,)
 
 
 def _reshape_normalize(args, shape):
-    if isinstance(shape, (int, np.integer)):
-        shape = (shape,)
-    try:
-        dims = [int(d) for d in shape]
-    except TypeError:
-        raise shape_violation(f"a shape must be a tuple of ints, not {shape!r}") from None
+    dims = list(int_tuple(shape, "a shape"))
     size = args[0].size
     if dims.count(-1) > 1:
         raise shape_violation(f"shape {tuple(dims)} has more than one -1")
