@@ -5,6 +5,8 @@ Names and argument conventions are NumPy's. Each function turns its operands int
 dtype of weak constants the way NumPy 2 would, and asks the op table for the term.
 """
 
+import inspect
+
 import numpy as np
 
 from ..errors import DTypeError
@@ -134,40 +136,43 @@ def _call(name, *operands, **params):
 # -- elementwise -----------------------------------------------------------------------------
 
 
-def negative(x):
-    return _ufunc_call("negative", x)
+def _ufunc_function(name, doc=None):
+    """The constructor of an op that is exactly a NumPy ufunc: same name, operands, dtypes."""
+    ufunc = UFUNC_OPS[name]
+
+    def build(*operands):
+        if len(operands) != ufunc.nin:
+            raise TypeError(f"{name} takes {ufunc.nin} operand(s), got {len(operands)}")
+        return _ufunc_call(name, *operands)
+
+    build.__name__ = build.__qualname__ = name
+    build.__signature__ = inspect.Signature(
+        [inspect.Parameter(p, inspect.Parameter.POSITIONAL_ONLY) for p in ("x", "y")[: ufunc.nin]])
+    build.__doc__ = doc or f"NumPy's ``{ufunc.__name__}``, elementwise, with broadcasting and NumPy's promotion."
+    return build
 
 
-def exp(x):
-    return _ufunc_call("exp", x)
-
-
-def log(x):
-    return _ufunc_call("log", x)
-
-
-def log1p(x):
-    return _ufunc_call("log1p", x)
-
-
-def expm1(x):
-    return _ufunc_call("expm1", x)
-
-
-def sqrt(x):
-    return _ufunc_call("sqrt", x)
-
-
-def tanh(x):
-    return _ufunc_call("tanh", x)
-
-
-def abs(x):  # noqa: A001 (NumPy's name)
-    return _ufunc_call("abs", x)
-
-
-def sign(x):
-    return _ufunc_call("sign", x)
+negative = _ufunc_function("negative")
+exp = _ufunc_function("exp")
+log = _ufunc_function("log")
+log1p = _ufunc_function("log1p", "``log(1 + x)``, accurate for small ``x``.")
+expm1 = _ufunc_function("expm1", "``exp(x) - 1``, accurate for small ``x``.")
+sqrt = _ufunc_function("sqrt")
+tanh = _ufunc_function("tanh")
+abs = _ufunc_function("abs")  # noqa: A001 (NumPy's name)
+sign = _ufunc_function("sign")
+add = _ufunc_function("add")
+subtract = _ufunc_function("subtract")
+multiply = _ufunc_function("multiply")
+divide = _ufunc_function("divide", "True division, as NumPy's ``/``: integers divide into floats.")
+maximum = _ufunc_function("maximum")
+minimum = _ufunc_function("minimum")
+less = _ufunc_function("less")
+less_equal = _ufunc_function("less_equal")
+greater = _ufunc_function("greater")
+greater_equal = _ufunc_function("greater_equal")
+equal = _ufunc_function("equal", "Elementwise ``x == y`` (on terms, ``==`` itself is identity).")
+not_equal = _ufunc_function("not_equal", "Elementwise ``x != y`` (on terms, ``!=`` itself is identity).")
 
 
 def sigmoid(x):
@@ -180,63 +185,13 @@ def relu(x):
     return _call("relu", x)
 
 
-def add(x, y):
-    return _ufunc_call("add", x, y)
-
-
-def subtract(x, y):
-    return _ufunc_call("subtract", x, y)
-
-
-def multiply(x, y):
-    return _ufunc_call("multiply", x, y)
-
-
-def divide(x, y):
-    """True division, as NumPy's ``/``: integers divide into floats."""
-    return _ufunc_call("divide", x, y)
-
-
 def power(x, y):
+    """``x ** y``; an integer base with a negative constant integer exponent is refused, as in NumPy."""
     result = _ufunc_call("power", x, y)
     base, exponent = result.args
     if base.dtype.kind in "iu" and exponent.op is OPS["const"] and (exponent.attrs[0].array < 0).any():
         raise rejection("power", result.args, dtype_violation("integers to negative integer powers are not allowed"))
     return result
-
-
-def maximum(x, y):
-    return _ufunc_call("maximum", x, y)
-
-
-def minimum(x, y):
-    return _ufunc_call("minimum", x, y)
-
-
-def less(x, y):
-    return _ufunc_call("less", x, y)
-
-
-def less_equal(x, y):
-    return _ufunc_call("less_equal", x, y)
-
-
-def greater(x, y):
-    return _ufunc_call("greater", x, y)
-
-
-def greater_equal(x, y):
-    return _ufunc_call("greater_equal", x, y)
-
-
-def equal(x, y):
-    """Elementwise ``x == y`` (on terms, ``==`` itself is identity)."""
-    return _ufunc_call("equal", x, y)
-
-
-def not_equal(x, y):
-    """Elementwise ``x != y`` (on terms, ``!=`` itself is identity)."""
-    return _ufunc_call("not_equal", x, y)
 
 
 def where(condition, x, y):
