@@ -14,7 +14,7 @@ class ShapeError(CortadoError, ValueError):
 
 
 class DTypeError(CortadoError, TypeError):
-    """An unknown dtype, or operands whose dtypes the op cannot accept."""
+    """An unknown dtype, operands whose dtypes the op cannot accept, or a value that is no tensor."""
 
 
 class FeedError(CortadoError, KeyError):

@@ -358,7 +358,7 @@ def _reshape(draw, name, values):
 def _broadcast_to(draw, name, values):
     i = draw(st.sampled_from(range(len(values))))
     shape = tuple(draw(st.integers(2, 3)) if d == 1 and draw(st.booleans()) else d for d in values[i].shape)
-    lead = tuple(draw(st.lists(st.integers(1, 3), max_size=4 - len(shape))))
+    lead = tuple(draw(st.lists(st.integers(1, 3), max_size=max(0, 4 - len(shape)))))
     return Step(name, (i,), (("shape", lead + shape),)), (values[i].lo, values[i].hi)
 
 
@@ -458,13 +458,28 @@ def _graphs(draw, builders, dtypes, max_inputs, max_steps, max_rank, max_side):
                        {v.name: bounds[v.name] for v in kept})
 
 
+def _inside(bound, dtype, direction):
+    """``bound`` as the nearest value of the float ``dtype`` on its ``direction`` side (in range)."""
+    info = np.finfo(dtype)
+    value = dtype.type(np.clip(bound, -info.max, info.max))
+    if (float(value) - bound) * direction < 0:
+        value = np.nextafter(value, dtype.type(direction * np.inf))
+    return float(value)
+
+
 def _array(var, lo, hi):
+    """Arrays for ``var`` with elements in ``[lo, hi]``, the bounds moved inside the dtype's range."""
     if var.dtype.kind == "f":
-        elements = st.floats(lo, hi, width=var.dtype.itemsize * 8, allow_nan=False)
+        lo, hi = _inside(lo, var.dtype, +1), _inside(hi, var.dtype, -1)
+        elements = st.floats(lo, hi, width=var.dtype.itemsize * 8, allow_nan=False, allow_infinity=False)
     elif var.dtype.kind == "b":
         elements = st.booleans()
     else:
-        elements = st.integers(int(math.ceil(lo)), int(math.floor(hi)))
+        info = np.iinfo(var.dtype)
+        lo, hi = max(math.ceil(lo), int(info.min)), min(math.floor(hi), int(info.max))
+        elements = st.integers(lo, hi)
+    if lo > hi:
+        raise ValueError(f"cortado.testing.feeds: no {var.dtype.name} value lies in [{lo}, {hi}] for {var.name!r}")
     return hnp.arrays(var.dtype, var.shape, elements=elements)
 
 

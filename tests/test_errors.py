@@ -95,7 +95,7 @@ def test_dtype_errors(case):
 
 def test_constants_of_unsupported_values_are_refused():
     for value, fragment in [(1 + 2j, "complex"), ("text", "str 'text'"), ([1, "a"], "list"),
-                            (2 ** 70, "does not fit in int64"), (object(), "object")]:
+                            (2 ** 70, "fits in neither int64 nor uint64"), (object(), "object")]:
         with pytest.raises(ct.DTypeError, match=re.escape(fragment)):
             ct.const(value)
     with pytest.raises(ct.DTypeError, match="Python integer 300 out of bounds for int8"):
@@ -164,7 +164,30 @@ def test_feed_keys_must_be_names_or_variables():
     check_error(ct.FeedError, lambda: ct.evaluate(loss, {**GOOD, x: GOOD["x"]}), "variable 'x' is fed twice")
 
 
-def test_bad_precision_and_outputs():
+def test_bad_precision():
     check_error(ct.DTypeError, lambda: ct.evaluate(loss, GOOD, precision="float32"), "precision must be one of")
-    with pytest.raises(TypeError, match="expected cortado terms"):
-        ct.evaluate([loss, 3], GOOD)
+
+
+def test_operands_that_are_no_tensor_name_the_op_and_the_line():
+    check_error(ct.DTypeError, lambda: x + "a", "add(float32[4,6], 'a'): cannot make a tensor of str 'a'", located=True)
+    check_error(ct.DTypeError, lambda: ct.const(2 ** 70), "const: the Python int", "fits in neither", located=True)
+    check_error(ct.DTypeError, lambda: ct.where(x > 0, ct.var("big", (4, 6), "int64"), 2 ** 63),
+                "where(bool[4,6], int64[4,6], 9223372036854775808): Python integer 9223372036854775808 out of bounds for int64",
+                located=True)
+
+
+def test_feeds_from_python_values_are_range_checked_not_wrapped():
+    small = ct.var("small", (3,), "int8")
+    check_error(ct.DTypeError, lambda: ct.evaluate(small, {"small": [1000, -200, 5]}),
+                "holds a value out of range: Python integer 1000 out of bounds for int8")
+    unsigned = ct.var("unsigned", (3,), "uint8")
+    assert ct.evaluate(unsigned, {"unsigned": [1, 2, 255]}).tolist() == [1, 2, 255]
+    check_error(ct.DTypeError, lambda: ct.evaluate(unsigned, {"unsigned": [1, 2, -3]}), "out of range")
+    check_error(ct.DTypeError, lambda: ct.evaluate(small, {"small": [1.5, 2, 3]}), "holds float64 values")
+
+
+def test_feeds_that_are_not_values():
+    check_error(ct.DTypeError, lambda: ct.evaluate(x * 2.0, {"x": x}), "is a cortado term; feeds are values")
+    check_error(ct.FeedError, lambda: ct.evaluate(ct.const(1.0), None), "feeds must be a mapping")
+    check_error(ct.DTypeError, lambda: ct.evaluate(3, {}), "expected a cortado term or a list of them, not int")
+    check_error(ct.DTypeError, lambda: ct.Graph([loss, 3]), "expected cortado terms as outputs, got int 3")

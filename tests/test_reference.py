@@ -186,3 +186,60 @@ def test_casts_follow_numpy(source, target):
     got = ct.evaluate(ct.cast(ct.var("x", (3,), source), target), {"x": values})
     np.testing.assert_array_equal(got, values.astype(target))
     assert got.dtype == target
+
+
+# -- regressions found by review ---------------------------------------------------------------
+
+INTEGER = [d for d in SUPPORTED if d.kind in "iu"]
+COMPARE = ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal"]
+
+
+@st.composite
+def edge_ints(draw):
+    dtype = draw(st.sampled_from(INTEGER))
+    info = np.iinfo(dtype)
+    near = [int(info.min) - 1, int(info.min), int(info.max), int(info.max) + 1, 0, 2 ** 63, 2 ** 64 - 1, -2 ** 63 - 1]
+    return dtype, draw(st.sampled_from(near) | st.integers(-2 ** 64, 2 ** 64))
+
+
+@given(edge_ints(), st.sampled_from(COMPARE), st.booleans())
+def test_integer_comparisons_with_any_python_int_are_exact(case, op, scalar_left):
+    dtype, value = case
+    info = np.iinfo(dtype)
+    data = np.array([info.min, info.max, 0, 1], dtype=dtype)
+    x = ct.var("x", (4,), dtype)
+    args = (value, x) if scalar_left else (x, value)
+    try:
+        expected = getattr(np, op)(*((value, data) if scalar_left else (data, value)))
+    except OverflowError:  # NumPy refuses ints beyond uint64 too
+        with pytest.raises(ct.DTypeError):
+            getattr(ct, op)(*args)
+        return
+    np.testing.assert_array_equal(ct.evaluate(getattr(ct, op)(*args), {"x": data}), expected)
+
+
+def test_python_ints_beyond_int64_are_weak_too():
+    f = ct.var("f", (2,))
+    assert (f * 2 ** 64).dtype == np.float32
+    assert ct.evaluate(f * 2 ** 64, {"f": [1.0, 2.0]}).tolist() == [2.0 ** 64, 2.0 ** 65]
+
+
+@given(st.sampled_from([d for d in SUPPORTED if d.kind in "biu"]),
+       st.sampled_from(["exp", "log1p", "sqrt", "tanh", "sigmoid", "logsumexp", "softmax", "log_softmax"]))
+def test_float64_precision_widens_integer_operands_first(dtype, op):
+    data = np.array([0, 1, 1], dtype=dtype)
+    x = ct.var("x", (3,), dtype)
+    got = ct.evaluate(getattr(ct, op)(x), {"x": data}, precision="float64")
+    wide = ct.evaluate(getattr(ct, op)(ct.var("w", (3,), "float64")), {"w": data.astype(np.float64)})
+    np.testing.assert_allclose(got, wide, rtol=1e-15)
+
+
+def test_power_checks_the_computed_dtype_and_runtime_exponents():
+    i8 = ct.var("i8", (3,), "int8")
+    assert (i8 ** -0.5).dtype == np.float64  # NumPy computes an int base with a float exponent in floats
+    assert (i8 ** np.array([-1.0, 2.0, 1.0])).dtype == np.float64
+    with pytest.raises(ct.DTypeError, match="negative integer powers"):
+        ct.var("b", (3,), "bool") ** -1
+    exponent = ct.var("e", (3,), "int8")
+    with pytest.raises(ct.BackendError, match="failed on these values: Integers to negative integer powers"):
+        ct.evaluate(i8 ** exponent, {"i8": [1, 2, 3], "e": [1, -1, 2]})

@@ -62,3 +62,27 @@ def test_bad_options_are_refused():
 def test_replay_runs_any_namespace(case):
     graph, values = case
     assert len(replay_numpy(graph, values)) == len(graph.outputs)
+
+
+@settings(max_examples=50)
+@given(graphs(ops=["einsum", "broadcast_to"], max_rank=5))
+def test_high_rank_values_do_not_break_the_builders(graph):
+    assert all(0 <= t.ndim for t in graph.outputs)
+
+
+@pytest.mark.parametrize("dtype, bounds", [("uint8", (-2, 2)), ("float32", (0.1, 1.0)), ("float16", (-1e5, 1e5))])
+def test_feed_bounds_are_fitted_to_the_dtype(dtype, bounds):
+    @settings(max_examples=20, database=None)
+    @given(feeds([ct.var("v", (4,), dtype)], bounds=bounds))
+    def check(values):
+        v = values["v"]
+        assert np.isfinite(v.astype(np.float64)).all()
+        info = np.iinfo(dtype) if v.dtype.kind in "iu" else np.finfo(dtype)
+        assert (v >= max(bounds[0], info.min)).all() and (v <= min(bounds[1], info.max)).all()
+
+    check()
+
+
+def test_empty_integer_bounds_are_refused():
+    with pytest.raises(ValueError, match="no int8 value lies in"):
+        feeds([ct.var("i", (2,), "int8")], bounds=(0.5, 0.9))

@@ -7,7 +7,7 @@ results can be computed in float64 throughout (``precision="float64"``).
 
 import numpy as np
 
-from ..errors import DTypeError
+from ..errors import BackendError, DTypeError
 from ..exprgraph import feeds as feed_checks
 from ..exprgraph.graph import Graph
 from ..exprgraph.ops import UFUNC_OPS, ufunc_loop
@@ -78,6 +78,19 @@ def _result_dtype(term, widen):
     return term.dtype
 
 
+def _apply(term, args, widen):
+    """One op with NumPy; in float64 mode a floating result is computed from float64 operands."""
+    attrs = term.attrs
+    if widen and term.dtype.kind == "f":
+        args = [a if a.dtype.kind == "f" else a.astype(np.float64) for a in args]
+        if term.op.name == "cast":
+            attrs = (np.dtype(np.float64),)  # in exact arithmetic a float cast is the identity
+    try:
+        return IMPLEMENTATIONS[term.op.name](args, *attrs)
+    except (ArithmeticError, ValueError) as error:  # e.g. integers fed negative integer powers
+        raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
+
+
 def evaluate(outputs, feeds, precision=None):
     """The values of ``outputs`` given ``feeds`` (``{name or var: array}``), as NumPy arrays.
 
@@ -101,10 +114,7 @@ def evaluate(outputs, feeds, precision=None):
             elif term.op.name == "const":
                 value = term.attrs[0].array
             else:
-                attrs = term.attrs
-                if widen and term.op.name == "cast" and term.dtype.kind == "f":
-                    attrs = (np.dtype(np.float64),)  # in exact arithmetic a float cast is the identity
-                value = IMPLEMENTATIONS[term.op.name]([values[a] for a in term.args], *attrs)
+                value = _apply(term, [values[a] for a in term.args], widen)
             values[term] = np.asarray(value).astype(_result_dtype(term, widen), copy=False)
             for arg in term.args:
                 remaining[arg] -= 1

@@ -9,8 +9,8 @@ import inspect
 
 import numpy as np
 
-from ..errors import DTypeError
-from .dtypes import SUPPORTED, as_dtype
+from .dtypes import as_dtype
+from .operands import WEAK_TYPES, Scalar, at_default_dtypes, const_array, materialise, operands, strong_const
 from .ops import OPS, UFUNC_OPS, Constant, ufunc_loop
 from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 
@@ -23,9 +23,6 @@ __all__ = [
     "matmul", "einsum", "transpose", "reshape", "broadcast_to",
 ]
 
-_WEAK_TYPES = (int, float)
-
-
 def var(name, shape, dtype="float32"):
     """A named input of the expression: a feed, a parameter or any other value given at run time."""
     return apply(OPS["var"], (), name=name, shape=shape, dtype=dtype)
@@ -33,33 +30,15 @@ def var(name, shape, dtype="float32"):
 
 def const(value, dtype=None):
     """A constant tensor. A Python int or float with no dtype stays weak, as in NumPy 2."""
-    if isinstance(value, Term):
-        raise DTypeError(f"const: {value!r} is already a term")
-    if dtype is None and type(value) in _WEAK_TYPES:
-        return make(OPS["const"], (), (Constant(_scalar_array(value), weak=True),))
-    return make(OPS["const"], (), (Constant(_as_array(value, dtype)),))
-
-
-def _scalar_array(value):
-    array = np.asarray(value)
-    if array.dtype not in SUPPORTED:
-        raise DTypeError(f"const: the Python int {value} does not fit in int64")
-    return array
-
-
-def _as_array(value, dtype=None):
     try:
-        array = np.asarray(value, dtype=None if dtype is None else as_dtype(dtype, context="const"))
-    except OverflowError as error:
-        raise DTypeError(f"const: {error}") from None
-    except (TypeError, ValueError) as error:
-        raise DTypeError(f"const: cannot make a tensor of {type(value).__name__} {value!r}: {error}") from None
-    if array.dtype not in SUPPORTED:
-        raise DTypeError(
-            f"const: cannot make a tensor of {type(value).__name__} {value!r} (its dtype would be "
-            f"{array.dtype}, which cortado does not support)"
-        )
-    return array
+        if isinstance(value, Term):
+            raise dtype_violation(f"{value!r} is already a term")
+        if dtype is not None:
+            return strong_const(value, as_dtype(dtype, context="const"))
+        array = const_array(value)
+        return make(OPS["const"], (), (Constant(array, weak=type(value) in WEAK_TYPES),))
+    except RuleViolation as violation:
+        raise rejection("const", (), violation) from None
 
 
 def as_term(value):
@@ -67,70 +46,53 @@ def as_term(value):
     return value if isinstance(value, Term) else const(value)
 
 
-def is_weak(term):
-    return term.op is OPS["const"] and term.attrs[0].weak
+# x OP v, for a Python int v beyond every value of x's integer dtype, has one answer everywhere;
+# x OP' bound (bound: the dtype's max or min) has that same answer and keeps x's shape. So NumPy 2's
+# exact comparison with out-of-range ints needs no wider dtype (none is exact past int64).
+_BEYOND = {  # name: ((op, bound) for v above the range, (op, bound) for v below it)
+    "less": (("less_equal", "max"), ("less", "min")),
+    "less_equal": (("less_equal", "max"), ("less", "min")),
+    "greater": (("greater", "max"), ("greater_equal", "min")),
+    "greater_equal": (("greater", "max"), ("greater_equal", "min")),
+    "equal": (("greater", "max"), ("less", "min")),
+    "not_equal": (("less_equal", "max"), ("greater_equal", "min")),
+}
+_MIRRORED = {"less": "greater", "less_equal": "greater_equal", "greater": "less",
+             "greater_equal": "less_equal", "equal": "equal", "not_equal": "not_equal"}
 
 
-def _weak_value(term):
-    return term.attrs[0].array.item()
+def _out_of_range_comparison(name, terms):
+    """``x OP v`` with a Python int ``v`` outside x's integer dtype, answered exactly; else None."""
+    if isinstance(terms[0], Scalar):
+        name, terms = _MIRRORED[name], terms[::-1]
+    x, v = terms
+    if not (isinstance(x, Term) and isinstance(v, Scalar) and type(v.value) is int and x.dtype.kind in "iu"):
+        return None
+    info = np.iinfo(x.dtype)
+    if info.min <= v.value <= info.max:
+        return None
+    op, bound = _BEYOND[name][0 if v.value > info.max else 1]
+    return apply(OPS[op], [x, strong_const(getattr(info, bound), x.dtype)])
 
 
-def _materialise(term, dtype, op_name, operands):
-    """A weak constant as a strong one of ``dtype``; out-of-range Python ints are refused."""
-    if not is_weak(term):
-        return term
+def _ufunc_call(name, *values):
+    terms = operands(name, values)
+    if not any(isinstance(t, Scalar) for t in terms):
+        return apply(OPS[name], terms)
+    if name in _BEYOND and len(terms) == 2:
+        exact = _out_of_range_comparison(name, terms)
+        if exact is not None:
+            return exact
+    keys = tuple(t.promotion_key if isinstance(t, Scalar) else t.dtype for t in terms)
     try:
-        return make(OPS["const"], (), (Constant(np.asarray(_weak_value(term), dtype=dtype)),))
-    except OverflowError as error:
-        raise rejection(op_name, operands, dtype_violation(str(error))) from None
+        loop = ufunc_loop(UFUNC_OPS[name], keys)
+    except RuleViolation as violation:
+        raise rejection(name, terms, violation) from None
+    return apply(OPS[name], [materialise(t, dtype, name, terms) for t, dtype in zip(terms, loop)])
 
 
-def _promotion_key(term):
-    if is_weak(term):
-        value = _weak_value(term)
-        return type(value) if type(value) in _WEAK_TYPES else np.dtype(bool)
-    return term.dtype
-
-
-def _terms(operands):
-    return [as_term(x) for x in operands]
-
-
-def _settle_defaults(op_name, terms):
-    """Weak constants at their default dtype (float64 for a float, int64 for an int)."""
-    return [_materialise(t, t.dtype, op_name, terms) for t in terms]
-
-
-_COMPARISONS = {"less", "less_equal", "greater", "greater_equal", "equal", "not_equal"}
-
-
-def _fits(value, dtype):
-    return dtype.kind not in "iu" or np.iinfo(dtype).min <= value <= np.iinfo(dtype).max
-
-
-def _comparison_dtype(value, dtype):
-    """NumPy 2 compares an integer with a Python int out of its range exactly: widen to fit."""
-    if type(value) is int and not _fits(value, dtype):
-        return np.result_type(dtype, np.min_scalar_type(value))
-    return dtype
-
-
-def _ufunc_call(name, *operands):
-    terms = _terms(operands)
-    if any(is_weak(t) for t in terms):
-        try:
-            loop = ufunc_loop(UFUNC_OPS[name], tuple(_promotion_key(t) for t in terms))
-        except RuleViolation as violation:
-            raise rejection(name, _settle_defaults(name, terms), violation) from None
-        if name in _COMPARISONS:
-            loop = [_comparison_dtype(_weak_value(t), d) if is_weak(t) else d for t, d in zip(terms, loop)]
-        terms = [_materialise(t, dtype, name, terms) for t, dtype in zip(terms, loop)]
-    return apply(OPS[name], terms)
-
-
-def _call(name, *operands, **params):
-    terms = _terms(operands)
-    return apply(OPS[name], _settle_defaults(name, terms), **params)
+def _call(name, *values, **params):
+    return apply(OPS[name], at_default_dtypes(name, operands(name, values)), **params)
 
 
 # -- elementwise -----------------------------------------------------------------------------
@@ -188,19 +150,23 @@ def relu(x):
 def power(x, y):
     """``x ** y``; an integer base with a negative constant integer exponent is refused, as in NumPy."""
     result = _ufunc_call("power", x, y)
-    base, exponent = result.args
-    if base.dtype.kind in "iu" and exponent.op is OPS["const"] and (exponent.attrs[0].array < 0).any():
+    exponent = result.args[1]
+    if result.dtype.kind in "iu" and exponent.op is OPS["const"] and (exponent.attrs[0].array < 0).any():
         raise rejection("power", result.args, dtype_violation("integers to negative integer powers are not allowed"))
     return result
 
 
 def where(condition, x, y):
-    """``x`` where ``condition`` is true, else ``y``; shapes broadcast, dtypes promote."""
-    terms = _terms((condition, x, y))
-    if any(is_weak(t) for t in terms[1:]):
-        dtype = np.result_type(*(_weak_value(t) if is_weak(t) else t.dtype for t in terms[1:]))
-        terms[1:] = [_materialise(t, dtype, "where", terms) for t in terms[1:]]
-    return apply(OPS["where"], _settle_defaults("where", terms))
+    """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote."""
+    terms = operands("where", (condition, x, y))
+    if any(isinstance(t, Scalar) for t in terms[1:]):
+        try:
+            dtype = np.result_type(*(t.value if isinstance(t, Scalar) else t.dtype for t in terms[1:]))
+        except (OverflowError, TypeError) as error:
+            reason = f"NumPy cannot promote {terms[1]!r} with {terms[2]!r}: {error}"
+            raise rejection("where", terms, dtype_violation(reason)) from None
+        terms[1:] = [materialise(t, dtype, "where", terms) for t in terms[1:]]
+    return apply(OPS["where"], at_default_dtypes("where", terms))
 
 
 def cast(x, dtype):

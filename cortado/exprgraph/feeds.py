@@ -30,8 +30,28 @@ def _by_name(feeds):
     return named
 
 
+# Python values (lists, scalars) may feed a variable of their kind or a wider one: bools feed
+# anything, ints feed ints and floats, floats feed floats only (never truncated into ints).
+_KIND_RANK = {"b": 0, "i": 1, "u": 1, "f": 2}
+
+
+def _from_python(var, value):
+    try:
+        inferred = np.asarray(value)
+    except (TypeError, ValueError) as error:
+        raise DTypeError(f"the feed for {_declared(var)} is not array-like: {error}") from None
+    if inferred.dtype.kind not in _KIND_RANK or _KIND_RANK[inferred.dtype.kind] > _KIND_RANK[var.dtype.kind]:
+        raise DTypeError(f"the feed for {_declared(var)} holds {inferred.dtype} values")
+    try:
+        return np.asarray(value, dtype=var.dtype)
+    except OverflowError as error:
+        raise DTypeError(f"the feed for {_declared(var)} holds a value out of range: {error}") from None
+
+
 def _conform(var, value):
     """``value`` as an array of the variable's shape and dtype, or a clear error."""
+    if isinstance(value, Term):
+        raise DTypeError(f"the feed for {_declared(var)} is a cortado term; feeds are values (arrays)")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         if value.dtype != var.dtype:
             raise DTypeError(
@@ -40,13 +60,7 @@ def _conform(var, value):
             )
         array = value
     else:
-        try:
-            array = np.asarray(value)
-        except (TypeError, ValueError) as error:
-            raise DTypeError(f"the feed for {_declared(var)} is not array-like: {error}") from None
-        if not np.can_cast(array.dtype, var.dtype, "same_kind"):
-            raise DTypeError(f"the feed for {_declared(var)} holds {array.dtype} values")
-        array = array.astype(var.dtype)
+        array = _from_python(var, value)
     if tuple(array.shape) != var.shape:
         raise ShapeError(f"the feed for {_declared(var)} has shape {tuple(array.shape)}")
     return array
@@ -54,7 +68,10 @@ def _conform(var, value):
 
 def bind(variables_by_name, feeds):
     """``{var: array}`` for every variable, checked against ``feeds`` (name or var -> value)."""
-    named = _by_name(dict(feeds))
+    try:
+        named = _by_name(dict(feeds))
+    except (TypeError, ValueError):
+        raise FeedError(f"feeds must be a mapping from names or variables to values, not {feeds!r}") from None
     missing = sorted(set(variables_by_name) - set(named))
     if missing:
         listed = "; ".join(_declared(variables_by_name[name]) for name in missing)

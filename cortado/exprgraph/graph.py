@@ -6,7 +6,7 @@ Every walk here is iterative, so a chain of 100k terms needs no deep Python recu
 import contextlib
 import gc
 
-from ..errors import FeedError
+from ..errors import DTypeError, FeedError
 from .term import Term
 
 
@@ -30,10 +30,13 @@ def as_outputs(outputs):
     """A tuple of terms from one term or an iterable of them."""
     if isinstance(outputs, Term):
         return (outputs,)
-    outputs = tuple(outputs)
+    try:
+        outputs = tuple(outputs)
+    except TypeError:
+        raise DTypeError(f"expected a cortado term or a list of them, not {type(outputs).__name__}") from None
     for out in outputs:
         if not isinstance(out, Term):
-            raise TypeError(f"expected cortado terms as outputs, got {type(out).__name__}")
+            raise DTypeError(f"expected cortado terms as outputs, got {type(out).__name__} {out!r}")
     return outputs
 
 

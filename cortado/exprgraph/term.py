@@ -41,10 +41,12 @@ def dtype_violation(reason):
     return RuleViolation(reason, DTypeError)
 
 
-def _describe(term):
-    if term.op.name == "const" and term.attrs[0].weak:
-        return repr(term.attrs[0])  # a Python scalar: show the value the user wrote
-    return type_string(term.shape, term.dtype)
+def _describe(operand):
+    if not isinstance(operand, Term):
+        return repr(operand)  # a Python scalar or other value: show what the user wrote
+    if operand.op.name == "const" and operand.attrs[0].weak:
+        return repr(operand.attrs[0])
+    return type_string(operand.shape, operand.dtype)
 
 
 def describe_operands(args):
