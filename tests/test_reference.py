@@ -5,7 +5,7 @@ import string
 
 import numpy as np
 import pytest
-from hypothesis import assume, given
+from hypothesis import given
 from hypothesis import strategies as st
 from numpy_oracle import NUMPY_FLOAT64, replay_numpy
 

@@ -52,7 +52,11 @@ def _log_softmax(x, axes):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
 
 
-IMPLEMENTATIONS = {name: (lambda ufunc: lambda xs: ufunc(*xs))(ufunc) for name, ufunc in UFUNC_OPS.items()}
+def _ufunc_implementation(ufunc):
+    return lambda xs: ufunc(*xs)
+
+
+IMPLEMENTATIONS = {name: _ufunc_implementation(ufunc) for name, ufunc in UFUNC_OPS.items()}
 IMPLEMENTATIONS.update({
     "sigmoid": lambda xs: _sigmoid(xs[0]),
     "relu": lambda xs: np.maximum(xs[0], 0),

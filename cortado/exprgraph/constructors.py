@@ -1,8 +1,8 @@
 """The functions users build expressions with: ``ct.var``, ``ct.exp``, ``ct.matmul``, ...
 
 Names and argument conventions are NumPy's. Each function turns its operands into terms
-(Python scalars become *weak* constants, NumPy arrays strong ones, as under NEP 50), settles the
-dtype of weak constants the way NumPy 2 would, and asks the op table for the term.
+(operands.py: Python scalars stay weak until the op's dtype is settled, as under NEP 50) and
+asks the op table for the term.
 """
 
 import inspect
@@ -22,6 +22,7 @@ __all__ = [
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to",
 ]
+
 
 def var(name, shape, dtype="float32"):
     """A named input of the expression: a feed, a parameter or any other value given at run time."""
@@ -102,10 +103,10 @@ def _ufunc_function(name, doc=None):
     """The constructor of an op that is exactly a NumPy ufunc: same name, operands, dtypes."""
     ufunc = UFUNC_OPS[name]
 
-    def build(*operands):
-        if len(operands) != ufunc.nin:
-            raise TypeError(f"{name} takes {ufunc.nin} operand(s), got {len(operands)}")
-        return _ufunc_call(name, *operands)
+    def build(*values):
+        if len(values) != ufunc.nin:
+            raise TypeError(f"{name} takes {ufunc.nin} operand(s), got {len(values)}")
+        return _ufunc_call(name, *values)
 
     build.__name__ = build.__qualname__ = name
     build.__signature__ = inspect.Signature(

@@ -41,9 +41,10 @@ def const_array(value, dtype=None):
     try:
         array = np.asarray(value, dtype=dtype)
     except OverflowError as error:
+        message = str(error)
         if type(value) is int:  # NumPy's own words, whichever check of NumPy's caught it
-            error = f"Python integer {value} out of bounds for {np.dtype(dtype).name}"
-        raise dtype_violation(str(error)) from None
+            message = f"Python integer {value} out of bounds for {np.dtype(dtype).name}"
+        raise dtype_violation(message) from None
     except (TypeError, ValueError) as error:
         raise dtype_violation(f"cannot make a tensor of {type(value).__name__} {value!r}: {error}") from None
     if array.dtype not in SUPPORTED:

@@ -12,8 +12,8 @@ before a term is built, so the rules here only ever see concrete dtypes.
 
 import functools
 import operator
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
