@@ -118,10 +118,6 @@ class _Value:
     def is_bool(self):
         return self.term.dtype == np.bool_
 
-    @property
-    def magnitude(self):
-        return max(abs(self.lo), abs(self.hi))
-
 
 # -- intervals -------------------------------------------------------------------------------
 

@@ -73,6 +73,7 @@ DTYPE_ERRORS = {
     "var dtype": (lambda: ct.var("c", (2,), "complex64"), "var:", "unsupported dtype 'complex64'", "float32"),
     "var dtype None": (lambda: ct.var("c", (2,), None), "unsupported dtype None"),
     "cast dtype": (lambda: ct.cast(x, "float128"), "cast(float32[4,6])", "unsupported dtype 'float128'"),
+    "const dtype": (lambda: ct.const(1, dtype="foo"), "const: dtype:", "unsupported dtype 'foo'"),
     "weak overflow": (lambda: i8 + 1000, "add(int8[3], 1000)", "Python integer 1000 out of bounds for int8"),
     "negative int power": (lambda: i8 ** -1, "power(int8[3], int8[])", "integers to negative integer powers"),
     "relu of bool": (lambda: ct.relu(flags), "relu(bool[3])", "numeric operand"),

@@ -9,9 +9,8 @@ import inspect
 
 import numpy as np
 
-from .dtypes import as_dtype
 from .operands import WEAK_TYPES, Scalar, at_default_dtypes, const_array, materialise, operands, strong_const
-from .ops import OPS, UFUNC_OPS, Constant, ufunc_loop
+from .ops import OPS, UFUNC_OPS, Constant, dtype_attr, ufunc_loop
 from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 
 __all__ = [
@@ -35,7 +34,7 @@ def const(value, dtype=None):
         if isinstance(value, Term):
             raise dtype_violation(f"{value!r} is already a term")
         if dtype is not None:
-            return strong_const(value, as_dtype(dtype, context="const"))
+            return strong_const(value, dtype_attr(dtype, "dtype"))
         array = const_array(value)
         return make(OPS["const"], (), (Constant(array, weak=type(value) in WEAK_TYPES),))
     except RuleViolation as violation:

@@ -15,10 +15,9 @@ SUPPORTED = tuple(
         "float16", "float32", "float64",
     )
 )
-FLOATING = tuple(d for d in SUPPORTED if d.kind == "f")
 
 
-def as_dtype(spec, *, context="dtype"):
+def as_dtype(spec):
     """The supported NumPy dtype named by ``spec`` (a string, a NumPy type or a dtype)."""
     try:
         dtype = None if spec is None or isinstance(spec, bool) else np.dtype(spec)
@@ -26,12 +25,8 @@ def as_dtype(spec, *, context="dtype"):
         dtype = None
     if dtype is None or dtype not in SUPPORTED:  # (np.dtype == None is True: test None first)
         names = ", ".join(d.name for d in SUPPORTED)
-        raise DTypeError(f"{context}: unknown or unsupported dtype {spec!r}; cortado supports {names}")
+        raise DTypeError(f"unknown or unsupported dtype {spec!r}; cortado supports {names}")
     return dtype
-
-
-def is_floating(dtype):
-    return dtype.kind == "f"
 
 
 def type_string(shape, dtype):

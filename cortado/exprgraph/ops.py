@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import einsum as einsum_rules
+from ..errors import DTypeError
 from .dtypes import as_dtype
 from .term import dtype_violation, shape_violation
 
@@ -167,14 +168,18 @@ class Constant:
         return str(self.array[()])  # NumPy's shortest form for the dtype: 1.7320508 for float32
 
 
+def dtype_attr(spec, what):
+    """A dtype attribute, checked: an unsupported one is refused naming ``what`` it was for."""
+    try:
+        return as_dtype(spec)
+    except DTypeError as error:
+        raise dtype_violation(f"{what}: {error}") from None
+
+
 def _var_normalize(args, name, shape, dtype):
     if not isinstance(name, str) or not name:
         raise shape_violation(f"a variable's name must be a non-empty string, not {name!r}")
-    try:
-        dtype = as_dtype(dtype, context=f"variable {name!r}")
-    except Exception as error:
-        raise dtype_violation(str(error)) from None
-    return (name, as_shape(shape), dtype)
+    return (name, as_shape(shape), dtype_attr(dtype, f"variable {name!r}"))
 
 
 VAR = Op("var", 0, ("name", "shape", "dtype"),
@@ -214,10 +219,7 @@ def _relu_dtype(args):
 
 
 def _cast_normalize(args, dtype):
-    try:
-        return (as_dtype(dtype, context="cast"),)
-    except Exception as error:
-        raise dtype_violation(str(error)) from None
+    return (dtype_attr(dtype, "target dtype"),)
 
 
 def _where_dtype(args):
