@@ -34,7 +34,7 @@ from hypothesis.extra import numpy as hnp
 
 import cortado
 
-UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu"]
+UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus"]
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
 COMPARISONS = ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal"]
 REDUCTIONS = ["sum", "mean", "max", "logsumexp", "softmax", "log_softmax"]
@@ -152,6 +152,7 @@ UNARY_BOUNDS = {
     "tanh": _monotone(math.tanh),
     "sigmoid": _monotone(lambda x: 1 / (1 + math.exp(-x))),
     "relu": _monotone(lambda x: max(x, 0.0)),
+    "softplus": _monotone(lambda x: max(x, 0.0) + math.log1p(math.exp(-abs(x)))),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
     "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),
 }

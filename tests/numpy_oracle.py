@@ -21,6 +21,7 @@ def _softmax(x, axis=-1):
 OVERRIDES = {
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "relu": lambda x: np.maximum(x, 0),
+    "softplus": lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x))),
     "logsumexp": _logsumexp,
     "softmax": _softmax,
     "log_softmax": lambda x, axis=-1: x - _logsumexp(x, axis=axis, keepdims=True),

@@ -10,70 +10,10 @@ import numpy as np
 from ..errors import BackendError, DTypeError
 from ..exprgraph import feeds as feed_checks
 from ..exprgraph.graph import Graph
-from ..exprgraph.ops import UFUNC_OPS, ufunc_loop
+from ..exprgraph.semantics import IMPLEMENTATIONS
 from ..exprgraph.term import Term
 
 PRECISIONS = (None, "float64")
-
-
-def _floating(x):
-    """``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
-    return x if x.dtype.kind == "f" else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
-
-
-def _sigmoid(x):
-    x = _floating(x)
-    e = np.exp(-np.abs(x))  # never overflows
-    return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
-
-
-def _shifted(x, axes):
-    """``x - max(x)`` over ``axes`` and the max, with infinite maxima replaced by 0."""
-    x = _floating(x)
-    peak = np.max(x, axis=axes, keepdims=True)
-    peak = np.where(np.isfinite(peak), peak, 0)
-    return x - peak, peak
-
-
-def _logsumexp(x, axes, keepdims):
-    shifted, peak = _shifted(x, axes)
-    result = np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True)) + peak
-    return result if keepdims else np.squeeze(result, axis=axes)
-
-
-def _softmax(x, axes):
-    shifted, _ = _shifted(x, axes)
-    e = np.exp(shifted)
-    return e / np.sum(e, axis=axes, keepdims=True)
-
-
-def _log_softmax(x, axes):
-    shifted, _ = _shifted(x, axes)
-    return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
-
-
-def _ufunc_implementation(ufunc):
-    return lambda xs: ufunc(*xs)
-
-
-IMPLEMENTATIONS = {name: _ufunc_implementation(ufunc) for name, ufunc in UFUNC_OPS.items()}
-IMPLEMENTATIONS.update({
-    "sigmoid": lambda xs: _sigmoid(xs[0]),
-    "relu": lambda xs: np.maximum(xs[0], 0),
-    "where": lambda xs: np.where(*xs),
-    "cast": lambda xs, dtype: xs[0].astype(dtype),
-    "sum": lambda xs, axes, keepdims: np.sum(xs[0], axis=axes, keepdims=keepdims),
-    "mean": lambda xs, axes, keepdims: np.mean(xs[0], axis=axes, keepdims=keepdims),
-    "max": lambda xs, axes, keepdims: np.max(xs[0], axis=axes, keepdims=keepdims),
-    "logsumexp": lambda xs, axes, keepdims: _logsumexp(xs[0], axes, keepdims),
-    "softmax": lambda xs, axes: _softmax(xs[0], axes),
-    "log_softmax": lambda xs, axes: _log_softmax(xs[0], axes),
-    "matmul": lambda xs: np.matmul(*xs),
-    "einsum": lambda xs, subscripts: np.einsum(subscripts, *xs),
-    "transpose": lambda xs, axes: np.transpose(xs[0], axes),
-    "reshape": lambda xs, shape: np.reshape(xs[0], shape),
-    "broadcast_to": lambda xs, shape: np.broadcast_to(xs[0], shape),
-})
 
 
 def _result_dtype(term, widen):

@@ -5,7 +5,9 @@ Names and argument conventions are NumPy's. Each function turns its operands int
 asks the op table for the term.
 """
 
+import functools
 import inspect
+import itertools
 
 import numpy as np
 
@@ -16,6 +18,7 @@ from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 __all__ = [
     "var", "const", "as_term",
     "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu",
+    "softplus",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
@@ -147,6 +150,11 @@ def relu(x):
     return _call("relu", x)
 
 
+def softplus(x):
+    """``log(1 + exp(x))``, computed without overflow for large ``|x|``."""
+    return _call("softplus", x)
+
+
 def power(x, y):
     """``x ** y``; an integer base with a negative constant integer exponent is refused, as in NumPy."""
     result = _ufunc_call("power", x, y)
@@ -227,3 +235,38 @@ def reshape(x, shape):
 
 def broadcast_to(x, shape):
     return _call("broadcast_to", x, shape=shape)
+
+
+# -- deferring to other kinds of operands ----------------------------------------------------
+
+OPERAND_PARAMETERS = ("x", "y", "condition", "operands")  # the rest of a signature are attributes
+
+
+def _deferring(function):
+    """``function``, handing the call to an operand whose type defines ``__cortado_function__``.
+
+    As NumPy's ``__array_function__`` lets array-likes take over NumPy's functions, this lets a
+    rewrite pattern's placeholder turn ``ct.exp(_x)`` into a pattern, with no knowledge of rules
+    here. The handler gets the function's name, its operands and its other parameters by name.
+    """
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        for value in itertools.chain(args, kwargs.values()):
+            handler = getattr(type(value), "__cortado_function__", None)
+            if handler is not None:
+                bound = signature.bind(*args, **kwargs).arguments
+                operands = []
+                for name in OPERAND_PARAMETERS:
+                    given = bound.pop(name, ())
+                    operands.extend(given if name == "operands" else [given])
+                return handler(function.__name__, tuple(operands), bound)
+        return function(*args, **kwargs)
+
+    return call
+
+
+for _name in __all__:
+    if _name not in ("var", "const", "as_term"):
+        globals()[_name] = _deferring(globals()[_name])

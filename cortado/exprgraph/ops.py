@@ -145,16 +145,24 @@ class Constant:
 
     ``weak`` marks a Python scalar whose dtype is still open (NEP 50): ``x * 2.0`` keeps
     ``x``'s float32. Constructors materialise weak constants at the dtype they combine to.
+    A constant whose elements are all equal (a *splat*, such as the zeros a rewrite leaves) is
+    stored as one element broadcast to its shape, so it costs no memory however large it is.
     """
 
-    __slots__ = ("array", "weak", "_key")
+    __slots__ = ("array", "weak", "scalar", "_key")
 
     def __init__(self, array, weak=False):
-        array = np.array(array, order="C", copy=True)
-        array.flags.writeable = False
-        self.array = array
+        array = np.asarray(array)
         self.weak = weak
-        self._key = (array.dtype.str, array.shape, array.tobytes(), weak)
+        self.scalar = _splat_element(array)
+        if self.scalar is not None and array.size > 1:
+            self.array = np.broadcast_to(self.scalar, array.shape)  # read-only, one element
+            content = self.scalar.tobytes()
+        else:
+            self.array = np.array(array, order="C", copy=True)
+            self.array.flags.writeable = False
+            content = self.array.tobytes()
+        self._key = (array.dtype.str, array.shape, content, weak)
 
     def __eq__(self, other):
         return isinstance(other, Constant) and self._key == other._key
@@ -166,6 +174,19 @@ class Constant:
         if self.array.ndim:
             return np.array2string(self.array, separator=", ", threshold=6)
         return str(self.array[()])  # NumPy's shortest form for the dtype: 1.7320508 for float32
+
+
+def _splat_element(array):
+    """The one element every element of ``array`` equals, bit for bit, as a 0-d array; else None."""
+    if array.size == 0:
+        return None
+    first = np.array(array.reshape(-1)[0])
+    if array.size > 1:
+        rows = np.ascontiguousarray(array).view(np.uint8).reshape(array.size, array.dtype.itemsize)
+        if not (rows == rows[0]).all():
+            return None
+    first.flags.writeable = False
+    return first
 
 
 def dtype_attr(spec, what):
@@ -239,6 +260,7 @@ _ops = [_elementwise(name, ufunc.nin, ufunc_dtype(ufunc)) for name, ufunc in UFU
 _ops += [
     _elementwise("sigmoid", 1, _float_result),
     _elementwise("relu", 1, _relu_dtype),
+    _elementwise("softplus", 1, _float_result),
     _elementwise("where", 3, _where_dtype),
     Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize),
 ]

@@ -134,6 +134,11 @@ class Term:
         return n
 
     @property
+    def head(self):
+        """The op's name: what the rewrite engine matches on (``"add"``, ``"matmul"``, ...)."""
+        return self.op.name
+
+    @property
     def name(self):
         """The variable's name for a ``var``, otherwise None."""
         return self.attrs[0] if self.op.name == "var" else None
