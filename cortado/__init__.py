@@ -6,6 +6,7 @@
     ct.evaluate(logits, {"x": xv, "W": Wv, "b": bv})
 """
 
+from . import rules
 from .backends.reference import evaluate
 from .errors import BackendError, CortadoError, DTypeError, FeedError, PlanError, RewriteError, ShapeError
 from .exprgraph import Graph, Term, format_graph, schedule, to_dot
@@ -16,6 +17,6 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_constructors,
-    "evaluate", "Graph", "Term", "format_graph", "schedule", "to_dot",
+    "rules", "evaluate", "Graph", "Term", "format_graph", "schedule", "to_dot",
     "CortadoError", "ShapeError", "DTypeError", "FeedError", "RewriteError", "PlanError", "BackendError",
 ]

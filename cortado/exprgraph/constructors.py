@@ -259,8 +259,9 @@ def _deferring(function):
                 bound = signature.bind(*args, **kwargs).arguments
                 operands = []
                 for name in OPERAND_PARAMETERS:
-                    given = bound.pop(name, ())
-                    operands.extend(given if name == "operands" else [given])
+                    if name in bound:
+                        given = bound.pop(name)
+                        operands.extend(given if name == "operands" else [given])
                 return handler(function.__name__, tuple(operands), bound)
         return function(*args, **kwargs)
 

@@ -1,0 +1,103 @@
+"""``algebra``: the identities of + - * / **, constant folding and collecting, layout algebra.
+
+Every rule here holds for every input it applies to, with two stated exceptions that PyTensor and
+XLA make too: ``x - x`` becomes zeros (with an infinite ``x`` the unsimplified form is nan), and
+collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place. ``x * 0``
+becomes zeros only for integers and booleans (and text), since ``inf * 0`` is nan. ``exp`` and
+``log`` pairs are rewritten only where the identity holds for every input: ``log(exp(x))`` is
+``x``, but ``exp(log(x))`` is not (``x < 0``). Constant-only terms are folded when their result
+has at most 65536 elements, or is one value broadcast. Tensor rewrites keep shape and dtype, so
+``x + 0`` with a broadcasting zero stays as written.
+
+The rules are data: text patterns, with a function where the replacement needs arithmetic on
+attributes. They apply to text too, so ``simplify("2 * (3 * x) + 0")`` is ``"6 * x"``.
+"""
+
+import math
+
+from ..exprgraph import constructors as ct
+from ..exprgraph.term import Term
+from .engine import Rule, RuleSet
+from .guards import all_of, constants, exact_for_every_input, folding, not_constant, same_type
+from .text import literal_value
+
+
+def _fold(b):
+    return b.world.fold(b.term)
+
+
+def _tuple(value):
+    """An attribute value as a tuple, whether bound from a tensor term or from text."""
+    return value if isinstance(value, tuple) else tuple(literal_value(value))
+
+
+def _compose_transposes(b):
+    inner, outer = _tuple(b["_p"]), _tuple(b["_q"])
+    composed = tuple(inner[i] for i in outer)
+    if composed == tuple(range(len(composed))):
+        return b["_x"]
+    return b.world.build("transpose", [b["_x"]], {"axes": composed})
+
+
+def _is_identity_permutation(b):
+    axes = _tuple(b["_p"])
+    return axes == tuple(range(len(axes)))
+
+
+def _sum_of_broadcast(b):
+    """``sum(broadcast_to(x, S), A)`` as ``n * sum(x, A')`` when every stretched axis is summed."""
+    x, shape, axes, keepdims = b["_x"], b["_s"], b["_a"], b["_k"]
+    if not isinstance(x, Term):
+        return None
+    lead = len(shape) - x.ndim
+    padded = (1,) * lead + x.shape
+    stretched = {i for i in range(len(shape)) if padded[i] != shape[i] or (i < lead and shape[i] != 1)}
+    if not stretched <= set(axes):
+        return None  # the result would still need a broadcast: no cheaper form
+    factor = math.prod(shape[i] for i in axes if i < lead or padded[i] != shape[i])
+    own = tuple(i - lead for i in axes if i >= lead)
+    result = x if not own and x.dtype == b.term.dtype else ct.sum(x, axis=own, keepdims=keepdims)
+    if result.shape != b.term.shape:
+        if factor != 1:
+            return None  # sum, reshape and multiply would be more terms than the two we replace
+        result = ct.reshape(result, b.term.shape)
+    return result if factor == 1 else result * factor
+
+
+algebra = RuleSet([
+    Rule("fold-constants", "_e", _fold),
+    Rule("constant-first-add", "_x + _c", "_c + _x", guard=all_of(constants("_c"), not_constant("_x"))),
+    Rule("constant-first-multiply", "_x * _c", "_c * _x", guard=all_of(constants("_c"), not_constant("_x"))),
+    Rule("add-zero", "0 + _x", "_x"),
+    Rule("add-zero-right", "_x + 0", "_x"),
+    Rule("subtract-zero", "_x - 0", "_x"),
+    Rule("zero-minus", "0 - _x", "-_x"),
+    Rule("multiply-one", "1 * _x", "_x"),
+    Rule("multiply-one-right", "_x * 1", "_x"),
+    Rule("multiply-zero", "0 * _x", "0", guard=exact_for_every_input),
+    Rule("multiply-zero-right", "_x * 0", "0", guard=exact_for_every_input),
+    Rule("divide-one", "_x / 1", "_x"),
+    Rule("power-one", "_x ** 1", "_x"),
+    Rule("power-zero", "_x ** 0", "1"),
+    Rule("power-two", "_x ** 2", "_x * _x"),
+    Rule("double-negation", "-(-_x)", "_x"),
+    Rule("subtract-negative", "_x - (-_y)", "_x + _y"),
+    Rule("add-negative", "_x + (-_y)", "_x - _y"),
+    Rule("negative-plus", "(-_x) + _y", "_y - _x"),
+    Rule("negate-difference", "-(_x - _y)", "_y - _x"),
+    Rule("negative-product", "(-_x) * (-_y)", "_x * _y"),
+    Rule("self-difference", "_x - _x", "0"),
+    Rule("collect-sums", "_a + (_b + _x)", folding("(_a + _b) + _x"), guard=constants("_a", "_b")),
+    Rule("collect-products", "_a * (_b * _x)", folding("(_a * _b) * _x"), guard=constants("_a", "_b")),
+    Rule("log-exp", "log(exp(_x))", "_x"),
+    Rule("log1p-expm1", "log1p(expm1(_x))", "_x"),
+    Rule("where-same", "where(_c, _x, _x)", "_x"),
+    Rule("transpose-transpose", "transpose(transpose(_x, axes=_p), axes=_q)", _compose_transposes),
+    Rule("transpose-identity", "transpose(_x, axes=_p)", "_x", guard=_is_identity_permutation),
+    Rule("reshape-reshape", "reshape(reshape(_x, shape=_s), shape=_t)", "reshape(_x, shape=_t)"),
+    Rule("reshape-identity", "reshape(_x, shape=_s)", "_x", guard=same_type("_x")),
+    Rule("broadcast-broadcast", "broadcast_to(broadcast_to(_x, shape=_s), shape=_t)", "broadcast_to(_x, shape=_t)"),
+    Rule("broadcast-identity", "broadcast_to(_x, shape=_s)", "_x", guard=same_type("_x")),
+    Rule("cast-identity", "cast(_x, dtype=_d)", "_x", guard=same_type("_x")),
+    Rule("sum-of-broadcast", "sum(broadcast_to(_x, shape=_s), axis=_a, keepdims=_k)", _sum_of_broadcast),
+], name="algebra")

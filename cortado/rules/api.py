@@ -1,0 +1,145 @@
+"""The Espresso-style functions, on tensor expressions and on Python-syntax text alike.
+
+Text in gives text out: ``rewrite("a + 2*b", "_x + 2*_y", "_x * _y") == "a * b"``, and bindings
+of a text match are text too. Tensor terms in give tensor terms out.
+"""
+
+import numbers
+
+import numpy as np
+
+from ..errors import RewriteError
+from ..exprgraph import constructors as ct
+from ..exprgraph.term import Term
+from . import text as textforms
+from .algebra import algebra
+from .engine import Fixpoint, Postwalk, Rule, RuleSet, substitute, subterms
+from .matching import match
+from .patterns import as_pattern, matchable
+from .worlds import TENSOR, world_of
+
+
+def _read(ex):
+    """``(term, was_text)``: text is parsed, terms pass through."""
+    if isinstance(ex, str):
+        return textforms.parse(ex), True
+    world_of(ex)  # refuses anything that is neither
+    return ex, False
+
+
+def _write(value, as_text):
+    if not as_text:
+        return value
+    if isinstance(value, textforms.TextTerm):
+        return textforms.unparse(value)
+    if isinstance(value, tuple):
+        return tuple(_write(v, True) for v in value)
+    return value
+
+
+def matchex(pattern, ex, exact=False):
+    """The bindings (``{"_x": ..., ...}``) of ``pattern`` matched at the root of ``ex``, or None.
+
+    ``exact=True`` also requires distinct placeholders to bind distinct terms.
+    """
+    term, as_text = _read(ex)
+    bound = match(matchable(pattern), term, world_of(term), exact)
+    return None if bound is None else {name: _write(v, as_text) for name, v in bound.items()}
+
+
+def matchingex(pattern, ex, exact=False):
+    """Whether ``pattern`` matches at the root of ``ex``."""
+    return matchex(pattern, ex, exact) is not None
+
+
+def tryrewrite(ex, pattern, replacement, guard=None):
+    """``ex`` rewritten at its root by ``pattern -> replacement``, or None if it does not match."""
+    term, as_text = _read(ex)
+    result = Rule("rewrite", pattern, replacement, guard).rewrite(term)
+    return None if result is None else _write(result, as_text)
+
+
+def rewrite(ex, pattern, replacement, guard=None):
+    """As ``tryrewrite``, but a pattern that does not match is a RewriteError."""
+    result = tryrewrite(ex, pattern, replacement, guard)
+    if result is None:
+        term, _ = _read(ex)
+        raise RewriteError(f"the pattern {as_pattern(pattern)!r} does not match {world_of(term).describe(term)}")
+    return result
+
+
+def _rule_set(rules):
+    if isinstance(rules, (Rule, RuleSet)):
+        return rules
+    return RuleSet(list(rules))
+
+
+def rewrite_all(ex, rules, trace=None):
+    """One bottom-up pass over ``ex``: at every subterm, the first of ``rules`` that applies.
+
+    ``rules`` is a RuleSet, a Rule, or a list of Rules and ``(pattern, replacement)`` pairs.
+    """
+    term, as_text = _read(ex)
+    return _write(Postwalk(_rule_set(rules)).run(term, trace), as_text)
+
+
+simplifier = Fixpoint(Postwalk(Fixpoint(algebra)))
+
+
+def simplify(ex, trace=None):
+    """``ex`` with the ``algebra`` rules applied everywhere until none applies.
+
+    ``ex`` is text, a term or a list of terms (rewritten together, sharing their subterms).
+    """
+    if isinstance(ex, str):
+        return textforms.unparse(simplifier.run(textforms.parse(ex), trace))
+    return simplifier.run(ex, trace)
+
+
+def findex(pattern, ex):
+    """Every distinct subterm of ``ex`` that ``pattern`` matches, innermost first."""
+    term, as_text = _read(ex)
+    pattern = matchable(pattern)
+    world = world_of(term)
+    return [_write(t, as_text) for t in subterms(term) if match(pattern, t, world) is not None]
+
+
+def subs(ex, mapping=None, /, **names):
+    """``ex`` with subterms replaced: ``subs("x + y", x="a * b")`` is ``"a * b + y"``.
+
+    Keys are terms, or names (a symbol in text, a variable's name in a tensor expression; in text
+    any key is read as an expression). Values are terms, text (in text), or numbers. A number
+    replacing a tensor variable becomes a constant of the variable's shape and dtype.
+    """
+    term, as_text = _read(ex)
+    pairs = list((mapping or {}).items()) + list(names.items())
+    variables = None
+    substitution = {}
+    for key, value in pairs:
+        if isinstance(term, Term):
+            if isinstance(key, str):
+                variables = variables or {t.name: t for t in subterms(term) if t.op.name == "var"}
+                if key not in variables:
+                    raise RewriteError(f"subs: the expression has no variable named {key!r} "
+                                       f"(it has {', '.join(sorted(variables)) or 'none'})")
+                key = variables[key]
+            substitution[key] = _tensor_value(key, value)
+        else:
+            key = textforms.parse(key) if isinstance(key, str) else key
+            substitution[key] = textforms.parse(value) if isinstance(value, str) else textforms.from_value(value)
+    return _write(substitute(term, substitution), as_text)
+
+
+def _tensor_value(key, value):
+    if isinstance(value, Term):
+        return value
+    if isinstance(value, numbers.Number):
+        full = TENSOR.full_like(key, value)
+        if full is None:
+            raise RewriteError(f"subs: {value!r} is not exactly a {key.dtype.name} value (for {key!r})")
+        return full
+    array = np.asarray(value)
+    if array.shape != key.shape:
+        raise RewriteError(f"subs: a value of shape {array.shape} cannot replace {key!r}")
+    return ct.const(array, dtype=key.dtype)
+

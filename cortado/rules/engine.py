@@ -1,0 +1,366 @@
+"""The rewrite engine: rules, ordered rule sets, strategies, and the trace of what fired.
+
+Every rewriter here is called as ``rewriter(term, run)`` and returns the new term, or None when
+it changes nothing; ``run`` (a ``Run``) carries the trace and the per-strategy memo of one
+rewriting. Strategies follow SymbolicUtils.jl: ``Prewalk`` and ``Postwalk`` apply a rewriter at
+every subterm once, top-down or bottom-up; ``Chain`` applies rewriters in turn; ``Fixpoint``
+repeats one until nothing changes. Walks are iterative and memoised per term (terms are interned,
+so a shared subterm is rewritten once), and every strategy has a cap: a rule set that rewrites in
+a cycle, or grows a term without end, stops with a RewriteError that names the rules involved.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+
+from ..errors import RewriteError
+from ..exprgraph.term import Term
+from .matching import Bindings, instantiate, match
+from .patterns import Pattern, PatternNode, as_pattern, matchable, placeholder_names
+from .text import TextTerm
+from .worlds import NotApplicable, op_name, world_of
+
+
+@dataclass(frozen=True)
+class Rewrite:
+    """One step of a trace: ``rule`` rewrote ``before`` into ``after``."""
+
+    rule: str
+    before: object
+    after: object
+
+    def __str__(self):
+        world = world_of(self.before)
+        return f"{self.rule}: {world.describe(self.before)}  ->  {world.describe(self.after)}"
+
+
+class Trace(list):
+    """Every rewrite of a run, in order. ``explain`` prints it; ``counts`` tallies rules."""
+
+    def counts(self):
+        return Counter(step.rule for step in self)
+
+    def explain(self, limit=40):
+        return explain(self, limit)
+
+
+def explain(trace, limit=40):
+    """The trace as text: the rules that fired with their counts, then each rewrite in order."""
+    if not trace:
+        return "no rule fired"
+    counts = Counter(step.rule for step in trace)
+    lines = [f"{len(trace)} rewrites by {len(counts)} rules: "
+             + ", ".join(f"{name} x{n}" for name, n in counts.most_common())]
+    lines += [f"{i:4}. {step}" for i, step in enumerate(trace[:limit], start=1)]
+    if len(trace) > limit:
+        lines.append(f"      ... and {len(trace) - limit} more")
+    return "\n".join(lines)
+
+
+class Run:
+    """The state of one rewriting: its trace, and each walk's memo of finished terms."""
+
+    def __init__(self, trace=None):
+        self.trace = Trace() if trace is None else trace
+        self._memos = {}
+
+    def memo(self, strategy):
+        """The memo of ``strategy`` for this run: results stay valid because terms are immutable."""
+        return self._memos.setdefault(id(strategy), {})
+
+    def record(self, rule, before, after):
+        self.trace.append(Rewrite(rule, before, after))
+
+
+class Rewriter:
+    """Base of rules, rule sets and strategies: ``run`` applies one to terms from the outside."""
+
+    def __call__(self, term, run):
+        raise NotImplementedError
+
+    def run(self, terms, trace=None):
+        """The rewritten term (or list of terms, sharing one memo); ``trace`` collects the rewrites."""
+        run = Run(trace)
+        if isinstance(terms, (Term, TextTerm)):
+            return _result(self(terms, run), terms)
+        terms = list(terms)
+        for t in terms:
+            world_of(t)  # a clear error for anything that is not a term
+        return [_result(self(t, run), t) for t in terms]
+
+
+def _result(new, old):
+    return old if new is None else new
+
+
+def _cycle_error(steps, what):
+    names = list(dict.fromkeys(step.rule for step in steps))
+    shown = " | ".join(str(step) for step in steps[:6])
+    more = f" | ... ({len(steps) - 6} more)" if len(steps) > 6 else ""
+    return RewriteError(f"rules {', '.join(names)} {what}: {shown}{more}")
+
+
+# -- rules -----------------------------------------------------------------------------------
+
+
+class Rule(Rewriter):
+    """``pattern`` rewrites to ``replacement`` where ``guard(bindings)`` (if given) holds.
+
+    ``pattern`` is text (``"log(1 + _x)"``) or a pattern built in code; ``replacement`` is a
+    pattern too, or a function of the ``Bindings`` that returns the new term (or None to decline).
+    A rule applies at the root of the term it is given; strategies apply it elsewhere.
+    """
+
+    def __init__(self, name, pattern, replacement, guard=None):
+        self.name = name
+        self.pattern = matchable(pattern)
+        function = callable(replacement) and not isinstance(replacement, Pattern)
+        self.replacement = replacement if function else as_pattern(replacement)
+        self.guard = guard
+        if not function:
+            unbound = set(placeholder_names(self.replacement)) - set(placeholder_names(self.pattern))
+            if unbound:
+                raise RewriteError(f"rule {name!r}: the replacement uses {', '.join(sorted(unbound))}, "
+                                   f"which the pattern {self.pattern!r} does not bind")
+
+    @property
+    def key(self):
+        """The op name a term must have for this rule to match it (None: any term)."""
+        p = self.pattern
+        return op_name(p.head, len(p.args)) if isinstance(p, PatternNode) else None
+
+    def rewrite(self, term):
+        """The replacement where the rule applies at the root of ``term`` (maybe ``term`` itself), else None."""
+        world = world_of(term)
+        bound = match(self.pattern, term, world)
+        if bound is None:
+            return None
+        bindings = Bindings(bound, term, world)
+        if self.guard is not None and not self.guard(bindings):
+            return None
+        try:
+            if isinstance(self.replacement, Pattern):
+                result = instantiate(self.replacement, bindings, world)
+            else:
+                result = self.replacement(bindings)
+                if result is None:
+                    return None
+            return world.finish(result, term)
+        except NotApplicable:
+            return None
+
+    def __call__(self, term, run):
+        result = self.rewrite(term)
+        if result is None or result is term:
+            return None
+        run.record(self.name, term, result)
+        return result
+
+    def __repr__(self):
+        return f"Rule({self.name!r}: {self.pattern!r} -> {getattr(self.replacement, '__name__', self.replacement)!r})"
+
+
+def as_rule(item):
+    """A Rule from a Rule or a ``(pattern, replacement)`` pair (named after its pattern)."""
+    if isinstance(item, Rule):
+        return item
+    if isinstance(item, tuple) and len(item) in (2, 3):
+        pattern, replacement, *guard = item
+        return Rule(str(pattern), pattern, replacement, *guard)
+    raise RewriteError(f"expected a Rule or a (pattern, replacement) pair, not {item!r}")
+
+
+class RuleSet(Rewriter):
+    """Rules in order: at a term, the first rule that applies rewrites it. ``+`` concatenates."""
+
+    def __init__(self, rules, name=None):
+        flat = []
+        for item in rules:
+            flat.extend(item.rules if isinstance(item, RuleSet) else [as_rule(item)])
+        self.rules = tuple(flat)
+        self.name = name
+        self._by_key = {}
+
+    def __add__(self, other):
+        other = other if isinstance(other, RuleSet) else RuleSet(other)
+        return RuleSet(self.rules + other.rules)
+
+    def __iter__(self):
+        return iter(self.rules)
+
+    def __len__(self):
+        return len(self.rules)
+
+    def __getitem__(self, name):
+        for rule in self.rules:
+            if rule.name == name:
+                return rule
+        raise KeyError(f"no rule named {name!r} in {self!r}")
+
+    def candidates(self, term):
+        """The rules that could match ``term`` (by its op), in order; found once per op."""
+        key = op_name(term.head, len(term.args))
+        found = self._by_key.get(key)
+        if found is None:
+            found = self._by_key[key] = tuple(r for r in self.rules if r.key in (None, key))
+        return found
+
+    def __call__(self, term, run):
+        for rule in self.candidates(term):
+            result = rule(term, run)
+            if result is not None:
+                return result
+        return None
+
+    def __repr__(self):
+        return f"RuleSet({self.name or ''}: {', '.join(r.name for r in self.rules)})"
+
+
+# -- strategies ------------------------------------------------------------------------------
+
+
+class Chain(Rewriter):
+    """Each rewriter in turn, each on the result of the one before."""
+
+    def __init__(self, *rewriters):
+        self.rewriters = rewriters
+
+    def __call__(self, term, run):
+        current = term
+        for rewriter in self.rewriters:
+            current = _result(rewriter(current, run), current)
+        return None if current is term else current
+
+
+class Fixpoint(Rewriter):
+    """``rewriter`` again and again until nothing changes; a cycle or the cap is a RewriteError."""
+
+    def __init__(self, rewriter, max_iterations=100):
+        self.rewriter = rewriter
+        self.max_iterations = max_iterations
+
+    def __call__(self, term, run):
+        seen = {term: len(run.trace)}
+        current = term
+        for _ in range(self.max_iterations):
+            start = len(run.trace)
+            new = self.rewriter(current, run)
+            if new is None:
+                return None if current is term else current
+            if new in seen:
+                raise _cycle_error(run.trace[seen[new]:], "rewrite in a cycle, so no rewriting with them ends")
+            seen[new] = len(run.trace)
+            current = new
+        raise _cycle_error(run.trace[start:], f"were still rewriting after {self.max_iterations} rounds "
+                                              f"(the last round is shown); does one undo or grow another?")
+
+
+class Postwalk(Rewriter):
+    """``rewriter`` at every subterm once, children first (bottom-up), memoised per term."""
+
+    def __init__(self, rewriter):
+        self.rewriter = rewriter
+
+    def __call__(self, term, run):
+        memo = run.memo(self)
+        stack = [term]
+        while stack:
+            t = stack[-1]
+            if t in memo:
+                stack.pop()
+                continue
+            pending = [a for a in t.args if a not in memo]
+            if pending:
+                stack.extend(pending)
+                continue
+            stack.pop()
+            args = tuple(memo[a] for a in t.args)
+            rebuilt = t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args)
+            new = self.rewriter(rebuilt, run)
+            if new is None:
+                memo[t] = rebuilt
+                if rebuilt is not t and all(memo.get(a) is a for a in args):
+                    memo[rebuilt] = rebuilt  # also final: a later round need not look inside it again
+            else:
+                memo[t] = new
+        result = memo[term]
+        return None if result is term else result
+
+
+class Prewalk(Rewriter):
+    """``rewriter`` at every subterm once, parents first (top-down), memoised per term.
+
+    The children visited are those of the rewritten parent. A rewrite that puts a term inside
+    its own result, or ``max_depth`` rewrites nested one inside another, is a RewriteError.
+    """
+
+    def __init__(self, rewriter, max_depth=1000):
+        self.rewriter = rewriter
+        self.max_depth = max_depth
+
+    def __call__(self, term, run):
+        memo = run.memo(self)
+        active = set()
+        stack = [(term, None, 0)]  # (term, its rewrite once visited, rewrites above it)
+        while stack:
+            t, new, depth = stack[-1]
+            if new is None:
+                if t in memo:
+                    stack.pop()
+                    continue
+                start = len(run.trace)
+                new = _result(self.rewriter(t, run), t)
+                depth += new is not t
+                if depth > self.max_depth:
+                    raise _cycle_error(run.trace[-10:], f"nested {self.max_depth} rewrites deep (the last ten are shown)")
+                stack[-1] = (t, new, depth)
+                active.add(t)
+                for a in new.args:
+                    if a in active:
+                        raise _cycle_error(run.trace[start:], "rewrite a term into one that contains it")
+                    if a not in memo:
+                        stack.append((a, None, depth))
+                continue
+            stack.pop()
+            active.discard(t)
+            args = tuple(memo[a] for a in new.args)
+            memo[t] = new if all(a is b for a, b in zip(args, new.args)) else new.rebuild(args)
+        result = memo[term]
+        return None if result is term else result
+
+
+def substitute(term, mapping):
+    """``term`` with every occurrence of each key of ``mapping`` replaced by its value, bottom-up.
+
+    Values are not searched again, so ``x -> x + 1`` is one substitution, not a loop.
+    """
+    memo = dict(mapping)
+    stack = [term]
+    while stack:
+        t = stack[-1]
+        if t in memo:
+            stack.pop()
+            continue
+        pending = [a for a in t.args if a not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        stack.pop()
+        args = tuple(memo[a] for a in t.args)
+        memo[t] = t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args)
+    return memo[term]
+
+
+def subterms(term):
+    """Every subterm of ``term`` once, each after its arguments (text and tensor terms alike)."""
+    order, seen, stack = [], {term}, [(term, iter(term.args))]
+    while stack:
+        node, pending = stack[-1]
+        for arg in pending:
+            if arg not in seen:
+                seen.add(arg)
+                stack.append((arg, iter(arg.args)))
+                break
+        else:
+            stack.pop()
+            order.append(node)
+    return order

@@ -1,0 +1,106 @@
+"""Matching a pattern against a term, and building a replacement from the bindings.
+
+Matching is syntactic, as in Espresso: no commutativity, no backtracking. A placeholder used twice
+must bind equal terms; ``exact=True`` also requires distinct placeholders to bind distinct terms.
+"""
+
+from ..errors import RewriteError
+from ..exprgraph.term import Term
+from . import text as textforms
+from .patterns import Exact, Literal, Named, Pattern, PatternNode, Placeholder, Splat
+from .worlds import same_binding
+
+
+class Bindings(dict):
+    """What a pattern's placeholders bound, by name; ``term`` is the whole matched term.
+
+    Replacement functions and guards receive this, so they can read both the parts and the whole
+    (for a tensor rule: its shape and dtype), and ``world`` builds terms of the matched kind.
+    """
+
+    def __init__(self, values, term, world):
+        super().__init__(values)
+        self.term = term
+        self.world = world
+
+
+def match(pattern, term, world, exact=False):
+    """The bindings of ``pattern`` matched against ``term``, or None."""
+    bindings = {}
+
+    def bind(placeholder, value):
+        if isinstance(value, (Term, textforms.TextTerm)) and not world.satisfies(placeholder, value):
+            return False
+        if placeholder.name in bindings:
+            return same_binding(bindings[placeholder.name], value)
+        bindings[placeholder.name] = value
+        return True
+
+    def visit(p, t):
+        if isinstance(p, Placeholder):
+            return bind(p, t)
+        if isinstance(p, PatternNode):
+            return _node_matches(p, t, world, bind, visit)
+        if isinstance(p, Literal):
+            return world.literal_matches(p.value, t)
+        if isinstance(p, Exact):
+            return p.term is t
+        if isinstance(p, Named):
+            return world.named_matches(p.name, t)
+        raise RewriteError(f"{p!r} cannot appear there in a pattern")
+
+    if not visit(pattern, term):
+        return None
+    if exact and not _distinct(bindings.values()):
+        return None
+    return bindings
+
+
+def _node_matches(node, term, world, bind, visit):
+    args = term.args
+    fixed = node.args[:-1] if node.splat is not None else node.args
+    if len(args) < len(fixed) or (node.splat is None and len(args) != len(fixed)):
+        return False
+    if not world.head_matches(node.head, len(args), term):
+        return False
+    if not all(visit(p, t) for p, t in zip(fixed, args)):
+        return False
+    if node.splat is not None and not bind(node.splat, tuple(args[len(fixed):])):
+        return False
+    return world.match_params(node.params, term, bind, visit)
+
+
+def _distinct(values):
+    values = list(values)
+    return all(not same_binding(a, b) for i, a in enumerate(values) for b in values[i + 1:])
+
+
+def instantiate(pattern, bindings, world, fold=False):
+    """The replacement ``pattern`` with the bound values put in; built by ``world``.
+
+    ``fold=True`` evaluates at once each node it builds whose arguments are all constants.
+    """
+    if isinstance(pattern, (Placeholder, Splat)):
+        if pattern.name not in bindings:
+            raise RewriteError(f"the replacement uses {pattern.name}, which the pattern does not bind")
+        return bindings[pattern.name]
+    if isinstance(pattern, Literal):
+        return world.literal(pattern.value)
+    if isinstance(pattern, Exact):
+        return pattern.term
+    if isinstance(pattern, Named):
+        return world.named(pattern.name)
+    args = []
+    for arg in pattern.args:
+        value = instantiate(arg, bindings, world, fold)
+        args.extend(value if isinstance(arg, Splat) else [value])
+    params = {}
+    for name, value in pattern.params.items():
+        if isinstance(value, Literal):
+            value = value.value
+        elif isinstance(value, Pattern):
+            value = instantiate(value, bindings, world, fold)
+        params[name] = value
+    built = world.build(pattern.head, args, params)
+    folded = world.fold(built) if fold and hasattr(built, "args") else None
+    return built if folded is None else folded

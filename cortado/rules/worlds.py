@@ -1,0 +1,257 @@
+"""How the engine sees each kind of term: tensor expressions and untyped text.
+
+The engine itself walks terms through ``head``, ``args`` and ``rebuild``, which both kinds offer.
+What differs is here, in one ``World`` per kind: how a pattern's head and attributes match, what
+counts as a constant, how a replacement is built, how constants fold, and what a rewrite must
+preserve. A tensor rewrite must keep the term's shape and dtype; one that would not is simply
+not applied there (``x * 1`` with a broadcasting ``1`` stays as it is).
+"""
+
+import operator
+
+import numpy as np
+
+from ..errors import DTypeError, RewriteError, ShapeError
+from ..exprgraph import constructors
+from ..exprgraph.ops import OPS, Constant
+from ..exprgraph.printing import inline
+from ..exprgraph.semantics import IMPLEMENTATIONS
+from ..exprgraph.term import RuleViolation, Term, make
+from . import text as textforms
+from .patterns import DTYPE_CLASSES, Literal, Pattern, Placeholder
+
+# Python's operator spelling -> cortado op, by arity (text patterns match tensor terms through it)
+OPERATOR_OPS = {
+    ("+", 2): "add", ("-", 2): "subtract", ("*", 2): "multiply", ("/", 2): "divide",
+    ("**", 2): "power", ("@", 2): "matmul", ("-", 1): "negative", ("+", 1): "positive",
+    ("<", 2): "less", ("<=", 2): "less_equal", (">", 2): "greater", (">=", 2): "greater_equal",
+    ("==", 2): "equal", ("!=", 2): "not_equal", (".T", 1): "transpose",
+}
+OPERATOR_OF_OP = {op: head for (head, _), op in OPERATOR_OPS.items() if head != ".T"}
+MODULE_PREFIXES = ("ct.", "cortado.", "np.", "numpy.")
+ATTRIBUTE_OF_PARAMETER = {"axis": "axes"}  # a constructor's parameter -> the attribute it sets
+FOLD_LIMIT = 1 << 16  # fold a constant expression only if its result has at most this many elements
+
+
+class NotApplicable(Exception):
+    """A replacement cannot be built where the pattern matched: the rule does not apply there."""
+
+
+def op_name(head, arity):
+    """The cortado op a pattern head names: ``+`` with two arguments is ``add``, ``np.exp`` is ``exp``."""
+    name = OPERATOR_OPS.get((head, arity))
+    if name:
+        return name
+    for prefix in MODULE_PREFIXES:
+        if head.startswith(prefix):
+            return head[len(prefix):]
+    return head
+
+
+def same_binding(a, b):
+    """Whether two bound values are equal: terms by identity (they are interned), values by ==."""
+    if isinstance(a, (Term, textforms.TextTerm)) or isinstance(b, (Term, textforms.TextTerm)):
+        return a is b
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(same_binding(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and a == b
+
+
+class TensorWorld:
+    name = "tensor"
+
+    def head_matches(self, head, arity, term):
+        return op_name(head, arity) == term.op.name
+
+    def match_params(self, params, term, bind, match):
+        """Whether the call's ``params`` normalise, over the term's own operands, to its attributes.
+
+        A placeholder among them binds the attribute's value (``sum(_x, axis=_a)`` binds ``_a``
+        to the axes tuple), which a replacement can pass on.
+        """
+        if not params:
+            return not term.attrs or term.attrs == term.op.normalize(term.args)
+        given = {}
+        for name, value in params.items():
+            if isinstance(value, Placeholder):
+                attribute = ATTRIBUTE_OF_PARAMETER.get(name, name)
+                if attribute not in term.op.attr_names or not bind(value, term.attr(attribute)):
+                    return False
+                given[name] = term.attr(attribute)
+            elif isinstance(value, Literal):
+                given[name] = value.value
+            elif isinstance(value, Pattern):
+                return False  # an attribute is a plain value, not an expression
+            else:
+                given[name] = value
+        try:
+            return term.op.normalize(term.args, **given) == term.attrs
+        except (RuleViolation, TypeError):
+            return False
+
+    def is_constant(self, term):
+        return term.op.name == "const"
+
+    def literal_matches(self, value, term):
+        if term.op.name != "const" or isinstance(value, str) or value is None:
+            return False
+        scalar = term.attrs[0].scalar
+        return scalar is not None and bool(scalar == value)
+
+    def named_matches(self, name, term):
+        return term.op.name == "var" and term.name == name
+
+    def satisfies(self, placeholder, term):
+        if placeholder.const and term.op.name != "const":
+            return False
+        if placeholder.rank is not None and term.ndim != placeholder.rank:
+            return False
+        dtype = placeholder.dtype
+        if dtype is not None:
+            return term.dtype.kind in DTYPE_CLASSES[dtype] if isinstance(dtype, str) else term.dtype == dtype
+        return True
+
+    def literal(self, value):
+        return value  # a Python scalar stays weak in cortado's functions and takes the right dtype
+
+    def named(self, name):
+        raise RewriteError(f"a replacement names the variable {name!r}; use a placeholder bound by the pattern")
+
+    def build(self, head, args, params):
+        name = op_name(head, len(args))
+        if name == "positive" and len(args) == 1:
+            return args[0]
+        function = getattr(constructors, name, None)
+        if name not in constructors.__all__ or name in ("var", "const", "as_term"):
+            raise RewriteError(f"a replacement calls {head!r}, which is no cortado op")
+        try:
+            return function(*args, **params)
+        except (ShapeError, DTypeError) as error:
+            raise NotApplicable(str(error)) from None
+
+    def finish(self, result, original):
+        """The replacement if it can stand for ``original`` (same shape and dtype), else None."""
+        if not isinstance(result, Term):
+            result = self.full_like(original, result)
+        if result is None or result.shape != original.shape or result.dtype != original.dtype:
+            return None
+        return result
+
+    def full_like(self, term, value):
+        """A constant of ``term``'s shape and dtype with every element ``value`` (None if inexact)."""
+        element = np.array(value, dtype=term.dtype)
+        if element != value:
+            return None
+        return make(OPS["const"], (), (Constant(np.broadcast_to(element, term.shape)),))
+
+    def fold(self, term):
+        """``term`` evaluated now, as a constant, when all its operands are constants; else None."""
+        if not term.args or any(a.op.name != "const" for a in term.args):
+            return None
+        values = [a.attrs[0] for a in term.args]
+        pointwise = term.op.elementwise and all(v.scalar is not None for v in values)
+        if not pointwise and term.size > FOLD_LIMIT:
+            return None
+        arrays = [v.scalar if pointwise else v.array for v in values]
+        try:
+            with np.errstate(all="ignore"):
+                result = np.asarray(IMPLEMENTATIONS[term.op.name](arrays, *term.attrs)).astype(term.dtype)
+        except (ArithmeticError, ValueError):
+            return None
+        if pointwise:
+            result = np.broadcast_to(result, term.shape)
+        return make(OPS["const"], (), (Constant(result),))
+
+    def describe(self, term):
+        return inline(term, depth=4)
+
+
+_TEXT_ARITHMETIC = {
+    ("+", 2): operator.add, ("-", 2): operator.sub, ("*", 2): operator.mul, ("/", 2): operator.truediv,
+    ("//", 2): operator.floordiv, ("%", 2): operator.mod, ("**", 2): operator.pow,
+    ("-", 1): operator.neg, ("+", 1): operator.pos,
+}
+_LARGEST_TEXT_POWER = 64  # folding 10 ** 10 ** 10 would take forever; such powers stay as text
+
+
+class TextWorld:
+    name = "text"
+
+    def head_matches(self, head, arity, term):
+        return term.head == head or OPERATOR_OPS.get((term.head, arity)) == head
+
+    def match_params(self, params, term, bind, match):
+        """Whether the call has exactly these keywords, their values matching."""
+        keywords = dict(term.keywords)
+        if set(keywords) != set(params):
+            return False
+        for name, value in params.items():
+            if isinstance(value, Pattern):
+                if not match(value, keywords[name]):
+                    return False
+            elif textforms.from_value(value) is not keywords[name]:
+                return False
+        return True
+
+    def is_constant(self, term):
+        return textforms.is_number(term)
+
+    def literal_matches(self, value, term):
+        if term.head != textforms.CONSTANT:
+            return False
+        if isinstance(value, bool) or isinstance(term.value, bool) or not textforms.is_number(term):
+            return type(term.value) is type(value) and term.value == value
+        return term.value == value
+
+    def named_matches(self, name, term):
+        return term.head == textforms.SYMBOL and term.value == name
+
+    def satisfies(self, placeholder, term):
+        if placeholder.dtype is not None or placeholder.rank is not None:
+            return False  # text has no dtypes or shapes
+        return not placeholder.const or textforms.is_number(term)
+
+    def literal(self, value):
+        return textforms.from_value(value)
+
+    def named(self, name):
+        return textforms.symbol(name)
+
+    def build(self, head, args, params):
+        if (head, len(args)) not in OPERATOR_OPS and head in OPERATOR_OF_OP:
+            head = OPERATOR_OF_OP[head]  # a pattern written in code: add(a, b) is a + b
+        keywords = [(name, textforms.from_value(value)) for name, value in params.items()]
+        return textforms.compound(head, args, keywords)
+
+    def finish(self, result, original):
+        return result if isinstance(result, textforms.TextTerm) else textforms.from_value(result)
+
+    def fold(self, term):
+        function = _TEXT_ARITHMETIC.get((term.head, len(term.args)))
+        if function is None or not all(textforms.is_number(a) for a in term.args):
+            return None
+        values = [a.value for a in term.args]
+        if term.head == "**" and (abs(values[1]) > _LARGEST_TEXT_POWER or abs(values[0]) > 2 ** 64):
+            return None
+        try:
+            result = function(*values)
+        except (ArithmeticError, ValueError):
+            return None
+        if isinstance(result, complex) and not any(isinstance(v, complex) for v in values):
+            return None  # (-8) ** (1/3) is complex in Python; leave it as written
+        return textforms.constant(result)
+
+    def describe(self, term):
+        return textforms.unparse(term)
+
+
+TENSOR = TensorWorld()
+TEXT = TextWorld()
+
+
+def world_of(term):
+    if isinstance(term, Term):
+        return TENSOR
+    if isinstance(term, textforms.TextTerm):
+        return TEXT
+    raise RewriteError(f"expected a cortado term or Python-syntax text, not {type(term).__name__} {term!r}")
