@@ -66,8 +66,6 @@ def _sum_of_broadcast(b):
 
 algebra = RuleSet([
     Rule("fold-constants", "_e", _fold),
-    Rule("constant-first-add", "_x + _c", "_c + _x", guard=all_of(constants("_c"), not_constant("_x"))),
-    Rule("constant-first-multiply", "_x * _c", "_c * _x", guard=all_of(constants("_c"), not_constant("_x"))),
     Rule("add-zero", "0 + _x", "_x"),
     Rule("add-zero-right", "_x + 0", "_x"),
     Rule("subtract-zero", "_x - 0", "_x"),
@@ -77,6 +75,8 @@ algebra = RuleSet([
     Rule("multiply-zero", "0 * _x", "0", guard=exact_for_every_input),
     Rule("multiply-zero-right", "_x * 0", "0", guard=exact_for_every_input),
     Rule("divide-one", "_x / 1", "_x"),
+    Rule("constant-first-add", "_x + _c", "_c + _x", guard=all_of(constants("_c"), not_constant("_x"))),
+    Rule("constant-first-multiply", "_x * _c", "_c * _x", guard=all_of(constants("_c"), not_constant("_x"))),
     Rule("power-one", "_x ** 1", "_x"),
     Rule("power-zero", "_x ** 0", "1"),
     Rule("power-two", "_x ** 2", "_x * _x"),

@@ -142,6 +142,11 @@ def _dotted(node):
     return None
 
 
+def _negatable(value):
+    """Whether ``-value`` is a number that prints back as written (the int -0 would print as 0)."""
+    return type(value) is float or (type(value) is int and value != 0)
+
+
 def _read(node, source):
     read = lambda child: _read(child, source)  # noqa: E731
     if isinstance(node, ast.Name):
@@ -150,7 +155,7 @@ def _read(node, source):
         return constant(node.value)
     if isinstance(node, ast.UnaryOp):
         operand = node.operand
-        if isinstance(node.op, ast.USub) and isinstance(operand, ast.Constant) and type(operand.value) in (int, float):
+        if isinstance(node.op, ast.USub) and isinstance(operand, ast.Constant) and _negatable(operand.value):
             return constant(-operand.value)  # -1 is a number, as a reader expects
         return compound(UNARY[type(node.op)], (read(operand),))
     if isinstance(node, ast.BinOp):

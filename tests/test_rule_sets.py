@@ -1,0 +1,177 @@
+"""The rule sets keep values, shrink graphs, terminate, and stabilise what overflows."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.rules import Fixpoint, Postwalk, Rule, algebra, canonical, simplify, stability
+from cortado.testing import feeds, graphs, graphs_with_feeds
+
+
+def operation_count(outputs):
+    """Terms that compute something: every term but variables and constants."""
+    return sum(1 for t in ct.Graph(outputs).schedule if t.op.kind != "leaf")
+
+
+def _close(before, after, outputs, dtype_tolerance):
+    for b, a, term in zip(before, after, outputs):
+        scale = max(1.0, float(np.max(np.abs(b), initial=0)))
+        np.testing.assert_allclose(a, b, rtol=dtype_tolerance, atol=dtype_tolerance * scale, err_msg=repr(term))
+
+
+def _values_kept(graph, feed, rewritten, tolerance):
+    before = ct.evaluate(list(graph.outputs), feed, precision="float64")
+    still_read = {v.name for v in ct.Graph(rewritten).variables}  # rewriting may drop variables
+    after = ct.evaluate(rewritten, {k: v for k, v in feed.items() if k in still_read}, precision="float64")
+    for old, new in zip(graph.outputs, rewritten):
+        assert (new.shape, new.dtype) == (old.shape, old.dtype)
+    _close(before, after, graph.outputs, tolerance)
+
+
+everywhere = {name: Fixpoint(Postwalk(Fixpoint(rules))) for name, rules in
+              [("stability", stability), ("canonical", canonical), ("all", algebra + stability + canonical)]}
+
+
+@given(graphs_with_feeds(dtypes=("float64",)))
+def test_simplify_keeps_values_and_never_adds_operations(case):
+    graph, feed = case
+    simplified = simplify(list(graph.outputs))
+    _values_kept(graph, feed, simplified, 1e-9)
+    assert operation_count(simplified) <= operation_count(graph.outputs)
+
+
+@given(graphs_with_feeds(dtypes=("float32",)))
+def test_simplify_keeps_float32_values_up_to_float32_rounding(case):
+    graph, feed = case
+    _values_kept(graph, feed, simplify(list(graph.outputs)), 1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(everywhere))
+@given(case=graphs_with_feeds(dtypes=("float64",)))
+def test_every_rule_set_keeps_values(name, case):
+    graph, feed = case
+    _values_kept(graph, feed, everywhere[name].run(list(graph.outputs)), 1e-9)
+
+
+# -- redundancy put in on purpose, then taken out by simplify ----------------------------------
+
+
+def _redundant_forms(term, draw):
+    """Forms with ``term``'s value, shape and dtype that simplify should undo."""
+    forms = [term + 0, 1 * term, term * 1, ct.negative(ct.negative(term)), 2.0 * (0.5 * term), term - term + term,
+             ct.cast(term, term.dtype), ct.reshape(ct.reshape(term, (-1,)), term.shape)]
+    if term.ndim:
+        perm = draw(st.permutations(range(term.ndim)))
+        forms.append(ct.transpose(ct.transpose(term, perm), np.argsort(perm).tolist()))
+        forms.append(0.5 * ct.sum(ct.broadcast_to(term, (2,) + term.shape), axis=0))
+    return forms
+
+
+@given(st.data(), graphs(dtypes=("float64",), ops=["add", "multiply", "exp", "tanh", "sum", "matmul", "transpose"]))
+def test_simplify_takes_out_redundancy_put_in(data, graph):
+    def obfuscate(b):
+        if not data.draw(st.booleans(), label=f"obfuscate {b.term!r}"):
+            return None
+        forms = _redundant_forms(b.term, data.draw)
+        return forms[data.draw(st.integers(0, len(forms) - 1))]
+
+    obfuscated = Postwalk(Rule("obfuscate", "_t", obfuscate)).run(list(graph.outputs))
+    feed = data.draw(feeds(graph))
+    simplified = simplify(obfuscated)
+    _values_kept(graph, feed, simplified, 1e-9)
+    assert operation_count(simplified) <= operation_count(graph.outputs)
+
+
+# -- termination on text -------------------------------------------------------------------
+
+
+_atoms = st.sampled_from(["a", "b", "0", "1", "2", "-1", "0.5"])
+_text = st.recursive(_atoms, lambda inner: st.tuples(inner, st.sampled_from(["+", "-", "*", "/", "**"]), inner).map(
+    lambda t: f"({t[0]}) {t[1]} ({t[2]})") | inner.map(lambda s: f"-({s})") | inner.map(lambda s: f"log(exp({s}))"),
+    max_leaves=16)
+
+
+@given(_text)
+def test_simplify_on_text_terminates_and_reaches_a_fixpoint(source):
+    once = simplify(source)
+    assert simplify(once) == once
+
+
+# -- stability where the naive form fails ----------------------------------------------------
+
+
+def _stabilised(term):
+    return everywhere["stability"].run(term)
+
+
+def test_log_softmax_of_logits_near_1000_is_finite():
+    x = ct.var("x", (2, 3))
+    logits = np.array([[1000.0, 0.0, -1000.0], [1000.0, 1001.0, 999.0]], np.float32)
+    naive = ct.log(ct.softmax(x, axis=1))
+    assert np.isinf(ct.evaluate(naive, {"x": logits})).any()
+    stable = _stabilised(naive)
+    assert stable is ct.log_softmax(x, axis=1)
+    expected = logits - np.log(np.sum(np.exp(logits.astype(np.float64) - 1000), axis=1, keepdims=True)) - 1000
+    np.testing.assert_allclose(ct.evaluate(stable, {"x": logits}), expected, rtol=1e-6)
+
+
+def test_logsumexp_of_large_logits_does_not_overflow():
+    x = ct.var("x", (3,))
+    naive = ct.log(ct.sum(ct.exp(x)))
+    assert np.isinf(ct.evaluate(naive, {"x": np.float32([1000, 1000, 1000])}))
+    stable = _stabilised(naive)
+    assert stable is ct.logsumexp(x)
+    np.testing.assert_allclose(ct.evaluate(stable, {"x": np.float32([1000, 1000, 1000])}), 1000 + np.log(3), rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_log1p_keeps_the_digits_of_small_inputs(dtype):
+    x = ct.var("x", (), dtype)
+    naive = ct.log(1 + x)
+    feed = {"x": np.array(1e-10, dtype)}
+    relative_error = abs(ct.evaluate(naive, feed) - 1e-10) / 1e-10
+    assert relative_error > 1e-8  # float32: 1 + 1e-10 is 1, so log gives 0; float64 keeps 7 digits
+    stable = _stabilised(naive)
+    assert stable is ct.log1p(x)
+    np.testing.assert_allclose(ct.evaluate(stable, feed), 1e-10, rtol=1e-7)
+
+
+def test_expm1_and_log_sigmoid_and_softplus_are_stable():
+    x = ct.var("x", (3,), "float64")
+    feed = {"x": np.array([1e-12, -1000.0, 1000.0])}
+    np.testing.assert_allclose(ct.evaluate(_stabilised(ct.exp(x) - 1), feed)[0], 1e-12, rtol=1e-9)
+    log_sigmoid = ct.evaluate(_stabilised(ct.log(ct.sigmoid(x))), feed)
+    np.testing.assert_allclose(log_sigmoid, [np.log(0.5) + 5e-13, -1000.0, 0.0], atol=1e-12)
+    assert np.isinf(ct.evaluate(ct.log(ct.sigmoid(x)), feed)[1])  # the naive form
+    complement = ct.evaluate(_stabilised(ct.log(1 - ct.sigmoid(x))), feed)
+    np.testing.assert_allclose(complement, [np.log(0.5) - 5e-13, 0.0, -1000.0], atol=1e-12)
+    softplus = ct.evaluate(_stabilised(ct.log(1 + ct.exp(x))), feed)
+    np.testing.assert_allclose(softplus, [np.log(2.0) + 5e-13, 0.0, 1000.0], atol=1e-12)
+
+
+def test_softmax_and_sigmoid_written_out_become_the_ops():
+    x = ct.var("x", (2, 3))
+    written = ct.exp(x) / ct.sum(ct.exp(x), axis=1, keepdims=True)
+    assert _stabilised(written) is ct.softmax(x, axis=1)
+    assert _stabilised(1 / (1 + ct.exp(-x))) is ct.sigmoid(x)
+
+
+def test_canonical_forms():
+    a, b = ct.var("a", (2, 3)), ct.var("b", (4, 3))
+    run = everywhere["canonical"].run
+    assert run(ct.einsum("ij,kj->ik", a, b)) is ct.matmul(a, ct.transpose(b))
+    assert run(ct.einsum("ij,kj->ki", a, b)) is ct.transpose(ct.matmul(a, ct.transpose(b)))
+    assert run(ct.einsum("ij,ij->i", a, a)).op.name == "einsum"  # no GEMM there
+    assert run(ct.maximum(a, 0)) is ct.relu(a)
+    assert run(ct.mean(a, axis=1)) is ct.sum(a, axis=1) / 3
+    half = ct.var("h", (2, 3), "float16")
+    assert run(ct.mean(half)) is ct.mean(half)  # NumPy's float16 mean accumulates in float32
+
+
+def test_x_times_zero_is_zero_only_where_that_holds_for_inf_and_nan():
+    f = ct.var("f", (3,))
+    i = ct.var("i", (3,), "int32")
+    assert simplify(f * 0) is 0 * f
+    assert simplify(i * 0).op.name == "const"
