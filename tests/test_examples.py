@@ -33,3 +33,11 @@ def test_expressions_example(tmp_path):
 @pytest.mark.parametrize("example", ["property_test.py"])
 def test_example_test_files_pass(example):
     run(["-m", "pytest", "-q", "-p", "no:cacheprovider", os.path.join(ROOT, "examples", example)], cwd=ROOT)
+
+
+def test_rewrite_tour(tmp_path):
+    out = run([os.path.join(ROOT, "examples", "rewrite_tour.py")], cwd=tmp_path)
+    assert "a * b\nbar(2, 3, 1)\na * b + y" in out
+    assert "stable: [    0. -1000. -1000.]" in out
+    assert "\nsin(2 * v)\n4 rewrites by 4 rules: sin-double x1, pythagoras x1" in out
+    assert "sum-of-broadcast: sum(broadcast_to(x, shape=(3, 64, 10)), axes=(0,))  ->  multiply(3.0, x)" in out

@@ -165,6 +165,7 @@ def test_canonical_forms():
     assert run(ct.einsum("ij,kj->ki", a, b)) is ct.transpose(ct.matmul(a, ct.transpose(b)))
     assert run(ct.einsum("ij,ij->i", a, a)).op.name == "einsum"  # no GEMM there
     assert run(ct.maximum(a, 0)) is ct.relu(a)
+    assert run(a ** 2) is a * a
     assert run(ct.mean(a, axis=1)) is ct.sum(a, axis=1) / 3
     half = ct.var("h", (2, 3), "float16")
     assert run(ct.mean(half)) is ct.mean(half)  # NumPy's float16 mean accumulates in float32

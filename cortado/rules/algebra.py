@@ -61,7 +61,7 @@ def _sum_of_broadcast(b):
         if factor != 1:
             return None  # sum, reshape and multiply would be more terms than the two we replace
         result = ct.reshape(result, b.term.shape)
-    return result if factor == 1 else result * factor
+    return result if factor == 1 else factor * result
 
 
 algebra = RuleSet([
@@ -79,7 +79,6 @@ algebra = RuleSet([
     Rule("constant-first-multiply", "_x * _c", "_c * _x", guard=all_of(constants("_c"), not_constant("_x"))),
     Rule("power-one", "_x ** 1", "_x"),
     Rule("power-zero", "_x ** 0", "1"),
-    Rule("power-two", "_x ** 2", "_x * _x"),
     Rule("double-negation", "-(-_x)", "_x"),
     Rule("subtract-negative", "_x - (-_y)", "_x + _y"),
     Rule("add-negative", "_x + (-_y)", "_x - _y"),

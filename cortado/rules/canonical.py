@@ -3,7 +3,7 @@
 Contractions that are one (batched) GEMM are ``matmul`` with transposes around them, so lowering
 to cuBLAS needs to recognise one op; ``maximum(x, 0)`` is ``relu``, the epilogue cuBLASLt fuses;
 a float32 or float64 ``mean`` is a ``sum`` divided by the count, exactly as NumPy computes it,
-so the backends implement one reduction.
+so the backends implement one reduction; ``x ** 2`` is ``x * x``, which needs no pow.
 """
 
 import math
@@ -57,6 +57,7 @@ def _einsum_as_matmul(b):
 
 
 canonical = RuleSet([
+    Rule("square", "_x ** 2", "_x * _x"),
     Rule("relu", "maximum(_x, 0)", "relu(_x)"),
     Rule("relu-left", "maximum(0, _x)", "relu(_x)"),
     Rule("mean-as-sum", "mean(_x, axis=_a, keepdims=_k)", _mean_as_sum),

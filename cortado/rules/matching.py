@@ -58,15 +58,21 @@ def match(pattern, term, world, exact=False):
 
 def _node_matches(node, term, world, bind, visit):
     args = term.args
-    fixed = node.args[:-1] if node.splat is not None else node.args
-    if len(args) < len(fixed) or (node.splat is None and len(args) != len(fixed)):
-        return False
-    if not world.head_matches(node.head, len(args), term):
-        return False
-    if not all(visit(p, t) for p, t in zip(fixed, args)):
-        return False
-    if node.splat is not None and not bind(node.splat, tuple(args[len(fixed):])):
-        return False
+    if node.splat is None:
+        if len(args) != len(node.args) or not world.head_matches(node.head, len(args), term):
+            return False
+        for p, t in zip(node.args, args):
+            if not visit(p, t):
+                return False
+    else:
+        fixed = node.args[:-1]
+        if len(args) < len(fixed) or not world.head_matches(node.head, len(args), term):
+            return False
+        for p, t in zip(fixed, args):
+            if not visit(p, t):
+                return False
+        if not bind(node.splat, tuple(args[len(fixed):])):
+            return False
     return world.match_params(node.params, term, bind, visit)
 
 

@@ -166,17 +166,13 @@ class Exact(Pattern):
 class PatternNode(Pattern):
     """``head(*args, **params)``: ``params`` are attributes (``axis=``, ``keepdims=``, ...)."""
 
-    __slots__ = ("head", "args", "params")
+    __slots__ = ("head", "args", "params", "splat")
 
     def __init__(self, head, args, params=None):
         self.head = head
         self.args = tuple(as_pattern(a) for a in args)
         self.params = dict(params or {})
-
-    @property
-    def splat(self):
-        """The trailing ``Splat``, or None."""
-        return self.args[-1] if self.args and isinstance(self.args[-1], Splat) else None
+        self.splat = self.args[-1] if self.args and isinstance(self.args[-1], Splat) else None  # trailing *xs
 
     def __repr__(self):
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.params.items()]

@@ -7,6 +7,7 @@ preserve. A tensor rewrite must keep the term's shape and dtype; one that would 
 not applied there (``x * 1`` with a broadcasting ``1`` stays as it is).
 """
 
+import functools
 import operator
 
 import numpy as np
@@ -37,6 +38,7 @@ class NotApplicable(Exception):
     """A replacement cannot be built where the pattern matched: the rule does not apply there."""
 
 
+@functools.cache
 def op_name(head, arity):
     """The cortado op a pattern head names: ``+`` with two arguments is ``add``, ``np.exp`` is ``exp``."""
     name = OPERATOR_OPS.get((head, arity))
