@@ -21,11 +21,11 @@ import statistics
 import sys
 import time
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
+from fit import growth_exponent  # noqa: E402
 from machine import describe  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
@@ -69,11 +69,6 @@ def measure(n_terms, repeats, collector):
     }
 
 
-def growth_exponent(rows, key):
-    x = np.log([r["terms"] for r in rows])
-    y = np.log([r[key] for r in rows])
-    return float(np.polyfit(x, y, 1)[0])
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -84,10 +79,11 @@ def main():
     print(f"{'collector':>9} {'terms':>8} {'build s':>9} {'built/s':>10} {'schedule s':>11} {'scheduled/s':>12}")
     for collector in ("on", "off"):
         rows = [measure(n, args.repeats, collector == "on") for n in SIZES]
+        terms = [r["terms"] for r in rows]
         result[f"collector_{collector}"] = {
             "rows": rows,
-            "build_growth_exponent": growth_exponent(rows, "build_seconds"),
-            "schedule_growth_exponent": growth_exponent(rows, "schedule_seconds"),
+            "build_growth_exponent": growth_exponent(terms, [r["build_seconds"] for r in rows]),
+            "schedule_growth_exponent": growth_exponent(terms, [r["schedule_seconds"] for r in rows]),
         }
         for r in rows:
             print(f"{collector:>9} {r['terms']:>8} {r['build_seconds']:>9.4f} {r['built_per_second']:>10.0f} "

@@ -20,11 +20,11 @@ import statistics
 import sys
 import time
 
-import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
+from fit import growth_exponent  # noqa: E402
 from machine import describe  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
@@ -65,11 +65,6 @@ def measure(n_terms, repeats):
     }
 
 
-def growth_exponent(rows):
-    x = np.log([r["terms"] for r in rows])
-    y = np.log([r["simplify_seconds"] for r in rows])
-    return float(np.polyfit(x, y, 1)[0])
-
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -83,7 +78,7 @@ def main():
         rows.append(r)
         print(f"{r['terms']:>8} {r['terms_after']:>8} {r['rewrites']:>9} {r['simplify_seconds']:>9.3f} "
               f"{r['microseconds_per_term']:>8.1f}")
-    exponent = growth_exponent(rows)
+    exponent = growth_exponent([r["terms"] for r in rows], [r["simplify_seconds"] for r in rows])
     print(f"growth exponent of simplify time in terms (1.0 = linear): {exponent:.3f}")
     result = {"benchmark": "simplify", "machine": describe(), "repeats": args.repeats, "rows": rows,
               "growth_exponent": exponent}

@@ -42,10 +42,15 @@ def as_outputs(outputs):
 
 def schedule(outputs):
     """Every term the outputs depend on, each after its arguments (depth-first post-order)."""
+    return post_order(as_outputs(outputs))
+
+
+def post_order(roots):
+    """Every node reachable from ``roots`` once, each after its ``args``: for any node with ``args``."""
     order = []
     seen = set()
     with collector_paused():
-        _walk(as_outputs(outputs), order, seen)
+        _walk(roots, order, seen)
     return order
 
 

@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..errors import RewriteError
+from ..exprgraph.graph import post_order
 from ..exprgraph.term import Term
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, as_pattern, matchable, placeholder_names
@@ -262,27 +263,16 @@ class Postwalk(Rewriter):
 
     def __call__(self, term, run):
         memo = run.memo(self)
-        stack = [term]
-        while stack:
-            t = stack[-1]
-            if t in memo:
-                stack.pop()
-                continue
-            pending = [a for a in t.args if a not in memo]
-            if pending:
-                stack.extend(pending)
-                continue
-            stack.pop()
-            args = tuple(memo[a] for a in t.args)
-            rebuilt = t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args)
+
+        def finish(original, rebuilt):
             new = self.rewriter(rebuilt, run)
-            if new is None:
-                memo[t] = rebuilt
-                if rebuilt is not t and all(memo.get(a) is a for a in args):
-                    memo[rebuilt] = rebuilt  # also final: a later round need not look inside it again
-            else:
-                memo[t] = new
-        result = memo[term]
+            if new is not None:
+                return new
+            if rebuilt is not original and all(memo.get(a) is a for a in rebuilt.args):
+                memo[rebuilt] = rebuilt  # final too: a later round need not look inside it again
+            return rebuilt
+
+        result = bottom_up(term, memo, finish)
         return None if result is term else result
 
 
@@ -333,8 +323,16 @@ def substitute(term, mapping):
 
     Values are not searched again, so ``x -> x + 1`` is one substitution, not a loop.
     """
-    memo = dict(mapping)
-    stack = [term]
+    return bottom_up(term, dict(mapping), lambda original, rebuilt: rebuilt)
+
+
+def bottom_up(root, memo, finish):
+    """Walk ``root`` children first, iteratively, skipping terms already in ``memo``.
+
+    Each term's arguments are replaced by their results; ``finish(term, rebuilt)`` gives the
+    term's own result, which goes into ``memo``.
+    """
+    stack = [root]
     while stack:
         t = stack[-1]
         if t in memo:
@@ -346,21 +344,10 @@ def substitute(term, mapping):
             continue
         stack.pop()
         args = tuple(memo[a] for a in t.args)
-        memo[t] = t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args)
-    return memo[term]
+        memo[t] = finish(t, t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args))
+    return memo[root]
 
 
 def subterms(term):
     """Every subterm of ``term`` once, each after its arguments (text and tensor terms alike)."""
-    order, seen, stack = [], {term}, [(term, iter(term.args))]
-    while stack:
-        node, pending = stack[-1]
-        for arg in pending:
-            if arg not in seen:
-                seen.add(arg)
-                stack.append((arg, iter(arg.args)))
-                break
-        else:
-            stack.pop()
-            order.append(node)
-    return order
+    return post_order([term])
