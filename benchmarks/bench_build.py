@@ -15,7 +15,6 @@ not work cortado does; the second exponent is the engine's own growth.
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -25,7 +24,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
-from fit import growth_exponent  # noqa: E402
+from reporting import growth_exponent, write_results  # noqa: E402
 from machine import describe  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
@@ -92,10 +91,7 @@ def main():
         fit = result[f"collector_{collector}"]
         print(f"growth exponent with the collector {collector} (1.0 = linear): "
               f"build {fit['build_growth_exponent']:.3f}, schedule {fit['schedule_growth_exponent']:.3f}")
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as out:
-        json.dump(result, out, indent=2)
-    print(f"results written to {args.out}")
+    write_results(result, args.out)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,6 @@ live terms is not counted as the engine's work.
 
 import argparse
 import gc
-import json
 import os
 import statistics
 import sys
@@ -24,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
-from fit import growth_exponent  # noqa: E402
+from reporting import growth_exponent, write_results  # noqa: E402
 from machine import describe  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
@@ -82,10 +81,7 @@ def main():
     print(f"growth exponent of simplify time in terms (1.0 = linear): {exponent:.3f}")
     result = {"benchmark": "simplify", "machine": describe(), "repeats": args.repeats, "rows": rows,
               "growth_exponent": exponent}
-    os.makedirs(os.path.dirname(args.out), exist_ok=True)
-    with open(args.out, "w") as out:
-        json.dump(result, out, indent=2)
-    print(f"results written to {args.out}")
+    write_results(result, args.out)
 
 
 if __name__ == "__main__":
