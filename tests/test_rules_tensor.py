@@ -106,3 +106,11 @@ def test_bad_arguments_are_rewrite_errors():
         rewrite(ct.exp(x), "exp(_a)", "frobnicate(_a)")
     with pytest.raises(ct.RewriteError, match="names the variable 'w'"):
         rewrite(ct.exp(x), "exp(_a)", "_a + w")
+
+
+def test_a_pattern_call_missing_a_required_parameter_matches_nothing():
+    assert matchex("reshape(_a)", ct.reshape(x, (12,))) is None
+
+
+def test_exact_matching_lets_attributes_repeat():
+    assert matchingex("sum(_a, axis=_p) + sum(_b, axis=_q)", ct.sum(x, axis=0) + ct.sum(2 * x, axis=0), exact=True)

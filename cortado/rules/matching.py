@@ -77,7 +77,8 @@ def _node_matches(node, term, world, bind, visit):
 
 
 def _distinct(values):
-    values = list(values)
+    """Whether the bound terms are pairwise distinct (attribute values may repeat)."""
+    values = [v for v in values if isinstance(v, (Term, textforms.TextTerm))]
     return all(not same_binding(a, b) for i, a in enumerate(values) for b in values[i + 1:])
 
 

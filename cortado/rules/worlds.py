@@ -71,8 +71,6 @@ class TensorWorld:
         A placeholder among them binds the attribute's value (``sum(_x, axis=_a)`` binds ``_a``
         to the axes tuple), which a replacement can pass on.
         """
-        if not params:
-            return not term.attrs or term.attrs == term.op.normalize(term.args)
         given = {}
         for name, value in params.items():
             if isinstance(value, Placeholder):
