@@ -256,13 +256,15 @@ def _deferring(function):
         for value in itertools.chain(args, kwargs.values()):
             handler = getattr(type(value), "__cortado_function__", None)
             if handler is not None:
-                bound = signature.bind(*args, **kwargs).arguments
-                operands = []
-                for name in OPERAND_PARAMETERS:
-                    if name in bound:
-                        given = bound.pop(name)
-                        operands.extend(given if name == "operands" else [given])
-                return handler(function.__name__, tuple(operands), bound)
+                operands, params = [], {}
+                for name, given in signature.bind(*args, **kwargs).arguments.items():  # in signature order
+                    if name == "operands":
+                        operands.extend(given)
+                    elif name in OPERAND_PARAMETERS:
+                        operands.append(given)
+                    else:
+                        params[name] = given
+                return handler(function.__name__, tuple(operands), params)
         return function(*args, **kwargs)
 
     return call

@@ -180,8 +180,8 @@ def _splat_element(array):
     """The one element every element of ``array`` equals, bit for bit, as a 0-d array; else None."""
     if array.size == 0:
         return None
-    first = np.array(array.reshape(-1)[0])
-    if array.size > 1:
+    first = np.array(array[(0,) * array.ndim])
+    if array.size > 1 and any(array.strides):  # a broadcast of one element has all strides 0
         rows = np.ascontiguousarray(array).view(np.uint8).reshape(array.size, array.dtype.itemsize)
         if not (rows == rows[0]).all():
             return None

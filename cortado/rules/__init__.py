@@ -13,7 +13,7 @@ from .algebra import algebra
 from .api import findex, matchex, matchingex, rewrite, rewrite_all, simplifier, simplify, subs, tryrewrite
 from .canonical import canonical
 from .engine import Chain, Fixpoint, Postwalk, Prewalk, Rewrite, Rewriter, Rule, RuleSet, Run, Trace, explain
-from .guards import constants, folding, not_constant, same_type
+from .guards import constants, floating, not_constant, same_type
 from .matching import Bindings
 from .patterns import Pattern, Placeholder, Splat, placeholders
 from .stability import stability
@@ -22,6 +22,6 @@ from .text import TextTerm, parse, unparse
 __all__ = [
     "matchex", "matchingex", "rewrite", "tryrewrite", "rewrite_all", "subs", "findex", "simplify", "simplifier",
     "Rule", "RuleSet", "Rewriter", "Chain", "Fixpoint", "Postwalk", "Prewalk", "Run", "Trace", "Rewrite", "explain",
-    "placeholders", "Pattern", "Placeholder", "Splat", "Bindings", "constants", "not_constant", "same_type", "folding",
+    "placeholders", "Pattern", "Placeholder", "Splat", "Bindings", "constants", "not_constant", "same_type", "floating",
     "TextTerm", "parse", "unparse", "algebra", "stability", "canonical",
 ]

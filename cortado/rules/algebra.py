@@ -1,13 +1,19 @@
 """``algebra``: the identities of + - * / **, constant folding and collecting, layout algebra.
 
-Every rule here holds for every input it applies to, with two stated exceptions that PyTensor and
-XLA make too: ``x - x`` becomes zeros (with an infinite ``x`` the unsimplified form is nan), and
-collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place. ``x * 0``
-becomes zeros only for integers and booleans (and text), since ``inf * 0`` is nan. ``exp`` and
-``log`` pairs are rewritten only where the identity holds for every input: ``log(exp(x))`` is
-``x``, but ``exp(log(x))`` is not (``x < 0``). Constant-only terms are folded when their result
-has at most 65536 elements, or is one value broadcast. Tensor rewrites keep shape and dtype, so
-``x + 0`` with a broadcasting zero stays as written.
+Every rule holds for every input it applies to, exactly, with these stated exceptions, which
+PyTensor and XLA make too:
+
+- ``x - x`` becomes zeros: with an infinite or nan ``x`` the unsimplified form is nan;
+- collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place;
+- ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``.
+
+``x * 0`` becomes zeros only for integers and booleans (and text), since ``inf * 0`` is nan.
+``exp`` and ``log`` pairs are rewritten only where the identity has no domain restriction:
+``log(exp(x))`` is ``x`` for every real ``x``, and in floating point the rewritten form is the
+accurate one where ``exp`` overflows or underflows; ``exp(log(x))`` is not ``x`` for ``x < 0``
+and stays. Constant-only terms fold (with exactly what the reference interpreter computes) when
+the result has at most 65536 elements or is one value broadcast. Tensor rewrites keep shape and
+dtype, so ``x + 0`` with a broadcasting zero stays as written.
 
 The rules are data: text patterns, with a function where the replacement needs arithmetic on
 attributes. They apply to text too, so ``simplify("2 * (3 * x) + 0")`` is ``"6 * x"``.
@@ -15,10 +21,12 @@ attributes. They apply to text too, so ``simplify("2 * (3 * x) + 0")`` is ``"6 *
 
 import math
 
+import numpy as np
+
 from ..exprgraph import constructors as ct
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
-from .guards import all_of, constants, exact_for_every_input, folding, not_constant, same_type
+from .guards import all_of, constants, exact_for_every_input, not_constant, same_type
 from .text import literal_value
 
 
@@ -26,13 +34,39 @@ def _fold(b):
     return b.world.fold(b.term)
 
 
-def _tuple(value):
-    """An attribute value as a tuple, whether bound from a tensor term or from text."""
-    return value if isinstance(value, tuple) else tuple(literal_value(value))
+def _collect(op):
+    """``a op (b op x)`` as ``c op x``, ``c`` being ``a op b`` folded now, where that is safe: the
+    constants already have the result's dtype (so the fold computes as the original would), and
+    ``c`` is finite (an overflow that the original's order avoids is not baked in)."""
+
+    def replace(b):
+        a, c, x = b["_a"], b["_b"], b["_x"]
+        if isinstance(x, Term) and not a.dtype == c.dtype == b.term.dtype:
+            return None
+        folded = b.world.fold(b.world.build(op, [a, c], {}))
+        if folded is None or not b.world.is_finite(folded):
+            return None
+        return b.world.build(op, [folded, x], {})
+
+    return replace
+
+
+def _permutation(value):
+    """An axes attribute as a tuple of ints, whether bound from a tensor term or from text; None
+    if it is no permutation (text may say anything)."""
+    try:
+        axes = value if isinstance(value, tuple) else tuple(literal_value(value))
+    except (ValueError, TypeError):
+        return None
+    if sorted(a for a in axes if type(a) is int) != list(range(len(axes))):
+        return None
+    return axes
 
 
 def _compose_transposes(b):
-    inner, outer = _tuple(b["_p"]), _tuple(b["_q"])
+    inner, outer = _permutation(b["_p"]), _permutation(b["_q"])
+    if inner is None or outer is None or len(inner) != len(outer):
+        return None
     composed = tuple(inner[i] for i in outer)
     if composed == tuple(range(len(composed))):
         return b["_x"]
@@ -40,12 +74,25 @@ def _compose_transposes(b):
 
 
 def _is_identity_permutation(b):
-    axes = _tuple(b["_p"])
-    return axes == tuple(range(len(axes)))
+    axes = _permutation(b["_p"])
+    return axes is not None and axes == tuple(range(len(axes)))
+
+
+def _exact_factor(factor, dtype):
+    """Whether ``factor`` is exactly a value of ``dtype`` (a float16 cannot hold 70000)."""
+    try:
+        return np.array(factor, dtype=dtype).item() == factor  # in Python: a float16 inf is no 70000
+    except OverflowError:
+        return False
 
 
 def _sum_of_broadcast(b):
-    """``sum(broadcast_to(x, S), A)`` as ``n * sum(x, A')`` when every stretched axis is summed."""
+    """``sum(broadcast_to(x, S), A)`` as ``n * sum(x, A')`` when every stretched axis is summed.
+
+    Declined where it would not pay: when the result would still need a broadcast or a reshape
+    and a multiply, when the broadcast has other users (it would stay, and the multiply come on
+    top), or when ``n`` is no exact value of the dtype.
+    """
     x, shape, axes, keepdims = b["_x"], b["_s"], b["_a"], b["_k"]
     if not isinstance(x, Term):
         return None
@@ -53,8 +100,12 @@ def _sum_of_broadcast(b):
     padded = (1,) * lead + x.shape
     stretched = {i for i in range(len(shape)) if padded[i] != shape[i] or (i < lead and shape[i] != 1)}
     if not stretched <= set(axes):
-        return None  # the result would still need a broadcast: no cheaper form
+        return None
     factor = math.prod(shape[i] for i in axes if i < lead or padded[i] != shape[i])
+    if factor == 0:
+        return 0  # a sum over nothing
+    if factor != 1 and (b.shared(b.term.args[0]) or not _exact_factor(factor, b.term.dtype)):
+        return None
     own = tuple(i - lead for i in axes if i >= lead)
     result = x if not own and x.dtype == b.term.dtype else ct.sum(x, axis=own, keepdims=keepdims)
     if result.shape != b.term.shape:
@@ -86,8 +137,8 @@ algebra = RuleSet([
     Rule("negate-difference", "-(_x - _y)", "_y - _x"),
     Rule("negative-product", "(-_x) * (-_y)", "_x * _y"),
     Rule("self-difference", "_x - _x", "0"),
-    Rule("collect-sums", "_a + (_b + _x)", folding("(_a + _b) + _x"), guard=constants("_a", "_b")),
-    Rule("collect-products", "_a * (_b * _x)", folding("(_a * _b) * _x"), guard=constants("_a", "_b")),
+    Rule("collect-sums", "_a + (_b + _x)", _collect("+"), guard=constants("_a", "_b")),
+    Rule("collect-products", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),
     Rule("log-exp", "log(exp(_x))", "_x"),
     Rule("log1p-expm1", "log1p(expm1(_x))", "_x"),
     Rule("where-same", "where(_c, _x, _x)", "_x"),

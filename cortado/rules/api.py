@@ -64,7 +64,11 @@ def rewrite(ex, pattern, replacement, guard=None):
     result = tryrewrite(ex, pattern, replacement, guard)
     if result is None:
         term, _ = _read(ex)
-        raise RewriteError(f"the pattern {as_pattern(pattern)!r} does not match {world_of(term).describe(term)}")
+        shown = world_of(term).describe(term)
+        if matchex(pattern, ex) is None:
+            raise RewriteError(f"the pattern {as_pattern(pattern)!r} does not match {shown}")
+        raise RewriteError(f"the pattern {as_pattern(pattern)!r} matches {shown}, but the guard refuses it or "
+                           f"the replacement cannot stand for it (a tensor rewrite must keep shape and dtype)")
     return result
 
 
@@ -131,15 +135,23 @@ def subs(ex, mapping=None, /, **names):
 
 
 def _tensor_value(key, value):
+    """``value`` as a term that can stand for ``key``: same shape and dtype, values exact."""
     if isinstance(value, Term):
-        return value
-    if isinstance(value, numbers.Number):
-        full = TENSOR.full_like(key, value)
-        if full is None:
+        term = value
+    elif isinstance(value, numbers.Number):
+        term = TENSOR.full_like(key, value)
+        if term is None:
             raise RewriteError(f"subs: {value!r} is not exactly a {key.dtype.name} value (for {key!r})")
-        return full
-    array = np.asarray(value)
-    if array.shape != key.shape:
-        raise RewriteError(f"subs: a value of shape {array.shape} cannot replace {key!r}")
-    return ct.const(array, dtype=key.dtype)
+    else:
+        array = np.asarray(value)
+        try:
+            converted = array.astype(key.dtype)
+        except (TypeError, ValueError) as error:
+            raise RewriteError(f"subs: the value for {key!r} is not {key.dtype.name}: {error}") from None
+        if not np.array_equal(converted, array, equal_nan=converted.dtype.kind == "f"):
+            raise RewriteError(f"subs: the values for {key!r} are not exactly {key.dtype.name} values")
+        term = ct.const(converted)
+    if (term.shape, term.dtype) != (key.shape, key.dtype):
+        raise RewriteError(f"subs: {term!r} cannot replace {key!r}: a substitute must have the same shape and dtype")
+    return term
 

@@ -3,7 +3,8 @@
 Contractions that are one (batched) GEMM are ``matmul`` with transposes around them, so lowering
 to cuBLAS needs to recognise one op; ``maximum(x, 0)`` is ``relu``, the epilogue cuBLASLt fuses;
 a float32 or float64 ``mean`` is a ``sum`` divided by the count, exactly as NumPy computes it,
-so the backends implement one reduction; ``x ** 2`` is ``x * x``, which needs no pow.
+so the backends implement one reduction; ``x ** 2`` is ``x * x``, which needs no pow. As in
+``algebra``, +0.0 and -0.0 count as equal (``maximum(0, -0.0)`` is +0.0, ``relu(-0.0)`` -0.0).
 """
 
 import math
@@ -40,13 +41,17 @@ def _gemm_roles(subscripts):
 
 def _einsum_as_matmul(b):
     operands = b["_xs"]
+    if len(operands) != 2 or not all(isinstance(x, Term) for x in operands):
+        return None
     subscripts = b["_s"]
-    roles = _gemm_roles(subscripts) if len(operands) == 2 else None
-    if roles is None or not all(isinstance(x, Term) for x in operands):
+    roles = _gemm_roles(subscripts)
+    if roles is None:
         return None
     batch, m, n, k = roles
     left, right = subscripts.split("->")[0].split(",")
     output = subscripts.split("->")[1]
+    if operands[0].shape[left.index(k)] != operands[1].shape[right.index(k)]:
+        return None  # einsum broadcasts a size-1 contraction; matmul does not
 
     def arranged(term, labels, order):
         perm = tuple(labels.index(c) for c in order)

@@ -12,7 +12,7 @@ a cycle, or grows a term without end, stops with a RewriteError that names the r
 from collections import Counter
 from dataclasses import dataclass
 
-from ..errors import RewriteError
+from ..errors import DTypeError, RewriteError, ShapeError
 from ..exprgraph.graph import post_order
 from ..exprgraph.term import Term
 from .matching import Bindings, instantiate, match
@@ -57,19 +57,49 @@ def explain(trace, limit=40):
     return "\n".join(lines)
 
 
-class Run:
-    """The state of one rewriting: its trace, and each walk's memo of finished terms."""
+REWRITES_PER_TERM = 50  # a run may make this many rewrites per term it was given (plus 10k) before it is stopped
 
-    def __init__(self, trace=None):
+
+class Run:
+    """The state of one rewriting of ``roots``: its trace, each walk's memo, and its budget.
+
+    The budget of rewrites is what stops a rule set that grows terms without end (a Fixpoint caps
+    rounds, but one round of a Postwalk can double a term). ``uses`` tells a rule whether a term
+    is shared in the graph being rewritten, so it can decline a rewrite that would keep the shared
+    term alive and add more.
+    """
+
+    def __init__(self, trace=None, roots=(), max_rewrites=None):
         self.trace = Trace() if trace is None else trace
+        self.roots = tuple(roots)
+        self.max_rewrites = max_rewrites
+        self.rewrites = 0
+        self.rebuilt_from = {}  # a term rebuilt over rewritten arguments -> the term it stands for
         self._memos = {}
+        self._uses = None
 
     def memo(self, strategy):
         """The memo of ``strategy`` for this run: results stay valid because terms are immutable."""
         return self._memos.setdefault(id(strategy), {})
 
     def record(self, rule, before, after):
+        if self.max_rewrites is None:
+            self.max_rewrites = REWRITES_PER_TERM * len(post_order(self.roots)) + 10_000
+        self.rewrites += 1
         self.trace.append(Rewrite(rule, before, after))
+        if self.rewrites > self.max_rewrites:
+            raise _cycle_error(self.trace[-6:], f"made more than {self.max_rewrites} rewrites of "
+                                                f"{len(self.roots)} term(s); do they grow terms without end?")
+
+    def rebuilt(self, original, rebuilt):
+        self.rebuilt_from[rebuilt] = self.rebuilt_from.get(original, original)
+
+    def uses(self, term):
+        """How many times ``term`` is read in the graph being rewritten (outputs count once more)."""
+        if self._uses is None:
+            self._uses = Counter(a for t in post_order(self.roots) for a in t.args)
+            self._uses.update(self.roots)
+        return self._uses.get(self.rebuilt_from.get(term, term), 1)
 
 
 class Rewriter:
@@ -80,12 +110,15 @@ class Rewriter:
 
     def run(self, terms, trace=None):
         """The rewritten term (or list of terms, sharing one memo); ``trace`` collects the rewrites."""
-        run = Run(trace)
         if isinstance(terms, (Term, TextTerm)):
-            return _result(self(terms, run), terms)
-        terms = list(terms)
+            return _result(self(terms, Run(trace, [terms])), terms)
+        try:
+            terms = list(terms)
+        except TypeError:
+            raise RewriteError(f"expected a term or a list of terms, not {type(terms).__name__} {terms!r}") from None
         for t in terms:
             world_of(t)  # a clear error for anything that is not a term
+        run = Run(trace, terms)
         return [_result(self(t, run), t) for t in terms]
 
 
@@ -129,13 +162,17 @@ class Rule(Rewriter):
         p = self.pattern
         return op_name(p.head, len(p.args)) if isinstance(p, PatternNode) else None
 
-    def rewrite(self, term):
-        """The replacement where the rule applies at the root of ``term`` (maybe ``term`` itself), else None."""
+    def rewrite(self, term, run=None):
+        """The replacement where the rule applies at the root of ``term`` (maybe ``term`` itself), else None.
+
+        A replacement that cannot be built there (its ops refuse the shapes or dtypes) or that
+        would change the term's shape or dtype means the rule does not apply there.
+        """
         world = world_of(term)
         bound = match(self.pattern, term, world)
         if bound is None:
             return None
-        bindings = Bindings(bound, term, world)
+        bindings = Bindings(bound, term, world, run)
         if self.guard is not None and not self.guard(bindings):
             return None
         try:
@@ -146,11 +183,11 @@ class Rule(Rewriter):
                 if result is None:
                     return None
             return world.finish(result, term)
-        except NotApplicable:
+        except (NotApplicable, ShapeError, DTypeError):
             return None
 
     def __call__(self, term, run):
-        result = self.rewrite(term)
+        result = self.rewrite(term, run)
         if result is None or result is term:
             return None
         run.record(self.name, term, result)
@@ -182,7 +219,7 @@ class RuleSet(Rewriter):
         self._by_key = {}
 
     def __add__(self, other):
-        other = other if isinstance(other, RuleSet) else RuleSet(other)
+        other = RuleSet([other] if isinstance(other, Rule) else other)
         return RuleSet(self.rules + other.rules)
 
     def __iter__(self):
@@ -236,6 +273,8 @@ class Fixpoint(Rewriter):
     """``rewriter`` again and again until nothing changes; a cycle or the cap is a RewriteError."""
 
     def __init__(self, rewriter, max_iterations=100):
+        if not isinstance(max_iterations, int) or max_iterations < 1:
+            raise RewriteError(f"Fixpoint: max_iterations must be a positive int, not {max_iterations!r}")
         self.rewriter = rewriter
         self.max_iterations = max_iterations
 
@@ -268,8 +307,10 @@ class Postwalk(Rewriter):
             new = self.rewriter(rebuilt, run)
             if new is not None:
                 return new
-            if rebuilt is not original and all(memo.get(a) is a for a in rebuilt.args):
-                memo[rebuilt] = rebuilt  # final too: a later round need not look inside it again
+            if rebuilt is not original:
+                run.rebuilt(original, rebuilt)
+                if all(memo.get(a) is a for a in rebuilt.args):
+                    memo[rebuilt] = rebuilt  # final too: a later round need not look inside it again
             return rebuilt
 
         result = bottom_up(term, memo, finish)
@@ -314,6 +355,8 @@ class Prewalk(Rewriter):
             active.discard(t)
             args = tuple(memo[a] for a in new.args)
             memo[t] = new if all(a is b for a, b in zip(args, new.args)) else new.rebuild(args)
+            if memo[t] is not new:
+                run.rebuilt(new, memo[t])
         result = memo[term]
         return None if result is term else result
 

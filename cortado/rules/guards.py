@@ -5,8 +5,6 @@ tensor-only ones (shapes, dtypes) are simply false on text, where there are none
 """
 
 from ..exprgraph.term import Term
-from .matching import instantiate
-from .patterns import as_pattern
 
 
 def constants(*names):
@@ -39,8 +37,10 @@ def exact_for_every_input(b):
     return not isinstance(b.term, Term) or b.term.dtype.kind in "biu"
 
 
-def folding(replacement):
-    """A replacement function: ``replacement`` built from the bindings with the constant parts
-    it creates folded at once (``(_a * _b) * _x`` with numbers for ``_a`` and ``_b``: ``6 * x``)."""
-    pattern = as_pattern(replacement)
-    return lambda b: instantiate(pattern, b, b.world, fold=True)
+def floating(name):
+    """Guard: the named binding is a floating tensor, or text (whose symbols stand for reals).
+
+    Stability rules need it: on integers ``1 + x`` and ``-x`` wrap around, so ``log(1 + x)`` is
+    not ``log1p(x)`` there.
+    """
+    return lambda b: not isinstance(b[name], Term) or b[name].dtype.kind == "f"

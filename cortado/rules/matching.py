@@ -15,13 +15,19 @@ class Bindings(dict):
     """What a pattern's placeholders bound, by name; ``term`` is the whole matched term.
 
     Replacement functions and guards receive this, so they can read both the parts and the whole
-    (for a tensor rule: its shape and dtype), and ``world`` builds terms of the matched kind.
+    (for a tensor rule: its shape and dtype); ``world`` builds terms of the matched kind, and
+    ``run`` (None outside a rewriting run) says how often a term is used.
     """
 
-    def __init__(self, values, term, world):
+    def __init__(self, values, term, world, run=None):
         super().__init__(values)
         self.term = term
         self.world = world
+        self.run = run
+
+    def shared(self, term):
+        """Whether ``term`` has other users in the graph being rewritten (False outside a run)."""
+        return self.run is not None and self.run.uses(term) > 1
 
 
 def match(pattern, term, world, exact=False):
@@ -57,7 +63,7 @@ def match(pattern, term, world, exact=False):
 
 
 def _node_matches(node, term, world, bind, visit):
-    args = term.args
+    args = world.positional(term)
     if node.splat is None:
         if len(args) != len(node.args) or not world.head_matches(node.head, len(args), term):
             return False

@@ -219,8 +219,8 @@ def from_text(term):
         return Literal(term.value)
     if head == textforms.STARRED and term.args[0].head == textforms.SYMBOL and term.args[0].value.startswith("_"):
         return Splat(term.args[0].value)
-    params = {name: _keyword(value) for name, value in term.keywords}
-    return PatternNode(head, [from_text(a) for a in term.args], params)
+    params = {name: _keyword(value) for name, value in term.keyword_items}
+    return PatternNode(head, [from_text(a) for a in term.positional], params)
 
 
 def _keyword(term):

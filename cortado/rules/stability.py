@@ -3,14 +3,18 @@
 ``log(1 + x)`` loses every digit of a small ``x`` (in float32, ``log(1 + 1e-10)`` is 0) where
 ``log1p(x)`` keeps them; ``log(sum(exp(x)))`` overflows for logits near 1000 where ``logsumexp``
 does not; ``log(softmax(x))`` is ``-inf`` wherever the softmax underflows, ``log_softmax`` never.
-``log(sigmoid(x))`` becomes ``-softplus(-x)``, finite for every finite ``x``.
+``log(sigmoid(x))`` becomes ``-softplus(-x)``, finite for every finite ``x``. Rules whose
+pattern adds to or negates ``x`` apply to floating ``x`` only: integers wrap around.
 """
 
 from .engine import Rule, RuleSet
+from .guards import floating
+
+real = floating("_x")  # on integers 1 + x and -x wrap around: the identities below need real x
 
 stability = RuleSet([
-    Rule("log1p", "log(1 + _x)", "log1p(_x)"),
-    Rule("log1p-right", "log(_x + 1)", "log1p(_x)"),
+    Rule("log1p", "log(1 + _x)", "log1p(_x)", guard=real),
+    Rule("log1p-right", "log(_x + 1)", "log1p(_x)", guard=real),
     Rule("expm1", "exp(_x) - 1", "expm1(_x)"),
     Rule("expm1-constant-first", "-1 + exp(_x)", "expm1(_x)"),
     Rule("softplus", "log1p(exp(_x))", "softplus(_x)"),
@@ -19,7 +23,7 @@ stability = RuleSet([
     Rule("log-softmax", "log(softmax(_x, axis=_a))", "log_softmax(_x, axis=_a)"),
     Rule("log-softmax-last", "log(softmax(_x))", "log_softmax(_x)"),
     Rule("softmax", "exp(_x) / sum(exp(_x), axis=_a, keepdims=True)", "softmax(_x, axis=_a)"),
-    Rule("sigmoid", "1 / (1 + exp(-_x))", "sigmoid(_x)"),
-    Rule("log-sigmoid", "log(sigmoid(_x))", "-softplus(-_x)"),
+    Rule("sigmoid", "1 / (1 + exp(-_x))", "sigmoid(_x)", guard=real),
+    Rule("log-sigmoid", "log(sigmoid(_x))", "-softplus(-_x)", guard=real),
     Rule("log-one-minus-sigmoid", "log(1 - sigmoid(_x))", "-softplus(_x)"),
 ], name="stability")

@@ -50,8 +50,9 @@ _interning = threading.Lock()
 class TextTerm:
     """One node of a text expression: a head applied to arguments, or an atom.
 
-    ``keywords`` holds a call's keyword arguments as ``(name, term)`` pairs; ``value`` an atom's
-    name or literal. Build them with ``parse``, ``symbol``, ``constant`` and ``compound``.
+    ``args`` are all the children, the values of a call's keyword arguments last, so that walks
+    see (and rewrite) them too; ``keywords`` names those last ones. ``value`` is an atom's name or
+    literal. Build text terms with ``parse``, ``symbol``, ``constant`` and ``compound``.
     """
 
     __slots__ = ("head", "args", "keywords", "value", "__weakref__")
@@ -63,8 +64,18 @@ class TextTerm:
         raise AttributeError("text terms are immutable: rewrites build new terms instead")
 
     def rebuild(self, args):
-        """The same head and keywords over ``args`` (the rewrite interface)."""
-        return compound(self.head, args, self.keywords) if self.args or args else self
+        """The same head and keyword names over new children (the rewrite interface)."""
+        return _intern(self.head, tuple(args), self.keywords, None) if self.args or args else self
+
+    @property
+    def positional(self):
+        """The arguments written by position (all but the keyword values)."""
+        return self.args[: len(self.args) - len(self.keywords)]
+
+    @property
+    def keyword_items(self):
+        """``(name, value)`` for each keyword argument."""
+        return tuple(zip(self.keywords, self.args[len(self.args) - len(self.keywords):]))
 
     @property
     def is_atom(self):
@@ -100,11 +111,11 @@ def constant(value):
 
 
 def compound(head, args, keywords=()):
-    args = tuple(args)
-    keywords = tuple(keywords)
-    if not all(isinstance(a, TextTerm) for a in args) or not all(isinstance(v, TextTerm) for _, v in keywords):
+    """``head(*args, **dict(keywords))``; ``keywords`` are ``(name, term)`` pairs."""
+    children = tuple(args) + tuple(value for _, value in keywords)
+    if not all(isinstance(a, TextTerm) for a in children):
         raise RewriteError(f"arguments of the text term {head!r} must be text terms")
-    return _intern(head, args, keywords, None)
+    return _intern(head, children, tuple(name for name, _ in keywords), None)
 
 
 def is_number(term):
@@ -205,7 +216,7 @@ def _name_node(dotted):
 
 
 def _tree(term):
-    head, args = term.head, term.args
+    head, args = term.head, term.positional
     if head == SYMBOL:
         return _name_node(term.value)
     if head == CONSTANT:
@@ -213,7 +224,7 @@ def _tree(term):
         if type(value) in (int, float) and (value < 0 or (value == 0 and str(value).startswith("-"))):
             return ast.UnaryOp(ast.USub(), ast.Constant(-value))  # so precedence comes out right
         return ast.Constant(value)
-    trees = [_tree(a) for a in args]
+    trees = [_tree(a) for a in term.positional]
     if head in _AST_BINARY and len(args) == 2:
         return ast.BinOp(trees[0], _AST_BINARY[head](), trees[1])
     if head in _AST_UNARY and len(args) == 1:
@@ -232,7 +243,7 @@ def _tree(term):
         return ast.Subscript(trees[0], trees[1], ast.Load())
     if head.startswith(".") and len(args) == 1:
         return ast.Attribute(trees[0], head[1:], ast.Load())
-    keywords = [ast.keyword(name, _tree(value)) for name, value in term.keywords]
+    keywords = [ast.keyword(name, _tree(value)) for name, value in term.keyword_items]
     return ast.Call(_name_node(head), trees, keywords)
 
 

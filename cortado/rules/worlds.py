@@ -8,6 +8,7 @@ not applied there (``x * 1`` with a broadcasting ``1`` stays as it is).
 """
 
 import functools
+import math
 import operator
 
 import numpy as np
@@ -62,6 +63,9 @@ def same_binding(a, b):
 class TensorWorld:
     name = "tensor"
 
+    def positional(self, term):
+        return term.args
+
     def head_matches(self, head, arity, term):
         return op_name(head, arity) == term.op.name
 
@@ -95,6 +99,8 @@ class TensorWorld:
     def literal_matches(self, value, term):
         if term.op.name != "const" or isinstance(value, str) or value is None:
             return False
+        if (term.dtype.kind == "b") != isinstance(value, bool):
+            return False  # 1 is no boolean True: True + x is a logical or
         scalar = term.attrs[0].scalar
         return scalar is not None and bool(scalar == value)
 
@@ -128,6 +134,8 @@ class TensorWorld:
             return function(*args, **params)
         except (ShapeError, DTypeError) as error:
             raise NotApplicable(str(error)) from None
+        except TypeError as error:
+            raise RewriteError(f"a replacement calls {name} wrongly: {error}") from None
 
     def finish(self, result, original):
         """The replacement if it can stand for ``original`` (same shape and dtype), else None."""
@@ -139,10 +147,19 @@ class TensorWorld:
 
     def full_like(self, term, value):
         """A constant of ``term``'s shape and dtype with every element ``value`` (None if inexact)."""
-        element = np.array(value, dtype=term.dtype)
-        if element != value:
+        try:
+            with np.errstate(over="ignore"):
+                element = np.array(value, dtype=term.dtype)
+        except (OverflowError, ValueError, TypeError):
+            return None
+        exact = element.item() == value or (element.dtype.kind == "f" and np.isnan(element) and np.isnan(value))
+        if not exact:  # compared in Python: a float16 inf is not 70000
             return None
         return make(OPS["const"], (), (Constant(np.broadcast_to(element, term.shape)),))
+
+    def is_finite(self, term):
+        value = term.attrs[0]
+        return term.dtype.kind != "f" or bool(np.isfinite(value.scalar if value.scalar is not None else value.array).all())
 
     def fold(self, term):
         """``term`` evaluated now, as a constant, when all its operands are constants; else None."""
@@ -172,17 +189,21 @@ _TEXT_ARITHMETIC = {
     ("-", 1): operator.neg, ("+", 1): operator.pos,
 }
 _LARGEST_TEXT_POWER = 64  # folding 10 ** 10 ** 10 would take forever; such powers stay as text
+_LARGEST_TEXT_INT_BITS = 4096  # nor fold ints of more than about 1200 digits
 
 
 class TextWorld:
     name = "text"
+
+    def positional(self, term):
+        return term.positional
 
     def head_matches(self, head, arity, term):
         return term.head == head or OPERATOR_OPS.get((term.head, arity)) == head
 
     def match_params(self, params, term, bind, match):
         """Whether the call has exactly these keywords, their values matching."""
-        keywords = dict(term.keywords)
+        keywords = dict(term.keyword_items)
         if set(keywords) != set(params):
             return False
         for name, value in params.items():
@@ -218,8 +239,9 @@ class TextWorld:
         return textforms.symbol(name)
 
     def build(self, head, args, params):
-        if (head, len(args)) not in OPERATOR_OPS and head in OPERATOR_OF_OP:
-            head = OPERATOR_OF_OP[head]  # a pattern written in code: add(a, b) is a + b
+        operator_head = OPERATOR_OF_OP.get(head)
+        if operator_head and (operator_head, len(args)) in OPERATOR_OPS and not params:
+            head = operator_head  # a pattern written in code: add(a, b) is a + b
         keywords = [(name, textforms.from_value(value)) for name, value in params.items()]
         return textforms.compound(head, args, keywords)
 
@@ -235,11 +257,19 @@ class TextWorld:
             return None
         try:
             result = function(*values)
-        except (ArithmeticError, ValueError):
+        except (ArithmeticError, ValueError, TypeError):  # 1/0, 1j // 2, ...
             return None
         if isinstance(result, complex) and not any(isinstance(v, complex) for v in values):
             return None  # (-8) ** (1/3) is complex in Python; leave it as written
+        if isinstance(result, int) and result.bit_length() > _LARGEST_TEXT_INT_BITS:
+            return None  # Python will not even print it
         return textforms.constant(result)
+
+    def is_finite(self, term):
+        value = term.value
+        if isinstance(value, int):
+            return True
+        return all(math.isfinite(part) for part in ((value.real, value.imag) if isinstance(value, complex) else (value,)))
 
     def describe(self, term):
         return textforms.unparse(term)
