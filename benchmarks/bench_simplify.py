@@ -10,6 +10,10 @@ engine memoises within a run, so a second run on the same graph would measure no
 median is reported, with a least-squares fit of log(time) on log(terms): 1.0 is linear. Python's
 cyclic collector is paused while simplifying, as schedule() does, so that CPython rescanning
 live terms is not counted as the engine's work.
+
+The time per term steps up by about a fifth between 10k and 100k terms and is flat beyond (50k:
+55 us, 300k: 61 us in one run on the development machine): the working set leaves the CPU's
+caches, as in bench_build.py, where building alone shows the same step.
 """
 
 import argparse
