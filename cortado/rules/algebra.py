@@ -21,8 +21,6 @@ attributes. They apply to text too, so ``simplify("2 * (3 * x) + 0")`` is ``"6 *
 
 import math
 
-import numpy as np
-
 from ..exprgraph import constructors as ct
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
@@ -78,14 +76,6 @@ def _is_identity_permutation(b):
     return axes is not None and axes == tuple(range(len(axes)))
 
 
-def _exact_factor(factor, dtype):
-    """Whether ``factor`` is exactly a value of ``dtype`` (a float16 cannot hold 70000)."""
-    try:
-        return np.array(factor, dtype=dtype).item() == factor  # in Python: a float16 inf is no 70000
-    except OverflowError:
-        return False
-
-
 def _sum_of_broadcast(b):
     """``sum(broadcast_to(x, S), A)`` as ``n * sum(x, A')`` when every stretched axis is summed.
 
@@ -104,7 +94,7 @@ def _sum_of_broadcast(b):
     factor = math.prod(shape[i] for i in axes if i < lead or padded[i] != shape[i])
     if factor == 0:
         return 0  # a sum over nothing
-    if factor != 1 and (b.shared(b.term.args[0]) or not _exact_factor(factor, b.term.dtype)):
+    if factor != 1 and (b.shared(b.term.args[0]) or b.world.full_like(b.term, factor) is None):
         return None
     own = tuple(i - lead for i in axes if i >= lead)
     result = x if not own and x.dtype == b.term.dtype else ct.sum(x, axis=own, keepdims=keepdims)
