@@ -77,10 +77,6 @@ class TextTerm:
         """``(name, value)`` for each keyword argument."""
         return tuple(zip(self.keywords, self.args[len(self.args) - len(self.keywords):]))
 
-    @property
-    def is_atom(self):
-        return self.head in (SYMBOL, CONSTANT)
-
     def __str__(self):
         return unparse(self)
 
