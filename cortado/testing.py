@@ -234,6 +234,8 @@ def _where(draw, name, values):
         conditions = range(len(values))  # a numeric condition means "nonzero", as in NumPy
     c = draw(st.sampled_from(conditions))
     numeric = [j for j in _numeric(values) if _broadcastable(values[c].shape, values[j].shape)]
+    if not numeric:  # a broadcast condition no numeric value fits
+        return None
     x = draw(st.sampled_from(numeric))
     y_choices = [j for j in numeric if _broadcastable(values[c].shape, values[x].shape, values[j].shape)]
     y = draw(st.sampled_from(y_choices))

@@ -26,7 +26,8 @@ def test_listing_of_a_small_model():
 def test_repr_is_one_line_with_its_type():
     x = ct.var("x", (2, 3))
     assert repr(ct.exp(x) + 1.0) == "<add(exp(x), 1.0) : float32[2,3]>"
-    assert repr(ct.const(np.zeros((2, 2)))) == "<const(float64[2,2]) : float64[2,2]>"
+    assert repr(ct.const(np.zeros((2, 2)))) == "<full(0.0) : float64[2,2]>"
+    assert repr(ct.const(np.eye(2))) == "<const(float64[2,2]) : float64[2,2]>"
     deep = x
     for _ in range(10):
         deep = ct.tanh(deep)

@@ -176,3 +176,26 @@ def test_x_times_zero_is_zero_only_where_that_holds_for_inf_and_nan():
     i = ct.var("i", (3,), "int32")
     assert simplify(f * 0) is 0 * f
     assert simplify(i * 0).op.name == "const"
+
+
+def test_algebra_tidies_what_gradients_leave():
+    x, q = ct.var("x", (3, 4)), ct.var("q", (2, 3, 4))
+    assert simplify(x + x) is 2 * x
+    assert simplify("x + x") == "2 * x"
+    ones = ct.const(np.ones(2, np.float32))
+    assert simplify(ct.einsum("a,abc->abc", ones, q)) is q  # ones that stretch no axis go
+    kept = ct.einsum("a,bc->abc", ones, x)  # here the ones make an axis: they stay
+    assert simplify(kept) is kept
+    assert simplify(ct.einsum("abc->cab", q)) is ct.transpose(q, (2, 0, 1))
+    assert simplify(ct.const(np.full((3, 4), 6.0, np.float32)) * x) is 6.0 * x  # one value: a scalar
+    big = ct.broadcast_to(ct.reshape(ct.const(np.float32(2)), (1, 1)), (1024, 1024))
+    folded = simplify(big)
+    assert folded.op.name == "const" and folded.attrs[0].scalar == 2 and folded.shape == (1024, 1024)
+
+
+def test_evaluate_in_float64_takes_float64_feeds_for_float32_variables():
+    x = ct.var("x", (2,))
+    value = np.array([1 + 1e-12, 2.0])
+    assert ct.evaluate(x * 1, {"x": value}, precision="float64")[0] == 1 + 1e-12
+    with pytest.raises(ct.DTypeError, match="has dtype float64"):
+        ct.evaluate(x * 1, {"x": value})

@@ -40,13 +40,14 @@ def evaluate(outputs, feeds, precision=None):
 
     ``precision=None`` computes in the dtypes the graph declares; ``precision="float64"``
     computes every floating value in float64 (inputs, constants and intermediates alike), for
-    use as a high-precision reference. Returns one array for one term, else a list.
+    use as a high-precision reference; a floating variable may then be fed float64 values.
+    Returns one array for one term, else a list.
     """
     if precision not in PRECISIONS:
         raise DTypeError(f"evaluate: precision must be one of {PRECISIONS}, not {precision!r}")
     widen = precision == "float64"
     graph = Graph(outputs)
-    bound = feed_checks.bind(graph.variables_by_name(), feeds)
+    bound = feed_checks.bind(graph.variables_by_name(), feeds, any_float=widen)
     remaining = {term: len(readers) for term, readers in graph.users.items()}
     for out in graph.outputs:
         remaining[out] += 1  # outputs stay alive until returned

@@ -48,12 +48,13 @@ def _from_python(var, value):
         raise DTypeError(f"the feed for {_declared(var)} holds a value out of range: {error}") from None
 
 
-def _conform(var, value):
+def _conform(var, value, any_float):
     """``value`` as an array of the variable's shape and dtype, or a clear error."""
     if isinstance(value, Term):
         raise DTypeError(f"the feed for {_declared(var)} is a cortado term; feeds are values (arrays)")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
-        if value.dtype != var.dtype:
+        widened = any_float and value.dtype.kind == var.dtype.kind == "f"
+        if value.dtype != var.dtype and not widened:
             raise DTypeError(
                 f"the feed for {_declared(var)} has dtype {value.dtype}; "
                 f"convert it with .astype({var.dtype.name!r})"
@@ -66,8 +67,12 @@ def _conform(var, value):
     return array
 
 
-def bind(variables_by_name, feeds):
-    """``{var: array}`` for every variable, checked against ``feeds`` (name or var -> value)."""
+def bind(variables_by_name, feeds, any_float=False):
+    """``{var: array}`` for every variable, checked against ``feeds`` (name or var -> value).
+
+    ``any_float=True`` lets a floating variable take a feed of any floating dtype, as it is
+    kept: for a computation that widens every float anyway.
+    """
     try:
         named = _by_name(dict(feeds))
     except (TypeError, ValueError):
@@ -80,4 +85,4 @@ def bind(variables_by_name, feeds):
     if extra:
         known = ", ".join(sorted(variables_by_name)) or "none"
         raise FeedError(f"feeds {extra} name no variable of the graph (its variables: {known})")
-    return {var: _conform(var, named[name]) for name, var in variables_by_name.items()}
+    return {var: _conform(var, named[name], any_float) for name, var in variables_by_name.items()}

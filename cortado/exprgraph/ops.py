@@ -171,6 +171,8 @@ class Constant:
         return hash(self._key)
 
     def __repr__(self):
+        if self.array.ndim and self.scalar is not None:
+            return f"full({self.scalar[()]})"  # every element this value; the term's type gives the shape
         if self.array.ndim:
             return np.array2string(self.array, separator=", ", threshold=6)
         return str(self.array[()])  # NumPy's shortest form for the dtype: 1.7320508 for float32

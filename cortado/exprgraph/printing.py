@@ -30,7 +30,8 @@ def inline(term, depth=3):
     if _is_inline_const(term):
         return repr(term.attrs[0])
     if term.op.name == "const":
-        return f"const({type_string(term.shape, term.dtype)})"
+        splat = term.attrs[0].scalar is not None
+        return repr(term.attrs[0]) if splat else f"const({type_string(term.shape, term.dtype)})"
     if depth == 0:
         return "..."
     parts = [inline(a, depth - 1) for a in term.args] + _attr_text(term)

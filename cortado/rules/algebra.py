@@ -7,6 +7,11 @@ PyTensor and XLA make too:
 - collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place;
 - ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``.
 
+A constant of one value broadcast against other operands is written as that one value (a 0-d
+constant). ``x + x`` becomes ``2 * x``, exact in every dtype. An einsum operand of ones that stretches no axis
+is dropped, and a one-operand einsum that
+only permutes axes is a transpose.
+
 ``x * 0`` becomes zeros only for integers and booleans (and text), since ``inf * 0`` is nan.
 ``exp`` and ``log`` pairs are rewritten only where the identity has no domain restriction:
 ``log(exp(x))`` is ``x`` for every real ``x``, and in floating point the rewritten form is the
@@ -30,6 +35,19 @@ from .text import literal_value
 
 def _fold(b):
     return b.world.fold(b.term)
+
+
+def _scalar_splats(b):
+    """An elementwise op's one-value constant operands as 0-d constants, where the other operands
+    give the result its shape anyway: ``multiply(full(6.0), x)`` is ``multiply(6.0, x)``."""
+    term = b.term
+    if not isinstance(term, Term) or not term.op.elementwise:
+        return None
+    splats = [a.op.name == "const" and a.ndim > 0 and a.attrs[0].scalar is not None for a in term.args]
+    if not any(splats) or all(splats):
+        return None
+    args = [ct.const(a.attrs[0].scalar) if splat else a for a, splat in zip(term.args, splats)]
+    return term.rebuild(args)
 
 
 def _collect(op):
@@ -105,8 +123,39 @@ def _sum_of_broadcast(b):
     return result if factor == 1 else factor * result
 
 
+def _einsum_without_ones(b):
+    """``einsum`` with an operand of ones dropped, where every label of that operand is carried,
+    at full size, by another operand: then it neither adds an axis nor stretches one."""
+    operands, subscripts = b["_xs"], b["_s"]
+    if len(operands) < 2 or not all(isinstance(x, Term) for x in operands):
+        return None
+    inputs = subscripts.split("->")[0].split(",")
+    for k, x in enumerate(operands):
+        if x.op.name != "const" or x.attrs[0].scalar != 1 or "." in inputs[k]:
+            continue
+        others = [(labels, y) for j, (labels, y) in enumerate(zip(inputs, operands)) if j != k]
+        carried = {label: size for labels, y in others if "." not in labels for label, size in zip(labels, y.shape)}
+        if all(carried.get(label) == size for label, size in zip(inputs[k], x.shape)):
+            return ct.einsum(",".join(labels for labels, _ in others) + "->" + subscripts.split("->")[1],
+                             *(y for _, y in others))
+    return None
+
+
+def _einsum_as_transpose(b):
+    """A one-operand einsum that only permutes axes (no diagonal, no sum): a transpose, or nothing."""
+    operands, subscripts = b["_xs"], b["_s"]
+    if len(operands) != 1 or not isinstance(operands[0], Term):
+        return None
+    source, target = subscripts.split("->")
+    if "." in source or len(set(source)) != len(source) or sorted(source) != sorted(target):
+        return None
+    axes = tuple(source.index(label) for label in target)
+    return operands[0] if axes == tuple(range(len(axes))) else ct.transpose(operands[0], axes)
+
+
 algebra = RuleSet([
     Rule("fold-constants", "_e", _fold),
+    Rule("scalar-constants", "_e", _scalar_splats),
     Rule("add-zero", "0 + _x", "_x"),
     Rule("add-zero-right", "_x + 0", "_x"),
     Rule("subtract-zero", "_x - 0", "_x"),
@@ -127,6 +176,7 @@ algebra = RuleSet([
     Rule("negate-difference", "-(_x - _y)", "_y - _x"),
     Rule("negative-product", "(-_x) * (-_y)", "_x * _y"),
     Rule("self-difference", "_x - _x", "0"),
+    Rule("self-sum", "_x + _x", "2 * _x"),
     Rule("collect-sums", "_a + (_b + _x)", _collect("+"), guard=constants("_a", "_b")),
     Rule("collect-products", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),
     Rule("log-exp", "log(exp(_x))", "_x"),
@@ -140,4 +190,6 @@ algebra = RuleSet([
     Rule("broadcast-identity", "broadcast_to(_x, shape=_s)", "_x", guard=same_type("_x")),
     Rule("cast-identity", "cast(_x, dtype=_d)", "_x", guard=same_type("_x")),
     Rule("sum-of-broadcast", "sum(broadcast_to(_x, shape=_s), axis=_a, keepdims=_k)", _sum_of_broadcast),
+    Rule("einsum-ones", "einsum(*_xs, subscripts=_s)", _einsum_without_ones),
+    Rule("einsum-transpose", "einsum(*_xs, subscripts=_s)", _einsum_as_transpose),
 ], name="algebra")

@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import DTypeError, RewriteError, ShapeError
 from ..exprgraph import constructors
-from ..exprgraph.ops import OPS, Constant
+from ..exprgraph.ops import LAYOUT, OPS, Constant
 from ..exprgraph.printing import inline
 from ..exprgraph.semantics import IMPLEMENTATIONS
 from ..exprgraph.term import RuleViolation, Term, make
@@ -162,11 +162,18 @@ class TensorWorld:
         return term.dtype.kind != "f" or bool(np.isfinite(value.scalar if value.scalar is not None else value.array).all())
 
     def fold(self, term):
-        """``term`` evaluated now, as a constant, when all its operands are constants; else None."""
+        """``term`` evaluated now, as a constant, when all its operands are constants; else None.
+
+        Elementwise ops and layout ops of one-value constants fold at any size: their result is
+        one value too. Anything else folds up to ``FOLD_LIMIT`` elements.
+        """
         if not term.args or any(a.op.name != "const" for a in term.args):
             return None
         values = [a.attrs[0] for a in term.args]
-        pointwise = term.op.elementwise and all(v.scalar is not None for v in values)
+        splats = all(v.scalar is not None for v in values)
+        if splats and term.op.kind == LAYOUT:
+            return make(OPS["const"], (), (Constant(np.broadcast_to(values[0].scalar, term.shape)),))
+        pointwise = term.op.elementwise and splats
         if not pointwise and term.size > FOLD_LIMIT:
             return None
         arrays = [v.scalar if pointwise else v.array for v in values]
