@@ -8,15 +8,16 @@
 
 from . import rules
 from .backends.reference import evaluate
-from .errors import BackendError, CortadoError, DTypeError, FeedError, PlanError, RewriteError, ShapeError
+from .errors import BackendError, CortadoError, DTypeError, FeedError, GradError, PlanError, RewriteError, ShapeError
 from .exprgraph import Graph, Term, format_graph, schedule, to_dot
 from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matmul, ...: see __all__ there)
 from .exprgraph.constructors import __all__ as _constructors
+from .exprgraph.grad import grad, hvp, vjp
 
 __version__ = "0.1.0"
 
 __all__ = [
     *_constructors,
-    "rules", "evaluate", "Graph", "Term", "format_graph", "schedule", "to_dot",
-    "CortadoError", "ShapeError", "DTypeError", "FeedError", "RewriteError", "PlanError", "BackendError",
+    "grad", "vjp", "hvp", "rules", "evaluate", "Graph", "Term", "format_graph", "schedule", "to_dot",
+    "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "RewriteError", "PlanError", "BackendError",
 ]

@@ -7,14 +7,15 @@ import sys
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m cortado", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    demo = commands.add_parser("demo", help="build a small MLP as expressions, print it, evaluate it")
-    demo.add_argument("--seed", type=int, default=0, help="seed of the random data (default 0)")
-    demo.add_argument("--dot", metavar="PATH", help="also write the graph as Graphviz DOT to PATH")
+    demo = commands.add_parser("demo", help="train a small MLP by gradient descent, its gradients by ct.grad")
+    demo.add_argument("--seed", type=int, default=0, help="seed of the data and the initial weights (default 0)")
+    demo.add_argument("--epochs", type=int, default=60, help="passes over the data (default 60)")
+    demo.add_argument("--dot", metavar="PATH", help="also write the graph of the loss and its gradients as DOT")
     args = parser.parse_args(argv)
     if args.command == "demo":
         from .demo import run
 
-        run(seed=args.seed, dot_path=args.dot)
+        run(seed=args.seed, epochs=args.epochs, dot_path=args.dot)
     return 0
 
 

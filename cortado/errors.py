@@ -28,6 +28,10 @@ class RewriteError(CortadoError):
     """A rewrite that cannot be applied, or rewriting that does not terminate."""
 
 
+class GradError(CortadoError, TypeError):
+    """A gradient asked for with respect to something that is not a variable, or with wrong cotangents."""
+
+
 class PlanError(CortadoError):
     """A memory plan that cannot be made or does not verify."""
 

@@ -15,11 +15,18 @@ def run(args, cwd):
     return result.stdout
 
 
-def test_demo_prints_the_graph_and_a_plausible_loss(tmp_path):
-    out = run(["-m", "cortado", "demo", "--dot", str(tmp_path / "g.dot")], cwd=ROOT)
-    assert "var W1 : float32[64,32]" in out and "logsumexp" in out
-    assert "loss on random data:" in out
+def test_demo_trains_the_mlp_example_and_the_loss_falls(tmp_path):
+    out = run(["-m", "cortado", "demo", "--epochs", "30", "--dot", str(tmp_path / "g.dot")], cwd=ROOT)
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 30 and losses[0] < 1.0986 and losses[-1] < 0.6 * losses[0]
+    assert "training accuracy:" in out
     assert (tmp_path / "g.dot").read_text().startswith("digraph cortado {")
+
+
+def test_mlp_example_runs_as_a_script(tmp_path):
+    out = run([os.path.join(ROOT, "examples", "mlp_numpy.py"), "--epochs", "60", "--seed", "1"], cwd=tmp_path)
+    accuracy = float(out.split("training accuracy: ")[1].split("%")[0])
+    assert accuracy > 85
 
 
 def test_expressions_example(tmp_path):

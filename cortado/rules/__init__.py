@@ -12,6 +12,7 @@ The same engine rewrites tensor expressions and Python-syntax text (text in, tex
 from .algebra import algebra
 from .api import findex, matchex, matchingex, rewrite, rewrite_all, simplifier, simplify, subs, tryrewrite
 from .canonical import canonical
+from .derivatives import Derivative, Derivatives, derivatives
 from .engine import Chain, Fixpoint, Postwalk, Prewalk, Rewrite, Rewriter, Rule, RuleSet, Run, Trace, explain
 from .guards import constants, floating, not_constant, same_type
 from .matching import Bindings
@@ -24,4 +25,5 @@ __all__ = [
     "Rule", "RuleSet", "Rewriter", "Chain", "Fixpoint", "Postwalk", "Prewalk", "Run", "Trace", "Rewrite", "explain",
     "placeholders", "Pattern", "Placeholder", "Splat", "Bindings", "constants", "not_constant", "same_type", "floating",
     "TextTerm", "parse", "unparse", "algebra", "stability", "canonical",
+    "derivatives", "Derivative", "Derivatives",
 ]

@@ -1,0 +1,180 @@
+"""Reverse-mode differentiation: ``ct.grad``, ``ct.vjp`` and ``ct.hvp``.
+
+The driver walks the graph from the outputs back to the variables once. At each term it asks
+the derivative rules (``cortado.rules.derivatives``, data) for each input's share of the term's
+adjoint, undoes broadcasting by summing a share over the axes its input was stretched along,
+casts it to its input's dtype, and adds up the shares an input receives. Only floating terms
+that depend on a variable asked for carry adjoints, so nothing is built for the rest of the
+graph. The model is simplified before it is differentiated, and the gradients after, so they
+share the simplified model's terms and carry no ``* 1`` or ``+ 0``.
+
+This module is the driver only; the derivative rules and ``simplify`` belong to the rules stage,
+which this stage does not import until a gradient is asked for.
+"""
+
+import numbers
+
+import numpy as np
+
+from ..errors import DTypeError, GradError, ShapeError
+from . import constructors as ct
+from .graph import as_outputs, schedule
+from .operands import strong_const
+from .term import Term
+
+
+def grad(y, wrt, *, rules=None, trace=None):
+    """The gradient of the scalar ``y`` with respect to ``wrt``: a variable, or a list of them.
+
+    Returns an expression (a list of them for a list) of each variable's shape and dtype; a
+    variable ``y`` does not depend on gets zeros. ``rules`` replaces the derivative rules
+    (``cortado.rules.derivatives``, extended with ``+``, say), and ``trace`` (a
+    ``cortado.rules.Trace``) collects the derivative rules applied and the simplifications made.
+    """
+    if not isinstance(y, Term):
+        raise GradError(f"grad takes one scalar output (a cortado term), not {type(y).__name__} {y!r}; "
+                        f"for several outputs use ct.vjp")
+    if y.shape != ():
+        raise ShapeError(
+            f"grad needs a scalar output, but {y!r} (built at {y.where_built}) has shape {y.shape}; "
+            f"take ct.grad(ct.sum(y), wrt), or ct.vjp(y, wrt, cotangent) with a cotangent of that shape"
+        )
+    return vjp(y, wrt, 1, rules=rules, trace=trace)
+
+
+def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
+    """The vector-Jacobian product: ``sum_i <cotangents[i], d outputs[i] / d wrt>`` for each of ``wrt``.
+
+    ``outputs`` is a term or a list; ``cotangents`` gives one per output (one value for one
+    term), each of its output's shape and dtype: a term (for a symbolic cotangent, as in a
+    Hessian-vector product), an array, or a number for every element. ``rules`` and ``trace``
+    are as for ``grad``.
+    """
+    from ..rules import derivatives, simplify  # the rules stage: see the module's docstring
+
+    single = isinstance(wrt, Term)
+    variables = _variables(wrt)
+    outputs_given = isinstance(outputs, Term)
+    outputs = list(as_outputs(outputs))
+    cotangents = _cotangents(outputs, [cotangents] if outputs_given else cotangents)
+    outputs = list(simplify(outputs, trace))
+    adjoints = backpropagate(outputs, cotangents, variables, derivatives if rules is None else rules, trace)
+    gradients = simplify([adjoints[v] if v in adjoints else _zeros(v) for v in variables], trace)
+    return gradients[0] if single else gradients
+
+
+def hvp(y, wrt, vectors, *, rules=None, trace=None):
+    """The Hessian of the scalar ``y`` times ``vectors`` (one per variable of ``wrt``), by
+    differentiating the gradient in the direction of the vectors (reverse over reverse)."""
+    gradients = grad(y, wrt, rules=rules, trace=trace)
+    return vjp(gradients, wrt, vectors, rules=rules, trace=trace)
+
+
+def backpropagate(outputs, cotangents, variables, rules, trace=None):
+    """``{variable: its adjoint}`` for the ``variables`` that the outputs depend on.
+
+    ``rules.share(term, position, adjoint, trace)`` gives an input's share of a term's adjoint.
+    """
+    order = schedule(outputs)
+    wanted = set(variables)
+    active = set()  # floating terms that depend on a wanted variable
+    for term in order:
+        if term in wanted or (term.dtype.kind == "f" and any(a in active for a in term.args)):
+            active.add(term)
+    pending = {}
+    for out, cotangent in zip(outputs, cotangents):
+        if out in active:
+            pending.setdefault(out, []).append(cotangent)
+    adjoints = {}
+    for term in reversed(order):
+        parts = pending.pop(term, None)
+        if parts is None:
+            continue
+        adjoint = _total(parts)
+        if term in wanted:
+            adjoints[term] = adjoint
+        for position, arg in enumerate(term.args):
+            if arg in active:
+                share = rules.share(term, position, adjoint, trace)
+                if share is not None:
+                    pending.setdefault(arg, []).append(_fitted(share, arg, term))
+    return adjoints
+
+
+def _total(parts):
+    total = parts[0]
+    for part in parts[1:]:
+        total = total + part
+    return total
+
+
+def _fitted(share, arg, term):
+    """``share`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype."""
+    if share.shape != arg.shape:
+        lead = share.ndim - arg.ndim
+        if lead < 0 or any(arg.shape[i - lead] not in (1, share.shape[i]) for i in range(lead, share.ndim)):
+            raise ShapeError(f"the derivative rule of {term.op.name} gave a share of shape {share.shape} "
+                             f"for the input {arg!r} of {term!r}; it cannot be summed to {arg.shape}")
+        axes = tuple(i for i in range(share.ndim) if share.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
+        if axes:
+            share = ct.sum(share, axis=axes)
+        if share.shape != arg.shape:
+            share = ct.reshape(share, arg.shape)
+    if share.dtype != arg.dtype:
+        share = ct.cast(share, arg.dtype)
+    return share
+
+
+def _zeros(variable):
+    return strong_const(np.broadcast_to(np.zeros((), variable.dtype), variable.shape))
+
+
+def _variables(wrt):
+    """``wrt`` as a list of floating variables, or the error that says what is wrong."""
+    items = [wrt] if isinstance(wrt, Term) else wrt
+    try:
+        items = list(items)
+    except TypeError:
+        raise GradError(f"wrt must be a variable or a list of variables, not {type(wrt).__name__} {wrt!r}") from None
+    for i, v in enumerate(items):
+        where = "wrt" if isinstance(wrt, Term) else f"wrt[{i}]"
+        if not isinstance(v, Term) or v.op.name != "var":
+            built = f" (built at {v.where_built})" if isinstance(v, Term) else ""
+            raise GradError(f"{where} is {v!r}{built}, which is not a variable; gradients are taken with "
+                            f"respect to variables (ct.var): make it one and substitute its expression in")
+        if v.dtype.kind != "f":
+            raise DTypeError(f"{where} is {v!r}, of the integer or boolean dtype {v.dtype.name}; "
+                             f"only floating variables have gradients")
+    return items
+
+
+def _cotangents(outputs, given):
+    """One cotangent term per output, of its shape and dtype; integer outputs refused."""
+    for out in outputs:
+        if out.dtype.kind != "f":
+            raise DTypeError(f"cannot differentiate {out!r} (built at {out.where_built}): its dtype "
+                             f"{out.dtype.name} is not floating, so it has no derivative")
+    try:
+        given = list(given)
+    except TypeError:
+        raise GradError(f"cotangents must be a list with one per output, not {type(given).__name__} {given!r}") from None
+    if len(given) != len(outputs):
+        raise GradError(f"{len(outputs)} output(s) need as many cotangents, but {len(given)} were given")
+    return [_cotangent(out, c) for out, c in zip(outputs, given)]
+
+
+def _cotangent(out, value):
+    if isinstance(value, Term):
+        if (value.shape, value.dtype) != (out.shape, out.dtype):
+            raise GradError(f"the cotangent {value!r} of {out!r} must have its shape and dtype")
+        return value
+    if isinstance(value, numbers.Number) and not isinstance(value, bool):
+        array = np.broadcast_to(np.asarray(value, out.dtype), out.shape)
+    else:
+        array = np.asarray(value)
+        if array.shape != out.shape:
+            raise GradError(f"the cotangent for {out!r} has shape {array.shape}; it must have the output's shape")
+        if array.dtype.kind not in "fiu":
+            raise GradError(f"the cotangent for {out!r} must be numbers, not {array.dtype.name}")
+        array = array.astype(out.dtype)
+    return strong_const(array)

@@ -1,0 +1,307 @@
+"""``derivatives``: the vector-Jacobian product of every op, as rules (XGrad.jl's ``@diffrule``).
+
+A rule matches a term of one op, as any rewrite rule does, and gives for each input (each
+placeholder of its pattern) that input's share of the adjoint: an expression of the inputs, the
+output ``_y`` and the output's adjoint ``_dy``. ``exp(_x)`` gives ``_x`` the share ``_dy * _y``.
+A share may keep the output's shape: the reverse-mode driver (``cortado.exprgraph.grad``) sums
+a broadcast share down to its input's shape and casts it to its input's dtype, so the rules of
+``add``, ``broadcast_to`` and ``cast`` are simply ``_dy``. A share of ``0`` contributes nothing.
+Shares are built from differentiable ops only, so gradients of gradients work.
+
+Where a function has no derivative, the rules choose what PyTorch and JAX choose:
+
+- ``relu`` and ``abs`` have derivative 0 at 0 (``abs``'s is ``sign``);
+- ``maximum`` and ``minimum`` split a tie evenly: each input gets half (so ``maximum(x, x)``
+  has derivative 1, as ``x`` has), and ``max`` over axes splits the adjoint evenly among the
+  elements that attain the maximum;
+- ``sign``, the comparisons and ``where``'s condition are piecewise constant: derivative 0;
+- ``sqrt`` at 0 and ``log`` at 0 have infinite derivatives, as in every framework, and
+  ``x ** p`` with respect to ``p`` counts ``log(0)`` as 0, so ``0 ** p`` has derivative 0 in ``p``.
+"""
+
+import math
+
+import numpy as np
+
+from ..errors import RewriteError
+from ..exprgraph import constructors as ct
+from ..exprgraph.einsum import ELLIPSIS, LABELS
+from ..exprgraph.ops import OPS
+from ..exprgraph.term import Term
+from .engine import Rewrite
+from .matching import Bindings, instantiate, match
+from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable
+from .worlds import TENSOR, NotApplicable, op_name
+
+
+class Derivative:
+    """The adjoint shares of one op: ``Derivative("exp", "exp(_x)", _x="_dy * _y")``.
+
+    ``pattern`` is a call of the op whose arguments are placeholders (a trailing splat for ops
+    of any arity); each keyword names one of them and gives its share, as a text pattern over
+    the pattern's placeholders, ``_y`` and ``_dy``, or as a function of the bindings (a splat's
+    function also finds the argument's index within the splat as ``_i``).
+    """
+
+    def __init__(self, name, pattern, **shares):
+        self.name = name
+        self.pattern = matchable(pattern)
+        if not isinstance(self.pattern, PatternNode) or not all(
+                isinstance(a, (Placeholder, Splat)) for a in self.pattern.args):
+            raise RewriteError(f"derivative {name!r}: the pattern must be a call of one op on placeholders, "
+                               f"not {self.pattern!r}")
+        self.inputs = tuple(a.name for a in self.pattern.args)
+        if set(shares) != set(self.inputs):
+            raise RewriteError(f"derivative {name!r} gives shares for {sorted(shares)} but its pattern "
+                               f"{self.pattern!r} has the inputs {sorted(self.inputs)}: give one share each")
+        self.shares = {k: v if callable(v) and not isinstance(v, Pattern) else as_pattern(v) for k, v in shares.items()}
+        self.op = op_name(self.pattern.head, len(self.inputs))
+
+    def share(self, term, position, adjoint, trace=None):
+        """The share of ``adjoint`` (the adjoint of ``term``) that goes to ``term.args[position]``.
+
+        A term of the output's shape or the input's, or None where the share is zero.
+        """
+        bound = match(self.pattern, term, TENSOR)
+        if bound is None:
+            raise RewriteError(f"derivative {self.name!r}: its pattern {self.pattern!r} does not match {term!r}")
+        splat = self.pattern.splat is not None and position >= len(self.inputs) - 1
+        name = self.inputs[-1] if splat else self.inputs[position]
+        extra = {"_y": term, "_dy": adjoint}
+        if splat:
+            extra["_i"] = position - (len(self.inputs) - 1)
+        bindings = Bindings({**bound, **extra}, term, TENSOR)
+        share = self.shares[name]
+        try:
+            result = instantiate(share, bindings, TENSOR) if isinstance(share, Pattern) else share(bindings)
+        except NotApplicable as error:
+            raise RewriteError(f"derivative {self.name!r} could not build the share of {name} for {term!r}: "
+                               f"{error}") from None
+        if not isinstance(result, Term):
+            if result != 0:
+                raise RewriteError(f"derivative {self.name!r}: the share of {name} is {result!r}; "
+                                   f"a share is a term, or 0 for none")
+            return None
+        if trace is not None:
+            trace.append(Rewrite(f"d{self.name}/d{name}", term, result))
+        return result
+
+    def __repr__(self):
+        shares = ", ".join(f"{k}={getattr(v, '__name__', v)!r}" for k, v in self.shares.items())
+        return f"Derivative({self.name!r}: {self.pattern!r}; {shares})"
+
+
+class Derivatives:
+    """Derivative rules by op, in order; ``a + b`` is ``a`` with ``b``'s rules taking precedence."""
+
+    def __init__(self, rules, name=None):
+        self.rules = tuple(rules)
+        self.name = name
+        self._by_op = {rule.op: rule for rule in self.rules}
+
+    def __add__(self, other):
+        other = Derivatives([other]) if isinstance(other, Derivative) else other
+        return Derivatives(self.rules + other.rules)
+
+    def __iter__(self):
+        return iter(self._by_op.values())
+
+    def __len__(self):
+        return len(self._by_op)
+
+    def __getitem__(self, op):
+        """The rule of the op named ``op`` (a KeyError naming the ops that have one, if none)."""
+        try:
+            return self._by_op[op]
+        except KeyError:
+            raise KeyError(f"no derivative rule for {op!r}; rules exist for {', '.join(sorted(self._by_op))}") from None
+
+    def share(self, term, position, adjoint, trace=None):
+        try:
+            rule = self._by_op[term.op.name]
+        except KeyError:
+            raise RewriteError(f"no derivative rule for {term.op.name!r}, so {term!r} (built at "
+                               f"{term.where_built}) cannot be differentiated") from None
+        return rule.share(term, position, adjoint, trace)
+
+    def __repr__(self):
+        return f"Derivatives({self.name or ''}: {', '.join(self._by_op)})"
+
+
+# -- shares that need arithmetic on shapes and attributes ------------------------------------
+
+
+def reshaped(term, shape):
+    """``term`` in ``shape`` (itself if it has it already)."""
+    return term if term.shape == tuple(shape) else ct.reshape(term, shape)
+
+
+def kept(reduced, shape, axes):
+    """A reduction's result (or its adjoint) with the reduced ``axes`` of ``shape`` kept as size 1."""
+    return reshaped(reduced, tuple(1 if i in axes else d for i, d in enumerate(shape)))
+
+
+def _sum_share(b):
+    x = b["_x"]
+    return ct.broadcast_to(kept(b["_dy"], x.shape, b["_a"]), x.shape)
+
+
+def _mean_share(b):
+    x = b["_x"]
+    count = math.prod(x.shape[a] for a in b["_a"])
+    return ct.broadcast_to(kept(b["_dy"] / max(count, 1), x.shape, b["_a"]), x.shape)
+
+
+def _max_share(b):
+    """The adjoint split evenly among the elements equal to the maximum."""
+    x, axes = b["_x"], b["_a"]
+    winners = ct.equal(x, kept(b["_y"], x.shape, axes))
+    count = ct.sum(ct.cast(winners, x.dtype), axis=axes, keepdims=True)
+    return ct.where(winners, kept(b["_dy"], x.shape, axes) / count, 0)
+
+
+def _logsumexp_share(b):
+    x, axes = b["_x"], b["_a"]
+    return kept(b["_dy"], x.shape, axes) * ct.softmax(x, axis=axes)
+
+
+def _swap_last(t):
+    axes = list(range(t.ndim))
+    axes[-2:] = axes[-1], axes[-2]
+    return ct.transpose(t, axes)
+
+
+def _as_matrices(b):
+    """``matmul``'s operands with 1-d ones made matrices, and the adjoint shaped to match."""
+    a, w, dy = b["_x"], b["_z"], b["_dy"]
+    a2 = reshaped(a, (1,) + a.shape) if a.ndim == 1 else a
+    w2 = reshaped(w, w.shape + (1,)) if w.ndim == 1 else w
+    batch = np.broadcast_shapes(a2.shape[:-2], w2.shape[:-2])
+    return a2, w2, reshaped(dy, batch + (a2.shape[-2], w2.shape[-1]))
+
+
+def _matmul_left(b):
+    """``dy @ w.T``, its matrix axis dropped again for a 1-d ``a`` (the driver sums the batch)."""
+    _, w2, dy2 = _as_matrices(b)
+    share = dy2 @ _swap_last(w2)
+    return reshaped(share, share.shape[:-2] + share.shape[-1:]) if b["_x"].ndim == 1 else share
+
+
+def _matmul_right(b):
+    """``a.T @ dy``; a batch of inputs against one weight matrix is flattened into one GEMM."""
+    a2, w2, dy2 = _as_matrices(b)
+    if w2.ndim == 2 and a2.ndim > 2:
+        k, n = w2.shape
+        share = ct.reshape(a2, (-1, k)).T @ ct.reshape(dy2, (-1, n))
+    else:
+        share = _swap_last(a2) @ dy2
+    return reshaped(share, share.shape[:-1]) if b["_z"].ndim == 1 else share
+
+
+def _transpose_share(b):
+    return ct.transpose(b["_dy"], tuple(np.argsort(b["_p"]).tolist()))
+
+
+def _reshape_share(b):
+    return reshaped(b["_dy"], b["_x"].shape)
+
+
+def _einsum_share(b):
+    """The adjoint of operand ``_i``: one einsum of the output's adjoint and the other operands.
+
+    ``...`` is first spelled out as labels. A label the operand repeats (a diagonal) is put back
+    on the diagonal by identity matrices; a label no other term has at the operand's size (it was
+    summed away, or broadcast from size 1) comes back through a vector of ones; where the operand
+    has size 1 and broadcast, the driver sums.
+    """
+    operands, position = b["_xs"], b["_i"]
+    inputs, output = _spelled_out(b["_s"], [x.shape for x in operands])
+    sizes = {}
+    for labels, x in zip(inputs, operands):
+        for label, size in zip(labels, x.shape):
+            sizes[label] = max(sizes.get(label, 1), size)
+    fresh = iter(label for label in LABELS if label not in sizes)
+    mine = inputs[position]
+    terms = [(output, b["_dy"])] + [(labels, x) for k, (labels, x) in enumerate(zip(inputs, operands)) if k != position]
+    available = {}  # label -> the largest size the other terms give it
+    for labels, x in terms:
+        for label, size in zip(labels, x.shape):
+            available[label] = max(available.get(label, 0), size)
+    result, seen = "", set()
+    for label, size in zip(mine, operands[position].shape):
+        if label in seen:  # a repeated label: its own axis, tied to the first by the identity
+            twin = next(fresh)
+            terms.append((label + twin, ct.const(np.eye(sizes[label], dtype=b["_dy"].dtype))))
+            label = twin
+        elif available.get(label, 0) < size:  # summed away, or broadcast from size 1: stretch it back
+            terms.append((label, ct.const(np.ones(size, dtype=b["_dy"].dtype))))
+        seen.add(label)
+        result += label
+    return ct.einsum(",".join(labels for labels, _ in terms) + "->" + result, *(x for _, x in terms))
+
+
+def _spelled_out(subscripts, shapes):
+    """Normalised einsum subscripts with ``...`` replaced by labels: ``(input labels, output labels)``."""
+    lhs, output = subscripts.split("->")
+    inputs = lhs.split(",")
+    if ELLIPSIS not in subscripts:
+        return inputs, output
+    used = set(subscripts)
+    width = max(len(shape) - len(labels.replace(ELLIPSIS, "")) for labels, shape in zip(inputs, shapes)
+                if ELLIPSIS in labels)
+    spare = [label for label in LABELS if label not in used][:width]
+    inputs = [labels.replace(ELLIPSIS, "".join(spare[width - (len(shape) - len(labels) + 3):]))
+              for labels, shape in zip(inputs, shapes)]
+    return inputs, output.replace(ELLIPSIS, "".join(spare))
+
+
+# -- the rules -------------------------------------------------------------------------------
+
+NOT_DIFFERENTIABLE = ("sign", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
+
+
+def _constant_rule(name):
+    """``name``'s output is piecewise constant in its inputs: every share is 0."""
+    arity = OPS[name].arity
+    names = ["_x", "_z"][:arity]
+    return Derivative(name, f"{name}({', '.join(names)})", **dict.fromkeys(names, "0"))
+
+
+derivatives = Derivatives([
+    Derivative("negative", "-_x", _x="-_dy"),
+    Derivative("add", "_x + _z", _x="_dy", _z="_dy"),
+    Derivative("subtract", "_x - _z", _x="_dy", _z="-_dy"),
+    Derivative("multiply", "_x * _z", _x="_dy * _z", _z="_dy * _x"),
+    Derivative("divide", "_x / _z", _x="_dy / _z", _z="-(_dy * _y) / _z"),
+    Derivative("power", "_x ** _z", _x="_dy * _z * _x ** (_z - 1)", _z="_dy * _y * log(where(_x == 0, 1, _x))"),
+    Derivative("maximum", "maximum(_x, _z)",
+               _x="where(_x > _z, _dy, where(_x == _z, _dy / 2, 0))",
+               _z="where(_z > _x, _dy, where(_x == _z, _dy / 2, 0))"),
+    Derivative("minimum", "minimum(_x, _z)",
+               _x="where(_x < _z, _dy, where(_x == _z, _dy / 2, 0))",
+               _z="where(_z < _x, _dy, where(_x == _z, _dy / 2, 0))"),
+    Derivative("exp", "exp(_x)", _x="_dy * _y"),
+    Derivative("log", "log(_x)", _x="_dy / _x"),
+    Derivative("log1p", "log1p(_x)", _x="_dy / (1 + _x)"),
+    Derivative("expm1", "expm1(_x)", _x="_dy * (_y + 1)"),
+    Derivative("sqrt", "sqrt(_x)", _x="_dy / (2 * _y)"),
+    Derivative("tanh", "tanh(_x)", _x="_dy * (1 - _y * _y)"),
+    Derivative("sigmoid", "sigmoid(_x)", _x="_dy * _y * (1 - _y)"),
+    Derivative("softplus", "softplus(_x)", _x="_dy * sigmoid(_x)"),
+    Derivative("relu", "relu(_x)", _x="where(_x > 0, _dy, 0)"),
+    Derivative("abs", "abs(_x)", _x="_dy * sign(_x)"),
+    Derivative("where", "where(_c, _x, _z)", _c="0", _x="where(_c, _dy, 0)", _z="where(_c, 0, _dy)"),
+    Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
+    *[_constant_rule(name) for name in NOT_DIFFERENTIABLE],
+    Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_share),
+    Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_share),
+    Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_share),
+    Derivative("logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _x=_logsumexp_share),
+    Derivative("softmax", "softmax(_x, axis=_a)", _x="_y * (_dy - sum(_dy * _y, axis=_a, keepdims=True))"),
+    Derivative("log_softmax", "log_softmax(_x, axis=_a)", _x="_dy - exp(_y) * sum(_dy, axis=_a, keepdims=True)"),
+    Derivative("matmul", "_x @ _z", _x=_matmul_left, _z=_matmul_right),
+    Derivative("einsum", "einsum(*_xs, subscripts=_s)", _xs=_einsum_share),
+    Derivative("transpose", "transpose(_x, axes=_p)", _x=_transpose_share),
+    Derivative("reshape", "reshape(_x, shape=_s)", _x=_reshape_share),
+    Derivative("broadcast_to", "broadcast_to(_x, shape=_s)", _x="_dy"),
+], name="derivatives")
