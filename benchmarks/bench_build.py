@@ -13,7 +13,6 @@ switched off. The difference is CPython rescanning every live term in its full c
 not work cortado does; the second exponent is the engine's own growth.
 """
 
-import argparse
 import gc
 import os
 import statistics
@@ -24,7 +23,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
-from reporting import growth_exponent, write_results  # noqa: E402
+from reporting import command_line, growth_exponent, write_results  # noqa: E402
 from machine import describe  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
@@ -70,10 +69,7 @@ def measure(n_terms, repeats, collector):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "build_cpu.json"))
-    args = parser.parse_args()
+    args = command_line(__doc__, "build_cpu.json", repeats=5)
     result = {"benchmark": "build_and_schedule", "machine": describe(), "repeats": args.repeats}
     print(f"{'collector':>9} {'terms':>8} {'build s':>9} {'built/s':>10} {'schedule s':>11} {'scheduled/s':>12}")
     for collector in ("on", "off"):

@@ -11,7 +11,6 @@ gradients) over ``repeats`` fresh builds. Least-squares fits of log(terms) and l
 log(L) give the growth exponents: 1.0 is linear.
 """
 
-import argparse
 import gc
 import os
 import statistics
@@ -22,7 +21,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
 from machine import describe  # noqa: E402
-from reporting import growth_exponent, write_results  # noqa: E402
+from reporting import command_line, growth_exponent, measured_rows, write_results  # noqa: E402
 
 DEPTHS = (2, 4, 8, 16, 32, 64)
 BATCH, WIDTH, CLASSES = 32, 64, 10
@@ -59,17 +58,11 @@ def measure(layers, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "grad_cpu.json"))
-    args = parser.parse_args()
-    print(f"{'layers':>6} {'model':>6} {'grads':>6} {'joint':>6} {'ms':>8} {'us/term':>8}")
-    rows = []
-    for layers in DEPTHS:
-        r = measure(layers, args.repeats)
-        rows.append(r)
-        print(f"{layers:>6} {r['model_terms']:>6} {r['gradient_terms']:>6} {r['joint_terms']:>6} "
-              f"{1e3 * r['grad_seconds']:>8.2f} {r['microseconds_per_gradient_term']:>8.1f}")
+    args = command_line(__doc__, "grad_cpu.json", repeats=5)
+    rows = measured_rows(DEPTHS, lambda layers: measure(layers, args.repeats), [
+        ("layers", "layers", "6d"), ("model", "model_terms", "6d"), ("grads", "gradient_terms", "6d"),
+        ("joint", "joint_terms", "6d"), ("seconds", "grad_seconds", "9.4f"),
+        ("us/term", "microseconds_per_gradient_term", "8.1f")])
     depths = [r["layers"] for r in rows]
     terms_exponent = growth_exponent(depths, [r["gradient_terms"] for r in rows])
     time_exponent = growth_exponent(depths, [r["grad_seconds"] for r in rows])

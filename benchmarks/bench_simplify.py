@@ -16,7 +16,6 @@ The time per term steps up by about a fifth between 10k and 100k terms and is fl
 caches, as in bench_build.py, where building alone shows the same step.
 """
 
-import argparse
 import gc
 import os
 import statistics
@@ -27,7 +26,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
-from reporting import growth_exponent, write_results  # noqa: E402
+from reporting import command_line, growth_exponent, measured_rows, write_results  # noqa: E402
 from machine import describe  # noqa: E402
 
 SIZES = (1_000, 10_000, 100_000)
@@ -70,17 +69,10 @@ def measure(n_terms, repeats):
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "simplify_cpu.json"))
-    args = parser.parse_args()
-    print(f"{'terms':>8} {'after':>8} {'rewrites':>9} {'seconds':>9} {'us/term':>8}")
-    rows = []
-    for n in SIZES:
-        r = measure(n, args.repeats)
-        rows.append(r)
-        print(f"{r['terms']:>8} {r['terms_after']:>8} {r['rewrites']:>9} {r['simplify_seconds']:>9.3f} "
-              f"{r['microseconds_per_term']:>8.1f}")
+    args = command_line(__doc__, "simplify_cpu.json", repeats=3)
+    rows = measured_rows(SIZES, lambda n: measure(n, args.repeats), [
+        ("terms", "terms", "8d"), ("after", "terms_after", "8d"), ("rewrites", "rewrites", "9d"),
+        ("seconds", "simplify_seconds", "9.3f"), ("us/term", "microseconds_per_term", "8.1f")])
     exponent = growth_exponent([r["terms"] for r in rows], [r["simplify_seconds"] for r in rows])
     print(f"growth exponent of simplify time in terms (1.0 = linear): {exponent:.3f}")
     result = {"benchmark": "simplify", "machine": describe(), "repeats": args.repeats, "rows": rows,
