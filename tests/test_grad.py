@@ -201,6 +201,13 @@ def test_mlp_gradient_has_exactly_the_work_backpropagation_needs():
             assert not any(a.op.name == "const" and a.attrs[0].scalar == 1 for a in term.args), term
 
 
+def test_gradients_share_the_model_as_written_even_where_it_simplifies():
+    x, W = ct.var("x", (8, 4)), ct.var("W", (4, 3))
+    loss = ct.sum(ct.tanh(2.0 * (3.0 * (x @ W)) * 1.0))
+    both = _ops([loss, ct.grad(loss, W)])
+    assert both.count("tanh") == 1 and both.count("matmul") == 2
+
+
 def test_gradient_graphs_hold_no_duplicated_subterms():
     loss, variables = mlp_loss()
     grads = ct.grad(loss, variables[2:])
@@ -270,8 +277,22 @@ def test_errors_say_what_is_wrong():
         ct.vjp([x, x], [x], [np.ones(3)])
     with pytest.raises(ct.GradError, match=r"has shape \(2,\)"):
         ct.vjp(x, x, np.ones(2))
-    with pytest.raises(ct.GradError, match="must have its shape and dtype"):
+    with pytest.raises(ct.GradError, match=r"must be a float32\[3\], not a float64\[3\]"):
         ct.vjp(x, x, ct.var("c", (3,), "float64"))
+    with pytest.raises(ct.GradError, match="must hold real numbers, not complex"):
+        ct.vjp(x, x, 1j)
+    with pytest.raises(ct.GradError, match="not values NumPy holds only as Python objects"):
+        ct.vjp(x, x, 10 ** 400)
+    with pytest.raises(ct.GradError, match="too large for float16"):
+        ct.vjp(ct.var("h", (2,), "float16"), ct.var("h", (2,), "float16"), 1e6)
+    with pytest.raises(ct.GradError, match="must be a list or tuple, not dict"):
+        ct.vjp([x], [x], {0: 1})
+    with pytest.raises(ct.GradError, match="must be a list or tuple, not set"):
+        ct.grad(ct.sum(x), {x})
+    with pytest.raises(ct.GradError, match="one vector per variable"):
+        ct.hvp(ct.sum(x * x), [x], np.ones(3))
+    with pytest.raises(ct.GradError, match="rules must be a set of derivative rules"):
+        ct.grad(ct.sum(x), x, rules=[derivatives["exp"]])
     with pytest.raises(ct.GradError, match="one scalar output"):
         ct.grad([ct.sum(x)], x)
     assert isinstance(ct.GradError("m"), ct.CortadoError)
@@ -298,6 +319,10 @@ def test_derivative_rules_refuse_to_be_incomplete():
         Derivative("bad", "_x * _z", _x="_dy * _z")
     with pytest.raises(ct.RewriteError, match="placeholders"):
         Derivative("bad", "exp(log(_x))", _x="_dy")
+    with pytest.raises(ct.RewriteError, match="attributes .* must be placeholders"):
+        Derivative("bad", "sum(_x, axis=0)", _x="_dy")
+    with pytest.raises(ct.RewriteError, match="'foo' is no cortado op"):
+        Derivative("bad", "foo(_x)", _x="_dy")
 
 
 def test_a_wrong_rule_is_caught_by_the_gradient_check_and_rules_can_be_replaced():
@@ -316,11 +341,49 @@ def test_the_trace_explains_which_derivative_rules_fired():
     trace = Trace()
     ct.grad(ct.sum(ct.exp(x) * 3.0), x, trace=trace)
     counts = trace.counts()
-    assert counts["dexp/d_x"] == 1 and counts["dsum/d_x"] == 1 and counts["dmultiply/d_z"] == 1  # 3.0 * exp(x)
+    assert counts["dexp/d_x"] == 1 and counts["dsum/d_x"] == 1 and counts["dmultiply/d_x"] == 1
     assert "dexp/d_x: exp(x)  ->  multiply(" in trace.explain()
 
 
-def test_check_grads_needs_a_smooth_point():
+def test_check_grads_needs_a_smooth_finite_point():
     x = ct.var("x", (), "float64")
     with pytest.raises(AssertionError, match="not smooth"):
         check_grads(ct.abs(x), [x], {"x": np.float64(1e-5)})
+    assert not gradient_check(ct.relu(x), x, {"x": 0.0}).smooth  # the kink at the point itself
+    assert not gradient_check(ct.abs(x), x, {"x": -5.588e-05}).smooth  # where central differences agree
+    near_tie = ct.var("v", (3,), "float64")
+    assert not gradient_check(ct.max(near_tie), near_tie, {"v": np.array([1.07, 1.49308, 1.49371])}).smooth
+    with pytest.raises(AssertionError, match="not finite"):
+        check_grads(ct.log(x), x, {"x": -1.0})
+    with pytest.raises(ct.FeedError, match=r"no feed for the variable\(s\) \['x'\]"):
+        check_grads(2 * x, x, {})
+
+
+def test_check_grads_is_exact_for_mixed_precision_models():
+    X = ct.var("X", (3,), "float64")
+    at = {"X": np.array([0.3, -0.2, 0.5])}
+    assert check_grads(ct.cast(X, "float16") * 3, X, at).error < 1e-10
+    assert check_grads(ct.sum(ct.cast(X, "float32") * ct.cast(X, "float16")), X, at, order=2).error < 1e-10
+
+
+def test_review_regressions():
+    """Each of these once gave a wrong value, crashed, or left work a person would not write."""
+    h = ct.var("h", (70000,), "float16")
+    np.testing.assert_allclose(ct.evaluate(ct.grad(ct.mean(h), h), {})[:2], 1 / 70000, rtol=1e-2)  # subnormal, not 0
+    ties = ct.grad(ct.max(ct.broadcast_to(h, (2, 70000))), h)  # 140000 ties share the adjoint
+    assert ct.evaluate(ties, {"h": np.zeros(70000, np.float16)})[0] > 0
+    a, b = ct.var("a", (2, 3, 0), "float64"), ct.var("b", (0, 5), "float64")
+    assert [g.shape for g in ct.grad(ct.sum(a @ b), [a, b])] == [(2, 3, 0), (0, 5)]
+    E, B = ct.var("E", (0, 3), "float64"), ct.var("B", (1,), "float64")
+    assert ct.grad(ct.einsum("ij->", E), E).shape == (0, 3)
+    assert [g.shape for g in ct.grad(ct.einsum("ij,j->", ct.var("A", (2, 0), "float64"), B),
+                                     [ct.var("A", (2, 0), "float64"), B])] == [(2, 0), (1,)]
+    x, p = ct.var("x", (3,), "float64"), ct.var("p", (3,), "float64")
+    np.testing.assert_array_equal(ct.evaluate(ct.grad(ct.sum(x ** p), x), {"x": np.zeros(3), "p": np.zeros(3)}), 0)
+    n, z = ct.var("n", (3,), "int8"), ct.var("z", (3,), "float32")
+    got = ct.evaluate(ct.grad(ct.sum(n ** z), z), {"n": np.array([2, 3, 0], np.int8), "z": np.ones(3, np.float32)})
+    np.testing.assert_allclose(got, [2 * np.log(2), 3 * np.log(3), 0], rtol=1e-6)  # log taken in float32
+    v, s, m = ct.var("v", (4,)), ct.var("s", ()), ct.var("m", (3, 4))
+    assert ct.grad(v @ v, v) is 2.0 * v
+    assert ct.grad(ct.sum(m * s), m) is ct.broadcast_to(s, (3, 4))
+    assert ct.grad(ct.sum(x ** 2), x) is 2.0 * x

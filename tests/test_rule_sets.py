@@ -188,6 +188,12 @@ def test_algebra_tidies_what_gradients_leave():
     assert simplify(kept) is kept
     assert simplify(ct.einsum("abc->cab", q)) is ct.transpose(q, (2, 0, 1))
     assert simplify(ct.const(np.full((3, 4), 6.0, np.float32)) * x) is 6.0 * x  # one value: a scalar
+    s, h = ct.var("s", ()), ct.var("h", (3, 4), "float16")
+    assert simplify(ct.const(np.ones((3, 4), np.float32)) * s) is ct.broadcast_to(s, (3, 4))
+    assert simplify(h * ct.const(np.float32(1))) is ct.cast(h, "float32")
+    assert simplify(ct.where(ct.const(True), x, s)) is x
+    assert simplify(ct.where(ct.const(np.zeros(4, bool)), x, s)) is ct.broadcast_to(s, (3, 4))
+    assert simplify("where(c, a, a)") == "a"
     big = ct.broadcast_to(ct.reshape(ct.const(np.float32(2)), (1, 1)), (1024, 1024))
     folded = simplify(big)
     assert folded.op.name == "const" and folded.attrs[0].scalar == 2 and folded.shape == (1024, 1024)

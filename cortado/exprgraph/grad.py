@@ -5,14 +5,13 @@ the derivative rules (``cortado.rules.derivatives``, data) for each input's shar
 adjoint, undoes broadcasting by summing a share over the axes its input was stretched along,
 casts it to its input's dtype, and adds up the shares an input receives. Only floating terms
 that depend on a variable asked for carry adjoints, so nothing is built for the rest of the
-graph. The model is simplified before it is differentiated, and the gradients after, so they
-share the simplified model's terms and carry no ``* 1`` or ``+ 0``.
+graph. The gradients are simplified, with the model's own terms kept as the user wrote them, so
+gradients and model share those terms (evaluated together, nothing is computed twice) and the
+gradients carry no ``* 1`` or ``+ 0``.
 
 This module is the driver only; the derivative rules and ``simplify`` belong to the rules stage,
 which this stage does not import until a gradient is asked for.
 """
-
-import numbers
 
 import numpy as np
 
@@ -20,6 +19,7 @@ from ..errors import DTypeError, GradError, ShapeError
 from . import constructors as ct
 from .graph import as_outputs, schedule
 from .operands import strong_const
+from .dtypes import type_string
 from .term import Term
 
 
@@ -51,21 +51,31 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     are as for ``grad``.
     """
     from ..rules import derivatives, simplify  # the rules stage: see the module's docstring
+    from ..rules.derivatives import Derivatives
 
-    single = isinstance(wrt, Term)
-    variables = _variables(wrt)
+    if rules is None:
+        rules = derivatives
+    elif not isinstance(rules, Derivatives):
+        raise GradError(f"rules must be a set of derivative rules, such as ct.rules.derivatives + "
+                        f"Derivative(...), not {type(rules).__name__} {rules!r}")
+    variables = variables_of(wrt)
     outputs_given = isinstance(outputs, Term)
     outputs = list(as_outputs(outputs))
     cotangents = _cotangents(outputs, [cotangents] if outputs_given else cotangents)
-    outputs = list(simplify(outputs, trace))
-    adjoints = backpropagate(outputs, cotangents, variables, derivatives if rules is None else rules, trace)
-    gradients = simplify([adjoints[v] if v in adjoints else _zeros(v) for v in variables], trace)
-    return gradients[0] if single else gradients
+    adjoints = backpropagate(outputs, cotangents, variables, rules, trace)
+    gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]
+    gradients = simplify(gradients, trace, keep=schedule(outputs))
+    return gradients[0] if isinstance(wrt, Term) else gradients
 
 
 def hvp(y, wrt, vectors, *, rules=None, trace=None):
     """The Hessian of the scalar ``y`` times ``vectors`` (one per variable of ``wrt``), by
     differentiating the gradient in the direction of the vectors (reverse over reverse)."""
+    if not isinstance(wrt, Term):
+        wrt, vectors = _sequence(wrt, "wrt"), _sequence(vectors, "vectors")
+        if len(vectors) != len(wrt):
+            raise GradError(f"hvp needs one vector per variable of wrt: {len(wrt)} variable(s), "
+                            f"{len(vectors)} vector(s)")
     gradients = grad(y, wrt, rules=rules, trace=trace)
     return vjp(gradients, wrt, vectors, rules=rules, trace=trace)
 
@@ -129,13 +139,19 @@ def _zeros(variable):
     return strong_const(np.broadcast_to(np.zeros((), variable.dtype), variable.shape))
 
 
-def _variables(wrt):
-    """``wrt`` as a list of floating variables, or the error that says what is wrong."""
-    items = [wrt] if isinstance(wrt, Term) else wrt
-    try:
-        items = list(items)
-    except TypeError:
-        raise GradError(f"wrt must be a variable or a list of variables, not {type(wrt).__name__} {wrt!r}") from None
+def _sequence(value, what):
+    """``value`` as a list, if it is an ordered collection (the order of a set is arbitrary)."""
+    if isinstance(value, (set, frozenset, dict, str, bytes)) or not hasattr(value, "__iter__"):
+        raise GradError(f"{what} must be a list or tuple, not {type(value).__name__} {value!r}")
+    return list(value)
+
+
+def variables_of(wrt):
+    """``wrt`` (a variable, or a list of them) as a list of floating variables, or the error that
+    says what is wrong."""
+    if not isinstance(wrt, Term) and not hasattr(wrt, "__iter__"):
+        raise GradError(f"wrt must be a variable or a list of variables, not {type(wrt).__name__} {wrt!r}")
+    items = [wrt] if isinstance(wrt, Term) else _sequence(wrt, "wrt")
     for i, v in enumerate(items):
         where = "wrt" if isinstance(wrt, Term) else f"wrt[{i}]"
         if not isinstance(v, Term) or v.op.name != "var":
@@ -154,27 +170,33 @@ def _cotangents(outputs, given):
         if out.dtype.kind != "f":
             raise DTypeError(f"cannot differentiate {out!r} (built at {out.where_built}): its dtype "
                              f"{out.dtype.name} is not floating, so it has no derivative")
-    try:
-        given = list(given)
-    except TypeError:
-        raise GradError(f"cotangents must be a list with one per output, not {type(given).__name__} {given!r}") from None
+    given = _sequence(given, "cotangents (one per output)")
     if len(given) != len(outputs):
         raise GradError(f"{len(outputs)} output(s) need as many cotangents, but {len(given)} were given")
     return [_cotangent(out, c) for out, c in zip(outputs, given)]
 
 
 def _cotangent(out, value):
+    """``value`` as a term of ``out``'s shape and dtype: a term as it is, numbers converted exactly
+    enough (no overflow to inf), a single number for every element."""
+    expected = type_string(out.shape, out.dtype)
     if isinstance(value, Term):
         if (value.shape, value.dtype) != (out.shape, out.dtype):
-            raise GradError(f"the cotangent {value!r} of {out!r} must have its shape and dtype")
+            raise GradError(f"the cotangent {value!r} of {out!r} must be a {expected}, "
+                            f"not a {type_string(value.shape, value.dtype)}")
         return value
-    if isinstance(value, numbers.Number) and not isinstance(value, bool):
-        array = np.broadcast_to(np.asarray(value, out.dtype), out.shape)
-    else:
+    try:
         array = np.asarray(value)
-        if array.shape != out.shape:
-            raise GradError(f"the cotangent for {out!r} has shape {array.shape}; it must have the output's shape")
-        if array.dtype.kind not in "fiu":
-            raise GradError(f"the cotangent for {out!r} must be numbers, not {array.dtype.name}")
-        array = array.astype(out.dtype)
-    return strong_const(array)
+    except (OverflowError, ValueError, TypeError) as error:
+        raise GradError(f"the cotangent for {out!r} is no array of numbers: {error}") from None
+    if array.dtype.kind not in "fiu":
+        what = "values NumPy holds only as Python objects" if array.dtype.kind == "O" else array.dtype.name
+        raise GradError(f"the cotangent for {out!r} must hold real numbers, not {what}")
+    if array.shape not in ((), out.shape):
+        raise GradError(f"the cotangent for {out!r} has shape {array.shape}; it must be a {expected} "
+                        f"(or one number for every element)")
+    with np.errstate(over="ignore"):
+        converted = array.astype(out.dtype)
+    if not np.array_equal(np.isfinite(converted), np.isfinite(array)):
+        raise GradError(f"the cotangent for {out!r} holds values too large for {out.dtype.name}")
+    return strong_const(np.broadcast_to(converted, out.shape))

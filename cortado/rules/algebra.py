@@ -8,17 +8,18 @@ PyTensor and XLA make too:
 - ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``.
 
 A constant of one value broadcast against other operands is written as that one value (a 0-d
-constant). ``x + x`` becomes ``2 * x``, exact in every dtype. An einsum operand of ones that stretches no axis
-is dropped, and a one-operand einsum that
-only permutes axes is a transpose.
+constant). An identity whose operand must be broadcast or cast to stand for the term (``1 * s``
+with a scalar ``s`` in a matrix's shape) becomes that ``broadcast_to`` or ``cast``; otherwise
+tensor rewrites keep shape and dtype. ``where`` with a constant condition is the branch it picks.
+``x + x`` becomes ``2 * x``, exact in every dtype. An einsum operand of ones that stretches no
+axis is dropped, and a one-operand einsum that only permutes axes is a transpose.
 
 ``x * 0`` becomes zeros only for integers and booleans (and text), since ``inf * 0`` is nan.
 ``exp`` and ``log`` pairs are rewritten only where the identity has no domain restriction:
 ``log(exp(x))`` is ``x`` for every real ``x``, and in floating point the rewritten form is the
 accurate one where ``exp`` overflows or underflows; ``exp(log(x))`` is not ``x`` for ``x < 0``
 and stays. Constant-only terms fold (with exactly what the reference interpreter computes) when
-the result has at most 65536 elements or is one value broadcast. Tensor rewrites keep shape and
-dtype, so ``x + 0`` with a broadcasting zero stays as written.
+the result has at most 65536 elements or is one value broadcast.
 
 The rules are data: text patterns, with a function where the replacement needs arithmetic on
 attributes. They apply to text too, so ``simplify("2 * (3 * x) + 0")`` is ``"6 * x"``.
@@ -35,6 +36,36 @@ from .text import literal_value
 
 def _fold(b):
     return b.world.fold(b.term)
+
+
+def _standing_for(b, x):
+    """``x`` made to stand for the matched term: itself, or broadcast to the term's shape, or
+    cast to its dtype (never both: simplify does not add work). None where neither will do."""
+    term = b.term
+    if not isinstance(x, Term) or (x.shape, x.dtype) == (term.shape, term.dtype):
+        return x
+    if x.dtype == term.dtype:
+        return ct.broadcast_to(x, term.shape)  # a ShapeError here means the rule does not apply
+    if x.shape == term.shape:
+        return ct.cast(x, term.dtype)
+    return None
+
+
+def _identity(name):
+    """The replacement of an identity such as ``1 * x``: ``x``, as it can stand for the term."""
+    return lambda b: _standing_for(b, b[name])
+
+
+def _where_constant(b):
+    """``where`` with a condition of one truth value: the branch it picks."""
+    condition = b["_c"]
+    try:
+        value = condition.attrs[0].scalar if isinstance(condition, Term) else literal_value(condition)
+    except ValueError:
+        return None
+    if value is None:
+        return None  # a constant whose elements differ
+    return _standing_for(b, b["_x"] if bool(value) else b["_y"])
 
 
 def _scalar_splats(b):
@@ -156,18 +187,18 @@ def _einsum_as_transpose(b):
 algebra = RuleSet([
     Rule("fold-constants", "_e", _fold),
     Rule("scalar-constants", "_e", _scalar_splats),
-    Rule("add-zero", "0 + _x", "_x"),
-    Rule("add-zero-right", "_x + 0", "_x"),
-    Rule("subtract-zero", "_x - 0", "_x"),
+    Rule("add-zero", "0 + _x", _identity("_x")),
+    Rule("add-zero-right", "_x + 0", _identity("_x")),
+    Rule("subtract-zero", "_x - 0", _identity("_x")),
     Rule("zero-minus", "0 - _x", "-_x"),
-    Rule("multiply-one", "1 * _x", "_x"),
-    Rule("multiply-one-right", "_x * 1", "_x"),
+    Rule("multiply-one", "1 * _x", _identity("_x")),
+    Rule("multiply-one-right", "_x * 1", _identity("_x")),
     Rule("multiply-zero", "0 * _x", "0", guard=exact_for_every_input),
     Rule("multiply-zero-right", "_x * 0", "0", guard=exact_for_every_input),
-    Rule("divide-one", "_x / 1", "_x"),
+    Rule("divide-one", "_x / 1", _identity("_x")),
     Rule("constant-first-add", "_x + _c", "_c + _x", guard=all_of(constants("_c"), not_constant("_x"))),
     Rule("constant-first-multiply", "_x * _c", "_c * _x", guard=all_of(constants("_c"), not_constant("_x"))),
-    Rule("power-one", "_x ** 1", "_x"),
+    Rule("power-one", "_x ** 1", _identity("_x")),
     Rule("power-zero", "_x ** 0", "1"),
     Rule("double-negation", "-(-_x)", "_x"),
     Rule("subtract-negative", "_x - (-_y)", "_x + _y"),
@@ -181,7 +212,8 @@ algebra = RuleSet([
     Rule("collect-products", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),
     Rule("log-exp", "log(exp(_x))", "_x"),
     Rule("log1p-expm1", "log1p(expm1(_x))", "_x"),
-    Rule("where-same", "where(_c, _x, _x)", "_x"),
+    Rule("where-same", "where(_c, _x, _x)", _identity("_x")),
+    Rule("where-constant", "where(_c, _x, _y)", _where_constant, guard=constants("_c")),
     Rule("transpose-transpose", "transpose(transpose(_x, axes=_p), axes=_q)", _compose_transposes),
     Rule("transpose-identity", "transpose(_x, axes=_p)", "_x", guard=_is_identity_permutation),
     Rule("reshape-reshape", "reshape(reshape(_x, shape=_s), shape=_t)", "reshape(_x, shape=_t)"),

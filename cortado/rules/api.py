@@ -90,14 +90,16 @@ def rewrite_all(ex, rules, trace=None):
 simplifier = Fixpoint(Postwalk(Fixpoint(algebra)))
 
 
-def simplify(ex, trace=None):
+def simplify(ex, trace=None, keep=()):
     """``ex`` with the ``algebra`` rules applied everywhere until none applies.
 
-    ``ex`` is text, a term or a list of terms (rewritten together, sharing their subterms).
+    ``ex`` is text, a term or a list of terms (rewritten together, sharing their subterms). The
+    subterms in ``keep`` are left as they are: ``ct.grad`` keeps the model's terms, so that its
+    gradients share them with the model as the user wrote it.
     """
     if isinstance(ex, str):
-        return textforms.unparse(simplifier.run(textforms.parse(ex), trace))
-    return simplifier.run(ex, trace)
+        return textforms.unparse(simplifier.run(textforms.parse(ex), trace, keep))
+    return simplifier.run(ex, trace, keep)
 
 
 def findex(pattern, ex):

@@ -50,12 +50,17 @@ class Derivative:
                 isinstance(a, (Placeholder, Splat)) for a in self.pattern.args):
             raise RewriteError(f"derivative {name!r}: the pattern must be a call of one op on placeholders, "
                                f"not {self.pattern!r}")
+        if not all(isinstance(v, Placeholder) for v in self.pattern.params.values()):
+            raise RewriteError(f"derivative {name!r}: the attributes in {self.pattern!r} must be placeholders; "
+                               f"the rule of an op covers every use of it (a share can look at their values)")
+        self.op = op_name(self.pattern.head, len(self.pattern.args))
+        if self.op not in OPS or OPS[self.op].kind == "leaf":
+            raise RewriteError(f"derivative {name!r}: {self.pattern.head!r} is no cortado op with inputs")
         self.inputs = tuple(a.name for a in self.pattern.args)
         if set(shares) != set(self.inputs):
             raise RewriteError(f"derivative {name!r} gives shares for {sorted(shares)} but its pattern "
                                f"{self.pattern!r} has the inputs {sorted(self.inputs)}: give one share each")
         self.shares = {k: v if callable(v) and not isinstance(v, Pattern) else as_pattern(v) for k, v in shares.items()}
-        self.op = op_name(self.pattern.head, len(self.inputs))
 
     def share(self, term, position, adjoint, trace=None):
         """The share of ``adjoint`` (the adjoint of ``term``) that goes to ``term.args[position]``.
@@ -147,16 +152,18 @@ def _sum_share(b):
 
 
 def _mean_share(b):
+    """The adjoint over the count, as ``dy * (1 / n)``: a float16 ``n`` past 65504 would be inf."""
     x = b["_x"]
     count = math.prod(x.shape[a] for a in b["_a"])
-    return ct.broadcast_to(kept(b["_dy"] / max(count, 1), x.shape, b["_a"]), x.shape)
+    return ct.broadcast_to(kept(b["_dy"] * (1 / max(count, 1)), x.shape, b["_a"]), x.shape)
 
 
 def _max_share(b):
-    """The adjoint split evenly among the elements equal to the maximum."""
+    """The adjoint split evenly among the elements equal to the maximum, counted in float32 at
+    least (float16 counts stop at 65504); the driver casts the share back."""
     x, axes = b["_x"], b["_a"]
     winners = ct.equal(x, kept(b["_y"], x.shape, axes))
-    count = ct.sum(ct.cast(winners, x.dtype), axis=axes, keepdims=True)
+    count = ct.sum(ct.cast(winners, np.promote_types(x.dtype, np.float32)), axis=axes, keepdims=True)
     return ct.where(winners, kept(b["_dy"], x.shape, axes) / count, 0)
 
 
@@ -171,31 +178,46 @@ def _swap_last(t):
     return ct.transpose(t, axes)
 
 
-def _as_matrices(b):
-    """``matmul``'s operands with 1-d ones made matrices, and the adjoint shaped to match."""
-    a, w, dy = b["_x"], b["_z"], b["_dy"]
-    a2 = reshaped(a, (1,) + a.shape) if a.ndim == 1 else a
-    w2 = reshaped(w, w.shape + (1,)) if w.ndim == 1 else w
-    batch = np.broadcast_shapes(a2.shape[:-2], w2.shape[:-2])
-    return a2, w2, reshaped(dy, batch + (a2.shape[-2], w2.shape[-1]))
+def _with_axis(t):
+    """``t[..., None]``: ``t`` with a trailing axis of size 1."""
+    return ct.reshape(t, t.shape + (1,))
 
 
 def _matmul_left(b):
-    """``dy @ w.T``, its matrix axis dropped again for a 1-d ``a`` (the driver sums the batch)."""
-    _, w2, dy2 = _as_matrices(b)
-    share = dy2 @ _swap_last(w2)
-    return reshaped(share, share.shape[:-2] + share.shape[-1:]) if b["_x"].ndim == 1 else share
+    """The share of ``a`` in ``a @ w``: ``dy @ w.T``, or an outer or matrix-vector product where
+    an operand is 1-d (the driver sums over a batch that ``a`` lacks)."""
+    a, w, dy = b["_x"], b["_z"], b["_dy"]
+    if w.ndim == 1:  # dy has a's shape without its last axis
+        return (dy if dy.ndim == 0 else _with_axis(dy)) * w
+    if a.ndim == 1:  # dy has w's batch and w's last axis
+        if dy.ndim == 1:
+            return w @ dy
+        share = w @ _with_axis(dy)
+        return ct.reshape(share, share.shape[:-1])
+    return dy @ _swap_last(w)
 
 
 def _matmul_right(b):
-    """``a.T @ dy``; a batch of inputs against one weight matrix is flattened into one GEMM."""
-    a2, w2, dy2 = _as_matrices(b)
-    if w2.ndim == 2 and a2.ndim > 2:
-        k, n = w2.shape
-        share = ct.reshape(a2, (-1, k)).T @ ct.reshape(dy2, (-1, n))
-    else:
-        share = _swap_last(a2) @ dy2
-    return reshaped(share, share.shape[:-1]) if b["_z"].ndim == 1 else share
+    """The share of ``w`` in ``a @ w``: ``a.T @ dy``, or an outer or vector-matrix product where
+    an operand is 1-d; a batch of ``a`` against one matrix ``w`` is flattened into one GEMM."""
+    a, w, dy = b["_x"], b["_z"], b["_dy"]
+    if a.ndim == 1:
+        if w.ndim == 1:
+            return dy * a
+        return _with_axis(a) * ct.reshape(dy, dy.shape[:-1] + (1, dy.shape[-1]))
+    rows = math.prod(a.shape[:-1])
+    if w.ndim == 1:  # every row of a, weighted by its element of dy
+        return reshaped(dy, (rows,)) @ reshaped(a, (rows, a.shape[-1]))
+    if w.ndim == 2 and a.ndim > 2:
+        return ct.transpose(ct.reshape(a, (rows, a.shape[-1]))) @ ct.reshape(dy, (rows, dy.shape[-1]))
+    return _swap_last(a) @ dy
+
+
+def _power_exponent_share(b):
+    """``dy * y * log(x)``, with ``log(0)`` counted as 0 and the log taken in the output's dtype
+    (an int8 base would take it in float16)."""
+    x, y = b["_x"], b["_y"]
+    return b["_dy"] * y * ct.log(ct.where(ct.equal(x, 0), 1, ct.cast(x, y.dtype)))
 
 
 def _transpose_share(b):
@@ -216,24 +238,20 @@ def _einsum_share(b):
     """
     operands, position = b["_xs"], b["_i"]
     inputs, output = _spelled_out(b["_s"], [x.shape for x in operands])
-    sizes = {}
-    for labels, x in zip(inputs, operands):
-        for label, size in zip(labels, x.shape):
-            sizes[label] = max(sizes.get(label, 1), size)
-    fresh = iter(label for label in LABELS if label not in sizes)
     mine = inputs[position]
     terms = [(output, b["_dy"])] + [(labels, x) for k, (labels, x) in enumerate(zip(inputs, operands)) if k != position]
-    available = {}  # label -> the largest size the other terms give it
+    available = {}  # label -> its size among the other terms, broadcast as einsum does (1 gives way)
     for labels, x in terms:
         for label, size in zip(labels, x.shape):
-            available[label] = max(available.get(label, 0), size)
+            available[label] = size if available.get(label, 1) == 1 else available[label]
+    fresh = iter(label for label in LABELS if label not in available and label not in mine)
     result, seen = "", set()
     for label, size in zip(mine, operands[position].shape):
         if label in seen:  # a repeated label: its own axis, tied to the first by the identity
             twin = next(fresh)
-            terms.append((label + twin, ct.const(np.eye(sizes[label], dtype=b["_dy"].dtype))))
+            terms.append((label + twin, ct.const(np.eye(size, dtype=b["_dy"].dtype))))
             label = twin
-        elif available.get(label, 0) < size:  # summed away, or broadcast from size 1: stretch it back
+        elif label not in available or (size != 1 and available[label] != size):  # summed away, or broadcast
             terms.append((label, ct.const(np.ones(size, dtype=b["_dy"].dtype))))
         seen.add(label)
         result += label
@@ -273,7 +291,7 @@ derivatives = Derivatives([
     Derivative("subtract", "_x - _z", _x="_dy", _z="-_dy"),
     Derivative("multiply", "_x * _z", _x="_dy * _z", _z="_dy * _x"),
     Derivative("divide", "_x / _z", _x="_dy / _z", _z="-(_dy * _y) / _z"),
-    Derivative("power", "_x ** _z", _x="_dy * _z * _x ** (_z - 1)", _z="_dy * _y * log(where(_x == 0, 1, _x))"),
+    Derivative("power", "_x ** _z", _x="where(_z == 0, 0, _dy * _z * _x ** (_z - 1))", _z=_power_exponent_share),
     Derivative("maximum", "maximum(_x, _z)",
                _x="where(_x > _z, _dy, where(_x == _z, _dy / 2, 0))",
                _z="where(_z > _x, _dy, where(_x == _z, _dy / 2, 0))"),

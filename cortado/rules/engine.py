@@ -69,18 +69,25 @@ class Run:
     term alive and add more.
     """
 
-    def __init__(self, trace=None, roots=(), max_rewrites=None):
+    def __init__(self, trace=None, roots=(), max_rewrites=None, keep=()):
         self.trace = Trace() if trace is None else trace
         self.roots = tuple(roots)
         self.max_rewrites = max_rewrites
+        self.keep = tuple(keep)
         self.rewrites = 0
         self.rebuilt_from = {}  # a term rebuilt over rewritten arguments -> the term it stands for
         self._memos = {}
         self._uses = None
 
     def memo(self, strategy):
-        """The memo of ``strategy`` for this run: results stay valid because terms are immutable."""
-        return self._memos.setdefault(id(strategy), {})
+        """The memo of ``strategy`` for this run: results stay valid because terms are immutable.
+
+        The terms to ``keep`` start in it as their own results, so no walk rewrites them.
+        """
+        memo = self._memos.get(id(strategy))
+        if memo is None:
+            memo = self._memos[id(strategy)] = {t: t for t in self.keep}
+        return memo
 
     def record(self, rule, before, after):
         if self.max_rewrites is None:
@@ -108,17 +115,20 @@ class Rewriter:
     def __call__(self, term, run):
         raise NotImplementedError
 
-    def run(self, terms, trace=None):
-        """The rewritten term (or list of terms, sharing one memo); ``trace`` collects the rewrites."""
+    def run(self, terms, trace=None, keep=()):
+        """The rewritten term (or list of terms, sharing one memo); ``trace`` collects the rewrites.
+
+        The walks leave the terms in ``keep`` as they are (terms above them may still change).
+        """
         if isinstance(terms, (Term, TextTerm)):
-            return _result(self(terms, Run(trace, [terms])), terms)
+            return _result(self(terms, Run(trace, [terms], keep=keep)), terms)
         try:
             terms = list(terms)
         except TypeError:
             raise RewriteError(f"expected a term or a list of terms, not {type(terms).__name__} {terms!r}") from None
         for t in terms:
             world_of(t)  # a clear error for anything that is not a term
-        run = Run(trace, terms)
+        run = Run(trace, terms, keep=keep)
         return [_result(self(t, run), t) for t in terms]
 
 
