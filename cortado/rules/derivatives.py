@@ -101,11 +101,16 @@ class Derivatives:
 
     def __init__(self, rules, name=None):
         self.rules = tuple(rules)
+        for rule in self.rules:
+            if not isinstance(rule, Derivative):
+                raise RewriteError(f"a set of derivative rules holds Derivative rules, not {type(rule).__name__} {rule!r}")
         self.name = name
         self._by_op = {rule.op: rule for rule in self.rules}
 
     def __add__(self, other):
         other = Derivatives([other]) if isinstance(other, Derivative) else other
+        if not isinstance(other, Derivatives):
+            return NotImplemented
         return Derivatives(self.rules + other.rules)
 
     def __iter__(self):
