@@ -62,9 +62,10 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     outputs_given = isinstance(outputs, Term)
     outputs = list(as_outputs(outputs))
     cotangents = _cotangents(outputs, [cotangents] if outputs_given else cotangents)
-    adjoints = backpropagate(outputs, cotangents, variables, rules, trace)
+    model = schedule(outputs)
+    adjoints = backpropagate(model, outputs, cotangents, variables, rules, trace)
     gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]
-    gradients = simplify(gradients, trace, keep=schedule(outputs))
+    gradients = simplify(gradients, trace, keep=model)
     return gradients[0] if isinstance(wrt, Term) else gradients
 
 
@@ -80,12 +81,12 @@ def hvp(y, wrt, vectors, *, rules=None, trace=None):
     return vjp(gradients, wrt, vectors, rules=rules, trace=trace)
 
 
-def backpropagate(outputs, cotangents, variables, rules, trace=None):
+def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
     """``{variable: its adjoint}`` for the ``variables`` that the outputs depend on.
 
-    ``rules.share(term, position, adjoint, trace)`` gives an input's share of a term's adjoint.
+    ``order`` is the outputs' schedule; ``rules.share(term, position, adjoint, trace)`` gives an
+    input's share of a term's adjoint.
     """
-    order = schedule(outputs)
     wanted = set(variables)
     active = set()  # floating terms that depend on a wanted variable
     for term in order:
@@ -100,7 +101,7 @@ def backpropagate(outputs, cotangents, variables, rules, trace=None):
         parts = pending.pop(term, None)
         if parts is None:
             continue
-        adjoint = _total(parts)
+        adjoint = sum(parts[1:], start=parts[0])
         if term in wanted:
             adjoints[term] = adjoint
         for position, arg in enumerate(term.args):
@@ -109,13 +110,6 @@ def backpropagate(outputs, cotangents, variables, rules, trace=None):
                 if share is not None:
                     pending.setdefault(arg, []).append(_fitted(share, arg, term))
     return adjoints
-
-
-def _total(parts):
-    total = parts[0]
-    for part in parts[1:]:
-        total = total + part
-    return total
 
 
 def _fitted(share, arg, term):
