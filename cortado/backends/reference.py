@@ -24,6 +24,8 @@ def _result_dtype(term, widen):
 
 def _apply(term, args, widen):
     """One op with NumPy; in float64 mode a floating result is computed from float64 operands."""
+    if term.op.name == "fused":
+        return _fused(term, args, widen)
     attrs = term.attrs
     if widen and term.dtype.kind == "f":
         args = [a if a.dtype.kind == "f" else a.astype(np.float64) for a in args]
@@ -33,6 +35,21 @@ def _apply(term, args, widen):
         return IMPLEMENTATIONS[term.op.name](args, *attrs)
     except (ArithmeticError, ValueError) as error:  # e.g. integers fed negative integer powers
         raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
+
+
+def _fused(term, args, widen):
+    """Output ``index`` of a fused region: its body evaluated with the operands as parameters."""
+    outputs, index = term.attrs
+    values = {}
+    for t in Graph(outputs[index]).schedule:
+        if t.op.name == "var":
+            value = args[int(t.name[2:])]
+        elif t.op.name == "const":
+            value = t.attrs[0].array
+        else:
+            value = _apply(t, [values[a] for a in t.args], widen)
+        values[t] = np.asarray(value).astype(_result_dtype(t, widen), copy=False)
+    return values[outputs[index]]
 
 
 def evaluate(outputs, feeds, precision=None):

@@ -20,13 +20,14 @@ import numpy as np
 from . import einsum as einsum_rules
 from ..errors import DTypeError
 from .dtypes import as_dtype
-from .term import dtype_violation, shape_violation
+from .term import dtype_violation, make, shape_violation
 
 ELEMENTWISE = "elementwise"
 REDUCTION = "reduction"
 LEAF = "leaf"
 CONTRACTION = "contraction"
 LAYOUT = "layout"
+FUSED = "fused"
 
 
 @dataclass(frozen=True, eq=False)
@@ -396,4 +397,33 @@ _ops += [
        _broadcast_to_normalize),
 ]
 
-OPS = {op.name: op for op in [VAR, CONST] + _ops}
+# -- fused regions -----------------------------------------------------------------------------
+
+
+def parameter(index, like):
+    """The ``index``-th parameter of a fused body: a variable ``in{index}`` typed as ``like``."""
+    return make(VAR, (), (f"in{index}", like.shape, like.dtype))
+
+
+def _fused_shape(args, outputs, index):
+    """The body's output ``index``, once each operand is checked against its parameter."""
+    from .graph import post_order
+
+    parameters = {t.name: t for t in post_order(outputs) if t.op.name == "var"}
+    for k, arg in enumerate(args):
+        p = parameters.get(f"in{k}")
+        if p is not None and (p.shape, p.dtype) != (arg.shape, arg.dtype):
+            raise shape_violation(f"operand {k} does not have the type of the body's parameter in{k}")
+    unbound = sorted(set(parameters) - {f"in{k}" for k in range(len(args))})
+    if unbound:
+        raise shape_violation(f"the body reads parameters {unbound} that no operand binds")
+    return outputs[index].shape
+
+
+# ``fused(*inputs, outputs=body, index=k)`` is output ``k`` of a fused region: ``body`` is a tuple
+# of terms over the parameters ``in0, in1, ...`` (one per input). The terms of one region share
+# ``inputs`` and ``body`` and differ in ``index``; a backend runs them as one kernel.
+FUSED_OP = Op("fused", None, ("outputs", "index"), _fused_shape,
+              lambda args, outputs, index: outputs[index].dtype, FUSED)
+
+OPS = {op.name: op for op in [VAR, CONST] + _ops + [FUSED_OP]}

@@ -12,7 +12,16 @@ def _is_inline_const(term):
     return term.op.name == "const" and term.attrs[0].array.ndim == 0
 
 
+def body_text(term):
+    """A fused term's body as one line: its outputs over the parameters ``in0, in1, ...``."""
+    outputs, index = term.attrs
+    shown = "; ".join(inline(o, depth=6) for o in outputs)
+    return f"{{{shown}}}" + (f"[{index}]" if len(outputs) > 1 else "")
+
+
 def _attr_text(term):
+    if term.op.name == "fused":
+        return [body_text(term)]
     shown = []
     for name, value in zip(term.op.attr_names, term.attrs):
         if term.op.name in ("var", "const") or value is False:

@@ -1,4 +1,15 @@
-"""Static memory planning: liveness, in-place sharing, offsets in one arena, and its report.
+"""Static memory planning: live intervals, in-place sharing, offsets in one arena, and a checker.
 
-Empty until the memory-planner issue lands; the package exists so the layout of DESIGN.md holds.
+    plan = plan_memory(steps, nbytes, external=state, live_out=outputs, alignment=64)
+    plan.peak_bytes, plan.lower_bound_bytes, plan.naive_bytes
+    verify(plan)            # PlanError unless no two live values overlap
+    plan.plot("plan.png")   # time across, address up
 """
+
+from .liveness import Interval, Step, intervals, owners
+from .offsets import ORDERS, Request, best_placement, place
+from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory
+from .verify import verify
+
+__all__ = ["Step", "Interval", "intervals", "owners", "Request", "place", "best_placement", "ORDERS",
+           "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned", "verify"]

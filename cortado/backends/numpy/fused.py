@@ -1,0 +1,137 @@
+"""A fused region on the CPU: its body, op by op, into the region's outputs and a small workspace.
+
+NumPy has no fused kernels, so a region runs as a sequence of ufunc calls; what fusion buys here
+is that the body's intermediates live in the step's workspace, reused as they die, and that the
+root's chain of ops computes straight into the output (``tanh(x @ W + b)`` needs no scratch).
+
+An output may share the buffer of an input (the planner decides, among the pairs ``inplace_pairs``
+allows): the body then never writes that output before its last read of the input.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...exprgraph.graph import post_order
+from .kernels import INPLACE, Emitter, c_strided, emit
+
+
+@dataclass(frozen=True)
+class _Body:
+    outputs: tuple
+    order: tuple
+    position: dict
+    last_read: dict
+    output_index: dict
+
+
+def _body(outputs):
+    order = tuple(post_order(outputs))
+    last_read = {}
+    for i, t in enumerate(order):
+        for a in t.args:
+            last_read[a] = i
+    return _Body(outputs, order, {t: i for i, t in enumerate(order)}, last_read,
+                 {t: k for k, t in enumerate(outputs)})
+
+
+def _reads_in_place(t, value):
+    """Whether ``t`` reads ``value`` only where its output may alias the operand."""
+    return all(position in INPLACE.get(t.op.name, ()) and value.shape == t.shape
+               for position, a in enumerate(t.args) if a is value)
+
+
+class _Run:
+    """One emission of a body: which array holds each body value, and which scratch it owns."""
+
+    def __init__(self, em, body, args, outs, alias):
+        self.em, self.body, self.outs = em, body, outs
+        self.values, self.owned = {}, {}
+        self.out0_holder = next((p for p in body.order if p.op.name == "var" and int(p.name[2:]) == alias.get(0)), None)
+        self.args = args
+
+    def dead_at(self, value, i):
+        return self.body.last_read.get(value, -1) <= i
+
+    def destination(self, t, i):
+        if t in self.body.output_index:
+            return self.outs[self.body.output_index[t]]
+        for a in dict.fromkeys(t.args):
+            array = self.owned.get(a)
+            if array is not None and self.dead_at(a, i) and (a.shape, a.dtype) == (t.shape, t.dtype) and _reads_in_place(t, a):
+                del self.owned[a]
+                self.owned[t] = array
+                return array
+        if self._out0_free_for(t, i):
+            self.out0_holder = t
+            return self.outs[0]
+        array = self.em.scratch(t.shape, t.dtype)
+        self.owned[t] = array
+        return array
+
+    def _out0_free_for(self, t, i):
+        """Whether ``t`` may be computed into the root's output, to be overwritten by the root later."""
+        root = self.body.outputs[0]
+        if root.op.name not in INPLACE or (t.shape, t.dtype) != (root.shape, root.dtype):
+            return False
+        if self.body.last_read.get(t) == self.body.position[root] and not _reads_in_place(root, t):
+            return False  # the root would overwrite it while still reading it elsewhere
+        holder = self.out0_holder
+        return holder is None or self.body.last_read.get(holder, -1) < i or (
+            self.dead_at(holder, i) and _reads_in_place(t, holder))
+
+    def run(self):
+        for i, t in enumerate(self.body.order):
+            if t.op.name == "var":
+                self.values[t] = self.args[int(t.name[2:])]
+            elif t.op.name == "const":
+                self.values[t] = t.attrs[0].array
+            elif t.op.name == "broadcast_to":
+                self.values[t] = np.broadcast_to(self.values[t.args[0]], t.shape)
+            else:
+                out = self.destination(t, i)
+                emit(self.em, t, [self.values[a] for a in t.args], out)
+                self.values[t] = out
+                for a in dict.fromkeys(t.args):
+                    if self.dead_at(a, i) and a in self.owned and self.owned[a] is not out:
+                        self.em.release(self.owned.pop(a))
+
+
+def emit_fused(em, outputs, args, outs, alias):
+    """Emit the body ``outputs`` reading ``args`` into ``outs`` (a list, one array per output).
+
+    ``alias``: ``{output index: input index}`` for outputs that share an input's buffer.
+    """
+    _Run(em, _body(outputs), args, outs, alias).run()
+
+
+def _measure(outputs, arg_types, alias):
+    em = Emitter()
+    args = [c_strided(shape, dtype) for shape, dtype in arg_types]
+    outs = [c_strided(o.shape, o.dtype) for o in outputs]
+    emit_fused(em, outputs, args, outs, alias)
+    return em.top
+
+
+def plan_fused(outputs, arg_types):
+    """``(workspace bytes, in-place pairs, costs)`` of a region.
+
+    Pairs ``(output, input)`` may share a buffer: the body never reads the input after it writes
+    the output. Sharing the root's output takes it away as scratch, so the pair's workspace (in
+    ``costs``, by pair) may be larger.
+    """
+    body = _body(outputs)
+    workspace = _measure(outputs, arg_types, {})
+    parameters = {int(p.name[2:]): p for p in body.order if p.op.name == "var"}
+    pairs, costs = [], {}
+    for k, out in enumerate(outputs):
+        for j, p in parameters.items():
+            if (p.shape, p.dtype) != (out.shape, out.dtype):
+                continue
+            written, read = body.position[out], body.last_read.get(p, -1)
+            if read > written or (read == written and not _reads_in_place(out, p)):
+                continue
+            if k == 0:
+                costs[(k, j)] = _measure(outputs, arg_types, {0: j})
+            pairs.append((k, j))
+    return workspace, pairs, costs

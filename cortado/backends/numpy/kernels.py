@@ -1,0 +1,228 @@
+"""Each op as NumPy calls that write into given arrays: what the CPU executor runs, allocation-free.
+
+``emit(emitter, term, args, out)`` appends to ``emitter`` the calls that compute ``term`` from the
+arrays ``args`` into ``out``. Temporaries come from ``emitter.scratch``, views of the step's
+workspace in the arena; an ``Emitter`` without a workspace only measures how much it would need.
+The calls mirror the reference interpreter's formulas (``exprgraph.semantics``) operation by
+operation, in the same dtypes, so results agree with it to the last bit wherever NumPy's own
+kernels do.
+
+``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
+before writing the same element of ``out``.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
+from ...memplan import aligned
+
+SCRATCH_ALIGNMENT = 64
+
+
+def c_strided(shape, dtype):
+    """A stand-in array of ``shape`` for measuring: C strides over one element, never read."""
+    itemsize = np.dtype(dtype).itemsize
+    strides, step = [], itemsize
+    for d in reversed(shape):
+        strides.append(step)
+        step *= max(d, 1)
+    return np.lib.stride_tricks.as_strided(np.empty(1, dtype), shape, tuple(reversed(strides)), writeable=True)
+
+
+class Emitter:
+    """The calls of one step, and the scratch arrays they use, carved from its workspace."""
+
+    def __init__(self, workspace=None):
+        self.workspace = workspace
+        self.calls = []
+        self.top = 0
+        self._free = {}  # aligned size -> offsets released for reuse
+        self._offsets = {}  # id(scratch array) -> (offset, size)
+
+    def scratch(self, shape, dtype):
+        size = aligned(math.prod(shape) * np.dtype(dtype).itemsize, SCRATCH_ALIGNMENT)
+        reusable = self._free.get(size)
+        if reusable:
+            offset = reusable.pop()
+        else:
+            offset, self.top = self.top, self.top + size
+        if self.workspace is None:
+            array = c_strided(shape, dtype)
+        else:
+            nbytes = math.prod(shape) * np.dtype(dtype).itemsize
+            array = self.workspace[offset:offset + nbytes].view(dtype).reshape(shape)
+        self._offsets[id(array)] = (offset, size)
+        return array
+
+    def release(self, array):
+        offset, size = self._offsets.pop(id(array))
+        self._free.setdefault(size, []).append(offset)
+
+    def call(self, fn, *args, **kwargs):
+        self.calls.append(functools.partial(fn, *args, **kwargs))
+
+
+def _floating(em, term, x):
+    """``x`` in the float dtype the op computes in (a scratch copy when ``x`` is integral)."""
+    if x.dtype.kind == "f":
+        return x, False
+    dtype = ufunc_loop(np.exp, (x.dtype,))[-1]
+    converted = em.scratch(x.shape, dtype)
+    em.call(np.copyto, converted, x, casting="unsafe")
+    return converted, True
+
+
+def _ufunc(ufunc):
+    def emit(em, term, args, out):
+        em.call(ufunc, *args, out=out)
+
+    return emit
+
+
+def _sigmoid(em, term, args, out):
+    # where(x >= 0, 1 / (1 + e), e / (1 + e)) with e = exp(-|x|); the mask is taken first so out may alias x
+    x, converted = _floating(em, term, args[0])
+    mask = em.scratch(x.shape, np.bool_)
+    em.call(np.greater_equal, x, 0, out=mask)
+    em.call(np.absolute, x, out=out)
+    em.call(np.negative, out, out=out)
+    em.call(np.exp, out, out=out)
+    denominator = em.scratch(x.shape, out.dtype)
+    em.call(np.add, out, 1, out=denominator)
+    em.call(np.true_divide, out, denominator, out=out)
+    em.call(np.true_divide, 1, denominator, out=denominator)
+    em.call(np.copyto, out, denominator, where=mask)
+    for array in (denominator, mask) + ((x,) if converted else ()):
+        em.release(array)
+
+
+def _relu(em, term, args, out):
+    em.call(np.maximum, args[0], np.zeros((), args[0].dtype), out=out)
+
+
+def _softplus(em, term, args, out):
+    em.call(np.logaddexp, 0, args[0], out=out, dtype=out.dtype)
+
+
+def _where(em, term, args, out):
+    condition, a, b = args
+    em.call(np.copyto, out, b)
+    em.call(np.copyto, out, a, where=condition)
+
+
+def _cast(em, term, args, out):
+    em.call(np.copyto, out, args[0], casting="unsafe")
+
+
+def _reduce_args(term):
+    axes, keepdims = term.attrs
+    return axes, keepdims
+
+
+def _sum(em, term, args, out):
+    axes, keepdims = _reduce_args(term)
+    em.call(np.sum, args[0], axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
+
+
+def _max(em, term, args, out):
+    axes, keepdims = _reduce_args(term)
+    em.call(np.max, args[0], axis=axes, out=out, keepdims=keepdims)
+
+
+def _mean(em, term, args, out):
+    # as numpy's mean: sum in float32 for float16 and float64 for integers, then divide by the count
+    axes, keepdims = _reduce_args(term)
+    x = args[0]
+    count = np.intp(math.prod(x.shape[a] for a in axes))
+    wide = np.float32 if x.dtype == np.float16 else (out.dtype if x.dtype.kind == "f" else np.float64)
+    total = out if np.dtype(wide) == out.dtype else em.scratch(out.shape, wide)
+    em.call(np.sum, x, axis=axes, dtype=wide, out=total, keepdims=keepdims)
+    em.call(np.true_divide, total, count, out=total, casting="unsafe")
+    if total is not out:
+        em.call(np.copyto, out, total, casting="unsafe")
+        em.release(total)
+
+
+def _kept(shape, axes):
+    return tuple(1 if i in axes else d for i, d in enumerate(shape))
+
+
+def _shifted(em, x, axes, out_dtype, into):
+    """``into = x - peak`` with ``peak`` the max over ``axes`` (0 where infinite); returns ``peak``."""
+    peak = em.scratch(_kept(x.shape, axes), out_dtype)
+    finite = em.scratch(peak.shape, np.bool_)
+    em.call(np.max, x, axis=axes, keepdims=True, out=peak)
+    em.call(np.isfinite, peak, out=finite)
+    em.call(np.logical_not, finite, out=finite)
+    em.call(np.copyto, peak, 0, where=finite)
+    em.release(finite)
+    em.call(np.subtract, x, peak, out=into)
+    return peak
+
+
+def _logsumexp(em, term, args, out):
+    axes, keepdims = _reduce_args(term)
+    x, converted = _floating(em, term, args[0])
+    shifted = em.scratch(x.shape, out.dtype)
+    peak = _shifted(em, x, axes, out.dtype, shifted)
+    em.call(np.exp, shifted, out=shifted)
+    total = out.reshape(peak.shape)
+    em.call(np.sum, shifted, axis=axes, keepdims=True, out=total)
+    em.call(np.log, total, out=total)
+    em.call(np.add, total, peak, out=total)
+    for array in (shifted, peak) + ((x,) if converted else ()):
+        em.release(array)
+
+
+def _softmax(em, term, args, out):
+    (axes,) = term.attrs
+    x, converted = _floating(em, term, args[0])
+    peak = _shifted(em, x, axes, out.dtype, out)
+    em.call(np.exp, out, out=out)
+    em.call(np.sum, out, axis=axes, keepdims=True, out=peak)
+    em.call(np.true_divide, out, peak, out=out)
+    for array in (peak,) + ((x,) if converted else ()):
+        em.release(array)
+
+
+def _log_softmax(em, term, args, out):
+    (axes,) = term.attrs
+    x, converted = _floating(em, term, args[0])
+    peak = _shifted(em, x, axes, out.dtype, out)
+    exponentials = em.scratch(x.shape, out.dtype)
+    em.call(np.exp, out, out=exponentials)
+    em.call(np.sum, exponentials, axis=axes, keepdims=True, out=peak)
+    em.call(np.log, peak, out=peak)
+    em.call(np.subtract, out, peak, out=out)
+    for array in (exponentials, peak) + ((x,) if converted else ()):
+        em.release(array)
+
+
+def _matmul(em, term, args, out):
+    em.call(np.matmul, *args, out=out)
+
+
+def _einsum(em, term, args, out):
+    em.call(np.einsum, term.attrs[0], *args, out=out)
+
+
+def _reshape_copy(em, term, args, out):
+    em.call(np.copyto, out.reshape(args[0].shape), args[0])
+
+
+EMITTERS = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
+EMITTERS.update({
+    "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "where": _where, "cast": _cast,
+    "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
+    "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
+})
+
+INPLACE = {name: tuple(range(ufunc.nin)) for name, ufunc in UFUNC_OPS.items()}
+INPLACE.update({"sigmoid": (0,), "relu": (0,), "softplus": (0,), "where": (2,)})
+
+
+def emit(em, term, args, out):
+    EMITTERS[term.op.name](em, term, args, out)

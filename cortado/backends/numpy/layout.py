@@ -1,0 +1,52 @@
+"""What the memory planner needs to know of each kernel on the CPU: views, in-place pairs, workspace."""
+
+from ...memplan import Step
+from .fused import plan_fused
+from .kernels import INPLACE, Emitter, c_strided, emit
+
+ALWAYS_VIEWS = ("transpose", "broadcast_to")
+
+
+def _workspace(t):
+    em = Emitter()
+    emit(em, t, [c_strided(a.shape, a.dtype) for a in t.args], c_strided(t.shape, t.dtype))
+    return em.top
+
+
+def _inplace(t):
+    """``(t, operand)`` pairs: operands of ``t``'s type that its op reads before writing over them."""
+    positions = INPLACE.get(t.op.name, ())
+    return tuple((t, a) for p, a in enumerate(t.args) if p in positions and (a.shape, a.dtype) == (t.shape, t.dtype))
+
+
+def steps(kernels):
+    """One ``memplan.Step`` per kernel. A reshape is a view only of a C-contiguous value."""
+    contiguous = {}
+    found = []
+    for k in kernels:
+        t = k.term
+        name = t.op.name
+        if name == "var":
+            found.append(Step((t,), label=t.name))
+            contiguous[t] = True
+            continue
+        source = t.args[0] if t.args else None
+        source_contiguous = contiguous.get(source, source is not None and _stored_contiguously(source))
+        if name in ALWAYS_VIEWS or (name == "reshape" and source_contiguous):
+            found.append(Step((t,), (source,), view_of=source, label=name))
+            contiguous[t] = name == "reshape"
+            continue
+        if name == "fused":
+            workspace, pairs, costs = plan_fused(t.attrs[0], [(a.shape, a.dtype) for a in t.args])
+            inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
+            costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
+        else:
+            workspace, inplace, costs = _workspace(t), _inplace(t), ()
+        found.append(Step(k.terms, k.reads, inplace=inplace, workspace=workspace, costs=costs, label=name))
+        contiguous.update({d: True for d in k.terms})
+    return found
+
+
+def _stored_contiguously(t):
+    """A constant or state variable: constants of one value are broadcasts, all else is C-ordered."""
+    return not (t.op.name == "const" and t.attrs[0].array.ndim and not t.attrs[0].array.flags.c_contiguous)

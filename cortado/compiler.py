@@ -1,0 +1,198 @@
+"""``compile``: a graph in, a runnable ``Program`` out.
+
+The pipeline, each stage a pass over values that returns new values:
+
+1. check the signature: every variable the outputs and updates read is an input or state;
+2. rules: ``simplify`` (algebra), ``stability``, the backend's lowering, then ``fuse``;
+3. schedule the rewritten outputs and update values, one kernel per op or fused region;
+4. plan memory: the backend says which kernels are views, what they may do in place and what
+   workspace they need; an update that can be computed straight into its state buffer is;
+5. build the backend's executor over one arena.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import DTypeError, FeedError, ShapeError
+from .exprgraph import feeds as feed_checks
+from .exprgraph.graph import as_outputs, schedule
+from .exprgraph.term import Term, make
+from .memplan import intervals, plan_memory, verify
+from .rules.api import simplifier
+from .rules.engine import Fixpoint, Postwalk, Trace
+from .rules.fusion import fuse
+from .rules.stability import stability
+
+PIPELINE = ("simplify", "stability", "lowering", "fusion")
+
+
+@dataclass(frozen=True)
+class Signature:
+    """What a program reads and writes: outputs, fed inputs, state with its initial values, updates."""
+
+    outputs: tuple
+    inputs: tuple
+    state: dict
+    updates: dict
+    single: bool  # one output term was given (not a list): calls return one array
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """One step of the schedule: the terms it defines (several for a multi-output region), what it reads."""
+
+    terms: tuple
+    reads: tuple
+
+    @property
+    def term(self):
+        return self.terms[0]
+
+    @property
+    def is_load(self):
+        return self.term.op.name == "var"
+
+
+def _variable(v, what):
+    if not isinstance(v, Term) or v.op.name != "var":
+        raise FeedError(f"compile: {what} must be variables (ct.var), not {v!r}")
+    return v
+
+
+def _signature(outputs, inputs, state, updates):
+    single = isinstance(outputs, Term)
+    outputs = as_outputs(outputs)
+    inputs = tuple(_variable(v, "inputs") for v in (inputs or ()))
+    state = dict(state or {})
+    updates = dict(updates or {})
+    names = {}
+    for v in list(inputs) + [_variable(v, "state keys") for v in state]:
+        if v.name in names:
+            how = "both an input and state, or an input twice" if names[v.name] is v else "the name of two variables"
+            raise FeedError(f"compile: {v.name!r} is {how}; each variable is fed or kept, once, under its own name")
+        names[v.name] = v
+    values = feed_checks.bind({v.name: v for v in state}, {v.name: value for v, value in state.items()})
+    state = {v: np.array(values[v], copy=True) for v in state}
+    for v, new in updates.items():
+        _variable(v, "update keys")
+        if v not in state:
+            raise FeedError(f"compile: the update of {v.name!r} needs {v.name!r} in state, with its initial value")
+        if not isinstance(new, Term):
+            raise DTypeError(f"compile: the update of {v.name!r} must be a cortado term, not {type(new).__name__}")
+        if new.shape != v.shape:
+            raise ShapeError(f"compile: the update of {v.name!r} has shape {new.shape}, the variable {v.shape}")
+        if new.dtype != v.dtype:
+            raise DTypeError(f"compile: the update of {v.name!r} has dtype {new.dtype}, the variable {v.dtype}; "
+                             f"use ct.cast(..., {v.dtype.name!r})")
+    read = [t for t in schedule(list(outputs) + list(updates.values())) if t.op.name == "var"]
+    for v in read:
+        if names.get(v.name) is not v:
+            what = "a different variable of that name is" if v.name in names else "it is neither an input nor state"
+            raise FeedError(f"compile: the graph reads variable {v.name!r} (declared at {v.where_built}), but {what}")
+    return Signature(outputs, inputs, state, updates, single)
+
+
+def _rewrite(roots, backend, traces):
+    """The rule pipeline over all roots at once, so they keep sharing their subterms."""
+    roots = list(roots)
+    traces.update({stage: Trace() for stage in PIPELINE})
+    roots = simplifier.run(roots, traces["simplify"])
+    roots = Fixpoint(Postwalk(stability)).run(roots, traces["stability"])
+    if backend.lowering is not None:
+        roots = backend.lowering.run(roots, traces["lowering"])
+    roots, _ = fuse(roots, traces["fusion"])
+    return list(roots)
+
+
+def _kernels(roots, signature):
+    """The schedule as kernels: one per op, one per fused region (all its outputs), one load per input."""
+    kernels, regions = [], set()
+    state = set(signature.state)
+    for t in schedule(roots):
+        if t.op.name == "const" or t in state:
+            continue
+        terms = (t,)
+        if t.op.name == "fused":
+            body = t.attrs[0]
+            if (t.args, body) in regions:
+                continue
+            regions.add((t.args, body))
+            terms = tuple(make(t.op, t.args, (body, k)) for k in range(len(body)))
+        kernels.append(Kernel(terms, tuple(dict.fromkeys(t.args))))
+    return kernels
+
+
+def _may_raise(kernels):
+    """Whether some kernel can fail on its values (integer powers with negative exponents)."""
+    def raises(t):
+        return t.op.name == "power" and t.dtype.kind in "iu"
+
+    for k in kernels:
+        terms = schedule(k.term.attrs[0]) if k.term.op.name == "fused" else k.terms
+        if any(raises(t) for t in terms):
+            return True
+    return False
+
+
+def _sinks(kernels, steps, updates, live_out):
+    """``{update value: state variable}`` for updates computed straight into their state buffer.
+
+    An update may write over its variable when the kernel computing it reads the variable for the
+    last time and may write that operand in place. Not when some kernel can raise: a failed call
+    must leave the state as it was.
+    """
+    if _may_raise(kernels):
+        return {}
+    lives = intervals(steps, live_out)
+    defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
+    sinks = {}
+    for var, value in updates.items():
+        i = defined_at.get(value)
+        if i is None or value in sinks or var not in lives or lives[var].end != i:
+            continue
+        if (value, var) in steps[i].inplace:
+            sinks[value] = var
+    return sinks
+
+
+def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False):
+    """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
+
+    ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
+    after each call every update is written, all computed from the values before the call.
+    ``backend``: ``"numpy"``. ``debug=True`` verifies the memory plan as it is made.
+
+        step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
+        (loss_value,) = step(x=xv, y=yv)
+    """
+    from .backends import backend_named
+    from .program import Program
+
+    signature = _signature(outputs, inputs, state, updates)
+    engine = backend_named(backend)
+    traces = {}
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces)
+    outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
+    updates = dict(zip(signature.updates, values))
+    kernels = _kernels(roots, signature)
+    steps = engine.steps(kernels)
+    live_out = list(outputs) + list(values)
+    sinks = _sinks(kernels, steps, updates, live_out)
+    external = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state] + list(sinks)
+    nbytes = {t: t.size * t.dtype.itemsize for k in kernels for t in k.terms}
+    labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
+    plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks], engine.alignment, labels,
+                       shared=sinks.items())
+    if debug:
+        verify(plan)
+    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks)
+    return Program(signature, outputs, updates, kernels, plan, executor, traces, engine.name, sinks)
+
+
+def _label(t, i):
+    if t.op.name == "var":
+        return t.name
+    if t.op.name == "fused":
+        return f"k{i}.fused" + (f"[{t.attrs[1]}]" if len(t.attrs[0]) > 1 else "")
+    return f"k{i}.{t.op.name}"

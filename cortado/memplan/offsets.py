@@ -1,0 +1,125 @@
+"""Offsets for buffers with known lifetimes: greedy by size, best fit, as XLA's heap simulator.
+
+Buffers are placed one at a time in a chosen order (largest first, or longest-lived first); each
+goes into the smallest free gap of the address range that is free for its whole lifetime, or on
+top of everything live then when no gap fits. The two orders suit different programs, so
+``place`` tries both and keeps the smaller arena.
+
+Finding the free gaps is the costly part: a buffer of a deep network's forward pass overlaps in
+time every other one until its backward use, so listing the overlapping buffers would make
+planning quadratic. Instead a segment tree over time keeps, at each node, the address ranges of
+buffers that span the node and the union of all ranges within it; the taken ranges over any time
+span are the union of O(log n) such sets, each of them usually a few ranges long.
+"""
+
+from bisect import bisect_left, bisect_right
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Request:
+    """A buffer to place: ``size`` bytes (already aligned), live from step ``start`` to ``end``."""
+
+    key: object
+    size: int
+    start: int
+    end: int
+
+
+def _add_range(flat, lo, hi):
+    """Add ``[lo, hi)`` to ``flat``, a sorted list of disjoint ranges ``[a0, b0, a1, b1, ...]``."""
+    i = bisect_left(flat, lo)
+    j = bisect_right(flat, hi)
+    flat[i:j] = [lo] * (i % 2 == 0) + [hi] * (j % 2 == 0)
+
+
+class _Occupancy:
+    """Which address ranges are taken during which steps."""
+
+    def __init__(self, steps):
+        self.leaves = 1
+        while self.leaves < steps:
+            self.leaves *= 2
+        self.spanning = [[] for _ in range(2 * self.leaves)]  # ranges of buffers covering the node
+        self.within = [[] for _ in range(2 * self.leaves)]  # union of ranges anywhere in the node's span
+
+    def _nodes(self, start, end):
+        """The nodes exactly covering steps ``start..end``, and all their ancestors."""
+        cover, lo, hi = [], start + self.leaves, end + self.leaves + 1
+        while lo < hi:
+            if lo & 1:
+                cover.append(lo)
+                lo += 1
+            if hi & 1:
+                hi -= 1
+                cover.append(hi)
+            lo //= 2
+            hi //= 2
+        ancestors = set()
+        for node in cover:
+            node //= 2
+            while node and node not in ancestors:
+                ancestors.add(node)
+                node //= 2
+        return cover, ancestors
+
+    def taken(self, start, end):
+        """The address ranges taken at some step in ``start..end``, as a flat sorted list."""
+        cover, ancestors = self._nodes(start, end)
+        sets = [self.within[n] for n in cover] + [self.spanning[n] for n in ancestors]
+        sets = [s for s in sets if s]
+        if not sets:
+            return []
+        sets.sort(key=len)
+        union = list(sets[-1])
+        for flat in sets[:-1]:
+            for k in range(0, len(flat), 2):
+                _add_range(union, flat[k], flat[k + 1])
+        return union
+
+    def take(self, start, end, lo, hi):
+        cover, ancestors = self._nodes(start, end)
+        for node in cover:
+            _add_range(self.spanning[node], lo, hi)
+            _add_range(self.within[node], lo, hi)
+        for node in ancestors:
+            _add_range(self.within[node], lo, hi)
+
+
+def _best_fit(taken, size):
+    """The offset of the smallest gap of ``taken`` that holds ``size`` bytes, else the top."""
+    best, best_gap = None, None
+    previous_end = 0
+    for k in range(0, len(taken), 2):
+        gap = taken[k] - previous_end
+        if gap >= size and (best_gap is None or gap < best_gap):
+            best, best_gap = previous_end, gap
+        previous_end = taken[k + 1]
+    return previous_end if best is None else best
+
+
+ORDERS = {
+    "size-first": lambda r: (-r.size, -(r.end - r.start), r.start),
+    "lifetime-first": lambda r: (-(r.end - r.start), -r.size, r.start),
+}
+
+
+def place(requests, steps, order):
+    """``({key: offset}, peak)`` for ``requests`` placed greedily in ``order`` (a key of ORDERS)."""
+    occupancy = _Occupancy(max(steps, 1))
+    offsets, peak = {}, 0
+    for r in sorted(requests, key=ORDERS[order]):
+        if r.size == 0:
+            offsets[r.key] = 0
+            continue
+        offset = _best_fit(occupancy.taken(r.start, r.end), r.size)
+        occupancy.take(r.start, r.end, offset, offset + r.size)
+        offsets[r.key] = offset
+        peak = max(peak, offset + r.size)
+    return offsets, peak
+
+
+def best_placement(requests, steps):
+    """``(order, {key: offset}, peak)``: the better of the two orders (size-first on a tie)."""
+    tried = [(order, *place(requests, steps, order)) for order in ORDERS]
+    return min(tried, key=lambda t: t[2])

@@ -1,0 +1,189 @@
+"""The memory plan: every intermediate value gets a fixed offset in one arena.
+
+``plan_memory`` takes a program's steps (see ``liveness.Step``), the size of each value and the
+values that live elsewhere (state, constants), and returns a ``MemoryPlan``:
+
+1. live intervals over the steps (``liveness``);
+2. in-place sharing: a value may take the buffer of a value its step reads elementwise and that
+   dies at that step, when the two have the same size; chains of them share one buffer;
+3. offsets by greedy best fit, size-first and lifetime-first, keeping the smaller (``offsets``).
+
+A step's workspace is a buffer of its own, live only during the step.
+"""
+
+from dataclasses import dataclass
+
+from ..errors import PlanError
+from . import liveness
+from .offsets import Request, best_placement
+
+
+def aligned(nbytes, alignment):
+    return -(-nbytes // alignment) * alignment
+
+
+@dataclass(frozen=True)
+class Placement:
+    """Where one value lives: ``nbytes`` at ``offset``, from step ``start`` through ``end``.
+
+    ``takes_from`` is the value whose buffer this one took in place (it died at ``start``).
+    """
+
+    key: object
+    label: str
+    offset: int
+    nbytes: int
+    start: int
+    end: int
+    takes_from: object = None
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """One region of the arena: the values that share it, one after another."""
+
+    placements: tuple
+    offset: int
+    size: int
+    start: int
+    end: int
+
+    @property
+    def label(self):
+        return " → ".join(p.label for p in self.placements)
+
+
+class MemoryPlan:
+    """The arena layout of a program, with the figures to judge it by.
+
+    ``peak_bytes``: the arena's size. ``lower_bound_bytes``: the most bytes live at any one step,
+    under the same liveness, sharing and alignment; no placement can need less. ``naive_bytes``:
+    one buffer per value, nothing reused.
+    """
+
+    def __init__(self, placements, steps, alignment, order, naive_bytes):
+        self.placements = tuple(placements)
+        self.steps = steps
+        self.alignment = alignment
+        self.order = order
+        self.naive_bytes = naive_bytes
+        self._by_key = {p.key: p for p in self.placements}
+        self.buffers = _buffers(self.placements, alignment)
+        self.peak_bytes = max((b.offset + b.size for b in self.buffers), default=0)
+        self.lower_bound_bytes = _most_live(self.buffers, steps)
+
+    def __contains__(self, key):
+        return key in self._by_key
+
+    def __getitem__(self, key):
+        return self._by_key[key]
+
+    def __len__(self):
+        return len(self.placements)
+
+    def summary(self):
+        ratio = self.naive_bytes / self.peak_bytes if self.peak_bytes else 1.0
+        return (f"arena {_kib(self.peak_bytes)} (lower bound {_kib(self.lower_bound_bytes)}, "
+                f"one buffer per value {_kib(self.naive_bytes)}: {ratio:.2f}x less); "
+                f"{len(self.placements)} values in {len(self.buffers)} buffers over {self.steps} steps, "
+                f"{self.order} placement, {self.alignment}-byte alignment")
+
+    def __repr__(self):
+        return f"<MemoryPlan: {self.summary()}>"
+
+    def plot(self, path, title=None):
+        """Draw the plan as a PNG at ``path``: time across, address up, a rectangle per buffer."""
+        from .picture import draw
+
+        return draw(self, path, title)
+
+
+def _kib(nbytes):
+    return f"{nbytes / 1024:.1f} KiB" if nbytes < 1 << 20 else f"{nbytes / (1 << 20):.2f} MiB"
+
+
+def _buffers(placements, alignment):
+    """The placements grouped by the buffer they share: each chain of in-place takers with its head."""
+    by_key = {p.key: p for p in placements}
+    head = {}
+    for p in placements:
+        chain = []
+        while p.key not in head and p.takes_from is not None:
+            chain.append(p)
+            p = by_key[p.takes_from]
+        top = head.get(p.key, p)
+        for q in chain + [p]:
+            head[q.key] = top
+    groups = {}
+    for p in placements:
+        groups.setdefault(head[p.key].key, []).append(p)
+    return [Buffer(tuple(sorted(g, key=lambda p: p.start)), g[0].offset, aligned(head[g[0].key].nbytes, alignment),
+                   min(p.start for p in g), max(p.end for p in g)) for g in groups.values()]
+
+
+def _most_live(buffers, steps):
+    delta = [0] * (steps + 2)
+    for b in buffers:
+        delta[b.start] += b.size
+        delta[b.end + 1] -= b.size
+    live, most = 0, 0
+    for d in delta:
+        live += d
+        most = max(most, live)
+    return most
+
+
+def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=()):
+    """The ``MemoryPlan`` of ``steps`` (``liveness.Step``) for the values not in ``external``.
+
+    ``nbytes``: each value's size in bytes. ``external``: values with storage of their own (state,
+    constants), never placed. ``live_out``: values read after the last step. ``labels``: a short
+    name per value for reports and pictures. ``shared``: in-place pairs the caller has taken
+    itself (an update written over its state variable), which may cost workspace.
+    """
+    if alignment <= 0 or alignment & (alignment - 1):
+        raise PlanError(f"the alignment must be a power of two, not {alignment}")
+    labels = labels or {}
+    external = set(external)
+    lives = liveness.intervals(steps, live_out)
+    owner = liveness.owners(steps)
+    planned = [k for k in lives if k not in external and owner.get(k, k) == k and k in nbytes]
+    takes = _inplace(steps, lives, owner, planned, nbytes, alignment)
+    taken = set(shared) | set(takes.items())
+    workspaces = {("workspace", i): s.workspace_with(taken) for i, s in enumerate(steps)}
+    workspaces = {key: size for key, size in workspaces.items() if size}
+
+    head = {}
+    for k in planned:
+        head[k] = head[takes[k]] if k in takes else k
+    spans = {}
+    for k in planned:
+        lo, hi = spans.get(head[k], (lives[k].start, lives[k].end))
+        spans[head[k]] = (min(lo, lives[k].start), max(hi, lives[k].end))
+    requests = [Request(h, aligned(nbytes[h], alignment), *spans[h]) for h in spans]
+    requests += [Request(key, aligned(size, alignment), key[1], key[1]) for key, size in workspaces.items()]
+    order, offsets, _ = best_placement(requests, len(steps) + 1)
+
+    placements = [Placement(k, labels.get(k, str(k)), offsets[head[k]], nbytes[k], lives[k].start, lives[k].end,
+                            takes.get(k)) for k in planned]
+    placements += [Placement(key, f"workspace of {steps[key[1]].label or key[1]}", offsets[key], size, key[1], key[1])
+                   for key, size in workspaces.items()]
+    naive = sum(aligned(nbytes[k], alignment) for k in planned) + sum(aligned(s, alignment) for s in workspaces.values())
+    return MemoryPlan(placements, len(steps) + 1, alignment, order, naive)
+
+
+def _inplace(steps, lives, owner, planned, nbytes, alignment):
+    """``{value: the value whose buffer it takes}`` for each sharing the steps allow."""
+    planned = set(planned)
+    takes, given = {}, set()
+    for i, step in enumerate(steps):
+        for defined, read in step.inplace:
+            if defined in takes or read in given or defined not in planned or read not in planned:
+                continue
+            if owner.get(read, read) is not read or lives[read].end != i or lives[defined].start != i:
+                continue
+            if aligned(nbytes[defined], alignment) != aligned(nbytes[read], alignment):
+                continue
+            takes[defined] = read
+            given.add(read)
+    return takes

@@ -1,0 +1,128 @@
+"""``Program``: a compiled step. Call it with feeds; it returns the outputs and updates its state.
+
+    step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
+    (loss_value,) = step(x=xv, y=yv)
+    step.state["W"]        # the current value (a read-only view; assign to replace it)
+    step.memory            # the MemoryPlan: peak_bytes, lower_bound_bytes, naive_bytes, plot()
+    print(step.explain())  # the rules that fired, the kernels, the plan
+"""
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from .errors import FeedError
+from .exprgraph import feeds as feed_checks
+from .exprgraph.dtypes import type_string
+from .exprgraph.printing import body_text, inline
+
+
+class State(Mapping):
+    """A program's state by variable name: read-only views of the live buffers.
+
+    ``state["W"] = value`` replaces a value (checked like a feed, copied in).
+    """
+
+    def __init__(self, arrays):
+        self._arrays = {v.name: (v, a) for v, a in arrays.items()}
+
+    def __getitem__(self, name):
+        if name not in self._arrays:
+            raise FeedError(f"no state variable {name!r}; the state is {sorted(self._arrays) or 'empty'}")
+        view = self._arrays[name][1].view()
+        view.flags.writeable = False
+        return view
+
+    def __setitem__(self, name, value):
+        self[name]  # noqa: B018  (an unknown name is refused first)
+        var, array = self._arrays[name]
+        np.copyto(array, feed_checks.bind({name: var}, {name: value})[var])
+
+    def __iter__(self):
+        return iter(self._arrays)
+
+    def __len__(self):
+        return len(self._arrays)
+
+    def __repr__(self):
+        return "State(" + ", ".join(f"{n}: {type_string(v.shape, v.dtype)}" for n, (v, _) in self._arrays.items()) + ")"
+
+
+class Program:
+    """One compiled step; built by ``ct.compile``."""
+
+    def __init__(self, signature, outputs, updates, kernels, plan, executor, traces, backend, sinks):
+        self.signature = signature
+        self.outputs = tuple(outputs)
+        self.updates = updates
+        self.kernels = tuple(kernels)
+        self.memory = plan
+        self.traces = traces
+        self.backend = backend
+        self._sinks = sinks
+        self._executor = executor
+        self._inputs = {v.name: v for v in signature.inputs}
+        self.state = State(executor.state)
+
+    @property
+    def inputs(self):
+        return self.signature.inputs
+
+    def __call__(self, feeds=None, /, **named):
+        """The outputs for these feeds (``program(x=xv)`` or ``program({"x": xv})``), then the updates.
+
+        Every feed is checked before anything runs, so a rejected call changes no state.
+        """
+        if feeds is not None and named:
+            raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
+        bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
+        results = self._executor.run({v.name: value for v, value in bound.items()})
+        return results[0] if self.signature.single else results
+
+    def __repr__(self):
+        inputs = ", ".join(f"{v.name}: {type_string(v.shape, v.dtype)}" for v in self.inputs)
+        return (f"<Program ({inputs}) -> {len(self.outputs)} outputs, {len(self.updates)} updates; "
+                f"{len(self.kernels)} kernels on {self.backend}; arena {self.memory.peak_bytes} bytes>")
+
+    def explain(self, examples=3):
+        """The rules that fired in each stage, the kernels in order, and the memory plan."""
+        return "\n".join(self._rules(examples) + [""] + self._schedule() + ["", "memory: " + self.memory.summary()])
+
+    def _rules(self, examples):
+        lines = ["rules:"]
+        for stage, trace in self.traces.items():
+            counts = trace.counts()
+            if not counts:
+                lines.append(f"  {stage}: nothing fired")
+                continue
+            lines.append(f"  {stage}: {len(trace)} rewrites: " + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
+            lines += [f"      {step}" for step in list(trace)[:examples]]
+        return lines
+
+    def _schedule(self):
+        lines = [f"kernels ({len(self.kernels)}, in order):"]
+        for i, kernel in enumerate(self.kernels):
+            t = kernel.term
+            if t.op.name == "var":
+                what = f"load {t.name}"
+            elif t.op.name == "fused":
+                args = ", ".join(inline(a, 1) for a in t.args)
+                what = f"fused({args}) {body_text(t)}"
+            else:
+                what = inline(t, 1)
+            where = ", ".join(self._where(d) for d in kernel.terms)
+            lines.append(f"  k{i:<3} {what}  -> {where}")
+        for var, value in self.updates.items():
+            how = "computed in place" if value in self._sinks else "copied in after the step"
+            lines.append(f"  update {var.name} <- {inline(value, 1)}: {how}")
+        return lines
+
+    def _where(self, t):
+        typ = type_string(t.shape, t.dtype)
+        if t in self.memory:
+            p = self.memory[t]
+            shared = f" (in place of {self.memory[p.takes_from].label})" if p.takes_from is not None else ""
+            return f"{typ} @ {p.offset}{shared}"
+        if t in self._sinks:
+            return f"{typ} in state {self._sinks[t].name}"
+        return f"{typ} (a view)"

@@ -1,0 +1,181 @@
+"""``fuse``: maximal regions of elementwise work become one fused term each, one kernel to a backend.
+
+A region grows down from a root (an elementwise op, a broadcast, or a reduction) through the
+terms it reads, taking:
+
+- an elementwise op or ``broadcast_to`` whose every user is already in the region: it becomes
+  internal, and is never stored;
+- an elementwise op of the root's shape that is also used outside the region, when every such
+  use comes later in the schedule than the root: it becomes an extra output, produced by the same
+  kernel (an Adam update writes the parameter and both moments in one pass this way);
+- one reduction (``sum``, ``mean``, ``max``, ``logsumexp``) of the root's shape used only inside
+  the region: the region becomes a fused reduction, the ops below it its prologue (which must be
+  internal) and the ops above it its epilogue.
+
+The schedule condition is what keeps regions acyclic: a term that comes after the root cannot
+feed the region. A region of one term stays as it was. Constants of one value are inlined into
+the body; every other operand becomes a parameter ``in0, in1, ...`` of the body.
+
+    fused, trace = fuse([loss, *updates])   # same values, fewer terms
+"""
+
+import heapq
+import itertools
+
+from ..exprgraph.graph import post_order
+from ..exprgraph.ops import ELEMENTWISE, FUSED_OP, parameter
+from ..exprgraph.term import make
+from .engine import Rewrite, Trace
+
+AXIS_REDUCTIONS = frozenset({"sum", "mean", "max", "logsumexp"})
+ROW_REDUCTIONS = frozenset({"softmax", "log_softmax"})  # reductions that keep the shape: roots only
+
+
+def _elementwise(term):
+    return term.op.kind == ELEMENTWISE or term.op.name == "broadcast_to"
+
+
+def _inlined(term):
+    """A constant of one value, which a body carries itself instead of reading it."""
+    return term.op.name == "const" and (term.ndim == 0 or term.attrs[0].scalar is not None)
+
+
+class _Region:
+    """The terms of one region as it grows from ``root``."""
+
+    def __init__(self, root):
+        self.root = root
+        self.members = {root}
+        self.prologue = set()  # members at or below the reduction
+        self.reduction = None
+        if root.op.name in AXIS_REDUCTIONS or root.op.name in ROW_REDUCTIONS:
+            self.reduction = root
+            self.prologue.add(root)
+        self.extras = []
+
+
+class _Fuser:
+    def __init__(self, roots):
+        self.order = post_order(roots)
+        self.position = {t: i for i, t in enumerate(self.order)}
+        self.users = {t: [] for t in self.order}
+        for t in self.order:
+            for a in set(t.args):
+                self.users[a].append(t)
+        self.end = len(self.order)  # the program's own use of its roots comes after every term
+        self.roots = set(roots)
+        self.region_of = {}
+
+    def _outside_uses(self, term, region):
+        """Schedule positions of the uses of ``term`` outside ``region``."""
+        uses = [self.position[u] for u in self.users[term] if u not in region.members]
+        return uses + [self.end] * (term in self.roots)
+
+    def _admit(self, term, region):
+        """How ``term`` may join ``region``: "internal", "extra", "reduction" or None."""
+        if term in self.region_of or term.op.kind == "leaf":
+            return None
+        below = any(u in region.prologue for u in self.users[term])
+        outside = self._outside_uses(term, region)
+        if term.op.name in AXIS_REDUCTIONS:
+            ok = region.reduction is None and not below and not outside and term.shape == region.root.shape
+            return "reduction" if ok else None
+        if not _elementwise(term):
+            return None
+        if not outside:
+            return "internal"
+        later = min(outside) > self.position[region.root]
+        if not below and later and term.shape == region.root.shape and term.op.name != "broadcast_to":
+            return "extra"
+        return None
+
+    def grow(self, root):
+        region = _Region(root)
+        pending = []  # candidates, latest first: when one is decided, all its users in the region are known
+        seen = set()
+
+        def push_args(member):
+            for a in member.args:
+                if a not in seen and a not in region.members:
+                    seen.add(a)
+                    heapq.heappush(pending, (-self.position[a], id(a), a))
+
+        push_args(root)
+        while pending:
+            _, _, term = heapq.heappop(pending)
+            how = self._admit(term, region)
+            if how is None:
+                continue
+            if how == "reduction":
+                region.reduction = term
+            if how == "reduction" or any(u in region.prologue for u in self.users[term]):
+                region.prologue.add(term)
+            if how == "extra":
+                region.extras.append(term)
+            region.members.add(term)
+            push_args(term)
+        return region
+
+    def regions(self):
+        found = []
+        for term in reversed(self.order):
+            fusible = _elementwise(term) or term.op.name in AXIS_REDUCTIONS or term.op.name in ROW_REDUCTIONS
+            if term in self.region_of or not fusible:
+                continue
+            region = self.grow(term)
+            if len(region.members) > 1:
+                for m in region.members:
+                    self.region_of[m] = region
+                found.append(region)
+        return found
+
+
+def _body(region, position):
+    """``(inputs, outputs)``: the region's operands and its outputs as terms over parameters."""
+    members = sorted(region.members, key=position.__getitem__)
+    inputs, body = [], {}
+    for m in members:
+        args = []
+        for a in m.args:
+            if a in region.members:
+                args.append(body[a])
+            elif _inlined(a):
+                args.append(a)
+            else:
+                if a not in body:
+                    body[a] = parameter(len(inputs), a)
+                    inputs.append(a)
+                args.append(body[a])
+        body[m] = m.rebuild(args)
+    produced = [region.root] + sorted(region.extras, key=position.__getitem__)
+    return inputs, produced, tuple(body[t] for t in produced)
+
+
+def fuse(roots, trace=None):
+    """``(new_roots, trace)``: ``roots`` with every fusible region replaced by fused terms."""
+    roots = tuple(roots)
+    trace = Trace() if trace is None else trace
+    fuser = _Fuser(roots)
+    replaced = {}
+    fuser.regions()
+    for term in fuser.order:
+        region = fuser.region_of.get(term)
+        if region is not None:
+            if term is region.root:
+                _replace_region(region, fuser.position, replaced, trace)
+            continue
+        if term.args:
+            args = tuple(replaced.get(a, a) for a in term.args)
+            if any(new is not old for new, old in zip(args, term.args)):
+                replaced[term] = term.rebuild(args)
+    return tuple(replaced.get(r, r) for r in roots), trace
+
+
+def _replace_region(region, position, replaced, trace):
+    inputs, produced, outputs = _body(region, position)
+    inputs = tuple(replaced.get(a, a) for a in inputs)
+    rule = "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
+    for index, term in zip(itertools.count(), produced):
+        fused = make(FUSED_OP, inputs, (outputs, index))
+        replaced[term] = fused
+        trace.append(Rewrite(rule, term, fused))
