@@ -177,7 +177,8 @@ def _inplace(steps, lives, owner, planned, nbytes, alignment):
     planned = set(planned)
     takes, given = {}, set()
     for i, step in enumerate(steps):
-        for defined, read in step.inplace:
+        costs = dict(step.costs)
+        for defined, read in sorted(step.inplace, key=lambda pair: costs.get(pair, step.workspace)):
             if defined in takes or read in given or defined not in planned or read not in planned:
                 continue
             if owner.get(read, read) is not read or lives[read].end != i or lives[defined].start != i:

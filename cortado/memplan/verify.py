@@ -24,8 +24,7 @@ def verify(plan):
         if p.offset < 0 or p.offset + p.nbytes > plan.peak_bytes or p.offset % plan.alignment:
             raise PlanError(f"{_describe(p)} lies outside the {plan.peak_bytes}-byte arena or is misaligned")
         donor = by_key.get(p.takes_from)
-        if p.takes_from is not None and (donor is None or (donor.offset, donor.end) != (p.offset, p.start)
-                                         or donor.nbytes < p.nbytes):
+        if p.takes_from is not None and (donor is None or (donor.offset, donor.end) != (p.offset, p.start)):
             raise PlanError(f"{_describe(p)} takes the buffer of a value that is not dying in the same place")
     values = [p for p in plan.placements if p.nbytes]
     live, ending = [], []  # (offset, index) of the live values sorted by offset; a heap of (end, offset, index)

@@ -1,6 +1,6 @@
 """``fuse``: maximal regions of elementwise work become one fused term each, one kernel to a backend.
 
-A region grows down from a root (an elementwise op, a broadcast, or a reduction) through the
+A region grows down from a root (an elementwise op or a reduction) through the
 terms it reads, taking:
 
 - an elementwise op or ``broadcast_to`` whose every user is already in the region: it becomes
@@ -119,8 +119,8 @@ class _Fuser:
     def regions(self):
         found = []
         for term in reversed(self.order):
-            fusible = _elementwise(term) or term.op.name in AXIS_REDUCTIONS or term.op.name in ROW_REDUCTIONS
-            if term in self.region_of or not fusible:
+            fusible = term.op.kind == ELEMENTWISE or term.op.name in AXIS_REDUCTIONS or term.op.name in ROW_REDUCTIONS
+            if term in self.region_of or not fusible:  # a broadcast is no root: alone it is a free view
                 continue
             region = self.grow(term)
             if len(region.members) > 1:

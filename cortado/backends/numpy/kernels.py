@@ -109,8 +109,14 @@ def _softplus(em, term, args, out):
 
 def _where(em, term, args, out):
     condition, a, b = args
+    truth = condition
+    if condition.dtype != np.bool_:  # a number is true where it is not zero, as in np.where
+        truth = em.scratch(condition.shape, np.bool_)
+        em.call(np.not_equal, condition, 0, out=truth)
     em.call(np.copyto, out, b)
-    em.call(np.copyto, out, a, where=condition)
+    em.call(np.copyto, out, a, where=truth)
+    if truth is not condition:
+        em.release(truth)
 
 
 def _cast(em, term, args, out):

@@ -1,0 +1,253 @@
+"""compile() and the CPU executor against the reference interpreter; state, updates, errors, memory."""
+
+import sys
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.memplan import verify
+from cortado.testing import graphs_with_feeds
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from mlp_numpy import initial_values, mlp  # noqa: E402
+
+TOLERANCE = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+def assert_same(ours, expected):
+    assert ours.shape == expected.shape and ours.dtype == expected.dtype
+    if ours.dtype.kind == "f":
+        rtol, atol = TOLERANCE[ours.dtype.name]
+        np.testing.assert_allclose(ours, expected, rtol=rtol, atol=atol, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(ours, expected)
+
+
+# -- against the reference interpreter --------------------------------------------------------
+
+
+@given(graphs_with_feeds(dtypes=("float16", "float32", "float64")))
+def test_random_graphs_compile_to_the_values_the_reference_computes(case):
+    graph, feeds = case
+    program = ct.compile(list(graph.outputs), inputs=graph.inputs, debug=True)
+    for ours, expected in zip(program(**feeds), ct.evaluate(graph.outputs, feeds)):
+        assert_same(ours, expected)
+    assert verify(program.memory)
+    assert program.memory.peak_bytes >= program.memory.lower_bound_bytes
+
+
+@given(graphs_with_feeds(), st.data())
+def test_random_state_and_updates_follow_the_reference_call_after_call(case, data):
+    graph, feeds = case
+    state = {v: feeds[v.name] for v in graph.inputs[:1]}
+    inputs = graph.inputs[1:]
+    updates = {}
+    for v in state:  # each update reads the old values of everything: its variable and the outputs
+        out = graph.outputs[data.draw(st.integers(0, len(graph.outputs) - 1))]
+        mixed = ct.sum(ct.cast(out, v.dtype)) * 0.001 if out.dtype.kind in "fiub" else 0.0
+        updates[v] = v * 0.5 + mixed
+    program = ct.compile(list(graph.outputs), inputs=inputs, state=state, updates=updates, debug=True)
+    current = dict(feeds)
+    for _ in range(2):
+        expected = ct.evaluate(list(graph.outputs) + list(updates.values()), current)
+        results = program(**{v.name: current[v.name] for v in inputs})
+        for ours, theirs in zip(results, expected):
+            assert_same(ours, theirs)
+        for v, theirs in zip(updates, expected[len(graph.outputs):]):
+            assert_same(np.array(program.state[v.name]), theirs)
+            current[v.name] = theirs
+
+
+def test_every_op_family_compiles_exactly():
+    x = ct.var("x", (6, 5))
+    y = ct.var("y", (5, 6), "float64")
+    n = ct.var("n", (6, 5), "int32")
+    terms = [
+        ct.sigmoid(x), ct.softplus(x), ct.relu(x - 0.5), ct.where(x > 0, x, -x), ct.cast(x, "int16"),
+        ct.sum(x, axis=0), ct.mean(x, axis=1, keepdims=True), ct.max(x), ct.logsumexp(x, axis=1),
+        ct.softmax(x, axis=0), ct.log_softmax(x), x @ ct.cast(y, "float32"), ct.einsum("ij,jk->ik", x, y),
+        ct.transpose(x).reshape(30), ct.broadcast_to(ct.sum(x, axis=0), (3, 5)),
+        ct.mean(n, axis=0), ct.sigmoid(n), ct.logsumexp(n), ct.sum(ct.cast(x, "float16") * 2, axis=1),
+        ct.mean(ct.cast(x, "float16")),
+    ]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((6, 5)).astype(np.float32), "y": rng.standard_normal((5, 6)),
+             "n": rng.integers(-3, 4, (6, 5)).astype(np.int32)}
+    program = ct.compile(terms, inputs=[x, y, n], debug=True)
+    for term, ours, expected in zip(terms, program(**feeds), ct.evaluate(terms, feeds)):
+        assert_same(ours, expected)
+
+
+# -- the MLP training step of the examples ----------------------------------------------------
+
+
+def _training_step(batch, sizes=(2, 32, 32, 3), seed=0, learning_rate=0.5):
+    rng = np.random.default_rng(seed)
+    loss, _, x, y, parameters = mlp(batch, sizes)
+    gradients = ct.grad(loss, parameters)
+    values = initial_values(parameters, rng)
+    step = ct.compile([loss], inputs=[x, y], state={p: values[p.name] for p in parameters},
+                      updates={p: p - learning_rate * g for p, g in zip(parameters, gradients)}, debug=True)
+    feeds = {"x": rng.standard_normal((batch, sizes[0])).astype(np.float32),
+             "y": np.eye(sizes[-1], dtype=np.float32)[rng.integers(0, sizes[-1], batch)]}
+    return step, loss, gradients, parameters, values, feeds
+
+
+def test_the_mlp_step_trains_exactly_as_the_reference_interpreter_does():
+    step, loss, gradients, parameters, values, feeds = _training_step(64)
+    for _ in range(3):
+        loss_value, *grads = ct.evaluate([loss, *gradients], {**feeds, **values})
+        (ours,) = step(**feeds)
+        assert_same(ours, loss_value)
+        values = {p.name: values[p.name] - 0.5 * g for p, g in zip(parameters, grads)}
+        for p in parameters:
+            np.testing.assert_allclose(step.state[p.name], values[p.name], rtol=1e-6, atol=1e-7)
+
+
+def test_the_mlp_step_plan_is_optimal_and_beats_one_buffer_per_value():
+    step = _training_step(256)[0]
+    memory = step.memory
+    assert memory.peak_bytes == memory.lower_bound_bytes
+    assert memory.naive_bytes / memory.peak_bytes >= 1.3
+    assert "computed in place" in step.explain()  # the updates write straight into the parameters
+
+
+def test_a_steady_state_call_allocates_nothing_but_its_outputs():
+    step, *_, feeds = _training_step(256, sizes=(64, 512, 512, 10))
+    limit = 16 * 1024
+    assert len([p for p in step.memory.placements if p.nbytes > limit]) >= 10  # copying any of these would show
+    step(**feeds)
+    tracemalloc.start()
+    try:
+        for _ in range(3):
+            tracemalloc.reset_peak()
+            before = tracemalloc.get_traced_memory()[0]
+            results = step(**feeds)
+            extra = tracemalloc.get_traced_memory()[1] - before - sum(r.nbytes for r in results)
+            # NumPy's own bookkeeping per call (its iterators, a few Python objects) is about 1 KiB
+            assert extra < limit
+    finally:
+        tracemalloc.stop()
+
+
+def test_repeated_calls_with_the_same_feeds_are_bit_identical():
+    x, W = ct.var("x", (32, 16)), ct.var("W", (16, 8))
+    out = ct.softmax(ct.tanh(x @ W) * 3, axis=1)
+    program = ct.compile([out, ct.sum(out)], inputs=[x, W])
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((32, 16)).astype(np.float32), "W": rng.standard_normal((16, 8)).astype(np.float32)}
+    first = program(**feeds)
+    for _ in range(3):
+        for a, b in zip(first, program(**feeds)):
+            assert a.tobytes() == b.tobytes()
+
+
+# -- state and updates -------------------------------------------------------------------------
+
+
+def test_updates_are_all_computed_from_the_old_values():
+    a, b = ct.var("a", (3,)), ct.var("b", (3,))
+    program = ct.compile([a + b], state={a: np.ones(3, np.float32), b: np.full(3, 10, np.float32)},
+                         updates={a: b, b: a})  # a swap
+    (total,) = program()
+    np.testing.assert_array_equal(total, 11)
+    np.testing.assert_array_equal(program.state["a"], 10)
+    np.testing.assert_array_equal(program.state["b"], 1)
+
+
+def test_an_output_of_a_state_variable_is_its_value_before_the_update():
+    W = ct.var("W", (2, 2))
+    program = ct.compile([W, W * 2], state={W: np.eye(2, dtype=np.float32)}, updates={W: W + 1})
+    old, doubled = program()
+    np.testing.assert_array_equal(old, np.eye(2))
+    np.testing.assert_array_equal(doubled, 2 * np.eye(2))
+    np.testing.assert_array_equal(program.state["W"], np.eye(2) + 1)
+
+
+def test_state_is_read_through_views_and_can_be_replaced():
+    W = ct.var("W", (2, 3))
+    program = ct.compile([ct.sum(W)], state={W: np.zeros((2, 3), np.float32)}, updates={W: W + 1})
+    view = program.state["W"]
+    with pytest.raises(ValueError):
+        view[0, 0] = 5
+    program.state["W"] = np.full((2, 3), 2, np.float32)
+    assert program()[0] == 12
+    np.testing.assert_array_equal(view, 3)  # a live view of the state
+    with pytest.raises(ct.ShapeError):
+        program.state["W"] = np.zeros((3, 2), np.float32)
+    with pytest.raises(ct.FeedError, match="no state variable 'V'"):
+        program.state["V"]
+
+
+def test_a_rejected_call_changes_no_state():
+    x, W = ct.var("x", (4, 3)), ct.var("W", (3,))
+    program = ct.compile([ct.sum(x * W)], inputs=[x], state={W: np.ones(3, np.float32)}, updates={W: W * 2})
+    for bad in [{"x": np.ones((4, 4), np.float32)}, {"x": np.ones((4, 3))}, {}, {"x": np.ones((4, 3), np.float32), "z": 1}]:
+        with pytest.raises(ct.CortadoError):
+            program(**bad)
+    np.testing.assert_array_equal(program.state["W"], 1)
+
+
+def test_a_failing_call_leaves_the_state_as_it_was():
+    n, W = ct.var("n", (3,), "int64"), ct.var("W", (3,), "int64")
+    program = ct.compile([ct.sum(W ** n)], inputs=[n], state={W: np.array([2, 3, 4])}, updates={W: W + 1})
+    with pytest.raises(ct.BackendError, match="power"):
+        program(n=np.array([1, -1, 2]))
+    np.testing.assert_array_equal(program.state["W"], [2, 3, 4])
+    assert program(n=np.array([1, 1, 1]))[0] == 9
+
+
+# -- the call and its errors ------------------------------------------------------------------
+
+
+def test_one_term_gives_one_array_and_feeds_come_as_keywords_or_a_mapping():
+    x = ct.var("x", (2,))
+    program = ct.compile(x * 2, inputs=[x])
+    np.testing.assert_array_equal(program(x=[1, 2]), [2, 4])
+    np.testing.assert_array_equal(program({"x": np.array([1, 2], np.float32)}), [2, 4])
+    np.testing.assert_array_equal(program({x: np.array([3, 4], np.float32)}), [6, 8])
+    with pytest.raises(ct.FeedError, match="not both"):
+        program({"x": [1, 2]}, x=[1, 2])
+
+
+def test_compile_refuses_what_it_cannot_run():
+    x, W, b = ct.var("x", (2, 3)), ct.var("W", (3, 3)), ct.var("b", (3,))
+    with pytest.raises(ct.FeedError, match="'W'.*neither an input nor state"):
+        ct.compile([x @ W], inputs=[x])
+    with pytest.raises(ct.FeedError, match="needs 'b' in state"):
+        ct.compile([x @ W], inputs=[x], state={W: np.eye(3, dtype=np.float32)}, updates={b: b})
+    with pytest.raises(ct.ShapeError, match="update of 'W' has shape"):
+        ct.compile([x @ W], inputs=[x], state={W: np.eye(3, dtype=np.float32)}, updates={W: ct.sum(W)})
+    with pytest.raises(ct.DTypeError, match="ct.cast"):
+        ct.compile([x @ W], inputs=[x], state={W: np.eye(3, dtype=np.float32)}, updates={W: ct.cast(W, "float64")})
+    with pytest.raises(ct.FeedError, match="both an input and state"):
+        ct.compile([x @ W], inputs=[x, W], state={W: np.eye(3, dtype=np.float32)})
+    with pytest.raises(ct.FeedError, match="must be variables"):
+        ct.compile([x @ W], inputs=[x @ W])
+    with pytest.raises(ct.ShapeError, match="shape"):
+        ct.compile([x @ W], inputs=[x], state={W: np.eye(2, dtype=np.float32)})
+    with pytest.raises(ct.BackendError, match="no backend 'torch'"):
+        ct.compile([x @ W], inputs=[x, W], backend="torch")
+
+
+def test_explain_lists_rules_kernels_and_the_plan():
+    x, b = ct.var("x", (4, 3)), ct.var("b", (3,))
+    program = ct.compile([ct.log(1 + ct.exp(x + b))], inputs=[x, b])
+    text = program.explain()
+    assert "stability: " in text and "softplus" in text
+    assert "fusion: 1 rewrites: fuse-elementwise x1" in text
+    assert "fused(x, b) {softplus(add(in0, in1))}" in text
+    assert "lower bound" in text and "one buffer per value" in text
+    assert repr(program).startswith("<Program (x: float32[4,3], b: float32[3]) -> 1 outputs")
+
+
+def test_the_memory_plan_draws(tmp_path):
+    pytest.importorskip("matplotlib")
+    step = _training_step(64)[0]
+    path = step.memory.plot(tmp_path / "plan.png")
+    assert path.stat().st_size > 1000

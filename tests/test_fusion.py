@@ -1,0 +1,104 @@
+"""Fusion: which regions become one fused term, and that fusing never changes a value."""
+
+import numpy as np
+from hypothesis import given
+
+import cortado as ct
+from cortado.rules.fusion import fuse
+from cortado.testing import graphs_with_feeds
+
+
+def _fused_terms(roots):
+    return [t for t in ct.schedule(list(roots)) if t.op.name == "fused"]
+
+
+def _regions(roots):
+    return {(t.args, t.attrs[0]) for t in _fused_terms(roots)}
+
+
+def test_an_elementwise_chain_becomes_one_fused_term():
+    x, y = ct.var("x", (8, 4)), ct.var("y", (8, 4))
+    out = ct.tanh(0.5 * x + y) * ct.sigmoid(x) + y * y
+    (fused,), trace = fuse([out])
+    assert fused.op.name == "fused" and set(fused.args) == {x, y}
+    assert trace.counts() == {"fuse-elementwise": 1}
+    assert len(ct.schedule(fused)) == 3  # x, y and the one fused term
+
+
+def test_scalar_constants_are_inlined_and_other_operands_become_parameters():
+    x, b = ct.var("x", (8, 4)), ct.var("b", (4,))
+    table = ct.const(np.arange(4, dtype=np.float32))
+    (fused,), _ = fuse([ct.exp(x * 2.0 + b) - table])
+    body = fused.attrs[0][0]
+    assert fused.args == (x, b, table)
+    assert {t.name for t in ct.schedule(body) if t.op.name == "var"} == {"in0", "in1", "in2"}
+
+
+def test_a_reduction_fuses_with_its_prologue_and_epilogue():
+    x, b = ct.var("x", (8, 4)), ct.var("b", (8,))
+    out = ct.log(ct.sum(ct.exp(x), axis=1)) + b
+    (fused,), trace = fuse([out])
+    assert trace.counts() == {"fuse-reduction": 1}
+    assert fused.args == (x, b)
+    assert [t.op.name for t in ct.schedule(fused.attrs[0][0]) if t.args] == ["exp", "sum", "log", "add"]
+
+
+def test_a_reduction_that_broadcasts_back_up_stays_its_own_region():
+    x = ct.var("x", (8, 4))
+    out = ct.exp(x - ct.max(x, axis=1, keepdims=True))  # the max must be finished before any subtract
+    (fused,), _ = fuse([out])
+    assert fused.op.name == "fused"
+    assert any(a.op.name == "max" for a in fused.args)
+
+
+def test_values_used_later_become_extra_outputs_of_one_kernel():
+    # Adam: the new moments are both outputs (updates) and read by the parameter's update
+    W, g, m, v = (ct.var(n, (16, 8)) for n in "Wgmv")
+    m2 = 0.9 * m + 0.1 * g
+    v2 = 0.999 * v + 0.001 * g * g
+    W2 = W - 0.01 * m2 / (ct.sqrt(v2) + 1e-8)
+    roots, _ = fuse([W2, m2, v2])
+    assert len(_regions(roots)) == 1
+    assert sorted(t.attrs[1] for t in roots) == [0, 1, 2]
+    assert all(t.args == roots[0].args for t in roots)
+
+
+def test_a_value_read_before_the_root_by_an_outside_term_is_not_fused_into_it():
+    # e feeds the matmul, which feeds the root: fusing e into the root's region would make a cycle
+    x, W = ct.var("x", (4, 4)), ct.var("W", (4, 4))
+    e = ct.exp(x)
+    root = (e @ W) * ct.tanh(e)
+    roots, _ = fuse([root])
+    assert e in roots[0].args
+    assert "exp" not in {t.op.name for t in ct.schedule(roots[0].attrs[0])}
+    np.testing.assert_array_equal(*ct.evaluate([roots[0], root], {"x": np.eye(4, dtype=np.float32),
+                                                                  "W": np.ones((4, 4), np.float32)}))
+
+
+def test_a_region_of_one_term_is_left_alone():
+    x, W = ct.var("x", (4, 4)), ct.var("W", (4, 4))
+    roots, trace = fuse([ct.exp(x @ W)])
+    assert roots[0].op.name == "exp" and not trace
+
+
+@given(graphs_with_feeds())
+def test_fusing_keeps_every_value_bit_for_bit(case):
+    graph, feeds = case
+    roots, _ = fuse(graph.outputs)
+    for term, fused, expected in zip(graph.outputs, ct.evaluate(list(roots), feeds), ct.evaluate(graph.outputs, feeds)):
+        assert roots[graph.outputs.index(term)].shape == term.shape
+        np.testing.assert_array_equal(fused, expected)
+
+
+@given(graphs_with_feeds(ops=["add", "multiply", "exp", "tanh", "sum", "mean", "max", "broadcast_to", "where",
+                              "greater", "matmul", "logsumexp"]))
+def test_no_elementwise_term_survives_next_to_a_fusible_user(case):
+    """Maximality: an elementwise term left outside every region has a reason to be."""
+    graph, _ = case
+    roots, _ = fuse(graph.outputs)
+    order = ct.schedule(list(roots))
+    users = ct.exprgraph.users(order)
+    for t in order:
+        if t.op.kind == "elementwise" and len(users[t]) == 1 and t not in roots:
+            (user, _), = users[t]
+            assert user.op.kind not in ("elementwise", "fused")

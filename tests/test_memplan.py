@@ -1,0 +1,175 @@
+"""The memory planner on its own: liveness, in-place sharing, offsets, the checker, the picture."""
+
+import itertools
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from cortado.errors import PlanError
+from cortado.memplan import MemoryPlan, Placement, Request, Step, best_placement, intervals, place, plan_memory, verify
+
+
+def test_a_value_lives_from_its_step_to_its_last_read_through_views():
+    steps = [Step(("a",)), Step(("t",), ("a",), view_of="a"), Step(("b",), ("a",)), Step(("c",), ("t", "b"))]
+    lives = intervals(steps, live_out=["c"])
+    assert (lives["a"].start, lives["a"].end) == (0, 3)  # read through its view t at step 3
+    assert (lives["b"].start, lives["b"].end) == (2, 3)
+    assert (lives["c"].start, lives["c"].end) == (3, 4)  # an output: read after the last step
+    assert "t" not in lives  # a view owns no storage
+
+
+def test_inplace_chains_share_one_buffer_and_dead_values_are_reused():
+    steps = [
+        Step(("a",)),
+        Step(("b",), ("a",), inplace=(("b", "a"),)),
+        Step(("c",), ("b",), inplace=(("c", "b"),)),
+        Step(("d",), ("c",)),
+        Step(("e",), ("d",)),
+    ]
+    plan = plan_memory(steps, dict.fromkeys("abcde", 256), live_out=["e"])
+    verify(plan)
+    assert plan["b"].takes_from == "a" and plan["c"].takes_from == "b"
+    assert plan["a"].offset == plan["b"].offset == plan["c"].offset
+    assert plan.peak_bytes == plan.lower_bound_bytes == 512
+    assert plan.naive_bytes == 5 * 256
+
+
+def test_inplace_needs_the_donor_to_die_at_that_step_and_the_same_size():
+    steps = [
+        Step(("a",)),
+        Step(("b",), ("a",), inplace=(("b", "a"),)),  # a is read again later: no sharing
+        Step(("c",), ("a", "b"), inplace=(("c", "b"),)),  # b is smaller than c: no sharing
+    ]
+    plan = plan_memory(steps, {"a": 64, "b": 64, "c": 128}, live_out=["c"])
+    assert plan["b"].takes_from is None and plan["c"].takes_from is None
+    verify(plan)
+
+
+def test_external_values_are_not_placed_and_workspace_lives_for_its_step():
+    steps = [Step(("a",), ("W",)), Step(("b",), ("a", "W"), workspace=100, label="k1")]
+    plan = plan_memory(steps, {"a": 64, "b": 64}, external=["W"], live_out=["b"])
+    assert "W" not in plan
+    workspace = plan[("workspace", 1)]
+    assert (workspace.start, workspace.end, workspace.nbytes) == (1, 1, 100)
+    assert plan.peak_bytes == 64 + 64 + 128  # 100 bytes aligned to 64
+    verify(plan)
+
+
+def test_alignment_rounds_every_size_and_must_be_a_power_of_two():
+    plan = plan_memory([Step(("a",)), Step(("b",), ("a",))], {"a": 1, "b": 300}, live_out=["b"], alignment=256)
+    assert all(p.offset % 256 == 0 for p in plan.placements)
+    assert plan.peak_bytes == 256 + 512
+    with pytest.raises(PlanError, match="power of two"):
+        plan_memory([Step(("a",))], {"a": 1}, alignment=48)
+
+
+def test_best_fit_takes_the_smallest_gap_that_holds_the_buffer():
+    from cortado.memplan.offsets import _best_fit
+
+    taken = [0, 100, 228, 300, 556, 600]  # free: 128 bytes at 100, 256 at 300, everything from 600
+    assert _best_fit(taken, 64) == 100
+    assert _best_fit(taken, 200) == 300
+    assert _best_fit(taken, 300) == 600
+    assert _best_fit([], 300) == 0
+    assert _best_fit([64, 128], 64) == 0
+
+
+def test_a_buffer_goes_into_a_gap_left_by_a_dead_one():
+    # during steps 1..3 only the two long buffers are live: the 600 bytes between them are free
+    requests = [Request("long", 1000, 0, 3), Request("short", 600, 0, 0), Request("top", 500, 0, 3),
+                Request("late", 200, 2, 3)]
+    offsets, peak = place(requests, 4, "size-first")
+    assert offsets["late"] == offsets["short"] == 1000
+    assert peak == 2100
+
+
+def test_the_smaller_of_the_two_orders_is_kept():
+    # size-first puts the big short buffer low; lifetime-first stacks the long ones first
+    requests = [Request("long1", 64, 0, 9), Request("short_big", 512, 0, 0), Request("long2", 64, 1, 9),
+                Request("mid", 448, 1, 9)]
+    order, offsets, peak = best_placement(requests, 10)
+    assert peak == min(place(requests, 10, o)[1] for o in ("size-first", "lifetime-first"))
+
+
+def _placements(draw, count, overlap_ok):
+    placements = []
+    for k in range(count):
+        start = draw(st.integers(0, 12))
+        end = draw(st.integers(start, 14))
+        size = draw(st.sampled_from([0, 64, 128, 192, 256]))
+        offset = draw(st.integers(0, 8)) * 64
+        placements.append(Placement(k, f"v{k}", offset, size, start, end))
+    return placements
+
+
+def _overlapping_pairs(placements):
+    return [(p, q) for p, q in itertools.combinations(placements, 2)
+            if p.nbytes and q.nbytes and p.start <= q.end and q.start <= p.end
+            and p.offset < q.offset + q.nbytes and q.offset < p.offset + p.nbytes]
+
+
+@given(st.data())
+def test_verify_agrees_with_checking_every_pair(data):
+    placements = _placements(data.draw, data.draw(st.integers(1, 12)), True)
+    plan = MemoryPlan(placements, 15, 64, "size-first", 0)
+    if _overlapping_pairs(placements):
+        with pytest.raises(PlanError, match="overlaps"):
+            verify(plan)
+    else:
+        assert verify(plan)
+
+
+def test_verify_allows_only_a_declared_inplace_take():
+    a = Placement("a", "a", 0, 64, 0, 2)
+    b_declared = Placement("b", "b", 0, 64, 2, 3, takes_from="a")
+    b_undeclared = Placement("b", "b", 0, 64, 2, 3)
+    assert verify(MemoryPlan([a, b_declared], 4, 64, "size-first", 0))
+    with pytest.raises(PlanError, match="overlaps"):
+        verify(MemoryPlan([a, b_undeclared], 4, 64, "size-first", 0))
+    early = Placement("b", "b", 0, 64, 1, 3, takes_from="a")  # a is still read at step 2
+    with pytest.raises(PlanError, match="not dying"):
+        verify(MemoryPlan([a, early], 4, 64, "size-first", 0))
+
+
+@st.composite
+def programs(draw):
+    """Random steps: each defines one value, reads some earlier ones, maybe views or shares one."""
+    count = draw(st.integers(1, 25))
+    steps, sizes = [], {}
+    for k in range(count):
+        earlier = list(range(k))
+        reads = tuple(draw(st.lists(st.sampled_from(earlier), max_size=3, unique=True))) if earlier else ()
+        sizes[k] = draw(st.sampled_from([0, 8, 64, 100, 256, 1000]))
+        view = draw(st.booleans()) and reads
+        inplace = tuple((k, r) for r in reads if draw(st.booleans()))
+        steps.append(Step((k,), reads, view_of=reads[0] if view else None, inplace=() if view else inplace,
+                          workspace=draw(st.sampled_from([0, 0, 32, 500]))))
+    outputs = draw(st.lists(st.sampled_from(range(count)), max_size=3))
+    return steps, sizes, outputs
+
+
+@given(programs(), st.sampled_from([64, 256]))
+def test_random_plans_verify_and_never_beat_the_lower_bound(program, alignment):
+    steps, sizes, outputs = program
+    plan = plan_memory(steps, sizes, live_out=outputs, alignment=alignment)
+    assert verify(plan)
+    assert plan.lower_bound_bytes <= plan.peak_bytes <= plan.naive_bytes
+
+
+def test_planning_a_long_nested_program_is_fast_enough_to_be_linear():
+    # forward values live until their mirror-image backward step: every pair overlaps in time
+    n = 4000
+    steps = [Step((k,), (k - 1,) if k else ()) for k in range(n)]
+    steps += [Step((n + k,), (n - 1 - k, n + k - 1)) for k in range(n)]
+    plan = plan_memory(steps, dict.fromkeys(range(2 * n), 64), live_out=[2 * n - 1])
+    assert plan.peak_bytes == plan.lower_bound_bytes
+    assert verify(plan)
+
+
+def test_the_plan_draws_as_a_png(tmp_path):
+    pytest.importorskip("matplotlib")
+    steps = [Step(("a",)), Step(("b",), ("a",), inplace=(("b", "a"),)), Step(("c",), ("b",), workspace=64)]
+    plan = plan_memory(steps, {"a": 128, "b": 128, "c": 64}, live_out=["c"])
+    path = plan.plot(tmp_path / "plan.png")
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
