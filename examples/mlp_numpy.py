@@ -1,7 +1,8 @@
 """Train an MLP classifier by plain gradient descent: the model as expressions, its gradients by
-``ct.grad``, every step run by the NumPy reference interpreter.
+``ct.grad``, the whole training step (forward, backward, update) compiled by ``ct.compile`` into
+one Program that keeps the weights as state and runs out of one planned arena.
 
-    python examples/mlp_numpy.py [--epochs 60] [--seed 0] [--dot graph.dot]
+    python examples/mlp_numpy.py [--epochs 60] [--seed 0] [--dot graph.dot] [--plan plan.png]
 
 The data are three interleaved spirals in the plane, which no linear model separates: the loss
 falls from log(3) (a model that knows nothing) as the hidden layers learn to unroll them.
@@ -50,41 +51,68 @@ def initial_values(parameters, rng):
     return values
 
 
-def train(epochs=60, seed=0, batch=60, sizes=(2, 32, 32, 3), learning_rate=0.5, dot_path=None, log=print):
+def training_step(batch, sizes, learning_rate, rng):
+    """The compiled step, and the graph it runs: it returns the loss and updates every parameter."""
+    loss, _, x, y, parameters = mlp(batch, sizes)
+    gradients = ct.grad(loss, parameters)
+    values = initial_values(parameters, rng)
+    step = ct.compile([loss], inputs=[x, y], state={p: values[p.name] for p in parameters},
+                      updates={p: p - learning_rate * g for p, g in zip(parameters, gradients)})
+    return step, [loss, *gradients]
+
+
+def train(epochs=60, seed=0, batch=60, sizes=(2, 32, 32, 3), learning_rate=0.5, dot_path=None, plan_path=None,
+          log=print):
     """Train on spirals; return the loss of each epoch (the mean over its batches)."""
     rng = np.random.default_rng(seed)
     points, labels = spirals(100, sizes[-1], rng)
     onehot = np.eye(sizes[-1], dtype=np.float32)[labels]
-    loss, _, x, y, parameters = mlp(batch, sizes)
-    gradients = ct.grad(loss, parameters)
-    step = [loss, *gradients]
-    log(f"model: {len(ct.Graph(loss))} terms; model and gradients: {len(ct.Graph(step))} terms")
+    step, graph = training_step(batch, sizes, learning_rate, rng)
+    log(f"model and gradients: {len(ct.Graph(graph))} terms; compiled step: {len(step.kernels)} kernels")
     if dot_path:
         with open(dot_path, "w") as out:
-            out.write(ct.to_dot(step))
+            out.write(ct.to_dot(graph))
         log(f"graph of the loss and its gradients written to {dot_path}")
-    values = initial_values(parameters, rng)
     history = []
     for epoch in range(1, epochs + 1):
         order = rng.permutation(len(points))
         losses = []
         for i in range(0, len(order) - batch + 1, batch):
             rows = order[i:i + batch]
-            loss_value, *grads = ct.evaluate(step, {"x": points[rows], "y": onehot[rows], **values})
-            for p, g in zip(parameters, grads):
-                values[p.name] = values[p.name] - learning_rate * g
+            (loss_value,) = step(x=points[rows], y=onehot[rows])
             losses.append(float(loss_value))
         history.append(float(np.mean(losses)))
         log(f"epoch {epoch:3}  loss {history[-1]:.4f}")
-    predictions = _predict(points, values, sizes)
+    log("\nloss curve:\n" + loss_curve(history))
+    log(f"\nmemory of the step: {step.memory.summary()}")
+    if plan_path:
+        try:
+            log(f"picture of the plan written to {step.memory.plot(plan_path)}")
+        except ct.PlanError as error:
+            log(f"no picture of the plan: {error}")
+    predictions = _predict(points, step.state, sizes)
     log(f"training accuracy: {np.mean(predictions == labels):.1%} (log(3) = {np.log(3):.4f} is the loss of a guess)")
     return history
 
 
-def _predict(points, values, sizes):
-    """The trained model's classes for ``points``: the same expressions, at another batch size."""
-    _, logits, _, _, parameters = mlp(len(points), sizes)
-    return np.argmax(ct.evaluate(logits, {"x": points, **{p.name: values[p.name] for p in parameters}}), axis=1)
+def loss_curve(history, height=8, width=60):
+    """The losses as a small text chart, first epoch on the left."""
+    picked = [history[int(i * len(history) / min(width, len(history)))] for i in range(min(width, len(history)))]
+    top, bottom = max(picked), min(picked)
+    span = (top - bottom) or 1.0
+    rows = []
+    for level in range(height, 0, -1):
+        threshold = bottom + span * (level - 0.5) / height
+        label = {height: f"{top:7.3f} |", 1: f"{bottom:7.3f} |"}.get(level, "        |")
+        rows.append(label + "".join("*" if value >= threshold else " " for value in picked))
+    return "\n".join(rows + ["        +" + "-" * len(picked) + f"> {len(history)} epochs"])
+
+
+def _predict(points, state, sizes):
+    """The trained model's classes for ``points``: the same expressions at another batch size, compiled."""
+    _, logits, x, _, parameters = mlp(len(points), sizes)
+    predict = ct.compile(logits, inputs=[x, *parameters])
+    return np.argmax(predict(x=points, **{p.name: state[p.name] for p in parameters}), axis=1)
 
 
 def main(argv=None):
@@ -92,8 +120,9 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=60)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dot", metavar="PATH", help="write the graph of the loss and its gradients as DOT")
+    parser.add_argument("--plan", metavar="PATH", help="draw the step's memory plan as a PNG (needs matplotlib)")
     args = parser.parse_args(argv)
-    train(epochs=args.epochs, seed=args.seed, dot_path=args.dot)
+    train(epochs=args.epochs, seed=args.seed, dot_path=args.dot, plan_path=args.plan)
 
 
 if __name__ == "__main__":

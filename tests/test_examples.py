@@ -15,12 +15,16 @@ def run(args, cwd):
     return result.stdout
 
 
-def test_demo_trains_the_mlp_example_and_the_loss_falls(tmp_path):
-    out = run(["-m", "cortado", "demo", "--epochs", "30", "--dot", str(tmp_path / "g.dot")], cwd=ROOT)
+def test_demo_trains_the_compiled_mlp_step_and_shows_its_plan(tmp_path):
+    out = run(["-m", "cortado", "demo", "--epochs", "30", "--dot", str(tmp_path / "g.dot"),
+               "--plan", str(tmp_path / "plan.png")], cwd=ROOT)
     losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("epoch")]
     assert len(losses) == 30 and losses[0] < 1.0986 and losses[-1] < 0.6 * losses[0]
+    assert "loss curve:" in out and "> 30 epochs" in out
+    assert "memory of the step: arena" in out and "lower bound" in out
     assert "training accuracy:" in out
     assert (tmp_path / "g.dot").read_text().startswith("digraph cortado {")
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_mlp_example_runs_as_a_script(tmp_path):
