@@ -79,7 +79,7 @@ def test_every_op_family_compiles_exactly():
     feeds = {"x": rng.standard_normal((6, 5)).astype(np.float32), "y": rng.standard_normal((5, 6)),
              "n": rng.integers(-3, 4, (6, 5)).astype(np.int32)}
     program = ct.compile(terms, inputs=[x, y, n], debug=True)
-    for term, ours, expected in zip(terms, program(**feeds), ct.evaluate(terms, feeds)):
+    for ours, expected in zip(program(**feeds), ct.evaluate(terms, feeds)):
         assert_same(ours, expected)
 
 

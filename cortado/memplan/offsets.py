@@ -12,6 +12,7 @@ buffers that span the node and the union of all ranges within it; the taken rang
 span are the union of O(log n) such sets, each of them usually a few ranges long.
 """
 
+import itertools
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
 
@@ -68,13 +69,15 @@ class _Occupancy:
         cover, ancestors = self._nodes(start, end)
         sets = [self.within[n] for n in cover] + [self.spanning[n] for n in ancestors]
         sets = [s for s in sets if s]
-        if not sets:
-            return []
-        sets.sort(key=len)
-        union = list(sets[-1])
-        for flat in sets[:-1]:
-            for k in range(0, len(flat), 2):
-                _add_range(union, flat[k], flat[k + 1])
+        if len(sets) <= 1:
+            return sets[0] if sets else []
+        ranges = sorted(itertools.chain.from_iterable(zip(s[::2], s[1::2]) for s in sets))
+        union = [ranges[0][0], ranges[0][1]]
+        for lo, hi in ranges:
+            if lo > union[-1]:
+                union += (lo, hi)
+            elif hi > union[-1]:
+                union[-1] = hi
         return union
 
     def take(self, start, end, lo, hi):

@@ -118,7 +118,7 @@ def plan_fused(outputs, arg_types):
 
     Pairs ``(output, input)`` may share a buffer: the body never reads the input after it writes
     the output. Sharing the root's output takes it away as scratch, so the pair's workspace (in
-    ``costs``, by pair) may be larger.
+    ``costs``, by pair) may be larger. ``arg_types`` is a tuple of ``(shape, dtype)``.
     """
     body = _body(outputs)
     workspace = _measure(outputs, arg_types, {})

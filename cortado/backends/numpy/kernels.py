@@ -1,11 +1,11 @@
 """Each op as NumPy calls that write into given arrays: what the CPU executor runs, allocation-free.
 
 ``emit(emitter, term, args, out)`` appends to ``emitter`` the calls that compute ``term`` from the
-arrays ``args`` into ``out``. Temporaries come from ``emitter.scratch``, views of the step's
-workspace in the arena; an ``Emitter`` without a workspace only measures how much it would need.
-The calls mirror the reference interpreter's formulas (``exprgraph.semantics``) operation by
-operation, in the same dtypes, so results agree with it to the last bit wherever NumPy's own
-kernels do.
+arrays ``args`` into ``out`` (``EMITTERS[op](emitter, attributes, args, out)`` underneath).
+Temporaries come from ``emitter.scratch``, views of the step's workspace in the arena; an
+``Emitter`` without a workspace only measures how much it would need. The calls mirror the
+reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
+dtypes, so results agree with it to the last bit wherever NumPy's own kernels do.
 
 ``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
 before writing the same element of ``out``.
@@ -65,7 +65,7 @@ class Emitter:
         self.calls.append(functools.partial(fn, *args, **kwargs))
 
 
-def _floating(em, term, x):
+def _floating(em, x):
     """``x`` in the float dtype the op computes in (a scratch copy when ``x`` is integral)."""
     if x.dtype.kind == "f":
         return x, False
@@ -76,15 +76,15 @@ def _floating(em, term, x):
 
 
 def _ufunc(ufunc):
-    def emit(em, term, args, out):
+    def emit(em, attrs, args, out):
         em.call(ufunc, *args, out=out)
 
     return emit
 
 
-def _sigmoid(em, term, args, out):
+def _sigmoid(em, attrs, args, out):
     # where(x >= 0, 1 / (1 + e), e / (1 + e)) with e = exp(-|x|); the mask is taken first so out may alias x
-    x, converted = _floating(em, term, args[0])
+    x, converted = _floating(em, args[0])
     mask = em.scratch(x.shape, np.bool_)
     em.call(np.greater_equal, x, 0, out=mask)
     em.call(np.absolute, x, out=out)
@@ -99,15 +99,15 @@ def _sigmoid(em, term, args, out):
         em.release(array)
 
 
-def _relu(em, term, args, out):
+def _relu(em, attrs, args, out):
     em.call(np.maximum, args[0], np.zeros((), args[0].dtype), out=out)
 
 
-def _softplus(em, term, args, out):
+def _softplus(em, attrs, args, out):
     em.call(np.logaddexp, 0, args[0], out=out, dtype=out.dtype)
 
 
-def _where(em, term, args, out):
+def _where(em, attrs, args, out):
     condition, a, b = args
     truth = condition
     if condition.dtype != np.bool_:  # a number is true where it is not zero, as in np.where
@@ -119,33 +119,28 @@ def _where(em, term, args, out):
         em.release(truth)
 
 
-def _cast(em, term, args, out):
+def _cast(em, attrs, args, out):
     em.call(np.copyto, out, args[0], casting="unsafe")
 
 
-def _reduce_args(term):
-    axes, keepdims = term.attrs
-    return axes, keepdims
+def _sum(em, attrs, args, out):
+    axes, keepdims = attrs
+    em.call(np.add.reduce, args[0], axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
 
 
-def _sum(em, term, args, out):
-    axes, keepdims = _reduce_args(term)
-    em.call(np.sum, args[0], axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
+def _max(em, attrs, args, out):
+    axes, keepdims = attrs
+    em.call(np.maximum.reduce, args[0], axis=axes, out=out, keepdims=keepdims)
 
 
-def _max(em, term, args, out):
-    axes, keepdims = _reduce_args(term)
-    em.call(np.max, args[0], axis=axes, out=out, keepdims=keepdims)
-
-
-def _mean(em, term, args, out):
+def _mean(em, attrs, args, out):
     # as numpy's mean: sum in float32 for float16 and float64 for integers, then divide by the count
-    axes, keepdims = _reduce_args(term)
+    axes, keepdims = attrs
     x = args[0]
     count = np.intp(math.prod(x.shape[a] for a in axes))
     wide = np.float32 if x.dtype == np.float16 else (out.dtype if x.dtype.kind == "f" else np.float64)
     total = out if np.dtype(wide) == out.dtype else em.scratch(out.shape, wide)
-    em.call(np.sum, x, axis=axes, dtype=wide, out=total, keepdims=keepdims)
+    em.call(np.add.reduce, x, axis=axes, dtype=wide, out=total, keepdims=keepdims)
     em.call(np.true_divide, total, count, out=total, casting="unsafe")
     if total is not out:
         em.call(np.copyto, out, total, casting="unsafe")
@@ -160,7 +155,7 @@ def _shifted(em, x, axes, out_dtype, into):
     """``into = x - peak`` with ``peak`` the max over ``axes`` (0 where infinite); returns ``peak``."""
     peak = em.scratch(_kept(x.shape, axes), out_dtype)
     finite = em.scratch(peak.shape, np.bool_)
-    em.call(np.max, x, axis=axes, keepdims=True, out=peak)
+    em.call(np.maximum.reduce, x, axis=axes, keepdims=True, out=peak)
     em.call(np.isfinite, peak, out=finite)
     em.call(np.logical_not, finite, out=finite)
     em.call(np.copyto, peak, 0, where=finite)
@@ -169,53 +164,53 @@ def _shifted(em, x, axes, out_dtype, into):
     return peak
 
 
-def _logsumexp(em, term, args, out):
-    axes, keepdims = _reduce_args(term)
-    x, converted = _floating(em, term, args[0])
+def _logsumexp(em, attrs, args, out):
+    axes, keepdims = attrs
+    x, converted = _floating(em, args[0])
     shifted = em.scratch(x.shape, out.dtype)
     peak = _shifted(em, x, axes, out.dtype, shifted)
     em.call(np.exp, shifted, out=shifted)
     total = out.reshape(peak.shape)
-    em.call(np.sum, shifted, axis=axes, keepdims=True, out=total)
+    em.call(np.add.reduce, shifted, axis=axes, keepdims=True, out=total)
     em.call(np.log, total, out=total)
     em.call(np.add, total, peak, out=total)
     for array in (shifted, peak) + ((x,) if converted else ()):
         em.release(array)
 
 
-def _softmax(em, term, args, out):
-    (axes,) = term.attrs
-    x, converted = _floating(em, term, args[0])
+def _softmax(em, attrs, args, out):
+    (axes,) = attrs
+    x, converted = _floating(em, args[0])
     peak = _shifted(em, x, axes, out.dtype, out)
     em.call(np.exp, out, out=out)
-    em.call(np.sum, out, axis=axes, keepdims=True, out=peak)
+    em.call(np.add.reduce, out, axis=axes, keepdims=True, out=peak)
     em.call(np.true_divide, out, peak, out=out)
     for array in (peak,) + ((x,) if converted else ()):
         em.release(array)
 
 
-def _log_softmax(em, term, args, out):
-    (axes,) = term.attrs
-    x, converted = _floating(em, term, args[0])
+def _log_softmax(em, attrs, args, out):
+    (axes,) = attrs
+    x, converted = _floating(em, args[0])
     peak = _shifted(em, x, axes, out.dtype, out)
     exponentials = em.scratch(x.shape, out.dtype)
     em.call(np.exp, out, out=exponentials)
-    em.call(np.sum, exponentials, axis=axes, keepdims=True, out=peak)
+    em.call(np.add.reduce, exponentials, axis=axes, keepdims=True, out=peak)
     em.call(np.log, peak, out=peak)
     em.call(np.subtract, out, peak, out=out)
     for array in (exponentials, peak) + ((x,) if converted else ()):
         em.release(array)
 
 
-def _matmul(em, term, args, out):
+def _matmul(em, attrs, args, out):
     em.call(np.matmul, *args, out=out)
 
 
-def _einsum(em, term, args, out):
-    em.call(np.einsum, term.attrs[0], *args, out=out)
+def _einsum(em, attrs, args, out):
+    em.call(np.einsum, attrs[0], *args, out=out)
 
 
-def _reshape_copy(em, term, args, out):
+def _reshape_copy(em, attrs, args, out):
     em.call(np.copyto, out.reshape(args[0].shape), args[0])
 
 
@@ -231,4 +226,4 @@ INPLACE.update({"sigmoid": (0,), "relu": (0,), "softplus": (0,), "where": (2,)})
 
 
 def emit(em, term, args, out):
-    EMITTERS[term.op.name](em, term, args, out)
+    EMITTERS[term.op.name](em, term.attrs, args, out)

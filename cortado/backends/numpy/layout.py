@@ -2,15 +2,28 @@
 
 from ...memplan import Step
 from .fused import plan_fused
-from .kernels import INPLACE, Emitter, c_strided, emit
+from .kernels import EMITTERS, INPLACE, Emitter, c_strided
 
 ALWAYS_VIEWS = ("transpose", "broadcast_to")
 
 
-def _workspace(t):
+def _workspace(op, attrs, arg_types, shape, dtype):
+    """The scratch bytes of one op on operands of ``arg_types``, measured by a dry run of its emitter."""
     em = Emitter()
-    emit(em, t, [c_strided(a.shape, a.dtype) for a in t.args], c_strided(t.shape, t.dtype))
+    EMITTERS[op](em, attrs, [c_strided(s, d) for s, d in arg_types], c_strided(shape, dtype))
     return em.top
+
+
+def _memoized(function):
+    """``function`` with its answers kept for one ``steps`` call: a deep network's layers repeat."""
+    answers = {}
+
+    def memoized(*key):
+        if key not in answers:
+            answers[key] = function(*key)
+        return answers[key]
+
+    return memoized
 
 
 def _inplace(t):
@@ -23,6 +36,7 @@ def steps(kernels):
     """One ``memplan.Step`` per kernel. A reshape is a view only of a C-contiguous value."""
     contiguous = {}
     found = []
+    plan_region, workspace_of = _memoized(plan_fused), _memoized(_workspace)
     for k in kernels:
         t = k.term
         name = t.op.name
@@ -37,11 +51,12 @@ def steps(kernels):
             contiguous[t] = name == "reshape"
             continue
         if name == "fused":
-            workspace, pairs, costs = plan_fused(t.attrs[0], [(a.shape, a.dtype) for a in t.args])
+            workspace, pairs, costs = plan_region(t.attrs[0], tuple((a.shape, a.dtype) for a in t.args))
             inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
         else:
-            workspace, inplace, costs = _workspace(t), _inplace(t), ()
+            arg_types = tuple((a.shape, a.dtype) for a in t.args)
+            workspace, inplace, costs = workspace_of(name, t.attrs, arg_types, t.shape, t.dtype), _inplace(t), ()
         found.append(Step(k.terms, k.reads, inplace=inplace, workspace=workspace, costs=costs, label=name))
         contiguous.update({d: True for d in k.terms})
     return found

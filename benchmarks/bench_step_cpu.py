@@ -1,0 +1,142 @@
+"""The compiled MLP training step on the CPU against the same step written by hand in NumPy, and
+against PyTorch's CPU eager mode where torch is installed.
+
+    python benchmarks/bench_step_cpu.py [--repeats 200] [--out benchmarks/results/step_cpu.json]
+
+One step is a forward pass of a tanh MLP with softmax cross-entropy, its backward pass and a
+gradient-descent update of every parameter. Three sizes: the spirals model of the examples
+(2-32-32-3, batch 60), a mid-size one (784-256-256-10, batch 128) and a large one
+(784-1024-1024-10, batch 256). Each contestant runs the same step from the same initial weights
+on the same random batch; all three are timed in one run, interleaved, and the medians of
+``repeats`` calls after a warm-up are compared. The NumPy step is what a careful user writes:
+idiomatic NumPy, its temporaries allocated by NumPy, its updates in place.
+"""
+
+import os
+import statistics
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "examples"))
+
+import cortado as ct  # noqa: E402
+from machine import describe  # noqa: E402
+from mlp_numpy import initial_values, mlp  # noqa: E402
+from reporting import command_line, measured_rows, write_results  # noqa: E402
+
+CASES = {"spirals": ((2, 32, 32, 3), 60), "mid": ((784, 256, 256, 10), 128), "large": ((784, 1024, 1024, 10), 256)}
+LEARNING_RATE = 0.1
+
+
+def compiled_step(sizes, batch, values):
+    loss, _, x, y, parameters = mlp(batch, sizes)
+    gradients = ct.grad(loss, parameters)
+    step = ct.compile([loss], inputs=[x, y], state={p: values[p.name] for p in parameters},
+                      updates={p: p - LEARNING_RATE * g for p, g in zip(parameters, gradients)})
+    return lambda xv, yv: step(x=xv, y=yv)[0]
+
+
+def numpy_step(sizes, values):
+    weights = [values[f"W{i}"].copy() for i in range(1, len(sizes))]
+    biases = [values[f"b{i}"].copy() for i in range(1, len(sizes))]
+
+    def step(x, y):
+        hidden = [x]
+        for W, b in zip(weights[:-1], biases[:-1]):
+            hidden.append(np.tanh(hidden[-1] @ W + b))
+        logits = hidden[-1] @ weights[-1] + biases[-1]
+        peak = logits.max(axis=1, keepdims=True)
+        shifted = logits - peak
+        exponentials = np.exp(shifted)
+        total = exponentials.sum(axis=1, keepdims=True)
+        loss = np.mean(np.log(total[:, 0]) + peak[:, 0] - (logits * y).sum(axis=1))
+        delta = (exponentials / total - y) / len(x)
+        for i in range(len(weights) - 1, -1, -1):
+            grad_W, grad_b = hidden[i].T @ delta, delta.sum(axis=0)
+            if i:
+                delta = (delta @ weights[i].T) * (1 - hidden[i] * hidden[i])
+            weights[i] -= LEARNING_RATE * grad_W
+            biases[i] -= LEARNING_RATE * grad_b
+        return loss
+
+    return step
+
+
+def torch_step(sizes, values):
+    import torch
+
+    weights = [torch.tensor(values[f"W{i}"], requires_grad=True) for i in range(1, len(sizes))]
+    biases = [torch.tensor(values[f"b{i}"], requires_grad=True) for i in range(1, len(sizes))]
+    parameters = weights + biases
+
+    def step(x, y):
+        x, y = torch.from_numpy(x), torch.from_numpy(y)
+        h = x
+        for W, b in zip(weights[:-1], biases[:-1]):
+            h = torch.tanh(h @ W + b)
+        logits = h @ weights[-1] + biases[-1]
+        loss = torch.mean(torch.logsumexp(logits, dim=1) - (logits * y).sum(dim=1))
+        loss.backward()
+        with torch.no_grad():
+            for p in parameters:
+                p -= LEARNING_RATE * p.grad
+                p.grad = None
+        return loss.item()
+
+    return step
+
+
+def contestants(sizes, batch, values):
+    found = {"cortado": compiled_step(sizes, batch, values), "numpy": numpy_step(sizes, values)}
+    try:
+        found["torch"] = torch_step(sizes, values)
+    except ImportError:
+        pass
+    return found
+
+
+def measure(case, repeats):
+    sizes, batch = CASES[case]
+    rng = np.random.default_rng(0)
+    loss, _, _, _, parameters = mlp(batch, sizes)
+    values = initial_values(parameters, rng)
+    x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
+    y = np.eye(sizes[-1], dtype=np.float32)[rng.integers(0, sizes[-1], batch)]
+    steps = contestants(sizes, batch, values)
+    first = {name: float(step(x, y)) for name, step in steps.items()}  # warm-up, and the same loss from all
+    assert max(first.values()) - min(first.values()) < 1e-4 * abs(first["numpy"]), first
+    times = {name: [] for name in steps}
+    for _ in range(repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step(x, y)
+            times[name].append(time.perf_counter() - start)
+    row = {"case": case, "sizes": "-".join(map(str, sizes)), "batch": batch}
+    for name, seconds in times.items():
+        row[f"{name}_ms"] = 1e3 * statistics.median(seconds)
+    for peer in ("numpy", "torch"):
+        row[f"speedup_vs_{peer}"] = row[f"{peer}_ms"] / row["cortado_ms"] if f"{peer}_ms" in row else float("nan")
+    return row
+
+
+def main():
+    args = command_line(__doc__, "step_cpu.json", repeats=200)
+    try:
+        import torch
+
+        torch_version = f"{torch.__version__}, {torch.get_num_threads()} threads"
+    except ImportError:
+        torch_version = None
+    rows = measured_rows(list(CASES), lambda case: measure(case, args.repeats), [
+        ("case", "case", "8s"), ("sizes", "sizes", "18s"), ("batch", "batch", "6d"),
+        ("cortado ms", "cortado_ms", "11.3f"), ("numpy ms", "numpy_ms", "9.3f"), ("torch ms", "torch_ms", "9.3f"),
+        ("vs numpy", "speedup_vs_numpy", "9.2f"), ("vs torch", "speedup_vs_torch", "9.2f")])
+    write_results({"benchmark": "step_cpu", "machine": describe(), "torch": torch_version,
+                   "repeats": args.repeats, "rows": rows}, args.out)
+
+
+if __name__ == "__main__":
+    main()
