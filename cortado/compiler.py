@@ -16,7 +16,7 @@ import numpy as np
 
 from .errors import DTypeError, FeedError, ShapeError
 from .exprgraph import feeds as feed_checks
-from .exprgraph.graph import as_outputs, schedule
+from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.term import Term, make
 from .memplan import intervals, plan_memory, verify
 from .rules.api import simplifier
@@ -166,6 +166,11 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
         (loss_value,) = step(x=xv, y=yv)
     """
+    with collector_paused():  # a collection during compile would rescan every live term, again and again
+        return _compile(outputs, inputs, state, updates, backend, debug)
+
+
+def _compile(outputs, inputs, state, updates, backend, debug):
     from .backends import backend_named
     from .program import Program
 

@@ -7,9 +7,9 @@
 """
 
 from .liveness import Interval, Step, intervals, owners
-from .offsets import ORDERS, Request, best_placement, place
+from .offsets import ORDERS, Request, best_placement, most_live, place, sweep
 from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory
 from .verify import verify
 
-__all__ = ["Step", "Interval", "intervals", "owners", "Request", "place", "best_placement", "ORDERS",
+__all__ = ["Step", "Interval", "intervals", "owners", "Request", "place", "sweep", "best_placement", "most_live", "ORDERS",
            "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned", "verify"]

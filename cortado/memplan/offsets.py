@@ -3,7 +3,16 @@
 Buffers are placed one at a time in a chosen order (largest first, or longest-lived first); each
 goes into the smallest free gap of the address range that is free for its whole lifetime, or on
 top of everything live then when no gap fits. The two orders suit different programs, so
-``place`` tries both and keeps the smaller arena.
+``best_placement`` tries both and keeps the smaller arena.
+
+First, though, it tries the cheapest order of all: by start time, which is an allocator's sweep
+over the schedule (best fit among the gaps that dead buffers left), O(n log n). When that meets
+the lower bound (the most bytes live at any one step), no order can do better and the greedy
+orders are skipped. They are skipped too on programs of more than ``GREEDY_LIMIT`` buffers when
+the sweep is within 1% of the bound: on a training step every forward value overlaps every other
+until its backward use, the gaps over a long lifetime number in the hundreds, and the greedy
+orders grow faster than linearly (measured: 3.4 s of a 6 s compile of 38k terms), for a gain
+that was 0.08% of the arena where it was measured.
 
 Finding the free gaps is the costly part: a buffer of a deep network's forward pass overlaps in
 time every other one until its backward use, so listing the overlapping buffers would make
@@ -12,6 +21,7 @@ buffers that span the node and the union of all ranges within it; the taken rang
 span are the union of O(log n) such sets, each of them usually a few ranges long.
 """
 
+import heapq
 import itertools
 from bisect import bisect_left, bisect_right
 from dataclasses import dataclass
@@ -122,7 +132,61 @@ def place(requests, steps, order):
     return offsets, peak
 
 
+def most_live(buffers, steps):
+    """The most bytes live at any one step: ``buffers`` have ``size``, ``start`` and ``end``."""
+    delta = [0] * (steps + 2)
+    for b in buffers:
+        delta[b.start] += b.size
+        delta[b.end + 1] -= b.size
+    live = most = 0
+    for d in delta:
+        live += d
+        most = max(most, live)
+    return most
+
+
+def sweep(requests):
+    """``({key: offset}, peak)``: requests in order of start, each in the best gap dead ones left."""
+    offsets, peak, top = {}, 0, 0
+    free = []  # flat sorted ranges below ``top`` that no live buffer holds
+    ending = []  # heap of (end, offset, size) of the live buffers
+    for r in sorted(requests, key=lambda r: (r.start, -r.size)):
+        while ending and ending[0][0] < r.start:
+            _, lo, size = heapq.heappop(ending)
+            _add_range(free, lo, lo + size)
+            if free[-1] == top:  # the gap reaches the top: the top comes down instead
+                top = free[-2]
+                del free[-2:]
+        if r.size == 0:
+            offsets[r.key] = 0
+            continue
+        best = None
+        for k in range(0, len(free), 2):
+            gap = free[k + 1] - free[k]
+            if gap >= r.size and (best is None or gap < free[best + 1] - free[best]):
+                best = k
+        if best is None:
+            offset, top = top, top + r.size
+        else:
+            offset = free[best]
+            if free[best + 1] == offset + r.size:
+                del free[best:best + 2]
+            else:
+                free[best] = offset + r.size
+        offsets[r.key] = offset
+        peak = max(peak, top)
+        heapq.heappush(ending, (r.end, offset, r.size))
+    return offsets, peak
+
+
+GREEDY_LIMIT = 2000  # buffers; beyond it the greedy orders run only where the sweep is 1% above the bound
+
+
 def best_placement(requests, steps):
-    """``(order, {key: offset}, peak)``: the better of the two orders (size-first on a tie)."""
-    tried = [(order, *place(requests, steps, order)) for order in ORDERS]
+    """``(order, {key: offset}, peak)``: the sweep, or the best of it and both greedy orders."""
+    offsets, peak = sweep(requests)
+    tried = [("time-first", offsets, peak)]
+    bound = most_live(requests, steps)
+    if peak > bound and (len(requests) <= GREEDY_LIMIT or peak > 1.01 * bound):
+        tried += [(order, *place(requests, steps, order)) for order in ORDERS]
     return min(tried, key=lambda t: t[2])

@@ -6,7 +6,8 @@ values that live elsewhere (state, constants), and returns a ``MemoryPlan``:
 1. live intervals over the steps (``liveness``);
 2. in-place sharing: a value may take the buffer of a value its step reads elementwise and that
    dies at that step, when the two have the same size; chains of them share one buffer;
-3. offsets by greedy best fit, size-first and lifetime-first, keeping the smaller (``offsets``).
+3. offsets by best fit: a sweep in time order, and unless that meets the lower bound, greedy
+   size-first and lifetime-first orders too, keeping the smallest (``offsets``).
 
 A step's workspace is a buffer of its own, live only during the step.
 """
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 
 from ..errors import PlanError
 from . import liveness
-from .offsets import Request, best_placement
+from .offsets import Request, best_placement, most_live
 
 
 def aligned(nbytes, alignment):
@@ -70,7 +71,7 @@ class MemoryPlan:
         self._by_key = {p.key: p for p in self.placements}
         self.buffers = _buffers(self.placements, alignment)
         self.peak_bytes = max((b.offset + b.size for b in self.buffers), default=0)
-        self.lower_bound_bytes = _most_live(self.buffers, steps)
+        self.lower_bound_bytes = most_live(self.buffers, steps)
 
     def __contains__(self, key):
         return key in self._by_key
@@ -119,18 +120,6 @@ def _buffers(placements, alignment):
         groups.setdefault(head[p.key].key, []).append(p)
     return [Buffer(tuple(sorted(g, key=lambda p: p.start)), g[0].offset, aligned(head[g[0].key].nbytes, alignment),
                    min(p.start for p in g), max(p.end for p in g)) for g in groups.values()]
-
-
-def _most_live(buffers, steps):
-    delta = [0] * (steps + 2)
-    for b in buffers:
-        delta[b.start] += b.size
-        delta[b.end + 1] -= b.size
-    live, most = 0, 0
-    for d in delta:
-        live += d
-        most = max(most, live)
-    return most
 
 
 def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=()):

@@ -41,6 +41,10 @@ def _derived(t, source):
     return np.reshape(source, t.shape, copy=False)
 
 
+def _load(destination, feeds, name):
+    np.copyto(destination, feeds[name])
+
+
 def _same_memory(a, b):
     return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes
 
@@ -95,7 +99,7 @@ class Executor:
     def _emit(self, em, kernel, arrays):
         t = kernel.term
         if t.op.name == "var":
-            em.call(self._load, arrays[t], t.name)
+            em.call(_load, arrays[t], self.feeds, t.name)
             return
         args = [arrays[a] for a in t.args]
         if t.op.name == "fused":
@@ -104,9 +108,6 @@ class Executor:
             emit_fused(em, t.attrs[0], args, outs, alias)
         else:
             emit(em, t, args, arrays[t])
-
-    def _load(self, destination, name):
-        np.copyto(destination, self.feeds[name])
 
     def _staging(self):
         """Update sources that share memory with a state buffer another update writes: copied aside first.
@@ -123,7 +124,7 @@ class Executor:
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: array}``); returns copies of the outputs."""
-        self.feeds = feeds
+        self.feeds.update(feeds)
         done = 0
         buffer = np.setbufsize(UFUNC_BUFFER)
         try:
@@ -135,7 +136,7 @@ class Executor:
             term = self.call_kernel[done].term
             raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
         finally:
-            self.feeds = {}
+            self.feeds.clear()  # the caller's arrays are not kept
             np.setbufsize(buffer)
         results = [np.array(out) for out in self.outputs]
         for stage, source in self.staged:
