@@ -18,7 +18,7 @@ from .errors import DTypeError, FeedError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.term import Term, make
-from .memplan import intervals, plan_memory, verify
+from .memplan import intervals, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
 from .rules.engine import Fixpoint, Postwalk, Trace
 from .rules.fusion import fuse
@@ -145,13 +145,14 @@ def _sinks(kernels, steps, updates, live_out):
     if _may_raise(kernels):
         return {}
     lives = intervals(steps, live_out)
+    owner = owners(steps)
     defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
     sinks = {}
     for var, value in updates.items():
         i = defined_at.get(value)
         if i is None or value in sinks or var not in lives or lives[var].end != i:
             continue
-        if (value, var) in steps[i].inplace:
+        if (value, var) in steps[i].inplace and not read_through_view(steps[i], var, owner):
             sinks[value] = var
     return sinks
 

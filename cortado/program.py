@@ -113,7 +113,7 @@ class Program:
             where = ", ".join(self._where(d) for d in kernel.terms)
             lines.append(f"  k{i:<3} {what}  -> {where}")
         for var, value in self.updates.items():
-            how = "computed in place" if value in self._sinks else "copied in after the step"
+            how = "computed in place" if self._sinks.get(value) is var else "copied in after the step"
             lines.append(f"  update {var.name} <- {inline(value, 1)}: {how}")
         return lines
 

@@ -251,3 +251,66 @@ def test_the_memory_plan_draws(tmp_path):
     step = _training_step(64)[0]
     path = step.memory.plot(tmp_path / "plan.png")
     assert path.stat().st_size > 1000
+
+
+# -- regressions found in review ----------------------------------------------------------------
+
+
+def test_an_operand_read_through_a_transpose_is_never_written_over():
+    x = ct.var("x", (3, 3), "float64")
+    value = np.arange(9.0).reshape(3, 3)
+    for out in [x + (x + ct.transpose(x)), ct.exp(x) + ct.transpose(x)]:
+        program = ct.compile(out, inputs=[x], debug=True)
+        np.testing.assert_array_equal(program(x=value), ct.evaluate(out, {"x": value}))
+    W = ct.var("W", (3, 3), "float64")
+    program = ct.compile([], state={W: value}, updates={W: W + (W + ct.transpose(W))})
+    program()
+    np.testing.assert_array_equal(program.state["W"], value + value + value.T)
+
+
+def test_no_copy_of_an_operand_that_overlaps_the_output():
+    n = 512
+    x, v = ct.var("x", (n, n), "float64"), ct.var("v", (n,), "float64")
+    program = ct.compile(ct.matmul(x + ct.transpose(x), v), inputs=[x, v])
+    feeds = {"x": np.ones((n, n)), "v": np.ones(n)}
+    program(**feeds)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        program(**feeds)
+        assert tracemalloc.get_traced_memory()[1] - before < 16 * 1024 + n * 8
+    finally:
+        tracemalloc.stop()
+
+
+def test_two_variables_updated_by_one_term_both_take_it():
+    W, m = ct.var("W", (3,), "float64"), ct.var("m", (3,), "float64")
+    new = W + 1.0
+    program = ct.compile([], state={W: np.zeros(3), m: np.zeros(3)}, updates={W: new, m: new})
+    program()
+    np.testing.assert_array_equal(program.state["W"], 1)
+    np.testing.assert_array_equal(program.state["m"], 1)
+
+
+def test_feeding_a_view_of_the_state_gives_its_value_before_the_call():
+    W, x = ct.var("W", (3,), "float64"), ct.var("x", (3,), "float64")
+    out = ct.sum(W + 1.0) + x
+    program = ct.compile(out, inputs=[x], state={W: np.zeros(3)}, updates={W: W + 1.0})
+    np.testing.assert_array_equal(program(x=program.state["W"]), [3, 3, 3])
+
+
+def test_one_large_region_compiles_in_linear_time():
+    import time
+
+    def seconds(n):
+        y = ct.var("y0", (4,))
+        xs = [ct.var(f"x{i}", (4,)) for i in range(n)]
+        for x in xs:
+            y = y + x
+        start = time.perf_counter()
+        ct.compile(y, inputs=[ct.var("y0", (4,)), *xs])
+        return time.perf_counter() - start
+
+    seconds(100)
+    assert seconds(2000) < 40 * seconds(200) + 0.5  # quadratic would be 100 times

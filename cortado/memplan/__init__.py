@@ -8,8 +8,8 @@
 
 from .liveness import Interval, Step, intervals, owners
 from .offsets import ORDERS, Request, best_placement, most_live, place, sweep
-from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory
+from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory, read_through_view
 from .verify import verify
 
 __all__ = ["Step", "Interval", "intervals", "owners", "Request", "place", "sweep", "best_placement", "most_live", "ORDERS",
-           "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned", "verify"]
+           "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned", "read_through_view", "verify"]

@@ -153,12 +153,17 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     requests += [Request(key, aligned(size, alignment), key[1], key[1]) for key, size in workspaces.items()]
     order, offsets, _ = best_placement(requests, len(steps) + 1)
 
-    placements = [Placement(k, labels.get(k, str(k)), offsets[head[k]], nbytes[k], lives[k].start, lives[k].end,
+    placements = [Placement(k, labels[k] if k in labels else str(k), offsets[head[k]], nbytes[k], lives[k].start, lives[k].end,
                             takes.get(k)) for k in planned]
     placements += [Placement(key, f"workspace of {steps[key[1]].label or key[1]}", offsets[key], size, key[1], key[1])
                    for key, size in workspaces.items()]
     naive = sum(aligned(nbytes[k], alignment) for k in planned) + sum(aligned(s, alignment) for s in workspaces.values())
     return MemoryPlan(placements, len(steps) + 1, alignment, order, naive)
+
+
+def read_through_view(step, value, owner):
+    """Whether ``step`` also reads ``value`` through a view (``x + x.T``): then it may not write over it."""
+    return any(r is not value and owner.get(r) is value for r in step.reads)
 
 
 def _inplace(steps, lives, owner, planned, nbytes, alignment):
@@ -171,6 +176,8 @@ def _inplace(steps, lives, owner, planned, nbytes, alignment):
             if defined in takes or read in given or defined not in planned or read not in planned:
                 continue
             if owner.get(read, read) is not read or lives[read].end != i or lives[defined].start != i:
+                continue
+            if read_through_view(step, read, owner):
                 continue
             if aligned(nbytes[defined], alignment) != aligned(nbytes[read], alignment):
                 continue

@@ -46,7 +46,9 @@ def _load(destination, feeds, name):
 
 
 def _same_memory(a, b):
-    return a.__array_interface__["data"][0] == b.__array_interface__["data"][0] and a.nbytes == b.nbytes
+    """Whether ``a`` and ``b`` are the same elements in the same layout (not, say, ``x`` and ``x.T``)."""
+    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
+            and (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype))
 
 
 class Executor:
@@ -54,7 +56,7 @@ class Executor:
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks):
         self.arena = aligned_bytes(plan.peak_bytes)
-        self.state = self._state_block(signature.state)
+        self.state_block, self.state = self._state_block(signature.state)
         self.feeds = {}
         arrays = {v: self.state[v] for v in signature.state}
         arrays.update({value: self.state[var] for value, var in sinks.items()})
@@ -70,8 +72,8 @@ class Executor:
                 arrays[kernel.term] = _derived(kernel.term, arrays[step.view_of])
                 continue
             workspace = ("workspace", i)
-            em = Emitter(_view(self.arena, plan[workspace].offset, (plan[workspace].nbytes,), np.uint8)
-                         if workspace in plan else None)
+            size = plan[workspace].nbytes if workspace in plan else 0
+            em = Emitter(_view(self.arena, plan[workspace].offset if size else 0, (size,), np.uint8))
             self._emit(em, kernel, arrays)
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
@@ -80,7 +82,7 @@ class Executor:
                 arrays[t] = t.attrs[0].array
         self.outputs = [arrays[t] for t in outputs]
         self.final = [(self.state[var], arrays[value]) for var, value in updates.items()
-                      if value not in sinks and value is not var]
+                      if sinks.get(value) is not var and value is not var]
         self.staged = self._staging()
 
     @staticmethod
@@ -94,7 +96,7 @@ class Executor:
         for v, value in state.items():
             arrays[v] = _view(block, offsets[v], v.shape, v.dtype)
             arrays[v][...] = value
-        return arrays
+        return block, arrays
 
     def _emit(self, em, kernel, arrays):
         t = kernel.term
@@ -124,7 +126,8 @@ class Executor:
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: array}``); returns copies of the outputs."""
-        self.feeds.update(feeds)
+        for name, value in feeds.items():  # a feed of the program's own state must be its value before the call
+            self.feeds[name] = value.copy() if np.may_share_memory(value, self.state_block) else value
         done = 0
         buffer = np.setbufsize(UFUNC_BUFFER)
         try:

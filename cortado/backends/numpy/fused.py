@@ -35,6 +35,9 @@ def _body(outputs):
                  {t: k for k, t in enumerate(outputs)})
 
 
+BLOCKED = -1  # an ``alias`` of the root's output for measuring: as if it held an input until the root
+
+
 def _reads_in_place(t, value):
     """Whether ``t`` reads ``value`` only where its output may alias the operand."""
     return all(position in INPLACE.get(t.op.name, ()) and value.shape == t.shape
@@ -47,6 +50,7 @@ class _Run:
     def __init__(self, em, body, args, outs, alias):
         self.em, self.body, self.outs = em, body, outs
         self.values, self.owned = {}, {}
+        self.out0_blocked = alias.get(0) == BLOCKED
         self.out0_holder = next((p for p in body.order if p.op.name == "var" and int(p.name[2:]) == alias.get(0)), None)
         self.args = args
 
@@ -72,7 +76,7 @@ class _Run:
     def _out0_free_for(self, t, i):
         """Whether ``t`` may be computed into the root's output, to be overwritten by the root later."""
         root = self.body.outputs[0]
-        if root.op.name not in INPLACE or (t.shape, t.dtype) != (root.shape, root.dtype):
+        if self.out0_blocked or root.op.name not in INPLACE or (t.shape, t.dtype) != (root.shape, root.dtype):
             return False
         if self.body.last_read.get(t) == self.body.position[root] and not _reads_in_place(root, t):
             return False  # the root would overwrite it while still reading it elsewhere
@@ -122,6 +126,7 @@ def plan_fused(outputs, arg_types):
     """
     body = _body(outputs)
     workspace = _measure(outputs, arg_types, {})
+    shared_root = None  # the workspace when the root's output is shared: measured once, for any input
     parameters = {int(p.name[2:]): p for p in body.order if p.op.name == "var"}
     pairs, costs = [], {}
     for k, out in enumerate(outputs):
@@ -132,6 +137,7 @@ def plan_fused(outputs, arg_types):
             if read > written or (read == written and not _reads_in_place(out, p)):
                 continue
             if k == 0:
-                costs[(k, j)] = _measure(outputs, arg_types, {0: j})
+                shared_root = _measure(outputs, arg_types, {0: BLOCKED}) if shared_root is None else shared_root
+                costs[(k, j)] = shared_root
             pairs.append((k, j))
     return workspace, pairs, costs

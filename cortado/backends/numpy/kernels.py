@@ -17,6 +17,7 @@ import math
 import numpy as np
 
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
+from ...errors import PlanError
 from ...memplan import aligned
 
 SCRATCH_ALIGNMENT = 64
@@ -33,7 +34,10 @@ def c_strided(shape, dtype):
 
 
 class Emitter:
-    """The calls of one step, and the scratch arrays they use, carved from its workspace."""
+    """The calls of one step, and the scratch arrays they use, carved from its workspace.
+
+    Without a workspace it only measures; with one, a request beyond it is the planner's error.
+    """
 
     def __init__(self, workspace=None):
         self.workspace = workspace
@@ -51,6 +55,8 @@ class Emitter:
             offset, self.top = self.top, self.top + size
         if self.workspace is None:
             array = c_strided(shape, dtype)
+        elif self.top > len(self.workspace):
+            raise PlanError(f"a kernel needs {self.top} bytes of workspace and the plan gave it {len(self.workspace)}")
         else:
             nbytes = math.prod(shape) * np.dtype(dtype).itemsize
             array = self.workspace[offset:offset + nbytes].view(dtype).reshape(shape)
