@@ -170,15 +170,20 @@ def _shifted(em, x, axes, out_dtype, into):
     return peak
 
 
+def _log_total(em, shifted, axes, total, exponentials):
+    """``total = log(sum(exp(shifted)))`` over ``axes``, the exponentials written into ``exponentials``."""
+    em.call(np.exp, shifted, out=exponentials)
+    em.call(np.add.reduce, exponentials, axis=axes, keepdims=True, out=total)
+    em.call(np.log, total, out=total)
+
+
 def _logsumexp(em, attrs, args, out):
     axes, keepdims = attrs
     x, converted = _floating(em, args[0])
     shifted = em.scratch(x.shape, out.dtype)
     peak = _shifted(em, x, axes, out.dtype, shifted)
-    em.call(np.exp, shifted, out=shifted)
     total = out.reshape(peak.shape)
-    em.call(np.add.reduce, shifted, axis=axes, keepdims=True, out=total)
-    em.call(np.log, total, out=total)
+    _log_total(em, shifted, axes, total, shifted)
     em.call(np.add, total, peak, out=total)
     for array in (shifted, peak) + ((x,) if converted else ()):
         em.release(array)
@@ -200,9 +205,7 @@ def _log_softmax(em, attrs, args, out):
     x, converted = _floating(em, args[0])
     peak = _shifted(em, x, axes, out.dtype, out)
     exponentials = em.scratch(x.shape, out.dtype)
-    em.call(np.exp, out, out=exponentials)
-    em.call(np.add.reduce, exponentials, axis=axes, keepdims=True, out=peak)
-    em.call(np.log, peak, out=peak)
+    _log_total(em, out, axes, peak, exponentials)
     em.call(np.subtract, out, peak, out=out)
     for array in (exponentials, peak) + ((x,) if converted else ()):
         em.release(array)
