@@ -9,7 +9,7 @@ import numpy as np
 
 from ..errors import BackendError, DTypeError
 from ..exprgraph import feeds as feed_checks
-from ..exprgraph.graph import Graph
+from ..exprgraph.graph import Graph, schedule
 from ..exprgraph.semantics import IMPLEMENTATIONS
 from ..exprgraph.term import Term
 
@@ -37,18 +37,23 @@ def _apply(term, args, widen):
         raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
 
 
+def _value(term, values, variable, widen):
+    """``term``'s value, its arguments' values in ``values``; ``variable(term)`` for a variable."""
+    if term.op.name == "var":
+        value = variable(term)
+    elif term.op.name == "const":
+        value = term.attrs[0].array
+    else:
+        value = _apply(term, [values[a] for a in term.args], widen)
+    return np.asarray(value).astype(_result_dtype(term, widen), copy=False)
+
+
 def _fused(term, args, widen):
     """Output ``index`` of a fused region: its body evaluated with the operands as parameters."""
     outputs, index = term.attrs
     values = {}
-    for t in Graph(outputs[index]).schedule:
-        if t.op.name == "var":
-            value = args[int(t.name[2:])]
-        elif t.op.name == "const":
-            value = t.attrs[0].array
-        else:
-            value = _apply(t, [values[a] for a in t.args], widen)
-        values[t] = np.asarray(value).astype(_result_dtype(t, widen), copy=False)
+    for t in schedule(outputs[index]):
+        values[t] = _value(t, values, lambda p: args[int(p.name[2:])], widen)
     return values[outputs[index]]
 
 
@@ -71,13 +76,7 @@ def evaluate(outputs, feeds, precision=None):
     values = {}
     with np.errstate(all="ignore"):
         for term in graph.schedule:
-            if term.op.name == "var":
-                value = np.asarray(bound[term])
-            elif term.op.name == "const":
-                value = term.attrs[0].array
-            else:
-                value = _apply(term, [values[a] for a in term.args], widen)
-            values[term] = np.asarray(value).astype(_result_dtype(term, widen), copy=False)
+            values[term] = _value(term, values, bound.__getitem__, widen)
             for arg in term.args:
                 remaining[arg] -= 1
                 if remaining[arg] == 0:
