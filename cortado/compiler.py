@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import DTypeError, FeedError, ShapeError
+from .errors import BackendError, DTypeError, FeedError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.term import Term, make
@@ -157,31 +157,45 @@ def _sinks(kernels, steps, updates, live_out):
     return sinks
 
 
-def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False):
+def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, **options):
     """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
 
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
     after each call every update is written, all computed from the values before the call.
-    ``backend``: ``"numpy"``. ``debug=True`` verifies the memory plan as it is made.
+    ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
+    step as one CUDA graph, ``tf32=False`` to let float32 GEMMs use TF32 tensor cores).
+    ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
         (loss_value,) = step(x=xv, y=yv)
     """
     with collector_paused():  # a collection during compile would rescan every live term, again and again
-        return _compile(outputs, inputs, state, updates, backend, debug)
+        return _compile(outputs, inputs, state, updates, backend, debug, options)
 
 
-def _compile(outputs, inputs, state, updates, backend, debug):
+def _options(engine, given):
+    known = getattr(engine, "OPTIONS", {})
+    unknown = sorted(set(given) - set(known))
+    if unknown:
+        takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
+        raise BackendError(f"compile: the {engine.name} backend has no option {', '.join(unknown)}; {takes}")
+    return {**known, **given}
+
+
+def _compile(outputs, inputs, state, updates, backend, debug, options):
     from .backends import backend_named
     from .program import Program
 
     signature = _signature(outputs, inputs, state, updates)
     engine = backend_named(backend)
+    options = _options(engine, options)
     traces = {}
     roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces)
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
+    if getattr(engine, "loads_first", False):
+        kernels = [k for k in kernels if k.is_load] + [k for k in kernels if not k.is_load]
     steps = engine.steps(kernels)
     live_out = list(outputs) + list(values)
     sinks = _sinks(kernels, steps, updates, live_out)
@@ -192,7 +206,7 @@ def _compile(outputs, inputs, state, updates, backend, debug):
                        shared=sinks.items())
     if debug:
         verify(plan)
-    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks)
+    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
     return Program(signature, outputs, updates, kernels, plan, executor, traces, engine.name, sinks)
 
 

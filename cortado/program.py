@@ -18,25 +18,29 @@ from .exprgraph.printing import body_text, inline
 
 
 class State(Mapping):
-    """A program's state by variable name: read-only views of the live buffers.
+    """A program's state by variable name: views of the live buffers (read-only where NumPy can say so;
+    on the GPU, CuPy arrays that the next call updates).
 
     ``state["W"] = value`` replaces a value (checked like a feed, copied in).
     """
 
-    def __init__(self, arrays):
+    def __init__(self, arrays, write):
         self._arrays = {v.name: (v, a) for v, a in arrays.items()}
+        self._write = write
 
     def __getitem__(self, name):
         if name not in self._arrays:
             raise FeedError(f"no state variable {name!r}; the state is {sorted(self._arrays) or 'empty'}")
-        view = self._arrays[name][1].view()
-        view.flags.writeable = False
-        return view
+        array = self._arrays[name][1]
+        if isinstance(array, np.ndarray):
+            array = array.view()
+            array.flags.writeable = False
+        return array
 
     def __setitem__(self, name, value):
         self[name]  # noqa: B018  (an unknown name is refused first)
-        var, array = self._arrays[name]
-        np.copyto(array, feed_checks.bind({name: var}, {name: value})[var])
+        var, _ = self._arrays[name]
+        self._write(var, feed_checks.bind({name: var}, {name: value})[var])
 
     def __iter__(self):
         return iter(self._arrays)
@@ -62,7 +66,12 @@ class Program:
         self._sinks = sinks
         self._executor = executor
         self._inputs = {v.name: v for v in signature.inputs}
-        self.state = State(executor.state)
+        self.state = State(executor.state, executor.write_state)
+
+    @property
+    def device_bytes(self):
+        """Every byte the program holds on the GPU: arena, state, outputs, constants (0 on the CPU)."""
+        return self._executor.device_bytes
 
     @property
     def inputs(self):

@@ -310,7 +310,8 @@ def test_vjp_takes_numbers_arrays_and_terms_as_cotangents():
 
 
 def test_every_op_has_a_derivative_rule():
-    missing = [name for name, op in OPS.items() if op.kind not in ("leaf", "fused") and name not in {r.op for r in derivatives}]
+    differentiable = [name for name, op in OPS.items() if op.kind not in ("leaf", "fused", "lowered")]
+    missing = [name for name in differentiable if name not in {r.op for r in derivatives}]
     assert not missing
 
 

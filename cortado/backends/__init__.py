@@ -7,7 +7,17 @@ A compile backend provides its ``name``, the ``alignment`` of its arena, its ``l
 
 from ..errors import BackendError
 
-BACKENDS = ("numpy",)
+BACKENDS = ("numpy", "cupy")
+
+
+def gpu_visible():
+    """Whether CuPy is installed and sees an NVIDIA GPU."""
+    try:
+        import cupy
+
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no CuPy, no driver, no device: all mean no GPU here
+        return False
 
 
 def backend_named(name):
@@ -16,4 +26,14 @@ def backend_named(name):
         from . import numpy
 
         return numpy
+    if name == "cupy":
+        try:
+            import cupy  # noqa: F401
+            import nvmath  # noqa: F401
+        except ImportError as error:
+            raise BackendError(f"compile: the cupy backend needs CuPy and nvmath-python (pip install -e \".[gpu]\"): "
+                               f"{error}") from None
+        from . import cupy as gpu
+
+        return gpu
     raise BackendError(f"compile: there is no backend {name!r}; the backends are {', '.join(map(repr, BACKENDS))}")

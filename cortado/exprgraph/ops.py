@@ -28,6 +28,7 @@ LEAF = "leaf"
 CONTRACTION = "contraction"
 LAYOUT = "layout"
 FUSED = "fused"
+LOWERED = "lowered"  # built only by a backend's lowering rules, after differentiation
 
 
 @dataclass(frozen=True, eq=False)
@@ -348,6 +349,56 @@ _ops += [
        lambda args, subscripts: einsum_rules.parse(subscripts, [a.shape for a in args])[1],
        _einsum_dtype, CONTRACTION, _einsum_normalize),
 ]
+
+
+# ``gemm(a, b[, c][, bias])``: what ``matmul`` lowers to for a BLAS library, cuBLASLt's form
+# ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)``. ``op`` swaps the last two axes where
+# ``transpose_a`` / ``transpose_b`` say; ``c`` is there when ``beta`` is not 0, ``bias`` (a row
+# added to every row of the product) when the epilogue names it. Only lowering rules build it.
+GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu")
+
+
+def gemm_operands(args, beta, epilogue):
+    """``(a, b, c, bias)`` of a gemm's arguments, None for those it has not."""
+    a, b, *rest = args
+    c = rest.pop(0) if beta else None
+    bias = rest.pop(0) if "bias" in epilogue else None
+    return a, b, c, bias
+
+
+def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue):
+    if epilogue not in GEMM_EPILOGUES:
+        raise shape_violation(f"unknown epilogue {epilogue!r}; the epilogues are {GEMM_EPILOGUES}")
+    if len(args) != 2 + bool(beta) + ("bias" in epilogue):
+        raise shape_violation("gemm takes a, b, then c when beta is not 0, then bias when the epilogue adds one")
+    a, b, c, bias = gemm_operands(args, beta, epilogue)
+    if a.ndim < 2 or b.ndim < 2:
+        raise shape_violation("gemm needs operands of rank 2 or more")
+    m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
+    k2, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
+    if k != k2:
+        raise shape_violation(f"the contracted dimensions differ: {k} and {k2}")
+    out = broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n)
+    if c is not None and c.shape != out:
+        raise shape_violation(f"c has shape {c.shape}, the product {out}")
+    if bias is not None and bias.shape != (n,):
+        raise shape_violation(f"the bias has shape {bias.shape}; it must be ({n},)")
+    return out
+
+
+def _gemm_normalize(args, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none"):
+    return (bool(transpose_a), bool(transpose_b), float(alpha) + 0.0, float(beta) + 0.0, epilogue)  # no -0.0
+
+
+def _gemm_dtype(args, *attrs):
+    dtypes = {a.dtype for a in args}
+    if len(dtypes) != 1 or next(iter(dtypes)).kind != "f":
+        raise dtype_violation("gemm needs operands of one floating dtype")
+    return args[0].dtype
+
+
+_ops.append(Op("gemm", None, ("transpose_a", "transpose_b", "alpha", "beta", "epilogue"), _gemm_shape, _gemm_dtype,
+               LOWERED, _gemm_normalize))
 
 
 # -- layout ----------------------------------------------------------------------------------

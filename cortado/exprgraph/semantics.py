@@ -7,7 +7,7 @@ Each entry takes the list of operand arrays and the op's attributes.
 
 import numpy as np
 
-from .ops import UFUNC_OPS, ufunc_loop
+from .ops import UFUNC_OPS, gemm_operands, ufunc_loop
 
 
 def _floating(x):
@@ -46,6 +46,19 @@ def _log_softmax(x, axes):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
 
 
+def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
+    a, b, c, bias = gemm_operands(xs, beta, epilogue)
+    a = np.swapaxes(a, -1, -2) if transpose_a else a
+    b = np.swapaxes(b, -1, -2) if transpose_b else b
+    dtype = a.dtype.type
+    out = np.matmul(a, b) * dtype(alpha)
+    if c is not None:
+        out = out + dtype(beta) * c
+    if bias is not None:
+        out = out + bias
+    return np.maximum(out, dtype(0)) if "relu" in epilogue else out
+
+
 def _ufunc_implementation(ufunc):
     return lambda xs: ufunc(*xs)
 
@@ -64,6 +77,7 @@ IMPLEMENTATIONS.update({
     "softmax": lambda xs, axes: _softmax(xs[0], axes),
     "log_softmax": lambda xs, axes: _log_softmax(xs[0], axes),
     "matmul": lambda xs: np.matmul(*xs),
+    "gemm": _gemm,
     "einsum": lambda xs, subscripts: np.einsum(subscripts, *xs),
     "transpose": lambda xs, axes: np.transpose(xs[0], axes),
     "reshape": lambda xs, shape: np.reshape(xs[0], shape),

@@ -124,6 +124,13 @@ class Executor:
                 self.final[k] = (destination, stage)
         return staged
 
+    def write_state(self, var, value):
+        np.copyto(self.state[var], value)
+
+    @property
+    def device_bytes(self):
+        return 0  # the CPU backend holds nothing on a device
+
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: array}``); returns copies of the outputs."""
         for name, value in feeds.items():  # a feed of the program's own state must be its value before the call

@@ -1,0 +1,436 @@
+"""CUDA C for a fused region: its body, inlined into one elementwise or one reduction kernel.
+
+Every shape and stride is known when the program is built, so all index arithmetic is written
+into the source as constants (a division by a constant compiles to a multiply and a shift) and a
+kernel takes only its pointers. Each operand is read through its own layout: a transposed or
+broadcast view costs nothing, its strides are simply different constants. Dimensions that are
+contiguous in an operand are merged first, so a plain operand is read at the flat index itself.
+
+An elementwise kernel gives each thread ``VEC`` consecutive elements, read and written as one
+16-byte vector wherever an operand is stored contiguously, and indexes in 32 bits where every
+offset fits. A reduction kernel gives each output a warp (short reductions) or a block, or, when
+the reduced axes are not the innermost, a column of a 32-output tile; its prologue is computed
+for each element as it is read, its epilogue once per output. Half-precision values are computed
+and accumulated in float32.
+
+    source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
+"""
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import BackendError
+from ...exprgraph.graph import post_order
+from ...exprgraph.ops import ELEMENTWISE
+
+THREADS = 256
+ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
+COLUMN_TILE = (32, 8)  # outputs across a block, threads down each reduced column
+
+STORAGE = {
+    "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
+    "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int", "uint64": "unsigned long long",
+    "float16": "__half", "float32": "float", "float64": "double",
+}
+REDUCTIONS = ("sum", "mean", "max")
+
+PRELUDE = r"""#include <cuda_fp16.h>
+template <typename T> __device__ __forceinline__ T ct_load(T x) { return x; }
+__device__ __forceinline__ float ct_load(__half x) { return __half2float(x); }
+template <typename T, typename C> __device__ __forceinline__ T ct_store(C x) { return static_cast<T>(x); }
+template <> __device__ __forceinline__ __half ct_store<__half, float>(float x) { return __float2half_rn(x); }
+template <typename T> __device__ __forceinline__ T ct_max(T a, T b) { return (a != a || a > b) ? a : b; }
+template <typename T> __device__ __forceinline__ T ct_min(T a, T b) { return (a != a || a < b) ? a : b; }
+template <typename T> __device__ __forceinline__ T ct_sign(T a) { return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a); }
+__device__ __forceinline__ float ct_sigmoid(float x) {
+    float e = expf(-fabsf(x)); return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e); }
+__device__ __forceinline__ double ct_sigmoid(double x) {
+    double e = exp(-fabs(x)); return x >= 0. ? 1. / (1. + e) : e / (1. + e); }
+__device__ __forceinline__ float ct_softplus(float x) { return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))); }
+__device__ __forceinline__ double ct_softplus(double x) { return fmax(x, 0.) + log1p(exp(-fabs(x))); }
+template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
+"""
+
+
+@dataclass(frozen=True)
+class Operand:
+    """How a kernel reads one input: its shape, dtype and element strides (0 where broadcast)."""
+
+    shape: tuple
+    dtype: np.dtype
+    strides: tuple
+
+    @property
+    def contiguous(self):
+        return self.strides == contiguous_strides(self.shape) or math.prod(self.shape) <= 1
+
+
+@dataclass(frozen=True)
+class Source:
+    """A kernel's CUDA C, its entry point, and its launch: ``grid(multiprocessors)`` and ``block``."""
+
+    name: str
+    text: str
+    blocks: int  # blocks the work divides into; the launch caps elementwise grids at the machine's size
+    block: tuple
+    elementwise: bool
+
+
+def contiguous_strides(shape):
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def compute_type(dtype):
+    return "float" if dtype == np.float16 else STORAGE[dtype.name]
+
+
+def storage_type(dtype):
+    return STORAGE[dtype.name]
+
+
+# -- literals and op expressions ---------------------------------------------------------------
+
+
+def literal(value, dtype):
+    """``value`` as a C expression of ``dtype``'s compute type, exactly."""
+    value = np.asarray(value).astype(dtype)[()]
+    if dtype.kind == "b":
+        return "true" if value else "false"
+    if dtype.kind in "iu":
+        number = int(value)
+        if number == -(2 ** 63):
+            return "(-9223372036854775807LL - 1)"
+        return f"(({STORAGE[dtype.name]}){number}{'ULL' if dtype.kind == 'u' else 'LL'})"
+    c = compute_type(dtype)
+    number = float(value)
+    if math.isnan(number):
+        return "__int_as_float(0x7fc00000)" if c == "float" else "__longlong_as_double(0x7ff8000000000000LL)"
+    if math.isinf(number):
+        bits = ("0x7f800000", "0xff800000") if c == "float" else ("0x7ff0000000000000LL", "0xfff0000000000000LL")
+        pattern = bits[number < 0]
+        return f"__int_as_float({pattern})" if c == "float" else f"__longlong_as_double({pattern})"
+    return f"(({c}){number.hex()})"
+
+
+def _math(name, dtype):
+    return name + ("f" if compute_type(dtype) == "float" else "")
+
+
+def _unary(name, x, dtype):
+    c = compute_type(dtype)
+    if name == "negative":
+        return f"(-{x})"
+    if name == "abs":
+        if dtype.kind == "f":
+            return f"{_math('fabs', dtype)}({x})"
+        return x if dtype.kind in "ub" else f"({x} < 0 ? -{x} : {x})"
+    if name == "sign":
+        return f"ct_sign<{c}>({x})"
+    if name == "relu":
+        return f"(({x} > ({c})0 || {x} != {x}) ? {x} : ({c})0)"
+    if name in ("sigmoid", "softplus"):
+        return f"ct_{name}({x})"
+    return f"{_math(name, dtype)}({x})"
+
+
+BINARY = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "less": "<", "less_equal": "<=",
+          "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
+UNARY = ("negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus")
+
+
+def _operand_dtype(t):
+    """The dtype an op computes in: the result's, except comparisons (their operands') and where."""
+    if t.op.name in ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal"):
+        return np.result_type(*(a.dtype for a in t.args))
+    return t.dtype
+
+
+def expression(t, names):
+    """The C expression of body term ``t`` from its operands' variable ``names``."""
+    op = t.op.name
+    dtype = _operand_dtype(t)
+    c = compute_type(dtype)
+
+    def arg(k, as_dtype=dtype):
+        a = t.args[k]
+        target = compute_type(as_dtype)
+        return names[a] if compute_type(a.dtype) == target else f"(({target}){names[a]})"
+
+    if op in UNARY:
+        return _unary(op, arg(0), dtype)
+    if op in BINARY:
+        return f"({arg(0)} {BINARY[op]} {arg(1)})"
+    if op == "maximum":
+        return f"ct_max<{c}>({arg(0)}, {arg(1)})"
+    if op == "minimum":
+        return f"ct_min<{c}>({arg(0)}, {arg(1)})"
+    if op == "power":
+        if dtype.kind != "f":
+            raise BackendError(f"{t!r}: the cupy backend computes power in floating point only (cast first)")
+        return f"{_math('pow', dtype)}({arg(0)}, {arg(1)})"
+    if op == "where":
+        return f"(({names[t.args[0]]}) ? {arg(1)} : {arg(2)})"
+    if op == "cast":
+        x = names[t.args[0]]
+        if dtype.kind == "b":
+            return f"({x} != 0)"
+        if dtype == np.float16:  # round as the stored value would be
+            return f"__half2float(__float2half_rn((float){x}))"
+        return f"(({c}){x})"
+    raise BackendError(f"{t!r}: the cupy backend has no kernel for {op}")
+
+
+# -- index arithmetic --------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Dim:
+    size: int
+    var: str  # the linear index this dimension is a digit of
+    inner: int  # the product of the sizes of the later dimensions of the same linear index
+    total: int  # the size of that linear index's whole range
+
+
+def _space(shape, var):
+    """The dimensions of ``shape``, all digits of one linear index ``var``."""
+    dims, inner = [], 1
+    for d in reversed(shape):
+        dims.append(_Dim(d, var, inner, math.prod(shape)))
+        inner *= d
+    return tuple(reversed(dims))
+
+
+def _reduction_space(shape, axes):
+    """The input dimensions of a reduction: kept ones are digits of ``o``, reduced ones of ``r``."""
+    kept = tuple(d for i, d in enumerate(shape) if i not in axes)
+    reduced = tuple(d for i, d in enumerate(shape) if i in axes)
+    digits = {"o": list(_space(kept, "o")), "r": list(_space(reduced, "r"))}
+    return tuple(digits["r" if i in axes else "o"].pop(0) for i in range(len(shape)))
+
+
+def offset(space, operand):
+    """The C expression of ``operand``'s element offset at a point of ``space`` (right-aligned)."""
+    lead = len(space) - len(operand.shape)
+    groups = []  # (var, inner, size, stride) of merged dimensions, outer first
+    for d, dim in enumerate(space[lead:]):
+        size, stride = operand.shape[d], operand.strides[d]
+        if size == 1 or stride == 0 or dim.size == 1:
+            continue
+        if groups:
+            var, inner, gsize, gstride = groups[-1]
+            if var == dim.var and inner == dim.inner * dim.size and gstride == stride * dim.size:
+                groups[-1] = (var, dim.inner, gsize * dim.size, stride)
+                continue
+        groups.append((dim.var, dim.inner, dim.size, stride))
+    terms = []
+    for var, inner, size, stride in groups:
+        digit = var if inner == 1 else f"({var} / {inner})"
+        total = next(dim.total for dim in space if dim.var == var)
+        if inner * size != total:
+            digit = f"({digit} % {size})"
+        terms.append(digit if stride == 1 else f"{digit} * {stride}")
+    return " + ".join(terms) or "0"
+
+
+def is_identity(space, operand):
+    """Whether ``operand`` is read at the flat index of an elementwise ``space`` itself."""
+    return offset(space, operand) == space[0].var if space else False
+
+
+# -- bodies ------------------------------------------------------------------------------------
+
+
+class _Writer:
+    """Statements computing body terms at one point of one space, each term once."""
+
+    def __init__(self, space, operands, prefix, loads=None):
+        self.space, self.operands, self.prefix = space, operands, prefix
+        self.loads = loads or {}  # parameter index -> an expression already holding its element
+        self.names, self.lines = {}, []
+
+    def bind(self, term, expression_text):
+        self.names[term] = expression_text
+
+    def value(self, t):
+        if t in self.names:
+            return self.names[t]
+        for a in t.args:
+            self.value(a)
+        name = f"{self.prefix}{len(self.lines)}"
+        if t.op.name == "var":
+            k = int(t.name[2:])
+            source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
+            text = f"ct_load({source})"
+        elif t.op.name == "const":
+            text = literal(t.attrs[0].scalar if t.ndim else t.attrs[0].array, t.dtype)
+        elif t.op.name == "broadcast_to":
+            self.names[t] = self.names[t.args[0]]
+            return self.names[t]
+        elif t.op.kind == ELEMENTWISE:
+            text = expression(t, self.names)
+        else:
+            raise BackendError(f"{t!r}: a fused kernel cannot compute {t.op.name} here")
+        self.lines.append(f"const {compute_type(t.dtype)} {name} = {text};")
+        self.names[t] = name
+        return name
+
+
+def _signature(operands, outputs, aliased):
+    """The kernel's parameters: ``restrict`` only where no output shares the input's memory."""
+    params = []
+    for k, o in enumerate(operands):
+        restrict = "" if k in aliased else " __restrict__"
+        params.append(f"const {storage_type(o.dtype)}*{restrict} in{k}")
+    params += [f"{storage_type(t.dtype)}* out{k}" for k, t in enumerate(outputs)]
+    return ", ".join(params)
+
+
+def _name(text):
+    return "ct_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _finish(kind, body_text, outputs, operands, aliased, blocks, block, elementwise):
+    text = f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n{body_text}}}\n'
+    name = _name(text)
+    return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block, elementwise)
+
+
+def _index_type(outputs, operands):
+    largest = max([math.prod(t.shape) for t in outputs] +
+                  [1 + sum((d - 1) * s for d, s in zip(o.shape, o.strides)) for o in operands])
+    return "unsigned int" if largest < 2 ** 31 else "unsigned long long"
+
+
+def _vector_width(outputs, operands, space):
+    itemsizes = [t.dtype.itemsize for t in outputs] + [o.dtype.itemsize for o in operands if is_identity(space, o)]
+    return max(1, min(8, 16 // min(itemsizes)))
+
+
+def elementwise_source(body, operands, aliased=()):
+    """One thread per ``VEC`` elements of the outputs' shape; a scalar loop takes the tail."""
+    shape = body[0].shape
+    n = math.prod(shape)
+    space = _space(shape, "i")
+    vec = _vector_width(body, operands, space)
+    index = _index_type(body, operands)
+    identity = {k for k, o in enumerate(operands) if is_identity(space, o)}
+
+    def element(loads, store):
+        w = _Writer(space, operands, "v", loads)
+        values = [w.value(t) for t in body]
+        return w.lines + [store(k, t, v) for k, (t, v) in enumerate(zip(body, values))]
+
+    vector_loads = {k: f"a{k}.v[u]" for k in identity}
+    lines = [f"  const {index} stride = ({index})gridDim.x * blockDim.x;",
+             f"  for ({index} j = ({index})blockIdx.x * blockDim.x + threadIdx.x; j < {n // vec}; j += stride) {{"]
+    lines += [f"    const ct_vec<{storage_type(operands[k].dtype)}, {vec}> a{k} = "
+              f"reinterpret_cast<const ct_vec<{storage_type(operands[k].dtype)}, {vec}>*>(in{k})[j];" for k in sorted(identity)]
+    lines += [f"    ct_vec<{storage_type(t.dtype)}, {vec}> o{k};" for k, t in enumerate(body)]
+    lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} i = j * {vec} + u;"]
+    lines += ["      " + s for s in element(vector_loads, lambda k, t, v: f"o{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});")]
+    lines += ["    }"]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[j] = o{k};" for k, t in enumerate(body)]
+    lines += ["  }"]
+    if n % vec:
+        lines += [f"  for ({index} i = {n - n % vec} + ({index})blockIdx.x * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
+        lines += ["    " + s for s in element({}, lambda k, t, v: f"out{k}[i] = ct_store<{storage_type(t.dtype)}>({v});")]
+        lines += ["  }"]
+    blocks = max(1, -(-max(n // vec, 1) // THREADS))
+    return _finish("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1), True)
+
+
+def _reduction_of(body):
+    found = [t for t in post_order(body) if t.op.name in REDUCTIONS]
+    if len(found) != 1:
+        raise BackendError(f"a fused reduction needs exactly one reduction in its body, found {len(found)}")
+    return found[0]
+
+
+def _accumulator(reduction):
+    dtype = reduction.dtype
+    return "int" if dtype.kind == "b" else compute_type(dtype)
+
+
+def _identity(reduction, acc):
+    if reduction.op.name != "max":
+        return f"({acc})0"
+    dtype = reduction.dtype
+    if dtype.kind == "f":
+        return literal(-np.inf, dtype)
+    if dtype.kind == "b":
+        return "0"
+    return literal(np.iinfo(dtype).min, dtype)
+
+
+def _combine(reduction, acc, a, b):
+    return f"ct_max<{acc}>({a}, {b})" if reduction.op.name == "max" else f"({a} + {b})"
+
+
+def reduction_source(body, operands, aliased=()):
+    """A fused reduction: the prologue for each element read, the reduction, the epilogue per output."""
+    red = _reduction_of(body)
+    source_shape, axes = red.args[0].shape, red.attrs[0]
+    outputs_n = math.prod(red.shape)
+    k_total = math.prod(source_shape[a] for a in axes)
+    acc = _accumulator(red)
+    index = _index_type(body, operands)
+    prologue = _Writer(_reduction_space(source_shape, axes), operands, "p")
+    element = prologue.value(red.args[0])
+    fold = f"acc = {_combine(red, acc, 'acc', f'(({acc}){element})')};"
+    epilogue = _Writer(_space(body[0].shape, "o"), operands, "e")
+    total = "acc" if red.op.name != "mean" else f"(acc / ({acc}){k_total})"
+    epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
+    results = [epilogue.value(t) for t in body]
+    finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"
+                               for k, (t, v) in enumerate(zip(body, results))]
+    inner_axis_reduced = (len(source_shape) - 1) in axes
+    if inner_axis_reduced or outputs_n == 1:
+        width = 32 if k_total <= ROW_WARP_LIMIT else THREADS
+        per_block = THREADS // width
+        lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+                 f"  const unsigned lane = threadIdx.x % {width};",
+                 f"  {acc} acc = {_identity(red, acc)};",
+                 f"  if (o < {outputs_n}) {{",
+                 f"    for ({index} r = lane; r < {k_total}; r += {width}) {{"]
+        lines += ["      " + s for s in prologue.lines] + ["      " + fold, "    }", "  }"]
+        lines += ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+                  f"    acc = {_combine(red, acc, 'acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
+        if width > 32:
+            lines += [f"  __shared__ {acc} partial[{THREADS // 32}];",
+                      "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;", "  __syncthreads();",
+                      "  if (threadIdx.x >= 32) return;",
+                      f"  acc = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {_identity(red, acc)};",
+                      "  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+                      f"    acc = {_combine(red, acc, 'acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
+        lines += [f"  if (lane != 0 || o >= {outputs_n}) return;"]
+        lines += ["  " + s for s in finish]
+        blocks = -(-outputs_n // per_block)
+        block = (THREADS, 1, 1)
+    else:
+        across, down = COLUMN_TILE
+        lines = [f"  const {index} o = ({index})blockIdx.x * {across} + threadIdx.x;",
+                 f"  {acc} acc = {_identity(red, acc)};",
+                 f"  if (o < {outputs_n}) {{",
+                 f"    for ({index} r = threadIdx.y; r < {k_total}; r += {down}) {{"]
+        lines += ["      " + s for s in prologue.lines] + ["      " + fold, "    }", "  }"]
+        lines += [f"  __shared__ {acc} partial[{down}][{across}];", "  partial[threadIdx.y][threadIdx.x] = acc;",
+                  "  __syncthreads();", f"  if (threadIdx.y != 0 || o >= {outputs_n}) return;",
+                  f"  for (int y = 1; y < {down}; ++y) acc = {_combine(red, acc, 'acc', 'partial[y][threadIdx.x]')};"]
+        lines += ["  " + s for s in finish]
+        blocks = -(-outputs_n // across)
+        block = (across, down, 1)
+    return _finish("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block, False)
+
+
+def kernel_source(body, operands, aliased=()):
+    """The kernel computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``)."""
+    if any(t.op.name in REDUCTIONS for t in post_order(body)):
+        return reduction_source(body, operands, aliased)
+    return elementwise_source(body, operands, aliased)

@@ -1,0 +1,104 @@
+"""Where each value's elements are on the GPU, and what the memory planner needs of each kernel.
+
+A value is a pointer and element strides. Transposes and broadcasts are views (their strides are
+permuted or zero), as is a reshape of a contiguous value; generated kernels and cuBLASLt read
+any of these directly, so a view costs nothing. A kernel may write an output over an input of
+the same type that it reads at the output's own index (a contiguous input of an elementwise
+kernel, the ``c`` of a gemm); a gemm's workspace holds cuBLASLt's scratch and copies of operands
+it cannot read in place.
+"""
+
+from ...memplan import Step, aligned
+from .blas import WORKSPACE_BYTES, matrix
+from .codegen import contiguous_strides
+
+ALIGNMENT = 256
+VIEWS = ("transpose", "broadcast_to")
+
+
+def _contiguous(shape, strides):
+    return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)
+
+
+def _broadcast_strides(source_shape, source_strides, shape):
+    lead = len(shape) - len(source_shape)
+    return tuple(0 if i < lead or source_shape[i - lead] == 1 else source_strides[i - lead] for i in range(len(shape)))
+
+
+def stored_strides(t):
+    """The strides of a value the program stores itself: constants of one value are one element."""
+    if t.op.name == "const" and t.ndim and t.attrs[0].scalar is not None:
+        return (0,) * t.ndim
+    return contiguous_strides(t.shape)
+
+
+def layouts(kernels):
+    """``{term: element strides}`` for every value the kernels define or read, and the set of views."""
+    strides, views = {}, set()
+    for k in kernels:
+        for a in k.reads:
+            strides.setdefault(a, stored_strides(a))
+        t = k.term
+        name = t.op.name
+        source = t.args[0] if t.args else None
+        if name == "transpose":
+            strides[t] = tuple(strides[source][axis] for axis in t.attrs[0])
+        elif name == "broadcast_to":
+            strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
+        elif name == "reshape" and _contiguous(source.shape, strides[source]):
+            strides[t] = contiguous_strides(t.shape)
+        else:
+            strides.update({d: contiguous_strides(d.shape) for d in k.terms})
+            continue
+        views.add(t)
+    return strides, views
+
+
+def gemm_copies(t, strides):
+    """The operands of gemm ``t`` that cuBLASLt cannot read where they are: copied first."""
+    from ...exprgraph.ops import gemm_operands
+
+    a, b, c, bias = gemm_operands(t.args, t.attrs[3], t.attrs[4])
+    batch = t.shape[:-2]
+    copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
+    copies += [x for x in (c, bias) if x is not None and not _contiguous(x.shape, strides[x])]
+    return tuple(dict.fromkeys(copies))
+
+
+def _inplace(k, strides, views):
+    """Pairs ``(output, input)``: an input of the output's type read at the output's own index."""
+    t = k.term
+    if t.op.name == "gemm":
+        c = t.args[2] if t.attrs[3] else None
+        plain = c is not None and c not in views and _contiguous(c.shape, strides[c])
+        return ((t, c),) if plain and c.dtype == t.dtype else ()
+    if t.op.name == "fused" and any(s.op.name in ("sum", "mean", "max") for s in _body_terms(t)):
+        return ()
+    if t.op.kind == "reduction":
+        return ()
+    return tuple((out, a) for out in k.terms for a in dict.fromkeys(t.args)
+                 if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype) and _contiguous(a.shape, strides[a]))
+
+
+def _body_terms(t):
+    from ...exprgraph.graph import post_order
+
+    return post_order(t.attrs[0])
+
+
+def steps(kernels):
+    """One ``memplan.Step`` per kernel."""
+    strides, views = layouts(kernels)
+    found = []
+    for k in kernels:
+        t = k.term
+        if t.op.name == "var":
+            found.append(Step((t,), label=t.name))
+        elif t in views:
+            found.append(Step((t,), (t.args[0],), view_of=t.args[0], label=t.op.name))
+        else:
+            workspace = 0
+            if t.op.name == "gemm":
+                workspace = WORKSPACE_BYTES + sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in gemm_copies(t, strides))
+            found.append(Step(k.terms, k.reads, inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name))
+    return found

@@ -1,0 +1,214 @@
+"""Lowering for a GPU: contractions into ``gemm`` calls, composite reductions into the primitives a
+generated kernel computes.
+
+``gemm_lowering`` turns ``matmul`` into cuBLASLt's form and then folds what surrounds it into the
+one call: a transpose of an operand into the operation flags, a scalar factor into ``alpha``, an
+added term of the product's shape into ``beta`` and ``c``, an added row into the bias epilogue, a
+``relu`` of it all into the relu epilogue. A product used more than once is not folded into its
+users (each would compute it again). ``composites`` spells ``logsumexp``, ``softmax`` and
+``log_softmax`` out as max, exp, sum and log with the reference's own shifting, so fusion can
+make a reduction kernel of each pass; a ``matmul`` no GEMM takes (integers, a batch broadcast
+no single stride describes) becomes a broadcast product summed over the contracted axis.
+
+    lowered = gpu_lowering.run(roots, trace)
+"""
+
+import math
+
+import numpy as np
+
+from ..exprgraph import constructors as ct
+from ..exprgraph.ops import OPS
+from ..exprgraph.term import make
+from .engine import Chain, Fixpoint, Postwalk, Rule, RuleSet
+
+GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+
+
+def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None):
+    """The term ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)``."""
+    args = (a, b) + ((c,) if beta else ()) + ((bias,) if bias is not None else ())
+    return make(OPS["gemm"], args, OPS["gemm"].normalize(args, transpose_a, transpose_b, alpha, beta, epilogue))
+
+
+def _parts(g):
+    """A gemm's attributes and operands as keywords of ``gemm``."""
+    attrs = dict(zip(g.op.attr_names, g.attrs))
+    a, b, *rest = g.args
+    attrs.update(a=a, b=b, c=rest.pop(0) if attrs["beta"] else None,
+                 bias=rest.pop(0) if "bias" in attrs["epilogue"] else None)
+    return attrs
+
+
+def _batch_strideable(shape, batch):
+    """Whether an operand's batch dimensions are all of ``batch`` or all broadcast: one batch stride."""
+    own = shape[:-2]
+    return own == batch or all(d == 1 for d in own)
+
+
+def _matmul_to_gemm(b):
+    x, y = b["_a"], b["_b"]
+    if x.dtype != y.dtype or x.dtype not in GEMM_DTYPES or 0 in x.shape + y.shape:
+        return None
+    if x.ndim == 1 or y.ndim == 1:  # a vector is a one-row or one-column matrix
+        rows = ct.reshape(x, (1, x.shape[0])) if x.ndim == 1 else x
+        cols = ct.reshape(y, (y.shape[0], 1)) if y.ndim == 1 else y
+        if rows.ndim > 2 or cols.ndim > 2:
+            return None
+        return ct.reshape(gemm(rows, cols), b.term.shape)
+    batch = b.term.shape[:-2]
+    if not (_batch_strideable(x.shape, batch) and _batch_strideable(y.shape, batch)):
+        return None
+    return gemm(x, y)
+
+
+def _swaps_last_two(t):
+    if t.op.name != "transpose":
+        return False
+    axes = t.attrs[0]
+    n = len(axes)
+    return n >= 2 and axes == tuple(range(n - 2)) + (n - 1, n - 2)
+
+
+def _fold_transposes(b):
+    parts = _parts(b.term)
+    changed = False
+    for side in ("a", "b"):
+        if _swaps_last_two(parts[side]):
+            parts[side] = parts[side].args[0]
+            parts[f"transpose_{side}"] = not parts[f"transpose_{side}"]
+            changed = True
+    return gemm(**parts) if changed else None
+
+
+def _foldable(b, g):
+    """A gemm this rule may rewrite: nothing else uses it."""
+    return g.op.name == "gemm" and not b.shared(g)
+
+
+def _scalar(t):
+    """The value of a constant of one value, else None."""
+    if t.op.name != "const":
+        return None
+    scalar = t.attrs[0].scalar
+    return None if scalar is None else float(scalar)
+
+
+def _gemm_and_other(b):
+    for g, other, first in ((b["_x"], b["_y"], True), (b["_y"], b["_x"], False)):
+        if _foldable(b, g) and g.shape == b.term.shape and g.dtype == b.term.dtype:
+            return _parts(g), other, first
+    return None, None, None
+
+
+def _scale(b):
+    parts, other, _ = _gemm_and_other(b)
+    factor = None if parts is None else _scalar(other)
+    if factor is None or parts["epilogue"] != "none" or not math.isfinite(factor):
+        return None
+    return gemm(**{**parts, "alpha": parts["alpha"] * factor, "beta": parts["beta"] * factor})
+
+
+def _negate(b):
+    g = b["_x"]
+    if not _foldable(b, g):
+        return None
+    parts = _parts(g)
+    if parts["epilogue"] != "none":
+        return None
+    return gemm(**{**parts, "alpha": -parts["alpha"], "beta": -parts["beta"]})
+
+
+def _added(b, sign):
+    """``g + other`` (sign 1) or, with ``g`` on either side, ``g - other`` / ``other - g`` (sign -1)."""
+    parts, other, first = _gemm_and_other(b)
+    if parts is None or "relu" in parts["epilogue"] or other.dtype != b.term.dtype:
+        return None
+    if sign < 0 and not first:  # other - g: negate the product, which a bias cannot follow
+        if parts["bias"] is not None:
+            return None
+        parts = {**parts, "alpha": -parts["alpha"], "beta": -parts["beta"]}
+    other_sign = sign if first else 1.0
+    if other.shape == b.term.shape and parts["c"] is None:
+        return gemm(**{**parts, "beta": other_sign, "c": other})
+    n = b.term.shape[-1]
+    if other.shape == (n,) and b.term.ndim == 2 and parts["bias"] is None and other_sign > 0:
+        return gemm(**{**parts, "epilogue": "bias", "bias": other})
+    return None
+
+
+def _relu(b):
+    g = b["_x"]
+    if not _foldable(b, g):
+        return None
+    parts = _parts(g)
+    if parts["epilogue"] not in ("none", "bias"):
+        return None
+    return gemm(**{**parts, "epilogue": "relu" if parts["epilogue"] == "none" else "bias_relu"})
+
+
+gemm_lowering = RuleSet([
+    Rule("matmul-to-gemm", "matmul(_a, _b)", _matmul_to_gemm),
+    Rule("gemm-transpose", "gemm(*_xs, transpose_a=_ta, transpose_b=_tb, alpha=_al, beta=_be, epilogue=_ep)",
+         _fold_transposes),
+    Rule("gemm-scale", "multiply(_x, _y)", _scale),
+    Rule("gemm-negate", "negative(_x)", _negate),
+    Rule("gemm-add", "add(_x, _y)", lambda b: _added(b, 1.0)),
+    Rule("gemm-subtract", "subtract(_x, _y)", lambda b: _added(b, -1.0)),
+    Rule("gemm-relu", "relu(_x)", _relu),
+], name="gemm lowering")
+
+
+# -- composites ------------------------------------------------------------------------------
+
+
+def _floating(x):
+    return x if x.dtype.kind == "f" else ct.cast(x, ct.exp(x).dtype)
+
+
+def _shifted(x, axes):
+    """``(x - peak, peak)`` with the max over ``axes`` kept, infinite maxima replaced by 0 (as the reference)."""
+    x = _floating(x)
+    peak = ct.max(x, axis=axes, keepdims=True)
+    peak = ct.where(ct.less(ct.abs(peak), np.inf), peak, 0.0)
+    return ct.subtract(x, peak), peak
+
+
+def _logsumexp(b):
+    x, axes = b["_x"], b.term.attrs[0]
+    shifted, peak = _shifted(x, axes)
+    total = ct.add(ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)), peak)
+    return ct.reshape(total, b.term.shape)
+
+
+def _softmax(b):
+    shifted, _ = _shifted(b["_x"], b.term.attrs[0])
+    e = ct.exp(shifted)
+    return ct.divide(e, ct.sum(e, axis=b.term.attrs[0], keepdims=True))
+
+
+def _log_softmax(b):
+    axes = b.term.attrs[0]
+    shifted, _ = _shifted(b["_x"], axes)
+    return ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)))
+
+
+def _matmul_as_reduction(b):
+    """``sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)``: any matmul, as one fused reduction."""
+    x, y, term = b["_a"], b["_b"], b.term
+    rows = ct.reshape(x, (1, x.shape[0])) if x.ndim == 1 else x
+    cols = ct.reshape(y, (y.shape[0], 1)) if y.ndim == 1 else y
+    product = ct.multiply(ct.reshape(rows, rows.shape + (1,)), ct.reshape(cols, cols.shape[:-2] + (1,) + cols.shape[-2:]))
+    total = ct.sum(product, axis=-2)
+    return ct.reshape(ct.cast(total, term.dtype), term.shape)
+
+
+composites = RuleSet([
+    Rule("expand-logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _logsumexp),
+    Rule("expand-softmax", "softmax(_x, axis=_a)", _softmax),
+    Rule("expand-log-softmax", "log_softmax(_x, axis=_a)", _log_softmax),
+    Rule("matmul-as-reduction", "matmul(_a, _b)", _matmul_as_reduction),
+], name="composites")
+
+# gemm first, everywhere; what is left of matmul then becomes a reduction.
+gpu_lowering = Chain(Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))

@@ -1,0 +1,228 @@
+"""The cupy backend on an NVIDIA GPU, against the reference interpreter. Skipped where no GPU is visible.
+
+Run on the device machine by ``benchmarks/run_gpu.sh`` (the GPU tests, then the benchmarks).
+"""
+
+import itertools
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends import gpu_visible
+from cortado.testing import ALL_OPS, graphs_with_feeds
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from mlp_numpy import initial_values, mlp  # noqa: E402
+
+GPU_OPS = [op for op in ALL_OPS if op != "einsum"]
+TOLERANCE = {"float16": (2e-2, 2e-2), "float32": (2e-4, 2e-5), "float64": (1e-9, 1e-12)}
+
+
+def host(array):
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def assert_close(ours, expected, dtype=None):
+    ours = host(ours)
+    assert ours.shape == expected.shape
+    dtype = np.dtype(dtype or ours.dtype)
+    if dtype.kind == "f":
+        rtol, atol = TOLERANCE[dtype.name]
+        np.testing.assert_allclose(ours.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol,
+                                   equal_nan=True)
+    else:
+        np.testing.assert_array_equal(ours, expected)
+
+
+@settings(max_examples=60)
+@given(graphs_with_feeds(ops=GPU_OPS, dtypes=("float16", "float32", "float64")), st.booleans())
+def test_random_graphs_on_the_gpu_match_the_reference(case, on_device):
+    import cupy
+
+    graph, feeds = case
+    program = ct.compile(list(graph.outputs), inputs=graph.inputs, backend="cupy", debug=True)
+    given_feeds = {k: cupy.asarray(v) for k, v in feeds.items()} if on_device else feeds
+    expected = ct.evaluate(graph.outputs, feeds, precision="float64")
+    for _ in range(3):  # eager, then captured, then replayed
+        for ours, theirs, out in zip(program(**given_feeds), expected, graph.outputs):
+            assert_close(ours, theirs, out.dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("shape", [(33, 65, 17), (2, 3, 1030), (4096, 3)])
+def test_fused_reductions_over_every_subset_of_axes(shape, dtype):
+    x = ct.var("x", shape, dtype)
+    y = ct.var("y", shape[-1:], dtype)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal(shape).astype(dtype), "y": rng.standard_normal(shape[-1:]).astype(dtype)}
+    outputs = []
+    for r in range(1, len(shape) + 1):
+        for axes in itertools.combinations(range(len(shape)), r):
+            outputs.append(ct.log1p(ct.sum(ct.exp(ct.tanh(x) * y), axis=axes)) * 0.5)
+            outputs.append(ct.max(x + y, axis=axes, keepdims=True) - 1.0)
+            outputs.append(ct.mean(ct.sigmoid(x), axis=axes))
+    program = ct.compile(outputs, inputs=[x, y], backend="cupy")
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    for ours, theirs in zip(program(**feeds), expected):
+        assert_close(ours, theirs, dtype)
+
+
+def _gemm_case(transpose_a, transpose_b, alpha, added, epilogue, dtype, batch=()):
+    m, k, n = 37, 70, 45
+    a = ct.var("a", batch + ((k, m) if transpose_a else (m, k)), dtype)
+    b = ct.var("b", (n, k) if transpose_b else (k, n), dtype)
+    c = ct.var("c", batch + (m, n), dtype)
+    bias = ct.var("bias", (n,), dtype)
+    product = ct.matmul(ct.transpose(a, tuple(range(len(batch))) + (len(batch) + 1, len(batch))) if transpose_a else a,
+                        ct.transpose(b) if transpose_b else b)
+    out = product * alpha if alpha != 1 else product
+    out = {"none": out, "+c": out + c, "c-": c - out}[added]
+    if "bias" in epilogue:
+        out = out + bias
+    if "relu" in epilogue:
+        out = ct.relu(out)
+    return out, [a, b] + [c] * (added != "none") + [bias] * ("bias" in epilogue)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("epilogue", ["none", "bias", "relu", "bias_relu"])
+def test_gemm_lowering_for_every_transpose_scale_added_term_and_epilogue(epilogue, dtype):
+    rng = np.random.default_rng(1)
+    for transpose_a, transpose_b, alpha, added in itertools.product([False, True], [False, True], [1.0, -0.5],
+                                                                    ["none", "+c", "c-"]):
+        if "bias" in epilogue and added == "c-":
+            continue  # c - (a @ b) + bias: the product is negated, which no bias epilogue follows
+        out, variables = _gemm_case(transpose_a, transpose_b, alpha, added, epilogue, dtype)
+        feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in variables}
+        program = ct.compile(out, inputs=variables, backend="cupy")
+        gemms = [k.term for k in program.kernels if k.term.op.name == "gemm"]
+        assert len(gemms) == 1 and gemms[0].attrs[4] == epilogue, program.explain()
+        assert [k.term.op.name for k in program.kernels if not k.is_load] == ["gemm"], program.explain()
+        assert_close(program(**feeds), ct.evaluate(out, feeds, precision="float64"), dtype)
+
+
+@pytest.mark.parametrize("batch_b", [False, True])
+def test_batched_matmul_is_one_strided_batched_gemm(batch_b):
+    a = ct.var("a", (6, 20, 30))
+    b = ct.var("b", (6, 30, 10) if batch_b else (30, 10))
+    out = ct.matmul(a, b) * 2.0
+    rng = np.random.default_rng(2)
+    feeds = {"a": rng.standard_normal(a.shape).astype("float32"), "b": rng.standard_normal(b.shape).astype("float32")}
+    program = ct.compile(out, inputs=[a, b], backend="cupy")
+    assert [k.term.op.name for k in program.kernels if not k.is_load] == ["gemm"]
+    assert_close(program(**feeds), ct.evaluate(out, feeds, precision="float64"))
+
+
+def _mlp_program(cuda_graph, batch=64, sizes=(20, 64, 64, 5), dtype="float32"):
+    loss, _, x, y, parameters = mlp(batch, sizes)
+    gradients = ct.grad(loss, parameters)
+    values = initial_values(parameters, np.random.default_rng(0))
+    updates = {p: p - 0.1 * g for p, g in zip(parameters, gradients)}
+    program = ct.compile([loss], inputs=[x, y], state={p: values[p.name] for p in parameters}, updates=updates,
+                         backend="cupy", cuda_graph=cuda_graph)
+    reference = ct.compile([loss], inputs=[x, y], state={p: values[p.name] for p in parameters}, updates=updates)
+    rng = np.random.default_rng(3)
+    data = [{"x": rng.standard_normal((batch, sizes[0])).astype(dtype),
+             "y": np.eye(sizes[-1], dtype=dtype)[rng.integers(0, sizes[-1], batch)]} for _ in range(4)]
+    return program, reference, data
+
+
+def test_the_mlp_training_step_follows_the_cpu_program():
+    program, reference, data = _mlp_program(cuda_graph=True)
+    for feeds in data:
+        (ours,) = program(**feeds)
+        (theirs,) = reference(**feeds)
+        assert_close(ours, theirs.astype(np.float64))
+    for name in reference.state:
+        assert_close(program.state[name], np.asarray(reference.state[name], np.float64))
+
+
+def test_cuda_graph_replay_equals_eager_execution_bit_for_bit():
+    import cupy
+
+    replayed, _, data = _mlp_program(cuda_graph=True)
+    eager, _, _ = _mlp_program(cuda_graph=False)
+    for feeds in data:
+        device_feeds = {k: cupy.asarray(v) for k, v in feeds.items()}
+        assert host(replayed(**device_feeds)[0]) == host(eager(**device_feeds)[0])
+    assert replayed._executor.graphs and not eager._executor.graphs
+    for name in replayed.state:
+        assert np.array_equal(host(replayed.state[name]), host(eager.state[name]))
+
+
+def test_a_steady_state_call_allocates_nothing():
+    import cupy
+    from cupy.cuda import memory_hook
+
+    class Count(memory_hook.MemoryHook):
+        name = "count"
+
+        def __init__(self):
+            self.mallocs = 0
+
+        def malloc_preprocess(self, **kwargs):
+            self.mallocs += 1
+
+    program, _, data = _mlp_program(cuda_graph=True)
+    feeds = {k: cupy.asarray(v) for k, v in data[0].items()}
+    for _ in range(3):
+        program(**feeds)
+    cupy.cuda.Device().synchronize()
+    with Count() as hook:
+        program(**feeds)
+        program(**data[1])  # NumPy feeds go through pinned staging: no allocation either
+    assert hook.mallocs == 0
+
+
+def test_numpy_and_cupy_feeds_give_the_same_step():
+    import cupy
+
+    on_host, _, data = _mlp_program(cuda_graph=True)
+    on_device, _, _ = _mlp_program(cuda_graph=True)
+    for feeds in data:
+        assert host(on_host(**feeds)[0]) == host(on_device(**{k: cupy.asarray(v) for k, v in feeds.items()})[0])
+
+
+def test_state_reads_and_writes_on_the_gpu():
+    import cupy
+
+    W = ct.var("W", (3, 4))
+    x = ct.var("x", (3, 4))
+    program = ct.compile([ct.sum(W * x)], inputs=[x], state={W: np.ones((3, 4), np.float32)}, updates={W: W * 2.0},
+                         backend="cupy")
+    ones = np.ones((3, 4), np.float32)
+    assert float(program(x=ones)[0]) == 12.0
+    assert isinstance(program.state["W"], cupy.ndarray) and float(program.state["W"].sum()) == 24.0
+    program.state["W"] = np.zeros((3, 4), np.float32)
+    assert float(program(x=ones)[0]) == 0.0
+    with pytest.raises(ct.ShapeError):
+        program.state["W"] = np.zeros((4, 3), np.float32)
+    assert program.device_bytes >= program.memory.peak_bytes + 48
+
+
+def test_swapped_updates_and_outputs_of_state_on_the_gpu():
+    V, W = ct.var("V", (5,)), ct.var("W", (5,))
+    program = ct.compile([V, W + 0.0], state={V: np.arange(5, dtype=np.float32), W: -np.arange(5, dtype=np.float32)},
+                         updates={V: W, W: V}, backend="cupy")
+    for call in range(3):
+        v, w = (host(a) for a in program())
+        sign = (-1) ** call
+        assert np.array_equal(v, sign * np.arange(5)) and np.array_equal(w, -sign * np.arange(5))
+
+
+def test_what_the_gpu_cannot_run_is_refused_clearly():
+    x = ct.var("x", (3, 3))
+    with pytest.raises(ct.BackendError, match="einsum"):
+        ct.compile(ct.einsum("ii->i", x), inputs=[x], backend="cupy")
+    n, m = ct.var("n", (3,), "int32"), ct.var("m", (3,), "int32")
+    with pytest.raises(ct.BackendError, match="power"):
+        ct.compile(n ** m, inputs=[n, m], backend="cupy")
+    with pytest.raises(ct.BackendError, match="no option"):
+        ct.compile(x * 2, inputs=[x], backend="cupy", graphs=False)
