@@ -1,7 +1,7 @@
 """The demo: ``examples/mlp_numpy.py``, an MLP trained by gradient descent, its step compiled.
 
 The demo *is* the example a user copies from, run from this checkout, so the two never drift
-apart. Later stages (compile, GPU) extend the example rather than replace it.
+apart. Where CuPy sees an NVIDIA GPU, the step runs there (``backend="cupy"``).
 """
 
 import importlib.util
@@ -17,6 +17,9 @@ def run(seed=0, epochs=60, dot_path=None, plan_path="memory_plan.png"):
     spec = importlib.util.spec_from_file_location("mlp_numpy", EXAMPLE)
     example = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(example)
+    from .backends import gpu_visible
+
+    backend, where = ("cupy", "the GPU") if gpu_visible() else ("numpy", "the CPU")
     print(f"Training a tanh MLP on three spirals: {EXAMPLE.name}; gradients by ct.grad, "
-          f"the training step compiled by ct.compile for the CPU\n")
-    example.train(epochs=epochs, seed=seed, dot_path=dot_path, plan_path=plan_path)
+          f"the training step compiled by ct.compile for {where}\n")
+    example.train(epochs=epochs, seed=seed, dot_path=dot_path, plan_path=plan_path, backend=backend)

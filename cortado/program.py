@@ -134,4 +134,6 @@ class Program:
             return f"{typ} @ {p.offset}{shared}"
         if t in self._sinks:
             return f"{typ} in state {self._sinks[t].name}"
+        if t in self._executor.direct_outputs:
+            return f"{typ} in output {self.outputs.index(t)}"
         return f"{typ} (a view)"

@@ -2,7 +2,7 @@
 ``ct.grad``, the whole training step (forward, backward, update) compiled by ``ct.compile`` into
 one Program that keeps the weights as state and runs out of one planned arena.
 
-    python examples/mlp_numpy.py [--epochs 60] [--seed 0] [--dot graph.dot] [--plan plan.png]
+    python examples/mlp_numpy.py [--epochs 60] [--seed 0] [--dot graph.dot] [--plan plan.png] [--backend cupy]
 
 The data are three interleaved spirals in the plane, which no linear model separates: the loss
 falls from log(3) (a model that knows nothing) as the hidden layers learn to unroll them.
@@ -51,23 +51,23 @@ def initial_values(parameters, rng):
     return values
 
 
-def training_step(batch, sizes, learning_rate, rng):
+def training_step(batch, sizes, learning_rate, rng, backend="numpy"):
     """The compiled step, and the graph it runs: it returns the loss and updates every parameter."""
     loss, _, x, y, parameters = mlp(batch, sizes)
     gradients = ct.grad(loss, parameters)
     values = initial_values(parameters, rng)
     step = ct.compile([loss], inputs=[x, y], state={p: values[p.name] for p in parameters},
-                      updates={p: p - learning_rate * g for p, g in zip(parameters, gradients)})
+                      updates={p: p - learning_rate * g for p, g in zip(parameters, gradients)}, backend=backend)
     return step, [loss, *gradients]
 
 
 def train(epochs=60, seed=0, batch=60, sizes=(2, 32, 32, 3), learning_rate=0.5, dot_path=None, plan_path=None,
-          log=print):
-    """Train on spirals; return the loss of each epoch (the mean over its batches)."""
+          log=print, backend="numpy"):
+    """Train on spirals with the step compiled for ``backend``; return the loss of each epoch."""
     rng = np.random.default_rng(seed)
     points, labels = spirals(100, sizes[-1], rng)
     onehot = np.eye(sizes[-1], dtype=np.float32)[labels]
-    step, graph = training_step(batch, sizes, learning_rate, rng)
+    step, graph = training_step(batch, sizes, learning_rate, rng, backend)
     log(f"model and gradients: {len(ct.Graph(graph))} terms; compiled step: {len(step.kernels)} kernels")
     if dot_path:
         with open(dot_path, "w") as out:
@@ -112,7 +112,9 @@ def _predict(points, state, sizes):
     """The trained model's classes for ``points``: the same expressions at another batch size, compiled."""
     _, logits, x, _, parameters = mlp(len(points), sizes)
     predict = ct.compile(logits, inputs=[x, *parameters])
-    return np.argmax(predict(x=points, **{p.name: state[p.name] for p in parameters}), axis=1)
+    values = {p.name: np.asarray(state[p.name].get() if hasattr(state[p.name], "get") else state[p.name])
+              for p in parameters}  # a GPU program's state is CuPy arrays
+    return np.argmax(predict(x=points, **values), axis=1)
 
 
 def main(argv=None):
@@ -121,8 +123,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--dot", metavar="PATH", help="write the graph of the loss and its gradients as DOT")
     parser.add_argument("--plan", metavar="PATH", help="draw the step's memory plan as a PNG (needs matplotlib)")
+    parser.add_argument("--backend", choices=["numpy", "cupy"], default="numpy", help="cupy: run the step on the GPU")
     args = parser.parse_args(argv)
-    train(epochs=args.epochs, seed=args.seed, dot_path=args.dot, plan_path=args.plan)
+    train(epochs=args.epochs, seed=args.seed, dot_path=args.dot, plan_path=args.plan, backend=args.backend)
 
 
 if __name__ == "__main__":

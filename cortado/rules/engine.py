@@ -201,6 +201,7 @@ class Rule(Rewriter):
         if result is None or result is term:
             return None
         run.record(self.name, term, result)
+        run.rebuilt(term, result)  # the result takes the term's place: its uses are the term's
         return result
 
     def __repr__(self):

@@ -13,5 +13,6 @@ from .layout import ALIGNMENT, steps  # noqa: F401
 name = "cupy"
 alignment = ALIGNMENT
 lowering = gpu_lowering
+outputs_in_place = True  # kernels write outputs straight into the output block, which calls return
 loads_first = True  # feeds are copied in before the step's graph runs: their places must be free from the start
 OPTIONS = {"cuda_graph": True, "tf32": False}

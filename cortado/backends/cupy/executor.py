@@ -87,6 +87,14 @@ class Executor:
         for placed in plan.placements:
             if not isinstance(placed.key, tuple):  # ("workspace", i) keys are scratch, not values
                 self.pointers.setdefault(placed.key, self.arena.memory.data.ptr + placed.offset)
+        self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
+        self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
+        computed = {t for kernel, step in zip(kernels, steps) if step.view_of is None and not kernel.is_load
+                    for t in kernel.terms}
+        direct = {}
+        for k, t in enumerate(outputs):
+            if t in computed and t not in plan and t not in sinks and t not in direct:
+                direct[t] = self.pointers[t] = self.output_block.pointer(k)
         self.calls = []
         self.loads = []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
@@ -100,9 +108,9 @@ class Executor:
                 self.calls.append(self._gemm(t, self.arena.memory.data.ptr + plan[workspace].offset, tf32))
             else:
                 self.calls.append(self._kernel(t, kernel.terms))
-        self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
-        self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
-        self.finish = [self._copy(t, self.output_block.pointer(k)) for k, t in enumerate(outputs)]
+        self.finish = [self._copy(t, self.output_block.pointer(k)) for k, t in enumerate(outputs)
+                       if direct.get(t) != self.output_block.pointer(k)]
+        self.direct_outputs = frozenset(direct)
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.finish += self._updates(final)
         self._staging_pinned()

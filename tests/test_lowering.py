@@ -1,0 +1,100 @@
+"""GPU lowering as rules (on the CPU): gemm folding and composite expansion keep every value; the
+kernel generator's index arithmetic is constants, vectors and 32-bit where it can be."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import cortado as ct
+from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_source
+from cortado.exprgraph.graph import schedule
+from cortado.exprgraph.ops import parameter
+from cortado.rules.engine import Trace
+from cortado.rules.lowering import gpu_lowering
+from cortado.testing import graphs_with_feeds
+
+TOLERANCE = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+def lowered(roots):
+    trace = Trace()
+    return gpu_lowering.run(list(roots), trace), trace.counts()
+
+
+@given(graphs_with_feeds(ops=["matmul", "transpose", "add", "subtract", "multiply", "negative", "relu", "logsumexp",
+                              "softmax", "log_softmax", "broadcast_to", "exp", "sum"],
+                         dtypes=("float16", "float32", "float64")))
+def test_lowering_keeps_every_value(case):
+    graph, feeds = case
+    new, _ = lowered(graph.outputs)
+    for ours, expected in zip(ct.evaluate(new, feeds), ct.evaluate(graph.outputs, feeds)):
+        if ours.dtype.kind == "f":
+            rtol, atol = TOLERANCE[ours.dtype.name]
+            np.testing.assert_allclose(ours, expected, rtol=rtol, atol=atol * max(1.0, np.abs(expected).max(initial=0)))
+        else:
+            np.testing.assert_array_equal(ours, expected)
+
+
+def test_an_sgd_update_of_a_weight_gradient_is_one_gemm_in_place():
+    x, d, W = ct.var("x", (8, 4)), ct.var("d", (8, 3)), ct.var("W", (4, 3))
+    (update,), counts = lowered([W - 0.1 * (ct.transpose(x) @ d)])
+    assert update.op.name == "gemm" and update.args == (x, d, W)
+    transpose_a, transpose_b, alpha, beta, epilogue = update.attrs
+    assert (transpose_a, transpose_b, beta, epilogue) == (True, False, 1.0, "none") and alpha == pytest.approx(-0.1)
+    assert counts["gemm-transpose"] == counts["gemm-scale"] == counts["gemm-subtract"] == 1
+
+
+def test_bias_and_relu_become_the_epilogue():
+    x, W, b = ct.var("x", (8, 4)), ct.var("W", (4, 3)), ct.var("b", (3,))
+    (out,), _ = lowered([ct.relu(x @ W + b)])
+    assert out.op.name == "gemm" and out.args == (x, W, b) and out.attrs[4] == "bias_relu"
+
+
+def test_a_product_used_twice_is_not_folded_into_its_users():
+    x, W, b = ct.var("x", (8, 4)), ct.var("W", (4, 3)), ct.var("b", (3,))
+    product = x @ W
+    (out,), _ = lowered([ct.exp(product) + (product + b)])
+    gemms = [t for t in schedule(out) if t.op.name == "gemm"]
+    assert len(gemms) == 1 and gemms[0].attrs[4] == "none"
+
+
+def test_what_no_gemm_takes_becomes_a_reduction():
+    n, m = ct.var("n", (3, 4), "int32"), ct.var("m", (4, 2), "int32")
+    (out,), counts = lowered([n @ m])
+    assert counts == {"matmul-as-reduction": 1}
+    feeds = {"n": np.arange(12, dtype=np.int32).reshape(3, 4), "m": np.arange(8, dtype=np.int32).reshape(4, 2)}
+    assert np.array_equal(ct.evaluate(out, feeds), feeds["n"] @ feeds["m"])
+
+
+def test_vectors_are_one_row_or_one_column_matrices():
+    v, W = ct.var("v", (4,)), ct.var("W", (4, 3))
+    (out,), counts = lowered([v @ W])
+    assert counts["matmul-to-gemm"] == 1 and out.op.name == "reshape" and out.shape == (3,)
+
+
+def _operand(shape, dtype="float32", strides=None):
+    return Operand(tuple(shape), np.dtype(dtype), tuple(strides) if strides else contiguous_strides(shape))
+
+
+def test_kernels_take_pointers_only_and_fold_strides_into_constants():
+    x, b = ct.var("x", (64, 32)), ct.var("b", (32,))
+    body = (ct.tanh(parameter(0, x) + parameter(1, b)),)
+    plain = kernel_source(body, [_operand((64, 32)), _operand((32,))])
+    signature = plain.text.split('extern "C" __global__ void ')[1].split(")")[0]
+    assert all("*" in p for p in signature.split(","))  # no shapes or strides passed at run time
+    assert "ct_vec<float, 4>" in plain.text and "unsigned int" in plain.text  # 16-byte vectors, 32-bit indexing
+    assert "in1[(i % 32)]" in plain.text  # the broadcast row, its index a constant modulus
+    transposed = kernel_source(body, [_operand((64, 32), strides=(1, 64)), _operand((32,))])
+    assert "in0[(i / 32) + (i % 32) * 64]" in transposed.text
+    half = kernel_source((ct.exp(parameter(0, ct.var("h", (64,), "float16"))),), [_operand((64,), "float16")])
+    assert "ct_vec<__half, 8>" in half.text and "float v" in half.text  # 8 halves a vector, computed in float
+
+
+def test_huge_tensors_index_in_64_bits_and_reductions_pick_rows_or_columns():
+    big = ct.var("x", (2 ** 16, 2 ** 16), "float16")
+    assert "unsigned long long" in kernel_source((ct.exp(parameter(0, big)),), [_operand(big.shape, "float16")]).text
+    x = ct.var("x", (300, 500))
+    rows = kernel_source((ct.sum(parameter(0, x), axis=1),), [_operand(x.shape)])
+    columns = kernel_source((ct.sum(parameter(0, x), axis=0),), [_operand(x.shape)])
+    assert rows.block == (256, 1, 1) and rows.blocks == 300 and "__shfl_down_sync" in rows.text
+    assert columns.block == (32, 8, 1) and columns.blocks == 16 and "partial[8][32]" in columns.text
