@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU machine's one entry point (run there through the device tool, from the repository root):
-# installs the carried wheels (.whl/, nvmath-python), runs the GPU tests, then the GPU benchmarks.
+# installs the carried wheels (.whl/, nvmath-python), runs the GPU tests, the GPU benchmarks, then
+# profiles the MLP step kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|all]
+#     bash benchmarks/run_gpu.sh [tests|bench|profile|all]
 set -o pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results}
@@ -14,11 +15,14 @@ fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 status=0
-if [ "$what" != bench ]; then
+if [ "$what" = tests ] || [ "$what" = all ]; then
     python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" || status=1
 fi
-if [ "$what" != tests ]; then
+if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmarks/bench_fused_gpu.py --out "$out/fused_gpu.json" 2>&1 | tee "$out/bench_fused.log" || status=1
     python3 benchmarks/bench_mlp_gpu.py --out "$out/mlp_gpu.json" 2>&1 | tee "$out/bench_mlp.log" || status=1
+fi
+if [ "$what" = profile ] || [ "$what" = all ]; then
+    python3 benchmarks/profile_mlp_gpu.py --out "$out/profile_mlp_gpu.txt" 2>&1 | tail -40 || status=1
 fi
 exit $status

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import FeedError
+from .errors import BackendError, FeedError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.dtypes import type_string
 from .exprgraph.printing import body_text, inline
@@ -87,6 +87,23 @@ class Program:
         bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
         results = self._executor.run({v.name: value for v, value in bound.items()})
         return results[0] if self.signature.single else results
+
+    def profile(self, feeds=None, /, **named):
+        """The device time of each kernel of one step on these feeds (GPU programs): a table, slowest first.
+
+        The step runs eagerly (no CUDA graph) with an event around each kernel; it updates the state as a
+        call does.
+        """
+        if not hasattr(self._executor, "profile"):
+            raise BackendError(f"profile: the {self.backend} backend has no device timers; it runs on the CPU")
+        if feeds is not None and named:
+            raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
+        bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
+        times = self._executor.profile({v.name: value for v, value in bound.items()})
+        total = sum(ms for _, ms in times) or 1.0
+        lines = [f"{len(times)} kernels, {total:.3f} ms in all:"]
+        lines += [f"  {ms:9.3f} ms {ms / total:6.1%}  {label}" for label, ms in sorted(times, key=lambda x: -x[1])]
+        return "\n".join(lines)
 
     def __repr__(self):
         inputs = ", ".join(f"{v.name}: {type_string(v.shape, v.dtype)}" for v in self.inputs)

@@ -314,3 +314,9 @@ def test_one_large_region_compiles_in_linear_time():
 
     seconds(100)
     assert seconds(2000) < 40 * seconds(200) + 0.5  # quadratic would be 100 times
+
+
+def test_profile_is_for_gpu_programs():
+    x = ct.var("x", (3,))
+    with pytest.raises(ct.BackendError, match="profile"):
+        ct.compile(x * 2.0, inputs=[x]).profile(x=np.ones(3, np.float32))

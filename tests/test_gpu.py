@@ -226,3 +226,9 @@ def test_what_the_gpu_cannot_run_is_refused_clearly():
         ct.compile(n ** m, inputs=[n, m], backend="cupy")
     with pytest.raises(ct.BackendError, match="no option"):
         ct.compile(x * 2, inputs=[x], backend="cupy", graphs=False)
+
+
+def test_profile_times_every_kernel_of_a_step():
+    program, _, data = _mlp_program(cuda_graph=True)
+    report = program.profile(**data[0])
+    assert report.startswith(f"{len(program._executor.calls)} kernels") and "gemm" in report and "fused" in report

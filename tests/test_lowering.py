@@ -98,3 +98,13 @@ def test_huge_tensors_index_in_64_bits_and_reductions_pick_rows_or_columns():
     columns = kernel_source((ct.sum(parameter(0, x), axis=0),), [_operand(x.shape)])
     assert rows.block == (256, 1, 1) and rows.blocks == 300 and "__shfl_down_sync" in rows.text
     assert columns.block == (32, 8, 1) and columns.blocks == 16 and "partial[8][32]" in columns.text
+
+
+def test_a_training_step_computes_each_product_once():
+    x, W, b, y = ct.var("x", (8, 4)), ct.var("W", (4, 5)), ct.var("b", (5,)), ct.var("y", (8, 5))
+    z = x @ W + b
+    loss = ct.sum(ct.relu(z) * y)
+    gW, gb = ct.grad(loss, [W, b])
+    roots, _ = lowered([loss, W - 0.1 * gW, b - 0.1 * gb])
+    forward = [t for t in schedule(roots) if t.op.name == "gemm" and t.args[:2] == (x, W)]
+    assert len(forward) == 1 and forward[0].attrs[4] == "bias"  # z feeds relu and its gradient: no relu epilogue

@@ -315,13 +315,13 @@ class Postwalk(Rewriter):
         memo = run.memo(self)
 
         def finish(original, rebuilt):
+            if rebuilt is not original:
+                run.rebuilt(original, rebuilt)  # before any rule sees it: its uses are the original's
             new = self.rewriter(rebuilt, run)
             if new is not None:
                 return new
-            if rebuilt is not original:
-                run.rebuilt(original, rebuilt)
-                if all(memo.get(a) is a for a in rebuilt.args):
-                    memo[rebuilt] = rebuilt  # final too: a later round need not look inside it again
+            if rebuilt is not original and all(memo.get(a) is a for a in rebuilt.args):
+                memo[rebuilt] = rebuilt  # final too: a later round need not look inside it again
             return rebuilt
 
         result = bottom_up(term, memo, finish)

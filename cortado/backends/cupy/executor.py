@@ -95,7 +95,7 @@ class Executor:
         for k, t in enumerate(outputs):
             if t in computed and t not in plan and t not in sinks and t not in direct:
                 direct[t] = self.pointers[t] = self.output_block.pointer(k)
-        self.calls = []
+        self.calls, self.labels = [], []
         self.loads = []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             t = kernel.term
@@ -106,8 +106,10 @@ class Executor:
             elif t.op.name == "gemm":
                 workspace = ("workspace", i)
                 self.calls.append(self._gemm(t, self.arena.memory.data.ptr + plan[workspace].offset, tf32))
+                self.labels.append(f"k{i}.gemm {t.attrs[4]} {t.shape}")
             else:
                 self.calls.append(self._kernel(t, kernel.terms))
+                self.labels.append(f"k{i}.{t.op.name} {t.shape}")
         self.finish = [self._copy(t, self.output_block.pointer(k)) for k, t in enumerate(outputs)
                        if direct.get(t) != self.output_block.pointer(k)]
         self.direct_outputs = frozenset(direct)
@@ -248,6 +250,29 @@ class Executor:
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: NumPy or CuPy array}``); returns the output arrays."""
+        return self._on_stream(feeds, self._run_step)
+
+    def profile(self, feeds):
+        """Run one step eagerly with a device event around each call: ``[(kernel label, milliseconds)]``."""
+        cupy = _cupy()
+        marks = []
+
+        def timed(on_device):
+            for call in self._feed_copies(on_device):
+                call()
+            for label, call in zip(self.labels, self.calls):
+                start = self.stream.record()
+                call()
+                marks.append((label, start, self.stream.record()))
+            for call in self.finish:
+                call()
+
+        self._on_stream(feeds, timed)
+        self.stream.synchronize()
+        return [(label, cupy.cuda.get_elapsed_time(start, end)) for label, start, end in marks]
+
+    def _on_stream(self, feeds, step):
+        """Copy the feeds in and run ``step(on_device)`` on the program's stream, ordered after the caller's work."""
         cupy = _cupy()
         on_device = frozenset(name for name, value in feeds.items() if isinstance(value, cupy.ndarray))
         caller = cupy.cuda.get_current_stream()
@@ -263,7 +288,7 @@ class Executor:
                     value = cupy.ascontiguousarray(feeds[t.name])
                     cupy.cuda.runtime.memcpyAsync(pointer, value.data.ptr, value.nbytes,
                                                   cupy.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
-            self._run_step(on_device)
+            step(on_device)
         caller.wait_event(self.stream.record())
         return list(self.outputs)
 

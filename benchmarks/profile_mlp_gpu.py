@@ -1,0 +1,38 @@
+"""Where the GPU MLP step's time goes: ``Program.profile`` of the benchmark's steps, kernel by kernel.
+
+    python benchmarks/profile_mlp_gpu.py [--sizes small,large] [--out results/profile_mlp_gpu.txt]
+
+Each kernel is timed alone between device events (no CUDA graph), so the sum is more than a
+replayed step takes: it says which kernels to work on, not how fast the step is.
+"""
+
+import argparse
+import os
+
+import cupy
+
+from bench_mlp_gpu import CASES, workload
+from mlp_gpu import compiled_step
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", default="small,large")
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "profile_mlp_gpu.txt"))
+    args = parser.parse_args()
+    reports = []
+    for size in args.sizes.split(","):
+        work = workload(size, "float32")
+        step = compiled_step(work.values, work.batch, work.sizes)
+        x, y = cupy.asarray(work.x), cupy.asarray(work.y)
+        for _ in range(3):
+            step(x=x, y=y)
+        report = f"{size} float32 ({'-'.join(map(str, CASES[size][0]))}, batch {work.batch}): " + step.profile(x=x, y=y)
+        print(report, flush=True)
+        reports.append(report)
+    with open(args.out, "w") as out:
+        out.write("\n\n".join(reports) + "\n")
+
+
+if __name__ == "__main__":
+    main()
