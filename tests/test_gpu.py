@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.backends import gpu_visible
+from cortado.exprgraph.graph import schedule
 from cortado.testing import ALL_OPS, graphs_with_feeds
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
@@ -52,7 +53,13 @@ def test_random_graphs_on_the_gpu_match_the_reference(case, on_device):
     expected = ct.evaluate(graph.outputs, feeds, precision="float64")
     for _ in range(3):  # eager, then captured, then replayed
         for ours, theirs, out in zip(program(**given_feeds), expected, graph.outputs):
-            assert_close(ours, theirs, out.dtype)
+            assert_close(ours, theirs, _least_precise(out))
+
+
+def _least_precise(out):
+    """The dtype whose tolerance an output is held to: the least precise float it was computed through."""
+    floats = [t.dtype for t in schedule(out) if t.dtype.kind == "f"]
+    return min(floats, key=lambda d: d.itemsize) if out.dtype.kind == "f" else out.dtype
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
