@@ -52,3 +52,16 @@ def test_rewrite_tour(tmp_path):
     assert "stable: [    0. -1000. -1000.]" in out
     assert "\nsin(2 * v)\n4 rewrites by 4 rules: sin-double x1, pythagoras x1" in out
     assert "sum-of-broadcast: sum(broadcast_to(x, shape=(3, 64, 10)), axes=(0,))  ->  multiply(3.0, x)" in out
+
+
+def test_the_gpu_example_says_plainly_when_there_is_no_gpu(tmp_path):
+    from cortado.backends import gpu_visible
+
+    if gpu_visible():
+        out = run([os.path.join(ROOT, "examples", "mlp_gpu.py")], cwd=tmp_path)
+        assert "cortado" in out
+        return
+    result = subprocess.run([sys.executable, os.path.join(ROOT, "examples", "mlp_gpu.py")], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300)
+    assert result.returncode != 0 and "Traceback" not in result.stderr + result.stdout
+    assert "needs CuPy and an NVIDIA GPU" in result.stderr + result.stdout
