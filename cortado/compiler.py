@@ -199,7 +199,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     steps = engine.steps(kernels)
     live_out = list(outputs) + list(values)
     sinks = _sinks(kernels, steps, updates, live_out)
-    direct = _direct_outputs(kernels, steps, outputs, sinks) if getattr(engine, "outputs_in_place", False) else []
+    direct = engine.direct_outputs(kernels, steps, outputs, sinks) if hasattr(engine, "direct_outputs") else []
     external = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state] + list(sinks) + direct
     nbytes = {t: t.size * t.dtype.itemsize for k in kernels for t in k.terms}
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
@@ -210,12 +210,6 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
         verify(plan)
     executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
     return Program(signature, outputs, updates, kernels, plan, executor, traces, engine.name, sinks)
-
-
-def _direct_outputs(kernels, steps, outputs, sinks):
-    """Outputs a kernel computes that the backend writes straight into its output buffers, unplanned."""
-    computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
-    return [t for t in dict.fromkeys(outputs) if t in computed and t not in sinks]
 
 
 def _label(t, i):

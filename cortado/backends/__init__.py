@@ -2,7 +2,10 @@
 
 A compile backend provides its ``name``, the ``alignment`` of its arena, its ``lowering`` rules
 (or None), ``steps(kernels)`` (what the memory planner needs to know of each kernel) and
-``executor(...)``, which builds the runnable step over the plan.
+``Executor(...)``, which builds the runnable step over the plan. It may also have ``OPTIONS``
+(the keyword options of ``compile`` it takes, with their defaults), ``loads_first`` (feeds are
+all copied in before the step) and ``direct_outputs(...)`` (the outputs its kernels write
+straight into the program's output buffers, which the arena then leaves out).
 """
 
 from ..errors import BackendError

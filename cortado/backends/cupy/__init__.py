@@ -8,11 +8,10 @@ relu folded in) and spells composite reductions out for the kernel generator (``
 
 from ...rules.lowering import gpu_lowering
 from .executor import Executor  # noqa: F401
-from .layout import ALIGNMENT, steps  # noqa: F401
+from .layout import ALIGNMENT, direct_outputs, steps  # noqa: F401
 
 name = "cupy"
 alignment = ALIGNMENT
 lowering = gpu_lowering
-outputs_in_place = True  # kernels write outputs straight into the output block, which calls return
 loads_first = True  # feeds are copied in before the step's graph runs: their places must be free from the start
 OPTIONS = {"cuda_graph": True, "tf32": False}

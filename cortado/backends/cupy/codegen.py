@@ -63,10 +63,6 @@ class Operand:
     dtype: np.dtype
     strides: tuple
 
-    @property
-    def contiguous(self):
-        return self.strides == contiguous_strides(self.shape) or math.prod(self.shape) <= 1
-
 
 @dataclass(frozen=True)
 class Source:

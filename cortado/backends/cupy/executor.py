@@ -20,7 +20,7 @@ from ...memplan import aligned
 from .blas import Gemm
 from .codegen import Operand, contiguous_strides, kernel_source
 from .kernels import compiled
-from .layout import ALIGNMENT, gemm_copies, layouts, stored_strides
+from .layout import ALIGNMENT, direct_outputs, gemm_copies, layouts, one_value, stored_strides
 
 BLOCKS_PER_MULTIPROCESSOR = 8  # an elementwise grid of this many blocks of 256 fills the chip once
 
@@ -89,12 +89,8 @@ class Executor:
                 self.pointers.setdefault(placed.key, self.arena.memory.data.ptr + placed.offset)
         self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
         self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
-        computed = {t for kernel, step in zip(kernels, steps) if step.view_of is None and not kernel.is_load
-                    for t in kernel.terms}
-        direct = {}
-        for k, t in enumerate(outputs):
-            if t in computed and t not in plan and t not in sinks and t not in direct:
-                direct[t] = self.pointers[t] = self.output_block.pointer(k)
+        direct = {t: self.output_block.pointer(outputs.index(t)) for t in direct_outputs(kernels, steps, outputs, sinks)}
+        self.pointers.update(direct)
         self.calls, self.labels = [], []
         self.loads = []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
@@ -126,17 +122,13 @@ class Executor:
         found = {a for k in kernels for a in k.reads if a.op.name == "const"}
         found |= {t for t in list(outputs) + list(updates.values()) if t.op.name == "const"}
         found = sorted(found, key=id)
-        arrays = [np.ascontiguousarray(c.attrs[0].array.reshape(-1)[:1] if self._splat(c) else c.attrs[0].array)
+        arrays = [np.ascontiguousarray(c.attrs[0].array.reshape(-1)[:1] if one_value(c) else c.attrs[0].array)
                   for c in found]
         self.constant_block = _Block([a.nbytes for a in arrays])
         for k, (c, array) in enumerate(zip(found, arrays)):
             self.constant_block.array(k, array.shape, array.dtype).set(array)
             self.pointers[c] = self.constant_block.pointer(k)
             self.strides[c] = stored_strides(c)
-
-    @staticmethod
-    def _splat(c):
-        return c.ndim > 0 and c.attrs[0].scalar is not None
 
     def _operand(self, t):
         return Operand(t.shape, t.dtype, self.strides[t])
@@ -157,16 +149,18 @@ class Executor:
         source = kernel_source(body, [self._operand(a) for a in inputs], aliased)
         return self._launch(source, [self.pointers[a] for a in inputs] + out)
 
+    def _memcpy(self, destination, source, nbytes):
+        """A call copying ``nbytes`` contiguous bytes on the device, on the program's stream."""
+        runtime = _cupy().cuda.runtime
+        return lambda: runtime.memcpyAsync(destination, source, nbytes, runtime.memcpyDeviceToDevice, self.stream.ptr)
+
     def _copy(self, t, destination):
         """A call writing value ``t`` contiguously at ``destination``."""
-        cupy = _cupy()
         nbytes = t.size * t.dtype.itemsize
         if nbytes == 0:
             return lambda: None
         if self.strides[t] == contiguous_strides(t.shape) or t.size == 1:
-            source = self.pointers[t]
-            kind = cupy.cuda.runtime.memcpyDeviceToDevice
-            return lambda: cupy.cuda.runtime.memcpyAsync(destination, source, nbytes, kind, self.stream.ptr)
+            return self._memcpy(destination, self.pointers[t], nbytes)
         source = kernel_source((parameter(0, t),), [self._operand(t)])
         return self._launch(source, [self.pointers[t], destination])
 
@@ -198,10 +192,7 @@ class Executor:
             calls.append(self._copy(value, stage[value]))
         for var, value in final:
             if value in stage:
-                nbytes = value.size * value.dtype.itemsize
-                source, destination = stage[value], self.pointers[var]
-                calls.append(lambda s=source, d=destination, n=nbytes: _cupy().cuda.runtime.memcpyAsync(
-                    d, s, n, _cupy().cuda.runtime.memcpyDeviceToDevice, self.stream.ptr))
+                calls.append(self._memcpy(self.pointers[var], stage[value], value.size * value.dtype.itemsize))
             else:
                 calls.append(self._copy(value, self.pointers[var]))
         return calls
@@ -286,8 +277,7 @@ class Executor:
             for t, pointer in self.loads:
                 if t.name in on_device:
                     value = cupy.ascontiguousarray(feeds[t.name])
-                    cupy.cuda.runtime.memcpyAsync(pointer, value.data.ptr, value.nbytes,
-                                                  cupy.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
+                    self._memcpy(pointer, value.data.ptr, value.nbytes)()
             step(on_device)
         caller.wait_event(self.stream.record())
         return list(self.outputs)

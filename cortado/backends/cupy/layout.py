@@ -8,9 +8,11 @@ kernel, the ``c`` of a gemm); a gemm's workspace holds cuBLASLt's scratch and co
 it cannot read in place.
 """
 
+from ...exprgraph.graph import post_order
+from ...exprgraph.ops import gemm_operands
 from ...memplan import Step, aligned
 from .blas import WORKSPACE_BYTES, matrix
-from .codegen import contiguous_strides
+from .codegen import REDUCTIONS, contiguous_strides
 
 ALIGNMENT = 256
 VIEWS = ("transpose", "broadcast_to")
@@ -25,11 +27,14 @@ def _broadcast_strides(source_shape, source_strides, shape):
     return tuple(0 if i < lead or source_shape[i - lead] == 1 else source_strides[i - lead] for i in range(len(shape)))
 
 
+def one_value(t):
+    """Whether ``t`` is a constant array of one repeated value, which the program stores as one element."""
+    return t.op.name == "const" and t.ndim > 0 and t.attrs[0].scalar is not None
+
+
 def stored_strides(t):
-    """The strides of a value the program stores itself: constants of one value are one element."""
-    if t.op.name == "const" and t.ndim and t.attrs[0].scalar is not None:
-        return (0,) * t.ndim
-    return contiguous_strides(t.shape)
+    """The strides of a value the program stores itself."""
+    return (0,) * t.ndim if one_value(t) else contiguous_strides(t.shape)
 
 
 def layouts(kernels):
@@ -56,8 +61,6 @@ def layouts(kernels):
 
 def gemm_copies(t, strides):
     """The operands of gemm ``t`` that cuBLASLt cannot read where they are: copied first."""
-    from ...exprgraph.ops import gemm_operands
-
     a, b, c, bias = gemm_operands(t.args, t.attrs[3], t.attrs[4])
     batch = t.shape[:-2]
     copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
@@ -72,7 +75,7 @@ def _inplace(k, strides, views):
         c = t.args[2] if t.attrs[3] else None
         plain = c is not None and c not in views and _contiguous(c.shape, strides[c])
         return ((t, c),) if plain and c.dtype == t.dtype else ()
-    if t.op.name == "fused" and any(s.op.name in ("sum", "mean", "max") for s in _body_terms(t)):
+    if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attrs[0])):
         return ()
     if t.op.kind == "reduction":
         return ()
@@ -80,10 +83,11 @@ def _inplace(k, strides, views):
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype) and _contiguous(a.shape, strides[a]))
 
 
-def _body_terms(t):
-    from ...exprgraph.graph import post_order
-
-    return post_order(t.attrs[0])
+def direct_outputs(kernels, steps, outputs, sinks):
+    """The outputs a kernel computes (not views, loads, state or constants): written straight into
+    the output block, so calls need no copy out of the arena. Each term once."""
+    computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
+    return [t for t in dict.fromkeys(outputs) if t in computed and t not in sinks]
 
 
 def steps(kernels):
