@@ -19,6 +19,7 @@ import numpy as np
 from .backends.reference import evaluate
 from .errors import FeedError
 from .exprgraph import constructors as ct
+from .exprgraph.dtypes import is_float
 from .exprgraph.grad import grad, hvp, variables_of, vjp
 from .exprgraph.graph import Graph, as_outputs
 
@@ -55,7 +56,7 @@ def gradient_check(outputs, wrt, feeds, *, order=1, seed=0, step=1e-3, rules=Non
     vectors from ``seed``, derivative ``rules`` as for ``ct.grad``."""
     if order not in (1, 2):
         raise ValueError(f"gradient_check: order must be 1 or 2, not {order!r}")
-    outputs = [out for out in as_outputs(outputs) if out.dtype.kind == "f"]
+    outputs = [out for out in as_outputs(outputs) if is_float(out.dtype)]
     wrt = variables_of(wrt)
     feeds = _float64_feeds(feeds, wrt)
     rng = np.random.default_rng(seed)
@@ -124,7 +125,7 @@ def _float64_feeds(feeds, wrt):
     missing = [v.name for v in wrt if v.name not in named]
     if missing:
         raise FeedError(f"gradient_check: no feed for the variable(s) {missing} it differentiates with respect to")
-    return {name: np.asarray(value, np.float64) if np.asarray(value).dtype.kind == "f" else value
+    return {name: np.asarray(value, np.float64) if is_float(np.asarray(value).dtype) else value
             for name, value in named.items()}
 
 

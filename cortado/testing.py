@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import cortado
+from cortado.exprgraph.dtypes import as_dtype, finfo, is_bfloat16, is_float
 
 UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus"]
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
@@ -142,6 +143,11 @@ def _power(a, exponent):
     return min(corners), max(corners)
 
 
+def _sigmoid(x):
+    e = math.exp(-abs(x))  # never overflows, however negative x is
+    return 1 / (1 + e) if x >= 0 else e / (1 + e)
+
+
 UNARY_BOUNDS = {
     "negative": lambda lo, hi: (-hi, -lo),
     "exp": _monotone(math.exp),
@@ -150,7 +156,7 @@ UNARY_BOUNDS = {
     "expm1": _monotone(math.expm1),
     "sqrt": _monotone(math.sqrt),
     "tanh": _monotone(math.tanh),
-    "sigmoid": _monotone(lambda x: 1 / (1 + math.exp(-x))),
+    "sigmoid": _monotone(_sigmoid),
     "relu": _monotone(lambda x: max(x, 0.0)),
     "softplus": _monotone(lambda x: max(x, 0.0) + math.log1p(math.exp(-abs(x)))),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
@@ -173,6 +179,15 @@ BINARY_BOUNDS = {
 }
 SCALARS = [0.5, 2.0, -1.5, 3, 1.0]
 EXPONENTS = {2: -math.inf, 3: -math.inf, 0.5: MARGIN, -1.0: MARGIN}  # exponent -> least base
+
+
+def _promotable(*values):
+    """Whether the values' dtypes have a common dtype (bfloat16 has none with float16, say)."""
+    try:
+        np.result_type(*(v.term.dtype for v in values))
+        return True
+    except TypeError:
+        return False
 
 
 def _broadcastable(*shapes):
@@ -202,7 +217,8 @@ def _unary(draw, name, values):
 def _binary(draw, name, values):
     numeric = _numeric(values)
     a = draw(st.sampled_from(numeric))
-    with_value = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)]
+    with_value = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)
+                  and _promotable(values[a], values[j])]
     if name == "divide":
         with_value = [j for j in with_value if values[j].lo >= MARGIN or values[j].hi <= -MARGIN]
     if name == "power":
@@ -223,7 +239,8 @@ def _binary(draw, name, values):
 def _comparison(draw, name, values):
     numeric = _numeric(values)
     a = draw(st.sampled_from(numeric))
-    partners = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)]
+    partners = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)
+                and _promotable(values[a], values[j])]
     b = draw(st.sampled_from(partners))
     return Step(name, (a, b)), (0.0, 1.0)
 
@@ -237,7 +254,8 @@ def _where(draw, name, values):
     if not numeric:  # a broadcast condition no numeric value fits
         return None
     x = draw(st.sampled_from(numeric))
-    y_choices = [j for j in numeric if _broadcastable(values[c].shape, values[x].shape, values[j].shape)]
+    y_choices = [j for j in numeric if _broadcastable(values[c].shape, values[x].shape, values[j].shape)
+                 and _promotable(values[x], values[j])]
     y = draw(st.sampled_from(y_choices))
     return Step(name, (c, x, y)), (min(values[x].lo, values[y].lo), max(values[x].hi, values[y].hi))
 
@@ -288,7 +306,8 @@ def _matmul(draw, name, values):
         return a2[-1] == b2[-2] and _broadcastable(a2[:-2], b2[:-2])
 
     numeric = _numeric(values)
-    pairs = [(i, j) for i in numeric for j in numeric if fits(values[i].shape, values[j].shape)]
+    pairs = [(i, j) for i in numeric for j in numeric
+             if fits(values[i].shape, values[j].shape) and _promotable(values[i], values[j])]
     if not pairs:
         return None
     i, j = draw(st.sampled_from(pairs))
@@ -300,8 +319,9 @@ def _matmul(draw, name, values):
 
 def _einsum(draw, name, values):
     numeric = _numeric(values)
-    count = draw(st.integers(1, min(2, len(numeric))))
-    operands = draw(st.lists(st.sampled_from(numeric), min_size=count, max_size=count))
+    operands = [draw(st.sampled_from(numeric))]
+    if draw(st.booleans()):
+        operands.append(draw(st.sampled_from([j for j in numeric if _promotable(values[operands[0]], values[j])])))
     sizes = {}
     terms = []
     letters = iter(string.ascii_lowercase)
@@ -402,17 +422,19 @@ def _input_shapes(draw, count, max_rank, max_side):
 def graphs(ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, max_rank=3, max_side=4):
     """A strategy of ``RandomGraph``: well-typed graphs over ``ops`` (names of cortado functions).
 
-    Variables are named ``x0, x1, ...`` with floating dtypes drawn from ``dtypes``; shapes have at
-    most ``max_rank`` dimensions of at most ``max_side``. Steps whose result would not stay
-    bounded are skipped, so a graph may have fewer than ``max_steps`` of them.
+    Variables are named ``x0, x1, ...`` with floating dtypes drawn from ``dtypes`` (bfloat16 too;
+    only operands that promote together meet); shapes have at most ``max_rank`` dimensions of at
+    most ``max_side``. Steps whose result would not stay bounded are skipped, so a graph may have
+    fewer than ``max_steps`` of them.
     """
     ops = list(ALL_OPS if ops is None else ops)
     unknown = sorted(set(ops) - set(BUILDERS) - {"cast"})
     if unknown:
         raise ValueError(f"cortado.testing.graphs: no builder for ops {unknown}; known: {ALL_OPS}")
-    dtypes = [np.dtype(d).name for d in dtypes]
-    if not dtypes or any(np.dtype(d).kind != "f" for d in dtypes):
-        raise ValueError(f"cortado.testing.graphs draws floating variables; got dtypes {dtypes}")
+    dtypes = [as_dtype(d) for d in dtypes]
+    if not dtypes or not all(is_float(d) for d in dtypes):
+        raise ValueError(f"cortado.testing.graphs draws floating variables; got dtypes {[d.name for d in dtypes]}")
+    dtypes = [d.name for d in dtypes]
     builders = {name: BUILDERS.get(name) for name in ops}
     if "cast" in ops:
         builders["cast"] = _cast_builder(dtypes)
@@ -459,7 +481,7 @@ def _graphs(draw, builders, dtypes, max_inputs, max_steps, max_rank, max_side):
 
 def _inside(bound, dtype, direction):
     """``bound`` as the nearest value of the float ``dtype`` on its ``direction`` side (in range)."""
-    info = np.finfo(dtype)
+    info = finfo(dtype)
     value = dtype.type(np.clip(bound, -info.max, info.max))
     if (float(value) - bound) * direction < 0:
         value = np.nextafter(value, dtype.type(direction * np.inf))
@@ -468,9 +490,12 @@ def _inside(bound, dtype, direction):
 
 def _array(var, lo, hi):
     """Arrays for ``var`` with elements in ``[lo, hi]``, the bounds moved inside the dtype's range."""
-    if var.dtype.kind == "f":
+    drawn = np.dtype(np.float32) if is_bfloat16(var.dtype) else var.dtype  # hypothesis draws no bfloat16
+    if is_float(var.dtype):
         lo, hi = _inside(lo, var.dtype, +1), _inside(hi, var.dtype, -1)
-        elements = st.floats(lo, hi, width=var.dtype.itemsize * 8, allow_nan=False, allow_infinity=False)
+        elements = st.floats(lo, hi, width=drawn.itemsize * 8, allow_nan=False, allow_infinity=False)
+        if drawn != var.dtype:  # float32 values rounded to the nearest bfloat16, within [lo, hi] as they are
+            elements = elements.map(lambda v: float(var.dtype.type(v)))
     elif var.dtype.kind == "b":
         elements = st.booleans()
     else:
@@ -479,7 +504,7 @@ def _array(var, lo, hi):
         elements = st.integers(lo, hi)
     if lo > hi:
         raise ValueError(f"cortado.testing.feeds: no {var.dtype.name} value lies in [{lo}, {hi}] for {var.name!r}")
-    return hnp.arrays(var.dtype, var.shape, elements=elements)
+    return hnp.arrays(drawn, var.shape, elements=elements).map(lambda array: array.astype(var.dtype, copy=False))
 
 
 def feeds(graph, bounds=(-2.0, 2.0)):

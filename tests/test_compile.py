@@ -10,20 +10,22 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cortado as ct
+from cortado.exprgraph.dtypes import is_float
 from cortado.memplan import verify
 from cortado.testing import graphs_with_feeds
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from mlp_numpy import initial_values, mlp  # noqa: E402
 
-TOLERANCE = {"float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+TOLERANCE = {"bfloat16": (3e-2, 4e-3), "float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
 
 
 def assert_same(ours, expected):
     assert ours.shape == expected.shape and ours.dtype == expected.dtype
-    if ours.dtype.kind == "f":
+    if is_float(ours.dtype):
         rtol, atol = TOLERANCE[ours.dtype.name]
-        np.testing.assert_allclose(ours, expected, rtol=rtol, atol=atol, equal_nan=True)
+        np.testing.assert_allclose(ours.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol,
+                                   equal_nan=True)
     else:
         np.testing.assert_array_equal(ours, expected)
 
@@ -31,7 +33,7 @@ def assert_same(ours, expected):
 # -- against the reference interpreter --------------------------------------------------------
 
 
-@given(graphs_with_feeds(dtypes=("float16", "float32", "float64")))
+@given(graphs_with_feeds(dtypes=("float16", "float32", "float64", "bfloat16")))
 def test_random_graphs_compile_to_the_values_the_reference_computes(case):
     graph, feeds = case
     program = ct.compile(list(graph.outputs), inputs=graph.inputs, debug=True)

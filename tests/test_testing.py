@@ -6,6 +6,7 @@ from hypothesis import given, settings
 from numpy_oracle import replay_numpy
 
 import cortado as ct
+from cortado.exprgraph.dtypes import finfo
 from cortado.testing import ALL_OPS, LIMIT, feeds, graphs, graphs_with_feeds
 
 
@@ -70,13 +71,15 @@ def test_high_rank_values_do_not_break_the_builders(graph):
     assert all(0 <= t.ndim for t in graph.outputs)
 
 
-@pytest.mark.parametrize("dtype, bounds", [("uint8", (-2, 2)), ("float32", (0.1, 1.0)), ("float16", (-1e5, 1e5))])
+@pytest.mark.parametrize("dtype, bounds", [("uint8", (-2, 2)), ("float32", (0.1, 1.0)), ("float16", (-1e5, 1e5)),
+                                          ("bfloat16", (0.1, 1e39))])
 def test_feed_bounds_are_fitted_to_the_dtype(dtype, bounds):
     @settings(max_examples=20, database=None)
     @given(feeds([ct.var("v", (4,), dtype)], bounds=bounds))
     def check(values):
         v = values["v"]
-        info = np.iinfo(dtype) if v.dtype.kind in "iu" else np.finfo(dtype)
+        assert v.dtype == np.dtype(dtype)
+        info = np.iinfo(dtype) if v.dtype.kind in "iu" else finfo(v.dtype)
         wide = v.astype(np.float64)
         assert np.isfinite(wide).all()
         assert (wide >= max(bounds[0], float(info.min))).all() and (wide <= min(bounds[1], float(info.max))).all()

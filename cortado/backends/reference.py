@@ -9,6 +9,7 @@ import numpy as np
 
 from ..errors import BackendError, DTypeError
 from ..exprgraph import feeds as feed_checks
+from ..exprgraph.dtypes import is_float
 from ..exprgraph.graph import Graph, schedule
 from ..exprgraph.semantics import IMPLEMENTATIONS
 from ..exprgraph.term import Term
@@ -17,7 +18,7 @@ PRECISIONS = (None, "float64")
 
 
 def _result_dtype(term, widen):
-    if widen and term.dtype.kind == "f":
+    if widen and is_float(term.dtype):
         return np.dtype(np.float64)
     return term.dtype
 
@@ -27,8 +28,8 @@ def _apply(term, args, widen):
     if term.op.name == "fused":
         return _fused(term, args, widen)
     attrs = term.attrs
-    if widen and term.dtype.kind == "f":
-        args = [a if a.dtype.kind == "f" else a.astype(np.float64) for a in args]
+    if widen and is_float(term.dtype):
+        args = [a if is_float(a.dtype) else a.astype(np.float64) for a in args]
         if term.op.name == "cast":
             attrs = (np.dtype(np.float64),)  # in exact arithmetic a float cast is the identity
     try:

@@ -12,7 +12,7 @@ import itertools
 import numpy as np
 
 from .operands import WEAK_TYPES, Scalar, at_default_dtypes, const_array, materialise, operands, strong_const
-from .ops import OPS, UFUNC_OPS, Constant, dtype_attr, ufunc_loop
+from .ops import OPS, UFUNC_OPS, Constant, dtype_attr, ufunc_loop, weak_scalars_as_bfloat16
 from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 
 __all__ = [
@@ -168,8 +168,9 @@ def where(condition, x, y):
     """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote."""
     terms = operands("where", (condition, x, y))
     if any(isinstance(t, Scalar) for t in terms[1:]):
+        keys = weak_scalars_as_bfloat16(tuple(t.value if isinstance(t, Scalar) else t.dtype for t in terms[1:]))
         try:
-            dtype = np.result_type(*(t.value if isinstance(t, Scalar) else t.dtype for t in terms[1:]))
+            dtype = np.result_type(*keys)
         except (OverflowError, TypeError) as error:
             reason = f"NumPy cannot promote {terms[1]!r} with {terms[2]!r}: {error}"
             raise rejection("where", terms, dtype_violation(reason)) from None

@@ -7,7 +7,7 @@ same clear error everywhere, naming the variable and where it was declared.
 import numpy as np
 
 from ..errors import DTypeError, FeedError, ShapeError
-from .dtypes import type_string
+from .dtypes import is_float, kind_of, type_string
 from .term import Term
 
 
@@ -40,7 +40,8 @@ def _from_python(var, value):
         inferred = np.asarray(value)
     except (TypeError, ValueError) as error:
         raise DTypeError(f"the feed for {_declared(var)} is not array-like: {error}") from None
-    if inferred.dtype.kind not in _KIND_RANK or _KIND_RANK[inferred.dtype.kind] > _KIND_RANK[var.dtype.kind]:
+    kind = kind_of(inferred.dtype)
+    if kind not in _KIND_RANK or _KIND_RANK[kind] > _KIND_RANK[kind_of(var.dtype)]:
         raise DTypeError(f"the feed for {_declared(var)} holds {inferred.dtype} values")
     try:
         return np.asarray(value, dtype=var.dtype)
@@ -53,7 +54,7 @@ def _conform(var, value, any_float):
     if isinstance(value, Term):
         raise DTypeError(f"the feed for {_declared(var)} is a cortado term; feeds are values (arrays)")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
-        widened = any_float and value.dtype.kind == var.dtype.kind == "f"
+        widened = any_float and is_float(value.dtype) and is_float(var.dtype)
         if value.dtype != var.dtype and not widened:
             raise DTypeError(
                 f"the feed for {_declared(var)} has dtype {value.dtype}; "

@@ -19,7 +19,7 @@ from ..errors import DTypeError, GradError, ShapeError
 from . import constructors as ct
 from .graph import as_outputs, schedule
 from .operands import strong_const
-from .dtypes import type_string
+from .dtypes import is_float, kind_of, type_string
 from .term import Term
 
 
@@ -90,7 +90,7 @@ def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
     wanted = set(variables)
     active = set()  # floating terms that depend on a wanted variable
     for term in order:
-        if term in wanted or (term.dtype.kind == "f" and any(a in active for a in term.args)):
+        if term in wanted or (is_float(term.dtype) and any(a in active for a in term.args)):
             active.add(term)
     pending = {}
     for out, cotangent in zip(outputs, cotangents):
@@ -152,7 +152,7 @@ def variables_of(wrt):
             built = f" (built at {v.where_built})" if isinstance(v, Term) else ""
             raise GradError(f"{where} is {v!r}{built}, which is not a variable; gradients are taken with "
                             f"respect to variables (ct.var): make it one and substitute its expression in")
-        if v.dtype.kind != "f":
+        if not is_float(v.dtype):
             raise DTypeError(f"{where} is {v!r}, of the integer or boolean dtype {v.dtype.name}; "
                              f"only floating variables have gradients")
     return items
@@ -161,7 +161,7 @@ def variables_of(wrt):
 def _cotangents(outputs, given):
     """One cotangent term per output, of its shape and dtype; integer outputs refused."""
     for out in outputs:
-        if out.dtype.kind != "f":
+        if not is_float(out.dtype):
             raise DTypeError(f"cannot differentiate {out!r} (built at {out.where_built}): its dtype "
                              f"{out.dtype.name} is not floating, so it has no derivative")
     given = _sequence(given, "cotangents (one per output)")
@@ -183,7 +183,7 @@ def _cotangent(out, value):
         array = np.asarray(value)
     except (OverflowError, ValueError, TypeError) as error:
         raise GradError(f"the cotangent for {out!r} is no array of numbers: {error}") from None
-    if array.dtype.kind not in "fiu":
+    if kind_of(array.dtype) not in "fiu":
         what = "values NumPy holds only as Python objects" if array.dtype.kind == "O" else array.dtype.name
         raise GradError(f"the cotangent for {out!r} must hold real numbers, not {what}")
     if array.shape not in ((), out.shape):

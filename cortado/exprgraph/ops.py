@@ -7,7 +7,8 @@ types and the user's line.
 
 Dtype rules of the elementwise ops ask NumPy's own ufuncs (``resolve_dtypes``), so promotion is
 exactly NumPy 2's; Python scalars are weak (NEP 50) and are materialised by the constructors
-before a term is built, so the rules here only ever see concrete dtypes.
+before a term is built, so the rules here only ever see concrete dtypes. bfloat16 (ml_dtypes')
+follows the same rules, which ml_dtypes alone does not: see ``weak_scalars_as_bfloat16``.
 """
 
 import functools
@@ -19,7 +20,7 @@ import numpy as np
 
 from . import einsum as einsum_rules
 from ..errors import DTypeError
-from .dtypes import as_dtype
+from .dtypes import BFLOAT16, as_dtype, is_bfloat16, is_float, kind_of
 from .term import dtype_violation, make, shape_violation
 
 ELEMENTWISE = "elementwise"
@@ -113,11 +114,36 @@ def _size(shape):
 # -- dtype helpers ---------------------------------------------------------------------------
 
 
+def promoted(dtypes):
+    """NumPy's common dtype of ``dtypes``, or a RuleViolation naming them where there is none
+    (bfloat16 has one only with bool, int8, uint8, float32 and float64)."""
+    try:
+        return np.result_type(*dtypes)
+    except TypeError:  # NumPy's DTypePromotionError
+        names = " and ".join(dict.fromkeys(d.name for d in dtypes))
+        raise dtype_violation(f"NumPy has no common dtype for {names}; cast one operand to the other's dtype "
+                              f"or to float32 first (ct.cast)") from None
+
+
+def weak_scalars_as_bfloat16(keys):
+    """Promotion keys (dtypes; Python types or values for weak scalars) as NEP 50 would take them.
+
+    ml_dtypes' bfloat16 knows no weak scalars: NumPy alone makes ``x_bf16 * 0.5`` float32 and
+    ``where(c, x_bf16, 0.5)`` float64. So where the tensors promote to bfloat16, each weak scalar
+    becomes bfloat16, as it would become float16. Tensors that do not promote with bfloat16
+    (float16, int16 and wider ints) are refused here, where ufunc loops would meet in a float.
+    """
+    strong = [k for k in keys if isinstance(k, np.dtype)]
+    if not any(is_bfloat16(d) for d in strong) or not is_bfloat16(promoted(strong)):
+        return keys
+    return tuple(k if isinstance(k, np.dtype) else BFLOAT16 for k in keys)
+
+
 @functools.cache
 def ufunc_loop(ufunc, dtypes):
     """The dtypes NumPy's ``ufunc`` computes in for operands of ``dtypes`` (Python types: weak)."""
     try:
-        return ufunc.resolve_dtypes(tuple(dtypes) + (None,) * ufunc.nout)
+        return ufunc.resolve_dtypes(tuple(weak_scalars_as_bfloat16(dtypes)) + (None,) * ufunc.nout)
     except TypeError:  # NumPy's "no loop" errors are TypeErrors
         names = ", ".join(getattr(d, "name", getattr(d, "__name__", str(d))) for d in dtypes)
         raise dtype_violation(f"NumPy's {ufunc.__name__} is not defined for ({names})") from None
@@ -238,7 +264,7 @@ def _float_result(args):
 
 
 def _relu_dtype(args):
-    if args[0].dtype.kind not in "iuf":
+    if kind_of(args[0].dtype) not in "iuf":
         raise dtype_violation("relu needs a numeric operand")
     return args[0].dtype
 
@@ -248,7 +274,7 @@ def _cast_normalize(args, dtype):
 
 
 def _where_dtype(args):
-    return np.result_type(args[1].dtype, args[2].dtype)
+    return promoted((args[1].dtype, args[2].dtype))
 
 
 UFUNC_OPS = {
@@ -340,11 +366,20 @@ def _einsum_normalize(args, subscripts):
 
 
 def _einsum_dtype(args, subscripts):
-    return np.result_type(*(a.dtype for a in args))
+    return promoted([a.dtype for a in args])
+
+
+def _matmul_dtype(args):
+    """NumPy's, except that bfloat16 operands give bfloat16 (NumPy's loop gives float32): as in
+    PyTorch, JAX and cuBLAS, the products accumulate in float32 and the result is rounded once."""
+    dtypes = tuple(a.dtype for a in args)
+    if any(is_bfloat16(d) for d in dtypes) and is_bfloat16(promoted(dtypes)):
+        return BFLOAT16
+    return ufunc_loop(np.matmul, dtypes)[-1]
 
 
 _ops += [
-    Op("matmul", 2, (), _matmul_shape, ufunc_dtype(np.matmul), CONTRACTION, _plain),
+    Op("matmul", 2, (), _matmul_shape, _matmul_dtype, CONTRACTION, _plain),
     Op("einsum", None, ("subscripts",),
        lambda args, subscripts: einsum_rules.parse(subscripts, [a.shape for a in args])[1],
        _einsum_dtype, CONTRACTION, _einsum_normalize),
@@ -392,7 +427,7 @@ def _gemm_normalize(args, transpose_a=False, transpose_b=False, alpha=1.0, beta=
 
 def _gemm_dtype(args, *attrs):
     dtypes = {a.dtype for a in args}
-    if len(dtypes) != 1 or next(iter(dtypes)).kind != "f":
+    if len(dtypes) != 1 or not is_float(next(iter(dtypes))):
         raise dtype_violation("gemm needs operands of one floating dtype")
     return args[0].dtype
 

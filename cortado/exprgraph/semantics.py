@@ -2,17 +2,31 @@
 
 The reference interpreter evaluates terms with these functions, and constant folding (rules)
 folds with them too, so a folded constant is exactly what evaluating the term would give.
-Each entry takes the list of operand arrays and the op's attributes.
+Each entry takes the list of operand arrays and the op's attributes; its result is cast to the
+term's dtype by the caller.
+
+bfloat16 (ml_dtypes') has elementwise loops that compute in float32 and round once, but nothing
+that accumulates well: its sums add in bfloat16 and its einsum fails. So the ops in
+``ACCUMULATING`` take bfloat16 operands in float32 and round their result once (as PyTorch, JAX
+and cuBLAS do), and the NumPy backend does the same.
 """
 
 import numpy as np
 
+from .dtypes import is_bfloat16, is_float
 from .ops import UFUNC_OPS, gemm_operands, ufunc_loop
+
+ACCUMULATING = ("sum", "mean", "logsumexp", "softmax", "log_softmax", "matmul", "gemm", "einsum")
 
 
 def _floating(x):
     """``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
-    return x if x.dtype.kind == "f" else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
+    return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
+
+
+def _accumulating(implementation):
+    """``implementation`` taking its bfloat16 operands as float32 (the caller rounds the result)."""
+    return lambda xs, *attrs: implementation([x.astype(np.float32) if is_bfloat16(x.dtype) else x for x in xs], *attrs)
 
 
 def _sigmoid(x):
@@ -83,3 +97,4 @@ IMPLEMENTATIONS.update({
     "reshape": lambda xs, shape: np.reshape(xs[0], shape),
     "broadcast_to": lambda xs, shape: np.broadcast_to(xs[0], shape),
 })
+IMPLEMENTATIONS.update({name: _accumulating(IMPLEMENTATIONS[name]) for name in ACCUMULATING})

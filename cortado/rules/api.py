@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import RewriteError
 from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import is_float
 from ..exprgraph.term import Term
 from . import text as textforms
 from .algebra import algebra
@@ -150,7 +151,7 @@ def _tensor_value(key, value):
             converted = array.astype(key.dtype)
         except (TypeError, ValueError) as error:
             raise RewriteError(f"subs: the value for {key!r} is not {key.dtype.name}: {error}") from None
-        if not np.array_equal(converted, array, equal_nan=converted.dtype.kind == "f"):
+        if not np.array_equal(converted, array, equal_nan=is_float(converted.dtype)):
             raise RewriteError(f"subs: the values for {key!r} are not exactly {key.dtype.name} values")
         term = ct.const(converted)
     if (term.shape, term.dtype) != (key.shape, key.dtype):

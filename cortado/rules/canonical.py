@@ -17,7 +17,7 @@ from .engine import Rule, RuleSet
 def _mean_as_sum(b):
     x = b["_x"]
     if not isinstance(x, Term) or x.dtype.name not in ("float32", "float64"):
-        return None  # NumPy's float16 mean accumulates in float32, which a float16 sum would not
+        return None  # float16 and bfloat16 means divide in float32 and round once; sum / n would round twice
     count = math.prod(x.shape[a] for a in b["_a"])
     return ct.sum(x, axis=b["_a"], keepdims=b["_k"]) / count
 

@@ -4,6 +4,7 @@ Each works on tensor and text matches alike, asking the match's world what a con
 tensor-only ones (shapes, dtypes) are simply false on text, where there are none.
 """
 
+from ..exprgraph.dtypes import is_float
 from ..exprgraph.term import Term
 
 
@@ -43,4 +44,4 @@ def floating(name):
     Stability rules need it: on integers ``1 + x`` and ``-x`` wrap around, so ``log(1 + x)`` is
     not ``log1p(x)`` there.
     """
-    return lambda b: not isinstance(b[name], Term) or b[name].dtype.kind == "f"
+    return lambda b: not isinstance(b[name], Term) or is_float(b[name].dtype)

@@ -15,6 +15,7 @@ import numpy as np
 
 from ..errors import DTypeError, RewriteError, ShapeError
 from ..exprgraph import constructors
+from ..exprgraph.dtypes import is_float, kind_of
 from ..exprgraph.ops import LAYOUT, OPS, Constant
 from ..exprgraph.printing import inline
 from ..exprgraph.semantics import IMPLEMENTATIONS
@@ -114,7 +115,7 @@ class TensorWorld:
             return False
         dtype = placeholder.dtype
         if dtype is not None:
-            return term.dtype.kind in DTYPE_CLASSES[dtype] if isinstance(dtype, str) else term.dtype == dtype
+            return kind_of(term.dtype) in DTYPE_CLASSES[dtype] if isinstance(dtype, str) else term.dtype == dtype
         return True
 
     def literal(self, value):
@@ -152,14 +153,14 @@ class TensorWorld:
                 element = np.array(value, dtype=term.dtype)
         except (OverflowError, ValueError, TypeError):
             return None
-        exact = element.item() == value or (element.dtype.kind == "f" and np.isnan(element) and np.isnan(value))
+        exact = element.item() == value or (is_float(element.dtype) and np.isnan(element) and np.isnan(value))
         if not exact:  # compared in Python: a float16 inf is not 70000
             return None
         return make(OPS["const"], (), (Constant(np.broadcast_to(element, term.shape)),))
 
     def is_finite(self, term):
         value = term.attrs[0]
-        return term.dtype.kind != "f" or bool(np.isfinite(value.scalar if value.scalar is not None else value.array).all())
+        return not is_float(term.dtype) or bool(np.isfinite(value.scalar if value.scalar is not None else value.array).all())
 
     def fold(self, term):
         """``term`` evaluated now, as a constant, when all its operands are constants; else None.

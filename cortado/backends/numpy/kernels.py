@@ -5,7 +5,8 @@ arrays ``args`` into ``out`` (``EMITTERS[op](emitter, attributes, args, out)`` u
 Temporaries come from ``emitter.scratch``, views of the step's workspace in the arena; an
 ``Emitter`` without a workspace only measures how much it would need. The calls mirror the
 reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
-dtypes, so results agree with it to the last bit wherever NumPy's own kernels do.
+dtypes, so results agree with it to the last bit wherever NumPy's own kernels do. As there, the
+``ACCUMULATING`` ops take bfloat16 in float32 and round their result once.
 
 ``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
 before writing the same element of ``out``.
@@ -16,7 +17,9 @@ import math
 
 import numpy as np
 
+from ...exprgraph.dtypes import is_bfloat16, is_float
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
+from ...exprgraph.semantics import ACCUMULATING
 from ...errors import PlanError
 from ...memplan import aligned
 
@@ -73,7 +76,7 @@ class Emitter:
 
 def _floating(em, x):
     """``x`` in the float dtype the op computes in (a scratch copy when ``x`` is integral)."""
-    if x.dtype.kind == "f":
+    if is_float(x.dtype):
         return x, False
     dtype = ufunc_loop(np.exp, (x.dtype,))[-1]
     converted = em.scratch(x.shape, dtype)
@@ -144,7 +147,7 @@ def _mean(em, attrs, args, out):
     axes, keepdims = attrs
     x = args[0]
     count = np.intp(math.prod(x.shape[a] for a in axes))
-    wide = np.float32 if x.dtype == np.float16 else (out.dtype if x.dtype.kind == "f" else np.float64)
+    wide = np.float32 if x.dtype == np.float16 else (out.dtype if is_float(x.dtype) else np.float64)
     total = out if np.dtype(wide) == out.dtype else em.scratch(out.shape, wide)
     em.call(np.add.reduce, x, axis=axes, dtype=wide, out=total, keepdims=keepdims)
     em.call(np.true_divide, total, count, out=total, casting="unsafe")
@@ -223,12 +226,38 @@ def _reshape_copy(em, attrs, args, out):
     em.call(np.copyto, out.reshape(args[0].shape), args[0])
 
 
+def _float32_copy(em, x):
+    wide = em.scratch(x.shape, np.float32)
+    em.call(np.copyto, wide, x, casting="unsafe")
+    return wide
+
+
+def _accumulating(emitter):
+    """``emitter`` with its bfloat16 operands and result in float32 scratch, rounded once into ``out``."""
+
+    def emit(em, attrs, args, out):
+        if not any(is_bfloat16(a.dtype) for a in (*args, out)):
+            return emitter(em, attrs, args, out)
+        wide_args = [_float32_copy(em, a) if is_bfloat16(a.dtype) else a for a in args]
+        wide_out = em.scratch(out.shape, np.float32) if is_bfloat16(out.dtype) else out
+        emitter(em, attrs, wide_args, wide_out)
+        if wide_out is not out:
+            em.call(np.copyto, out, wide_out, casting="unsafe")
+            em.release(wide_out)
+        for wide, arg in zip(wide_args, args):
+            if wide is not arg:
+                em.release(wide)
+
+    return emit
+
+
 EMITTERS = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
 EMITTERS.update({
     "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "where": _where, "cast": _cast,
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
     "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
 })
+EMITTERS.update({name: _accumulating(EMITTERS[name]) for name in ACCUMULATING if name in EMITTERS})
 
 INPLACE = {name: tuple(range(ufunc.nin)) for name, ufunc in UFUNC_OPS.items()}
 INPLACE.update({"sigmoid": (0,), "relu": (0,), "softplus": (0,), "where": (2,)})
