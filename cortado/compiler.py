@@ -163,7 +163,8 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
     after each call every update is written, all computed from the values before the call.
     ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
-    step as one CUDA graph, ``tf32=False`` to let float32 GEMMs use TF32 tensor cores).
+    step as one CUDA graph, ``tf32=False`` to let float32 GEMMs use TF32 tensor cores,
+    ``autotune=True`` to time cuBLASLt's candidate algorithms for each GEMM when building).
     ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})

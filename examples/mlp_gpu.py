@@ -41,13 +41,14 @@ def initial_values(sizes, rng):
     return values
 
 
-def compiled_step(values, batch=BATCH, sizes=SIZES, dtype="float32"):
-    """The whole training step as one cortado program on the GPU; a call returns the loss."""
+def compiled_step(values, batch=BATCH, sizes=SIZES, dtype="float32", **options):
+    """The whole training step as one cortado program on the GPU; a call returns the loss.
+    ``options`` go to ``ct.compile`` (``autotune=False``, say)."""
     loss, x, y, parameters = mlp(batch, sizes, dtype)
     gradients = ct.grad(loss, parameters)
     return ct.compile(loss, inputs=[x, y], state={p: values[p.name].astype(p.dtype) for p in parameters},
                       updates={p: p - LEARNING_RATE * g for p, g in zip(parameters, gradients)},
-                      backend="cupy", cuda_graph=True)
+                      backend="cupy", cuda_graph=True, **options)
 
 
 def torch_loss(params, x, y):

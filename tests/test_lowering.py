@@ -22,7 +22,7 @@ def lowered(roots):
 
 
 @given(graphs_with_feeds(ops=["matmul", "transpose", "add", "subtract", "multiply", "negative", "relu", "logsumexp",
-                              "softmax", "log_softmax", "broadcast_to", "exp", "sum"],
+                              "softmax", "log_softmax", "broadcast_to", "exp", "sum", "einsum"],
                          dtypes=("float16", "float32", "float64")))
 def test_lowering_keeps_every_value(case):
     graph, feeds = case
@@ -33,6 +33,32 @@ def test_lowering_keeps_every_value(case):
             np.testing.assert_allclose(ours, expected, rtol=rtol, atol=atol * max(1.0, np.abs(expected).max(initial=0)))
         else:
             np.testing.assert_array_equal(ours, expected)
+
+
+EINSUMS = [("ij,jk->ik", [(3, 4), (4, 5)]), ("bij,bjk->bik", [(2, 3, 4), (2, 4, 5)]), ("ijk,jl->kli", [(2, 3, 4), (3, 5)]),
+           ("...ij,...jk->...ik", [(2, 3, 4), (2, 4, 5)]), ("ij,k->ijk", [(2, 3), (4,)]), ("i,i->", [(3,), (3,)]),
+           ("ij,ab->", [(2, 3), (4, 5)]), ("ii->i", [(3, 3)]), ("ij->", [(3, 4)]), ("iij,j->i", [(3, 3, 2), (2,)]),
+           ("ij,jk,kl->il", [(2, 3), (3, 4), (4, 5)]), ("ij,j->ij", [(1, 3), (3,)])]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32"])
+@pytest.mark.parametrize("subscripts, shapes", EINSUMS)
+def test_every_einsum_lowers_to_what_the_gpu_runs(subscripts, shapes, dtype):
+    operands = [ct.var(f"x{i}", shape, dtype) for i, shape in enumerate(shapes)]
+    out = ct.einsum(subscripts, *operands)
+    (new,), _ = lowered([out])
+    assert new.shape == out.shape and new.dtype == out.dtype
+    assert not [t for t in schedule(new) if t.op.name in ("einsum", "matmul")]
+    rng = np.random.default_rng(0)
+    feeds = {v.name: (3 * rng.standard_normal(v.shape)).astype(dtype) for v in operands}
+    np.testing.assert_allclose(ct.evaluate(new, feeds), ct.evaluate(out, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_a_two_operand_einsum_is_one_gemm():
+    a, b = ct.var("a", (2, 3, 4)), ct.var("b", (3, 5))
+    (new,), counts = lowered([ct.einsum("ijk,jl->kli", a, b)])
+    assert counts["einsum-as-matmul"] == 1
+    assert [t.op.name for t in schedule(new) if t.op.name in ("gemm", "sum", "multiply")] == ["gemm"]
 
 
 def test_an_sgd_update_of_a_weight_gradient_is_one_gemm_in_place():

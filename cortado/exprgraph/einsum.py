@@ -131,3 +131,18 @@ def _normalise(inputs, output):
             renamed.setdefault(label, LABELS[len(renamed) - 1])
     lhs = ",".join("".join(renamed[label] for label in labels) for labels in inputs)
     return lhs + "->" + "".join(renamed[label] for label in output)
+
+
+def spelled_out(subscripts, shapes):
+    """Normalised einsum subscripts with ``...`` replaced by labels: ``(input labels, output labels)``."""
+    lhs, output = subscripts.split("->")
+    inputs = lhs.split(",")
+    if ELLIPSIS not in subscripts:
+        return inputs, output
+    used = set(subscripts)
+    width = max(len(shape) - len(labels.replace(ELLIPSIS, "")) for labels, shape in zip(inputs, shapes)
+                if ELLIPSIS in labels)
+    spare = [label for label in LABELS if label not in used][:width]
+    inputs = [labels.replace(ELLIPSIS, "".join(spare[width - (len(shape) - len(labels) + 3):]))
+              for labels, shape in zip(inputs, shapes)]
+    return inputs, output.replace(ELLIPSIS, "".join(spare))

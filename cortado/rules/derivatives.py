@@ -25,7 +25,7 @@ import numpy as np
 
 from ..errors import RewriteError
 from ..exprgraph import constructors as ct
-from ..exprgraph.einsum import ELLIPSIS, LABELS
+from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import OPS
 from ..exprgraph.term import Term
 from .engine import Rewrite
@@ -242,7 +242,7 @@ def _einsum_share(b):
     has size 1 and broadcast, the driver sums.
     """
     operands, position = b["_xs"], b["_i"]
-    inputs, output = _spelled_out(b["_s"], [x.shape for x in operands])
+    inputs, output = spelled_out(b["_s"], [x.shape for x in operands])
     mine = inputs[position]
     terms = [(output, b["_dy"])] + [(labels, x) for k, (labels, x) in enumerate(zip(inputs, operands)) if k != position]
     available = {}  # label -> its size among the other terms, broadcast as einsum does (1 gives way)
@@ -261,21 +261,6 @@ def _einsum_share(b):
         seen.add(label)
         result += label
     return ct.einsum(",".join(labels for labels, _ in terms) + "->" + result, *(x for _, x in terms))
-
-
-def _spelled_out(subscripts, shapes):
-    """Normalised einsum subscripts with ``...`` replaced by labels: ``(input labels, output labels)``."""
-    lhs, output = subscripts.split("->")
-    inputs = lhs.split(",")
-    if ELLIPSIS not in subscripts:
-        return inputs, output
-    used = set(subscripts)
-    width = max(len(shape) - len(labels.replace(ELLIPSIS, "")) for labels, shape in zip(inputs, shapes)
-                if ELLIPSIS in labels)
-    spare = [label for label in LABELS if label not in used][:width]
-    inputs = [labels.replace(ELLIPSIS, "".join(spare[width - (len(shape) - len(labels) + 3):]))
-              for labels, shape in zip(inputs, shapes)]
-    return inputs, output.replace(ELLIPSIS, "".join(spare))
 
 
 # -- the rules -------------------------------------------------------------------------------

@@ -9,20 +9,26 @@ users (each would compute it again). ``composites`` spells ``logsumexp``, ``soft
 ``log_softmax`` out as max, exp, sum and log with the reference's own shifting, so fusion can
 make a reduction kernel of each pass; a ``matmul`` no GEMM takes (integers, a batch broadcast
 no single stride describes) becomes a broadcast product summed over the contracted axis.
+``einsum_lowering`` comes first: an einsum of two operands becomes transposes and reshapes around
+one matmul (so a GEMM), any other einsum one broadcast product summed over the labels the output
+lacks (a fused reduction).
 
     lowered = gpu_lowering.run(roots, trace)
 """
 
+import functools
 import math
 
 import numpy as np
 
 from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import BFLOAT16, is_float
+from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import OPS
 from ..exprgraph.term import make
 from .engine import Chain, Fixpoint, Postwalk, Rule, RuleSet
 
-GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64))
+GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
 
 
 def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None):
@@ -163,7 +169,7 @@ gemm_lowering = RuleSet([
 
 
 def _floating(x):
-    return x if x.dtype.kind == "f" else ct.cast(x, ct.exp(x).dtype)
+    return x if is_float(x.dtype) else ct.cast(x, ct.exp(x).dtype)
 
 
 def _shifted(x, axes):
@@ -210,5 +216,91 @@ composites = RuleSet([
     Rule("matmul-as-reduction", "matmul(_a, _b)", _matmul_as_reduction),
 ], name="composites")
 
-# gemm first, everywhere; what is left of matmul then becomes a reduction.
-gpu_lowering = Chain(Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))
+# -- einsum ---------------------------------------------------------------------------------
+
+
+def _as(x, dtype):
+    return x if x.dtype == dtype else ct.cast(x, dtype)
+
+
+def _reordered(labels, x, order):
+    """``x``, whose axes ``labels`` name, with its axes in ``order`` (a permutation of ``labels``)."""
+    order = list(order)
+    return x if order == list(labels) else ct.transpose(x, tuple(labels.index(label) for label in order))
+
+
+def _einsum_as_matmul(b):
+    """Two operands of the result's GEMM dtype, no diagonal, no broadcast label: batch, free and
+    contracted labels gathered into the three axes of one matmul."""
+    xs, term = b["_xs"], b.term
+    if len(xs) != 2 or term.dtype not in GEMM_DTYPES or any(x.dtype != term.dtype for x in xs) or term.size == 0:
+        return None
+    inputs, output = spelled_out(b["_s"], [x.shape for x in xs])
+    sizes = {}
+    for labels, x in zip(inputs, xs):
+        if len(set(labels)) != len(labels) or any(sizes.setdefault(l, d) != d for l, d in zip(labels, x.shape)):
+            return None
+    operands = []
+    for labels, other, x in zip(inputs, inputs[::-1], xs):
+        alone = [i for i, label in enumerate(labels) if label not in other and label not in output]
+        if alone:  # summed away by this operand alone: summed first
+            x, labels = ct.sum(x, axis=tuple(alone)), "".join(l for i, l in enumerate(labels) if i not in alone)
+        operands.append((labels, x))
+    (la, a), (lb, y) = operands
+    batch = [label for label in output if label in la and label in lb]
+    left = [label for label in output if label in la and label not in lb]
+    right = [label for label in output if label in lb and label not in la]
+    contracted = [label for label in la if label in lb and label not in output]
+    lead = (math.prod(sizes[label] for label in batch),) if batch else ()
+
+    def gathered(labels, x, first, second):
+        sides = (math.prod(sizes[label] for label in first), math.prod(sizes[label] for label in second))
+        return ct.reshape(_reordered(labels, x, batch + first + second), lead + sides)
+
+    product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
+    product = ct.reshape(product, tuple(sizes[label] for label in batch + left + right))
+    return _reordered(batch + left + right, product, output)
+
+
+def _distinct(inputs, operands, dtype):
+    """``(labels, operand)`` pairs with no label repeated within one: a repeat (a diagonal) becomes a
+    fresh label tied to the first by an identity matrix."""
+    fresh = iter(label for label in LABELS if label not in "".join(inputs))
+    terms = []
+    for labels, x in zip(inputs, operands):
+        own = ""
+        for label, size in zip(labels, x.shape):
+            if label in own:
+                twin = next(fresh)
+                terms.append((label + twin, ct.const(np.eye(size, dtype=dtype))))
+                label = twin
+            own += label
+        terms.append((own, x))
+    return terms
+
+
+def _einsum_as_product(b):
+    """Any einsum: the product of its operands, each aligned to one order of all labels (the output's
+    first), summed over the labels the output lacks."""
+    term = b.term
+    inputs, output = spelled_out(b["_s"], [x.shape for x in b["_xs"]])
+    terms = _distinct(inputs, [_as(x, term.dtype) for x in b["_xs"]], term.dtype)
+    order = output + "".join(sorted({label for labels, _ in terms for label in labels} - set(output)))
+    aligned = []
+    for labels, x in terms:
+        mine = [label for label in order if label in labels]
+        x = _reordered(labels, x, mine)
+        aligned.append(ct.reshape(x, tuple(x.shape[mine.index(label)] if label in labels else 1 for label in order)))
+    product = functools.reduce(ct.multiply, aligned)
+    if len(order) > len(output):
+        product = ct.sum(product, axis=tuple(range(len(output), len(order))))
+    return ct.broadcast_to(_as(product, term.dtype), term.shape)
+
+
+einsum_lowering = RuleSet([
+    Rule("einsum-as-matmul", "einsum(*_xs, subscripts=_s)", _einsum_as_matmul),
+    Rule("einsum-as-product", "einsum(*_xs, subscripts=_s)", _einsum_as_product),
+], name="einsum lowering")
+
+# einsum into matmuls and products, then gemm everywhere; what is left of matmul becomes a reduction.
+gpu_lowering = Chain(Postwalk(einsum_lowering), Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))

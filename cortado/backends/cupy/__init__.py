@@ -14,4 +14,4 @@ name = "cupy"
 alignment = ALIGNMENT
 lowering = gpu_lowering
 loads_first = True  # feeds are copied in before the step's graph runs: their places must be free from the start
-OPTIONS = {"cuda_graph": True, "tf32": False}
+OPTIONS = {"cuda_graph": True, "tf32": False, "autotune": True}

@@ -2,10 +2,16 @@
 
 cuBLASLt is column-major; a row-major ``D = op(a) @ op(b)`` is the column-major
 ``D^T = op(b)^T @ op(a)^T``, so ``b`` goes first and the transposes stay as they are. Everything a
-call needs is made once, when the program is built: the descriptors, the algorithm (cuBLASLt's
-first heuristic choice for the workspace the plan gives), alpha and beta in host memory. A call
-then only passes pointers, so it allocates nothing and can be captured in a CUDA graph (CuPy's
-own cuBLAS wrapper refuses to run during capture).
+call needs is made once, when the program is built: the descriptors, the algorithm, alpha and
+beta in host memory. A call then only passes pointers, so it allocates nothing and can be captured
+in a CUDA graph (CuPy's own cuBLAS wrapper refuses to run during capture).
+
+The algorithm is the fastest of cuBLASLt's first ``CANDIDATES`` heuristic choices, each timed on
+the program's own buffers when it is built (``autotune=False``: the first choice). The heuristic
+alone often picks a tile too large for a small product: 128x1024x1024 float32 then fills a few of
+the 132 multiprocessors. A choice is remembered for the process, by everything that describes the
+call, so two programs with the same GEMM compute the same bits (timing alone could pick either of
+two close candidates).
 """
 
 import numpy as np
@@ -14,9 +20,12 @@ from ...errors import BackendError
 from ...exprgraph.ops import gemm_operands
 
 WORKSPACE_BYTES = 4 << 20  # what cuBLASLt may use for split-K and the like; the planner places it
+CANDIDATES = 8  # heuristic choices timed when a program is built
+TIMED_CALLS = 3  # per candidate, after one untimed call
 
-_DATA_TYPES = {"float16": 2, "float32": 0, "float64": 1}  # cudaDataType
+_DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cudaDataType
 _handle = None
+_tuned = {}  # a call's description -> the heuristic result chosen for it
 
 
 def _lt():
@@ -70,7 +79,7 @@ class Gemm:
         a, b, c, bias = gemm_operands(term.args, beta, epilogue)
         dtype = term.dtype
         if dtype.name not in _DATA_TYPES:
-            raise BackendError(f"{term!r}: cuBLASLt takes float16, float32 and float64, not {dtype}")
+            raise BackendError(f"{term!r}: cuBLASLt takes {', '.join(_DATA_TYPES)}, not {dtype}")
         batch = term.shape[:-2]
         count = int(np.prod(batch, dtype=np.int64))
         m, n = term.shape[-2:]
@@ -99,14 +108,13 @@ class Gemm:
         self._set(lt.MatmulDescAttribute.EPILOGUE, int(kind))
         self.bias = bias
         data = _DATA_TYPES[dtype.name]
-        self.layouts = [
-            self._layout(data, b_cols, b_rows, b_ld, count, b_stride),
-            self._layout(data, a_cols, a_rows, a_ld, count, a_stride),
-            self._layout(data, n, m, n, count, m * n),
-            self._layout(data, n, m, n, count, m * n),
-        ]
+        shapes = [(b_cols, b_rows, b_ld, count, b_stride), (a_cols, a_rows, a_ld, count, a_stride),
+                  (n, m, n, count, m * n), (n, m, n, count, m * n)]
+        self.layouts = [self._layout(data, *shape) for shape in shapes]
+        self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
         self.operands = (a, b, c)
-        self.algo = self._algorithm()
+        self.candidates = self._candidates()
+        self.choice = 0
 
     def _set(self, attribute, value):
         lt = _lt()
@@ -125,23 +133,50 @@ class Gemm:
                 lt.matrix_layout_set_attribute(layout, attribute, buffer.ctypes.data, buffer.nbytes)
         return layout
 
-    def _algorithm(self):
+    def _candidates(self):
+        """cuBLASLt's heuristic results for this call, best guess first."""
         lt = _lt()
         preference = lt.matmul_preference_create()
         limit = np.array([WORKSPACE_BYTES], np.uint64)
         lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
                                            limit.ctypes.data, limit.nbytes)
-        results = np.zeros(1, lt.matmul_heuristic_result_dtype)
+        results = np.zeros(CANDIDATES, lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, np.int32)
         if self.bias is not None:  # the heuristic looks at the epilogue's pointers too
             self.set_bias(0)
         first, second, c_layout, d_layout = self.layouts
-        lt.matmul_algo_get_heuristic(handle(), self.desc, first, second, c_layout, d_layout, preference, 1,
+        lt.matmul_algo_get_heuristic(handle(), self.desc, first, second, c_layout, d_layout, preference, CANDIDATES,
                                      results.ctypes.data, count.ctypes.data)
         lt.matmul_preference_destroy(preference)
         if count[0] == 0:
             raise BackendError("cuBLASLt found no algorithm for this gemm")
-        return results
+        return results[:count[0]].copy()
+
+    def tune(self, pointers, stream):
+        """Choose the fastest candidate, timed on ``pointers`` (a, b, c, d, workspace), whose contents it overwrites."""
+        import cupy
+
+        if self.key in _tuned:
+            self.candidates, self.choice = _tuned[self.key], 0
+            return
+        times = []
+        for k in range(len(self.candidates)):
+            self.choice = k
+            try:
+                self.call(*pointers, stream.ptr)
+            except _lt().cuBLASLtError:  # a candidate the heuristic offers may still refuse these operands
+                times.append(np.inf)
+                continue
+            start = stream.record()
+            for _ in range(TIMED_CALLS):
+                self.call(*pointers, stream.ptr)
+            end = stream.record()
+            end.synchronize()
+            times.append(cupy.cuda.get_elapsed_time(start, end))
+        if np.isinf(min(times)):
+            raise BackendError("cuBLASLt refused every algorithm its heuristic offered for this gemm")
+        self.choice = int(np.argmin(times))
+        _tuned[self.key] = self.candidates[self.choice:self.choice + 1].copy()
 
     def set_bias(self, pointer):
         self._set(_lt().MatmulDescAttribute.BIAS_POINTER, int(pointer))
@@ -151,4 +186,4 @@ class Gemm:
         first, second, c_layout, d_layout = self.layouts
         base = self.scalars.ctypes.data
         _lt().matmul(handle(), self.desc, base, b, first, a, second, base + self.scalars.itemsize, c, c_layout,
-                     d, d_layout, self.algo.ctypes.data, workspace, WORKSPACE_BYTES, stream)
+                     d, d_layout, self.candidates.ctypes.data + self.choice * self.candidates.itemsize, workspace, WORKSPACE_BYTES, stream)

@@ -8,10 +8,11 @@ contiguous in an operand are merged first, so a plain operand is read at the fla
 
 An elementwise kernel gives each thread ``VEC`` consecutive elements, read and written as one
 16-byte vector wherever an operand is stored contiguously, and indexes in 32 bits where every
-offset fits. A reduction kernel gives each output a warp (short reductions) or a block, or, when
+offset fits. Its grid covers the whole range, a thread to a vector: on the H200 that streamed
+4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70. A reduction kernel gives each output a warp (short reductions) or a block, or, when
 the reduced axes are not the innermost, a column of a 32-output tile; its prologue is computed
-for each element as it is read, its epilogue once per output. Half-precision values are computed
-and accumulated in float32.
+for each element as it is read, its epilogue once per output. float16 and bfloat16 values are
+computed and accumulated in float32.
 
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import BackendError
+from ...exprgraph.dtypes import is_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import ELEMENTWISE
 
@@ -33,15 +35,19 @@ COLUMN_TILE = (32, 8)  # outputs across a block, threads down each reduced colum
 STORAGE = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
     "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int", "uint64": "unsigned long long",
-    "float16": "__half", "float32": "float", "float64": "double",
+    "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
 }
+HALVES = {"float16": ("__half2float", "__float2half_rn"), "bfloat16": ("__bfloat162float", "__float2bfloat16_rn")}
 REDUCTIONS = ("sum", "mean", "max")
 
 PRELUDE = r"""#include <cuda_fp16.h>
+#include <cuda_bf16.h>
 template <typename T> __device__ __forceinline__ T ct_load(T x) { return x; }
 __device__ __forceinline__ float ct_load(__half x) { return __half2float(x); }
+__device__ __forceinline__ float ct_load(__nv_bfloat16 x) { return __bfloat162float(x); }
 template <typename T, typename C> __device__ __forceinline__ T ct_store(C x) { return static_cast<T>(x); }
 template <> __device__ __forceinline__ __half ct_store<__half, float>(float x) { return __float2half_rn(x); }
+template <> __device__ __forceinline__ __nv_bfloat16 ct_store<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }
 template <typename T> __device__ __forceinline__ T ct_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> __device__ __forceinline__ T ct_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> __device__ __forceinline__ T ct_sign(T a) { return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a); }
@@ -66,13 +72,12 @@ class Operand:
 
 @dataclass(frozen=True)
 class Source:
-    """A kernel's CUDA C, its entry point, and its launch: ``grid(multiprocessors)`` and ``block``."""
+    """A kernel's CUDA C, its entry point, and its launch: ``blocks`` of ``block`` threads."""
 
     name: str
     text: str
-    blocks: int  # blocks the work divides into; the launch caps elementwise grids at the machine's size
+    blocks: int
     block: tuple
-    elementwise: bool
 
 
 def contiguous_strides(shape):
@@ -84,7 +89,7 @@ def contiguous_strides(shape):
 
 
 def compute_type(dtype):
-    return "float" if dtype == np.float16 else STORAGE[dtype.name]
+    return "float" if dtype.name in HALVES else STORAGE[dtype.name]
 
 
 def storage_type(dtype):
@@ -97,13 +102,14 @@ def storage_type(dtype):
 def literal(value, dtype):
     """``value`` as a C expression of ``dtype``'s compute type, exactly."""
     value = np.asarray(value).astype(dtype)[()]
-    if dtype.kind == "b":
+    kind = kind_of(dtype)
+    if kind == "b":
         return "true" if value else "false"
-    if dtype.kind in "iu":
+    if kind in "iu":
         number = int(value)
         if number == -(2 ** 63):
             return "(-9223372036854775807LL - 1)"
-        return f"(({STORAGE[dtype.name]}){number}{'ULL' if dtype.kind == 'u' else 'LL'})"
+        return f"(({STORAGE[dtype.name]}){number}{'ULL' if kind == 'u' else 'LL'})"
     c = compute_type(dtype)
     number = float(value)
     if math.isnan(number):
@@ -124,9 +130,9 @@ def _unary(name, x, dtype):
     if name == "negative":
         return f"(-{x})"
     if name == "abs":
-        if dtype.kind == "f":
+        if is_float(dtype):
             return f"{_math('fabs', dtype)}({x})"
-        return x if dtype.kind in "ub" else f"({x} < 0 ? -{x} : {x})"
+        return x if kind_of(dtype) in "ub" else f"({x} < 0 ? -{x} : {x})"
     if name == "sign":
         return f"ct_sign<{c}>({x})"
     if name == "relu":
@@ -168,17 +174,18 @@ def expression(t, names):
     if op == "minimum":
         return f"ct_min<{c}>({arg(0)}, {arg(1)})"
     if op == "power":
-        if dtype.kind != "f":
+        if not is_float(dtype):
             raise BackendError(f"{t!r}: the cupy backend computes power in floating point only (cast first)")
         return f"{_math('pow', dtype)}({arg(0)}, {arg(1)})"
     if op == "where":
         return f"(({names[t.args[0]]}) ? {arg(1)} : {arg(2)})"
     if op == "cast":
         x = names[t.args[0]]
-        if dtype.kind == "b":
+        if kind_of(dtype) == "b":
             return f"({x} != 0)"
-        if dtype == np.float16:  # round as the stored value would be
-            return f"__half2float(__float2half_rn((float){x}))"
+        if dtype.name in HALVES:  # round as the stored value would be
+            widen, narrow = HALVES[dtype.name]
+            return f"{widen}({narrow}((float){x}))"
         return f"(({c}){x})"
     raise BackendError(f"{t!r}: the cupy backend has no kernel for {op}")
 
@@ -292,10 +299,10 @@ def _name(text):
     return "ct_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _finish(kind, body_text, outputs, operands, aliased, blocks, block, elementwise):
+def _finish(kind, body_text, outputs, operands, aliased, blocks, block):
     text = f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n{body_text}}}\n'
     name = _name(text)
-    return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block, elementwise)
+    return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
 
 
 def _index_type(outputs, operands):
@@ -339,7 +346,7 @@ def elementwise_source(body, operands, aliased=()):
         lines += ["    " + s for s in element({}, lambda k, t, v: f"out{k}[i] = ct_store<{storage_type(t.dtype)}>({v});")]
         lines += ["  }"]
     blocks = max(1, -(-max(n // vec, 1) // THREADS))
-    return _finish("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1), True)
+    return _finish("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
 
 
 def _reduction_of(body):
@@ -351,16 +358,16 @@ def _reduction_of(body):
 
 def _accumulator(reduction):
     dtype = reduction.dtype
-    return "int" if dtype.kind == "b" else compute_type(dtype)
+    return "int" if kind_of(dtype) == "b" else compute_type(dtype)
 
 
 def _identity(reduction, acc):
     if reduction.op.name != "max":
         return f"({acc})0"
     dtype = reduction.dtype
-    if dtype.kind == "f":
+    if is_float(dtype):
         return literal(-np.inf, dtype)
-    if dtype.kind == "b":
+    if kind_of(dtype) == "b":
         return "0"
     return literal(np.iinfo(dtype).min, dtype)
 
@@ -422,7 +429,7 @@ def reduction_source(body, operands, aliased=()):
         lines += ["  " + s for s in finish]
         blocks = -(-outputs_n // across)
         block = (across, down, 1)
-    return _finish("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block, False)
+    return _finish("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)
 
 
 def kernel_source(body, operands, aliased=()):

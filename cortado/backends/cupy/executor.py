@@ -22,8 +22,6 @@ from .codegen import Operand, contiguous_strides, kernel_source
 from .kernels import compiled
 from .layout import ALIGNMENT, direct_outputs, gemm_copies, layouts, one_value, stored_strides
 
-BLOCKS_PER_MULTIPROCESSOR = 8  # an elementwise grid of this many blocks of 256 fills the chip once
-
 
 def _cupy():
     import cupy
@@ -65,13 +63,12 @@ def _region(t):
 class Executor:
     """Runs one compiled step on the GPU; see the module docstring."""
 
-    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False):
+    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True):
         cupy = _cupy()
         if cupy.cuda.runtime.getDeviceCount() < 1:
             raise BackendError("the cupy backend needs an NVIDIA GPU, and none is visible")
         self.use_graph = bool(cuda_graph)
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.multiprocessors = cupy.cuda.Device().attributes["MultiProcessorCount"]
         self.strides, _ = layouts(kernels)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
             self.strides.setdefault(t, stored_strides(t))
@@ -79,8 +76,6 @@ class Executor:
         state = list(signature.state)
         self.state_block = _Block([v.size * v.dtype.itemsize for v in state])
         self.state = {v: self.state_block.array(i, v.shape, v.dtype) for i, v in enumerate(state)}
-        for v, value in signature.state.items():
-            self.state[v].set(np.ascontiguousarray(value))
         self.pointers = {v: self.state_block.pointer(i) for i, v in enumerate(state)}
         self.pointers.update({value: self.pointers[var] for value, var in sinks.items()})
         self._constants(kernels, outputs, updates)
@@ -92,7 +87,7 @@ class Executor:
         direct = {t: self.output_block.pointer(outputs.index(t)) for t in direct_outputs(kernels, steps, outputs, sinks)}
         self.pointers.update(direct)
         self.calls, self.labels = [], []
-        self.loads = []
+        self.loads, self.gemms = [], []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             t = kernel.term
             if step.view_of is not None:
@@ -111,6 +106,11 @@ class Executor:
         self.direct_outputs = frozenset(direct)
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.finish += self._updates(final)
+        if autotune:  # before the state is written: a gemm may write over a parameter in place
+            for gemm, pointers in self.gemms:
+                gemm.tune(pointers, self.stream)
+        for v, value in signature.state.items():
+            self.state[v].set(np.ascontiguousarray(value))
         self._staging_pinned()
         self.graphs = {}
         self.warm = set()
@@ -135,9 +135,8 @@ class Executor:
 
     def _launch(self, source, pointers):
         function = compiled(source)
-        blocks = min(source.blocks, self.multiprocessors * BLOCKS_PER_MULTIPROCESSOR) if source.elementwise else source.blocks
         args = tuple(np.uint64(p) for p in pointers)
-        return lambda: function((blocks,), source.block, args)
+        return lambda: function((source.blocks,), source.block, args)
 
     def _kernel(self, t, defined):
         """A generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
@@ -178,6 +177,7 @@ class Executor:
             gemm.set_bias(pointers[bias])
         d = self.pointers[t]
         operands = (pointers[a], pointers[b], pointers[c] if c is not None else d, d, top)
+        self.gemms.append((gemm, operands))
         calls.append(lambda: gemm.call(*operands, self.stream.ptr))
         return lambda: [call() for call in calls]
 
