@@ -34,8 +34,11 @@ from hypothesis.extra import numpy as hnp
 
 import cortado
 from cortado.exprgraph.dtypes import as_dtype, finfo, is_bfloat16, is_float
+from cortado.exprgraph.semantics import gelu_argument, gelu_slope
 
-UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus"]
+UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus",
+         "gelu", "gelu_grad"]
+FLOATING_ONLY = ["gelu", "gelu_grad"]  # refused for integers, which exp and the others widen
 BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
 COMPARISONS = ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal"]
 REDUCTIONS = ["sum", "mean", "max", "logsumexp", "softmax", "log_softmax"]
@@ -148,6 +151,25 @@ def _sigmoid(x):
     return 1 / (1 + e) if x >= 0 else e / (1 + e)
 
 
+def _gelu(x):
+    return x * _sigmoid(gelu_argument(x))
+
+
+def _gelu_grad(x):
+    z = gelu_argument(x)
+    return _sigmoid(z) + x * gelu_slope(x) * _sigmoid(z) * _sigmoid(-z)
+
+
+def _turning(f, *points):
+    """Bounds of ``f``, monotone between the ``points`` where it turns."""
+
+    def bounds(lo, hi):
+        values = [f(lo), f(hi)] + [f(p) for p in points if lo < p < hi]
+        return min(values), max(values)
+
+    return bounds
+
+
 UNARY_BOUNDS = {
     "negative": lambda lo, hi: (-hi, -lo),
     "exp": _monotone(math.exp),
@@ -161,6 +183,8 @@ UNARY_BOUNDS = {
     "softplus": _monotone(lambda x: max(x, 0.0) + math.log1p(math.exp(-abs(x)))),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
     "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),
+    "gelu": _turning(_gelu, -0.7524614220710162),  # its minimum
+    "gelu_grad": _turning(_gelu_grad, -1.4185040087908285, 1.4185040087908285),  # its minimum and maximum
 }
 UNARY_DOMAINS = {
     "exp": lambda lo, hi: hi <= 8,
@@ -207,7 +231,8 @@ def _numeric(values):
 
 def _unary(draw, name, values):
     domain = UNARY_DOMAINS.get(name, lambda lo, hi: True)
-    choices = [i for i in _numeric(values) if domain(values[i].lo, values[i].hi)]
+    choices = [i for i in _numeric(values) if domain(values[i].lo, values[i].hi)
+               and (name not in FLOATING_ONLY or is_float(values[i].term.dtype))]
     if not choices:
         return None
     i = draw(st.sampled_from(choices))

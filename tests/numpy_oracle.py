@@ -4,6 +4,8 @@ Where NumPy has a function of the same name it is used as is; the few functions 
 written here from their textbook definitions.
 """
 
+import math
+
 import numpy as np
 
 
@@ -18,10 +20,25 @@ def _softmax(x, axis=-1):
     return e / np.sum(e, axis=axis, keepdims=True)
 
 
+def _gelu_tanh(x):
+    return np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))
+
+
+def _gelu(x):
+    return 0.5 * x * (1 + _gelu_tanh(x))
+
+
+def _gelu_grad(x):
+    t = _gelu_tanh(x)
+    return 0.5 * (1 + t) + 0.5 * x * (1 - t * t) * math.sqrt(2 / math.pi) * (1 + 3 * 0.044715 * x ** 2)
+
+
 OVERRIDES = {
     "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
     "relu": lambda x: np.maximum(x, 0),
     "softplus": lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x))),
+    "gelu": _gelu,
+    "gelu_grad": _gelu_grad,
     "logsumexp": _logsumexp,
     "softmax": _softmax,
     "log_softmax": lambda x, axis=-1: x - _logsumexp(x, axis=axis, keepdims=True),

@@ -75,7 +75,7 @@ def test_every_op_family_compiles_exactly():
         ct.softmax(x, axis=0), ct.log_softmax(x), x @ ct.cast(y, "float32"), ct.einsum("ij,jk->ik", x, y),
         ct.transpose(x).reshape(30), ct.broadcast_to(ct.sum(x, axis=0), (3, 5)),
         ct.mean(n, axis=0), ct.sigmoid(n), ct.logsumexp(n), ct.sum(ct.cast(x, "float16") * 2, axis=1),
-        ct.mean(ct.cast(x, "float16")),
+        ct.mean(ct.cast(x, "float16")), ct.gelu(x), ct.gelu_grad(x), ct.gelu(ct.cast(x, "bfloat16")),
     ]
     rng = np.random.default_rng(0)
     feeds = {"x": rng.standard_normal((6, 5)).astype(np.float32), "y": rng.standard_normal((5, 6)),

@@ -76,7 +76,8 @@ def test_einsum_gradients_with_diagonals_broadcasts_and_ellipses(subscripts, sha
     lambda x: ct.max(ct.broadcast_to(x, (2, 3, 4)), axis=(0, 2)) + ct.mean(x, axis=1),
     lambda x: ct.power(x * x + 1, 1.5) + ct.power(2.0, x) + ct.power(x * x + 1, x),
     lambda x: ct.sqrt(x * x + 1) + ct.log1p(x * x) + ct.expm1(x) + ct.sigmoid(x) + ct.softplus(x) / (x * x + 2),
-], ids=["transpose-reshape", "broadcast", "cast", "where", "softmaxes", "max-of-broadcast", "powers", "unary"])
+    lambda x: ct.gelu(3 * x) * ct.gelu_grad(x),
+], ids=["transpose-reshape", "broadcast", "cast", "where", "softmaxes", "max-of-broadcast", "powers", "unary", "gelu"])
 @pytest.mark.parametrize("order", [1, 2])
 def test_gradients_of_each_kind_of_op(build, order):
     x = ct.var("x", (3, 4), "float64")

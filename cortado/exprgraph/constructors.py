@@ -18,7 +18,7 @@ from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 __all__ = [
     "var", "const", "as_term",
     "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu",
-    "softplus",
+    "softplus", "gelu", "gelu_grad",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
@@ -153,6 +153,18 @@ def relu(x):
 def softplus(x):
     """``log(1 + exp(x))``, computed without overflow for large ``|x|``."""
     return _call("softplus", x)
+
+
+def gelu(x):
+    """GELU in its tanh form, ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``: JAX's default,
+    PyTorch's ``approximate="tanh"``, cuBLASLt's epilogue. Floating ``x`` only."""
+    return _call("gelu", x)
+
+
+def gelu_grad(x):
+    """``d gelu(x) / dx``, elementwise: gelu's gradient is ``dy * gelu_grad(x)``, one op a GPU
+    lowering can fold into a GEMM's DGELU epilogue. Floating ``x`` only."""
+    return _call("gelu_grad", x)
 
 
 def power(x, y):

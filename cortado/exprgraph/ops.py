@@ -269,6 +269,13 @@ def _relu_dtype(args):
     return args[0].dtype
 
 
+def _float_operand(args):
+    """The operand's floating dtype; integers and bools are refused rather than widened."""
+    if not is_float(args[0].dtype):
+        raise dtype_violation(f"needs a floating operand, not {args[0].dtype.name}; cast it first (ct.cast(x, 'float32'))")
+    return args[0].dtype
+
+
 def _cast_normalize(args, dtype):
     return (dtype_attr(dtype, "target dtype"),)
 
@@ -291,6 +298,8 @@ _ops += [
     _elementwise("sigmoid", 1, _float_result),
     _elementwise("relu", 1, _relu_dtype),
     _elementwise("softplus", 1, _float_result),
+    _elementwise("gelu", 1, _float_operand),
+    _elementwise("gelu_grad", 1, _float_operand),
     _elementwise("where", 3, _where_dtype),
     Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize),
 ]

@@ -5,18 +5,33 @@ folds with them too, so a folded constant is exactly what evaluating the term wo
 Each entry takes the list of operand arrays and the op's attributes; its result is cast to the
 term's dtype by the caller.
 
-bfloat16 (ml_dtypes') has elementwise loops that compute in float32 and round once, but nothing
-that accumulates well: its sums add in bfloat16 and its einsum fails. So the ops in
-``ACCUMULATING`` take bfloat16 operands in float32 and round their result once (as PyTorch, JAX
-and cuBLAS do), and the NumPy backend does the same.
+Some ops take some dtypes in float32 and round their result once (``IN_FLOAT32``, which the NumPy
+backend follows too). bfloat16 (ml_dtypes') has elementwise loops that do so, but nothing that
+accumulates well: its sums add in bfloat16 and its einsum fails, so sums and products of bfloat16
+are computed in float32, as PyTorch, JAX and cuBLAS do. ``gelu`` and ``gelu_grad`` of float16 and
+bfloat16 are computed in float32, as NumPy computes float16's exp.
 """
+
+import math
 
 import numpy as np
 
 from .dtypes import is_bfloat16, is_float
 from .ops import UFUNC_OPS, gemm_operands, ufunc_loop
 
-ACCUMULATING = ("sum", "mean", "logsumexp", "softmax", "log_softmax", "matmul", "gemm", "einsum")
+# gelu(x) = x/2 (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), the tanh form (JAX's default, cuBLASLt's epilogue)
+GELU_SCALE = math.sqrt(2 / math.pi)
+GELU_CUBIC = 0.044715
+
+
+def _two_byte_float(dtype):
+    return is_float(dtype) and dtype.itemsize == 2
+
+
+IN_FLOAT32 = {  # op name -> which operand dtypes it computes in float32
+    **dict.fromkeys(("sum", "mean", "logsumexp", "softmax", "log_softmax", "matmul", "gemm", "einsum"), is_bfloat16),
+    "gelu": _two_byte_float, "gelu_grad": _two_byte_float,
+}
 
 
 def _floating(x):
@@ -24,15 +39,39 @@ def _floating(x):
     return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
 
 
-def _accumulating(implementation):
-    """``implementation`` taking its bfloat16 operands as float32 (the caller rounds the result)."""
-    return lambda xs, *attrs: implementation([x.astype(np.float32) if is_bfloat16(x.dtype) else x for x in xs], *attrs)
+def _in_float32(implementation, narrow):
+    """``implementation`` taking its operands of the dtypes ``narrow`` accepts as float32 (the caller rounds)."""
+    return lambda xs, *attrs: implementation([x.astype(np.float32) if narrow(x.dtype) else x for x in xs], *attrs)
 
 
 def _sigmoid(x):
     x = _floating(x)
     e = np.exp(-np.abs(x))  # never overflows
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
+
+
+def gelu_argument(x):
+    """``z = 2 GELU_SCALE (x + GELU_CUBIC x^3)``: as ``1 + tanh(z / 2) = 2 sigmoid(z)``, gelu is
+    ``x sigmoid(z)``, which loses nothing where tanh is near -1 (``1 + tanh`` would cancel)."""
+    return (x * x * GELU_CUBIC + 1) * x * (2 * GELU_SCALE)
+
+
+def gelu_slope(x):
+    """``dz/dx = 2 GELU_SCALE (1 + 3 GELU_CUBIC x^2)``."""
+    return (x * x * (3 * GELU_CUBIC) + 1) * (2 * GELU_SCALE)
+
+
+def _gelu(x):
+    return x * _sigmoid(gelu_argument(x))
+
+
+def _gelu_grad(x):
+    """``sigmoid(z) + x sigmoid(z) sigmoid(-z) z'``, the sigmoids' product as ``e / (1 + e)^2`` with
+    ``e = exp(-|z|)``, which neither overflows nor cancels; it is 0 far out, where it multiplies
+    ``x`` before ``z'`` does, so the result is finite wherever ``x * x`` is."""
+    z = gelu_argument(x)
+    e = np.exp(-np.abs(z))
+    return _sigmoid(z) + x * (e / ((1 + e) * (1 + e))) * gelu_slope(x)
 
 
 def _shifted(x, axes):
@@ -82,6 +121,8 @@ IMPLEMENTATIONS.update({
     "sigmoid": lambda xs: _sigmoid(xs[0]),
     "relu": lambda xs: np.maximum(xs[0], 0),
     "softplus": lambda xs: np.logaddexp(0, _floating(xs[0])),
+    "gelu": lambda xs: _gelu(xs[0]),
+    "gelu_grad": lambda xs: _gelu_grad(xs[0]),
     "where": lambda xs: np.where(*xs),
     "cast": lambda xs, dtype: xs[0].astype(dtype),
     "sum": lambda xs, axes, keepdims: np.sum(xs[0], axis=axes, keepdims=keepdims),
@@ -97,4 +138,4 @@ IMPLEMENTATIONS.update({
     "reshape": lambda xs, shape: np.reshape(xs[0], shape),
     "broadcast_to": lambda xs, shape: np.broadcast_to(xs[0], shape),
 })
-IMPLEMENTATIONS.update({name: _accumulating(IMPLEMENTATIONS[name]) for name in ACCUMULATING})
+IMPLEMENTATIONS.update({name: _in_float32(IMPLEMENTATIONS[name], narrow) for name, narrow in IN_FLOAT32.items()})

@@ -27,6 +27,7 @@ from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import OPS
+from ..exprgraph.semantics import GELU_CUBIC, GELU_SCALE, IN_FLOAT32, gelu_argument, gelu_slope
 from ..exprgraph.term import Term
 from .engine import Rewrite
 from .matching import Bindings, instantiate, match
@@ -218,6 +219,22 @@ def _matmul_right(b):
     return _swap_last(a) @ dy
 
 
+def _gelu_grad_share(b):
+    """``dy * gelu''(x)``, in differentiable ops. With ``z`` the gelu argument, ``s = sigmoid(z)``
+    and ``t = sigmoid(-z)`` (so ``s' = s t z'`` and ``1 - 2s = t - s``), ``gelu' = s + x z' s t`` and
+    ``gelu'' = s t (2 z' + x z'' + x z'^2 (t - s))``, where ``2 z' + x z'' = 4 GELU_SCALE (1 + 6 GELU_CUBIC x^2)``.
+    Products start from ``s t``, which is 0 far out, so the share is finite wherever ``x * x`` is; a
+    float16 or bfloat16 ``x`` is taken in float32, as ``gelu_grad`` takes it (the driver casts back).
+    """
+    x = b["_x"]
+    if IN_FLOAT32["gelu_grad"](x.dtype):
+        x = ct.cast(x, "float32")
+    z, slope = gelu_argument(x), gelu_slope(x)
+    s, t = ct.sigmoid(z), ct.sigmoid(-z)
+    st = s * t
+    return b["_dy"] * (st * ((x * x * (6 * GELU_CUBIC) + 1) * (4 * GELU_SCALE)) + st * x * slope * slope * (t - s))
+
+
 def _power_exponent_share(b):
     """``dy * y * log(x)``, with ``log(0)`` counted as 0 and the log taken in the output's dtype
     (an int8 base would take it in float16)."""
@@ -296,6 +313,8 @@ derivatives = Derivatives([
     Derivative("tanh", "tanh(_x)", _x="_dy * (1 - _y * _y)"),
     Derivative("sigmoid", "sigmoid(_x)", _x="_dy * _y * (1 - _y)"),
     Derivative("softplus", "softplus(_x)", _x="_dy * sigmoid(_x)"),
+    Derivative("gelu", "gelu(_x)", _x="_dy * gelu_grad(_x)"),
+    Derivative("gelu_grad", "gelu_grad(_x)", _x=_gelu_grad_share),
     Derivative("relu", "relu(_x)", _x="where(_x > 0, _dy, 0)"),
     Derivative("abs", "abs(_x)", _x="_dy * sign(_x)"),
     Derivative("where", "where(_c, _x, _z)", _c="0", _x="where(_c, _dy, 0)", _z="where(_c, 0, _dy)"),

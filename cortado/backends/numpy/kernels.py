@@ -6,7 +6,7 @@ Temporaries come from ``emitter.scratch``, views of the step's workspace in the 
 ``Emitter`` without a workspace only measures how much it would need. The calls mirror the
 reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
 dtypes, so results agree with it to the last bit wherever NumPy's own kernels do. As there, the
-``ACCUMULATING`` ops take bfloat16 in float32 and round their result once.
+ops of ``IN_FLOAT32`` take some dtypes in float32 and round their result once.
 
 ``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
 before writing the same element of ``out``.
@@ -17,9 +17,9 @@ import math
 
 import numpy as np
 
-from ...exprgraph.dtypes import is_bfloat16, is_float
+from ...exprgraph.dtypes import is_float
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
-from ...exprgraph.semantics import ACCUMULATING
+from ...exprgraph.semantics import GELU_CUBIC, GELU_SCALE, IN_FLOAT32
 from ...errors import PlanError
 from ...memplan import aligned
 
@@ -114,6 +114,48 @@ def _relu(em, attrs, args, out):
 
 def _softplus(em, attrs, args, out):
     em.call(np.logaddexp, 0, args[0], out=out, dtype=out.dtype)
+
+
+def _gelu_argument(em, x, z):
+    """``z = (x * x * GELU_CUBIC + 1) * x * 2 GELU_SCALE``, as ``semantics.gelu_argument``."""
+    em.call(np.multiply, x, x, out=z)
+    em.call(np.multiply, z, GELU_CUBIC, out=z)
+    em.call(np.add, z, 1, out=z)
+    em.call(np.multiply, z, x, out=z)
+    em.call(np.multiply, z, 2 * GELU_SCALE, out=z)
+
+
+def _gelu(em, attrs, args, out):
+    # x * sigmoid(z); out must not alias x, which is read last
+    (x,) = args
+    z = em.scratch(x.shape, x.dtype)
+    _gelu_argument(em, x, z)
+    _sigmoid(em, (), [z], z)
+    em.call(np.multiply, x, z, out=out)
+    em.release(z)
+
+
+def _gelu_grad(em, attrs, args, out):
+    # sigmoid(z) + x * (e / ((1 + e) * (1 + e))) * slope with e = exp(-|z|), as semantics._gelu_grad
+    (x,) = args
+    z, e, other = (em.scratch(x.shape, x.dtype) for _ in range(3))
+    _gelu_argument(em, x, z)
+    em.call(np.absolute, z, out=e)
+    em.call(np.negative, e, out=e)
+    em.call(np.exp, e, out=e)
+    em.call(np.add, e, 1, out=other)
+    em.call(np.multiply, other, other, out=other)
+    em.call(np.true_divide, e, other, out=e)
+    em.call(np.multiply, x, e, out=e)
+    em.call(np.multiply, x, x, out=other)  # the slope
+    em.call(np.multiply, other, 3 * GELU_CUBIC, out=other)
+    em.call(np.add, other, 1, out=other)
+    em.call(np.multiply, other, 2 * GELU_SCALE, out=other)
+    em.call(np.multiply, e, other, out=e)
+    _sigmoid(em, (), [z], z)
+    em.call(np.add, z, e, out=out)
+    for array in (z, e, other):
+        em.release(array)
 
 
 def _where(em, attrs, args, out):
@@ -232,14 +274,15 @@ def _float32_copy(em, x):
     return wide
 
 
-def _accumulating(emitter):
-    """``emitter`` with its bfloat16 operands and result in float32 scratch, rounded once into ``out``."""
+def _in_float32(emitter, narrow):
+    """``emitter`` with its operands and result of the dtypes ``narrow`` accepts in float32 scratch,
+    rounded once into ``out``."""
 
     def emit(em, attrs, args, out):
-        if not any(is_bfloat16(a.dtype) for a in (*args, out)):
+        if not any(narrow(a.dtype) for a in (*args, out)):
             return emitter(em, attrs, args, out)
-        wide_args = [_float32_copy(em, a) if is_bfloat16(a.dtype) else a for a in args]
-        wide_out = em.scratch(out.shape, np.float32) if is_bfloat16(out.dtype) else out
+        wide_args = [_float32_copy(em, a) if narrow(a.dtype) else a for a in args]
+        wide_out = em.scratch(out.shape, np.float32) if narrow(out.dtype) else out
         emitter(em, attrs, wide_args, wide_out)
         if wide_out is not out:
             em.call(np.copyto, out, wide_out, casting="unsafe")
@@ -253,11 +296,12 @@ def _accumulating(emitter):
 
 EMITTERS = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
 EMITTERS.update({
-    "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "where": _where, "cast": _cast,
+    "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "gelu": _gelu, "gelu_grad": _gelu_grad,
+    "where": _where, "cast": _cast,
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
     "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
 })
-EMITTERS.update({name: _accumulating(EMITTERS[name]) for name in ACCUMULATING if name in EMITTERS})
+EMITTERS.update({name: _in_float32(EMITTERS[name], narrow) for name, narrow in IN_FLOAT32.items() if name in EMITTERS})
 
 INPLACE = {name: tuple(range(ufunc.nin)) for name, ufunc in UFUNC_OPS.items()}
 INPLACE.update({"sigmoid": (0,), "relu": (0,), "softplus": (0,), "where": (2,)})
