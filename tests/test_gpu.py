@@ -96,11 +96,13 @@ def _gemm_case(transpose_a, transpose_b, alpha, added, epilogue, dtype, batch=()
         out = out + bias
     if "relu" in epilogue:
         out = ct.relu(out)
+    if "gelu" in epilogue:
+        out = ct.gelu(out)
     return out, [a, b] + [c] * (added != "none") + [bias] * ("bias" in epilogue)
 
 
-@pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("epilogue", ["none", "bias", "relu", "bias_relu"])
+@pytest.mark.parametrize("epilogue, dtype", [(e, d) for e in ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu")
+                                             for d in FLOATS if "gelu" not in e or d != "float64"])
 def test_gemm_lowering_for_every_transpose_scale_added_term_and_epilogue(epilogue, dtype):
     rng = np.random.default_rng(1)
     for transpose_a, transpose_b, alpha, added in itertools.product([False, True], [False, True], [1.0, -0.5],
@@ -114,6 +116,20 @@ def test_gemm_lowering_for_every_transpose_scale_added_term_and_epilogue(epilogu
         assert len(gemms) == 1 and gemms[0].attrs[4] == epilogue, program.explain()
         assert [k.term.op.name for k in program.kernels if not k.is_load] == ["gemm"], program.explain()
         assert_close(program(**feeds), ct.evaluate(out, feeds, precision="float64"), dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_gelu_backward_is_the_dgelu_epilogue(dtype):
+    x, W1, b1, W2 = ct.var("x", (50, 30), dtype), ct.var("W1", (30, 64), dtype), ct.var("b1", (64,), dtype), \
+        ct.var("W2", (64, 7), dtype)
+    gradients = ct.grad(ct.sum(ct.gelu(x @ W1 + b1) @ W2), [x, W1, b1])
+    program = ct.compile(gradients, inputs=[x, W1, b1, W2], backend="cupy")
+    assert "dgelu" in [k.term.attrs[4] for k in program.kernels if k.term.op.name == "gemm"], program.explain()
+    rng = np.random.default_rng(4)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, W1, b1, W2)}
+    for ours, expected in zip(program(**feeds), ct.evaluate(gradients, feeds, precision="float64")):
+        scale = max(1.0, float(np.abs(expected).max()))  # sums of 50 rows: errors relative to the largest
+        assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
 
 
 @pytest.mark.parametrize("batch_b", [False, True])

@@ -22,7 +22,7 @@ def lowered(roots):
 
 
 @given(graphs_with_feeds(ops=["matmul", "transpose", "add", "subtract", "multiply", "negative", "relu", "logsumexp",
-                              "softmax", "log_softmax", "broadcast_to", "exp", "sum", "einsum"],
+                              "softmax", "log_softmax", "broadcast_to", "exp", "sum", "einsum", "gelu", "gelu_grad"],
                          dtypes=("float16", "float32", "float64")))
 def test_lowering_keeps_every_value(case):
     graph, feeds = case
@@ -74,6 +74,27 @@ def test_bias_and_relu_become_the_epilogue():
     x, W, b = ct.var("x", (8, 4)), ct.var("W", (4, 3)), ct.var("b", (3,))
     (out,), _ = lowered([ct.relu(x @ W + b)])
     assert out.op.name == "gemm" and out.args == (x, W, b) and out.attrs[4] == "bias_relu"
+
+
+def test_gelu_and_its_backward_become_epilogues():
+    x, W1, b1, W2 = ct.var("x", (8, 4)), ct.var("W1", (4, 16)), ct.var("b1", (16,)), ct.var("W2", (16, 3))
+    (out,), _ = lowered([ct.gelu(x @ W1 + b1)])
+    assert out.op.name == "gemm" and out.args == (x, W1, b1) and out.attrs[4] == "bias_gelu"
+    z = x @ W1 + b1
+    (gW1,) = ct.grad(ct.sum(ct.gelu(z) @ W2), [W1])
+    (new,), counts = lowered([gW1])
+    assert counts["gemm-dgelu"] == 1
+    dgelu = [t for t in schedule(new) if t.op.name == "gemm" and t.attrs[4] == "dgelu"]
+    assert len(dgelu) == 1 and dgelu[0].args[-1].op.name == "gemm"  # the gelu argument z, itself a gemm with its bias
+    rng = np.random.default_rng(2)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, W1, b1, W2)}
+    np.testing.assert_allclose(ct.evaluate(new, feeds), ct.evaluate(gW1, feeds), rtol=1e-5, atol=1e-5)
+
+
+def test_float64_gelu_stays_out_of_the_gemm():
+    x, W = ct.var("x", (8, 4), "float64"), ct.var("W", (4, 16), "float64")
+    (out,), _ = lowered([ct.gelu(x @ W)])
+    assert out.op.name == "gelu" and out.args[0].attrs[4] == "none"
 
 
 def test_a_product_used_twice_is_not_folded_into_its_users():

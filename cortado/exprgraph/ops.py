@@ -395,27 +395,33 @@ _ops += [
 ]
 
 
-# ``gemm(a, b[, c][, bias])``: what ``matmul`` lowers to for a BLAS library, cuBLASLt's form
+# ``gemm(a, b[, c][, bias][, aux])``: what ``matmul`` lowers to for a BLAS library, cuBLASLt's form
 # ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)``. ``op`` swaps the last two axes where
 # ``transpose_a`` / ``transpose_b`` say; ``c`` is there when ``beta`` is not 0, ``bias`` (a row
-# added to every row of the product) when the epilogue names it. Only lowering rules build it.
-GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu")
+# added to every row of the product) when the epilogue names it. The epilogue ``dgelu`` is gelu's
+# backward: ``alpha * op(a) @ op(b) * gelu_grad(aux)``, ``aux`` the gelu argument of the forward
+# pass (of the product's shape). Only lowering rules build it.
+GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu", "dgelu")
 
 
 def gemm_operands(args, beta, epilogue):
-    """``(a, b, c, bias)`` of a gemm's arguments, None for those it has not."""
+    """``(a, b, c, bias, aux)`` of a gemm's arguments, None for those it has not."""
     a, b, *rest = args
     c = rest.pop(0) if beta else None
     bias = rest.pop(0) if "bias" in epilogue else None
-    return a, b, c, bias
+    aux = rest.pop(0) if epilogue == "dgelu" else None
+    return a, b, c, bias, aux
 
 
 def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue):
     if epilogue not in GEMM_EPILOGUES:
         raise shape_violation(f"unknown epilogue {epilogue!r}; the epilogues are {GEMM_EPILOGUES}")
-    if len(args) != 2 + bool(beta) + ("bias" in epilogue):
-        raise shape_violation("gemm takes a, b, then c when beta is not 0, then bias when the epilogue adds one")
-    a, b, c, bias = gemm_operands(args, beta, epilogue)
+    if len(args) != 2 + bool(beta) + ("bias" in epilogue) + (epilogue == "dgelu"):
+        raise shape_violation("gemm takes a, b, then c when beta is not 0, then bias when the epilogue adds one, "
+                              "then the gelu argument when the epilogue is dgelu")
+    if beta and epilogue == "dgelu":
+        raise shape_violation("the dgelu epilogue scales the product alone: it takes no c")
+    a, b, c, bias, aux = gemm_operands(args, beta, epilogue)
     if a.ndim < 2 or b.ndim < 2:
         raise shape_violation("gemm needs operands of rank 2 or more")
     m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
@@ -427,6 +433,8 @@ def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue):
         raise shape_violation(f"c has shape {c.shape}, the product {out}")
     if bias is not None and bias.shape != (n,):
         raise shape_violation(f"the bias has shape {bias.shape}; it must be ({n},)")
+    if aux is not None and aux.shape != out:
+        raise shape_violation(f"the gelu argument has shape {aux.shape}, the product {out}")
     return out
 
 

@@ -100,7 +100,7 @@ def _log_softmax(x, axes):
 
 
 def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
-    a, b, c, bias = gemm_operands(xs, beta, epilogue)
+    a, b, c, bias, aux = gemm_operands(xs, beta, epilogue)
     a = np.swapaxes(a, -1, -2) if transpose_a else a
     b = np.swapaxes(b, -1, -2) if transpose_b else b
     dtype = a.dtype.type
@@ -109,6 +109,10 @@ def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
         out = out + dtype(beta) * c
     if bias is not None:
         out = out + bias
+    if epilogue == "dgelu":
+        return out * _gelu_grad(aux)
+    if "gelu" in epilogue:
+        return _gelu(out)
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
 

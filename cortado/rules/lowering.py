@@ -4,7 +4,8 @@ generated kernel computes.
 ``gemm_lowering`` turns ``matmul`` into cuBLASLt's form and then folds what surrounds it into the
 one call: a transpose of an operand into the operation flags, a scalar factor into ``alpha``, an
 added term of the product's shape into ``beta`` and ``c``, an added row into the bias epilogue, a
-``relu`` of it all into the relu epilogue. A product used more than once is not folded into its
+``relu`` or ``gelu`` of it all into that epilogue, and a product times ``gelu_grad(z)`` (gelu's
+backward) into the dgelu epilogue, which reads ``z``. A product used more than once is not folded into its
 users (each would compute it again). ``composites`` spells ``logsumexp``, ``softmax`` and
 ``log_softmax`` out as max, exp, sum and log with the reference's own shifting, so fusion can
 make a reduction kernel of each pass; a ``matmul`` no GEMM takes (integers, a batch broadcast
@@ -24,25 +25,26 @@ import numpy as np
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, is_float
 from ..exprgraph.einsum import LABELS, spelled_out
-from ..exprgraph.ops import OPS
+from ..exprgraph.ops import OPS, gemm_operands
 from ..exprgraph.term import make
 from .engine import Chain, Fixpoint, Postwalk, Rule, RuleSet
 
 GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
+# cuBLASLt's gelu epilogues were up to 5e-7 (relative) off in float64 on the H200: float64 keeps its own kernel
+GELU_EPILOGUE_DTYPES = tuple(d for d in GEMM_DTYPES if d != np.float64)
 
 
-def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None):
-    """The term ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)``."""
-    args = (a, b) + ((c,) if beta else ()) + ((bias,) if bias is not None else ())
+def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None, aux=None):
+    """The term ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)`` (``aux``: the dgelu epilogue's gelu argument)."""
+    args = (a, b) + ((c,) if beta else ()) + ((bias,) if bias is not None else ()) + ((aux,) if aux is not None else ())
     return make(OPS["gemm"], args, OPS["gemm"].normalize(args, transpose_a, transpose_b, alpha, beta, epilogue))
 
 
 def _parts(g):
     """A gemm's attributes and operands as keywords of ``gemm``."""
     attrs = dict(zip(g.op.attr_names, g.attrs))
-    a, b, *rest = g.args
-    attrs.update(a=a, b=b, c=rest.pop(0) if attrs["beta"] else None,
-                 bias=rest.pop(0) if "bias" in attrs["epilogue"] else None)
+    a, b, c, bias, aux = gemm_operands(g.args, attrs["beta"], attrs["epilogue"])
+    attrs.update(a=a, b=b, c=c, bias=bias, aux=aux)
     return attrs
 
 
@@ -110,7 +112,7 @@ def _gemm_and_other(b):
 def _scale(b):
     parts, other, _ = _gemm_and_other(b)
     factor = None if parts is None else _scalar(other)
-    if factor is None or parts["epilogue"] != "none" or not math.isfinite(factor):
+    if factor is None or parts["epilogue"] not in ("none", "dgelu") or not math.isfinite(factor):
         return None
     return gemm(**{**parts, "alpha": parts["alpha"] * factor, "beta": parts["beta"] * factor})
 
@@ -120,7 +122,7 @@ def _negate(b):
     if not _foldable(b, g):
         return None
     parts = _parts(g)
-    if parts["epilogue"] != "none":
+    if parts["epilogue"] not in ("none", "dgelu"):  # both linear in the product
         return None
     return gemm(**{**parts, "alpha": -parts["alpha"], "beta": -parts["beta"]})
 
@@ -128,7 +130,7 @@ def _negate(b):
 def _added(b, sign):
     """``g + other`` (sign 1) or, with ``g`` on either side, ``g - other`` / ``other - g`` (sign -1)."""
     parts, other, first = _gemm_and_other(b)
-    if parts is None or "relu" in parts["epilogue"] or other.dtype != b.term.dtype:
+    if parts is None or parts["epilogue"] not in ("none", "bias") or other.dtype != b.term.dtype:
         return None
     if sign < 0 and not first:  # other - g: negate the product, which a bias cannot follow
         if parts["bias"] is not None:
@@ -143,14 +145,29 @@ def _added(b, sign):
     return None
 
 
-def _relu(b):
+def _activation(b, name):
+    """``name(g)`` (relu or gelu) as the epilogue of ``g``, after its bias if it has one."""
     g = b["_x"]
-    if not _foldable(b, g):
+    if not _foldable(b, g) or (name == "gelu" and g.dtype not in GELU_EPILOGUE_DTYPES):
         return None
     parts = _parts(g)
     if parts["epilogue"] not in ("none", "bias"):
         return None
-    return gemm(**{**parts, "epilogue": "relu" if parts["epilogue"] == "none" else "bias_relu"})
+    return gemm(**{**parts, "epilogue": name if parts["epilogue"] == "none" else f"bias_{name}"})
+
+
+def _gelu_backward(b):
+    """``g * gelu_grad(z)``: a plain product (no c, no epilogue) times gelu's slope at ``z``, as the
+    dgelu epilogue, which reads ``z`` as a matrix of the product's layout (``n`` a multiple of 8)."""
+    for g, slope in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
+        if not (_foldable(b, g) and slope.op.name == "gelu_grad" and g.shape == b.term.shape and g.ndim == 2
+                and g.dtype in GELU_EPILOGUE_DTYPES):
+            continue
+        parts, z = _parts(g), slope.args[0]
+        if parts["epilogue"] == "none" and parts["c"] is None and z.shape == g.shape and z.dtype == g.dtype \
+                and g.shape[-1] % 8 == 0:
+            return gemm(**{**parts, "epilogue": "dgelu", "aux": z})
+    return None
 
 
 gemm_lowering = RuleSet([
@@ -161,7 +178,9 @@ gemm_lowering = RuleSet([
     Rule("gemm-negate", "negative(_x)", _negate),
     Rule("gemm-add", "add(_x, _y)", lambda b: _added(b, 1.0)),
     Rule("gemm-subtract", "subtract(_x, _y)", lambda b: _added(b, -1.0)),
-    Rule("gemm-relu", "relu(_x)", _relu),
+    Rule("gemm-relu", "relu(_x)", lambda b: _activation(b, "relu")),
+    Rule("gemm-gelu", "gelu(_x)", lambda b: _activation(b, "gelu")),
+    Rule("gemm-dgelu", "multiply(_x, _y)", _gelu_backward),
 ], name="gemm lowering")
 
 
@@ -238,13 +257,13 @@ def _einsum_as_matmul(b):
     inputs, output = spelled_out(b["_s"], [x.shape for x in xs])
     sizes = {}
     for labels, x in zip(inputs, xs):
-        if len(set(labels)) != len(labels) or any(sizes.setdefault(l, d) != d for l, d in zip(labels, x.shape)):
+        if len(set(labels)) != len(labels) or any(sizes.setdefault(label, d) != d for label, d in zip(labels, x.shape)):
             return None
     operands = []
     for labels, other, x in zip(inputs, inputs[::-1], xs):
         alone = [i for i, label in enumerate(labels) if label not in other and label not in output]
         if alone:  # summed away by this operand alone: summed first
-            x, labels = ct.sum(x, axis=tuple(alone)), "".join(l for i, l in enumerate(labels) if i not in alone)
+            x, labels = ct.sum(x, axis=tuple(alone)), "".join(label for i, label in enumerate(labels) if i not in alone)
         operands.append((labels, x))
     (la, a), (lb, y) = operands
     batch = [label for label in output if label in la and label in lb]

@@ -19,19 +19,31 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.ops import gemm_operands
 
-WORKSPACE_BYTES = 4 << 20  # what cuBLASLt may use for split-K and the like; the planner places it
+WORKSPACE_BYTES = (4 << 20, 32 << 20)  # what cuBLASLt may use (split-K and the like): a product, a large one
+LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large; the planner places the workspace
 CANDIDATES = 8  # heuristic choices timed when a program is built
-TIMED_CALLS = 3  # per candidate, after one untimed call
+TIMED_CALLS = 20  # at most, per candidate: enough for about TIMED_MS of work
+TIMED_MS = 2.0
+MARGIN = 0.03  # how much faster than the heuristic's first choice another must be to replace it
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cudaDataType
 _handle = None
 _tuned = {}  # a call's description -> the heuristic result chosen for it
+_EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
+              "bias_gelu": "GELU_BIAS", "dgelu": "DGELU"}  # ours -> cuBLASLt's
 
 
 def _lt():
     import nvmath.bindings.cublasLt as lt
 
     return lt
+
+
+def workspace_bytes(term):
+    """The scratch a gemm term's call may use: more for a large product, where it buys faster algorithms."""
+    a, b = term.args[:2]
+    k = a.shape[-2] if term.attrs[0] else a.shape[-1]
+    return WORKSPACE_BYTES[term.size * k >= LARGE_PRODUCT]
 
 
 def handle():
@@ -76,7 +88,7 @@ class Gemm:
         from nvmath.bindings.cublas import ComputeType
 
         transpose_a, transpose_b, alpha, beta, epilogue = term.attrs
-        a, b, c, bias = gemm_operands(term.args, beta, epilogue)
+        a, b, c, bias, aux = gemm_operands(term.args, beta, epilogue)
         dtype = term.dtype
         if dtype.name not in _DATA_TYPES:
             raise BackendError(f"{term!r}: cuBLASLt takes {', '.join(_DATA_TYPES)}, not {dtype}")
@@ -103,16 +115,17 @@ class Gemm:
         trans_second, a_rows, a_cols, a_ld, a_stride = found["a"]
         self._set(lt.MatmulDescAttribute.TRANSA, int(trans_first))
         self._set(lt.MatmulDescAttribute.TRANSB, int(trans_second))
-        kind = {"none": lt.Epilogue.DEFAULT, "bias": lt.Epilogue.BIAS, "relu": lt.Epilogue.RELU,
-                "bias_relu": lt.Epilogue.RELU_BIAS}[epilogue]
-        self._set(lt.MatmulDescAttribute.EPILOGUE, int(kind))
-        self.bias = bias
+        self._set(lt.MatmulDescAttribute.EPILOGUE, int(getattr(lt.Epilogue, _EPILOGUES[epilogue])))
+        self.bias, self.aux = bias, aux
+        if aux is not None:  # row-major like the product: its leading dimension is the product's
+            self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
         data = _DATA_TYPES[dtype.name]
         shapes = [(b_cols, b_rows, b_ld, count, b_stride), (a_cols, a_rows, a_ld, count, a_stride),
                   (n, m, n, count, m * n), (n, m, n, count, m * n)]
         self.layouts = [self._layout(data, *shape) for shape in shapes]
         self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
         self.operands = (a, b, c)
+        self.workspace_bytes = workspace_bytes(term)
         self.candidates = self._candidates()
         self.choice = 0
 
@@ -137,13 +150,15 @@ class Gemm:
         """cuBLASLt's heuristic results for this call, best guess first."""
         lt = _lt()
         preference = lt.matmul_preference_create()
-        limit = np.array([WORKSPACE_BYTES], np.uint64)
+        limit = np.array([self.workspace_bytes], np.uint64)
         lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
                                            limit.ctypes.data, limit.nbytes)
         results = np.zeros(CANDIDATES, lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, np.int32)
         if self.bias is not None:  # the heuristic looks at the epilogue's pointers too
             self.set_bias(0)
+        if self.aux is not None:
+            self.set_aux(0)
         first, second, c_layout, d_layout = self.layouts
         lt.matmul_algo_get_heuristic(handle(), self.desc, first, second, c_layout, d_layout, preference, CANDIDATES,
                                      results.ctypes.data, count.ctypes.data)
@@ -153,37 +168,56 @@ class Gemm:
         return results[:count[0]].copy()
 
     def tune(self, pointers, stream):
-        """Choose the fastest candidate, timed on ``pointers`` (a, b, c, d, workspace), whose contents it overwrites."""
-        import cupy
-
+        """Choose the fastest candidate, timed on ``pointers`` (a, b, c, d, workspace), whose contents it overwrites.
+        The heuristic's first choice stays unless another is faster by ``MARGIN``: closer than that, clocks
+        that drift under load rank candidates by chance."""
         if self.key in _tuned:
             self.candidates, self.choice = _tuned[self.key], 0
             return
-        times = []
-        for k in range(len(self.candidates)):
-            self.choice = k
-            try:
-                self.call(*pointers, stream.ptr)
-            except _lt().cuBLASLtError:  # a candidate the heuristic offers may still refuse these operands
-                times.append(np.inf)
-                continue
-            start = stream.record()
-            for _ in range(TIMED_CALLS):
-                self.call(*pointers, stream.ptr)
-            end = stream.record()
-            end.synchronize()
-            times.append(cupy.cuda.get_elapsed_time(start, end))
+        times = [self._time(k, pointers, stream) for k in range(len(self.candidates))]
         if np.isinf(min(times)):
             raise BackendError("cuBLASLt refused every algorithm its heuristic offered for this gemm")
-        self.choice = int(np.argmin(times))
+        best = int(np.argmin(times))
+        self.choice = best if times[best] < times[0] * (1 - MARGIN) else 0
         _tuned[self.key] = self.candidates[self.choice:self.choice + 1].copy()
+
+    def _time(self, k, pointers, stream):
+        """Milliseconds a call with candidate ``k`` takes, replayed as a CUDA graph of calls (launched one by one
+        from Python, a short GEMM would time the launches); infinite if cuBLASLt refuses it."""
+        import cupy
+
+        self.choice = k
+        try:
+            start = stream.record()
+            self.call(*pointers, stream.ptr)
+            end = stream.record()
+        except _lt().cuBLASLtError:  # a candidate the heuristic offers may still refuse these operands
+            return np.inf
+        end.synchronize()
+        calls = int(np.clip(TIMED_MS / max(cupy.cuda.get_elapsed_time(start, end), 1e-3), 1, TIMED_CALLS))
+        stream.begin_capture()
+        try:
+            for _ in range(calls):
+                self.call(*pointers, stream.ptr)
+        finally:
+            graph = stream.end_capture()
+        graph.launch(stream)
+        start = stream.record()
+        graph.launch(stream)
+        end = stream.record()
+        end.synchronize()
+        return cupy.cuda.get_elapsed_time(start, end) / calls
 
     def set_bias(self, pointer):
         self._set(_lt().MatmulDescAttribute.BIAS_POINTER, int(pointer))
+
+    def set_aux(self, pointer):
+        self._set(_lt().MatmulDescAttribute.EPILOGUE_AUX_POINTER, int(pointer))
 
     def call(self, a, b, c, d, workspace, stream):
         """Run on device pointers (``c`` is ``d`` where there is no c) on ``stream`` (a pointer)."""
         first, second, c_layout, d_layout = self.layouts
         base = self.scalars.ctypes.data
+        algorithm = self.candidates.ctypes.data + self.choice * self.candidates.itemsize
         _lt().matmul(handle(), self.desc, base, b, first, a, second, base + self.scalars.itemsize, c, c_layout,
-                     d, d_layout, self.candidates.ctypes.data + self.choice * self.candidates.itemsize, workspace, WORKSPACE_BYTES, stream)
+                     d, d_layout, algorithm, workspace, self.workspace_bytes, stream)

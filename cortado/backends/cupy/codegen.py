@@ -9,8 +9,9 @@ contiguous in an operand are merged first, so a plain operand is read at the fla
 An elementwise kernel gives each thread ``VEC`` consecutive elements, read and written as one
 16-byte vector wherever an operand is stored contiguously, and indexes in 32 bits where every
 offset fits. Its grid covers the whole range, a thread to a vector: on the H200 that streamed
-4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70. A reduction kernel gives each output a warp (short reductions) or a block, or, when
-the reduced axes are not the innermost, a column of a 32-output tile; its prologue is computed
+4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70.
+A reduction kernel gives each output a warp (short reductions) or a block, or, when the reduced
+axes are not the innermost, a column of a 32-output tile; its prologue is computed
 for each element as it is read, its epilogue once per output. float16 and bfloat16 values are
 computed and accumulated in float32.
 
@@ -57,6 +58,12 @@ __device__ __forceinline__ double ct_sigmoid(double x) {
     double e = exp(-fabs(x)); return x >= 0. ? 1. / (1. + e) : e / (1. + e); }
 __device__ __forceinline__ float ct_softplus(float x) { return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))); }
 __device__ __forceinline__ double ct_softplus(double x) { return fmax(x, 0.) + log1p(exp(-fabs(x))); }
+template <typename T> __device__ __forceinline__ T ct_gelu_argument(T x) {  // z: gelu(x) = x sigmoid(z)
+    return (x * x * T(0.044715) + T(1)) * x * T(1.5957691216057308); }
+template <typename T> __device__ __forceinline__ T ct_gelu(T x) { return x * ct_sigmoid(ct_gelu_argument(x)); }
+template <typename T> __device__ __forceinline__ T ct_gelu_grad(T x) {
+    const T z = ct_gelu_argument(x), e = exp(-fabs(z));
+    return ct_sigmoid(z) + x * (e / ((T(1) + e) * (T(1) + e))) * ((x * x * T(3 * 0.044715) + T(1)) * T(1.5957691216057308)); }
 template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
 """
 
@@ -137,14 +144,15 @@ def _unary(name, x, dtype):
         return f"ct_sign<{c}>({x})"
     if name == "relu":
         return f"(({x} > ({c})0 || {x} != {x}) ? {x} : ({c})0)"
-    if name in ("sigmoid", "softplus"):
+    if name in ("sigmoid", "softplus", "gelu", "gelu_grad"):
         return f"ct_{name}({x})"
     return f"{_math(name, dtype)}({x})"
 
 
 BINARY = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "less": "<", "less_equal": "<=",
           "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
-UNARY = ("negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus")
+UNARY = ("negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus",
+         "gelu", "gelu_grad")
 
 
 def _operand_dtype(t):

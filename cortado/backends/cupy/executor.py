@@ -106,7 +106,8 @@ class Executor:
         self.direct_outputs = frozenset(direct)
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.finish += self._updates(final)
-        if autotune:  # before the state is written: a gemm may write over a parameter in place
+        if autotune and self.gemms:  # before the state is written: a gemm may write over a parameter in place
+            self._random_fill(self.gemms[0][0].operands[0].dtype)
             for gemm, pointers in self.gemms:
                 gemm.tune(pointers, self.stream)
         for v, value in signature.state.items():
@@ -172,9 +173,11 @@ class Executor:
             strides[x], pointers[x] = contiguous_strides(x.shape), top
             top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
         gemm = Gemm(t, strides, tf32)
-        a, b, c, bias = gemm_operands(t.args, t.attrs[3], t.attrs[4])
+        a, b, c, bias, aux = gemm_operands(t.args, t.attrs[3], t.attrs[4])
         if bias is not None:
             gemm.set_bias(pointers[bias])
+        if aux is not None:
+            gemm.set_aux(pointers[aux])
         d = self.pointers[t]
         operands = (pointers[a], pointers[b], pointers[c] if c is not None else d, d, top)
         self.gemms.append((gemm, operands))
@@ -196,6 +199,16 @@ class Executor:
             else:
                 calls.append(self._copy(value, self.pointers[var]))
         return calls
+
+    def _random_fill(self, dtype):
+        """Standard normal ``dtype`` values over the arena, state and outputs, for timing GEMMs on data like
+        a step's: tensor cores draw more power on random values than on zeros, and may run slower."""
+        cupy = _cupy()
+        for block in (self.arena, self.state_block, self.output_block):
+            count = block.nbytes // dtype.itemsize
+            values = cupy.random.standard_normal(count, np.float64 if dtype == np.float64 else np.float32)
+            cupy.ndarray((count,), dtype, memptr=block.memory.data)[...] = values.astype(dtype)
+        cupy.cuda.Device().synchronize()
 
     def _staging_pinned(self):
         """Pinned host memory for NumPy feeds, so their copies can be captured with the step."""

@@ -11,7 +11,7 @@ it cannot read in place.
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import gemm_operands
 from ...memplan import Step, aligned
-from .blas import WORKSPACE_BYTES, matrix
+from .blas import matrix, workspace_bytes
 from .codegen import REDUCTIONS, contiguous_strides
 
 ALIGNMENT = 256
@@ -61,10 +61,10 @@ def layouts(kernels):
 
 def gemm_copies(t, strides):
     """The operands of gemm ``t`` that cuBLASLt cannot read where they are: copied first."""
-    a, b, c, bias = gemm_operands(t.args, t.attrs[3], t.attrs[4])
+    a, b, c, bias, aux = gemm_operands(t.args, t.attrs[3], t.attrs[4])
     batch = t.shape[:-2]
     copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
-    copies += [x for x in (c, bias) if x is not None and not _contiguous(x.shape, strides[x])]
+    copies += [x for x in (c, bias, aux) if x is not None and not _contiguous(x.shape, strides[x])]
     return tuple(dict.fromkeys(copies))
 
 
@@ -103,6 +103,7 @@ def steps(kernels):
         else:
             workspace = 0
             if t.op.name == "gemm":
-                workspace = WORKSPACE_BYTES + sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in gemm_copies(t, strides))
+                copies = gemm_copies(t, strides)
+                workspace = workspace_bytes(t) + sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in copies)
             found.append(Step(k.terms, k.reads, inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name))
     return found
