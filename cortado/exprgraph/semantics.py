@@ -109,10 +109,9 @@ def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
         out = out + dtype(beta) * c
     if bias is not None:
         out = out + bias
-    if epilogue == "dgelu":
-        return out * _gelu_grad(aux)
-    if "gelu" in epilogue:
-        return _gelu(out)
+    if "gelu" in epilogue:  # in float32 for two-byte floats, as the gelu ops (and cuBLASLt's epilogues) compute it
+        wide = out.astype(np.float32) if _two_byte_float(out.dtype) else out
+        return wide * _gelu_grad(aux.astype(wide.dtype)) if epilogue == "dgelu" else _gelu(wide)
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
 
