@@ -109,8 +109,8 @@ def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
         out = out + dtype(beta) * c
     if bias is not None:
         out = out + bias
-    if "gelu" in epilogue:  # in float32 for two-byte floats, as the gelu ops (and cuBLASLt's epilogues) compute it
-        wide = out.astype(np.float32) if _two_byte_float(out.dtype) else out
+    if "gelu" in epilogue:  # in the dtype the gelu ops compute in (cuBLASLt's epilogues too: float32)
+        wide = out.astype(np.float32) if IN_FLOAT32["gelu"](out.dtype) else out
         return wide * _gelu_grad(aux.astype(wide.dtype)) if epilogue == "dgelu" else _gelu(wide)
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
