@@ -154,4 +154,6 @@ def test_a_training_step_computes_each_product_once():
     gW, gb = ct.grad(loss, [W, b])
     roots, _ = lowered([loss, W - 0.1 * gW, b - 0.1 * gb])
     forward = [t for t in schedule(roots) if t.op.name == "gemm" and t.args[:2] == (x, W)]
-    assert len(forward) == 1 and forward[0].attrs[4] == "bias"  # z feeds relu and its gradient: no relu epilogue
+    # relu's gradient reads relu's output, so z is read by relu alone and dies in the GEMM's epilogue
+    assert len(forward) == 1 and forward[0].attrs[4] == "bias_relu"
+    assert not any(t.op.name == "relu" for t in schedule(roots))

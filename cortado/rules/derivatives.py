@@ -315,7 +315,9 @@ derivatives = Derivatives([
     Derivative("softplus", "softplus(_x)", _x="_dy * sigmoid(_x)"),
     Derivative("gelu", "gelu(_x)", _x="_dy * gelu_grad(_x)"),
     Derivative("gelu_grad", "gelu_grad(_x)", _x=_gelu_grad_share),
-    Derivative("relu", "relu(_x)", _x="where(_x > 0, _dy, 0)"),
+    # where the output is positive, not the input (the same elements): a training step then keeps the activation
+    # alone, and its pre-activation can die inside the product that makes it (a GEMM's relu epilogue)
+    Derivative("relu", "relu(_x)", _x="where(_y > 0, _dy, 0)"),
     Derivative("abs", "abs(_x)", _x="_dy * sign(_x)"),
     Derivative("where", "where(_c, _x, _z)", _c="0", _x="where(_c, _dy, 0)", _z="where(_c, 0, _dy)"),
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
