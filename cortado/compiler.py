@@ -4,7 +4,8 @@ The pipeline, each stage a pass over values that returns new values:
 
 1. check the signature: every variable the outputs and updates read is an input or state;
 2. rules: ``simplify`` (algebra), ``stability``, the backend's lowering, then ``fuse``;
-3. schedule the rewritten outputs and update values, one kernel per op or fused region;
+3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
+   order that keeps the fewest bytes live (``memplan.memory_order``);
 4. plan memory: the backend says which kernels are views, what they may do in place and what
    workspace they need; an update that can be computed straight into its state buffer is;
 5. build the backend's executor over one arena.
@@ -18,7 +19,7 @@ from .errors import BackendError, DTypeError, FeedError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.term import Term, make
-from .memplan import intervals, owners, plan_memory, read_through_view, verify
+from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
 from .rules.engine import Fixpoint, Postwalk, Trace
 from .rules.fusion import fuse
@@ -157,6 +158,40 @@ def _sinks(kernels, steps, updates, live_out):
     return sinks
 
 
+def _ordered(kernels, steps, nbytes, kept, live_out, updates):
+    """The kernels and their steps in ``memplan.memory_order``. An update its kernel may write over its
+    state variable (see ``_sinks``) costs no buffer and waits for every other reader of the variable."""
+    defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
+    owner = owners(steps)
+    users, readers = {}, {}  # step -> the steps reading what it defines; stored value -> the steps reading it
+    for i, s in enumerate(steps):
+        for r in s.reads:
+            if r in defined_at:
+                users.setdefault(defined_at[r], set()).add(i)
+            readers.setdefault(owner.get(r, r), set()).add(i)
+    external, after = set(kept), []
+    for var, value in updates.items():
+        j = defined_at.get(value)
+        if j is None or (value, var) not in steps[j].inplace:
+            continue
+        external.add(value)
+        later = _downstream(j, users)
+        after += [(i, j) for i in sorted(readers.get(var, ())) if i != j and i not in later]
+    order = memory_order(steps, nbytes, external, live_out, after)
+    return [kernels[i] for i in order], [steps[i] for i in order]
+
+
+def _downstream(j, users):
+    """The steps that read what step ``j`` defines, directly or through others (``users``: step -> its readers)."""
+    found, frontier = set(), [j]
+    while frontier:
+        for u in users.get(frontier.pop(), ()):
+            if u not in found:
+                found.add(u)
+                frontier.append(u)
+    return found
+
+
 def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, **options):
     """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
 
@@ -195,14 +230,16 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
-    if getattr(engine, "loads_first", False):
-        kernels = [k for k in kernels if k.is_load] + [k for k in kernels if not k.is_load]
-    steps = engine.steps(kernels)
+    steps = engine.steps(kernels, options)
     live_out = list(outputs) + list(values)
+    nbytes = {t: t.size * t.dtype.itemsize for k in kernels for t in k.terms}
+    kept = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state]
+    if getattr(engine, "feeds_in_place", False):
+        kept += [k.term for k in kernels if k.is_load]
+    kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
     sinks = _sinks(kernels, steps, updates, live_out)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks) if hasattr(engine, "direct_outputs") else []
-    external = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state] + list(sinks) + direct
-    nbytes = {t: t.size * t.dtype.itemsize for k in kernels for t in k.terms}
+    external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
     plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
                        engine.alignment, labels,

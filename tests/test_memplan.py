@@ -7,7 +7,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cortado.errors import PlanError
-from cortado.memplan import MemoryPlan, Placement, Request, Step, best_placement, intervals, place, plan_memory, verify
+from cortado.memplan import (MemoryPlan, Placement, Request, Step, best_placement, intervals, memory_order, place,
+                             plan_memory, verify)
+from cortado.memplan.order import _peak
 
 
 def test_a_value_lives_from_its_step_to_its_last_read_through_views():
@@ -173,3 +175,32 @@ def test_the_plan_draws_as_a_png(tmp_path):
     plan = plan_memory(steps, {"a": 128, "b": 128, "c": 64}, live_out=["c"])
     path = plan.plot(tmp_path / "plan.png")
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_the_memory_order_runs_a_step_that_frees_a_value_as_soon_as_it_can():
+    # a (big) is read by b and by the late c; the depth-first order computes d and e (both big) first
+    steps = [Step(("a",)), Step(("b",), ("a",)), Step(("d",), ("b",)), Step(("e",), ("d",)), Step(("c",), ("a",)),
+             Step(("f",), ("e", "c"))]
+    sizes = {"a": 1000, "b": 10, "c": 10, "d": 1000, "e": 1000, "f": 10}
+    order = memory_order(steps, sizes, live_out=["f"])
+    assert order.index(4) < order.index(2)  # c, a's last reader, before d is made
+    assert _peak([steps[i] for i in order], sizes, (), ["f"]) < _peak(steps, sizes, (), ["f"])
+
+
+def test_an_ordering_constraint_holds_a_step_back():
+    steps = [Step(("W",)), Step(("u",), ("W",)), Step(("r",), ("W",))]  # u would overwrite W: r must read it first
+    assert memory_order(steps, dict.fromkeys("Wur", 8), live_out=["u", "r"], after=[(2, 1)]) == [0, 2, 1]
+
+
+@given(programs(), st.data())
+def test_the_memory_order_respects_every_dependency_and_never_keeps_more_alive(program, data):
+    steps, sizes, outputs = program
+    after = data.draw(st.lists(st.tuples(st.integers(0, len(steps) - 1), st.integers(0, len(steps) - 1))
+                               .map(sorted).map(tuple), max_size=3))  # earlier before later: never a cycle
+    order = memory_order(steps, sizes, live_out=outputs, after=after)
+    assert sorted(order) == list(range(len(steps)))
+    position = {step: i for i, step in enumerate(order)}
+    for j, step in enumerate(steps):
+        assert all(position[r] < position[j] for r in step.reads)  # values are keys and indices alike here
+    assert all(position[i] <= position[j] for i, j in after)
+    assert _peak([steps[i] for i in order], sizes, (), outputs) <= _peak(steps, sizes, (), outputs)

@@ -1,5 +1,6 @@
 """Static memory planning: live intervals, in-place sharing, offsets in one arena, and a checker.
 
+    order = memory_order(steps, nbytes, external=state, live_out=outputs)   # the steps' best order
     plan = plan_memory(steps, nbytes, external=state, live_out=outputs, alignment=64)
     plan.peak_bytes, plan.lower_bound_bytes, plan.naive_bytes
     verify(plan)            # PlanError unless no two live values overlap
@@ -7,9 +8,10 @@
 """
 
 from .liveness import Interval, Step, intervals, owners
+from .order import memory_order
 from .offsets import ORDERS, Request, best_placement, most_live, place, sweep
 from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory, read_through_view
 from .verify import verify
 
-__all__ = ["Step", "Interval", "intervals", "owners", "Request", "place", "sweep", "best_placement", "most_live", "ORDERS",
-           "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned", "read_through_view", "verify"]
+__all__ = ["Step", "Interval", "intervals", "owners", "memory_order", "Request", "place", "sweep", "best_placement",
+           "most_live", "ORDERS", "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned", "read_through_view", "verify"]
