@@ -13,5 +13,5 @@ from .layout import ALIGNMENT, direct_outputs, steps  # noqa: F401
 name = "cupy"
 alignment = ALIGNMENT
 lowering = gpu_lowering
-loads_first = True  # feeds are copied in before the step's graph runs: their places must be free from the start
+feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them): the arena has none
 OPTIONS = {"cuda_graph": True, "tf32": False, "autotune": True}

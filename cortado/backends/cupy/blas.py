@@ -19,8 +19,8 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.ops import gemm_operands
 
-WORKSPACE_BYTES = (4 << 20, 32 << 20)  # what cuBLASLt may use (split-K and the like): a product, a large one
-LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large; the planner places the workspace
+WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
+LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large
 CANDIDATES = 8  # heuristic choices timed when a program is built
 TIMED_CALLS = 20  # at most, per candidate: enough for about TIMED_MS of work
 TIMED_MS = 2.0
@@ -29,6 +29,7 @@ MARGIN = 0.03  # how much faster than the heuristic's first choice another must 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cudaDataType
 _handle = None
 _tuned = {}  # a call's description -> the heuristic result chosen for it
+_heuristics = {}  # a call's description -> cuBLASLt's candidates for it
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
               "bias_gelu": "GELU_BIAS", "dgelu": "DGELU"}  # ours -> cuBLASLt's
 
@@ -39,11 +40,11 @@ def _lt():
     return lt
 
 
-def workspace_bytes(term):
-    """The scratch a gemm term's call may use: more for a large product, where it buys faster algorithms."""
-    a, b = term.args[:2]
+def workspace_limit(term):
+    """The scratch a gemm term's call may ask for: more for a large product, where it buys faster algorithms."""
+    a = term.args[0]
     k = a.shape[-2] if term.attrs[0] else a.shape[-1]
-    return WORKSPACE_BYTES[term.size * k >= LARGE_PRODUCT]
+    return WORKSPACE_LIMIT[term.size * k >= LARGE_PRODUCT]
 
 
 def handle():
@@ -117,6 +118,7 @@ class Gemm:
         self._set(lt.MatmulDescAttribute.TRANSB, int(trans_second))
         self._set(lt.MatmulDescAttribute.EPILOGUE, int(getattr(lt.Epilogue, _EPILOGUES[epilogue])))
         self.bias, self.aux = bias, aux
+        self.pointed = {}  # epilogue pointer attribute -> the pointer set in the descriptor
         if aux is not None:  # row-major like the product: its leading dimension is the product's
             self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
         data = _DATA_TYPES[dtype.name]
@@ -125,8 +127,10 @@ class Gemm:
         self.layouts = [self._layout(data, *shape) for shape in shapes]
         self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
         self.operands = (a, b, c)
-        self.workspace_bytes = workspace_bytes(term)
-        self.candidates = self._candidates()
+        if self.key not in _heuristics:
+            _heuristics[self.key] = self._candidates(workspace_limit(term))
+        self.candidates = _heuristics[self.key]
+        self.workspace_bytes = int(self.candidates["workspace_size"].max())  # what any candidate needs: often 0
         self.choice = 0
 
     def _set(self, attribute, value):
@@ -146,19 +150,20 @@ class Gemm:
                 lt.matrix_layout_set_attribute(layout, attribute, buffer.ctypes.data, buffer.nbytes)
         return layout
 
-    def _candidates(self):
-        """cuBLASLt's heuristic results for this call, best guess first."""
+    def _candidates(self, workspace_limit):
+        """cuBLASLt's heuristic results for this call, best guess first, none needing more than ``workspace_limit``
+        bytes of scratch."""
         lt = _lt()
         preference = lt.matmul_preference_create()
-        limit = np.array([self.workspace_bytes], np.uint64)
+        limit = np.array([workspace_limit], np.uint64)
         lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
                                            limit.ctypes.data, limit.nbytes)
         results = np.zeros(CANDIDATES, lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, np.int32)
         if self.bias is not None:  # the heuristic looks at the epilogue's pointers too
-            self.set_bias(0)
+            self._point("BIAS_POINTER", 0)
         if self.aux is not None:
-            self.set_aux(0)
+            self._point("EPILOGUE_AUX_POINTER", 0)
         first, second, c_layout, d_layout = self.layouts
         lt.matmul_algo_get_heuristic(handle(), self.desc, first, second, c_layout, d_layout, preference, CANDIDATES,
                                      results.ctypes.data, count.ctypes.data)
@@ -168,7 +173,7 @@ class Gemm:
         return results[:count[0]].copy()
 
     def tune(self, pointers, stream):
-        """Choose the fastest candidate, timed on ``pointers`` (a, b, c, d, workspace), whose contents it overwrites.
+        """Choose the fastest candidate, timed on ``pointers`` (``call``'s), whose contents it overwrites.
         The heuristic's first choice stays unless another is faster by ``MARGIN``: closer than that, clocks
         that drift under load rank candidates by chance."""
         if self.key in _tuned:
@@ -208,14 +213,19 @@ class Gemm:
         end.synchronize()
         return cupy.cuda.get_elapsed_time(start, end) / calls
 
-    def set_bias(self, pointer):
-        self._set(_lt().MatmulDescAttribute.BIAS_POINTER, int(pointer))
+    def _point(self, name, pointer):
+        """Set the descriptor's epilogue pointer ``name`` (a MatmulDescAttribute) unless it is set so already."""
+        if self.pointed.get(name) != pointer:
+            self._set(getattr(_lt().MatmulDescAttribute, name), int(pointer))
+            self.pointed[name] = pointer
 
-    def set_aux(self, pointer):
-        self._set(_lt().MatmulDescAttribute.EPILOGUE_AUX_POINTER, int(pointer))
-
-    def call(self, a, b, c, d, workspace, stream):
-        """Run on device pointers (``c`` is ``d`` where there is no c) on ``stream`` (a pointer)."""
+    def call(self, a, b, c, d, workspace, bias, aux, stream):
+        """Run on device pointers (``c`` is ``d`` where there is no c; ``bias``, ``aux``: None where the epilogue
+        reads none) on ``stream`` (a pointer). A call captured in a CUDA graph keeps the pointers it was given."""
+        if bias is not None:
+            self._point("BIAS_POINTER", bias)
+        if aux is not None:
+            self._point("EPILOGUE_AUX_POINTER", aux)
         first, second, c_layout, d_layout = self.layouts
         base = self.scalars.ctypes.data
         algorithm = self.candidates.ctypes.data + self.choice * self.candidates.itemsize

@@ -1,12 +1,19 @@
 """The GPU executor: one arena, one state block, one output block; a step as one CUDA graph.
 
-Everything is decided when the program is built: every value's pointer (a place in the arena,
-the state block or the constants, or a view of another value), every kernel's source, launch
-and arguments, every cuBLASLt call. A call copies the feeds into their places, runs the step's
-kernels and GEMMs, copies the outputs into the output block and writes the updates. From the
-second call on (the first compiles, loads modules and warms cuBLASLt up), the whole step is a
-captured CUDA graph replayed in one launch; NumPy feeds are staged in pinned host memory, so
-their copies are part of the graph too. ``cuda_graph=False`` runs the same calls one by one.
+Everything but the feeds' addresses is decided when the program is built: every value's pointer
+(a place in the arena, the state block or the constants, or a view of another value), every
+kernel's source and launch, every cuBLASLt call. A call runs the step's kernels and GEMMs, writes
+the outputs into the output block and the updates into the state.
+
+Feeds cost no memory of the program's own where it can help it: a contiguous CuPy feed is read
+where the caller keeps it. The step's calls, and its CUDA graph, are made for each set of feed
+addresses; a loop that feeds the same arrays, or a few arrays in turn, replays a few graphs.
+Only NumPy feeds, CuPy feeds that cannot be read in place (strided, on another GPU, overlapping
+the program's own buffers) and feeds at more than ``ADDRESS_SETS`` sets of addresses are staged:
+copied into a feed block allocated on first need (NumPy feeds through pinned host memory, so
+that their copies are part of the graph). From the second call on (the first compiles, loads
+modules and warms cuBLASLt up), a step is one graph launch; ``cuda_graph=False`` runs the same
+calls one by one.
 """
 
 import math
@@ -19,6 +26,7 @@ from ...exprgraph.term import make
 from ...memplan import aligned
 from .blas import Gemm
 from .codegen import Operand, contiguous_strides, kernel_source
+from .device import require_gpu
 from .kernels import compiled
 from .layout import ALIGNMENT, direct_outputs, gemm_copies, layouts, one_value, stored_strides
 
@@ -60,14 +68,18 @@ def _region(t):
     return (make(t.op, [parameter(inputs.index(a), a) for a in t.args], t.attrs),), inputs
 
 
+ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph each) before it stages device feeds
+IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is read from (HOST, DEVICE: staged)
+
+
 class Executor:
     """Runs one compiled step on the GPU; see the module docstring."""
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True):
         cupy = _cupy()
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            raise BackendError("the cupy backend needs an NVIDIA GPU, and none is visible")
+        require_gpu()
         self.use_graph = bool(cuda_graph)
+        self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.strides, _ = layouts(kernels)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
@@ -86,35 +98,30 @@ class Executor:
         self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
         direct = {t: self.output_block.pointer(outputs.index(t)) for t in direct_outputs(kernels, steps, outputs, sinks)}
         self.pointers.update(direct)
-        self.calls, self.labels = [], []
-        self.loads, self.gemms = [], []
+        self.feeds = [k.term for k in kernels if k.is_load]
+        self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
+        self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
+        self.makers, self.labels, self.gemms = [], [], []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             t = kernel.term
-            if step.view_of is not None:
-                self.pointers[t] = self.pointers[step.view_of]
-            elif t.op.name == "var":
-                self.loads.append((t, self.pointers[t]))
-            elif t.op.name == "gemm":
-                workspace = ("workspace", i)
-                self.calls.append(self._gemm(t, self.arena.memory.data.ptr + plan[workspace].offset, tf32))
+            if step.view_of is not None or kernel.is_load:
+                continue
+            if t.op.name == "gemm":
+                self.makers.append(self._gemm(t, self.arena.memory.data.ptr + plan["workspace", i].offset, tf32))
                 self.labels.append(f"k{i}.gemm {t.attrs[4]} {t.shape}")
             else:
-                self.calls.append(self._kernel(t, kernel.terms))
+                self.makers.append(self._kernel(t, kernel.terms))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
-        self.finish = [self._copy(t, self.output_block.pointer(k)) for k, t in enumerate(outputs)
-                       if direct.get(t) != self.output_block.pointer(k)]
-        self.direct_outputs = frozenset(direct)
+        self.makers += [self._copy(t, self.output_block.pointer(k)) for k, t in enumerate(outputs)
+                        if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
-        self.finish += self._updates(final)
+        self.makers += self._updates(final)
+        self.feed_block = self.pinned = None  # made on first need
+        self.prepared, self.graphs = {}, {}
         if autotune and self.gemms:  # before the state is written: a gemm may write over a parameter in place
-            self._random_fill(self.gemms[0][0].operands[0].dtype)
-            for gemm, pointers in self.gemms:
-                gemm.tune(pointers, self.stream)
+            self._tune()
         for v, value in signature.state.items():
             self.state[v].set(np.ascontiguousarray(value))
-        self._staging_pinned()
-        self.graphs = {}
-        self.warm = set()
 
     # -- building ------------------------------------------------------------------------------
 
@@ -134,20 +141,26 @@ class Executor:
     def _operand(self, t):
         return Operand(t.shape, t.dtype, self.strides[t])
 
-    def _launch(self, source, pointers):
+    def _launch(self, source, places):
+        """A maker of calls of the kernel ``source`` over ``places`` (inputs, then outputs): values, whose
+        pointers the maker is given, or fixed addresses."""
         function = compiled(source)
-        args = tuple(np.uint64(p) for p in pointers)
-        return lambda: function((source.blocks,), source.block, args)
+
+        def make(pointers):
+            args = tuple(np.uint64(p if isinstance(p, int) else pointers[p]) for p in places)
+            return lambda: function((source.blocks,), source.block, args)
+
+        return make
 
     def _kernel(self, t, defined):
-        """A generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
+        """A maker of calls of a generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
         body, inputs = _region(t)
         if math.prod(body[0].shape) == 0:
-            return lambda: None
+            return lambda pointers: _nothing
         out = [self.pointers[d] for d in defined]
-        aliased = {j for j, a in enumerate(inputs) if self.pointers[a] in out}
+        aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
         source = kernel_source(body, [self._operand(a) for a in inputs], aliased)
-        return self._launch(source, [self.pointers[a] for a in inputs] + out)
+        return self._launch(source, list(inputs) + list(defined))
 
     def _memcpy(self, destination, source, nbytes):
         """A call copying ``nbytes`` contiguous bytes on the device, on the program's stream."""
@@ -155,77 +168,140 @@ class Executor:
         return lambda: runtime.memcpyAsync(destination, source, nbytes, runtime.memcpyDeviceToDevice, self.stream.ptr)
 
     def _copy(self, t, destination):
-        """A call writing value ``t`` contiguously at ``destination``."""
+        """A maker of calls writing value ``t`` contiguously at ``destination``."""
         nbytes = t.size * t.dtype.itemsize
         if nbytes == 0:
-            return lambda: None
+            return lambda pointers: _nothing
         if self.strides[t] == contiguous_strides(t.shape) or t.size == 1:
-            return self._memcpy(destination, self.pointers[t], nbytes)
+            return lambda pointers: self._memcpy(destination, pointers[t], nbytes)
         source = kernel_source((parameter(0, t),), [self._operand(t)])
-        return self._launch(source, [self.pointers[t], destination])
+        return self._launch(source, [t, destination])
 
     def _gemm(self, t, workspace, tf32):
-        """The cuBLASLt call of gemm ``t``, after copying the operands it cannot read where they are."""
-        calls, strides, pointers = [], dict(self.strides), dict(self.pointers)
-        top = workspace
+        """A maker of the cuBLASLt call of gemm ``t``, after copies of the operands it cannot read where they are."""
+        copies, strides, top = [], dict(self.strides), workspace
         for x in gemm_copies(t, self.strides):
-            calls.append(self._copy(x, top))
-            strides[x], pointers[x] = contiguous_strides(x.shape), top
+            copies.append((x, top, self._copy(x, top)))
+            strides[x] = contiguous_strides(x.shape)
             top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
         gemm = Gemm(t, strides, tf32)
         a, b, c, bias, aux = gemm_operands(t.args, t.attrs[3], t.attrs[4])
-        if bias is not None:
-            gemm.set_bias(pointers[bias])
-        if aux is not None:
-            gemm.set_aux(pointers[aux])
-        d = self.pointers[t]
-        operands = (pointers[a], pointers[b], pointers[c] if c is not None else d, d, top)
+
+        def operands(pointers):
+            pointers = {**pointers, **{x: place for x, place, _ in copies}}
+            return (pointers[a], pointers[b], pointers[c if c is not None else t], pointers[t], top,
+                    pointers.get(bias), pointers.get(aux))
+
+        def make(pointers):
+            calls = [copy(pointers) for _, _, copy in copies]
+            bound = operands(pointers)
+            return lambda: [call() for call in calls] + [gemm.call(*bound, self.stream.ptr)]
+
         self.gemms.append((gemm, operands))
-        calls.append(lambda: gemm.call(*operands, self.stream.ptr))
-        return lambda: [call() for call in calls]
+        return make
 
     def _updates(self, final):
-        """Copies of update values into the state; sources that another update overwrites go through a stage."""
+        """Makers of the copies of update values into the state; sources that another update overwrites go
+        through a stage."""
         destinations = {self.pointers[var] for var, _ in final}
         staged = [value for _, value in final if self.pointers.get(value) in destinations]
         self.stage_block = _Block([v.size * v.dtype.itemsize for v in staged])
-        calls, stage = [], {}
+        makers, stage = [], {}
         for k, value in enumerate(staged):
             stage[value] = self.stage_block.pointer(k)
-            calls.append(self._copy(value, stage[value]))
+            makers.append(self._copy(value, stage[value]))
         for var, value in final:
             if value in stage:
-                calls.append(self._memcpy(self.pointers[var], stage[value], value.size * value.dtype.itemsize))
+                nbytes = value.size * value.dtype.itemsize
+                makers.append(lambda pointers, d=self.pointers[var], s=stage[value], n=nbytes: self._memcpy(d, s, n))
             else:
-                calls.append(self._copy(value, self.pointers[var]))
-        return calls
+                makers.append(self._copy(value, self.pointers[var]))
+        return makers
 
-    def _random_fill(self, dtype):
-        """Standard normal ``dtype`` values over the arena, state and outputs, for timing GEMMs on data like
-        a step's: tensor cores draw more power on random values than on zeros, and may run slower."""
+    def _tune(self):
+        """Time each GEMM's candidate algorithms on standard normal values in the program's buffers (and in a
+        feed block, freed after): tensor cores draw more power on random values than on zeros, and may run
+        slower."""
         cupy = _cupy()
-        for block in (self.arena, self.state_block, self.output_block):
+        dtype = self.gemms[0][0].operands[0].dtype
+        self.feed_block = _Block([t.size * t.dtype.itemsize for t in self.feeds])
+        for block in (self.arena, self.state_block, self.output_block, self.feed_block):
             count = block.nbytes // dtype.itemsize
             values = cupy.random.standard_normal(count, np.float64 if dtype == np.float64 else np.float32)
             cupy.ndarray((count,), dtype, memptr=block.memory.data)[...] = values.astype(dtype)
         cupy.cuda.Device().synchronize()
+        pointers = self._resolved([self.feed_block.pointer(k) for k in range(len(self.feeds))])
+        for gemm, operands in self.gemms:
+            gemm.tune(operands(pointers), self.stream)
+        self.feed_block = None
 
-    def _staging_pinned(self):
-        """Pinned host memory for NumPy feeds, so their copies can be captured with the step."""
-        cupy = _cupy()
-        sizes = [t.size * t.dtype.itemsize for t, _ in self.loads]
-        total = sum(aligned(s, ALIGNMENT) for s in sizes)
-        self.pinned_memory = cupy.cuda.alloc_pinned_memory(max(total, 1))
-        host = np.frombuffer(self.pinned_memory, np.uint8, max(total, 1))
-        self.pinned, top = {}, 0
-        for (t, _), size in zip(self.loads, sizes):
-            self.pinned[t.name] = host[top:top + size].view(t.dtype).reshape(t.shape)
-            top += aligned(size, ALIGNMENT)
+    def _resolved(self, feed_pointers):
+        """Every value's pointer when the feeds are at ``feed_pointers``: views follow what they view."""
+        pointers = {**self.pointers, **dict(zip(self.feeds, feed_pointers))}
+        for t, source in self.views:
+            pointers[t] = pointers[source]
+        return pointers
 
     @property
     def device_bytes(self):
+        blocks = (self.arena, self.state_block, self.output_block, self.constant_block, self.stage_block, self.feed_block)
+        return sum(b.nbytes for b in blocks if b is not None)
+
+    # -- feeds ---------------------------------------------------------------------------------
+
+    def _readable_in_place(self, value):
+        """Whether a CuPy feed can be read where it is: contiguous, on this GPU, apart from the program's buffers
+        (a program's own output fed back in would be written while it is read)."""
+        if not value.flags.c_contiguous or value.device.id != self.device:
+            return False
+        low, high = value.data.ptr, value.data.ptr + value.nbytes
         blocks = (self.arena, self.state_block, self.output_block, self.constant_block, self.stage_block)
-        return sum(b.nbytes for b in blocks)
+        return all(high <= b.memory.data.ptr or low >= b.memory.data.ptr + b.nbytes for b in blocks)
+
+    def _sources(self, feeds):
+        """Where each feed is read from in this call: ``(IN_PLACE, address)``, ``(HOST, None)`` or ``(DEVICE, None)``."""
+        cupy = _cupy()
+        sources = []
+        for t in self.feeds:
+            value = feeds[t.name]
+            if not isinstance(value, cupy.ndarray):
+                sources.append((HOST, None))
+            elif self._readable_in_place(value):
+                sources.append((IN_PLACE, value.data.ptr))
+            else:
+                sources.append((DEVICE, None))
+        sources = tuple(sources)
+        in_place = sum(any(kind == IN_PLACE for kind, _ in key) for key in self.prepared)
+        if sources not in self.prepared and in_place >= ADDRESS_SETS:  # feeds at ever new addresses: staged
+            sources = tuple((DEVICE, None) if kind == IN_PLACE else (kind, at) for kind, at in sources)
+        return sources
+
+    def _staging(self):
+        """The feed block, and pinned host memory for NumPy feeds (so their copies can be captured with the step)."""
+        if self.feed_block is None:
+            sizes = [t.size * t.dtype.itemsize for t in self.feeds]
+            self.feed_block = _Block(sizes)
+            self.pinned_memory = _cupy().cuda.alloc_pinned_memory(max(self.feed_block.nbytes, 1))
+            host = np.frombuffer(self.pinned_memory, np.uint8, max(self.feed_block.nbytes, 1))
+            self.pinned = {t.name: host[offset:offset + size].view(t.dtype).reshape(t.shape)
+                           for t, offset, size in zip(self.feeds, self.feed_block.offsets, sizes)}
+        return self.feed_block
+
+    def _calls(self, sources):
+        """The step's calls for feeds read from ``sources``: made once for each, then kept."""
+        calls = self.prepared.get(sources)
+        if calls is None:
+            places = [at if kind == IN_PLACE else self._staging().pointer(k) for k, (kind, at) in enumerate(sources)]
+            calls = [self._host_copy(t, place) for t, place, (kind, _) in zip(self.feeds, places, sources) if kind == HOST]
+            calls += [make(self._resolved(places)) for make in self.makers]
+            self.prepared[sources] = calls
+        return calls
+
+    def _host_copy(self, t, destination):
+        cupy = _cupy()
+        host = self.pinned[t.name]
+        return lambda: cupy.cuda.runtime.memcpyAsync(destination, host.ctypes.data, host.nbytes,
+                                                    cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr)
 
     # -- running -------------------------------------------------------------------------------
 
@@ -237,21 +313,6 @@ class Executor:
         else:
             self.state[var][...] = value
 
-    def _feed_copies(self, on_device):
-        """The copies of the feeds into their places: from pinned memory (NumPy) or device arrays."""
-        cupy = _cupy()
-        calls = []
-        for t, pointer in self.loads:
-            if t.name in on_device:
-                continue
-            host = self.pinned[t.name]
-            calls.append(lambda d=pointer, h=host: cupy.cuda.runtime.memcpyAsync(
-                d, h.ctypes.data, h.nbytes, cupy.cuda.runtime.memcpyHostToDevice, self.stream.ptr))
-        return calls
-
-    def _steps(self, on_device):
-        return self._feed_copies(on_device) + self.calls + self.finish
-
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: NumPy or CuPy array}``); returns the output arrays."""
         return self._on_stream(feeds, self._run_step)
@@ -261,14 +322,16 @@ class Executor:
         cupy = _cupy()
         marks = []
 
-        def timed(on_device):
-            for call in self._feed_copies(on_device):
+        def timed(sources):
+            calls = self._calls(sources)
+            staged = len(calls) - len(self.makers)
+            for call in calls[:staged]:
                 call()
-            for label, call in zip(self.labels, self.calls):
+            for label, call in zip(self.labels, calls[staged:]):
                 start = self.stream.record()
                 call()
                 marks.append((label, start, self.stream.record()))
-            for call in self.finish:
+            for call in calls[staged + len(self.labels):]:
                 call()
 
         self._on_stream(feeds, timed)
@@ -276,35 +339,37 @@ class Executor:
         return [(label, cupy.cuda.get_elapsed_time(start, end)) for label, start, end in marks]
 
     def _on_stream(self, feeds, step):
-        """Copy the feeds in and run ``step(on_device)`` on the program's stream, ordered after the caller's work."""
+        """Stage the feeds that need it and run ``step(sources)`` on the program's stream, ordered after the
+        caller's work."""
         cupy = _cupy()
-        on_device = frozenset(name for name, value in feeds.items() if isinstance(value, cupy.ndarray))
+        sources = self._sources(feeds)
         caller = cupy.cuda.get_current_stream()
-        if len(on_device) < len(feeds):
+        if any(kind != IN_PLACE for kind, _ in sources):
+            block = self._staging()
             self.stream.synchronize()  # the last step's copies out of the pinned staging are done
-            for name, value in feeds.items():
-                if name not in on_device and name in self.pinned:
-                    np.copyto(self.pinned[name], value)
+            for t, (kind, _) in zip(self.feeds, sources):
+                if kind == HOST:
+                    np.copyto(self.pinned[t.name], feeds[t.name])
         self.stream.wait_event(caller.record())
         with self.stream:
-            for t, pointer in self.loads:
-                if t.name in on_device:
+            for k, (t, (kind, _)) in enumerate(zip(self.feeds, sources)):
+                if kind == DEVICE:
                     value = cupy.ascontiguousarray(feeds[t.name])
-                    self._memcpy(pointer, value.data.ptr, value.nbytes)()
-            step(on_device)
+                    self._memcpy(block.pointer(k), value.data.ptr, value.nbytes)()
+            step(sources)
         caller.wait_event(self.stream.record())
         return list(self.outputs)
 
-    def _run_step(self, on_device):
-        graph = self.graphs.get(on_device)
+    def _run_step(self, sources):
+        graph = self.graphs.get(sources)
         if graph is not None:
             graph.launch(self.stream)
             return
-        calls = self._steps(on_device)
-        if not self.use_graph or on_device not in self.warm:
+        first = not self.prepared
+        calls = self._calls(sources)
+        if not self.use_graph or first:  # the first call compiles, loads modules and warms cuBLASLt up
             for call in calls:
                 call()
-            self.warm.add(on_device)
             return
         self.stream.begin_capture()
         try:
@@ -312,5 +377,9 @@ class Executor:
                 call()
         finally:
             graph = self.stream.end_capture()
-        self.graphs[on_device] = graph
+        self.graphs[sources] = graph
         graph.launch(self.stream)
+
+
+def _nothing():
+    """The call of a kernel over no elements."""

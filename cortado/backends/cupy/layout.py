@@ -11,8 +11,9 @@ it cannot read in place.
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import gemm_operands
 from ...memplan import Step, aligned
-from .blas import matrix, workspace_bytes
+from .blas import Gemm, matrix
 from .codegen import REDUCTIONS, contiguous_strides
+from .device import require_gpu
 
 ALIGNMENT = 256
 VIEWS = ("transpose", "broadcast_to")
@@ -90,8 +91,10 @@ def direct_outputs(kernels, steps, outputs, sinks):
     return [t for t in dict.fromkeys(outputs) if t in computed and t not in sinks]
 
 
-def steps(kernels):
-    """One ``memplan.Step`` per kernel."""
+def steps(kernels, options):
+    """One ``memplan.Step`` per kernel. A gemm's workspace holds the copies of its operands and what the
+    neediest of cuBLASLt's candidates for it asks for (``options["tf32"]`` changes them)."""
+    require_gpu()
     strides, views = layouts(kernels)
     found = []
     for k in kernels:
@@ -104,6 +107,8 @@ def steps(kernels):
             workspace = 0
             if t.op.name == "gemm":
                 copies = gemm_copies(t, strides)
-                workspace = workspace_bytes(t) + sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in copies)
+                readable = {**strides, **{x: contiguous_strides(x.shape) for x in copies}}
+                workspace = Gemm(t, readable, options["tf32"]).workspace_bytes
+                workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in copies)
             found.append(Step(k.terms, k.reads, inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name))
     return found

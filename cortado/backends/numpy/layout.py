@@ -32,8 +32,9 @@ def _inplace(t):
     return tuple((t, a) for p, a in enumerate(t.args) if p in positions and (a.shape, a.dtype) == (t.shape, t.dtype))
 
 
-def steps(kernels):
-    """One ``memplan.Step`` per kernel. A reshape is a view only of a C-contiguous value."""
+def steps(kernels, options):
+    """One ``memplan.Step`` per kernel (this backend has no ``options``). A reshape is a view only of a
+    C-contiguous value."""
     contiguous = {}
     found = []
     plan_region, workspace_of = _memoized(plan_fused), _memoized(_workspace)
