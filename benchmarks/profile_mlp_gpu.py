@@ -32,7 +32,8 @@ def main():
             for _ in range(3):
                 step(x=x, y=y)
             layers = "-".join(map(str, CASES[size][0]))
-            report = f"{size} {dtype} ({layers}, batch {work.batch}): " + step.profile(x=x, y=y)
+            report = (f"{size} {dtype} ({layers}, batch {work.batch}; {step.device_bytes / 2**20:.1f} MiB on the device): "
+                      + step.profile(x=x, y=y))
             print(report, flush=True)
             reports.append(report)
             del step

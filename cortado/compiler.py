@@ -18,6 +18,7 @@ import numpy as np
 from .errors import BackendError, DTypeError, FeedError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
+from .exprgraph.ops import TWO_RESULTS
 from .exprgraph.term import Term, make
 from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
@@ -107,19 +108,21 @@ def _rewrite(roots, backend, traces):
 
 
 def _kernels(roots, signature):
-    """The schedule as kernels: one per op, one per fused region (all its outputs), one load per input."""
+    """The schedule as kernels: one per op, one per fused region or gemm with two results (all its outputs),
+    one load per input."""
     kernels, regions = [], set()
     state = set(signature.state)
     for t in schedule(roots):
         if t.op.name == "const" or t in state:
             continue
         terms = (t,)
-        if t.op.name == "fused":
-            body = t.attrs[0]
-            if (t.args, body) in regions:
+        if t.op.name == "fused" or (t.op.name == "gemm" and t.attrs[4] in TWO_RESULTS):
+            shared = t.attrs[:-1]  # all but the result's index
+            if (t.args, shared) in regions:
                 continue
-            regions.add((t.args, body))
-            terms = tuple(make(t.op, t.args, (body, k)) for k in range(len(body)))
+            regions.add((t.args, shared))
+            count = len(t.attrs[0]) if t.op.name == "fused" else 2
+            terms = tuple(make(t.op, t.args, shared + (k,)) for k in range(count))
         kernels.append(Kernel(terms, tuple(dict.fromkeys(t.args))))
     return kernels
 
@@ -255,4 +258,6 @@ def _label(t, i):
         return t.name
     if t.op.name == "fused":
         return f"k{i}.fused" + (f"[{t.attrs[1]}]" if len(t.attrs[0]) > 1 else "")
+    if t.op.name == "gemm" and t.attrs[5]:
+        return f"k{i}.gemm[{t.attrs[5]}]"
     return f"k{i}.{t.op.name}"

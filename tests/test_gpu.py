@@ -124,12 +124,35 @@ def test_gelu_backward_is_the_dgelu_epilogue(dtype):
         ct.var("W2", (64, 7), dtype)
     gradients = ct.grad(ct.sum(ct.gelu(x @ W1 + b1) @ W2), [x, W1, b1])
     program = ct.compile(gradients, inputs=[x, W1, b1, W2], backend="cupy")
-    assert "dgelu" in [k.term.attrs[4] for k in program.kernels if k.term.op.name == "gemm"], program.explain()
+    # b1's gradient, the column sums of the dgelu product, comes out of the same GEMM
+    assert "dgelu_bgrad" in [k.term.attrs[4] for k in program.kernels if k.term.op.name == "gemm"], program.explain()
     rng = np.random.default_rng(4)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, W1, b1, W2)}
     for ours, expected in zip(program(**feeds), ct.evaluate(gradients, feeds, precision="float64")):
         scale = max(1.0, float(np.abs(expected).max()))  # sums of 50 rows: errors relative to the largest
         assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_bias_gradients_come_out_of_the_gemm_that_reads_them(dtype):
+    rng = np.random.default_rng(6)
+    m, k, n = 40, 96, 24
+    for transpose_a, transpose_b, side, update in itertools.product([False, True], [False, True], "ab", [False, True]):
+        a = ct.var("a", (k, m) if transpose_a else (m, k), dtype)
+        b = ct.var("b", (n, k) if transpose_b else (k, n), dtype)
+        W = ct.var("W", (m, n), dtype)
+        left, right = ct.transpose(a) if transpose_a else a, ct.transpose(b) if transpose_b else b
+        product = W - 0.05 * (left @ right) if update else left @ right  # an SGD step (in place), or a product
+        gradient = ct.sum(left, axis=1) if side == "a" else ct.sum(right, axis=0)
+        variables = [a, b, W] if update else [a, b]
+        program = ct.compile([product, gradient], inputs=variables, backend="cupy")
+        summed_as_stored = transpose_a if side == "a" else not transpose_b  # what cuBLASLt can sum on the side
+        gemms = [k.term.attrs[4] for k in program.kernels if k.term.op.name == "gemm"]
+        assert gemms == [f"bgrad_{side}" if summed_as_stored else "none"], program.explain()
+        feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in variables}
+        for ours, expected in zip(program(**feeds), ct.evaluate([product, gradient], feeds, precision="float64")):
+            scale = max(1.0, float(np.abs(expected).max()))  # sums of 96: errors relative to the largest
+            assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
 
 
 @pytest.mark.parametrize("batch_b", [False, True])

@@ -65,7 +65,7 @@ def test_an_sgd_update_of_a_weight_gradient_is_one_gemm_in_place():
     x, d, W = ct.var("x", (8, 4)), ct.var("d", (8, 3)), ct.var("W", (4, 3))
     (update,), counts = lowered([W - 0.1 * (ct.transpose(x) @ d)])
     assert update.op.name == "gemm" and update.args == (x, d, W)
-    transpose_a, transpose_b, alpha, beta, epilogue = update.attrs
+    transpose_a, transpose_b, alpha, beta, epilogue, _ = update.attrs
     assert (transpose_a, transpose_b, beta, epilogue) == (True, False, 1.0, "none") and alpha == pytest.approx(-0.1)
     assert counts["gemm-transpose"] == counts["gemm-scale"] == counts["gemm-subtract"] == 1
 
@@ -157,3 +157,30 @@ def test_a_training_step_computes_each_product_once():
     # relu's gradient reads relu's output, so z is read by relu alone and dies in the GEMM's epilogue
     assert len(forward) == 1 and forward[0].attrs[4] == "bias_relu"
     assert not any(t.op.name == "relu" for t in schedule(roots))
+
+
+def test_bias_gradients_come_from_the_gemm_that_reads_the_gradient():
+    x, W, b, y = ct.var("x", (8, 4)), ct.var("W", (4, 5)), ct.var("b", (5,)), ct.var("y", (8, 5))
+    loss = ct.sum(ct.relu(x @ W + b) * y)
+    gW, gb = ct.grad(loss, [W, b])
+    updates = [W - 0.1 * gW, b - 0.1 * gb]
+    roots, counts = lowered(updates)
+    assert counts["gemm-bias-gradient"] == 1
+    assert not any(t.op.name == "sum" for t in schedule(roots))  # b's gradient is the weight gradient's second result
+    (weights,) = [t for t in schedule(roots) if t.op.name == "gemm" and t.attrs[4] == "bgrad_b" and t.attrs[5] == 0]
+    assert weights in roots
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, W, b, y)}
+    for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate(updates, feeds)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_gelu_bias_gradients_are_the_dgelu_products_column_sums():
+    x, W1, b1, W2 = ct.var("x", (6, 3)), ct.var("W1", (3, 8)), ct.var("b1", (8,)), ct.var("W2", (8, 2))
+    gradients = ct.grad(ct.sum(ct.gelu(x @ W1 + b1) @ W2), [W1, b1])
+    roots, counts = lowered(gradients)
+    assert roots[1].op.name == "gemm" and roots[1].attrs[4:] == ("dgelu_bgrad", 1)
+    rng = np.random.default_rng(1)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, W1, b1, W2)}
+    for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate(gradients, feeds)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)

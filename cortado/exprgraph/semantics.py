@@ -99,10 +99,14 @@ def _log_softmax(x, axes):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
 
 
-def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
+def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
     a, b, c, bias, aux = gemm_operands(xs, beta, epilogue)
     a = np.swapaxes(a, -1, -2) if transpose_a else a
     b = np.swapaxes(b, -1, -2) if transpose_b else b
+    if output:  # a bias gradient: sums over the contracted axis, or of the product's columns (in float32 at least)
+        summed = {"bgrad_a": (a, -1), "bgrad_b": (b, -2)}.get(epilogue)
+        x, axis = summed or (_gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, 0), -2)
+        return np.sum(x, axis=axis, dtype=np.promote_types(x.dtype, np.float32)).astype(x.dtype)
     dtype = a.dtype.type
     out = np.matmul(a, b) * dtype(alpha)
     if c is not None:
@@ -111,7 +115,7 @@ def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue):
         out = out + bias
     if "gelu" in epilogue:  # in the dtype the gelu ops compute in (cuBLASLt's epilogues too: float32)
         wide = out.astype(np.float32) if IN_FLOAT32["gelu"](out.dtype) else out
-        return wide * _gelu_grad(aux.astype(wide.dtype)) if epilogue == "dgelu" else _gelu(wide)
+        return wide * _gelu_grad(aux.astype(wide.dtype)) if epilogue.startswith("dgelu") else _gelu(wide)
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
 

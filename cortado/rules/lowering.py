@@ -27,17 +27,20 @@ from ..exprgraph.dtypes import BFLOAT16, is_float
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import OPS, gemm_operands
 from ..exprgraph.term import make
-from .engine import Chain, Fixpoint, Postwalk, Rule, RuleSet
+from ..exprgraph.graph import post_order
+from .engine import Chain, Fixpoint, Postwalk, Rewrite, Rule, RuleSet, bottom_up
 
 GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
 # cuBLASLt's gelu epilogues were up to 5e-7 (relative) off in float64 on the H200: float64 keeps its own kernel
 GELU_EPILOGUE_DTYPES = tuple(d for d in GEMM_DTYPES if d != np.float64)
 
 
-def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None, aux=None):
-    """The term ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)`` (``aux``: the dgelu epilogue's gelu argument)."""
+def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None, aux=None,
+         output=0):
+    """The term ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)`` (``aux``: the dgelu epilogue's gelu argument),
+    or with ``output=1`` its epilogue's second result (see ``ops.TWO_RESULTS``)."""
     args = (a, b) + ((c,) if beta else ()) + ((bias,) if bias is not None else ()) + ((aux,) if aux is not None else ())
-    return make(OPS["gemm"], args, OPS["gemm"].normalize(args, transpose_a, transpose_b, alpha, beta, epilogue))
+    return make(OPS["gemm"], args, OPS["gemm"].normalize(args, transpose_a, transpose_b, alpha, beta, epilogue, output))
 
 
 def _parts(g):
@@ -90,8 +93,8 @@ def _fold_transposes(b):
 
 
 def _foldable(b, g):
-    """A gemm this rule may rewrite: nothing else uses it."""
-    return g.op.name == "gemm" and not b.shared(g)
+    """A gemm this rule may rewrite: nothing else uses it (and it is a product, not a second result)."""
+    return g.op.name == "gemm" and g.attrs[5] == 0 and not b.shared(g)
 
 
 def _scalar(t):
@@ -321,5 +324,75 @@ einsum_lowering = RuleSet([
     Rule("einsum-as-product", "einsum(*_xs, subscripts=_s)", _einsum_as_product),
 ], name="einsum lowering")
 
-# einsum into matmuls and products, then gemm everywhere; what is left of matmul becomes a reduction.
-gpu_lowering = Chain(Postwalk(einsum_lowering), Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))
+# -- bias gradients ---------------------------------------------------------------------------
+
+BGRAD_DTYPES = GELU_EPILOGUE_DTYPES
+
+
+def _bias_gradient_sources(order):
+    """``{matrix: (gemm, epilogue)}``: the column sums of a matrix that a gemm can compute on the side, with the
+    epilogue that makes it do so. cuBLASLt (13, on the H200) sums an operand only where it reads it with the
+    contracted axis first, as stored: ``b`` not transposed, ``a`` transposed (a weight gradient's ``x^T @ dy``)."""
+    sources = {}
+    for g in order:
+        if g.op.name != "gemm" or g.ndim != 2 or g.dtype not in BGRAD_DTYPES:
+            continue
+        parts = _parts(g)
+        if parts["output"] or parts["bias"] is not None:
+            continue
+        if parts["epilogue"] == "dgelu":
+            sources.setdefault(g, (g, "dgelu_bgrad"))
+        elif parts["epilogue"] == "none" and parts["a"].ndim == parts["b"].ndim == 2:
+            if not parts["transpose_b"]:
+                sources.setdefault(parts["b"], (g, "bgrad_b"))
+            if parts["transpose_a"]:
+                sources.setdefault(parts["a"], (g, "bgrad_a"))
+    return sources
+
+
+def bias_gradients(roots, trace=None):
+    """``roots`` with each ``sum(x, axis=0)`` of a matrix that a gemm can compute on the side (a bias gradient)
+    taken from that gemm's second result: cuBLASLt's BGRAD epilogues reduce an operand over the contracted
+    axis as they read it, and DGELU_BGRAD the product's columns as it writes them. One sum per gemm."""
+    order = post_order(roots)
+    sources = _bias_gradient_sources(order)
+    epilogue, taken_by = {}, {}
+    for s in order:
+        if s.op.name != "sum" or s.ndim != 1 or s.args[0].ndim != 2:
+            continue
+        summed, axes = s.args[0], s.attrs[0]
+        if summed.op.name == "transpose":  # the row sums of x^T are the column sums of x
+            summed, axes = summed.args[0], tuple(1 - axis for axis in axes)
+        found = sources.get(summed) if axes == (0,) else None
+        if found is not None and found[0] not in epilogue:
+            epilogue[found[0]], taken_by[s] = found[1], found[0]
+    if not epilogue:
+        return list(roots)
+
+    def finish(original, rebuilt):
+        if original in epilogue:
+            return gemm(**{**_parts(rebuilt), "epilogue": epilogue[original]})
+        if original in taken_by:
+            product = bottom_up(taken_by[original], memo, finish)
+            result = gemm(**{**_parts(product), "output": 1})
+            if trace is not None:
+                trace.append(Rewrite("gemm-bias-gradient", original, result))
+            return result
+        return rebuilt
+
+    memo = {}
+    return [bottom_up(root, memo, finish) for root in roots]
+
+
+class GpuLowering:
+    """Lowering for a GPU: einsum into matmuls and products, then gemm everywhere (what is left of matmul
+    becomes a reduction), then the bias gradients the gemms compute on the side (a pass over all roots at
+    once: the sum and the gemm that can take it over are apart in the graph)."""
+
+    local = Chain(Postwalk(einsum_lowering), Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))
+
+    def run(self, roots, trace=None):
+        return bias_gradients(self.local.run(list(roots), trace), trace)
+
+
+gpu_lowering = GpuLowering()

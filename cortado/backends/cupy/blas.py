@@ -17,7 +17,7 @@ two close candidates).
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.ops import gemm_operands
+from ...exprgraph.ops import TWO_RESULTS, gemm_operands
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
 LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large
@@ -30,8 +30,10 @@ _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cuda
 _handle = None
 _tuned = {}  # a call's description -> the heuristic result chosen for it
 _heuristics = {}  # a call's description -> cuBLASLt's candidates for it
+# ours -> cuBLASLt's, whose A is our b (see above): our bgrad_b is its BGRADA
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
-              "bias_gelu": "GELU_BIAS", "dgelu": "DGELU"}  # ours -> cuBLASLt's
+              "bias_gelu": "GELU_BIAS", "dgelu": "DGELU", "dgelu_bgrad": "DGELU_BGRAD", "bgrad_a": "BGRADB",
+              "bgrad_b": "BGRADA"}
 
 
 def _lt():
@@ -88,7 +90,7 @@ class Gemm:
         lt = _lt()
         from nvmath.bindings.cublas import ComputeType
 
-        transpose_a, transpose_b, alpha, beta, epilogue = term.attrs
+        transpose_a, transpose_b, alpha, beta, epilogue, _ = term.attrs
         a, b, c, bias, aux = gemm_operands(term.args, beta, epilogue)
         dtype = term.dtype
         if dtype.name not in _DATA_TYPES:
@@ -118,6 +120,7 @@ class Gemm:
         self._set(lt.MatmulDescAttribute.TRANSB, int(trans_second))
         self._set(lt.MatmulDescAttribute.EPILOGUE, int(getattr(lt.Epilogue, _EPILOGUES[epilogue])))
         self.bias, self.aux = bias, aux
+        self.bias_gradient = epilogue in TWO_RESULTS  # written through the bias pointer
         self.pointed = {}  # epilogue pointer attribute -> the pointer set in the descriptor
         if aux is not None:  # row-major like the product: its leading dimension is the product's
             self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
@@ -160,7 +163,7 @@ class Gemm:
                                            limit.ctypes.data, limit.nbytes)
         results = np.zeros(CANDIDATES, lt.matmul_heuristic_result_dtype)
         count = np.zeros(1, np.int32)
-        if self.bias is not None:  # the heuristic looks at the epilogue's pointers too
+        if self.bias is not None or self.bias_gradient:  # the heuristic looks at the epilogue's pointers too
             self._point("BIAS_POINTER", 0)
         if self.aux is not None:
             self._point("EPILOGUE_AUX_POINTER", 0)

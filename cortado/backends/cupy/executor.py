@@ -107,7 +107,8 @@ class Executor:
             if step.view_of is not None or kernel.is_load:
                 continue
             if t.op.name == "gemm":
-                self.makers.append(self._gemm(t, self.arena.memory.data.ptr + plan["workspace", i].offset, tf32))
+                scratch = plan["workspace", i].offset if ("workspace", i) in plan else 0  # none: cuBLASLt needs none
+                self.makers.append(self._gemm(kernel.terms, self.arena.memory.data.ptr + scratch, tf32))
                 self.labels.append(f"k{i}.gemm {t.attrs[4]} {t.shape}")
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
@@ -177,8 +178,11 @@ class Executor:
         source = kernel_source((parameter(0, t),), [self._operand(t)])
         return self._launch(source, [t, destination])
 
-    def _gemm(self, t, workspace, tf32):
-        """A maker of the cuBLASLt call of gemm ``t``, after copies of the operands it cannot read where they are."""
+    def _gemm(self, terms, workspace, tf32):
+        """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and a bias gradient where the epilogue
+        makes one, which cuBLASLt writes through its bias pointer), after copies of the operands it cannot read
+        where they are."""
+        t = terms[0]
         copies, strides, top = [], dict(self.strides), workspace
         for x in gemm_copies(t, self.strides):
             copies.append((x, top, self._copy(x, top)))
@@ -189,8 +193,9 @@ class Executor:
 
         def operands(pointers):
             pointers = {**pointers, **{x: place for x, place, _ in copies}}
+            bias_pointer = pointers[terms[1]] if len(terms) > 1 else pointers[bias] if bias is not None else None
             return (pointers[a], pointers[b], pointers[c if c is not None else t], pointers[t], top,
-                    pointers.get(bias), pointers.get(aux))
+                    bias_pointer, pointers[aux] if aux is not None else None)
 
         def make(pointers):
             calls = [copy(pointers) for _, _, copy in copies]
