@@ -26,9 +26,9 @@ the losses of every contestant's first two steps (the second shows the update) a
 eager's: relative 1e-3 in float32, 3e-2 in bfloat16. For the large size the GEMM floor is the step's
 GEMMs (per layer X @ W, dY @ W^T but for the first layer, and X^T @ dY) run back to back with
 torch.matmul, timed as one: a step runs them so, and no step of this model can take less. Each GEMM
-timed alone, after the card idled, is faster (an H200 running bfloat16 GEMMs without a pause is held
-to its power limit and clocks down: 8 such GEMMs took 11.3 ms one by one and 13.0 ms back to back),
-so that sum is reported too, as ``alone_ms``. Memory: torch eager's peak during a step over what was
+timed alone can be faster where the card had idled before it (an H200 running bfloat16 GEMMs without
+a pause is held to its power limit: once 8 such GEMMs took 11.3 ms one by one and 13.0 ms back to
+back), so that sum is reported too, as ``alone_ms``. Memory: torch eager's peak during a step over what was
 allocated before its model and its first matmul (parameters, gradients, activations and cuBLAS's
 workspace count; the caller's batch does not), against ours' ``device_bytes`` (arena, state, outputs,
 constants, cuBLASLt workspaces; feeds are read where the caller keeps them).
