@@ -276,8 +276,10 @@ class Executor:
             else:
                 sources.append((DEVICE, None))
         sources = tuple(sources)
+        if sources in self.prepared:
+            return sources
         in_place = sum(any(kind == IN_PLACE for kind, _ in key) for key in self.prepared)
-        if sources not in self.prepared and in_place >= ADDRESS_SETS:  # feeds at ever new addresses: staged
+        if in_place >= ADDRESS_SETS:  # feeds at ever new addresses: staged
             sources = tuple((DEVICE, None) if kind == IN_PLACE else (kind, at) for kind, at in sources)
         return sources
 
@@ -298,7 +300,8 @@ class Executor:
         if calls is None:
             places = [at if kind == IN_PLACE else self._staging().pointer(k) for k, (kind, at) in enumerate(sources)]
             calls = [self._host_copy(t, place) for t, place, (kind, _) in zip(self.feeds, places, sources) if kind == HOST]
-            calls += [make(self._resolved(places)) for make in self.makers]
+            pointers = self._resolved(places)
+            calls += [make(pointers) for make in self.makers]
             self.prepared[sources] = calls
         return calls
 
