@@ -18,7 +18,7 @@ import numpy as np
 from .errors import BackendError, DTypeError, FeedError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
-from .exprgraph.ops import TWO_RESULTS
+from .exprgraph.ops import TWO_RESULTS, may_fail
 from .exprgraph.term import Term, make
 from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
@@ -95,14 +95,14 @@ def _signature(outputs, inputs, state, updates):
     return Signature(outputs, inputs, state, updates, single)
 
 
-def _rewrite(roots, backend, traces):
+def _rewrite(roots, backend, traces, options):
     """The rule pipeline over all roots at once, so they keep sharing their subterms."""
     roots = list(roots)
     traces.update({stage: Trace() for stage in PIPELINE})
     roots = simplifier.run(roots, traces["simplify"])
     roots = Fixpoint(Postwalk(stability)).run(roots, traces["stability"])
     if backend.lowering is not None:
-        roots = backend.lowering.run(roots, traces["lowering"])
+        roots = backend.lowering.run(roots, traces["lowering"], options)
     roots, _ = fuse(roots, traces["fusion"])
     return list(roots)
 
@@ -129,12 +129,9 @@ def _kernels(roots, signature):
 
 def _may_raise(kernels):
     """Whether some kernel can fail on its values (integer powers with negative exponents)."""
-    def raises(t):
-        return t.op.name == "power" and t.dtype.kind in "iu"
-
     for k in kernels:
         terms = schedule(k.term.attrs[0]) if k.term.op.name == "fused" else k.terms
-        if any(raises(t) for t in terms):
+        if any(may_fail(t) for t in terms):
             return True
     return False
 
@@ -201,8 +198,9 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
     after each call every update is written, all computed from the values before the call.
     ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
-    step as one CUDA graph, ``tf32=False`` to let float32 GEMMs use TF32 tensor cores,
-    ``autotune=True`` to time cuBLASLt's candidate algorithms for each GEMM when building).
+    step as one CUDA graph, ``tf32=True`` to let float32 GEMMs use TF32 tensor cores,
+    ``autotune=True`` to time cuBLASLt's candidate algorithms for each GEMM when building,
+    ``relu_masks=True`` to run relu's backward inside the GEMMs, keeping a bit per activation).
     ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
@@ -229,7 +227,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     engine = backend_named(backend)
     options = _options(engine, options)
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces)
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, options)
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
@@ -249,7 +247,9 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
                        shared=sinks.items())
     if debug:
         verify(plan)
-    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
+    lowering_only = getattr(engine, "LOWERING_OPTIONS", ())
+    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks,
+                               **{k: v for k, v in options.items() if k not in lowering_only})
     return Program(signature, outputs, updates, kernels, plan, executor, traces, engine.name, sinks)
 
 

@@ -204,6 +204,16 @@ def test_a_failing_call_leaves_the_state_as_it_was():
     assert program(n=np.array([1, 1, 1]))[0] == 9
 
 
+def test_a_power_that_cannot_fail_keeps_updates_in_place():
+    k, W = ct.var("k", (3,), "uint8"), ct.var("W", (3,), "int64")
+    # an unsigned exponent or one non-negative constant cannot fail; any other integer exponent might
+    for exponent, in_place in ((k, True), (ct.const(np.array(3)), True), (ct.const(np.array([0, 2, 3])), False),
+                               (ct.var("n", (3,), "int64"), False)):
+        inputs = [exponent] if exponent.op.name == "var" else []
+        program = ct.compile([], inputs=inputs, state={W: np.array([2, 3, 4])}, updates={W: W ** exponent + W})
+        assert ("computed in place" in program.explain()) is in_place, program.explain()
+
+
 # -- the call and its errors ------------------------------------------------------------------
 
 

@@ -192,3 +192,11 @@ def test_feeds_that_are_not_values():
     check_error(ct.FeedError, lambda: ct.evaluate(ct.const(1.0), None), "feeds must be a mapping")
     check_error(ct.DTypeError, lambda: ct.evaluate(3, {}), "expected a cortado term or a list of them, not int")
     check_error(ct.DTypeError, lambda: ct.Graph([loss, 3]), "expected cortado terms as outputs, got int 3")
+
+
+def test_the_cpu_backend_refuses_what_only_gpu_lowering_makes():
+    from cortado.rules.lowering import gemm
+
+    a, b = ct.var("a", (3, 4)), ct.var("b", (4, 5))
+    with pytest.raises(ct.errors.BackendError, match="numpy backend has no kernel for gemm"):
+        ct.compile(gemm(a, b), inputs=[a, b])

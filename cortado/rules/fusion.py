@@ -35,7 +35,7 @@ def _elementwise(term):
     return term.op.kind == ELEMENTWISE or term.op.name == "broadcast_to"
 
 
-def _inlined(term):
+def inlined(term):
     """A constant of one value, which a body carries itself instead of reading it."""
     return term.op.name == "const" and (term.ndim == 0 or term.attrs[0].scalar is not None)
 
@@ -139,7 +139,7 @@ def _body(region, position):
         for a in m.args:
             if a in region.members:
                 args.append(body[a])
-            elif _inlined(a):
+            elif inlined(a):
                 args.append(a)
             else:
                 if a not in body:

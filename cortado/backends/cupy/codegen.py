@@ -27,7 +27,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import is_float, kind_of
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import ELEMENTWISE
+from ...exprgraph.ops import ELEMENTWISE, may_fail
 
 THREADS = 256
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
@@ -64,6 +64,10 @@ template <typename T> __device__ __forceinline__ T ct_gelu(T x) { return x * ct_
 template <typename T> __device__ __forceinline__ T ct_gelu_grad(T x) {
     const T z = ct_gelu_argument(x), e = exp(-fabs(z));
     return ct_sigmoid(z) + x * (e / ((T(1) + e) * (T(1) + e))) * ((x * x * T(3 * 0.044715) + T(1)) * T(1.5957691216057308)); }
+template <typename T> __device__ __forceinline__ T ct_ipow(T base, T exponent) {  // exponent >= 0; wraps as NumPy
+    unsigned long long b = (unsigned long long)(long long)base, e = (unsigned long long)exponent, r = 1ULL;
+    for (; e; e >>= 1, b *= b) { if (e & 1ULL) r *= b; }
+    return (T)r; }
 template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
 """
 
@@ -182,9 +186,13 @@ def expression(t, names):
     if op == "minimum":
         return f"ct_min<{c}>({arg(0)}, {arg(1)})"
     if op == "power":
-        if not is_float(dtype):
-            raise BackendError(f"{t!r}: the cupy backend computes power in floating point only (cast first)")
-        return f"{_math('pow', dtype)}({arg(0)}, {arg(1)})"
+        if is_float(dtype):
+            return f"{_math('pow', dtype)}({arg(0)}, {arg(1)})"
+        if may_fail(t):
+            raise BackendError(f"{t!r}: an integer power whose exponent may be negative, where NumPy raises; a GPU "
+                               f"kernel cannot stop its step. Make the exponent unsigned or one non-negative constant, "
+                               f"or cast to a float")
+        return f"ct_ipow<{c}>({arg(0)}, {arg(1)})"
     if op == "where":
         return f"(({names[t.args[0]]}) ? {arg(1)} : {arg(2)})"
     if op == "cast":

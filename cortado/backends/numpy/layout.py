@@ -1,5 +1,6 @@
 """What the memory planner needs to know of each kernel on the CPU: views, in-place pairs, workspace."""
 
+from ...errors import BackendError
 from ...memplan import Step
 from .fused import plan_fused
 from .kernels import EMITTERS, INPLACE, Emitter, c_strided
@@ -56,6 +57,8 @@ def steps(kernels, options):
             inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
         else:
+            if name not in EMITTERS:
+                raise BackendError(f"{t!r}: the numpy backend has no kernel for {name}, which only GPU lowering makes")
             arg_types = tuple((a.shape, a.dtype) for a in t.args)
             workspace, inplace, costs = workspace_of(name, t.attrs, arg_types, t.shape, t.dtype), _inplace(t), ()
         found.append(Step(k.terms, k.reads, inplace=inplace, workspace=workspace, costs=costs, label=name))
