@@ -13,8 +13,7 @@ float32 means float32: TF32 is off in torch, and JAX runs its matmuls at precisi
 The contestants, and how each is timed:
 
 - cortado: ``ct.compile(..., backend="cupy", cuda_graph=True)`` (examples/mlp_gpu.py); CuPy's CUDA events. Also
-  with ``autotune=False`` (cuBLASLt's first heuristic choice for each GEMM) and with ``relu_masks=True``
-  (relu's backward inside the GEMMs, for a bit per hidden activation).
+  with ``autotune=False``: cuBLASLt's first heuristic choice for each GEMM.
 - torch: eager; ``loss.backward()``, then ``p -= lr * p.grad`` and ``p.grad = None``; torch's CUDA events.
 - torch.compile: mode="reduce-overhead", fullgraph=True, of the whole step: loss and gradients by
   ``torch.func.grad_and_value``, then the update in place on parameters marked static, which is what
@@ -209,8 +208,7 @@ def cortado_step(work, **options):
 
 # Ours runs last: a fault in a new backend can take the CUDA context down with it, and the peers are measured by then.
 CONTESTANTS = {"torch": torch_eager, "torch.compile": torch_compiled, "jax": jax_jit,
-               "cortado (heuristic GEMMs)": functools.partial(cortado_step, autotune=False),
-               "cortado (relu masks)": functools.partial(cortado_step, relu_masks=True), "cortado": cortado_step}
+               "cortado (heuristic GEMMs)": functools.partial(cortado_step, autotune=False), "cortado": cortado_step}
 
 
 def gemm_floor(work):
@@ -301,7 +299,7 @@ def check_losses(label, results, tolerance):
 
 COLUMNS = [("case", "case", "16s"), ("contestant", "contestant", "14s"), ("ms/step", "ms", "10.3f"),
            ("steps/s", "steps_per_s", "9.1f"), ("peer/ours", "peer_over_ours", "10.2f"),
-           ("loss rel err", "loss_rel_error", "13.2e"), ("MiB", "mib", "8.1f")]
+           ("loss rel err", "loss_rel_error", "13.2e")]
 SUMMARY = [("case", "case", "16s"), ("ours MiB", "ours_mib", "10.1f"), ("torch MiB", "torch_mib", "10.1f"),
            ("ours/torch", "ours_over_torch", "11.2f"), ("GEMM floor ms", "floor_ms", "14.3f"),
            ("ours/floor", "ours_over_floor", "11.2f"), ("GEMMs alone ms", "alone_ms", "15.3f")]
@@ -319,8 +317,7 @@ def table_rows(cases):
             note = (f"ERROR {result['error']}".splitlines()[0] if "error" in result else
                     "MISMATCH" if result.get("mismatch") else "CUDA graphs skipped" if result.get("cudagraph_skips") else
                     "wall clock" if result.get("timer") == WALL else "")
-            mib = (result.get("device_bytes") or result.get("peak_bytes") or 0) / 2**20 or None  # torch eager's peak
-            rows.append({"case": label, "contestant": name, **result, "mib": mib, "note": note})
+            rows.append({"case": label, "contestant": name, **result, "note": note})
         memory, floor = case.get("memory", {}), case.get("gemm_floor", {})
         summary.append({"case": label, "ours_mib": memory.get("ours_bytes", 0) / 2**20 or None,
                         "torch_mib": memory.get("torch_bytes", 0) / 2**20 or None,
@@ -358,8 +355,6 @@ def main():
                        "cortado": "ct.compile(..., backend='cupy', cuda_graph=True), fed CuPy arrays in its dtype; its GEMMs' "
                                   "algorithms timed and chosen when built",
                        "cortado (heuristic GEMMs)": "the same with autotune=False: cuBLASLt's first heuristic choice",
-                       "cortado (relu masks)": "the same with relu_masks=True: relu's backward in the GEMMs (DRELU), "
-                                               "a bit per hidden activation kept from forward to backward",
                        "torch.compile": "mode='reduce-overhead', fullgraph=True, dynamic=False, of the whole step: "
                                         "torch.func.grad_and_value, then p -= lr * g in place on parameters marked "
                                         "with torch._dynamo.mark_static_address; cudagraph_skips counts fallbacks",

@@ -95,14 +95,14 @@ def _signature(outputs, inputs, state, updates):
     return Signature(outputs, inputs, state, updates, single)
 
 
-def _rewrite(roots, backend, traces, options):
+def _rewrite(roots, backend, traces):
     """The rule pipeline over all roots at once, so they keep sharing their subterms."""
     roots = list(roots)
     traces.update({stage: Trace() for stage in PIPELINE})
     roots = simplifier.run(roots, traces["simplify"])
     roots = Fixpoint(Postwalk(stability)).run(roots, traces["stability"])
     if backend.lowering is not None:
-        roots = backend.lowering.run(roots, traces["lowering"], options)
+        roots = backend.lowering.run(roots, traces["lowering"])
     roots, _ = fuse(roots, traces["fusion"])
     return list(roots)
 
@@ -199,8 +199,7 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     after each call every update is written, all computed from the values before the call.
     ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
     step as one CUDA graph, ``tf32=True`` to let float32 GEMMs use TF32 tensor cores,
-    ``autotune=True`` to time cuBLASLt's candidate algorithms for each GEMM when building,
-    ``relu_masks=True`` to run relu's backward inside the GEMMs, keeping a bit per activation).
+    ``autotune=True`` to time cuBLASLt's candidate algorithms for each GEMM when building).
     ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
@@ -227,7 +226,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     engine = backend_named(backend)
     options = _options(engine, options)
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, options)
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces)
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
@@ -247,9 +246,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
                        shared=sinks.items())
     if debug:
         verify(plan)
-    lowering_only = getattr(engine, "LOWERING_OPTIONS", ())
-    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks,
-                               **{k: v for k, v in options.items() if k not in lowering_only})
+    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
     return Program(signature, outputs, updates, kernels, plan, executor, traces, engine.name, sinks)
 
 

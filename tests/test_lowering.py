@@ -10,17 +10,15 @@ from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_so
 from cortado.exprgraph.graph import schedule
 from cortado.exprgraph.ops import parameter
 from cortado.rules.engine import Trace
-from cortado.errors import DTypeError, ShapeError
-from cortado.exprgraph.semantics import relu_mask
-from cortado.rules.lowering import gemm, gpu_lowering
+from cortado.rules.lowering import gpu_lowering
 from cortado.testing import graphs_with_feeds
 
 TOLERANCE = {"float16": (1e-2, 1e-2), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
 
 
-def lowered(roots, **options):
+def lowered(roots):
     trace = Trace()
-    return gpu_lowering.run(list(roots), trace, options), trace.counts()
+    return gpu_lowering.run(list(roots), trace), trace.counts()
 
 
 @given(graphs_with_feeds(ops=["matmul", "transpose", "add", "subtract", "multiply", "negative", "relu", "logsumexp",
@@ -186,45 +184,3 @@ def test_gelu_bias_gradients_are_the_dgelu_products_column_sums():
     feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, W1, b1, W2)}
     for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate(gradients, feeds)):
         np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
-
-
-def _two_layers(width):
-    x, W1, b1 = ct.var("x", (6, 3)), ct.var("W1", (3, width)), ct.var("b1", (width,))
-    W2, y = ct.var("W2", (width, 4)), ct.var("y", (6, 4))
-    params = [W1, b1, W2]
-    gradients = ct.grad(ct.sum((ct.relu(x @ W1 + b1) @ W2) * y), params)
-    return [p - 0.1 * g for p, g in zip(params, gradients)], (x, W1, b1, W2, y)
-
-
-@pytest.mark.parametrize("width", [5, 8, 130])
-def test_relu_masks_move_relus_backward_into_the_gemms(width):
-    updates, variables = _two_layers(width)
-    roots, counts = lowered(updates, relu_masks=True)
-    gemms = {t.attrs[4] for t in schedule(roots) if t.op.name == "gemm"}
-    assert counts["gemm-relu-mask"] == 1 and {"bias_relu_aux", "drelu_bgrad"} <= gemms, gemms
-    assert not any(t.op.name == "where" for t in schedule(roots))
-    (mask,) = [t for t in schedule(roots) if t.op.name == "gemm" and t.attrs[4:] == ("bias_relu_aux", 1)]
-    assert mask.dtype == np.uint8 and mask.shape == (6, 16 * -(-width // 128))
-    rng = np.random.default_rng(2)
-    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in variables}
-    for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate(updates, feeds)):
-        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
-    plain, counts = lowered(updates)
-    assert "gemm-relu-mask" not in counts and not any("aux" in t.attrs[4] for t in schedule(plain) if t.op.name == "gemm")
-
-
-def test_a_relu_mask_is_a_bit_per_element_little_end_first_rows_padded_to_128_bits():
-    x = np.array([[1.0, -1.0, 0.0, 2.0, np.nan, 3.0, 0.5, -0.0, 4.0], [-1.0] * 8 + [1.0]], np.float32)
-    mask = relu_mask(x)
-    assert mask.shape == (2, 16) and mask.dtype == np.uint8
-    assert mask[0, :2].tolist() == [0b01101001, 0b1] and mask[1, :2].tolist() == [0, 0b1] and not mask[:, 2:].any()
-
-
-def test_the_relu_mask_epilogues_take_matrices_and_a_uint8_mask_of_the_products_shape():
-    a, b = ct.var("a", (4, 3)), ct.var("b", (3, 200))
-    with pytest.raises(ShapeError, match=r"reads a \(4, 32\) operand"):
-        gemm(a, b, epilogue="drelu", aux=ct.var("m", (4, 25), "uint8"))
-    with pytest.raises(DTypeError, match="uint8 relu mask"):
-        gemm(a, b, epilogue="drelu", aux=ct.var("m", (4, 32), "int8"))
-    with pytest.raises(ShapeError, match="matrices"):
-        gemm(ct.var("a", (2, 4, 3)), b, epilogue="relu_aux")

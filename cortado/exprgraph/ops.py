@@ -293,6 +293,7 @@ UFUNC_OPS = {
     "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
 }
 
+
 def may_fail(t):
     """Whether term ``t`` can fail on its values: an integer power whose exponent may be negative (NumPy raises
     there). An unsigned exponent cannot, nor a constant of one value, not negative (which a fused body inlines)."""
@@ -408,28 +409,14 @@ _ops += [
 # ``gemm(a, b[, c][, bias][, aux])``: what ``matmul`` lowers to for a BLAS library, cuBLASLt's form
 # ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)``. ``op`` swaps the last two axes where
 # ``transpose_a`` / ``transpose_b`` say; ``c`` is there when ``beta`` is not 0, ``bias`` (a row
-# added to every row of the product) when the epilogue names it. Two epilogues are backward ones
-# and read ``aux``: ``dgelu``, ``alpha * op(a) @ op(b) * gelu_grad(aux)`` with ``aux`` the gelu
-# argument of the forward pass (of the product's shape), and ``drelu``, the product where the relu
-# mask ``aux`` has a bit set and 0 elsewhere. Some epilogues have a second result, the term with
-# ``output=1`` (``output=0`` is the product): ``bgrad_a`` the sums of ``op(a)`` over the contracted
-# axis (a bias gradient of length m), ``bgrad_b`` those of ``op(b)`` (length n), ``dgelu_bgrad`` and
-# ``drelu_bgrad`` the column sums of their backward product (length n), ``relu_aux`` and
-# ``bias_relu_aux`` the relu mask: bit ``j % 8`` of byte ``[i, j // 8]`` says whether element
-# ``[i, j]`` was above 0 before the relu, each row padded to a multiple of 128 bits (cuBLASLt's
-# bitmask; it leaves the padding as it was, the reference writes zeros there). Only lowering rules
-# build gemms.
-GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "relu_aux", "bias_relu_aux", "gelu", "bias_gelu", "dgelu",
-                  "dgelu_bgrad", "drelu", "drelu_bgrad", "bgrad_a", "bgrad_b")
-TWO_RESULTS = ("relu_aux", "bias_relu_aux", "dgelu_bgrad", "drelu_bgrad", "bgrad_a", "bgrad_b")
-MASK_WRITERS = ("relu_aux", "bias_relu_aux")  # their second result is a relu mask
-AUX_READERS = ("dgelu", "dgelu_bgrad", "drelu", "drelu_bgrad")
-MASK_BITS = 128  # a relu mask's rows are padded to a multiple of this many bits
-
-
-def mask_shape(m, n):
-    """The shape of the relu mask of an ``m x n`` product: a bit per element, rows padded to ``MASK_BITS``."""
-    return (m, -(-n // MASK_BITS) * MASK_BITS // 8)
+# added to every row of the product) when the epilogue names it. The epilogue ``dgelu`` is gelu's
+# backward: ``alpha * op(a) @ op(b) * gelu_grad(aux)``, ``aux`` the gelu argument of the forward
+# pass (of the product's shape). Some epilogues have a second result, the term with ``output=1``
+# (``output=0`` is the product): ``bgrad_a`` the sums of ``op(a)`` over the contracted axis (a
+# bias gradient of length m), ``bgrad_b`` those of ``op(b)`` (length n), ``dgelu_bgrad`` the
+# column sums of its dgelu product (length n). Only lowering rules build gemms.
+GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu", "dgelu", "dgelu_bgrad", "bgrad_a", "bgrad_b")
+TWO_RESULTS = ("dgelu_bgrad", "bgrad_a", "bgrad_b")  # the epilogues with a second result
 
 
 def gemm_operands(args, beta, epilogue):
@@ -437,7 +424,7 @@ def gemm_operands(args, beta, epilogue):
     a, b, *rest = args
     c = rest.pop(0) if beta else None
     bias = rest.pop(0) if "bias" in epilogue else None
-    aux = rest.pop(0) if epilogue in AUX_READERS else None
+    aux = rest.pop(0) if epilogue.startswith("dgelu") else None
     return a, b, c, bias, aux
 
 
@@ -446,15 +433,15 @@ def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue, output):
         raise shape_violation(f"unknown epilogue {epilogue!r}; the epilogues are {GEMM_EPILOGUES}")
     if output not in ((0, 1) if epilogue in TWO_RESULTS else (0,)):
         raise shape_violation(f"the {epilogue} epilogue has no result {output}")
-    a, b, c, bias, aux = gemm_operands(args, beta, epilogue)
-    if len(args) != 2 + sum(x is not None for x in (c, bias, aux)):
+    if len(args) != 2 + bool(beta) + ("bias" in epilogue) + epilogue.startswith("dgelu"):
         raise shape_violation("gemm takes a, b, then c when beta is not 0, then bias when the epilogue adds one, "
-                              "then the forward value when the epilogue is a backward one (dgelu, drelu)")
-    if beta and epilogue in AUX_READERS:
-        raise shape_violation(f"the {epilogue} epilogue scales the product alone: it takes no c")
+                              "then the gelu argument when the epilogue is dgelu")
+    if beta and epilogue.startswith("dgelu"):
+        raise shape_violation("the dgelu epilogue scales the product alone: it takes no c")
+    a, b, c, bias, aux = gemm_operands(args, beta, epilogue)
     if a.ndim < 2 or b.ndim < 2:
         raise shape_violation("gemm needs operands of rank 2 or more")
-    if (epilogue in TWO_RESULTS or epilogue.startswith("drelu")) and (a.ndim, b.ndim) != (2, 2):
+    if epilogue in TWO_RESULTS and (a.ndim, b.ndim) != (2, 2):
         raise shape_violation(f"the {epilogue} epilogue takes matrices, not batches of them")
     m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
     k2, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
@@ -465,11 +452,10 @@ def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue, output):
         raise shape_violation(f"c has shape {c.shape}, the product {out}")
     if bias is not None and bias.shape != (n,):
         raise shape_violation(f"the bias has shape {bias.shape}; it must be ({n},)")
-    expected_aux = mask_shape(m, n) if "relu" in epilogue else out
-    if aux is not None and aux.shape != expected_aux:
-        raise shape_violation(f"the {epilogue} epilogue reads a {expected_aux} operand, not {aux.shape}")
+    if aux is not None and aux.shape != out:
+        raise shape_violation(f"the gelu argument has shape {aux.shape}, the product {out}")
     if output:
-        return {"bgrad_a": (m,), "relu_aux": mask_shape(m, n), "bias_relu_aux": mask_shape(m, n)}.get(epilogue, (n,))
+        return (m,) if epilogue == "bgrad_a" else (n,)
     return out
 
 
@@ -477,15 +463,11 @@ def _gemm_normalize(args, transpose_a=False, transpose_b=False, alpha=1.0, beta=
     return (bool(transpose_a), bool(transpose_b), float(alpha) + 0.0, float(beta) + 0.0, epilogue, int(output))  # no -0.0
 
 
-def _gemm_dtype(args, transpose_a, transpose_b, alpha, beta, epilogue, output):
-    a, b, c, bias, aux = gemm_operands(args, beta, epilogue)
-    dtypes = {x.dtype for x in (a, b, c, bias) if x is not None}
-    if len(dtypes) != 1 or not is_float(a.dtype):
+def _gemm_dtype(args, *attrs):
+    dtypes = {a.dtype for a in args}
+    if len(dtypes) != 1 or not is_float(next(iter(dtypes))):
         raise dtype_violation("gemm needs operands of one floating dtype")
-    if aux is not None and aux.dtype != (np.dtype(np.uint8) if "relu" in epilogue else a.dtype):
-        raise dtype_violation(f"the {epilogue} epilogue reads {'a uint8 relu mask' if 'relu' in epilogue else a.dtype}, "
-                              f"not {aux.dtype}")
-    return np.dtype(np.uint8) if output and epilogue in MASK_WRITERS else a.dtype
+    return args[0].dtype
 
 
 _ops.append(Op("gemm", None, ("transpose_a", "transpose_b", "alpha", "beta", "epilogue", "output"), _gemm_shape,

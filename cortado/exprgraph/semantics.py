@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from .dtypes import is_bfloat16, is_float
-from .ops import MASK_WRITERS, UFUNC_OPS, gemm_operands, mask_shape, ufunc_loop
+from .ops import UFUNC_OPS, gemm_operands, ufunc_loop
 
 # gelu(x) = x/2 (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), the tanh form (JAX's default, cuBLASLt's epilogue)
 GELU_SCALE = math.sqrt(2 / math.pi)
@@ -99,26 +99,12 @@ def _log_softmax(x, axes):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
 
 
-def relu_mask(x):
-    """The relu mask of matrix ``x`` (``ops.mask_shape``): bit ``j % 8`` of byte ``[i, j // 8]`` says ``x[i, j] > 0``."""
-    m, n = x.shape
-    bits = np.zeros((m, mask_shape(m, n)[1] * 8), bool)
-    bits[:, :n] = x > 0
-    return np.packbits(bits, axis=-1, bitorder="little")
-
-
-def _masked(x, mask):
-    """``x`` where ``mask`` (a relu mask) has a bit set, 0 elsewhere."""
-    kept = np.unpackbits(mask, axis=-1, count=x.shape[-1], bitorder="little").astype(bool)
-    return np.where(kept, x, x.dtype.type(0))
-
-
 def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
     a, b, c, bias, aux = gemm_operands(xs, beta, epilogue)
     a = np.swapaxes(a, -1, -2) if transpose_a else a
     b = np.swapaxes(b, -1, -2) if transpose_b else b
-    if output and epilogue not in MASK_WRITERS:  # a bias gradient: sums over the contracted axis, or of the
-        summed = {"bgrad_a": (a, -1), "bgrad_b": (b, -2)}.get(epilogue)  # product's columns (in float32 at least)
+    if output:  # a bias gradient: sums over the contracted axis, or of the product's columns (in float32 at least)
+        summed = {"bgrad_a": (a, -1), "bgrad_b": (b, -2)}.get(epilogue)
         x, axis = summed or (_gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, 0), -2)
         return np.sum(x, axis=axis, dtype=np.promote_types(x.dtype, np.float32)).astype(x.dtype)
     dtype = a.dtype.type
@@ -127,13 +113,9 @@ def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
         out = out + dtype(beta) * c
     if bias is not None:
         out = out + bias
-    if output:
-        return relu_mask(out)
     if "gelu" in epilogue:  # in the dtype the gelu ops compute in (cuBLASLt's epilogues too: float32)
         wide = out.astype(np.float32) if IN_FLOAT32["gelu"](out.dtype) else out
         return wide * _gelu_grad(aux.astype(wide.dtype)) if epilogue.startswith("dgelu") else _gelu(wide)
-    if epilogue.startswith("drelu"):
-        return _masked(out, aux)
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
 

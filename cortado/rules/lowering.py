@@ -340,8 +340,8 @@ def _bias_gradient_sources(order):
         parts = _parts(g)
         if parts["output"] or parts["bias"] is not None:
             continue
-        if parts["epilogue"] in ("dgelu", "drelu"):
-            sources.setdefault(g, (g, parts["epilogue"] + "_bgrad"))
+        if parts["epilogue"] == "dgelu":
+            sources.setdefault(g, (g, "dgelu_bgrad"))
         elif parts["epilogue"] == "none" and parts["a"].ndim == parts["b"].ndim == 2:
             if not parts["transpose_b"]:
                 sources.setdefault(parts["b"], (g, "bgrad_b"))
@@ -384,67 +384,15 @@ def bias_gradients(roots, trace=None):
     return [bottom_up(root, memo, finish) for root in roots]
 
 
-# -- relu masks -----------------------------------------------------------------------------
-
-def _relu_backward(w, uses):
-    """``(h, g)`` if ``w`` is ``where(h > 0, g, 0)`` with ``h`` made by a relu-epilogue gemm and ``g`` a plain
-    product of ``h``'s shape and dtype that nothing else uses: relu's backward that the drelu epilogue computes."""
-    condition, g, zero = w.args
-    if condition.op.name != "greater" or _scalar(zero) != 0.0 or _scalar(condition.args[1]) != 0.0:
-        return None
-    h = condition.args[0]
-    if not (h.op.name == "gemm" and h.attrs[4] in ("relu", "bias_relu") and h.attrs[5] == 0 and h.ndim == 2
-            and h.dtype in GEMM_DTYPES):
-        return None
-    if not (g.op.name == "gemm" and g.attrs[3:] == (0.0, "none", 0) and uses[g] == 1 and (g.shape, g.dtype) ==
-            (h.shape, h.dtype) == (w.shape, w.dtype) and g.args[0].ndim == g.args[1].ndim == 2):
-        return None
-    return h, g
-
-
-def relu_masks(roots, trace=None):
-    """``roots`` with each ``where(h > 0, g, 0)`` (relu's backward, ``h`` relu's output) that a gemm can compute
-    done by it: the gemm making ``h`` also writes the relu mask (cuBLASLt's RELU_AUX epilogues, a bit per element)
-    and the gemm making ``g`` reads it (DRELU), so the backward needs no elementwise pass over ``g``. The mask
-    lives from the forward pass to the backward one: memory traded for a pass, which is why this is an option."""
-    order = post_order(roots)
-    uses = {t: 0 for t in order}
-    for t in order:
-        for a in dict.fromkeys(t.args):
-            uses[a] += 1
-    found = {w: pair for w in order if w.op.name == "where" for pair in [_relu_backward(w, uses)] if pair}
-    if not found:
-        return list(roots)
-    writers = {h for h, _ in found.values()}
-
-    def finish(original, rebuilt):
-        if original in writers:
-            return gemm(**{**_parts(rebuilt), "epilogue": rebuilt.attrs[4].replace("relu", "relu_aux")})
-        if original in found:
-            h, g = (memo[t] for t in found[original])
-            result = gemm(**{**_parts(g), "epilogue": "drelu", "aux": gemm(**{**_parts(h), "output": 1})})
-            if trace is not None:
-                trace.append(Rewrite("gemm-relu-mask", original, result))
-            return result
-        return rebuilt
-
-    memo = {}
-    return [bottom_up(root, memo, finish) for root in roots]
-
-
 class GpuLowering:
     """Lowering for a GPU: einsum into matmuls and products, then gemm everywhere (what is left of matmul
-    becomes a reduction), then, with the option ``relu_masks``, relu's backward into the gemms on either side,
-    then the bias gradients the gemms compute on the side. The last two are passes over all roots at once:
-    what they join is apart in the graph."""
+    becomes a reduction), then the bias gradients the gemms compute on the side (a pass over all roots at
+    once: the sum and the gemm that can take it over are apart in the graph)."""
 
     local = Chain(Postwalk(einsum_lowering), Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))
 
-    def run(self, roots, trace=None, options=None):
-        roots = self.local.run(list(roots), trace)
-        if (options or {}).get("relu_masks"):
-            roots = relu_masks(roots, trace)
-        return bias_gradients(roots, trace)
+    def run(self, roots, trace=None):
+        return bias_gradients(self.local.run(list(roots), trace), trace)
 
 
 gpu_lowering = GpuLowering()

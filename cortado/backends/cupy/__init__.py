@@ -14,5 +14,4 @@ name = "cupy"
 alignment = ALIGNMENT
 lowering = gpu_lowering
 feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them): the arena has none
-OPTIONS = {"cuda_graph": True, "tf32": False, "autotune": True, "relu_masks": False}
-LOWERING_OPTIONS = ("relu_masks",)  # read by the lowering alone
+OPTIONS = {"cuda_graph": True, "tf32": False, "autotune": True}

@@ -21,7 +21,7 @@ import math
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.ops import MASK_WRITERS, gemm_operands, parameter
+from ...exprgraph.ops import gemm_operands, parameter
 from ...exprgraph.term import make
 from ...memplan import aligned
 from ...rules.fusion import inlined
@@ -181,8 +181,9 @@ class Executor:
         return self._launch(source, [t, destination])
 
     def _gemm(self, terms, workspace, tf32):
-        """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and the epilogue's second result
-        where it has one), after copies of the operands it cannot read where they are."""
+        """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and a bias gradient where the epilogue
+        makes one, which cuBLASLt writes through its bias pointer), after copies of the operands it cannot read
+        where they are."""
         t = terms[0]
         copies, strides, top = [], dict(self.strides), workspace
         for x in gemm_copies(t, self.strides):
@@ -191,13 +192,12 @@ class Executor:
             top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
         gemm = Gemm(t, strides, tf32)
         a, b, c, bias, aux = gemm_operands(t.args, t.attrs[3], t.attrs[4])
-        if len(terms) > 1:  # the second result: a relu mask goes through the aux pointer, a bias gradient the bias's
-            aux, bias = (terms[1], bias) if t.attrs[4] in MASK_WRITERS else (aux, terms[1])
 
         def operands(pointers):
             pointers = {**pointers, **{x: place for x, place, _ in copies}}
+            bias_pointer = pointers[terms[1]] if len(terms) > 1 else pointers[bias] if bias is not None else None
             return (pointers[a], pointers[b], pointers[c if c is not None else t], pointers[t], top,
-                    pointers[bias] if bias is not None else None, pointers[aux] if aux is not None else None)
+                    bias_pointer, pointers[aux] if aux is not None else None)
 
         def make(pointers):
             calls = [copy(pointers) for _, _, copy in copies]
