@@ -145,7 +145,7 @@ def test_relus_gradient_is_zero_where_its_input_is_zero(dtype):
     rng = np.random.default_rng(5)
     # quarters: every product and sum is exact, and many pre-activations are exactly 0
     feeds = {v.name: (rng.integers(-4, 5, v.shape) / 4).astype(dtype) for v in variables}
-    assert (ct.evaluate(x @ W1 + b1, feeds) == 0).sum() > 10
+    assert (ct.evaluate(x @ W1 + b1, {v: feeds[v] for v in ('x', 'W1', 'b1')}) == 0).sum() > 10
     for _ in range(2):  # captured, then replayed
         for ours, expected in zip(program(**feeds), ct.evaluate(gradients, feeds, precision="float64")):
             scale = max(1.0, float(np.abs(expected).max()))  # sums of 50 rows: errors relative to the largest
