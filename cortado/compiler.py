@@ -7,7 +7,10 @@ The pipeline, each stage a pass over values that returns new values:
 3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
    order that keeps the fewest bytes live (``memplan.memory_order``);
 4. plan memory: the backend says which kernels are views, what they may do in place and what
-   workspace they need; an update that can be computed straight into its state buffer is;
+   workspace they need; an update that can be computed straight into its state buffer is. Where a
+   bias gradient that a GEMM computes on the side is live at the arena's peak, the step is planned
+   again with that sum as a reduction of its own, which the order can run earlier; the smaller
+   arena is kept;
 5. build the backend's executor over one arena.
 """
 
@@ -22,7 +25,7 @@ from .exprgraph.ops import TWO_RESULTS, may_fail
 from .exprgraph.term import Term, make
 from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
-from .rules.engine import Fixpoint, Postwalk, Trace
+from .rules.engine import Fixpoint, Postwalk, Trace, bottom_up
 from .rules.fusion import fuse
 from .rules.stability import stability
 
@@ -95,14 +98,15 @@ def _signature(outputs, inputs, state, updates):
     return Signature(outputs, inputs, state, updates, single)
 
 
-def _rewrite(roots, backend, traces):
-    """The rule pipeline over all roots at once, so they keep sharing their subterms."""
+def _rewrite(roots, backend, traces, keep_sums=frozenset()):
+    """The rule pipeline over all roots at once, so they keep sharing their subterms. ``keep_sums``: sums the
+    lowering leaves as they are (see ``rules.lowering.bias_gradients``)."""
     roots = list(roots)
     traces.update({stage: Trace() for stage in PIPELINE})
     roots = simplifier.run(roots, traces["simplify"])
     roots = Fixpoint(Postwalk(stability)).run(roots, traces["stability"])
     if backend.lowering is not None:
-        roots = backend.lowering.run(roots, traces["lowering"])
+        roots = backend.lowering.run(roots, traces["lowering"], keep_sums)
     roots, _ = fuse(roots, traces["fusion"])
     return list(roots)
 
@@ -218,15 +222,23 @@ def _options(engine, given):
     return {**known, **given}
 
 
-def _compile(outputs, inputs, state, updates, backend, debug, options):
-    from .backends import backend_named
-    from .program import Program
+@dataclass
+class _Built:
+    """A step rewritten, scheduled and planned: what an executor is made from."""
 
-    signature = _signature(outputs, inputs, state, updates)
-    engine = backend_named(backend)
-    options = _options(engine, options)
+    traces: dict
+    outputs: list
+    updates: dict
+    kernels: list
+    steps: list
+    sinks: dict
+    plan: object
+
+
+def _built(signature, engine, options, keep_sums=frozenset()):
+    """The rule pipeline, the kernels, their memory-aware order and the memory plan of one step."""
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces)
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, keep_sums)
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
@@ -244,10 +256,47 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
                        engine.alignment, labels,
                        shared=sinks.items())
+    return _Built(traces, outputs, updates, kernels, steps, sinks, plan)
+
+
+def _sums_at_peak(built):
+    """The sums that gemms compute on the side (bias gradients) whose results are live where the arena holds
+    the most: the gemm runs where every other buffer is live too. Computed apart, a sum can run earlier."""
+    made = [r for r in built.traces.get("lowering", ()) if r.rule == "gemm-bias-gradient"]
+    if not made:
+        return frozenset()
+    fused = {r.before: r.after for r in built.traces["fusion"]}  # terms are interned: rebuilt, they are fusion's own
+    memo = {}
+    made_by = {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
+    plan = built.plan
+    live = [0] * (plan.steps + 1)
+    for b in plan.buffers:
+        for i in range(b.start, b.end + 1):
+            live[i] += b.size
+    peaks = [i for i, total in enumerate(live) if total == max(live)]
+    return frozenset(made_by[p.key] for p in plan.placements
+                     if p.key in made_by and any(p.start <= i <= p.end for i in peaks))
+
+
+def _compile(outputs, inputs, state, updates, backend, debug, options):
+    from .backends import backend_named
+    from .program import Program
+
+    signature = _signature(outputs, inputs, state, updates)
+    engine = backend_named(backend)
+    options = _options(engine, options)
+    built = _built(signature, engine, options)
+    at_peak = _sums_at_peak(built)
+    if at_peak:  # one more plan, those sums as reductions of their own; kept if its arena is smaller
+        other = _built(signature, engine, options, at_peak)
+        if other.plan.peak_bytes < built.plan.peak_bytes:
+            built = other
     if debug:
-        verify(plan)
-    executor = engine.Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
-    return Program(signature, outputs, updates, kernels, plan, executor, traces, engine.name, sinks)
+        verify(built.plan)
+    executor = engine.Executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
+                               built.sinks, **options)
+    return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
+                   engine.name, built.sinks)
 
 
 def _label(t, i):

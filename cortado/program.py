@@ -153,4 +153,6 @@ class Program:
             return f"{typ} in state {self._sinks[t].name}"
         if t in self._executor.direct_outputs:
             return f"{typ} in output {self.outputs.index(t)}"
+        if t.op.name == "var":
+            return f"{typ} fed, read where the caller keeps it"
         return f"{typ} (a view)"

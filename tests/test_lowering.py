@@ -175,6 +175,17 @@ def test_bias_gradients_come_from_the_gemm_that_reads_the_gradient():
         np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_kept_bias_gradient_stays_a_sum():
+    x, W, b, y = ct.var("x", (8, 4)), ct.var("W", (4, 5)), ct.var("b", (5,)), ct.var("y", (8, 5))
+    gW, gb = ct.grad(ct.sum(ct.relu(x @ W + b) * y), [W, b])
+    updates = [W - 0.1 * gW, b - 0.1 * gb]
+    trace = Trace()
+    gpu_lowering.run(updates, trace)
+    (summed,) = [r.before for r in trace if r.rule == "gemm-bias-gradient"]
+    roots = gpu_lowering.run(updates, None, frozenset([summed]))
+    assert summed in schedule(roots) and not any(t.op.name == "gemm" and t.attrs[5] for t in schedule(roots))
+
+
 def test_gelu_bias_gradients_are_the_dgelu_products_column_sums():
     x, W1, b1, W2 = ct.var("x", (6, 3)), ct.var("W1", (3, 8)), ct.var("b1", (8,)), ct.var("W2", (8, 2))
     gradients = ct.grad(ct.sum(ct.gelu(x @ W1 + b1) @ W2), [W1, b1])

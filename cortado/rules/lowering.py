@@ -350,15 +350,16 @@ def _bias_gradient_sources(order):
     return sources
 
 
-def bias_gradients(roots, trace=None):
+def bias_gradients(roots, trace=None, keep=frozenset()):
     """``roots`` with each ``sum(x, axis=0)`` of a matrix that a gemm can compute on the side (a bias gradient)
     taken from that gemm's second result: cuBLASLt's BGRAD epilogues reduce an operand over the contracted
-    axis as they read it, and DGELU_BGRAD the product's columns as it writes them. One sum per gemm."""
+    axis as they read it, and DGELU_BGRAD the product's columns as it writes them. One sum per gemm; the
+    sums in ``keep`` stay reductions (the compiler keeps those a gemm would hold at the memory peak)."""
     order = post_order(roots)
     sources = _bias_gradient_sources(order)
     epilogue, taken_by = {}, {}
     for s in order:
-        if s.op.name != "sum" or s.ndim != 1 or s.args[0].ndim != 2:
+        if s.op.name != "sum" or s.ndim != 1 or s.args[0].ndim != 2 or s in keep:
             continue
         summed, axes = s.args[0], s.attrs[0]
         if summed.op.name == "transpose":  # the row sums of x^T are the column sums of x
@@ -391,8 +392,8 @@ class GpuLowering:
 
     local = Chain(Postwalk(einsum_lowering), Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))
 
-    def run(self, roots, trace=None):
-        return bias_gradients(self.local.run(list(roots), trace), trace)
+    def run(self, roots, trace=None, keep_sums=frozenset()):
+        return bias_gradients(self.local.run(list(roots), trace), trace, keep_sums)
 
 
 gpu_lowering = GpuLowering()

@@ -100,6 +100,7 @@ class Executor:
         self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
         direct = {t: self.output_block.pointer(outputs.index(t)) for t in direct_outputs(kernels, steps, outputs, sinks)}
         self.pointers.update(direct)
+        self.direct_outputs = frozenset(direct)
         self.feeds = [k.term for k in kernels if k.is_load]
         self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet

@@ -76,12 +76,21 @@ def _inplace(k, strides, views):
         c = t.args[2] if t.attrs[3] else None
         plain = c is not None and c not in views and _contiguous(c.shape, strides[c])
         return ((t, c),) if plain and c.dtype == t.dtype else ()
-    if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attrs[0])):
-        return ()
     if t.op.kind == "reduction":
         return ()
-    return tuple((out, a) for out in k.terms for a in dict.fromkeys(t.args)
+    readers = t.args
+    if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attrs[0])):
+        readers = _epilogue_operands(t)
+    return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype) and _contiguous(a.shape, strides[a]))
+
+
+def _epilogue_operands(t):
+    """The arguments of fused reduction ``t`` that only its epilogue reads: read once, at the output's index, by
+    the thread that writes the output there, after the reduction (an SGD step on a bias gradient, say)."""
+    reduction = next(s for s in post_order(t.attrs[0]) if s.op.name in REDUCTIONS)
+    prologue = {s.attrs[0] for s in post_order([reduction]) if s.op.name == "var"}
+    return [a for k, a in enumerate(t.args) if f"in{k}" not in prologue]
 
 
 def direct_outputs(kernels, steps, outputs, sinks):
