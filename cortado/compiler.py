@@ -23,7 +23,7 @@ from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.ops import TWO_RESULTS, may_fail
 from .exprgraph.term import Term, make
-from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
+from .memplan import intervals, live_bytes, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
 from .rules.engine import Fixpoint, Postwalk, Trace, bottom_up
 from .rules.fusion import fuse
@@ -269,10 +269,7 @@ def _sums_at_peak(built):
     memo = {}
     made_by = {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
     plan = built.plan
-    live = [0] * (plan.steps + 1)
-    for b in plan.buffers:
-        for i in range(b.start, b.end + 1):
-            live[i] += b.size
+    live = live_bytes(plan.buffers, plan.steps)
     peaks = [i for i, total in enumerate(live) if total == max(live)]
     return frozenset(made_by[p.key] for p in plan.placements
                      if p.key in made_by and any(p.start <= i <= p.end for i in peaks))

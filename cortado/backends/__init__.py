@@ -1,7 +1,8 @@
 """Backends: the reference interpreter (the oracle), and the executors ``compile`` builds for.
 
-A compile backend provides its ``name``, the ``alignment`` of its arena, its ``lowering`` rules
-(or None), ``steps(kernels, options)`` (what the memory planner needs to know of each kernel) and
+A compile backend provides its ``name``, the ``alignment`` of its arena, its ``lowering`` (or None;
+``lowering.run(roots, trace, keep_sums)`` returns the rewritten roots, leaving the sums in ``keep_sums``
+as reductions), ``steps(kernels, options)`` (what the memory planner needs to know of each kernel) and
 ``Executor(...)``, which builds the runnable step over the plan. It may also have ``OPTIONS``
 (the keyword options of ``compile`` it takes, with their defaults), ``feeds_in_place`` (its
 executor finds the feeds a place at each call: the arena holds none) and ``direct_outputs(...)``

@@ -132,17 +132,18 @@ def place(requests, steps, order):
     return offsets, peak
 
 
-def most_live(buffers, steps):
-    """The most bytes live at any one step: ``buffers`` have ``size``, ``start`` and ``end``."""
+def live_bytes(buffers, steps):
+    """The bytes live at each step ``0 .. steps``: ``buffers`` have ``size``, ``start`` and ``end``."""
     delta = [0] * (steps + 2)
     for b in buffers:
         delta[b.start] += b.size
         delta[b.end + 1] -= b.size
-    live = most = 0
-    for d in delta:
-        live += d
-        most = max(most, live)
-    return most
+    return list(itertools.accumulate(delta[:-1]))
+
+
+def most_live(buffers, steps):
+    """The most bytes live at any one step."""
+    return max(live_bytes(buffers, steps), default=0)
 
 
 def sweep(requests):
