@@ -31,6 +31,10 @@ def _body(outputs):
     for i, t in enumerate(order):
         for a in t.args:
             last_read[a] = i
+    for t in reversed(order):  # a broadcast is a view: its source is read wherever the view is
+        if t.op.name == "broadcast_to" and t in last_read:
+            source = t.args[0]
+            last_read[source] = max(last_read[source], last_read[t])
     return _Body(outputs, order, {t: i for i, t in enumerate(order)}, last_read,
                  {t: k for k, t in enumerate(outputs)})
 
@@ -38,10 +42,18 @@ def _body(outputs):
 BLOCKED = -1  # an ``alias`` of the root's output for measuring: as if it held an input until the root
 
 
+def _viewed(t):
+    """The value a chain of broadcasts ``t`` reads (``t`` itself if it is no broadcast)."""
+    while t.op.name == "broadcast_to":
+        t = t.args[0]
+    return t
+
+
 def _reads_in_place(t, value):
-    """Whether ``t`` reads ``value`` only where its output may alias the operand."""
-    return all(position in INPLACE.get(t.op.name, ()) and value.shape == t.shape
-               for position, a in enumerate(t.args) if a is value)
+    """Whether ``t`` reads ``value`` only where its output may alias the operand: directly (a broadcast
+    of ``value`` reads each element many times, after earlier elements of the output are written)."""
+    return all(a is value and position in INPLACE.get(t.op.name, ()) and value.shape == t.shape
+               for position, a in enumerate(t.args) if _viewed(a) is value)
 
 
 class _Run:
