@@ -164,7 +164,9 @@ def _sinks(kernels, steps, updates, live_out):
 
 def _ordered(kernels, steps, nbytes, kept, live_out, updates):
     """The kernels and their steps in ``memplan.memory_order``. An update its kernel may write over its
-    state variable (see ``_sinks``) costs no buffer and waits for every other reader of the variable."""
+    state variable (see ``_sinks``) costs no buffer and waits for every other reader of the variable,
+    unless a reader must wait for it (through data, or an earlier update's wait): then it is computed into
+    a buffer of its own and copied in after the step."""
     defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
     owner = owners(steps)
     users, readers = {}, {}  # step -> the steps reading what it defines; stored value -> the steps reading it
@@ -178,15 +180,20 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates):
         j = defined_at.get(value)
         if j is None or (value, var) not in steps[j].inplace:
             continue
+        others = readers.get(var, set()) - {j}
+        if others & _downstream(j, users):  # coupled updates ({a: a + b, b: a - b}): one must be copied in
+            continue
         external.add(value)
-        later = _downstream(j, users)
-        after += [(i, j) for i in sorted(readers.get(var, ())) if i != j and i not in later]
+        after += [(i, j) for i in sorted(others)]
+        for i in others:
+            users.setdefault(i, set()).add(j)
     order = memory_order(steps, nbytes, external, live_out, after)
     return [kernels[i] for i in order], [steps[i] for i in order]
 
 
 def _downstream(j, users):
-    """The steps that read what step ``j`` defines, directly or through others (``users``: step -> its readers)."""
+    """The steps that must run after step ``j``, directly or through others (``users``: step -> the steps
+    waiting for it)."""
     found, frontier = set(), [j]
     while frontier:
         for u in users.get(frontier.pop(), ()):

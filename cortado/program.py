@@ -7,6 +7,7 @@
     print(step.explain())  # the rules that fired, the kernels, the plan
 """
 
+import threading
 from collections.abc import Mapping
 
 import numpy as np
@@ -21,7 +22,7 @@ class State(Mapping):
     """A program's state by variable name: views of the live buffers (read-only where NumPy can say so;
     on the GPU, CuPy arrays that the next call updates).
 
-    ``state["W"] = value`` replaces a value (checked like a feed, copied in).
+    ``state["W"] = value`` replaces a value (checked like a feed, copied in), never in the middle of a call.
     """
 
     def __init__(self, arrays, write):
@@ -53,7 +54,12 @@ class State(Mapping):
 
 
 class Program:
-    """One compiled step; built by ``ct.compile``."""
+    """One compiled step; built by ``ct.compile``.
+
+    A program owns one arena, one feed table and its state, so calls on it are serialised: calls from
+    several threads run one at a time, each whole (for steps that run side by side, compile one program
+    per thread).
+    """
 
     def __init__(self, signature, outputs, updates, kernels, plan, executor, traces, backend, sinks):
         self.signature = signature
@@ -66,7 +72,12 @@ class Program:
         self._sinks = sinks
         self._executor = executor
         self._inputs = {v.name: v for v in signature.inputs}
-        self.state = State(executor.state, executor.write_state)
+        self._running = threading.Lock()
+        self.state = State(executor.state, self._write_state)
+
+    def _write_state(self, var, value):
+        with self._running:
+            self._executor.write_state(var, value)
 
     @property
     def device_bytes(self):
@@ -85,7 +96,8 @@ class Program:
         if feeds is not None and named:
             raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
         bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
-        results = self._executor.run({v.name: value for v, value in bound.items()})
+        with self._running:
+            results = self._executor.run({v.name: value for v, value in bound.items()})
         return results[0] if self.signature.single else results
 
     def profile(self, feeds=None, /, **named):
@@ -99,7 +111,8 @@ class Program:
         if feeds is not None and named:
             raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
         bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
-        times = self._executor.profile({v.name: value for v, value in bound.items()})
+        with self._running:
+            times = self._executor.profile({v.name: value for v, value in bound.items()})
         total = sum(ms for _, ms in times) or 1.0
         lines = [f"{len(times)} kernels, {total:.3f} ms in all:"]
         lines += [f"  {ms:9.3f} ms {ms / total:6.1%}  {label}" for label, ms in sorted(times, key=lambda x: -x[1])]

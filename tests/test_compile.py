@@ -1,6 +1,7 @@
 """compile() and the CPU executor against the reference interpreter; state, updates, errors, memory."""
 
 import sys
+import threading
 import tracemalloc
 from pathlib import Path
 
@@ -162,6 +163,41 @@ def test_updates_are_all_computed_from_the_old_values():
     np.testing.assert_array_equal(program.state["b"], 1)
 
 
+def follow_the_reference(outputs, state, updates, calls=3):
+    """Run a program ``calls`` times, each call against ``ct.evaluate`` on the state before it."""
+    program = ct.compile(outputs, state=state, updates=updates, debug=True)
+    current = {v.name: value for v, value in state.items()}
+    for _ in range(calls):
+        expected = ct.evaluate(list(outputs) + list(updates.values()), current)
+        results = program()
+        for ours, value in zip(results, expected):
+            np.testing.assert_allclose(ours, value, rtol=1e-6)
+        current = {v.name: value for v, value in zip(updates, expected[len(outputs):])}
+        for name, value in current.items():
+            np.testing.assert_allclose(program.state[name], value, rtol=1e-6)
+    return program
+
+
+COUPLED = {
+    "sum and difference": lambda a, b: {a: a + b, b: a - b},
+    "rotation": lambda a, b: {a: 0.8 * a - 0.6 * b, b: 0.6 * a + 0.8 * b},
+    "leapfrog": lambda a, b: {a: a + 0.1 * b, b: b - 0.1 * (a + 0.1 * b)},
+    "three-way": lambda a, b: {a: ct.tanh(b), b: a * b},
+}
+
+
+@pytest.mark.parametrize("couple", COUPLED.values(), ids=COUPLED.keys())
+@pytest.mark.parametrize("with_output", [False, True])
+def test_coupled_updates_each_read_the_old_values(couple, with_output):
+    """Updates that read each other's variables cannot all be written in place: the compiler writes one
+    in place where it can and computes the others into buffers of their own."""
+    a, b = ct.var("a", (4,)), ct.var("b", (4,))
+    state = {a: np.linspace(0.5, 1, 4).astype(np.float32), b: np.linspace(-1, 1, 4).astype(np.float32)}
+    updates = couple(a, b)
+    program = follow_the_reference([a * b + 1] if with_output else [], state, updates)
+    assert len(program.kernels) >= 1
+
+
 def test_an_output_of_a_state_variable_is_its_value_before_the_update():
     W = ct.var("W", (2, 2))
     program = ct.compile([W, W * 2], state={W: np.eye(2, dtype=np.float32)}, updates={W: W + 1})
@@ -169,6 +205,32 @@ def test_an_output_of_a_state_variable_is_its_value_before_the_update():
     np.testing.assert_array_equal(old, np.eye(2))
     np.testing.assert_array_equal(doubled, 2 * np.eye(2))
     np.testing.assert_array_equal(program.state["W"], np.eye(2) + 1)
+
+
+def test_calls_from_several_threads_run_one_at_a_time():
+    """Eight threads share one program: every call sees a whole state and writes a whole update."""
+    count, x = ct.var("count", ()), ct.var("x", (64, 32))
+    W = ct.var("W", (32, 16))
+    state = {count: np.float32(0), W: np.ones((32, 16), np.float32) / 32}
+    program = ct.compile([count, ct.sum(ct.tanh(x @ W), axis=1)], inputs=[x], state=state, updates={count: count + 1})
+    feeds = [np.random.default_rng(k).standard_normal((64, 32)).astype(np.float32) for k in range(8)]
+    expected = [ct.evaluate(ct.sum(ct.tanh(x @ W), axis=1), {"x": f, "W": program.state["W"]}) for f in feeds]
+    seen, failures = [], []
+
+    def work(k):
+        for _ in range(50):
+            before, rows = program(x=feeds[k])
+            seen.append(int(before))
+            if not np.allclose(rows, expected[k], rtol=1e-5):
+                failures.append(k)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not failures
+    assert sorted(seen) == list(range(400)) and program.state["count"] == 400
 
 
 def test_state_is_read_through_views_and_can_be_replaced():
