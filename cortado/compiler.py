@@ -14,11 +14,12 @@ The pipeline, each stage a pass over values that returns new values:
 5. build the backend's executor over one arena.
 """
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import BackendError, DTypeError, FeedError, ShapeError
+from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.ops import TWO_RESULTS, may_fail
@@ -65,12 +66,22 @@ def _variable(v, what):
     return v
 
 
+def _mapping(given, what, example):
+    if given is None:
+        return {}
+    if not isinstance(given, Mapping):
+        raise FeedError(f"compile: {what} must be a dict mapping {example}, not {type(given).__name__} {given!r}")
+    return dict(given)
+
+
 def _signature(outputs, inputs, state, updates):
     single = isinstance(outputs, Term)
     outputs = as_outputs(outputs)
+    if isinstance(inputs, Term):  # one variable, as one output term may be given alone
+        inputs = [inputs]
     inputs = tuple(_variable(v, "inputs") for v in (inputs or ()))
-    state = dict(state or {})
-    updates = dict(updates or {})
+    state = _mapping(state, "state", "each variable to its initial value ({W: W_value})")
+    updates = _mapping(updates, "updates", "each state variable to its new value ({W: W - 0.1 * gW})")
     names = {}
     for v in list(inputs) + [_variable(v, "state keys") for v in state]:
         if v.name in names:
@@ -249,9 +260,9 @@ def _built(signature, engine, options, keep_sums=frozenset()):
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
+    nbytes = _sizes(kernels)
     steps = engine.steps(kernels, options)
     live_out = list(outputs) + list(values)
-    nbytes = {t: t.size * t.dtype.itemsize for k in kernels for t in k.terms}
     kept = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state]
     if getattr(engine, "feeds_in_place", False):
         kept += [k.term for k in kernels if k.is_load]
@@ -264,6 +275,16 @@ def _built(signature, engine, options, keep_sums=frozenset()):
                        engine.alignment, labels,
                        shared=sinks.items())
     return _Built(traces, outputs, updates, kernels, steps, sinks, plan)
+
+
+def _sizes(kernels):
+    """The bytes of every value the kernels define; a PlanError for one larger than any array can be."""
+    nbytes = {t: t.size * t.dtype.itemsize for k in kernels for t in k.terms}
+    for t, size in nbytes.items():
+        if size > np.iinfo(np.intp).max:
+            raise PlanError(f"compile: {t!r}, built at {t.where_built}, would take {size} bytes, "
+                            f"more than any array can hold")
+    return nbytes
 
 
 def _sums_at_peak(built):

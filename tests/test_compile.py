@@ -307,6 +307,25 @@ def test_compile_refuses_what_it_cannot_run():
         ct.compile([x @ W], inputs=[x], state={W: np.eye(2, dtype=np.float32)})
     with pytest.raises(ct.BackendError, match="no backend 'torch'"):
         ct.compile([x @ W], inputs=[x, W], backend="torch")
+    with pytest.raises(ct.FeedError, match=r"state must be a dict mapping each variable to its initial value"):
+        ct.compile([x @ W], inputs=[x], state=[W])
+    with pytest.raises(ct.FeedError, match=r"updates must be a dict mapping each state variable"):
+        ct.compile([x @ W], inputs=[x], state={W: np.eye(3, dtype=np.float32)}, updates=[W])
+
+
+def test_one_input_may_be_given_alone():
+    x = ct.var("x", (2, 3))
+    (doubled,) = ct.compile([x * 2], inputs=x)(x=np.ones((2, 3), np.float32))
+    np.testing.assert_array_equal(doubled, 2)
+
+
+def test_values_too_large_to_hold_are_plan_errors():
+    huge = ct.var("huge", (10**10, 10**10))
+    with pytest.raises(ct.PlanError, match="more than any array can hold"):
+        ct.compile([ct.exp(huge)], inputs=[huge])
+    large = ct.var("large", (10**9, 10**9))  # 4 EB: past any address space, even with memory overcommitted
+    with pytest.raises(ct.PlanError, match="needs an arena of 4000000000000000000 bytes"):
+        ct.compile([ct.exp(large)], inputs=[large])
 
 
 def test_explain_lists_rules_kernels_and_the_plan():

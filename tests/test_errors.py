@@ -165,6 +165,18 @@ def test_feed_keys_must_be_names_or_variables():
     check_error(ct.FeedError, lambda: ct.evaluate(loss, {**GOOD, x: GOOD["x"]}), "variable 'x' is fed twice")
 
 
+def test_a_feed_keyed_by_another_variable_of_the_same_name_is_refused():
+    """Keyed by a variable, a feed is for that variable: one of another shape under the same name is not
+    the graph's, even when the value fits the graph's variable."""
+    other = ct.var("x", (5,))
+    feeds = {**GOOD, "x": None}
+    del feeds["x"]
+    check_error(ct.FeedError, lambda: ct.evaluate(loss, {**feeds, other: GOOD["x"]}),
+                "keyed by variable 'x' : float32[5]", "not the graph's variable 'x' : float32[4,6]")
+    program = ct.compile([x * 2], inputs=[x])
+    check_error(ct.FeedError, lambda: program({other: GOOD["x"]}), "not the graph's variable 'x'")
+
+
 def test_bad_precision():
     check_error(ct.DTypeError, lambda: ct.evaluate(loss, GOOD, precision="float32"), "precision must be one of")
 

@@ -15,12 +15,16 @@ def _declared(var):
     return f"variable {var.name!r} : {type_string(var.shape, var.dtype)} (declared at {var.where_built})"
 
 
-def _by_name(feeds):
+def _by_name(feeds, variables_by_name):
     named = {}
     for key, value in feeds.items():
         if isinstance(key, Term):
             if key.op.name != "var":
                 raise FeedError(f"feeds are keyed by variable or name; {key!r} is not a variable")
+            own = variables_by_name.get(key.name)
+            if own is not None and own is not key:
+                raise FeedError(f"a feed is keyed by {_declared(key)}, which is not the graph's {_declared(own)}; "
+                                f"key the feed by the graph's variable, or by its name")
             key = key.name
         elif not isinstance(key, str):
             raise FeedError(f"feeds are keyed by variable or name, not {type(key).__name__} {key!r}")
@@ -75,7 +79,7 @@ def bind(variables_by_name, feeds, any_float=False):
     kept: for a computation that widens every float anyway.
     """
     try:
-        named = _by_name(dict(feeds))
+        named = _by_name(dict(feeds), variables_by_name)
     except (TypeError, ValueError):
         raise FeedError(f"feeds must be a mapping from names or variables to values, not {feeds!r}") from None
     missing = sorted(set(variables_by_name) - set(named))

@@ -103,6 +103,12 @@ def _kib(nbytes):
     return f"{nbytes / 1024:.1f} KiB" if nbytes < 1 << 20 else f"{nbytes / (1 << 20):.2f} MiB"
 
 
+def unallocatable(what, nbytes, error):
+    """The error for a planned block (an arena, a state block) that the machine could not allocate."""
+    return PlanError(f"compile: the program needs {what} of {nbytes} bytes ({nbytes / (1 << 30):.3g} GiB), which "
+                     f"could not be allocated ({type(error).__name__}: {error}); use smaller shapes or dtypes")
+
+
 def _buffers(placements, alignment):
     """The placements grouped by the buffer they share: each chain of in-place takers with its head."""
     by_key = {p.key: p for p in placements}

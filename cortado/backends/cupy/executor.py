@@ -23,7 +23,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.ops import gemm_operands, parameter
 from ...exprgraph.term import make
-from ...memplan import aligned
+from ...memplan import aligned, unallocatable
 from ...rules.fusion import inlined
 from .blas import Gemm
 from .codegen import Operand, contiguous_strides, kernel_source
@@ -41,12 +41,16 @@ def _cupy():
 class _Block:
     """One device allocation carved into aligned places."""
 
-    def __init__(self, sizes):
+    def __init__(self, sizes, what="a device block"):
         self.offsets, top = [], 0
         for size in sizes:
             self.offsets.append(top)
             top += aligned(size, ALIGNMENT)
-        self.memory = _cupy().empty(max(top, 1), np.uint8)
+        cupy = _cupy()
+        try:
+            self.memory = cupy.empty(max(top, 1), np.uint8)
+        except (cupy.cuda.memory.OutOfMemoryError, MemoryError, ValueError) as error:
+            raise unallocatable(what, top, error) from None
         self.nbytes = top
 
     def pointer(self, k):
@@ -86,7 +90,7 @@ class Executor:
         self.strides, _ = layouts(kernels)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
             self.strides.setdefault(t, stored_strides(t))
-        self.arena = _Block([plan.peak_bytes])
+        self.arena = _Block([plan.peak_bytes], "an arena on the GPU")
         state = list(signature.state)
         self.state_block = _Block([v.size * v.dtype.itemsize for v in state])
         self.state = {v: self.state_block.array(i, v.shape, v.dtype) for i, v in enumerate(state)}

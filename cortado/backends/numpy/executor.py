@@ -9,7 +9,7 @@ in, runs the calls, copies the outputs out and writes the updates.
 import numpy as np
 
 from ...errors import BackendError
-from ...memplan import aligned
+from ...memplan import aligned, unallocatable
 from .fused import emit_fused
 from .kernels import Emitter, emit
 
@@ -20,9 +20,13 @@ ALIGNMENT = 64
 UFUNC_BUFFER = 1024
 
 
-def aligned_bytes(nbytes):
-    """A zeroed uint8 array of ``nbytes`` whose first byte is ``ALIGNMENT``-aligned."""
-    raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
+def aligned_bytes(nbytes, what="a block"):
+    """A zeroed uint8 array of ``nbytes`` whose first byte is ``ALIGNMENT``-aligned; a PlanError naming ``what``
+    if the machine cannot allocate it."""
+    try:
+        raw = np.zeros(nbytes + ALIGNMENT, np.uint8)
+    except (MemoryError, ValueError) as error:  # ValueError: more bytes than an array may hold
+        raise unallocatable(what, nbytes, error) from None
     start = -raw.ctypes.data % ALIGNMENT
     return raw[start:start + nbytes]
 
@@ -55,7 +59,7 @@ class Executor:
     """Runs one compiled step on the CPU; see the module docstring."""
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks):
-        self.arena = aligned_bytes(plan.peak_bytes)
+        self.arena = aligned_bytes(plan.peak_bytes, "an arena")
         self.state_block, self.state = self._state_block(signature.state)
         self.feeds = {}
         arrays = {v: self.state[v] for v in signature.state}
@@ -91,7 +95,7 @@ class Executor:
         for v, value in state.items():
             offsets[v] = top
             top += aligned(value.nbytes, ALIGNMENT)
-        block = aligned_bytes(top)
+        block = aligned_bytes(top, "a state block")
         arrays = {}
         for v, value in state.items():
             arrays[v] = _view(block, offsets[v], v.shape, v.dtype)
@@ -119,7 +123,7 @@ class Executor:
         staged = []
         for k, (destination, source) in enumerate(self.final):
             if any(np.shares_memory(source, other) for other, _ in self.final):
-                stage = aligned_bytes(source.nbytes).view(source.dtype).reshape(source.shape)
+                stage = aligned_bytes(source.nbytes, "a staging buffer").view(source.dtype).reshape(source.shape)
                 staged.append((stage, source))
                 self.final[k] = (destination, stage)
         return staged
