@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one entry point (run there through the device tool, from the repository root):
-# installs the carried wheels (.whl/, nvmath-python), runs the GPU tests, the GPU benchmarks, then
+# installs the carried wheels (.whl/, nvmath-python; .whl/extra/, its needs, only where the machine lacks
+# them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP step kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|bench|profile|all]
@@ -9,14 +10,18 @@ what=${1:-all}
 out=${OUT:-benchmarks/results}
 mkdir -p "$out"
 if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+    wheels=(.whl/*.whl)
+    for module in cuda.core cuda.pathfinder cuda.bindings; do
+        python3 -c "import $module" 2>/dev/null || wheels+=(.whl/extra/"$(echo "${module/./_}")"-*.whl)
+    done
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site "${wheels[@]}" || exit 1
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
-    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.log" || status=1
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 | tee "$out/gpu_tests.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmarks/bench_fused_gpu.py --out "$out/fused_gpu.json" 2>&1 | tee "$out/bench_fused.log" || status=1

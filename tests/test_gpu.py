@@ -318,6 +318,14 @@ def test_state_reads_and_writes_on_the_gpu():
     assert program.device_bytes >= program.memory.peak_bytes + 48
 
 
+def test_scalar_state_on_the_gpu():
+    count = ct.var("count", ())
+    program = ct.compile([count * 2.0], state={count: np.float32(1)}, updates={count: count + 1}, backend="cupy")
+    assert [float(program()[0]) for _ in range(3)] == [2.0, 4.0, 6.0]
+    program.state["count"] = np.float32(10)
+    assert float(program()[0]) == 20.0 and float(program.state["count"]) == 11.0
+
+
 def test_swapped_updates_and_outputs_of_state_on_the_gpu():
     V, W = ct.var("V", (5,)), ct.var("W", (5,))
     program = ct.compile([V, W + 0.0], state={V: np.arange(5, dtype=np.float32), W: -np.arange(5, dtype=np.float32)},
@@ -326,6 +334,46 @@ def test_swapped_updates_and_outputs_of_state_on_the_gpu():
         v, w = (host(a) for a in program())
         sign = (-1) ** call
         assert np.array_equal(v, sign * np.arange(5)) and np.array_equal(w, -sign * np.arange(5))
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_coupled_updates_on_the_gpu_each_read_the_old_values(cuda_graph):
+    a, b = ct.var("a", (6,)), ct.var("b", (6,))
+    start = {a: np.linspace(0.5, 1, 6).astype(np.float32), b: np.linspace(-1, 1, 6).astype(np.float32)}
+    updates = {a: 0.8 * a - 0.6 * b, b: 0.6 * a + 0.8 * b}
+    program = ct.compile([a * b], state=start, updates=updates, backend="cupy", cuda_graph=cuda_graph)
+    current = {v.name: value for v, value in start.items()}
+    for _ in range(3):
+        expected = ct.evaluate([a * b] + list(updates.values()), current)
+        assert_close(program()[0], expected[0])
+        current = {"a": expected[1], "b": expected[2]}
+        assert_close(program.state["a"], current["a"])
+        assert_close(program.state["b"], current["b"])
+
+
+def test_calls_from_several_threads_on_the_gpu_run_one_at_a_time():
+    import threading
+
+    count, x = ct.var("count", ()), ct.var("x", (256, 64))
+    program = ct.compile([ct.sum(ct.tanh(x) * 2.0)], inputs=[x], state={count: np.float32(0)},
+                         updates={count: count + 1}, backend="cupy")
+    feeds = [np.full((256, 64), k / 8, np.float32) for k in range(8)]
+    errors = []
+
+    def work(k):  # the results are the output block, which the next call overwrites: only the state is checked
+        for _ in range(25):
+            try:
+                program(x=feeds[k])
+            except Exception as error:  # noqa: BLE001 (any failure in a thread is the test's failure)
+                errors.append(error)
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and float(program.state["count"]) == 200
+    assert np.isclose(float(program(x=feeds[3])[0]), np.sum(np.tanh(feeds[3]) * 2.0), rtol=1e-4)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "int32"])

@@ -129,7 +129,7 @@ class Executor:
         if autotune and self.gemms:  # before the state is written: a gemm may write over a parameter in place
             self._tune()
         for v, value in signature.state.items():
-            self.state[v].set(np.ascontiguousarray(value))
+            self.state[v].set(np.asarray(value, order="C"))  # (ascontiguousarray makes a 0-d value 1-d)
 
     # -- building ------------------------------------------------------------------------------
 
@@ -324,7 +324,7 @@ class Executor:
         """Replace a state value (checked by the caller) once the steps in flight are done."""
         self.stream.synchronize()
         if isinstance(value, np.ndarray):
-            self.state[var].set(np.ascontiguousarray(value))
+            self.state[var].set(np.asarray(value, order="C"))
         else:
             self.state[var][...] = value
 
