@@ -26,9 +26,9 @@ from .exprgraph.ops import TWO_RESULTS, may_fail
 from .exprgraph.term import Term, make
 from .memplan import intervals, live_bytes, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
-from .rules.engine import Fixpoint, Postwalk, Trace, bottom_up
+from .rules.engine import Trace, bottom_up
 from .rules.fusion import fuse
-from .rules.stability import stability
+from .rules.stability import stabiliser
 
 PIPELINE = ("simplify", "stability", "lowering", "fusion")
 
@@ -115,7 +115,7 @@ def _rewrite(roots, backend, traces, keep_sums=frozenset()):
     roots = list(roots)
     traces.update({stage: Trace() for stage in PIPELINE})
     roots = simplifier.run(roots, traces["simplify"])
-    roots = Fixpoint(Postwalk(stability)).run(roots, traces["stability"])
+    roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], keep_sums)
     roots, _ = fuse(roots, traces["fusion"])

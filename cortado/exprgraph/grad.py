@@ -1,16 +1,19 @@
 """Reverse-mode differentiation: ``ct.grad``, ``ct.vjp`` and ``ct.hvp``.
 
-The driver walks the graph from the outputs back to the variables once. At each term it asks
-the derivative rules (``cortado.rules.derivatives``, data) for each input's share of the term's
-adjoint, undoes broadcasting by summing a share over the axes its input was stretched along,
-casts it to its input's dtype, and adds up the shares an input receives. Only floating terms
-that depend on a variable asked for carry adjoints, so nothing is built for the rest of the
-graph. The gradients are simplified, with the model's own terms kept as the user wrote them, so
-gradients and model share those terms (evaluated together, nothing is computed twice) and the
-gradients carry no ``* 1`` or ``+ 0``.
+The outputs are first stabilised (``cortado.rules.stability``, to a fixpoint, as ``compile``
+stabilises a model), so the gradient of ``log(sum(exp(x)))`` is that of ``logsumexp(x)``, a
+softmax, finite where the fragile form's is nan. The driver then walks the graph from the
+outputs back to the variables once. At each term it asks the derivative rules
+(``cortado.rules.derivatives``, data) for each input's share of the term's adjoint, undoes
+broadcasting by summing a share over the axes its input was stretched along, casts it to its
+input's dtype, and adds up the shares an input receives. Only floating terms that depend on a
+variable asked for carry adjoints, so nothing is built for the rest of the graph. The gradients
+are simplified, with the model's own terms kept as the user wrote them (stabilised), so
+gradients and model share those terms (evaluated together, or compiled, which stabilises the
+model the same way, nothing is computed twice) and the gradients carry no ``* 1`` or ``+ 0``.
 
-This module is the driver only; the derivative rules and ``simplify`` belong to the rules stage,
-which this stage does not import until a gradient is asked for.
+This module is the driver only; the derivative rules, ``stability`` and ``simplify`` belong to
+the rules stage, which this stage does not import until a gradient is asked for.
 """
 
 import numpy as np
@@ -29,7 +32,8 @@ def grad(y, wrt, *, rules=None, trace=None):
     Returns an expression (a list of them for a list) of each variable's shape and dtype; a
     variable ``y`` does not depend on gets zeros. ``rules`` replaces the derivative rules
     (``cortado.rules.derivatives``, extended with ``+``, say), and ``trace`` (a
-    ``cortado.rules.Trace``) collects the derivative rules applied and the simplifications made.
+    ``cortado.rules.Trace``) collects the stability rewrites of ``y``, the derivative rules
+    applied and the simplifications made.
     """
     if not isinstance(y, Term):
         raise GradError(f"grad takes one scalar output (a cortado term), not {type(y).__name__} {y!r}; "
@@ -52,6 +56,7 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     """
     from ..rules import derivatives, simplify  # the rules stage: see the module's docstring
     from ..rules.derivatives import Derivatives
+    from ..rules.stability import stabiliser
 
     if rules is None:
         rules = derivatives
@@ -62,6 +67,7 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     outputs_given = isinstance(outputs, Term)
     outputs = list(as_outputs(outputs))
     cotangents = _cotangents(outputs, [cotangents] if outputs_given else cotangents)
+    outputs = stabiliser.run(outputs, trace)
     model = schedule(outputs)
     adjoints = backpropagate(model, outputs, cotangents, variables, rules, trace)
     gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]

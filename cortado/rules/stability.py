@@ -3,11 +3,17 @@
 ``log(1 + x)`` loses every digit of a small ``x`` (in float32, ``log(1 + 1e-10)`` is 0) where
 ``log1p(x)`` keeps them; ``log(sum(exp(x)))`` overflows for logits near 1000 where ``logsumexp``
 does not; ``log(softmax(x))`` is ``-inf`` wherever the softmax underflows, ``log_softmax`` never.
-``log(sigmoid(x))`` becomes ``-softplus(-x)``, finite for every finite ``x``. Rules whose
-pattern adds to or negates ``x`` apply to floating ``x`` only: integers wrap around.
+``log(sigmoid(x))`` becomes ``-softplus(-x)``, finite for every finite ``x``, and
+``log(1 - sigmoid(x))`` becomes ``-softplus(x)`` in each form it is written in: ``log(-sigmoid(x) + 1)``
+is first ``log1p(-sigmoid(x))``, which is caught too. Rules whose pattern adds to or negates ``x``
+apply to floating ``x`` only: integers wrap around.
+
+``stabiliser`` applies the set everywhere until nothing changes, as ``compile`` does; the
+reverse-mode driver runs it on a model before differentiating it, so a gradient is that of the
+stable form, finite where the stable form is.
 """
 
-from .engine import Rule, RuleSet
+from .engine import Fixpoint, Postwalk, Rule, RuleSet
 from .guards import floating
 
 real = floating("_x")  # on integers 1 + x and -x wrap around: the identities below need real x
@@ -26,4 +32,7 @@ stability = RuleSet([
     Rule("sigmoid", "1 / (1 + exp(-_x))", "sigmoid(_x)", guard=real),
     Rule("log-sigmoid", "log(sigmoid(_x))", "-softplus(-_x)", guard=real),
     Rule("log-one-minus-sigmoid", "log(1 - sigmoid(_x))", "-softplus(_x)"),
+    Rule("log1p-negative-sigmoid", "log1p(-sigmoid(_x))", "-softplus(_x)"),
 ], name="stability")
+
+stabiliser = Fixpoint(Postwalk(stability))
