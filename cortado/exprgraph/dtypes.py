@@ -43,6 +43,13 @@ def is_float(dtype):
     return kind_of(dtype) == "f"
 
 
+def is_narrow_float(dtype):
+    """Whether ``dtype`` is float16 or bfloat16: too few digits to add many values in (ones summed
+    in float16 stop at 2048, in bfloat16 at 256), so sums and products of them accumulate in
+    float32 and round once (``semantics.IN_FLOAT32``)."""
+    return is_float(dtype) and dtype.itemsize == 2
+
+
 def finfo(dtype):
     """The limits of a floating dtype (``np.finfo`` does not know bfloat16; ml_dtypes' does)."""
     return ml_dtypes.finfo(dtype) if is_bfloat16(dtype) else np.finfo(dtype)

@@ -5,18 +5,19 @@ folds with them too, so a folded constant is exactly what evaluating the term wo
 Each entry takes the list of operand arrays and the op's attributes; its result is cast to the
 term's dtype by the caller.
 
-Some ops take some dtypes in float32 and round their result once (``IN_FLOAT32``, which the NumPy
-backend follows too). bfloat16 (ml_dtypes') has elementwise loops that do so, but nothing that
-accumulates well: its sums add in bfloat16 and its einsum fails, so sums and products of bfloat16
-are computed in float32, as PyTorch, JAX and cuBLAS do. ``gelu`` and ``gelu_grad`` of float16 and
-bfloat16 are computed in float32, as NumPy computes float16's exp.
+Some ops take float16 and bfloat16 in float32 and round their result once (``IN_FLOAT32``, which
+every backend follows). NumPy adds float16 in float16 along any axis but a contiguous last one
+(3000 times 0.1 sums to 256), and a softmax's sum over 100,000 ones overflows it; ml_dtypes'
+bfloat16 adds in bfloat16 everywhere and its einsum fails. So sums, means, the softmax family and
+products of both are computed in float32, as PyTorch, JAX and cuBLAS do; so are ``gelu`` and
+``gelu_grad``, as NumPy computes float16's exp.
 """
 
 import math
 
 import numpy as np
 
-from .dtypes import is_bfloat16, is_float
+from .dtypes import is_float, is_narrow_float
 from .ops import UFUNC_OPS, gemm_operands, ufunc_loop
 
 # gelu(x) = x/2 (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), the tanh form (JAX's default, cuBLASLt's epilogue)
@@ -24,13 +25,14 @@ GELU_SCALE = math.sqrt(2 / math.pi)
 GELU_CUBIC = 0.044715
 
 
-def _two_byte_float(dtype):
-    return is_float(dtype) and dtype.itemsize == 2
+def _narrow_once_floating(dtype):
+    """Whether ``dtype`` is narrow in the float exp computes it in (int8, uint8 and bool: float16)."""
+    return is_narrow_float(dtype if is_float(dtype) else ufunc_loop(np.exp, (dtype,))[-1])
 
 
 IN_FLOAT32 = {  # op name -> which operand dtypes it computes in float32
-    **dict.fromkeys(("sum", "mean", "logsumexp", "softmax", "log_softmax", "matmul", "gemm", "einsum"), is_bfloat16),
-    "gelu": _two_byte_float, "gelu_grad": _two_byte_float,
+    **dict.fromkeys(("sum", "mean", "matmul", "gemm", "einsum", "gelu", "gelu_grad"), is_narrow_float),
+    **dict.fromkeys(("logsumexp", "softmax", "log_softmax"), _narrow_once_floating),
 }
 
 
@@ -113,9 +115,8 @@ def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
         out = out + dtype(beta) * c
     if bias is not None:
         out = out + bias
-    if "gelu" in epilogue:  # in the dtype the gelu ops compute in (cuBLASLt's epilogues too: float32)
-        wide = out.astype(np.float32) if IN_FLOAT32["gelu"](out.dtype) else out
-        return wide * _gelu_grad(aux.astype(wide.dtype)) if epilogue.startswith("dgelu") else _gelu(wide)
+    if "gelu" in epilogue:  # float16 and bfloat16 came in float32, as the gelu ops (and cuBLASLt's epilogues) take them
+        return out * _gelu_grad(aux.astype(out.dtype)) if epilogue.startswith("dgelu") else _gelu(out)
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
 

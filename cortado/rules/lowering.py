@@ -8,8 +8,10 @@ added term of the product's shape into ``beta`` and ``c``, an added row into the
 backward) into the dgelu epilogue, which reads ``z``. A product used more than once is not folded into its
 users (each would compute it again). ``composites`` spells ``logsumexp``, ``softmax`` and
 ``log_softmax`` out as max, exp, sum and log with the reference's own shifting, so fusion can
-make a reduction kernel of each pass; a ``matmul`` no GEMM takes (integers, a batch broadcast
-no single stride describes) becomes a broadcast product summed over the contracted axis.
+make a reduction kernel of each pass, in float32 for float16 and bfloat16 as the reference
+computes them (a stored float16 sum of 100,000 exponentials would be infinite); a ``matmul`` no
+GEMM takes (integers, a batch broadcast no single stride describes) becomes a broadcast product
+summed over the contracted axis.
 ``einsum_lowering`` comes first: an einsum of two operands becomes transposes and reshapes around
 one matmul (so a GEMM), any other einsum one broadcast product summed over the labels the output
 lacks (a fused reduction).
@@ -26,6 +28,7 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, is_float
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import OPS, gemm_operands
+from ..exprgraph.semantics import IN_FLOAT32
 from ..exprgraph.term import make
 from ..exprgraph.graph import post_order
 from .engine import Chain, Fixpoint, Postwalk, Rewrite, Rule, RuleSet, bottom_up
@@ -190,13 +193,21 @@ gemm_lowering = RuleSet([
 # -- composites ------------------------------------------------------------------------------
 
 
-def _floating(x):
+def _as(x, dtype):
+    return x if x.dtype == dtype else ct.cast(x, dtype)
+
+
+def _computed(x):
+    """``x`` in the dtype the softmax family computes in: float32 where ``IN_FLOAT32`` says so, else
+    the float exp computes in."""
+    if IN_FLOAT32["softmax"](x.dtype):
+        return ct.cast(x, "float32")
     return x if is_float(x.dtype) else ct.cast(x, ct.exp(x).dtype)
 
 
 def _shifted(x, axes):
     """``(x - peak, peak)`` with the max over ``axes`` kept, infinite maxima replaced by 0 (as the reference)."""
-    x = _floating(x)
+    x = _computed(x)
     peak = ct.max(x, axis=axes, keepdims=True)
     peak = ct.where(ct.less(ct.abs(peak), np.inf), peak, 0.0)
     return ct.subtract(x, peak), peak
@@ -206,19 +217,19 @@ def _logsumexp(b):
     x, axes = b["_x"], b.term.attrs[0]
     shifted, peak = _shifted(x, axes)
     total = ct.add(ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)), peak)
-    return ct.reshape(total, b.term.shape)
+    return _as(ct.reshape(total, b.term.shape), b.term.dtype)
 
 
 def _softmax(b):
     shifted, _ = _shifted(b["_x"], b.term.attrs[0])
     e = ct.exp(shifted)
-    return ct.divide(e, ct.sum(e, axis=b.term.attrs[0], keepdims=True))
+    return _as(ct.divide(e, ct.sum(e, axis=b.term.attrs[0], keepdims=True)), b.term.dtype)
 
 
 def _log_softmax(b):
     axes = b.term.attrs[0]
     shifted, _ = _shifted(b["_x"], axes)
-    return ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)))
+    return _as(ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True))), b.term.dtype)
 
 
 def _matmul_as_reduction(b):
@@ -239,10 +250,6 @@ composites = RuleSet([
 ], name="composites")
 
 # -- einsum ---------------------------------------------------------------------------------
-
-
-def _as(x, dtype):
-    return x if x.dtype == dtype else ct.cast(x, dtype)
 
 
 def _reordered(labels, x, order):

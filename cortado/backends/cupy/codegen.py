@@ -12,8 +12,9 @@ offset fits. Its grid covers the whole range, a thread to a vector: on the H200 
 4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70.
 A reduction kernel gives each output a warp (short reductions) or a block, or, when the reduced
 axes are not the innermost, a column of a 32-output tile; its prologue is computed
-for each element as it is read, its epilogue once per output. float16 and bfloat16 values are
-computed and accumulated in float32.
+for each element as it is read, its epilogue once per output. float16 and bfloat16 values
+(``is_narrow_float``) are computed and accumulated in float32, as the reference computes their
+sums; the lowering spells the softmax family out in float32 for them (``rules.lowering``).
 
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.dtypes import is_float, kind_of
+from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import ELEMENTWISE, may_fail
 
@@ -100,7 +101,8 @@ def contiguous_strides(shape):
 
 
 def compute_type(dtype):
-    return "float" if dtype.name in HALVES else STORAGE[dtype.name]
+    """The C type a value of ``dtype`` is computed in, and a reduction of it accumulates in."""
+    return "float" if is_narrow_float(dtype) else STORAGE[dtype.name]
 
 
 def storage_type(dtype):

@@ -6,7 +6,8 @@ Temporaries come from ``emitter.scratch``, views of the step's workspace in the 
 ``Emitter`` without a workspace only measures how much it would need. The calls mirror the
 reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
 dtypes, so results agree with it to the last bit wherever NumPy's own kernels do. As there, the
-ops of ``IN_FLOAT32`` take some dtypes in float32 and round their result once.
+ops of ``IN_FLOAT32`` take float16 and bfloat16 in float32 scratch and round their result once,
+in a fused region too (it emits through ``emit``).
 
 ``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
 before writing the same element of ``out``.
@@ -185,17 +186,13 @@ def _max(em, attrs, args, out):
 
 
 def _mean(em, attrs, args, out):
-    # as numpy's mean: sum in float32 for float16 and float64 for integers, then divide by the count
+    # as numpy's mean: the sum in the result's dtype (float64 for integers; float16 comes in float32),
+    # divided by the count
     axes, keepdims = attrs
     x = args[0]
     count = np.intp(math.prod(x.shape[a] for a in axes))
-    wide = np.float32 if x.dtype == np.float16 else (out.dtype if is_float(x.dtype) else np.float64)
-    total = out if np.dtype(wide) == out.dtype else em.scratch(out.shape, wide)
-    em.call(np.add.reduce, x, axis=axes, dtype=wide, out=total, keepdims=keepdims)
-    em.call(np.true_divide, total, count, out=total, casting="unsafe")
-    if total is not out:
-        em.call(np.copyto, out, total, casting="unsafe")
-        em.release(total)
+    em.call(np.add.reduce, x, axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
+    em.call(np.true_divide, out, count, out=out, casting="unsafe")
 
 
 def _kept(shape, axes):
