@@ -22,6 +22,7 @@ from ..exprgraph.semantics import IMPLEMENTATIONS
 from ..exprgraph.term import RuleViolation, Term, make
 from . import text as textforms
 from .patterns import DTYPE_CLASSES, Literal, Pattern, Placeholder
+from .splats import splat_reduction
 
 # Python's operator spelling -> cortado op, by arity (text patterns match tensor terms through it)
 OPERATOR_OPS = {
@@ -165,15 +166,19 @@ class TensorWorld:
     def fold(self, term):
         """``term`` evaluated now, as a constant, when all its operands are constants; else None.
 
-        Elementwise ops and layout ops of one-value constants fold at any size: their result is
-        one value too. Anything else folds up to ``FOLD_LIMIT`` elements.
+        Elementwise ops, layout ops and reductions of one-value constants fold at any size: their
+        result is one value too (a reduction's in closed form, ``splats``). Anything else folds up to
+        ``FOLD_LIMIT`` elements.
         """
         if not term.args or any(a.op.name != "const" for a in term.args):
             return None
         values = [a.attrs[0] for a in term.args]
         splats = all(v.scalar is not None for v in values)
         if splats and term.op.kind == LAYOUT:
-            return make(OPS["const"], (), (Constant(np.broadcast_to(values[0].scalar, term.shape)),))
+            return _splat(values[0].scalar, term.shape)
+        closed = splat_reduction(term, values[0].scalar) if splats else None
+        if closed is not None:
+            return _splat(closed, term.shape)
         pointwise = term.op.elementwise and splats
         if not pointwise and term.size > FOLD_LIMIT:
             return None
@@ -183,12 +188,19 @@ class TensorWorld:
                 result = np.asarray(IMPLEMENTATIONS[term.op.name](arrays, *term.attrs)).astype(term.dtype)
         except (ArithmeticError, ValueError):
             return None
-        if pointwise:
-            result = np.broadcast_to(result, term.shape)
-        return make(OPS["const"], (), (Constant(result),))
+        return _splat(result, term.shape) if pointwise else make(OPS["const"], (), (Constant(result),))
 
     def describe(self, term):
         return inline(term, depth=4)
+
+
+def _splat(value, shape):
+    """A constant of ``shape`` whose every element is ``value``; None where its bytes would overflow NumPy's
+    sizes, so such a term stays unfolded."""
+    try:
+        return make(OPS["const"], (), (Constant(np.broadcast_to(value, shape)),))
+    except ValueError:  # "array is too big"
+        return None
 
 
 _TEXT_ARITHMETIC = {

@@ -1,0 +1,47 @@
+"""Reductions of one-value constants in closed form, so folding them costs nothing however large they are.
+
+A gradient is full of them: ``ct.grad(sum(broadcast_to(s, (10**6, 10**6))), s)`` sums 10**12 ones. Summed
+element by element that takes minutes (it did); in closed form it is one multiplication. The results are
+NumPy's where NumPy's are exact (max, integer sums, which wrap as NumPy's do) and the exact value rounded
+once to the result's dtype where NumPy's own float sum would round on the way.
+"""
+
+import math
+
+import numpy as np
+
+from ..exprgraph.dtypes import is_float
+
+REDUCTIONS = frozenset({"sum", "mean", "max", "logsumexp", "softmax", "log_softmax"})
+
+
+def splat_reduction(term, value):
+    """``term``, a reduction of a constant whose every element is ``value`` (a 0-d array), as a 0-d array of
+    the result's dtype (its one value); None where ``term`` is no such reduction."""
+    if term.op.name not in REDUCTIONS:
+        return None
+    count = math.prod(term.args[0].shape[a] for a in term.attr_dict["axes"])
+    name = term.op.name
+    if name in ("max", "mean") and count:
+        return np.asarray(value).astype(term.dtype)
+    if name == "sum":
+        return _sum(value, count, term.dtype)
+    if not is_float(term.dtype) or not count:
+        return None  # on no elements the reference's own rules decide (a mean of nothing is NaN)
+    wide = float(value)
+    closed = {
+        "logsumexp": wide + math.log(count) if math.isfinite(wide) else wide,
+        "softmax": 1.0 / count if math.isfinite(wide) else math.nan,
+        "log_softmax": -math.log(count) if math.isfinite(wide) else math.nan,
+    }[name]
+    return np.asarray(closed).astype(term.dtype)
+
+
+def _sum(value, count, dtype):
+    if not count:
+        return np.zeros((), dtype)
+    if is_float(dtype):
+        with np.errstate(all="ignore"):  # overflow to inf, as the element-by-element sum would
+            return np.asarray(float(value) * count).astype(dtype)
+    total = int(value) * count % 2 ** (8 * dtype.itemsize)  # integers wrap, as NumPy's sums do
+    return np.asarray(total, dtype=f"u{dtype.itemsize}").astype(dtype)
