@@ -227,6 +227,7 @@ class RuleSet(Rewriter):
             flat.extend(item.rules if isinstance(item, RuleSet) else [as_rule(item)])
         self.rules = tuple(flat)
         self.name = name
+        self._keys = {rule.key for rule in self.rules}
         self._by_key = {}
 
     def __add__(self, other):
@@ -246,8 +247,14 @@ class RuleSet(Rewriter):
         raise KeyError(f"no rule named {name!r} in {self!r}")
 
     def candidates(self, term):
-        """The rules that could match ``term`` (by its op), in order; found once per op."""
+        """The rules that could match ``term`` (by its op), in order; found once per op a rule names.
+
+        Every other op (text has as many as it has function names) shares the rules that match
+        any op, so what is remembered stays as small as the rule set.
+        """
         key = op_name(term.head, len(term.args))
+        if key not in self._keys:
+            key = None
         found = self._by_key.get(key)
         if found is None:
             found = self._by_key[key] = tuple(r for r in self.rules if r.key in (None, key))

@@ -1,9 +1,11 @@
 """Python-syntax text as terms, so the rewrite engine can work on untyped symbolic expressions.
 
 Text is read with ``ast`` (never ``eval``) into ``TextTerm``s, which offer the same small interface
-as tensor terms (``head``, ``args``, ``rebuild``), and written back with ``ast.unparse``, so what
-comes out is formatted exactly as ``ast.unparse`` formats it. Function calls need not name
-anything real: ``foo(bar(x))`` is a term with head ``foo``.
+as tensor terms (``head``, ``args``, ``rebuild``), and written back formatted exactly as
+``ast.unparse`` formats it. Function calls need not name anything real: ``foo(bar(x))`` is a term
+with head ``foo``. Reading and writing keep stacks of their own instead of recursing, so text
+nested thousands deep (a sum of 5000 terms, 2000 minus signs) works as shallow text does, up to
+the depth Python's parser reads; deeper text is a RewriteError, never a RecursionError.
 
 Heads are Python's own spelling: operators are ``+ - * / // % ** @`` (``-`` with one argument is
 negation), comparisons ``< <= > >= == !=``, and ``and or not``; a call's head is the function's
@@ -12,6 +14,7 @@ terms, text terms are interned: equal text gives the same object.
 """
 
 import ast
+import sys
 import threading
 import weakref
 
@@ -37,11 +40,7 @@ COMPARISON = {
 BOOLEAN = {ast.And: "and", ast.Or: "or"}
 
 
-def _reverse(table):
-    return {head: node for node, head in table.items()}
-
-
-_AST_BINARY, _AST_UNARY, _AST_COMPARISON, _AST_BOOLEAN = map(_reverse, (BINARY, UNARY, COMPARISON, BOOLEAN))
+COMPARISON_HEADS = frozenset(COMPARISON.values())
 
 _interned = weakref.WeakValueDictionary()
 _interning = threading.Lock()
@@ -81,7 +80,7 @@ class TextTerm:
         return unparse(self)
 
     def __repr__(self):
-        return f"<text {unparse(self)}>"
+        return f"<text {shown(self)}>"
 
     __hash__ = object.__hash__
 
@@ -129,24 +128,31 @@ def parse(source):
     try:
         tree = ast.parse(source.strip(), mode="eval")
     except SyntaxError as error:
-        raise RewriteError(f"cannot read {source!r} as a Python expression: {error.msg}") from None
+        raise RewriteError(f"cannot read {_shown(source)} as a Python expression: {error.msg}") from None
+    except (RecursionError, MemoryError):
+        raise RewriteError(f"cannot read {_shown(source)}: it is nested deeper than Python's parser goes "
+                           f"(about {3 * sys.getrecursionlimit()} levels)") from None
     return _read(tree.body, source)
+
+
+def _shown(source, limit=80):
+    """``source`` quoted, cut to ``limit`` characters."""
+    return repr(source) if len(source) <= limit else f"{source[:limit]!r}... ({len(source)} characters)"
 
 
 def _unsupported(node, source, what=None):
     what = what or f"{type(node).__name__} expressions are"
     snippet = ast.get_source_segment(source.strip(), node) or ast.unparse(node)
-    return RewriteError(f"cannot rewrite {source!r}: {what} not supported (at {snippet!r})")
+    return RewriteError(f"cannot rewrite {_shown(source)}: {what} not supported (at {_shown(snippet)})")
 
 
 def _dotted(node):
     """``a.b.c`` as the string "a.b.c", or None if ``node`` is not a chain of names."""
-    if isinstance(node, ast.Name):
-        return node.id
-    if isinstance(node, ast.Attribute):
-        base = _dotted(node.value)
-        return None if base is None else f"{base}.{node.attr}"
-    return None
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    return ".".join([node.id, *reversed(parts)]) if isinstance(node, ast.Name) else None
 
 
 def _negatable(value):
@@ -154,93 +160,215 @@ def _negatable(value):
     return type(value) is float or (type(value) is int and value != 0)
 
 
-def _read(node, source):
-    read = lambda child: _read(child, source)  # noqa: E731
+def _read(root, source):
+    """The term for an ``ast`` expression, read children first with a stack of its own (text nested
+    thousands deep reads as well as shallow text)."""
+    read = {}  # id of an ast node -> its term (the tree keeps every node alive)
+    stack = [(root, False)]
+    while stack:
+        node, children_read = stack.pop()
+        children, build = _reading(node, source)
+        if children_read:
+            read[id(node)] = build([read.pop(id(child)) for child in children])
+        else:
+            stack.append((node, True))
+            stack.extend((child, False) for child in reversed(children))
+    return read[id(root)]
+
+
+def _reading(node, source):
+    """``(children, build)``: the ast nodes ``node``'s term is built of, and how, from their terms."""
     if isinstance(node, ast.Name):
-        return symbol(node.id)
+        return (), lambda _: symbol(node.id)
     if isinstance(node, ast.Constant):
-        return constant(node.value)
+        return (), lambda _: constant(node.value)
     if isinstance(node, ast.UnaryOp):
         operand = node.operand
         if isinstance(node.op, ast.USub) and isinstance(operand, ast.Constant) and _negatable(operand.value):
-            return constant(-operand.value)  # -1 is a number, as a reader expects
-        return compound(UNARY[type(node.op)], (read(operand),))
+            return (), lambda _: constant(-operand.value)  # -1 is a number, as a reader expects
+        return (operand,), lambda terms: compound(UNARY[type(node.op)], terms)
     if isinstance(node, ast.BinOp):
-        return compound(BINARY[type(node.op)], (read(node.left), read(node.right)))
+        return (node.left, node.right), lambda terms: compound(BINARY[type(node.op)], terms)
     if isinstance(node, ast.BoolOp):
-        return compound(BOOLEAN[type(node.op)], [read(v) for v in node.values])
+        return node.values, lambda terms: compound(BOOLEAN[type(node.op)], terms)
     if isinstance(node, ast.Compare):
         if len(node.ops) > 1:
             raise _unsupported(node, source, "chained comparisons are")
-        return compound(COMPARISON[type(node.ops[0])], (read(node.left), read(node.comparators[0])))
+        return (node.left, node.comparators[0]), lambda terms: compound(COMPARISON[type(node.ops[0])], terms)
     if isinstance(node, ast.Call):
         head = _dotted(node.func)
         if head is None:
             raise _unsupported(node, source, "calls of anything but a (dotted) name are")
         if any(k.arg is None for k in node.keywords):
             raise _unsupported(node, source, "**keyword unpacking is")
-        return compound(head, [read(a) for a in node.args], [(k.arg, read(k.value)) for k in node.keywords])
+        names = [k.arg for k in node.keywords]
+        positional = len(node.args)
+        return (*node.args, *(k.value for k in node.keywords)), lambda terms: compound(
+            head, terms[:positional], list(zip(names, terms[positional:])))
     if isinstance(node, ast.Starred):
-        return compound(STARRED, (read(node.value),))
+        return (node.value,), lambda terms: compound(STARRED, terms)
     if isinstance(node, ast.Attribute):
-        return compound("." + node.attr, (read(node.value),))
+        return (node.value,), lambda terms: compound("." + node.attr, terms)
     if isinstance(node, ast.Subscript):
         if isinstance(node.slice, ast.Slice):
             raise _unsupported(node, source, "slices are")
-        return compound(SUBSCRIPT, (read(node.value), read(node.slice)))
+        return (node.value, node.slice), lambda terms: compound(SUBSCRIPT, terms)
     if isinstance(node, ast.Tuple):
-        return compound(TUPLE, [read(e) for e in node.elts])
+        return node.elts, lambda terms: compound(TUPLE, terms)
     if isinstance(node, ast.List):
-        return compound(LIST, [read(e) for e in node.elts])
+        return node.elts, lambda terms: compound(LIST, terms)
     raise _unsupported(node, source)
 
 
 # -- writing ---------------------------------------------------------------------------------
 
+# ast.unparse's precedence levels (``ast._Precedence``): a child is put in parentheses where its
+# parent asks for a higher level than the child's own
+TUPLE_LEVEL, TEST, OR, AND, NOT, CMP, EXPR, BXOR, BAND, SHIFT, ARITH, TERM, FACTOR, POWER, ATOM = (
+    2, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 18)
+BINARY_LEVEL = {
+    "+": ARITH, "-": ARITH, "*": TERM, "/": TERM, "//": TERM, "%": TERM, "@": TERM,
+    "<<": SHIFT, ">>": SHIFT, "|": EXPR, "^": BXOR, "&": BAND, "**": POWER,
+}
+UNARY_LEVEL = {"-": FACTOR, "+": FACTOR, "~": FACTOR, "not": NOT}
+BOOLEAN_LEVEL = {"or": OR, "and": AND}
+MAX_PRINTED_SUBTERMS = 10_000_000  # printed, a shared subterm counts once per place it appears
+
 
 def unparse(term):
-    """``term`` as text, formatted by ``ast.unparse`` (so ``a*b`` comes back as ``a * b``)."""
-    return ast.unparse(ast.fix_missing_locations(_tree(term)))
+    """``term`` as text, formatted as ``ast.unparse`` formats it (so ``a*b`` comes back as ``a * b``).
+
+    Written with a stack of its own, so a term nested thousands deep prints as a shallow one does; a
+    term whose text would hold more than ``MAX_PRINTED_SUBTERMS`` subterms (shared ones repeat in
+    text) is a RewriteError: ``abbreviated`` shows such a term in part.
+    """
+    size = _printed_size(term)
+    if size > MAX_PRINTED_SUBTERMS:
+        raise RewriteError(f"this text term would print as {size} subterms (shared subterms repeat in text), "
+                           f"more than cortado prints ({MAX_PRINTED_SUBTERMS}); its head is {term.head!r}: "
+                           f"{unparse(abbreviated(term))}")
+    pieces = []
+    stack = [(term, TEST)]  # text to write, or (a term, the level its parent asks of it), last first
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            pieces.append(item)
+        else:
+            stack.extend(reversed(_written(*item)))
+    return "".join(pieces)
 
 
-def _name_node(dotted):
-    parts = dotted.split(".")
-    node = ast.Name(parts[0], ast.Load())
-    for part in parts[1:]:
-        node = ast.Attribute(node, part, ast.Load())
-    return node
+def _printed_size(term):
+    size = {}
+    for t in _children_first(term):
+        size[t] = 1 + sum(size[a] for a in t.args)
+    return size[term]
 
 
-def _tree(term):
+def _children_first(term):
+    """Every subterm of ``term`` once, each after its children."""
+    order, seen, stack = [], set(), [(term, False)]
+    while stack:
+        t, expanded = stack.pop()
+        if expanded:
+            order.append(t)
+        elif t not in seen:
+            seen.add(t)
+            stack.append((t, True))
+            stack.extend((a, False) for a in t.args if a not in seen)
+    return order
+
+
+def _comma_separated(terms):
+    pieces = []
+    for i, t in enumerate(terms):
+        pieces += [", "] * bool(i) + [(t, TEST)]
+    return pieces
+
+
+def _items(terms):
+    """A tuple's items: one item takes a trailing comma."""
+    return [(terms[0], TEST), ","] if len(terms) == 1 else _comma_separated(terms)
+
+
+def _parenthesised(pieces, needed):
+    return ["(", *pieces, ")"] if needed else pieces
+
+
+def _prints_negative(value):
+    return type(value) in (int, float) and (value < 0 or (value == 0 and str(value).startswith("-")))
+
+
+def _written(term, level):
+    """One level of ``term``'s text: strings and ``(child, the level asked of it)`` pairs, in order."""
     head, args = term.head, term.positional
     if head == SYMBOL:
-        return _name_node(term.value)
+        return [term.value]
     if head == CONSTANT:
         value = term.value
-        if type(value) in (int, float) and (value < 0 or (value == 0 and str(value).startswith("-"))):
-            return ast.UnaryOp(ast.USub(), ast.Constant(-value))  # so precedence comes out right
-        return ast.Constant(value)
-    trees = [_tree(a) for a in term.positional]
-    if head in _AST_BINARY and len(args) == 2:
-        return ast.BinOp(trees[0], _AST_BINARY[head](), trees[1])
-    if head in _AST_UNARY and len(args) == 1:
-        return ast.UnaryOp(_AST_UNARY[head](), trees[0])
-    if head in _AST_COMPARISON and len(args) == 2:
-        return ast.Compare(trees[0], [_AST_COMPARISON[head]()], [trees[1]])
-    if head in _AST_BOOLEAN and len(args) >= 2:
-        return ast.BoolOp(_AST_BOOLEAN[head](), trees)
+        if _prints_negative(value):  # as the unary minus of a positive number, so precedence comes out right
+            return _parenthesised(["-", ast.unparse(ast.Constant(-value))], level > FACTOR)
+        return [ast.unparse(ast.Constant(value))]
+    if head in BINARY_LEVEL and len(args) == 2:
+        own = BINARY_LEVEL[head]
+        right_associative = head == "**"
+        left, right = (_next(own), own) if right_associative else (own, _next(own))
+        return _parenthesised([(args[0], left), f" {head} ", (args[1], right)], level > own)
+    if head in UNARY_LEVEL and len(args) == 1:
+        own = UNARY_LEVEL[head]
+        return _parenthesised([head + (" " if own != FACTOR else ""), (args[0], own)], level > own)
+    if head in COMPARISON_HEADS and len(args) == 2:
+        return _parenthesised([(args[0], _next(CMP)), f" {head} ", (args[1], _next(CMP))], level > CMP)
+    if head in BOOLEAN_LEVEL and len(args) >= 2:
+        own = BOOLEAN_LEVEL[head]
+        pieces = []  # as ast.unparse: each operand is asked one level more than the one before it
+        for i, operand in enumerate(args):
+            pieces += [f" {head} "] * bool(i) + [(operand, min(own + 1 + i, ATOM))]
+        return _parenthesised(pieces, level > own)
     if head == STARRED and len(args) == 1:
-        return ast.Starred(trees[0], ast.Load())
+        return ["*", (args[0], EXPR)]
     if head == TUPLE:
-        return ast.Tuple(trees, ast.Load())
+        return _parenthesised(_items(args), not args or level > TUPLE_LEVEL)
     if head == LIST:
-        return ast.List(trees, ast.Load())
+        return ["[", *_comma_separated(args), "]"]
     if head == SUBSCRIPT and len(args) == 2:
-        return ast.Subscript(trees[0], trees[1], ast.Load())
+        index = args[1]
+        inside = _items(index.args) if index.head == TUPLE and index.args else [(index, TEST)]
+        return [(args[0], ATOM), "[", *inside, "]"]
     if head.startswith(".") and len(args) == 1:
-        return ast.Attribute(trees[0], head[1:], ast.Load())
-    keywords = [ast.keyword(name, _tree(value)) for name, value in term.keyword_items]
-    return ast.Call(_name_node(head), trees, keywords)
+        owner = args[0]
+        integer = owner.head == CONSTANT and isinstance(owner.value, int) and not _prints_negative(owner.value)
+        return [(owner, ATOM), " " * integer + head]  # 3 .real: 3.real would be a syntax error
+    pieces = _comma_separated(args)
+    for name, value in term.keyword_items:
+        pieces += [", "] * bool(pieces) + [f"{name}=", (value, TEST)]
+    return [head, "(", *pieces, ")"]
+
+
+def _next(level):
+    return min(level + 1, ATOM)
+
+
+def shown(term, largest=200):
+    """``term`` as text for a message: whole up to ``largest`` printed subterms, else ``abbreviated``."""
+    return unparse(term if _printed_size(term) <= largest else abbreviated(term))
+
+
+def abbreviated(term, depth=6, budget=40):
+    """``term`` with what lies below ``depth``, or past the first ``budget`` compound subterms, cut to
+    ``...``: a text term of any size or nesting, shown in a line (error messages, traces)."""
+    remaining = budget
+
+    def cut(t, depth):
+        nonlocal remaining
+        if not t.args:
+            return t
+        if depth == 0 or remaining <= 0:
+            return constant(...)
+        remaining -= 1
+        return t.rebuild([cut(a, depth - 1) for a in t.args])
+
+    return cut(term, depth)
 
 
 def from_value(value):

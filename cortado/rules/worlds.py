@@ -7,7 +7,6 @@ preserve. A tensor rewrite must keep the term's shape and dtype; one that would 
 not applied there (``x * 1`` with a broadcasting ``1`` stays as it is).
 """
 
-import functools
 import math
 import operator
 
@@ -41,7 +40,6 @@ class NotApplicable(Exception):
     """A replacement cannot be built where the pattern matched: the rule does not apply there."""
 
 
-@functools.cache
 def op_name(head, arity):
     """The cortado op a pattern head names: ``+`` with two arguments is ``add``, ``np.exp`` is ``exp``."""
     name = OPERATOR_OPS.get((head, arity))
@@ -292,7 +290,7 @@ class TextWorld:
         return all(math.isfinite(part) for part in ((value.real, value.imag) if isinstance(value, complex) else (value,)))
 
     def describe(self, term):
-        return textforms.unparse(term)
+        return textforms.shown(term)
 
 
 TENSOR = TensorWorld()
