@@ -7,11 +7,13 @@ The pipeline, each stage a pass over values that returns new values:
 3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
    order that keeps the fewest bytes live (``memplan.memory_order``);
 4. plan memory: the backend says which kernels are views, what they may do in place and what
-   workspace they need; an update that can be computed straight into its state buffer is. Where a
-   bias gradient that a GEMM computes on the side is live at the arena's peak, the step is planned
-   again with that sum as a reduction of its own, which the order can run earlier; the smaller
-   arena is kept;
+   workspace they need; an update that can be computed straight into its state buffer is. Where the
+   backend proposes other variants of its lowering for the planned step (the GPU's: bias gradients
+   that a GEMM would hold at the arena's peak computed apart), each is planned too and the smallest
+   arena kept;
 5. build the backend's executor over one arena.
+
+The compiler knows backends only through ``backends.interface.Backend``.
 """
 
 from collections.abc import Mapping
@@ -24,9 +26,9 @@ from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.ops import TWO_RESULTS, may_fail
 from .exprgraph.term import Term, make
-from .memplan import intervals, live_bytes, memory_order, owners, plan_memory, read_through_view, verify
+from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
-from .rules.engine import Trace, bottom_up
+from .rules.engine import Trace
 from .rules.fusion import fuse
 from .rules.stability import stabiliser
 
@@ -109,15 +111,15 @@ def _signature(outputs, inputs, state, updates):
     return Signature(outputs, inputs, state, updates, single)
 
 
-def _rewrite(roots, backend, traces, keep_sums=frozenset()):
-    """The rule pipeline over all roots at once, so they keep sharing their subterms. ``keep_sums``: sums the
-    lowering leaves as they are (see ``rules.lowering.bias_gradients``)."""
+def _rewrite(roots, backend, traces, variant=None):
+    """The rule pipeline over all roots at once, so they keep sharing their subterms; ``variant``: of the
+    backend's lowering (one of its ``alternatives``)."""
     roots = list(roots)
     traces.update({stage: Trace() for stage in PIPELINE})
     roots = simplifier.run(roots, traces["simplify"])
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
-        roots = backend.lowering.run(roots, traces["lowering"], keep_sums)
+        roots = backend.lowering.run(roots, traces["lowering"], variant)
     roots, _ = fuse(roots, traces["fusion"])
     return list(roots)
 
@@ -232,7 +234,7 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
 
 
 def _options(engine, given):
-    known = getattr(engine, "OPTIONS", {})
+    known = engine.options
     unknown = sorted(set(given) - set(known))
     if unknown:
         takes = f"it takes {', '.join(sorted(known))}" if known else "it takes none"
@@ -253,10 +255,10 @@ class _Built:
     plan: object
 
 
-def _built(signature, engine, options, keep_sums=frozenset()):
+def _built(signature, engine, options, variant=None):
     """The rule pipeline, the kernels, their memory-aware order and the memory plan of one step."""
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, keep_sums)
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant)
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
@@ -264,11 +266,11 @@ def _built(signature, engine, options, keep_sums=frozenset()):
     steps = engine.steps(kernels, options)
     live_out = list(outputs) + list(values)
     kept = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state]
-    if getattr(engine, "feeds_in_place", False):
+    if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
     sinks = _sinks(kernels, steps, updates, live_out)
-    direct = engine.direct_outputs(kernels, steps, outputs, sinks) if hasattr(engine, "direct_outputs") else []
+    direct = engine.direct_outputs(kernels, steps, outputs, sinks)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
     plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
@@ -287,22 +289,6 @@ def _sizes(kernels):
     return nbytes
 
 
-def _sums_at_peak(built):
-    """The sums that gemms compute on the side (bias gradients) whose results are live where the arena holds
-    the most: the gemm runs where every other buffer is live too. Computed apart, a sum can run earlier."""
-    made = [r for r in built.traces.get("lowering", ()) if r.rule == "gemm-bias-gradient"]
-    if not made:
-        return frozenset()
-    fused = {r.before: r.after for r in built.traces["fusion"]}  # terms are interned: rebuilt, they are fusion's own
-    memo = {}
-    made_by = {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
-    plan = built.plan
-    live = live_bytes(plan.buffers, plan.steps)
-    peaks = [i for i, total in enumerate(live) if total == max(live)]
-    return frozenset(made_by[p.key] for p in plan.placements
-                     if p.key in made_by and any(p.start <= i <= p.end for i in peaks))
-
-
 def _compile(outputs, inputs, state, updates, backend, debug, options):
     from .backends import backend_named
     from .program import Program
@@ -311,14 +297,13 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     engine = backend_named(backend)
     options = _options(engine, options)
     built = _built(signature, engine, options)
-    at_peak = _sums_at_peak(built)
-    if at_peak:  # one more plan, those sums as reductions of their own; kept if its arena is smaller
-        other = _built(signature, engine, options, at_peak)
+    for variant in engine.alternatives(built):
+        other = _built(signature, engine, options, variant)
         if other.plan.peak_bytes < built.plan.peak_bytes:
             built = other
     if debug:
         verify(built.plan)
-    executor = engine.Executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
+    executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
                                built.sinks, **options)
     return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
                    engine.name, built.sinks)

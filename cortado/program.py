@@ -12,7 +12,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from .errors import BackendError, FeedError
+from .errors import FeedError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.dtypes import type_string
 from .exprgraph.printing import body_text, inline
@@ -106,8 +106,6 @@ class Program:
         The step runs eagerly (no CUDA graph) with an event around each kernel; it updates the state as a
         call does.
         """
-        if not hasattr(self._executor, "profile"):
-            raise BackendError(f"profile: the {self.backend} backend has no device timers; it runs on the CPU")
         if feeds is not None and named:
             raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
         bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)

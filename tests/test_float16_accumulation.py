@@ -18,7 +18,7 @@ from cortado.backends import gpu_visible
 from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_source
 from cortado.exprgraph.graph import schedule
 from cortado.exprgraph.ops import parameter
-from cortado.rules.lowering import gpu_lowering
+from cortado.backends.cupy.lowering import lowering as gpu_lowering
 
 GPU = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
 BACKENDS = ["reference", "numpy", pytest.param("cupy", marks=GPU)]

@@ -1,18 +1,44 @@
-"""Backends: the reference interpreter (the oracle), and the executors ``compile`` builds for.
+"""Backends: the reference interpreter (the oracle), and the targets ``compile`` builds for, by name.
 
-A compile backend provides its ``name``, the ``alignment`` of its arena, its ``lowering`` (or None;
-``lowering.run(roots, trace, keep_sums)`` returns the rewritten roots, leaving the sums in ``keep_sums``
-as reductions), ``steps(kernels, options)`` (what the memory planner needs to know of each kernel) and
-``Executor(...)``, which builds the runnable step over the plan. It may also have ``OPTIONS``
-(the keyword options of ``compile`` it takes, with their defaults), ``feeds_in_place`` (its
-executor finds the feeds a place at each call: the arena holds none) and ``direct_outputs(...)``
-(the outputs its kernels write straight into the program's output buffers, which the arena then
-leaves out).
+Each target is a package making a ``Backend`` (``interface``), registered here by the module that
+holds it; a backend is imported only when a program is built for it, so the CPU path never
+imports CuPy.
 """
 
-from ..errors import BackendError
+import importlib
 
-BACKENDS = ("numpy", "cupy")
+from ..errors import BackendError
+from .interface import Backend, Executor  # noqa: F401  (the contract, for backend packages)
+
+_REGISTRY = {}  # name -> a Backend, or the module whose ``backend`` attribute is one
+
+
+def register(name, backend):
+    """Make ``compile(..., backend=name)`` build with ``backend``: a ``Backend``, or the name of the module
+    holding it as ``backend`` (imported on first use)."""
+    if not isinstance(backend, (Backend, str)):
+        raise BackendError(f"register: {name!r} needs a Backend or a module name, not {type(backend).__name__}")
+    _REGISTRY[name] = backend
+
+
+register("numpy", "cortado.backends.numpy")
+register("cupy", "cortado.backends.cupy")
+
+
+def names():
+    """The names ``compile`` takes for ``backend``."""
+    return tuple(_REGISTRY)
+
+
+def backend_named(name):
+    """The backend registered as ``name``, its requirements checked; a BackendError naming those there are."""
+    if name not in _REGISTRY:
+        raise BackendError(f"compile: there is no backend {name!r}; the backends are {', '.join(map(repr, names()))}")
+    backend = _REGISTRY[name]
+    if isinstance(backend, str):
+        backend = importlib.import_module(backend).backend
+    backend.require()
+    return backend
 
 
 def gpu_visible():
@@ -23,22 +49,3 @@ def gpu_visible():
         return cupy.cuda.runtime.getDeviceCount() > 0
     except Exception:  # no CuPy, no driver, no device: all mean no GPU here
         return False
-
-
-def backend_named(name):
-    """The backend module called ``name``, or a BackendError listing those there are."""
-    if name == "numpy":
-        from . import numpy
-
-        return numpy
-    if name == "cupy":
-        try:
-            import cupy  # noqa: F401
-            import nvmath  # noqa: F401
-        except ImportError as error:
-            raise BackendError(f"compile: the cupy backend needs CuPy and nvmath-python (pip install -e \".[gpu]\"): "
-                               f"{error}") from None
-        from . import cupy as gpu
-
-        return gpu
-    raise BackendError(f"compile: there is no backend {name!r}; the backends are {', '.join(map(repr, BACKENDS))}")

@@ -6,12 +6,11 @@
     ct.rules.rewrite_all(loss, ct.rules.stability)                # log(1 + x) -> log1p(x), ...
 
 The same engine rewrites tensor expressions and Python-syntax text (text in, text out). Rule sets
-(``algebra``, ``stability``, ``canonical``) are ordered values composed with ``+``.
+(``algebra``, ``stability``) are ordered values composed with ``+``.
 """
 
 from .algebra import algebra
 from .api import findex, matchex, matchingex, rewrite, rewrite_all, simplifier, simplify, subs, tryrewrite
-from .canonical import canonical
 from .derivatives import Derivative, Derivatives, derivatives
 from .engine import Chain, Fixpoint, Postwalk, Prewalk, Rewrite, Rewriter, Rule, RuleSet, Run, Trace, explain
 from .guards import constants, floating, not_constant, same_type
@@ -24,6 +23,6 @@ __all__ = [
     "matchex", "matchingex", "rewrite", "tryrewrite", "rewrite_all", "subs", "findex", "simplify", "simplifier",
     "Rule", "RuleSet", "Rewriter", "Chain", "Fixpoint", "Postwalk", "Prewalk", "Run", "Trace", "Rewrite", "explain",
     "placeholders", "Pattern", "Placeholder", "Splat", "Bindings", "constants", "not_constant", "same_type", "floating",
-    "TextTerm", "parse", "unparse", "algebra", "stability", "canonical",
+    "TextTerm", "parse", "unparse", "algebra", "stability",
     "derivatives", "Derivative", "Derivatives",
 ]

@@ -1,17 +1,44 @@
 """The GPU backend: generated CUDA kernels for fused regions, cuBLASLt for GEMMs, one CUDA graph a step.
 
-``lowering`` turns matmuls into gemm calls (with their transposes, scale, added term, bias and
-relu folded in) and spells composite reductions out for the kernel generator (``rules.lowering``).
-``steps`` tells the planner which values are views and what may be written in place; the
-``Executor`` runs the plan. CuPy and nvmath-python are imported only when a program is built.
+``lowering`` (one rule file per target) turns matmuls into gemm calls, with their transposes, scale,
+added term, bias and epilogues folded in, and spells composite reductions out for the kernel
+generator. ``layout.steps`` tells the planner which values are views and what may be written in
+place; the ``Executor`` runs the plan. CuPy and nvmath-python are imported only when a program is built.
 """
 
-from ...rules.lowering import gpu_lowering
-from .executor import Executor  # noqa: F401
-from .layout import ALIGNMENT, direct_outputs, steps  # noqa: F401
+from ...errors import BackendError
+from ..interface import Backend
+from . import layout
+from .executor import Executor
+from .lowering import lowering
 
-name = "cupy"
-alignment = ALIGNMENT
-lowering = gpu_lowering
-feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them): the arena has none
-OPTIONS = {"cuda_graph": True, "tf32": False, "autotune": True}
+
+class CupyBackend(Backend):
+    name = "cupy"
+    alignment = layout.ALIGNMENT
+    options = {"cuda_graph": True, "tf32": False, "autotune": True}
+    feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
+    lowering = lowering
+
+    def require(self):
+        try:
+            import cupy  # noqa: F401
+            import nvmath  # noqa: F401
+        except ImportError as error:
+            raise BackendError(f"compile: the cupy backend needs CuPy and nvmath-python (pip install -e \".[gpu]\"): "
+                               f"{error}") from None
+
+    def steps(self, kernels, options):
+        return layout.steps(kernels, options)
+
+    def direct_outputs(self, kernels, steps, outputs, sinks):
+        return layout.direct_outputs(kernels, steps, outputs, sinks)
+
+    def alternatives(self, built):
+        return self.lowering.alternatives(built)
+
+    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
+        return Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
+
+
+backend = CupyBackend()

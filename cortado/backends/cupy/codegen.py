@@ -14,7 +14,7 @@ A reduction kernel gives each output a warp (short reductions) or a block, or, w
 axes are not the innermost, a column of a 32-output tile; its prologue is computed
 for each element as it is read, its epilogue once per output. float16 and bfloat16 values
 (``is_narrow_float``) are computed and accumulated in float32, as the reference computes their
-sums; the lowering spells the softmax family out in float32 for them (``rules.lowering``).
+sums; the lowering spells the softmax family out in float32 for them (``rules.decompositions``).
 
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """

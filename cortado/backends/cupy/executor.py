@@ -25,6 +25,7 @@ from ...exprgraph.ops import gemm_operands, parameter
 from ...exprgraph.term import make
 from ...memplan import aligned, unallocatable
 from ...rules.fusion import inlined
+from .. import interface
 from .blas import Gemm
 from .codegen import Operand, contiguous_strides, kernel_source
 from .device import require_gpu
@@ -78,7 +79,7 @@ ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph eac
 IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is read from (HOST, DEVICE: staged)
 
 
-class Executor:
+class Executor(interface.Executor):
     """Runs one compiled step on the GPU; see the module docstring."""
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True):

@@ -2,11 +2,23 @@
 
 Transposes and broadcasts are views and cost nothing; a reshape is a view where the layout
 allows one. Fused regions run their body op by op through a small workspace (``fused``).
+NumPy's matmul is already the GEMM, so there is nothing to lower to.
 """
 
-from .executor import Executor  # noqa: F401
-from .layout import steps  # noqa: F401
+from ..interface import Backend
+from . import layout
+from .executor import Executor
 
-name = "numpy"
-alignment = 64
-lowering = None  # NumPy's matmul is already the GEMM; there is nothing to lower to
+
+class NumpyBackend(Backend):
+    name = "numpy"
+    alignment = 64
+
+    def steps(self, kernels, options):
+        return layout.steps(kernels, options)
+
+    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
+        return Executor(kernels, steps, plan, signature, outputs, updates, sinks)
+
+
+backend = NumpyBackend()

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...errors import BackendError
 from ...memplan import aligned, unallocatable
+from .. import interface
 from .fused import emit_fused
 from .kernels import Emitter, emit
 
@@ -55,7 +56,7 @@ def _same_memory(a, b):
             and (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype))
 
 
-class Executor:
+class Executor(interface.Executor):
     """Runs one compiled step on the CPU; see the module docstring."""
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks):
@@ -128,14 +129,8 @@ class Executor:
                 self.final[k] = (destination, stage)
         return staged
 
-    direct_outputs = frozenset()  # every output is copied out of the arena
-
     def write_state(self, var, value):
         np.copyto(self.state[var], value)
-
-    @property
-    def device_bytes(self):
-        return 0  # the CPU backend holds nothing on a device
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: array}``); returns copies of the outputs."""

@@ -1,37 +1,25 @@
-"""Lowering for a GPU: contractions into ``gemm`` calls, composite reductions into the primitives a
-generated kernel computes.
+"""The GEMM target: contractions into cuBLASLt calls, with what surrounds them folded into the call.
 
-``gemm_lowering`` turns ``matmul`` into cuBLASLt's form and then folds what surrounds it into the
-one call: a transpose of an operand into the operation flags, a scalar factor into ``alpha``, an
-added term of the product's shape into ``beta`` and ``c``, an added row into the bias epilogue, a
-``relu`` or ``gelu`` of it all into that epilogue, and a product times ``gelu_grad(z)`` (gelu's
-backward) into the dgelu epilogue, which reads ``z``. A product used more than once is not folded into its
-users (each would compute it again). ``composites`` spells ``logsumexp``, ``softmax`` and
-``log_softmax`` out as max, exp, sum and log with the reference's own shifting, so fusion can
-make a reduction kernel of each pass, in float32 for float16 and bfloat16 as the reference
-computes them (a stored float16 sum of 100,000 exponentials would be infinite); a ``matmul`` no
-GEMM takes (integers, a batch broadcast no single stride describes) becomes a broadcast product
-summed over the contracted axis.
-``einsum_lowering`` comes first: an einsum of two operands becomes transposes and reshapes around
-one matmul (so a GEMM), any other einsum one broadcast product summed over the labels the output
-lacks (a fused reduction).
-
-    lowered = gpu_lowering.run(roots, trace)
+``rules`` turn ``matmul`` into cuBLASLt's form and then fold what surrounds it into the one call: a
+transpose of an operand into the operation flags, a scalar factor into ``alpha``, an added term of the
+product's shape into ``beta`` and ``c``, an added row into the bias epilogue, a ``relu`` or ``gelu`` of
+it all into that epilogue, and a product times ``gelu_grad(z)`` (gelu's backward) into the dgelu
+epilogue, which reads ``z``. A product used more than once is not folded into its users (each would
+compute it again). ``finish`` then takes bias gradients from the gemms that can compute them on the
+side, and ``alternatives`` proposes planning again without those that a gemm holds at the memory peak.
 """
 
-import functools
 import math
 
 import numpy as np
 
-from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import BFLOAT16, is_float
-from ..exprgraph.einsum import LABELS, spelled_out
-from ..exprgraph.ops import OPS, gemm_operands
-from ..exprgraph.semantics import IN_FLOAT32
-from ..exprgraph.term import make
-from ..exprgraph.graph import post_order
-from .engine import Chain, Fixpoint, Postwalk, Rewrite, Rule, RuleSet, bottom_up
+from ....exprgraph import constructors as ct
+from ....exprgraph.dtypes import BFLOAT16
+from ....exprgraph.graph import post_order
+from ....exprgraph.ops import OPS, gemm_operands
+from ....exprgraph.term import make
+from ....memplan import live_bytes
+from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
 
 GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
 # cuBLASLt's gelu epilogues were up to 5e-7 (relative) off in float64 on the H200: float64 keeps its own kernel
@@ -176,7 +164,7 @@ def _gelu_backward(b):
     return None
 
 
-gemm_lowering = RuleSet([
+rules = RuleSet([
     Rule("matmul-to-gemm", "matmul(_a, _b)", _matmul_to_gemm),
     Rule("gemm-transpose", "gemm(*_xs, transpose_a=_ta, transpose_b=_tb, alpha=_al, beta=_be, epilogue=_ep)",
          _fold_transposes),
@@ -189,147 +177,6 @@ gemm_lowering = RuleSet([
     Rule("gemm-dgelu", "multiply(_x, _y)", _gelu_backward),
 ], name="gemm lowering")
 
-
-# -- composites ------------------------------------------------------------------------------
-
-
-def _as(x, dtype):
-    return x if x.dtype == dtype else ct.cast(x, dtype)
-
-
-def _computed(x):
-    """``x`` in the dtype the softmax family computes in: float32 where ``IN_FLOAT32`` says so, else
-    the float exp computes in."""
-    if IN_FLOAT32["softmax"](x.dtype):
-        return ct.cast(x, "float32")
-    return x if is_float(x.dtype) else ct.cast(x, ct.exp(x).dtype)
-
-
-def _shifted(x, axes):
-    """``(x - peak, peak)`` with the max over ``axes`` kept, infinite maxima replaced by 0 (as the reference)."""
-    x = _computed(x)
-    peak = ct.max(x, axis=axes, keepdims=True)
-    peak = ct.where(ct.less(ct.abs(peak), np.inf), peak, 0.0)
-    return ct.subtract(x, peak), peak
-
-
-def _logsumexp(b):
-    x, axes = b["_x"], b.term.attrs[0]
-    shifted, peak = _shifted(x, axes)
-    total = ct.add(ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)), peak)
-    return _as(ct.reshape(total, b.term.shape), b.term.dtype)
-
-
-def _softmax(b):
-    shifted, _ = _shifted(b["_x"], b.term.attrs[0])
-    e = ct.exp(shifted)
-    return _as(ct.divide(e, ct.sum(e, axis=b.term.attrs[0], keepdims=True)), b.term.dtype)
-
-
-def _log_softmax(b):
-    axes = b.term.attrs[0]
-    shifted, _ = _shifted(b["_x"], axes)
-    return _as(ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True))), b.term.dtype)
-
-
-def _matmul_as_reduction(b):
-    """``sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)``: any matmul, as one fused reduction."""
-    x, y, term = b["_a"], b["_b"], b.term
-    rows = ct.reshape(x, (1, x.shape[0])) if x.ndim == 1 else x
-    cols = ct.reshape(y, (y.shape[0], 1)) if y.ndim == 1 else y
-    product = ct.multiply(ct.reshape(rows, rows.shape + (1,)), ct.reshape(cols, cols.shape[:-2] + (1,) + cols.shape[-2:]))
-    total = ct.sum(product, axis=-2)
-    return ct.reshape(ct.cast(total, term.dtype), term.shape)
-
-
-composites = RuleSet([
-    Rule("expand-logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _logsumexp),
-    Rule("expand-softmax", "softmax(_x, axis=_a)", _softmax),
-    Rule("expand-log-softmax", "log_softmax(_x, axis=_a)", _log_softmax),
-    Rule("matmul-as-reduction", "matmul(_a, _b)", _matmul_as_reduction),
-], name="composites")
-
-# -- einsum ---------------------------------------------------------------------------------
-
-
-def _reordered(labels, x, order):
-    """``x``, whose axes ``labels`` name, with its axes in ``order`` (a permutation of ``labels``)."""
-    order = list(order)
-    return x if order == list(labels) else ct.transpose(x, tuple(labels.index(label) for label in order))
-
-
-def _einsum_as_matmul(b):
-    """Two operands of the result's GEMM dtype, no diagonal, no broadcast label: batch, free and
-    contracted labels gathered into the three axes of one matmul."""
-    xs, term = b["_xs"], b.term
-    if len(xs) != 2 or term.dtype not in GEMM_DTYPES or any(x.dtype != term.dtype for x in xs) or term.size == 0:
-        return None
-    inputs, output = spelled_out(b["_s"], [x.shape for x in xs])
-    sizes = {}
-    for labels, x in zip(inputs, xs):
-        if len(set(labels)) != len(labels) or any(sizes.setdefault(label, d) != d for label, d in zip(labels, x.shape)):
-            return None
-    operands = []
-    for labels, other, x in zip(inputs, inputs[::-1], xs):
-        alone = [i for i, label in enumerate(labels) if label not in other and label not in output]
-        if alone:  # summed away by this operand alone: summed first
-            x, labels = ct.sum(x, axis=tuple(alone)), "".join(label for i, label in enumerate(labels) if i not in alone)
-        operands.append((labels, x))
-    (la, a), (lb, y) = operands
-    batch = [label for label in output if label in la and label in lb]
-    left = [label for label in output if label in la and label not in lb]
-    right = [label for label in output if label in lb and label not in la]
-    contracted = [label for label in la if label in lb and label not in output]
-    lead = (math.prod(sizes[label] for label in batch),) if batch else ()
-
-    def gathered(labels, x, first, second):
-        sides = (math.prod(sizes[label] for label in first), math.prod(sizes[label] for label in second))
-        return ct.reshape(_reordered(labels, x, batch + first + second), lead + sides)
-
-    product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
-    product = ct.reshape(product, tuple(sizes[label] for label in batch + left + right))
-    return _reordered(batch + left + right, product, output)
-
-
-def _distinct(inputs, operands, dtype):
-    """``(labels, operand)`` pairs with no label repeated within one: a repeat (a diagonal) becomes a
-    fresh label tied to the first by an identity matrix."""
-    fresh = iter(label for label in LABELS if label not in "".join(inputs))
-    terms = []
-    for labels, x in zip(inputs, operands):
-        own = ""
-        for label, size in zip(labels, x.shape):
-            if label in own:
-                twin = next(fresh)
-                terms.append((label + twin, ct.const(np.eye(size, dtype=dtype))))
-                label = twin
-            own += label
-        terms.append((own, x))
-    return terms
-
-
-def _einsum_as_product(b):
-    """Any einsum: the product of its operands, each aligned to one order of all labels (the output's
-    first), summed over the labels the output lacks."""
-    term = b.term
-    inputs, output = spelled_out(b["_s"], [x.shape for x in b["_xs"]])
-    terms = _distinct(inputs, [_as(x, term.dtype) for x in b["_xs"]], term.dtype)
-    order = output + "".join(sorted({label for labels, _ in terms for label in labels} - set(output)))
-    aligned = []
-    for labels, x in terms:
-        mine = [label for label in order if label in labels]
-        x = _reordered(labels, x, mine)
-        aligned.append(ct.reshape(x, tuple(x.shape[mine.index(label)] if label in labels else 1 for label in order)))
-    product = functools.reduce(ct.multiply, aligned)
-    if len(order) > len(output):
-        product = ct.sum(product, axis=tuple(range(len(output), len(order))))
-    return ct.broadcast_to(_as(product, term.dtype), term.shape)
-
-
-einsum_lowering = RuleSet([
-    Rule("einsum-as-matmul", "einsum(*_xs, subscripts=_s)", _einsum_as_matmul),
-    Rule("einsum-as-product", "einsum(*_xs, subscripts=_s)", _einsum_as_product),
-], name="einsum lowering")
 
 # -- bias gradients ---------------------------------------------------------------------------
 
@@ -357,7 +204,7 @@ def _bias_gradient_sources(order):
     return sources
 
 
-def bias_gradients(roots, trace=None, keep=frozenset()):
+def finish(roots, trace=None, keep=frozenset()):
     """``roots`` with each ``sum(x, axis=0)`` of a matrix that a gemm can compute on the side (a bias gradient)
     taken from that gemm's second result: cuBLASLt's BGRAD epilogues reduce an operand over the contracted
     axis as they read it, and DGELU_BGRAD the product's columns as it writes them. One sum per gemm; the
@@ -392,15 +239,19 @@ def bias_gradients(roots, trace=None, keep=frozenset()):
     return [bottom_up(root, memo, finish) for root in roots]
 
 
-class GpuLowering:
-    """Lowering for a GPU: einsum into matmuls and products, then gemm everywhere (what is left of matmul
-    becomes a reduction), then the bias gradients the gemms compute on the side (a pass over all roots at
-    once: the sum and the gemm that can take it over are apart in the graph)."""
-
-    local = Chain(Postwalk(einsum_lowering), Fixpoint(Postwalk(gemm_lowering)), Postwalk(composites))
-
-    def run(self, roots, trace=None, keep_sums=frozenset()):
-        return bias_gradients(self.local.run(list(roots), trace), trace, keep_sums)
-
-
-gpu_lowering = GpuLowering()
+def alternatives(built):
+    """The sums that gemms compute on the side (bias gradients) whose results are live where the arena holds
+    the most (the gemm runs where every other buffer is live too), as the one variant worth planning:
+    computed apart, such a sum can run earlier. ``built`` is the compiler's step, planned."""
+    made = [r for r in built.traces.get("lowering", ()) if r.rule == "gemm-bias-gradient"]
+    if not made:
+        return []
+    fused = {r.before: r.after for r in built.traces["fusion"]}  # terms are interned: rebuilt, they are fusion's own
+    memo = {}
+    made_by = {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
+    plan = built.plan
+    live = live_bytes(plan.buffers, plan.steps)
+    peaks = [i for i, total in enumerate(live) if total == max(live)]
+    at_peak = frozenset(made_by[p.key] for p in plan.placements
+                        if p.key in made_by and any(p.start <= i <= p.end for i in peaks))
+    return [at_peak] if at_peak else []

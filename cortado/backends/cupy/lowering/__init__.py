@@ -1,0 +1,44 @@
+"""The GPU's lowering: the target-free decompositions around one rule file per target.
+
+A target (``gemm`` now; convolution, int8 and attention join) is a module with ``rules`` (a rule
+set, applied bottom-up until nothing changes), ``finish(roots, trace, variant)`` (a pass over all
+roots at once, for what spans the graph) and ``alternatives(built)`` (variants of ``finish`` worth
+planning too; the compiler keeps the smallest arena). Adding a target is a module here and its name
+in ``TARGETS``.
+
+    lowered = lowering.run(roots, trace)
+"""
+
+from ....rules.decompositions import composites, einsum_lowering
+from ....rules.engine import Chain, Fixpoint, Postwalk
+from . import gemm
+
+TARGETS = (gemm,)
+
+
+class GpuLowering:
+    """einsum into matmuls and products, then every target's rules (what is left of matmul becomes a
+    reduction), then each target's pass over the whole graph. ``variant``: ``{target's name ("gemm"): its
+    variant}``."""
+
+    def __init__(self, targets):
+        self.targets = targets
+        rules = [Fixpoint(Postwalk(target.rules)) for target in targets]
+        self.local = Chain(Postwalk(einsum_lowering), *rules, Postwalk(composites))
+
+    def run(self, roots, trace=None, variant=None):
+        roots = self.local.run(list(roots), trace)
+        for target in self.targets:
+            roots = target.finish(roots, trace, (variant or {}).get(_name(target), frozenset()))
+        return roots
+
+    def alternatives(self, built):
+        """Each variant a target proposes for the step ``built`` (the others' left as they were)."""
+        return [{_name(target): v} for target in self.targets for v in target.alternatives(built)]
+
+
+def _name(target):
+    return target.__name__.rpartition(".")[2]
+
+
+lowering = GpuLowering(TARGETS)

@@ -1,0 +1,70 @@
+"""What ``compile`` asks of a backend and what a ``Program`` asks of the executor it builds.
+
+A backend is one package that makes a ``Backend`` and registers it by name (``backends.register``);
+the compiler knows no backend but through these methods, so a new one (or a new lowering target
+inside one) touches neither the compiler nor the IR. The defaults say what a backend that needs
+nothing special does: no lowering, no options, feeds copied into the arena, outputs copied out.
+"""
+
+from ..errors import BackendError
+
+
+class Backend:
+    """One target of ``compile``. Subclasses set ``name`` and ``alignment`` and implement ``steps``
+    and ``executor``; the rest they override where they need to."""
+
+    name = None
+    alignment = 64  # bytes: where each buffer of the arena starts
+    options = {}  # the keyword options of ``compile`` it takes, with their defaults
+    feeds_in_place = False  # its executor reads feeds where the caller keeps them: the arena holds none
+    lowering = None  # a rewriter: ``lowering.run(roots, trace, variant)`` gives the lowered roots
+
+    def require(self):
+        """Raise a BackendError saying what to install where this machine lacks what the backend needs."""
+
+    def steps(self, kernels, options):
+        """One ``memplan.Step`` per kernel: what it reads, which values are views, what it may write in
+        place, the workspace it needs."""
+        raise NotImplementedError
+
+    def direct_outputs(self, kernels, steps, outputs, sinks):
+        """The outputs its kernels write straight into the program's output buffers, which the arena
+        then leaves out."""
+        return []
+
+    def alternatives(self, built):
+        """Other ``variant``s of the lowering worth planning besides the one ``built`` (the compiler's
+        rewritten, scheduled and planned step); the compiler keeps the plan with the smallest arena."""
+        return []
+
+    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
+        """The ``Executor`` running this plan."""
+        raise NotImplementedError
+
+
+class Executor:
+    """A step, built over one arena: run it, read and replace its state.
+
+    ``state`` maps each state variable to its live array; ``direct_outputs`` are the outputs it
+    writes straight into their buffers.
+    """
+
+    state = {}
+    direct_outputs = frozenset()
+
+    def run(self, feeds):
+        """The outputs for ``feeds`` (``{name: array}``, already checked), after which the updates are written."""
+        raise NotImplementedError
+
+    def write_state(self, var, value):
+        """Replace the value of state variable ``var`` (``value`` already checked)."""
+        raise NotImplementedError
+
+    @property
+    def device_bytes(self):
+        """Every byte the program holds on a device (0 for the host)."""
+        return 0
+
+    def profile(self, feeds):
+        """``[(kernel label, milliseconds)]`` for one step on ``feeds``: backends with device timers."""
+        raise BackendError("profile: this backend has no device timers; it runs on the CPU")

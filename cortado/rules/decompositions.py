@@ -1,0 +1,165 @@
+"""Target-free decompositions: what no kernel computes as written, spelled out in ops that some do.
+
+``composites`` spells ``logsumexp``, ``softmax`` and ``log_softmax`` out as max, exp, sum and log
+with the reference's own shifting, so fusion can make a reduction kernel of each pass, in float32
+for float16 and bfloat16 as the reference computes them (a stored float16 sum of 100,000
+exponentials would be infinite); a ``matmul`` no target took (integers, a batch broadcast no single
+stride describes) becomes a broadcast product summed over the contracted axis. ``einsum_lowering``
+comes before any target's rules: an einsum of two floating operands becomes transposes and reshapes
+around one matmul (for a GEMM to take), any other einsum one broadcast product summed over the
+labels the output lacks (a fused reduction). A backend's lowering (``backends/<name>/lowering``)
+runs them around its own targets' rules.
+"""
+
+import functools
+import math
+
+import numpy as np
+
+from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import is_float
+from ..exprgraph.einsum import LABELS, spelled_out
+from ..exprgraph.semantics import IN_FLOAT32
+from .engine import Rule, RuleSet
+
+
+# -- composites ------------------------------------------------------------------------------
+
+
+def _as(x, dtype):
+    return x if x.dtype == dtype else ct.cast(x, dtype)
+
+
+def _computed(x):
+    """``x`` in the dtype the softmax family computes in: float32 where ``IN_FLOAT32`` says so, else
+    the float exp computes in."""
+    if IN_FLOAT32["softmax"](x.dtype):
+        return ct.cast(x, "float32")
+    return x if is_float(x.dtype) else ct.cast(x, ct.exp(x).dtype)
+
+
+def _shifted(x, axes):
+    """``(x - peak, peak)`` with the max over ``axes`` kept, infinite maxima replaced by 0 (as the reference)."""
+    x = _computed(x)
+    peak = ct.max(x, axis=axes, keepdims=True)
+    peak = ct.where(ct.less(ct.abs(peak), np.inf), peak, 0.0)
+    return ct.subtract(x, peak), peak
+
+
+def _logsumexp(b):
+    x, axes = b["_x"], b.term.attrs[0]
+    shifted, peak = _shifted(x, axes)
+    total = ct.add(ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)), peak)
+    return _as(ct.reshape(total, b.term.shape), b.term.dtype)
+
+
+def _softmax(b):
+    shifted, _ = _shifted(b["_x"], b.term.attrs[0])
+    e = ct.exp(shifted)
+    return _as(ct.divide(e, ct.sum(e, axis=b.term.attrs[0], keepdims=True)), b.term.dtype)
+
+
+def _log_softmax(b):
+    axes = b.term.attrs[0]
+    shifted, _ = _shifted(b["_x"], axes)
+    return _as(ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True))), b.term.dtype)
+
+
+def _matmul_as_reduction(b):
+    """``sum(a[..., :, :, None] * b[..., None, :, :], axis=-2)``: any matmul, as one fused reduction."""
+    x, y, term = b["_a"], b["_b"], b.term
+    rows = ct.reshape(x, (1, x.shape[0])) if x.ndim == 1 else x
+    cols = ct.reshape(y, (y.shape[0], 1)) if y.ndim == 1 else y
+    product = ct.multiply(ct.reshape(rows, rows.shape + (1,)), ct.reshape(cols, cols.shape[:-2] + (1,) + cols.shape[-2:]))
+    total = ct.sum(product, axis=-2)
+    return ct.reshape(ct.cast(total, term.dtype), term.shape)
+
+
+composites = RuleSet([
+    Rule("expand-logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _logsumexp),
+    Rule("expand-softmax", "softmax(_x, axis=_a)", _softmax),
+    Rule("expand-log-softmax", "log_softmax(_x, axis=_a)", _log_softmax),
+    Rule("matmul-as-reduction", "matmul(_a, _b)", _matmul_as_reduction),
+], name="composites")
+
+# -- einsum ---------------------------------------------------------------------------------
+
+
+def _reordered(labels, x, order):
+    """``x``, whose axes ``labels`` name, with its axes in ``order`` (a permutation of ``labels``)."""
+    order = list(order)
+    return x if order == list(labels) else ct.transpose(x, tuple(labels.index(label) for label in order))
+
+
+def _einsum_as_matmul(b):
+    """Two operands of the result's floating dtype, no diagonal, no broadcast label: batch, free and
+    contracted labels gathered into the three axes of one matmul."""
+    xs, term = b["_xs"], b.term
+    if len(xs) != 2 or not is_float(term.dtype) or any(x.dtype != term.dtype for x in xs) or term.size == 0:
+        return None
+    inputs, output = spelled_out(b["_s"], [x.shape for x in xs])
+    sizes = {}
+    for labels, x in zip(inputs, xs):
+        if len(set(labels)) != len(labels) or any(sizes.setdefault(label, d) != d for label, d in zip(labels, x.shape)):
+            return None
+    operands = []
+    for labels, other, x in zip(inputs, inputs[::-1], xs):
+        alone = [i for i, label in enumerate(labels) if label not in other and label not in output]
+        if alone:  # summed away by this operand alone: summed first
+            x, labels = ct.sum(x, axis=tuple(alone)), "".join(label for i, label in enumerate(labels) if i not in alone)
+        operands.append((labels, x))
+    (la, a), (lb, y) = operands
+    batch = [label for label in output if label in la and label in lb]
+    left = [label for label in output if label in la and label not in lb]
+    right = [label for label in output if label in lb and label not in la]
+    contracted = [label for label in la if label in lb and label not in output]
+    lead = (math.prod(sizes[label] for label in batch),) if batch else ()
+
+    def gathered(labels, x, first, second):
+        sides = (math.prod(sizes[label] for label in first), math.prod(sizes[label] for label in second))
+        return ct.reshape(_reordered(labels, x, batch + first + second), lead + sides)
+
+    product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
+    product = ct.reshape(product, tuple(sizes[label] for label in batch + left + right))
+    return _reordered(batch + left + right, product, output)
+
+
+def _distinct(inputs, operands, dtype):
+    """``(labels, operand)`` pairs with no label repeated within one: a repeat (a diagonal) becomes a
+    fresh label tied to the first by an identity matrix."""
+    fresh = iter(label for label in LABELS if label not in "".join(inputs))
+    terms = []
+    for labels, x in zip(inputs, operands):
+        own = ""
+        for label, size in zip(labels, x.shape):
+            if label in own:
+                twin = next(fresh)
+                terms.append((label + twin, ct.const(np.eye(size, dtype=dtype))))
+                label = twin
+            own += label
+        terms.append((own, x))
+    return terms
+
+
+def _einsum_as_product(b):
+    """Any einsum: the product of its operands, each aligned to one order of all labels (the output's
+    first), summed over the labels the output lacks."""
+    term = b.term
+    inputs, output = spelled_out(b["_s"], [x.shape for x in b["_xs"]])
+    terms = _distinct(inputs, [_as(x, term.dtype) for x in b["_xs"]], term.dtype)
+    order = output + "".join(sorted({label for labels, _ in terms for label in labels} - set(output)))
+    aligned = []
+    for labels, x in terms:
+        mine = [label for label in order if label in labels]
+        x = _reordered(labels, x, mine)
+        aligned.append(ct.reshape(x, tuple(x.shape[mine.index(label)] if label in labels else 1 for label in order)))
+    product = functools.reduce(ct.multiply, aligned)
+    if len(order) > len(output):
+        product = ct.sum(product, axis=tuple(range(len(output), len(order))))
+    return ct.broadcast_to(_as(product, term.dtype), term.shape)
+
+
+einsum_lowering = RuleSet([
+    Rule("einsum-as-matmul", "einsum(*_xs, subscripts=_s)", _einsum_as_matmul),
+    Rule("einsum-as-product", "einsum(*_xs, subscripts=_s)", _einsum_as_product),
+], name="einsum lowering")
