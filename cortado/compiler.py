@@ -120,7 +120,7 @@ def _rewrite(roots, backend, traces, variant=None):
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)
-    roots, _ = fuse(roots, traces["fusion"])
+    roots, _ = fuse(roots, traces["fusion"], alone=backend.fuse_single_ops)
     return list(roots)
 
 

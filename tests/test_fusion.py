@@ -102,3 +102,24 @@ def test_no_elementwise_term_survives_next_to_a_fusible_user(case):
         if t.op.kind == "elementwise" and len(users[t]) == 1 and t not in roots:
             (user, _), = users[t]
             assert user.op.kind not in ("elementwise", "fused")
+
+
+def test_alone_every_elementwise_op_and_reduction_becomes_a_kernel_body_of_its_own():
+    x, W = ct.var("x", (8, 4)), ct.var("W", (4, 3))
+    h = ct.matmul(x, W)  # no fused region takes a matmul: its users are regions of one op each
+    out = ct.sum(ct.exp(h), axis=0)
+    roots, trace = fuse([out, ct.transpose(h)], alone=True)
+    assert trace.counts() == {"fuse-reduction": 1}
+    (alone,), trace = fuse([ct.negative(h)], alone=True)
+    assert alone.op.name == "fused" and alone.args == (h,) and trace.counts() == {"one-op-kernel": 1}
+    assert fuse([ct.negative(h)])[0] == (ct.negative(h),)  # without alone it stays as it was
+    assert fuse([ct.transpose(h)], alone=True)[0] == (ct.transpose(h),)  # a view is no kernel
+
+
+@given(graphs_with_feeds())
+def test_fusing_ops_alone_never_changes_a_value(case):
+    graph, feeds = case
+    fused, _ = fuse(list(graph.outputs), alone=True)
+    assert not any(t.op.kind in ("elementwise", "reduction") for t in ct.schedule(list(fused)))
+    for got, expected in zip(ct.evaluate(list(fused), feeds), ct.evaluate(list(graph.outputs), feeds)):
+        np.testing.assert_array_equal(got, expected)

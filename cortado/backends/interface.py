@@ -18,6 +18,7 @@ class Backend:
     options = {}  # the keyword options of ``compile`` it takes, with their defaults
     feeds_in_place = False  # its executor reads feeds where the caller keeps them: the arena holds none
     lowering = None  # a rewriter: ``lowering.run(roots, trace, variant)`` gives the lowered roots
+    fuse_single_ops = False  # fusion makes a fused term of an op alone too: the backend builds kernels of bodies only
 
     def require(self):
         """Raise a BackendError saying what to install where this machine lacks what the backend needs."""

@@ -13,8 +13,10 @@ terms it reads, taking:
   internal) and the ops above it its epilogue.
 
 The schedule condition is what keeps regions acyclic: a term that comes after the root cannot
-feed the region. A region of one term stays as it was. Constants of one value are inlined into
-the body; every other operand becomes a parameter ``in0, in1, ...`` of the body.
+feed the region. A region of one term stays as it was, unless ``alone=True``: a backend that
+generates every kernel (the GPU's) gets a fused term of one op for it too, so it builds kernels
+from fused bodies only. Constants of one value are inlined into the body; every other operand
+becomes a parameter ``in0, in1, ...`` of the body.
 
     fused, trace = fuse([loss, *updates])   # same values, fewer terms
 """
@@ -55,7 +57,7 @@ class _Region:
 
 
 class _Fuser:
-    def __init__(self, roots):
+    def __init__(self, roots, alone):
         self.order = post_order(roots)
         self.position = {t: i for i, t in enumerate(self.order)}
         self.users = {t: [] for t in self.order}
@@ -64,6 +66,7 @@ class _Fuser:
                 self.users[a].append(t)
         self.end = len(self.order)  # the program's own use of its roots comes after every term
         self.roots = set(roots)
+        self.alone = alone  # a region of one term is one too
         self.region_of = {}
 
     def _outside_uses(self, term, region):
@@ -123,7 +126,7 @@ class _Fuser:
             if term in self.region_of or not fusible:  # a broadcast is no root: alone it is a free view
                 continue
             region = self.grow(term)
-            if len(region.members) > 1:
+            if len(region.members) > 1 or self.alone:
                 for m in region.members:
                     self.region_of[m] = region
                 found.append(region)
@@ -151,11 +154,12 @@ def _body(region, position):
     return inputs, produced, tuple(body[t] for t in produced)
 
 
-def fuse(roots, trace=None):
-    """``(new_roots, trace)``: ``roots`` with every fusible region replaced by fused terms."""
+def fuse(roots, trace=None, alone=False):
+    """``(new_roots, trace)``: ``roots`` with every fusible region replaced by fused terms (with ``alone``,
+    every elementwise op and reduction outside a larger region too)."""
     roots = tuple(roots)
     trace = Trace() if trace is None else trace
-    fuser = _Fuser(roots)
+    fuser = _Fuser(roots, alone)
     replaced = {}
     fuser.regions()
     for term in fuser.order:
@@ -175,6 +179,8 @@ def _replace_region(region, position, replaced, trace):
     inputs, produced, outputs = _body(region, position)
     inputs = tuple(replaced.get(a, a) for a in inputs)
     rule = "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
+    if len(region.members) == 1:
+        rule = "one-op-kernel"
     for index, term in zip(itertools.count(), produced):
         fused = make(FUSED_OP, inputs, (outputs, index))
         replaced[term] = fused

@@ -19,6 +19,7 @@ class CupyBackend(Backend):
     options = {"cuda_graph": True, "tf32": False, "autotune": True}
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
+    fuse_single_ops = True  # codegen makes every kernel from a fused body
 
     def require(self):
         try:

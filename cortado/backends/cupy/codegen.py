@@ -28,7 +28,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import ELEMENTWISE, may_fail
+from ...exprgraph.ops import ELEMENTWISE, may_fail, parameter
 
 THREADS = 256
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
@@ -455,3 +455,9 @@ def kernel_source(body, operands, aliased=()):
     if any(t.op.name in REDUCTIONS for t in post_order(body)):
         return reduction_source(body, operands, aliased)
     return elementwise_source(body, operands, aliased)
+
+
+def copy_source(operand):
+    """The kernel writing ``operand``'s elements contiguously, in order (a reshape no view can be, a
+    strided output leaving the arena)."""
+    return kernel_source((parameter(0, operand),), [operand])

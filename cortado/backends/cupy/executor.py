@@ -16,18 +16,15 @@ modules and warms cuBLASLt up), a step is one graph launch; ``cuda_graph=False``
 calls one by one.
 """
 
-import math
 
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.ops import gemm_operands, parameter
-from ...exprgraph.term import make
+from ...exprgraph.ops import gemm_operands
 from ...memplan import aligned, unallocatable
-from ...rules.fusion import inlined
 from .. import interface
 from .blas import Gemm
-from .codegen import Operand, contiguous_strides, kernel_source
+from .codegen import Operand, contiguous_strides, copy_source, kernel_source
 from .device import require_gpu
 from .kernels import compiled
 from .layout import ALIGNMENT, direct_outputs, gemm_copies, layouts, one_value, stored_strides
@@ -60,19 +57,6 @@ class _Block:
     def array(self, k, shape, dtype):
         cupy = _cupy()
         return cupy.ndarray(shape, dtype, memptr=self.memory.data + self.offsets[k])
-
-
-def _region(t):
-    """``(body, inputs)`` of a kernel: a fused term's own, a reshape's copy, or one op over parameters and the
-    constants it carries (as fusion makes them)."""
-    if t.op.name == "fused":
-        return t.attrs[0], list(t.args)
-    if t.op.name == "reshape":  # the source's elements in order, written contiguously
-        return (parameter(0, t.args[0]),), [t.args[0]]
-    if t.op.kind not in ("elementwise", "reduction"):
-        raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
-    inputs = list(dict.fromkeys(a for a in t.args if not inlined(a)))  # constants of one value: in the body
-    return (make(t.op, [a if inlined(a) else parameter(inputs.index(a), a) for a in t.args], t.attrs),), inputs
 
 
 ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph each) before it stages device feeds
@@ -163,9 +147,13 @@ class Executor(interface.Executor):
 
     def _kernel(self, t, defined):
         """A maker of calls of a generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
-        body, inputs = _region(t)
-        if math.prod(body[0].shape) == 0:
+        if t.op.name not in ("fused", "reshape"):
+            raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
+        if t.size == 0:
             return lambda pointers: _nothing
+        if t.op.name == "reshape":  # not a view: the source's elements in order, written contiguously
+            return self._launch(copy_source(self._operand(t.args[0])), [t.args[0], t])
+        body, inputs = t.attrs[0], list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
         source = kernel_source(body, [self._operand(a) for a in inputs], aliased)
@@ -183,8 +171,7 @@ class Executor(interface.Executor):
             return lambda pointers: _nothing
         if self.strides[t] == contiguous_strides(t.shape) or t.size == 1:
             return lambda pointers: self._memcpy(destination, pointers[t], nbytes)
-        source = kernel_source((parameter(0, t),), [self._operand(t)])
-        return self._launch(source, [t, destination])
+        return self._launch(copy_source(self._operand(t)), [t, destination])
 
     def _gemm(self, terms, workspace, tf32):
         """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and a bias gradient where the epilogue
