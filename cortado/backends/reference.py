@@ -43,7 +43,7 @@ def _value(term, values, variable, widen):
     if term.op.name == "var":
         value = variable(term)
     elif term.op.name == "const":
-        value = term.attrs[0].array
+        value = term.attr("value").array
     else:
         value = _apply(term, [values[a] for a in term.args], widen)
     return np.asarray(value).astype(_result_dtype(term, widen), copy=False)

@@ -60,7 +60,7 @@ def _where_constant(b):
     """``where`` with a condition of one truth value: the branch it picks."""
     condition = b["_c"]
     try:
-        value = condition.attrs[0].scalar if isinstance(condition, Term) else literal_value(condition)
+        value = condition.attr("value").scalar if isinstance(condition, Term) else literal_value(condition)
     except ValueError:
         return None
     if value is None:
@@ -74,10 +74,10 @@ def _scalar_splats(b):
     term = b.term
     if not isinstance(term, Term) or not term.op.elementwise:
         return None
-    splats = [a.op.name == "const" and a.ndim > 0 and a.attrs[0].scalar is not None for a in term.args]
+    splats = [a.op.name == "const" and a.ndim > 0 and a.attr("value").scalar is not None for a in term.args]
     if not any(splats) or all(splats):
         return None
-    args = [ct.const(a.attrs[0].scalar) if splat else a for a, splat in zip(term.args, splats)]
+    args = [ct.const(a.attr("value").scalar) if splat else a for a, splat in zip(term.args, splats)]
     return term.rebuild(args)
 
 
@@ -162,7 +162,7 @@ def _einsum_without_ones(b):
         return None
     inputs = subscripts.split("->")[0].split(",")
     for k, x in enumerate(operands):
-        if x.op.name != "const" or x.attrs[0].scalar != 1 or "." in inputs[k]:
+        if x.op.name != "const" or x.attr("value").scalar != 1 or "." in inputs[k]:
             continue
         others = [(labels, y) for j, (labels, y) in enumerate(zip(inputs, operands)) if j != k]
         carried = {label: size for labels, y in others if "." not in labels for label, size in zip(labels, y.shape)}

@@ -47,20 +47,20 @@ def _shifted(x, axes):
 
 
 def _logsumexp(b):
-    x, axes = b["_x"], b.term.attrs[0]
+    x, axes = b["_x"], b.term.attr("axes")
     shifted, peak = _shifted(x, axes)
     total = ct.add(ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)), peak)
     return _as(ct.reshape(total, b.term.shape), b.term.dtype)
 
 
 def _softmax(b):
-    shifted, _ = _shifted(b["_x"], b.term.attrs[0])
+    shifted, _ = _shifted(b["_x"], b.term.attr("axes"))
     e = ct.exp(shifted)
-    return _as(ct.divide(e, ct.sum(e, axis=b.term.attrs[0], keepdims=True)), b.term.dtype)
+    return _as(ct.divide(e, ct.sum(e, axis=b.term.attr("axes"), keepdims=True)), b.term.dtype)
 
 
 def _log_softmax(b):
-    axes = b.term.attrs[0]
+    axes = b.term.attr("axes")
     shifted, _ = _shifted(b["_x"], axes)
     return _as(ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True))), b.term.dtype)
 

@@ -39,7 +39,7 @@ def _elementwise(term):
 
 def inlined(term):
     """A constant of one value, which a body carries itself instead of reading it."""
-    return term.op.name == "const" and (term.ndim == 0 or term.attrs[0].scalar is not None)
+    return term.op.name == "const" and (term.ndim == 0 or term.attr("value").scalar is not None)
 
 
 class _Region:

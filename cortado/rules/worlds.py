@@ -101,7 +101,7 @@ class TensorWorld:
             return False
         if (term.dtype.kind == "b") != isinstance(value, bool):
             return False  # 1 is no boolean True: True + x is a logical or
-        scalar = term.attrs[0].scalar
+        scalar = term.attr("value").scalar
         return scalar is not None and bool(scalar == value)
 
     def named_matches(self, name, term):
@@ -158,7 +158,7 @@ class TensorWorld:
         return make(OPS["const"], (), (Constant(np.broadcast_to(element, term.shape)),))
 
     def is_finite(self, term):
-        value = term.attrs[0]
+        value = term.attr("value")
         return not is_float(term.dtype) or bool(np.isfinite(value.scalar if value.scalar is not None else value.array).all())
 
     def fold(self, term):
@@ -170,7 +170,7 @@ class TensorWorld:
         """
         if not term.args or any(a.op.name != "const" for a in term.args):
             return None
-        values = [a.attrs[0] for a in term.args]
+        values = [a.attr("value") for a in term.args]
         splats = all(v.scalar is not None for v in values)
         if splats and term.op.kind == LAYOUT:
             return _splat(values[0].scalar, term.shape)

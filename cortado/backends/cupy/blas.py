@@ -45,7 +45,7 @@ def _lt():
 def workspace_limit(term):
     """The scratch a gemm term's call may ask for: more for a large product, where it buys faster algorithms."""
     a = term.args[0]
-    k = a.shape[-2] if term.attrs[0] else a.shape[-1]
+    k = a.shape[-2] if term.attr("transpose_a") else a.shape[-1]
     return WORKSPACE_LIMIT[term.size * k >= LARGE_PRODUCT]
 
 

@@ -101,7 +101,7 @@ class Executor(interface.Executor):
             if t.op.name == "gemm":
                 scratch = plan["workspace", i].offset if ("workspace", i) in plan else 0  # none: cuBLASLt needs none
                 self.makers.append(self._gemm(kernel.terms, self.arena.memory.data.ptr + scratch, tf32))
-                self.labels.append(f"k{i}.gemm {t.attrs[4]} {t.shape}")
+                self.labels.append(f"k{i}.gemm {t.attr('epilogue')} {t.shape}")
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
@@ -123,7 +123,7 @@ class Executor(interface.Executor):
         found = {a for k in kernels for a in k.reads if a.op.name == "const"}
         found |= {t for t in list(outputs) + list(updates.values()) if t.op.name == "const"}
         found = sorted(found, key=id)
-        arrays = [np.ascontiguousarray(c.attrs[0].array.reshape(-1)[:1] if one_value(c) else c.attrs[0].array)
+        arrays = [np.ascontiguousarray(c.attr("value").array.reshape(-1)[:1] if one_value(c) else c.attr("value").array)
                   for c in found]
         self.constant_block = _Block([a.nbytes for a in arrays])
         for k, (c, array) in enumerate(zip(found, arrays)):
@@ -153,7 +153,7 @@ class Executor(interface.Executor):
             return lambda pointers: _nothing
         if t.op.name == "reshape":  # not a view: the source's elements in order, written contiguously
             return self._launch(copy_source(self._operand(t.args[0])), [t.args[0], t])
-        body, inputs = t.attrs[0], list(t.args)
+        body, inputs = t.attr("outputs"), list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
         source = kernel_source(body, [self._operand(a) for a in inputs], aliased)
@@ -184,7 +184,7 @@ class Executor(interface.Executor):
             strides[x] = contiguous_strides(x.shape)
             top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
         gemm = Gemm(t, strides, tf32)
-        a, b, c, bias, aux = gemm_operands(t.args, t.attrs[3], t.attrs[4])
+        a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
 
         def operands(pointers):
             pointers = {**pointers, **{x: place for x, place, _ in copies}}

@@ -30,7 +30,7 @@ def _broadcast_strides(source_shape, source_strides, shape):
 
 def one_value(t):
     """Whether ``t`` is a constant array of one repeated value, which the program stores as one element."""
-    return t.op.name == "const" and t.ndim > 0 and t.attrs[0].scalar is not None
+    return t.op.name == "const" and t.ndim > 0 and t.attr("value").scalar is not None
 
 
 def stored_strides(t):
@@ -48,7 +48,7 @@ def layouts(kernels):
         name = t.op.name
         source = t.args[0] if t.args else None
         if name == "transpose":
-            strides[t] = tuple(strides[source][axis] for axis in t.attrs[0])
+            strides[t] = tuple(strides[source][axis] for axis in t.attr("axes"))
         elif name == "broadcast_to":
             strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
         elif name == "reshape" and _contiguous(source.shape, strides[source]):
@@ -62,7 +62,7 @@ def layouts(kernels):
 
 def gemm_copies(t, strides):
     """The operands of gemm ``t`` that cuBLASLt cannot read where they are: copied first."""
-    a, b, c, bias, aux = gemm_operands(t.args, t.attrs[3], t.attrs[4])
+    a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
     batch = t.shape[:-2]
     copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
     copies += [x for x in (c, bias, aux) if x is not None and not _contiguous(x.shape, strides[x])]
@@ -73,13 +73,13 @@ def _inplace(k, strides, views):
     """Pairs ``(output, input)``: an input of the output's type read at the output's own index."""
     t = k.term
     if t.op.name == "gemm":
-        c = t.args[2] if t.attrs[3] else None
+        c = t.args[2] if t.attr("beta") else None
         plain = c is not None and c not in views and _contiguous(c.shape, strides[c])
         return ((t, c),) if plain and c.dtype == t.dtype else ()
     if t.op.kind == "reduction":
         return ()
     readers = t.args
-    if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attrs[0])):
+    if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
     return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype) and _contiguous(a.shape, strides[a]))
@@ -88,8 +88,8 @@ def _inplace(k, strides, views):
 def _epilogue_operands(t):
     """The arguments of fused reduction ``t`` that only its epilogue reads: read once, at the output's index, by
     the thread that writes the output there, after the reduction (an SGD step on a bias gradient, say)."""
-    reduction = next(s for s in post_order(t.attrs[0]) if s.op.name in REDUCTIONS)
-    prologue = {s.attrs[0] for s in post_order([reduction]) if s.op.name == "var"}
+    reduction = next(s for s in post_order(t.attr("outputs")) if s.op.name in REDUCTIONS)
+    prologue = {s.name for s in post_order([reduction]) if s.op.name == "var"}
     return [a for k, a in enumerate(t.args) if f"in{k}" not in prologue]
 
 

@@ -40,7 +40,7 @@ def _view(block, offset, shape, dtype):
 def _derived(t, source):
     """The array of a view kernel: a transpose, a broadcast or a copy-free reshape of ``source``."""
     if t.op.name == "transpose":
-        return np.transpose(source, t.attrs[0])
+        return np.transpose(source, t.attr("axes"))
     if t.op.name == "broadcast_to":
         return np.broadcast_to(source, t.shape)
     return np.reshape(source, t.shape, copy=False)
@@ -70,7 +70,7 @@ class Executor(interface.Executor):
             for t in kernel.terms:
                 for a in t.args:
                     if a not in arrays and a.op.name == "const":
-                        arrays[a] = a.attrs[0].array
+                        arrays[a] = a.attr("value").array
                 if t in plan and t not in arrays:
                     arrays[t] = _view(self.arena, plan[t].offset, t.shape, t.dtype)
             if step.view_of is not None:
@@ -84,7 +84,7 @@ class Executor(interface.Executor):
             self.call_kernel += [kernel] * len(em.calls)
         for t in list(outputs) + list(updates.values()):
             if t not in arrays and t.op.name == "const":
-                arrays[t] = t.attrs[0].array
+                arrays[t] = t.attr("value").array
         self.outputs = [arrays[t] for t in outputs]
         self.final = [(self.state[var], arrays[value]) for var, value in updates.items()
                       if sinks.get(value) is not var and value is not var]
@@ -112,7 +112,7 @@ class Executor(interface.Executor):
         if t.op.name == "fused":
             outs = [arrays[d] for d in kernel.terms]
             alias = {k: j for k, out in enumerate(outs) for j, arg in enumerate(args) if _same_memory(out, arg)}
-            emit_fused(em, t.attrs[0], args, outs, alias)
+            emit_fused(em, t.attr("outputs"), args, outs, alias)
         else:
             emit(em, t, args, arrays[t])
 

@@ -101,7 +101,7 @@ class _Run:
             if t.op.name == "var":
                 self.values[t] = self.args[int(t.name[2:])]
             elif t.op.name == "const":
-                self.values[t] = t.attrs[0].array
+                self.values[t] = t.attr("value").array
             elif t.op.name == "broadcast_to":
                 self.values[t] = np.broadcast_to(self.values[t.args[0]], t.shape)
             else:

@@ -53,7 +53,7 @@ def steps(kernels, options):
             contiguous[t] = name == "reshape"
             continue
         if name == "fused":
-            workspace, pairs, costs = plan_region(t.attrs[0], tuple((a.shape, a.dtype) for a in t.args))
+            workspace, pairs, costs = plan_region(t.attr("outputs"), tuple((a.shape, a.dtype) for a in t.args))
             inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
         else:
@@ -68,4 +68,4 @@ def steps(kernels, options):
 
 def _stored_contiguously(t):
     """A constant or state variable: constants of one value are broadcasts, all else is C-ordered."""
-    return not (t.op.name == "const" and t.attrs[0].array.ndim and not t.attrs[0].array.flags.c_contiguous)
+    return not (t.op.name == "const" and t.attr("value").array.ndim and not t.attr("value").array.flags.c_contiguous)

@@ -67,7 +67,7 @@ def _matmul_to_gemm(b):
 def _swaps_last_two(t):
     if t.op.name != "transpose":
         return False
-    axes = t.attrs[0]
+    axes = t.attr("axes")
     n = len(axes)
     return n >= 2 and axes == tuple(range(n - 2)) + (n - 1, n - 2)
 
@@ -85,14 +85,14 @@ def _fold_transposes(b):
 
 def _foldable(b, g):
     """A gemm this rule may rewrite: nothing else uses it (and it is a product, not a second result)."""
-    return g.op.name == "gemm" and g.attrs[5] == 0 and not b.shared(g)
+    return g.op.name == "gemm" and g.attr("output") == 0 and not b.shared(g)
 
 
 def _scalar(t):
     """The value of a constant of one value, else None."""
     if t.op.name != "const":
         return None
-    scalar = t.attrs[0].scalar
+    scalar = t.attr("value").scalar
     return None if scalar is None else float(scalar)
 
 
@@ -215,7 +215,7 @@ def finish(roots, trace=None, keep=frozenset()):
     for s in order:
         if s.op.name != "sum" or s.ndim != 1 or s.args[0].ndim != 2 or s in keep:
             continue
-        summed, axes = s.args[0], s.attrs[0]
+        summed, axes = s.args[0], s.attr("axes")
         if summed.op.name == "transpose":  # the row sums of x^T are the column sums of x
             summed, axes = summed.args[0], tuple(1 - axis for axis in axes)
         found = sources.get(summed) if axes == (0,) else None
