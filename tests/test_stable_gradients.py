@@ -92,6 +92,13 @@ def weights(form, x, seed=0):
     return np.random.default_rng(seed).uniform(0.5, 2.0, shape)
 
 
+def fragile_loss(fragile, dtype):
+    """``(x, w, loss)``: the fragile form's weighted loss over a variable of the extremes' shape."""
+    x = ct.var("x", EXTREMES.shape, dtype)
+    w = weights(fragile, x)
+    return x, w, weighted_loss(fragile, x, w)
+
+
 # -- at logits near ±1000 ------------------------------------------------------------------
 
 
@@ -99,9 +106,8 @@ def weights(form, x, seed=0):
 @pytest.mark.parametrize("name", FORMS)
 def test_gradients_of_fragile_forms_are_finite_and_analytic(name, dtype):
     fragile, _, gradient, _ = FORMS[name]
-    x = ct.var("x", EXTREMES.shape, dtype)
-    w = weights(fragile, x)
-    g = ct.grad(weighted_loss(fragile, x, w), x)
+    x, w, loss = fragile_loss(fragile, dtype)
+    g = ct.grad(loss, x)
     value = ct.evaluate(g, {"x": EXTREMES.astype(dtype)})
     assert value.dtype == dtype and np.isfinite(value).all()
     np.testing.assert_allclose(value, gradient(EXTREMES, w), **TOLERANCE[dtype])
@@ -111,9 +117,7 @@ def test_gradients_of_fragile_forms_are_finite_and_analytic(name, dtype):
 @pytest.mark.parametrize("name", FORMS)
 def test_compiled_losses_and_gradients_are_finite_and_analytic(name, dtype):
     fragile, stable, gradient, _ = FORMS[name]
-    x = ct.var("x", EXTREMES.shape, dtype)
-    w = weights(fragile, x)
-    loss = weighted_loss(fragile, x, w)
+    x, w, loss = fragile_loss(fragile, dtype)
     step = ct.compile([loss, ct.grad(loss, x)], inputs=[x], backend="numpy")
     loss_value, gradient_value = step(x=EXTREMES.astype(dtype))
     expected_loss = ct.evaluate(weighted_loss(stable, x, w), {"x": EXTREMES.astype(dtype)})
@@ -126,10 +130,8 @@ def test_compiled_losses_and_gradients_are_finite_and_analytic(name, dtype):
 @pytest.mark.parametrize("name", FORMS)
 def test_second_order_gradients_are_finite_and_analytic(name, dtype):
     fragile, _, _, hessian_times = FORMS[name]
-    x = ct.var("x", EXTREMES.shape, dtype)
-    w = weights(fragile, x)
+    x, w, loss = fragile_loss(fragile, dtype)
     v = np.random.default_rng(1).uniform(-1, 1, EXTREMES.shape)
-    loss = weighted_loss(fragile, x, w)
     hv = ct.hvp(loss, x, ct.const(v.astype(dtype)))
     grad_of_grad = ct.grad(ct.sum(ct.grad(loss, x) * ct.const(v.astype(dtype))), x)
     for value in ct.evaluate([hv, grad_of_grad], {"x": EXTREMES.astype(dtype)}):
