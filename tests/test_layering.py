@@ -1,4 +1,5 @@
-"""The layers import downwards only: the IR (``cortado/exprgraph/``) knows nothing of the rules.
+"""The layers import downwards only: the IR (``cortado/exprgraph/``) knows nothing of the rules,
+and terms know nothing of the constructors.
 
 The test reads the source with ``ast``, so an import hidden inside a function counts as much as
 one at the top of a module.
@@ -7,9 +8,9 @@ one at the top of a module.
 import ast
 from pathlib import Path
 
-import cortado
+import cortado as ct
 
-PACKAGE = Path(cortado.__file__).parent
+PACKAGE = Path(ct.__file__).parent
 EXPRGRAPH = PACKAGE / "exprgraph"
 
 
@@ -54,3 +55,9 @@ def test_no_module_of_the_ir_imports_the_rules():
     assert files
     offenders = {str(f.relative_to(PACKAGE)): imports_of("cortado.rules", imported(f)) for f in files}
     assert {f: names for f, names in offenders.items() if names} == {}
+
+
+def test_terms_know_nothing_of_the_constructors_that_give_them_operators():
+    assert imports_of("cortado.exprgraph.constructors", imported(EXPRGRAPH / "term.py")) == []
+    x, W = ct.var("x", (3, 4)), ct.var("W", (4, 2))
+    assert (x @ W).head == "matmul" and (2 - x).args[1] is x and x.T.shape == (4, 3)
