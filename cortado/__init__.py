@@ -13,7 +13,7 @@ from .errors import BackendError, CortadoError, DTypeError, FeedError, GradError
 from .exprgraph import Graph, Term, format_graph, schedule, to_dot
 from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matmul, ...: see __all__ there)
 from .exprgraph.constructors import __all__ as _constructors
-from .exprgraph.grad import grad, hvp, vjp
+from .grad import grad, hvp, vjp
 from .program import Program
 
 __version__ = "0.1.0"

@@ -20,7 +20,7 @@ from .backends.reference import evaluate
 from .errors import FeedError
 from .exprgraph import constructors as ct
 from .exprgraph.dtypes import is_float
-from .exprgraph.grad import grad, hvp, variables_of, vjp
+from .grad import grad, hvp, variables_of, vjp
 from .exprgraph.graph import Graph, as_outputs
 
 NOISE = 1e-13  # float64 rounding of an evaluated sum, relative to the sum of its terms' sizes

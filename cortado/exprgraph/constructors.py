@@ -286,3 +286,41 @@ def _deferring(function):
 for _name in __all__:
     if _name not in ("var", "const", "as_term"):
         globals()[_name] = _deferring(globals()[_name])
+
+
+# -- the operators and methods of terms ------------------------------------------------------
+# ``x + y``, ``2 - x``, ``x @ W``, ``x < 0``, ``x.T``, ``x.sum(axis)``, ... are the functions
+# above (deferring ones) under Python's operators and NumPy's method names. They are installed
+# on Term here, once the functions exist, so term.py needs nothing of this module.
+
+
+def _swapped(function):
+    """The reflected operator of ``function``: ``2 - x`` is ``subtract(2, x)``."""
+
+    def reflected(self, other):
+        return function(other, self)
+
+    return reflected
+
+
+def _reshape_method(self, *shape):
+    """NumPy's ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
+    return reshape(self, shape[0] if len(shape) == 1 else shape)
+
+
+def _transpose_method(self, *axes):
+    """NumPy's ``x.transpose()``, ``x.transpose(1, 0)`` or ``x.transpose((1, 0))``."""
+    return transpose(self, axes[0] if len(axes) == 1 else (axes or None))
+
+
+TERM_METHODS = {
+    "__add__": add, "__radd__": _swapped(add), "__sub__": subtract, "__rsub__": _swapped(subtract),
+    "__mul__": multiply, "__rmul__": _swapped(multiply), "__truediv__": divide, "__rtruediv__": _swapped(divide),
+    "__pow__": power, "__rpow__": _swapped(power), "__matmul__": matmul, "__rmatmul__": _swapped(matmul),
+    "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
+    "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
+    "T": property(transpose), "sum": sum, "mean": mean, "max": max,
+    "reshape": _reshape_method, "transpose": _transpose_method, "astype": cast,
+}
+for _name, _method in TERM_METHODS.items():
+    setattr(Term, _name, _method)

@@ -7,6 +7,9 @@ that nobody references any more is freed, and its entry goes with it.
 
 ``==`` and ``!=`` on terms are therefore identity (terms are dict keys: ``state={W: value}``);
 the elementwise comparisons are ``ct.equal`` and ``ct.not_equal``. ``< <= > >=`` build terms.
+The operators and NumPy-style methods (``x + y``, ``x @ W``, ``x.T``, ``x.sum()``, ...) are the
+functions of constructors.py, which installs them on ``Term``: this module, which those
+functions build on, knows nothing of them.
 """
 
 import threading
@@ -172,87 +175,3 @@ class Term:
         )
 
     __hash__ = object.__hash__
-
-    # -- operators: thin wrappers over the functions of cortado --------------------------
-
-    def __add__(self, other):
-        return _c.add(self, other)
-
-    def __radd__(self, other):
-        return _c.add(other, self)
-
-    def __sub__(self, other):
-        return _c.subtract(self, other)
-
-    def __rsub__(self, other):
-        return _c.subtract(other, self)
-
-    def __mul__(self, other):
-        return _c.multiply(self, other)
-
-    def __rmul__(self, other):
-        return _c.multiply(other, self)
-
-    def __truediv__(self, other):
-        return _c.divide(self, other)
-
-    def __rtruediv__(self, other):
-        return _c.divide(other, self)
-
-    def __pow__(self, other):
-        return _c.power(self, other)
-
-    def __rpow__(self, other):
-        return _c.power(other, self)
-
-    def __matmul__(self, other):
-        return _c.matmul(self, other)
-
-    def __rmatmul__(self, other):
-        return _c.matmul(other, self)
-
-    def __neg__(self):
-        return _c.negative(self)
-
-    def __pos__(self):
-        return self
-
-    def __abs__(self):
-        return _c.abs(self)
-
-    def __lt__(self, other):
-        return _c.less(self, other)
-
-    def __le__(self, other):
-        return _c.less_equal(self, other)
-
-    def __gt__(self, other):
-        return _c.greater(self, other)
-
-    def __ge__(self, other):
-        return _c.greater_equal(self, other)
-
-    @property
-    def T(self):
-        return _c.transpose(self)
-
-    def sum(self, axis=None, keepdims=False):
-        return _c.sum(self, axis, keepdims)
-
-    def mean(self, axis=None, keepdims=False):
-        return _c.mean(self, axis, keepdims)
-
-    def max(self, axis=None, keepdims=False):
-        return _c.max(self, axis, keepdims)
-
-    def reshape(self, *shape):
-        return _c.reshape(self, shape[0] if len(shape) == 1 else shape)
-
-    def transpose(self, *axes):
-        return _c.transpose(self, axes[0] if len(axes) == 1 else (axes or None))
-
-    def astype(self, dtype):
-        return _c.cast(self, dtype)
-
-
-from . import constructors as _c  # noqa: E402  (constructors build on Term; operators need them)

@@ -3,7 +3,7 @@
 A rule matches a term of one op, as any rewrite rule does, and gives for each input (each
 placeholder of its pattern) that input's share of the adjoint: an expression of the inputs, the
 output ``_y`` and the output's adjoint ``_dy``. ``exp(_x)`` gives ``_x`` the share ``_dy * _y``.
-A share may keep the output's shape: the reverse-mode driver (``cortado.exprgraph.grad``) sums
+A share may keep the output's shape: the reverse-mode driver (``cortado.grad``) sums
 a broadcast share down to its input's shape and casts it to its input's dtype, so the rules of
 ``add``, ``broadcast_to`` and ``cast`` are simply ``_dy``. A share of ``0`` contributes nothing.
 Shares are built from differentiable ops only, so gradients of gradients work.

@@ -13,17 +13,21 @@ gradients and model share those terms (evaluated together, or compiled, which st
 model the same way, nothing is computed twice) and the gradients carry no ``* 1`` or ``+ 0``.
 
 This module is the driver only; the derivative rules, ``stability`` and ``simplify`` belong to
-the rules stage, which this stage does not import until a gradient is asked for.
+the rules stage. The driver applies them, so it sits above both the IR and the rules: the IR
+(``cortado.exprgraph``) never imports the rules.
 """
 
 import numpy as np
 
-from ..errors import DTypeError, GradError, ShapeError
-from . import constructors as ct
-from .graph import as_outputs, schedule
-from .operands import strong_const
-from .dtypes import is_float, kind_of, type_string
-from .term import Term
+from .errors import DTypeError, GradError, ShapeError
+from .exprgraph import constructors as ct
+from .exprgraph.dtypes import is_float, kind_of, type_string
+from .exprgraph.graph import as_outputs, schedule
+from .exprgraph.operands import strong_const
+from .exprgraph.term import Term
+from .rules import derivatives, simplify
+from .rules.derivatives import Derivatives
+from .rules.stability import stabiliser
 
 
 def grad(y, wrt, *, rules=None, trace=None):
@@ -54,10 +58,6 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     Hessian-vector product), an array, or a number for every element. ``rules`` and ``trace``
     are as for ``grad``.
     """
-    from ..rules import derivatives, simplify  # the rules stage: see the module's docstring
-    from ..rules.derivatives import Derivatives
-    from ..rules.stability import stabiliser
-
     if rules is None:
         rules = derivatives
     elif not isinstance(rules, Derivatives):

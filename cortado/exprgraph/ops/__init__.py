@@ -1,0 +1,35 @@
+"""The op table: for every op, its arity, attributes, shape rule, dtype rule and kind.
+
+This is the single source of what an op *is*. Later stages (rules, backends) look ops up here by
+name and add what they need (a NumPy implementation, a derivative, a kernel) in tables of their
+own. Rules raise ``RuleViolation`` with a short reason; ``term.make`` adds the op name, operand
+types and the user's line.
+
+Dtype rules of the elementwise ops ask NumPy's own ufuncs (``resolve_dtypes``), so promotion is
+exactly NumPy 2's; Python scalars are weak (NEP 50) and are materialised by the constructors
+before a term is built, so the rules here only ever see concrete dtypes. bfloat16 (ml_dtypes')
+follows the same rules, which ml_dtypes alone does not: see ``weak_scalars_as_bfloat16``.
+
+The ops are defined by family, one module each: leaves, elementwise, reductions, contractions,
+layout, and the ops that passes build (lowered: ``gemm`` and ``fused``). ``base`` holds the
+``Op`` record and the helpers the families share. This module assembles ``OPS`` from the
+families and names what the rest of cortado takes from the table.
+"""
+
+from . import contractions, elementwise, layout, leaves, reductions
+from .base import (
+    CONTRACTION, ELEMENTWISE, FUSED, LAYOUT, LEAF, LOWERED, REDUCTION, Op, dtype_attr, ufunc_loop,
+    weak_scalars_as_bfloat16,
+)
+from .elementwise import UFUNC_OPS, may_fail
+from .leaves import Constant
+from .lowered import FUSED_OP, GEMM, TWO_RESULTS, gemm_operands, parameter
+
+__all__ = [
+    "OPS", "Op", "CONTRACTION", "ELEMENTWISE", "FUSED", "LAYOUT", "LEAF", "LOWERED", "REDUCTION",
+    "Constant", "dtype_attr", "ufunc_loop", "weak_scalars_as_bfloat16", "UFUNC_OPS", "may_fail",
+    "FUSED_OP", "TWO_RESULTS", "gemm_operands", "parameter",
+]
+
+OPS = {op.name: op for op in (*leaves.FAMILY, *elementwise.FAMILY, *reductions.FAMILY, *contractions.FAMILY,
+                              GEMM, *layout.FAMILY, FUSED_OP)}

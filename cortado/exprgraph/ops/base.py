@@ -1,0 +1,138 @@
+"""What every family of ops shares: the ``Op`` record, the kinds of op, and the shape and dtype
+helpers that the families' rules are written with.
+"""
+
+import functools
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from ...errors import DTypeError
+from ..dtypes import BFLOAT16, as_dtype, is_bfloat16
+from ..term import dtype_violation, shape_violation
+
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+LEAF = "leaf"
+CONTRACTION = "contraction"
+LAYOUT = "layout"
+FUSED = "fused"
+LOWERED = "lowered"  # built only by a backend's lowering rules, after differentiation
+
+
+@dataclass(frozen=True, eq=False)
+class Op:
+    """An op: its name, arity (None: any number), attribute names, rules and kind."""
+
+    name: str
+    arity: int | None
+    attr_names: tuple
+    shape_rule: Callable
+    dtype_rule: Callable
+    kind: str
+    normalize: Callable | None = None  # user parameters -> attribute tuple; may raise RuleViolation
+
+    @property
+    def elementwise(self):
+        return self.kind == ELEMENTWISE
+
+    def __repr__(self):
+        return f"Op({self.name})"
+
+
+# -- shape helpers ---------------------------------------------------------------------------
+
+
+def broadcast_shapes(*shapes):
+    """NumPy broadcasting of ``shapes``, or a RuleViolation saying which do not broadcast."""
+    ndim = max(len(s) for s in shapes)
+    result = []
+    for i in range(-ndim, 0):
+        sizes = {s[i] for s in shapes if len(s) >= -i}
+        sizes.discard(1)
+        if len(sizes) > 1:
+            listed = " and ".join(str(s) for s in shapes)
+            raise shape_violation(f"shapes {listed} do not broadcast (dimension {i}: sizes {sorted(sizes)})")
+        result.append(sizes.pop() if sizes else 1)
+    return tuple(result)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, bool)
+
+
+def int_tuple(value, what):
+    """``value`` (an int or a sequence of ints) as a tuple of Python ints; ``what`` names it."""
+    items = (value,) if _is_int(value) else value
+    try:
+        items = tuple(items)
+    except TypeError:
+        raise shape_violation(f"{what} must be an int or a tuple of ints, not {value!r}") from None
+    if not all(_is_int(v) for v in items):
+        raise shape_violation(f"{what} must be an int or a tuple of ints, not {value!r}")
+    return tuple(int(v) for v in items)
+
+
+def as_shape(shape):
+    """A shape as a tuple of non-negative Python ints; a bare int is a 1-d shape."""
+    dims = int_tuple(shape, "a shape")
+    if any(d < 0 for d in dims):
+        raise shape_violation(f"a shape must have non-negative sizes, not {shape!r}")
+    return dims
+
+
+# -- dtype helpers ---------------------------------------------------------------------------
+
+
+def promoted(dtypes):
+    """NumPy's common dtype of ``dtypes``, or a RuleViolation naming them where there is none
+    (bfloat16 has one only with bool, int8, uint8, float32 and float64)."""
+    try:
+        return np.result_type(*dtypes)
+    except TypeError:  # NumPy's DTypePromotionError
+        names = " and ".join(dict.fromkeys(d.name for d in dtypes))
+        raise dtype_violation(f"NumPy has no common dtype for {names}; cast one operand to the other's dtype "
+                              f"or to float32 first (ct.cast)") from None
+
+
+def weak_scalars_as_bfloat16(keys):
+    """Promotion keys (dtypes; Python types or values for weak scalars) as NEP 50 would take them.
+
+    ml_dtypes' bfloat16 knows no weak scalars: NumPy alone makes ``x_bf16 * 0.5`` float32 and
+    ``where(c, x_bf16, 0.5)`` float64. So where the tensors promote to bfloat16, each weak scalar
+    becomes bfloat16, as it would become float16. Tensors that do not promote with bfloat16
+    (float16, int16 and wider ints) are refused here, where ufunc loops would meet in a float.
+    """
+    strong = [k for k in keys if isinstance(k, np.dtype)]
+    if not any(is_bfloat16(d) for d in strong) or not is_bfloat16(promoted(strong)):
+        return keys
+    return tuple(k if isinstance(k, np.dtype) else BFLOAT16 for k in keys)
+
+
+@functools.cache
+def ufunc_loop(ufunc, dtypes):
+    """The dtypes NumPy's ``ufunc`` computes in for operands of ``dtypes`` (Python types: weak)."""
+    try:
+        return ufunc.resolve_dtypes(tuple(weak_scalars_as_bfloat16(dtypes)) + (None,) * ufunc.nout)
+    except TypeError:  # NumPy's "no loop" errors are TypeErrors
+        names = ", ".join(getattr(d, "name", getattr(d, "__name__", str(d))) for d in dtypes)
+        raise dtype_violation(f"NumPy's {ufunc.__name__} is not defined for ({names})") from None
+
+
+def float_result(args):
+    """The dtype ``exp`` would give: floats keep theirs, ints and bool become floating."""
+    return ufunc_loop(np.exp, (args[0].dtype,))[-1]
+
+
+def dtype_attr(spec, what):
+    """A dtype attribute, checked: an unsupported one is refused naming ``what`` it was for."""
+    try:
+        return as_dtype(spec)
+    except DTypeError as error:
+        raise dtype_violation(f"{what}: {error}") from None
+
+
+def no_attributes(args):
+    """The ``normalize`` of an op that takes no parameters."""
+    return ()

@@ -1,0 +1,77 @@
+"""The leaves of every expression, ``var`` and ``const``, and the ``Constant`` that a ``const``
+holds as its value.
+"""
+
+import numpy as np
+
+from ..term import shape_violation
+from .base import LEAF, Op, as_shape, dtype_attr
+
+
+class Constant:
+    """A constant's value: a read-only array, compared and hashed by dtype, shape and bytes.
+
+    ``weak`` marks a Python scalar whose dtype is still open (NEP 50): ``x * 2.0`` keeps
+    ``x``'s float32. Constructors materialise weak constants at the dtype they combine to.
+    A constant whose elements are all equal (a *splat*, such as the zeros a rewrite leaves) is
+    stored as one element broadcast to its shape, so it costs no memory however large it is.
+    """
+
+    __slots__ = ("array", "weak", "scalar", "_key")
+
+    def __init__(self, array, weak=False):
+        array = np.asarray(array)
+        self.weak = weak
+        self.scalar = _splat_element(array)
+        if self.scalar is not None and array.size > 1:
+            self.array = np.broadcast_to(self.scalar, array.shape)  # read-only, one element
+            content = self.scalar.tobytes()
+        else:
+            self.array = np.array(array, order="C", copy=True)
+            self.array.flags.writeable = False
+            content = self.array.tobytes()
+        self._key = (array.dtype.str, array.shape, content, weak)
+
+    def __eq__(self, other):
+        return isinstance(other, Constant) and self._key == other._key
+
+    def __hash__(self):
+        return hash(self._key)
+
+    def __repr__(self):
+        if self.array.ndim and self.scalar is not None:
+            return f"full({self.scalar[()]})"  # every element this value; the term's type gives the shape
+        if self.array.ndim:
+            return np.array2string(self.array, separator=", ", threshold=6)
+        return str(self.array[()])  # NumPy's shortest form for the dtype: 1.7320508 for float32
+
+
+def _splat_element(array):
+    """The one element every element of ``array`` equals, bit for bit, as a 0-d array; else None."""
+    if array.size == 0:
+        return None
+    first = np.array(array[(0,) * array.ndim])
+    if array.size > 1 and any(array.strides):  # a broadcast of one element has all strides 0
+        rows = np.ascontiguousarray(array).view(np.uint8).reshape(array.size, array.dtype.itemsize)
+        if not (rows == rows[0]).all():
+            return None
+    first.flags.writeable = False
+    return first
+
+
+def _var_normalize(args, name, shape, dtype):
+    if not isinstance(name, str) or not name:
+        raise shape_violation(f"a variable's name must be a non-empty string, not {name!r}")
+    return (name, as_shape(shape), dtype_attr(dtype, f"variable {name!r}"))
+
+
+VAR = Op("var", 0, ("name", "shape", "dtype"),
+         lambda args, name, shape, dtype: shape,
+         lambda args, name, shape, dtype: dtype,
+         LEAF, _var_normalize)
+CONST = Op("const", 0, ("value",),
+           lambda args, value: value.array.shape,
+           lambda args, value: value.array.dtype,
+           LEAF, lambda args, value: (value,))
+
+FAMILY = (VAR, CONST)

@@ -1,0 +1,72 @@
+"""The reductions: ``sum``, ``mean``, ``max`` and ``logsumexp`` over some axes, and ``softmax`` and
+``log_softmax``, which normalise over their axes and keep the shape.
+"""
+
+import functools
+
+import numpy as np
+
+from ..term import shape_violation
+from .base import REDUCTION, Op, float_result, int_tuple
+
+
+def normalize_axes(axis, ndim):
+    """Axes as a sorted tuple of non-negative ints; None means every axis."""
+    if axis is None:
+        return tuple(range(ndim))
+    result = []
+    for a in int_tuple(axis, "axis (when not None)"):
+        if not -ndim <= a < ndim:
+            raise shape_violation(f"axis {a} is out of range for a tensor of rank {ndim}")
+        if a % ndim in result:
+            raise shape_violation(f"axis {axis!r} repeats axis {a % ndim}")
+        result.append(a % ndim)
+    return tuple(sorted(result))
+
+
+@functools.cache
+def _reduced_dtype(reduction, dtype):
+    return getattr(np, reduction)(np.zeros(1, dtype)).dtype
+
+
+def _reduce_normalize(args, axis=None, keepdims=False):
+    return (normalize_axes(axis, args[0].ndim), bool(keepdims))
+
+
+def _reduce_shape(args, axes, keepdims):
+    shape = args[0].shape
+    if keepdims:
+        return tuple(1 if i in axes else d for i, d in enumerate(shape))
+    return tuple(d for i, d in enumerate(shape) if i not in axes)
+
+
+def _nonempty_reduce_shape(args, axes, keepdims):
+    empty = [a for a in axes if args[0].shape[a] == 0]
+    if empty:
+        raise shape_violation(f"cannot reduce over axis {empty[0]}, which has size 0 (no identity)")
+    return _reduce_shape(args, axes, keepdims)
+
+
+def _softmax_normalize(args, axis=-1):
+    return (normalize_axes(axis, args[0].ndim),)
+
+
+def _softmax_shape(args, axes):
+    _nonempty_reduce_shape(args, axes, True)  # only to reject empty axes
+    return args[0].shape
+
+
+FAMILY = (
+    Op("sum", 1, ("axes", "keepdims"), _reduce_shape,
+       lambda args, axes, keepdims: _reduced_dtype("sum", args[0].dtype), REDUCTION, _reduce_normalize),
+    Op("mean", 1, ("axes", "keepdims"), _reduce_shape,
+       lambda args, axes, keepdims: _reduced_dtype("mean", args[0].dtype), REDUCTION, _reduce_normalize),
+    Op("max", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
+       lambda args, axes, keepdims: args[0].dtype, REDUCTION, _reduce_normalize),
+    Op("logsumexp", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
+       lambda args, axes, keepdims: float_result(args), REDUCTION, _reduce_normalize),
+    Op("softmax", 1, ("axes",), _softmax_shape,
+       lambda args, axes: float_result(args), REDUCTION, _softmax_normalize),
+    Op("log_softmax", 1, ("axes",), _softmax_shape,
+       lambda args, axes: float_result(args), REDUCTION, _softmax_normalize),
+)
