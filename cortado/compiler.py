@@ -24,8 +24,8 @@ import numpy as np
 from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
-from .exprgraph.ops import TWO_RESULTS, may_fail
-from .exprgraph.term import Term, make
+from .exprgraph.ops import FUSED, may_fail
+from .exprgraph.term import Term
 from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
 from .rules.engine import Trace
@@ -125,32 +125,26 @@ def _rewrite(roots, backend, traces, variant=None):
 
 
 def _kernels(roots, signature):
-    """The schedule as kernels: one per op, one per fused region or gemm with two results (all its outputs),
-    one load per input."""
-    kernels, regions = [], set()
+    """The schedule as kernels: one per op, one per set of results of an op with several (a fused region of
+    several outputs), one load per input."""
+    kernels, made = [], set()
     state = set(signature.state)
     for t in schedule(roots):
         if t.op.name == "const" or t in state:
             continue
-        terms = (t,)
-        if t.op.name == "fused" or (t.op.name == "gemm" and t.attrs[4] in TWO_RESULTS):
-            shared = t.attrs[:-1]  # all but the result's index
-            if (t.args, shared) in regions:
-                continue
-            regions.add((t.args, shared))
-            count = len(t.attrs[0]) if t.op.name == "fused" else 2
-            terms = tuple(make(t.op, t.args, shared + (k,)) for k in range(count))
+        terms = t.op.results_of(t)
+        if terms in made:
+            continue
+        made.add(terms)
         kernels.append(Kernel(terms, tuple(dict.fromkeys(t.args))))
     return kernels
 
 
 def _may_raise(kernels):
-    """Whether some kernel can fail on its values (integer powers with negative exponents)."""
-    for k in kernels:
-        terms = schedule(k.term.attrs[0]) if k.term.op.name == "fused" else k.terms
-        if any(may_fail(t) for t in terms):
-            return True
-    return False
+    """Whether some kernel can fail on its values (integer powers with negative exponents), in a fused body too."""
+    terms = [t for k in kernels for t in k.terms]
+    inside = [s for t in terms if t.op.kind == FUSED for s in schedule(t.attr("outputs"))]
+    return any(may_fail(t) for t in terms + inside)
 
 
 def _sinks(kernels, steps, updates, live_out):
@@ -312,8 +306,5 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
 def _label(t, i):
     if t.op.name == "var":
         return t.name
-    if t.op.name == "fused":
-        return f"k{i}.fused" + (f"[{t.attrs[1]}]" if len(t.attrs[0]) > 1 else "")
-    if t.op.name == "gemm" and t.attrs[5]:
-        return f"k{i}.gemm[{t.attrs[5]}]"
-    return f"k{i}.{t.op.name}"
+    several = len(t.op.results_of(t)) > 1
+    return f"k{i}.{t.op.name}" + (f"[{t.attr(t.op.result_attr)}]" if several else "")

@@ -10,7 +10,7 @@ import numpy as np
 
 from ...errors import DTypeError
 from ..dtypes import BFLOAT16, as_dtype, is_bfloat16
-from ..term import dtype_violation, shape_violation
+from ..term import dtype_violation, make, shape_violation
 
 ELEMENTWISE = "elementwise"
 REDUCTION = "reduction"
@@ -32,10 +32,21 @@ class Op:
     dtype_rule: Callable
     kind: str
     normalize: Callable | None = None  # user parameters -> attribute tuple; may raise RuleViolation
+    results: Callable | None = None  # attributes -> how many results one kernel of it makes (None: one)
+    result_attr: str | None = None  # with ``results``: the attribute that says which result a term is
 
     @property
     def elementwise(self):
         return self.kind == ELEMENTWISE
+
+    def results_of(self, term):
+        """Every result of the kernel that computes ``term``, in order (``term`` alone for most ops):
+        terms that differ from ``term`` only in ``result_attr``."""
+        if self.results is None:
+            return (term,)
+        at = self.attr_names.index(self.result_attr)
+        return tuple(make(self, term.args, term.attrs[:at] + (k,) + term.attrs[at + 1:])
+                     for k in range(self.results(*term.attrs)))
 
     def __repr__(self):
         return f"Op({self.name})"

@@ -77,7 +77,9 @@ def _gemm_dtype(args, *attrs):
 
 
 GEMM = Op("gemm", None, ("transpose_a", "transpose_b", "alpha", "beta", "epilogue", "output"), _gemm_shape,
-          _gemm_dtype, LOWERED, _gemm_normalize)
+          _gemm_dtype, LOWERED, _gemm_normalize,
+          results=lambda transpose_a, transpose_b, alpha, beta, epilogue, output: 2 if epilogue in TWO_RESULTS else 1,
+          result_attr="output")
 
 
 # -- fused regions -----------------------------------------------------------------------------
@@ -100,4 +102,5 @@ def _fused_shape(args, outputs, index):
 # of terms over the parameters ``in0, in1, ...`` (one per input). The terms of one region share
 # ``inputs`` and ``body`` and differ in ``index``; a backend runs them as one kernel.
 FUSED_OP = Op("fused", None, ("outputs", "index"), _fused_shape,
-              lambda args, outputs, index: outputs[index].dtype, FUSED)
+              lambda args, outputs, index: outputs[index].dtype, FUSED,
+              results=lambda outputs, index: len(outputs), result_attr="index")
