@@ -31,7 +31,7 @@ def test_scalar_constants_are_inlined_and_other_operands_become_parameters():
     (fused,), _ = fuse([ct.exp(x * 2.0 + b) - table])
     body = fused.attrs[0][0]
     assert fused.args == (x, b, table)
-    assert {t.name for t in ct.schedule(body) if t.op.name == "var"} == {"in0", "in1", "in2"}
+    assert {t.attr("index") for t in ct.schedule(body) if t.op.name == "param"} == {0, 1, 2}
 
 
 def test_a_reduction_fuses_with_its_prologue_and_epilogue():

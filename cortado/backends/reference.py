@@ -39,8 +39,9 @@ def _apply(term, args, widen):
 
 
 def _value(term, values, variable, widen):
-    """``term``'s value, its arguments' values in ``values``; ``variable(term)`` for a variable."""
-    if term.op.name == "var":
+    """``term``'s value, its arguments' values in ``values``; ``variable(term)`` for a variable (or a fused
+    body's parameter)."""
+    if term.op.name in ("var", "param"):
         value = variable(term)
     elif term.op.name == "const":
         value = term.attr("value").array
@@ -54,7 +55,7 @@ def _fused(term, args, widen):
     outputs, index = term.attrs
     values = {}
     for t in schedule(outputs[index]):
-        values[t] = _value(t, values, lambda p: args[int(p.name[2:])], widen)
+        values[t] = _value(t, values, lambda p: args[p.attr("index")], widen)
     return values[outputs[index]]
 
 

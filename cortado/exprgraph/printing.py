@@ -36,6 +36,8 @@ def inline(term, depth=3):
     """``add(matmul(x, W), b)``: a term as one expression, cut to ``...`` below ``depth``."""
     if term.op.name == "var":
         return term.name
+    if term.op.name == "param":
+        return f"in{term.attr('index')}"
     if _is_inline_const(term):
         return repr(term.attrs[0])
     if term.op.name == "const":

@@ -285,8 +285,8 @@ class _Writer:
         for a in t.args:
             self.value(a)
         name = f"{self.prefix}{len(self.lines)}"
-        if t.op.name == "var":
-            k = int(t.name[2:])
+        if t.op.name == "param":
+            k = t.attr("index")
             source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
             text = f"ct_load({source})"
         elif t.op.name == "const":

@@ -89,8 +89,8 @@ def _epilogue_operands(t):
     """The arguments of fused reduction ``t`` that only its epilogue reads: read once, at the output's index, by
     the thread that writes the output there, after the reduction (an SGD step on a bias gradient, say)."""
     reduction = next(s for s in post_order(t.attr("outputs")) if s.op.name in REDUCTIONS)
-    prologue = {s.name for s in post_order([reduction]) if s.op.name == "var"}
-    return [a for k, a in enumerate(t.args) if f"in{k}" not in prologue]
+    prologue = {s.attr("index") for s in post_order([reduction]) if s.op.name == "param"}
+    return [a for k, a in enumerate(t.args) if k not in prologue]
 
 
 def direct_outputs(kernels, steps, outputs, sinks):

@@ -63,7 +63,8 @@ class _Run:
         self.em, self.body, self.outs = em, body, outs
         self.values, self.owned = {}, {}
         self.out0_blocked = alias.get(0) == BLOCKED
-        self.out0_holder = next((p for p in body.order if p.op.name == "var" and int(p.name[2:]) == alias.get(0)), None)
+        self.out0_holder = next((p for p in body.order if p.op.name == "param" and p.attr("index") == alias.get(0)),
+                                None)
         self.args = args
 
     def dead_at(self, value, i):
@@ -98,8 +99,8 @@ class _Run:
 
     def run(self):
         for i, t in enumerate(self.body.order):
-            if t.op.name == "var":
-                self.values[t] = self.args[int(t.name[2:])]
+            if t.op.name == "param":
+                self.values[t] = self.args[t.attr("index")]
             elif t.op.name == "const":
                 self.values[t] = t.attr("value").array
             elif t.op.name == "broadcast_to":
@@ -139,7 +140,7 @@ def plan_fused(outputs, arg_types):
     body = _body(outputs)
     workspace = _measure(outputs, arg_types, {})
     shared_root = None  # the workspace when the root's output is shared: measured once, for any input
-    parameters = {int(p.name[2:]): p for p in body.order if p.op.name == "var"}
+    parameters = {p.attr("index"): p for p in body.order if p.op.name == "param"}
     pairs, costs = [], {}
     for k, out in enumerate(outputs):
         for j, p in parameters.items():

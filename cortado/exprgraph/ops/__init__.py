@@ -23,7 +23,7 @@ from .base import (
 )
 from .elementwise import UFUNC_OPS, may_fail
 from .leaves import Constant
-from .lowered import FUSED_OP, GEMM, TWO_RESULTS, gemm_operands, parameter
+from .lowered import FUSED_OP, GEMM, PARAM, TWO_RESULTS, gemm_operands, parameter
 
 __all__ = [
     "OPS", "Op", "CONTRACTION", "ELEMENTWISE", "FUSED", "LAYOUT", "LEAF", "LOWERED", "REDUCTION",
@@ -32,4 +32,4 @@ __all__ = [
 ]
 
 OPS = {op.name: op for op in (*leaves.FAMILY, *elementwise.FAMILY, *reductions.FAMILY, *contractions.FAMILY,
-                              GEMM, *layout.FAMILY, FUSED_OP)}
+                              GEMM, *layout.FAMILY, FUSED_OP, PARAM)}

@@ -5,8 +5,7 @@ a region of elementwise work that fusion gathers into one kernel.
 
 from ..dtypes import is_float
 from ..term import dtype_violation, make, shape_violation
-from .base import FUSED, LOWERED, Op, broadcast_shapes
-from .leaves import VAR
+from .base import FUSED, LEAF, LOWERED, Op, broadcast_shapes
 
 
 # -- gemm --------------------------------------------------------------------------------------
@@ -85,9 +84,14 @@ GEMM = Op("gemm", None, ("transpose_a", "transpose_b", "alpha", "beta", "epilogu
 # -- fused regions -----------------------------------------------------------------------------
 
 
+# ``param(index=k)`` stands in a fused body for the region's ``k``-th operand (printed ``in{k}``)
+PARAM = Op("param", 0, ("index", "shape", "dtype"), lambda args, index, shape, dtype: shape,
+           lambda args, index, shape, dtype: dtype, LEAF)
+
+
 def parameter(index, like):
-    """The ``index``-th parameter of a fused body: a variable ``in{index}`` typed as ``like``."""
-    return make(VAR, (), (f"in{index}", like.shape, like.dtype))
+    """The ``index``-th parameter of a fused body, typed as ``like`` (anything with a shape and a dtype)."""
+    return make(PARAM, (), (index, like.shape, like.dtype))
 
 
 def _fused_shape(args, outputs, index):
@@ -99,7 +103,7 @@ def _fused_shape(args, outputs, index):
 
 
 # ``fused(*inputs, outputs=body, index=k)`` is output ``k`` of a fused region: ``body`` is a tuple
-# of terms over the parameters ``in0, in1, ...`` (one per input). The terms of one region share
+# of terms over the parameters ``param(index=0), param(index=1), ...`` (one per input). The terms of one region share
 # ``inputs`` and ``body`` and differ in ``index``; a backend runs them as one kernel.
 FUSED_OP = Op("fused", None, ("outputs", "index"), _fused_shape,
               lambda args, outputs, index: outputs[index].dtype, FUSED,
