@@ -61,3 +61,19 @@ def test_terms_know_nothing_of_the_constructors_that_give_them_operators():
     assert imports_of("cortado.exprgraph.constructors", imported(EXPRGRAPH / "term.py")) == []
     x, W = ct.var("x", (3, 4)), ct.var("W", (4, 2))
     assert (x @ W).head == "matmul" and (2 - x).args[1] is x and x.T.shape == (4, 3)
+
+
+def test_neither_the_ir_nor_the_compiler_imports_a_backend():
+    """A new lowering target is a backend's business: the IR and the compiler reach backends only through the
+    registry (``backends.backend_named``) and the interface."""
+    allowed = {"cortado.backends", "cortado.backends.backend_named", "cortado.backends.interface"}
+    for path in sorted(EXPRGRAPH.rglob("*.py")) + [PACKAGE / "compiler.py", PACKAGE / "program.py"]:
+        reached = set(imports_of("cortado.backends", imported(path))) - allowed
+        assert not reached, f"{path.relative_to(PACKAGE)} imports {sorted(reached)}"
+
+
+def test_the_gpus_own_op_is_not_in_the_general_table():
+    from cortado.backends.cupy.lowering.gemm import GEMM
+    from cortado.exprgraph.ops import OPS
+
+    assert "gemm" not in OPS and GEMM.evaluate is not None

@@ -11,7 +11,7 @@ from ..errors import BackendError, DTypeError
 from ..exprgraph import feeds as feed_checks
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.graph import Graph, schedule
-from ..exprgraph.semantics import IMPLEMENTATIONS
+from ..exprgraph.semantics import implementation
 from ..exprgraph.term import Term
 
 PRECISIONS = (None, "float64")
@@ -33,7 +33,7 @@ def _apply(term, args, widen):
         if term.op.name == "cast":
             attrs = (np.dtype(np.float64),)  # in exact arithmetic a float cast is the identity
     try:
-        return IMPLEMENTATIONS[term.op.name](args, *attrs)
+        return implementation(term.op)(args, *attrs)
     except (ArithmeticError, ValueError) as error:  # e.g. integers fed negative integer powers
         raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
 

@@ -18,7 +18,7 @@ import math
 import numpy as np
 
 from .dtypes import is_float, is_narrow_float
-from .ops import UFUNC_OPS, gemm_operands, ufunc_loop
+from .ops import UFUNC_OPS, ufunc_loop
 
 # gelu(x) = x/2 (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), the tanh form (JAX's default, cuBLASLt's epilogue)
 GELU_SCALE = math.sqrt(2 / math.pi)
@@ -31,7 +31,7 @@ def _narrow_once_floating(dtype):
 
 
 IN_FLOAT32 = {  # op name -> which operand dtypes it computes in float32
-    **dict.fromkeys(("sum", "mean", "matmul", "gemm", "einsum", "gelu", "gelu_grad"), is_narrow_float),
+    **dict.fromkeys(("sum", "mean", "matmul", "einsum", "gelu", "gelu_grad"), is_narrow_float),
     **dict.fromkeys(("logsumexp", "softmax", "log_softmax"), _narrow_once_floating),
 }
 
@@ -101,25 +101,6 @@ def _log_softmax(x, axes):
     return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
 
 
-def _gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
-    a, b, c, bias, aux = gemm_operands(xs, beta, epilogue)
-    a = np.swapaxes(a, -1, -2) if transpose_a else a
-    b = np.swapaxes(b, -1, -2) if transpose_b else b
-    if output:  # a bias gradient: sums over the contracted axis, or of the product's columns (in float32 at least)
-        summed = {"bgrad_a": (a, -1), "bgrad_b": (b, -2)}.get(epilogue)
-        x, axis = summed or (_gemm(xs, transpose_a, transpose_b, alpha, beta, epilogue, 0), -2)
-        return np.sum(x, axis=axis, dtype=np.promote_types(x.dtype, np.float32)).astype(x.dtype)
-    dtype = a.dtype.type
-    out = np.matmul(a, b) * dtype(alpha)
-    if c is not None:
-        out = out + dtype(beta) * c
-    if bias is not None:
-        out = out + bias
-    if "gelu" in epilogue:  # float16 and bfloat16 came in float32, as the gelu ops (and cuBLASLt's epilogues) take them
-        return out * _gelu_grad(aux.astype(out.dtype)) if epilogue.startswith("dgelu") else _gelu(out)
-    return np.maximum(out, dtype(0)) if "relu" in epilogue else out
-
-
 def _ufunc_implementation(ufunc):
     return lambda xs: ufunc(*xs)
 
@@ -140,10 +121,14 @@ IMPLEMENTATIONS.update({
     "softmax": lambda xs, axes: _softmax(xs[0], axes),
     "log_softmax": lambda xs, axes: _log_softmax(xs[0], axes),
     "matmul": lambda xs: np.matmul(*xs),
-    "gemm": _gemm,
     "einsum": lambda xs, subscripts: np.einsum(subscripts, *xs),
     "transpose": lambda xs, axes: np.transpose(xs[0], axes),
     "reshape": lambda xs, shape: np.reshape(xs[0], shape),
     "broadcast_to": lambda xs, shape: np.broadcast_to(xs[0], shape),
 })
 IMPLEMENTATIONS.update({name: _in_float32(IMPLEMENTATIONS[name], narrow) for name, narrow in IN_FLOAT32.items()})
+
+
+def implementation(op):
+    """The reference semantics of ``op``: the table's, or those a backend's own op carries (``Op.evaluate``)."""
+    return IMPLEMENTATIONS.get(op.name) or op.evaluate

@@ -17,7 +17,7 @@ from ..exprgraph import constructors
 from ..exprgraph.dtypes import is_float, kind_of
 from ..exprgraph.ops import LAYOUT, OPS, Constant
 from ..exprgraph.printing import inline
-from ..exprgraph.semantics import IMPLEMENTATIONS
+from ..exprgraph.semantics import implementation
 from ..exprgraph.term import RuleViolation, Term, make
 from . import text as textforms
 from .patterns import DTYPE_CLASSES, Literal, Pattern, Placeholder
@@ -183,7 +183,7 @@ class TensorWorld:
         arrays = [v.scalar if pointwise else v.array for v in values]
         try:
             with np.errstate(all="ignore"):
-                result = np.asarray(IMPLEMENTATIONS[term.op.name](arrays, *term.attrs)).astype(term.dtype)
+                result = np.asarray(implementation(term.op)(arrays, *term.attrs)).astype(term.dtype)
         except (ArithmeticError, ValueError):
             return None
         return _splat(result, term.shape) if pointwise else make(OPS["const"], (), (Constant(result),))

@@ -17,7 +17,7 @@ two close candidates).
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.ops import TWO_RESULTS, gemm_operands
+from .lowering.gemm import TWO_RESULTS, gemm_operands
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
 LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large

@@ -20,7 +20,7 @@ calls one by one.
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.ops import gemm_operands
+from .lowering.gemm import gemm_operands
 from ...memplan import aligned, unallocatable
 from .. import interface
 from .blas import Gemm

@@ -9,7 +9,7 @@ it cannot read in place.
 """
 
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import gemm_operands
+from .lowering.gemm import gemm_operands
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
 from .codegen import REDUCTIONS, contiguous_strides

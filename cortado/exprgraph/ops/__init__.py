@@ -11,7 +11,8 @@ before a term is built, so the rules here only ever see concrete dtypes. bfloat1
 follows the same rules, which ml_dtypes alone does not: see ``weak_scalars_as_bfloat16``.
 
 The ops are defined by family, one module each: leaves, elementwise, reductions, contractions,
-layout, and the ops that passes build (lowered: ``gemm`` and ``fused``). ``base`` holds the
+layout, and the ops that fusion builds (``fused``, ``param``). A backend's own lowered ops (the
+GPU's ``gemm``) are not in the table: they live with the lowering that builds them. ``base`` holds the
 ``Op`` record and the helpers the families share. This module assembles ``OPS`` from the
 families and names what the rest of cortado takes from the table.
 """
@@ -23,13 +24,13 @@ from .base import (
 )
 from .elementwise import UFUNC_OPS, may_fail
 from .leaves import Constant
-from .lowered import FUSED_OP, GEMM, PARAM, TWO_RESULTS, gemm_operands, parameter
+from .lowered import FUSED_OP, PARAM, parameter
 
 __all__ = [
     "OPS", "Op", "CONTRACTION", "ELEMENTWISE", "FUSED", "LAYOUT", "LEAF", "LOWERED", "REDUCTION",
     "Constant", "dtype_attr", "ufunc_loop", "weak_scalars_as_bfloat16", "UFUNC_OPS", "may_fail",
-    "FUSED_OP", "TWO_RESULTS", "gemm_operands", "parameter",
+    "FUSED_OP", "parameter",
 ]
 
 OPS = {op.name: op for op in (*leaves.FAMILY, *elementwise.FAMILY, *reductions.FAMILY, *contractions.FAMILY,
-                              GEMM, *layout.FAMILY, FUSED_OP, PARAM)}
+                              *layout.FAMILY, FUSED_OP, PARAM)}

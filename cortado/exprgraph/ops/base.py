@@ -34,6 +34,7 @@ class Op:
     normalize: Callable | None = None  # user parameters -> attribute tuple; may raise RuleViolation
     results: Callable | None = None  # attributes -> how many results one kernel of it makes (None: one)
     result_attr: str | None = None  # with ``results``: the attribute that says which result a term is
+    evaluate: Callable | None = None  # the reference semantics of an op outside the table (a backend's own)
 
     @property
     def elementwise(self):
