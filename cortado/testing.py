@@ -34,7 +34,7 @@ from hypothesis.extra import numpy as hnp
 
 import cortado
 from cortado.exprgraph.dtypes import as_dtype, finfo, is_bfloat16, is_float
-from cortado.exprgraph.semantics import gelu_argument, gelu_slope
+from cortado.exprgraph.numerics import gelu_argument, gelu_slope
 
 UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus",
          "gelu", "gelu_grad"]

@@ -9,7 +9,7 @@ import pytest
 
 import cortado as ct
 from cortado.exprgraph.dtypes import as_dtype, finfo
-from cortado.exprgraph.semantics import gelu_argument, gelu_slope
+from cortado.exprgraph.numerics import gelu_argument, gelu_slope
 from cortado.gradcheck import check_grads
 
 DTYPES = ["float16", "bfloat16", "float32", "float64"]

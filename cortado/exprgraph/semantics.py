@@ -10,19 +10,15 @@ every backend follows). NumPy adds float16 in float16 along any axis but a conti
 (3000 times 0.1 sums to 256), and a softmax's sum over 100,000 ones overflows it; ml_dtypes'
 bfloat16 adds in bfloat16 everywhere and its einsum fails. So sums, means, the softmax family and
 products of both are computed in float32, as PyTorch, JAX and cuBLAS do; so are ``gelu`` and
-``gelu_grad``, as NumPy computes float16's exp.
+``gelu_grad``, as NumPy computes float16's exp. gelu's constants and the softmax family's shift
+are every backend's, so they are defined in ``numerics``.
 """
-
-import math
 
 import numpy as np
 
 from .dtypes import is_float, is_narrow_float
+from .numerics import gelu_argument, gelu_slope, shifted
 from .ops import UFUNC_OPS, ufunc_loop
-
-# gelu(x) = x/2 (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), the tanh form (JAX's default, cuBLASLt's epilogue)
-GELU_SCALE = math.sqrt(2 / math.pi)
-GELU_CUBIC = 0.044715
 
 
 def _narrow_once_floating(dtype):
@@ -52,17 +48,6 @@ def _sigmoid(x):
     return np.where(x >= 0, 1 / (1 + e), e / (1 + e))
 
 
-def gelu_argument(x):
-    """``z = 2 GELU_SCALE (x + GELU_CUBIC x^3)``: as ``1 + tanh(z / 2) = 2 sigmoid(z)``, gelu is
-    ``x sigmoid(z)``, which loses nothing where tanh is near -1 (``1 + tanh`` would cancel)."""
-    return (x * x * GELU_CUBIC + 1) * x * (2 * GELU_SCALE)
-
-
-def gelu_slope(x):
-    """``dz/dx = 2 GELU_SCALE (1 + 3 GELU_CUBIC x^2)``."""
-    return (x * x * (3 * GELU_CUBIC) + 1) * (2 * GELU_SCALE)
-
-
 def _gelu(x):
     return x * _sigmoid(gelu_argument(x))
 
@@ -77,11 +62,8 @@ def _gelu_grad(x):
 
 
 def _shifted(x, axes):
-    """``x - max(x)`` over ``axes`` and the max, with infinite maxima replaced by 0."""
-    x = _floating(x)
-    peak = np.max(x, axis=axes, keepdims=True)
-    peak = np.where(np.isfinite(peak), peak, 0)
-    return x - peak, peak
+    """``numerics.shifted`` of ``x`` in the float exp computes it in."""
+    return shifted(_floating(x), axes, np)
 
 
 def _logsumexp(x, axes, keepdims):

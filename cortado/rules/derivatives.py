@@ -26,8 +26,9 @@ import numpy as np
 from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.einsum import LABELS, spelled_out
+from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
 from ..exprgraph.ops import OPS
-from ..exprgraph.semantics import GELU_CUBIC, GELU_SCALE, IN_FLOAT32, gelu_argument, gelu_slope
+from ..exprgraph.semantics import IN_FLOAT32
 from ..exprgraph.term import Term
 from .engine import Rewrite
 from .matching import Bindings, instantiate, match

@@ -21,6 +21,7 @@ sums; the lowering spells the softmax family out in float32 for them (``rules.de
 
 import hashlib
 import math
+import string
 from dataclasses import dataclass
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
+from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import ELEMENTWISE, may_fail, parameter
 
 THREADS = 256
@@ -42,7 +44,9 @@ STORAGE = {
 HALVES = {"float16": ("__half2float", "__float2half_rn"), "bfloat16": ("__bfloat162float", "__float2bfloat16_rn")}
 REDUCTIONS = ("sum", "mean", "max")
 
-PRELUDE = r"""#include <cuda_fp16.h>
+# The functions kernels call. ct_gelu_argument and ct_gelu_grad spell numerics.gelu_argument and gelu_slope in C,
+# with the constants of numerics.
+PRELUDE = string.Template(r"""#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 template <typename T> __device__ __forceinline__ T ct_load(T x) { return x; }
 __device__ __forceinline__ float ct_load(__half x) { return __half2float(x); }
@@ -60,17 +64,17 @@ __device__ __forceinline__ double ct_sigmoid(double x) {
 __device__ __forceinline__ float ct_softplus(float x) { return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))); }
 __device__ __forceinline__ double ct_softplus(double x) { return fmax(x, 0.) + log1p(exp(-fabs(x))); }
 template <typename T> __device__ __forceinline__ T ct_gelu_argument(T x) {  // z: gelu(x) = x sigmoid(z)
-    return (x * x * T(0.044715) + T(1)) * x * T(1.5957691216057308); }
+    return (x * x * T($gelu_cubic) + T(1)) * x * T($gelu_factor); }
 template <typename T> __device__ __forceinline__ T ct_gelu(T x) { return x * ct_sigmoid(ct_gelu_argument(x)); }
 template <typename T> __device__ __forceinline__ T ct_gelu_grad(T x) {
     const T z = ct_gelu_argument(x), e = exp(-fabs(z));
-    return ct_sigmoid(z) + x * (e / ((T(1) + e) * (T(1) + e))) * ((x * x * T(3 * 0.044715) + T(1)) * T(1.5957691216057308)); }
+    return ct_sigmoid(z) + x * (e / ((T(1) + e) * (T(1) + e))) * ((x * x * T(3 * $gelu_cubic) + T(1)) * T($gelu_factor)); }
 template <typename T> __device__ __forceinline__ T ct_ipow(T base, T exponent) {  // exponent >= 0; wraps as NumPy
     unsigned long long b = (unsigned long long)(long long)base, e = (unsigned long long)exponent, r = 1ULL;
     for (; e; e >>= 1, b *= b) { if (e & 1ULL) r *= b; }
     return (T)r; }
 template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
-"""
+""").substitute(gelu_cubic=repr(GELU_CUBIC), gelu_factor=repr(2 * GELU_SCALE))
 
 
 @dataclass(frozen=True)

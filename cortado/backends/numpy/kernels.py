@@ -19,8 +19,9 @@ import math
 import numpy as np
 
 from ...exprgraph.dtypes import is_float
+from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
-from ...exprgraph.semantics import GELU_CUBIC, GELU_SCALE, IN_FLOAT32
+from ...exprgraph.semantics import IN_FLOAT32
 from ...errors import PlanError
 from ...memplan import aligned
 
@@ -118,12 +119,20 @@ def _softplus(em, attrs, args, out):
 
 
 def _gelu_argument(em, x, z):
-    """``z = (x * x * GELU_CUBIC + 1) * x * 2 GELU_SCALE``, as ``semantics.gelu_argument``."""
+    """``z = (x * x * GELU_CUBIC + 1) * x * 2 GELU_SCALE``: ``numerics.gelu_argument``, call by call."""
     em.call(np.multiply, x, x, out=z)
     em.call(np.multiply, z, GELU_CUBIC, out=z)
     em.call(np.add, z, 1, out=z)
     em.call(np.multiply, z, x, out=z)
     em.call(np.multiply, z, 2 * GELU_SCALE, out=z)
+
+
+def _gelu_slope(em, x, slope):
+    """``slope = (x * x * 3 GELU_CUBIC + 1) * 2 GELU_SCALE``: ``numerics.gelu_slope``, call by call."""
+    em.call(np.multiply, x, x, out=slope)
+    em.call(np.multiply, slope, 3 * GELU_CUBIC, out=slope)
+    em.call(np.add, slope, 1, out=slope)
+    em.call(np.multiply, slope, 2 * GELU_SCALE, out=slope)
 
 
 def _gelu(em, attrs, args, out):
@@ -148,10 +157,7 @@ def _gelu_grad(em, attrs, args, out):
     em.call(np.multiply, other, other, out=other)
     em.call(np.true_divide, e, other, out=e)
     em.call(np.multiply, x, e, out=e)
-    em.call(np.multiply, x, x, out=other)  # the slope
-    em.call(np.multiply, other, 3 * GELU_CUBIC, out=other)
-    em.call(np.add, other, 1, out=other)
-    em.call(np.multiply, other, 2 * GELU_SCALE, out=other)
+    _gelu_slope(em, x, other)
     em.call(np.multiply, e, other, out=e)
     _sigmoid(em, (), [z], z)
     em.call(np.add, z, e, out=out)
@@ -200,7 +206,8 @@ def _kept(shape, axes):
 
 
 def _shifted(em, x, axes, out_dtype, into):
-    """``into = x - peak`` with ``peak`` the max over ``axes`` (0 where infinite); returns ``peak``."""
+    """``into = x - peak`` with ``peak`` the max over ``axes`` (0 where infinite or NaN), returning ``peak``:
+    ``numerics.shifted``, written into scratch arrays."""
     peak = em.scratch(_kept(x.shape, axes), out_dtype)
     finite = em.scratch(peak.shape, np.bool_)
     em.call(np.maximum.reduce, x, axis=axes, keepdims=True, out=peak)

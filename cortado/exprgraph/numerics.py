@@ -1,0 +1,37 @@
+"""The numbers and formulas every backend must compute alike, defined once.
+
+The reference (``semantics``), the NumPy kernels, the GPU's generated CUDA and the derivative
+rules all compute gelu in its tanh form, and the softmax family shifted by its maximum. Their
+constants live here and nowhere else. The formulas are written with arithmetic operators and an
+array namespace only, so one definition serves Python floats, NumPy arrays and terms alike; a
+backend that must spell a formula in its own language (NumPy calls writing into given arrays,
+CUDA C) takes the constants from here and names the function it spells out.
+"""
+
+import math
+
+# gelu(x) = x/2 (1 + tanh(GELU_SCALE (x + GELU_CUBIC x^3))), the tanh form (JAX's default, cuBLASLt's epilogue)
+GELU_SCALE = math.sqrt(2 / math.pi)
+GELU_CUBIC = 0.044715
+
+
+def gelu_argument(x):
+    """``z = 2 GELU_SCALE (x + GELU_CUBIC x^3)``: as ``1 + tanh(z / 2) = 2 sigmoid(z)``, gelu is
+    ``x sigmoid(z)``, which loses nothing where tanh is near -1 (``1 + tanh`` would cancel)."""
+    return (x * x * GELU_CUBIC + 1) * x * (2 * GELU_SCALE)
+
+
+def gelu_slope(x):
+    """``dz/dx = 2 GELU_SCALE (1 + 3 GELU_CUBIC x^2)``."""
+    return (x * x * (3 * GELU_CUBIC) + 1) * (2 * GELU_SCALE)
+
+
+def shifted(x, axes, xp):
+    """``(x - peak, peak)``: ``peak`` the max of ``x`` over ``axes`` (kept), or 0 where that max is
+    infinite or NaN. The softmax family computes from the shifted values, whose exponentials never
+    overflow; an infinite max is left unsubtracted, so the logsumexp of a row of ``-inf`` is
+    ``-inf``, not NaN. ``xp`` is the namespace of ``max``, ``where``, ``less``, ``abs`` and
+    ``subtract``: ``numpy`` for arrays, cortado's constructors for terms."""
+    peak = xp.max(x, axis=axes, keepdims=True)
+    peak = xp.where(xp.less(xp.abs(peak), math.inf), peak, 0)
+    return xp.subtract(x, peak), peak
