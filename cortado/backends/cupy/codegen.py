@@ -15,6 +15,7 @@ axes are not the innermost, a column of a 32-output tile; its prologue is comput
 for each element as it is read, its epilogue once per output. float16 and bfloat16 values
 (``is_narrow_float``) are computed and accumulated in float32, as the reference computes their
 sums; the lowering spells the softmax family out in float32 for them (``rules.decompositions``).
+Each elementwise op's C expression is its entry of ``C_EXPRESSIONS``.
 
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """
@@ -142,74 +143,105 @@ def _math(name, dtype):
     return name + ("f" if compute_type(dtype) == "float" else "")
 
 
-def _unary(name, x, dtype):
-    c = compute_type(dtype)
-    if name == "negative":
-        return f"(-{x})"
-    if name == "abs":
-        if is_float(dtype):
-            return f"{_math('fabs', dtype)}({x})"
-        return x if kind_of(dtype) in "ub" else f"({x} < 0 ? -{x} : {x})"
-    if name == "sign":
-        return f"ct_sign<{c}>({x})"
-    if name == "relu":
-        return f"(({x} > ({c})0 || {x} != {x}) ? {x} : ({c})0)"
-    if name in ("sigmoid", "softplus", "gelu", "gelu_grad"):
-        return f"ct_{name}({x})"
-    return f"{_math(name, dtype)}({x})"
+@dataclass(frozen=True)
+class _Operands:
+    """What an op's C expression is built from: the body term, the dtype the op computes in, and
+    its operands' C expressions, ``arg(k)`` converted to that dtype's compute type, ``raw(k)`` as is."""
+
+    term: object
+    dtype: np.dtype
+    names: dict
+
+    @property
+    def c(self):
+        return compute_type(self.dtype)
+
+    def raw(self, k):
+        return self.names[self.term.args[k]]
+
+    def arg(self, k):
+        converted = compute_type(self.term.args[k].dtype) == self.c
+        return self.raw(k) if converted else f"(({self.c}){self.raw(k)})"
 
 
-BINARY = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/", "less": "<", "less_equal": "<=",
-          "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
-UNARY = ("negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus",
-         "gelu", "gelu_grad")
+def _math_function(name):
+    """A ``<math.h>`` function of one operand, in its float form (``expf``) where the op computes in float."""
+    return lambda o: f"{_math(name, o.dtype)}({o.arg(0)})"
+
+
+def _prelude_function(name):
+    """A function of ``PRELUDE``, overloaded for float and double."""
+    return lambda o: f"{name}({o.arg(0)})"
+
+
+def _infix(symbol):
+    return lambda o: f"({o.arg(0)} {symbol} {o.arg(1)})"
+
+
+def _abs(o):
+    x = o.arg(0)
+    if is_float(o.dtype):
+        return f"{_math('fabs', o.dtype)}({x})"
+    return x if kind_of(o.dtype) in "ub" else f"({x} < 0 ? -{x} : {x})"
+
+
+def _relu(o):
+    x, c = o.arg(0), o.c
+    return f"(({x} > ({c})0 || {x} != {x}) ? {x} : ({c})0)"
+
+
+def _power(o):
+    if is_float(o.dtype):
+        return f"{_math('pow', o.dtype)}({o.arg(0)}, {o.arg(1)})"
+    if may_fail(o.term):
+        raise BackendError(f"{o.term!r}: an integer power whose exponent may be negative, where NumPy raises; a GPU "
+                           f"kernel cannot stop its step. Make the exponent unsigned or one non-negative constant, "
+                           f"or cast to a float")
+    return f"ct_ipow<{o.c}>({o.arg(0)}, {o.arg(1)})"
+
+
+def _cast(o):
+    x = o.raw(0)
+    if kind_of(o.dtype) == "b":
+        return f"({x} != 0)"
+    if o.dtype.name in HALVES:  # round as the stored value would be
+        widen, narrow = HALVES[o.dtype.name]
+        return f"{widen}({narrow}((float){x}))"
+    return f"(({o.c}){x})"
+
+
+ARITHMETIC = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
+COMPARISONS = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
+
+C_EXPRESSIONS = {  # op name -> its C expression, a function of the ``_Operands`` of one body term
+    "negative": lambda o: f"(-{o.arg(0)})",
+    **{name: _math_function(name) for name in ("exp", "log", "log1p", "expm1", "sqrt", "tanh")},
+    "abs": _abs,
+    "sign": lambda o: f"ct_sign<{o.c}>({o.arg(0)})",
+    "relu": _relu,
+    **{name: _prelude_function(f"ct_{name}") for name in ("sigmoid", "softplus", "gelu", "gelu_grad")},
+    **{name: _infix(symbol) for name, symbol in (ARITHMETIC | COMPARISONS).items()},
+    "maximum": lambda o: f"ct_max<{o.c}>({o.arg(0)}, {o.arg(1)})",
+    "minimum": lambda o: f"ct_min<{o.c}>({o.arg(0)}, {o.arg(1)})",
+    "power": _power,
+    "where": lambda o: f"(({o.raw(0)}) ? {o.arg(1)} : {o.arg(2)})",
+    "cast": _cast,
+}
 
 
 def _operand_dtype(t):
-    """The dtype an op computes in: the result's, except comparisons (their operands') and where."""
-    if t.op.name in ("less", "less_equal", "greater", "greater_equal", "equal", "not_equal"):
+    """The dtype an op computes in: the result's, except comparisons (their operands')."""
+    if t.op.name in COMPARISONS:
         return np.result_type(*(a.dtype for a in t.args))
     return t.dtype
 
 
 def expression(t, names):
     """The C expression of body term ``t`` from its operands' variable ``names``."""
-    op = t.op.name
-    dtype = _operand_dtype(t)
-    c = compute_type(dtype)
-
-    def arg(k, as_dtype=dtype):
-        a = t.args[k]
-        target = compute_type(as_dtype)
-        return names[a] if compute_type(a.dtype) == target else f"(({target}){names[a]})"
-
-    if op in UNARY:
-        return _unary(op, arg(0), dtype)
-    if op in BINARY:
-        return f"({arg(0)} {BINARY[op]} {arg(1)})"
-    if op == "maximum":
-        return f"ct_max<{c}>({arg(0)}, {arg(1)})"
-    if op == "minimum":
-        return f"ct_min<{c}>({arg(0)}, {arg(1)})"
-    if op == "power":
-        if is_float(dtype):
-            return f"{_math('pow', dtype)}({arg(0)}, {arg(1)})"
-        if may_fail(t):
-            raise BackendError(f"{t!r}: an integer power whose exponent may be negative, where NumPy raises; a GPU "
-                               f"kernel cannot stop its step. Make the exponent unsigned or one non-negative constant, "
-                               f"or cast to a float")
-        return f"ct_ipow<{c}>({arg(0)}, {arg(1)})"
-    if op == "where":
-        return f"(({names[t.args[0]]}) ? {arg(1)} : {arg(2)})"
-    if op == "cast":
-        x = names[t.args[0]]
-        if kind_of(dtype) == "b":
-            return f"({x} != 0)"
-        if dtype.name in HALVES:  # round as the stored value would be
-            widen, narrow = HALVES[dtype.name]
-            return f"{widen}({narrow}((float){x}))"
-        return f"(({c}){x})"
-    raise BackendError(f"{t!r}: the cupy backend has no kernel for {op}")
+    build = C_EXPRESSIONS.get(t.op.name)
+    if build is None:
+        raise BackendError(f"{t!r}: the cupy backend has no kernel for {t.op.name}")
+    return build(_Operands(t, _operand_dtype(t), names))
 
 
 # -- index arithmetic --------------------------------------------------------------------------
