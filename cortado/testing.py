@@ -16,7 +16,9 @@ A drawn ``RandomGraph`` is a *recipe*: a list of steps, each a call of one funct
 earlier values and literal constants as arguments. Building it with cortado's functions gives
 the terms (``graph.outputs``); ``graph.replay(namespace, feeds)`` runs the same recipe with any
 other implementation of those functions (NumPy's, say) as an independent oracle. Its ``repr`` is
-the recipe as code, so a failing example reads as a program.
+the recipe as code, so a failing example reads as a program. By default it draws every op of the
+op table (``ALL_OPS``, grouped by kind and arity as ``UNARY``, ``BINARY``, ...) but those that
+``NOT_DRAWN`` excludes, each for a reason.
 
 Every value carries an interval that bounds it for feeds drawn by ``feeds``, and steps are only
 taken where the result stays finite and well-conditioned: ``log`` and ``sqrt`` see values of at
@@ -35,14 +37,36 @@ from hypothesis.extra import numpy as hnp
 import cortado
 from cortado.exprgraph.dtypes import as_dtype, finfo, is_bfloat16, is_float
 from cortado.exprgraph.numerics import gelu_argument, gelu_slope
+from cortado.exprgraph.ops import OPS, REDUCTION
+from cortado.exprgraph.term import RuleViolation
 
-UNARY = ["negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu", "softplus",
-         "gelu", "gelu_grad"]
-FLOATING_ONLY = ["gelu", "gelu_grad"]  # refused for integers, which exp and the others widen
-BINARY = ["add", "subtract", "multiply", "divide", "power", "maximum", "minimum"]
-COMPARISONS = ["less", "less_equal", "greater", "greater_equal", "equal", "not_equal"]
-REDUCTIONS = ["sum", "mean", "max", "logsumexp", "softmax", "log_softmax"]
-STRUCTURAL = ["matmul", "einsum", "transpose", "reshape", "broadcast_to", "cast", "where"]
+# The ops of the table these strategies never draw, and why. Every other op is drawn, so an op added
+# to the table is drawn too (and needs a builder below) unless it is listed here on purpose.
+NOT_DRAWN = {
+    "var": "a graph's variables are its inputs, drawn apart from its steps",
+    "const": "constants enter steps as literal arguments (x * 2.0), as users write them",
+    "fused": "only fusion builds it, from the ops drawn here",
+    "param": "it stands for an operand in a fused body, which only fusion builds",
+}
+
+
+def _plain_elementwise(op, arity):
+    """Whether ``op`` is elementwise, of ``arity`` operands and no attributes."""
+    return op.elementwise and op.arity == arity and not op.attr_names
+
+
+def _gives_bool(op):
+    """Whether ``op``'s result is bool for floating operands: a comparison."""
+    operand = cortado.var("x", (), "float32")
+    return op.dtype_rule((operand,) * op.arity) == np.bool_
+
+
+_DRAWN = [op for name, op in OPS.items() if name not in NOT_DRAWN]
+UNARY = [op.name for op in _DRAWN if _plain_elementwise(op, 1)]
+BINARY = [op.name for op in _DRAWN if _plain_elementwise(op, 2) and not _gives_bool(op)]
+COMPARISONS = [op.name for op in _DRAWN if _plain_elementwise(op, 2) and _gives_bool(op)]
+REDUCTIONS = [op.name for op in _DRAWN if op.kind == REDUCTION]
+STRUCTURAL = [op.name for op in _DRAWN if op.name not in UNARY + BINARY + COMPARISONS + REDUCTIONS]  # a builder each
 ALL_OPS = UNARY + BINARY + COMPARISONS + REDUCTIONS + STRUCTURAL
 
 LIMIT = 1e4  # no value may be bounded by more than this
@@ -201,6 +225,14 @@ BINARY_BOUNDS = {
     "maximum": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
     "minimum": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
 }
+REDUCTION_BOUNDS = {  # bounds of the result of reducing ``count`` elements bounded by ``lo`` and ``hi``
+    "sum": lambda lo, hi, count: (min(lo, lo * count), max(hi, hi * count)),
+    "mean": lambda lo, hi, count: (lo, hi),
+    "max": lambda lo, hi, count: (lo, hi),
+    "logsumexp": lambda lo, hi, count: (lo, hi + math.log(max(count, 1))),
+    "softmax": lambda lo, hi, count: (0.0, 1.0),
+    "log_softmax": lambda lo, hi, count: (-(hi - lo) - math.log(max(count, 1)), 0.0),
+}
 SCALARS = [0.5, 2.0, -1.5, 3, 1.0]
 EXPONENTS = {2: -math.inf, 3: -math.inf, 0.5: MARGIN, -1.0: MARGIN}  # exponent -> least base
 
@@ -229,10 +261,18 @@ def _numeric(values):
     return [i for i, v in enumerate(values) if not v.is_bool]
 
 
+def _takes(name, value):
+    """Whether op ``name`` takes ``value``'s dtype (gelu refuses integers, which exp widens)."""
+    try:
+        OPS[name].dtype_rule((value.term,))
+    except RuleViolation:
+        return False
+    return True
+
+
 def _unary(draw, name, values):
     domain = UNARY_DOMAINS.get(name, lambda lo, hi: True)
-    choices = [i for i in _numeric(values) if domain(values[i].lo, values[i].hi)
-               and (name not in FLOATING_ONLY or is_float(values[i].term.dtype))]
+    choices = [i for i in _numeric(values) if domain(values[i].lo, values[i].hi) and _takes(name, values[i])]
     if not choices:
         return None
     i = draw(st.sampled_from(choices))
@@ -298,28 +338,20 @@ def _axes(draw, ndim, nonempty):
 
 
 def _reduction(draw, name, values):
-    choices = [i for i in _numeric(values) if values[i].term.ndim or name not in ("softmax", "log_softmax")]
+    keeps_shape = "keepdims" not in OPS[name].attr_names  # the softmax family: over one axis or more
+    choices = [i for i in _numeric(values) if values[i].term.ndim or not keeps_shape]
     if not choices:
         return None
     i = draw(st.sampled_from(choices))
     v = values[i]
-    if name in ("softmax", "log_softmax"):
+    if keeps_shape:
         axis, axes = _axes(draw, v.term.ndim, nonempty=True)
         kwargs = (("axis", axis),)
     else:
         axis, axes = _axes(draw, v.term.ndim, nonempty=False)
         kwargs = (("axis", axis), ("keepdims", draw(st.booleans())))
     count = math.prod(v.shape[a] for a in axes)
-    spread = v.hi - v.lo
-    bounds = {
-        "sum": (min(v.lo, v.lo * count), max(v.hi, v.hi * count)),
-        "mean": (v.lo, v.hi),
-        "max": (v.lo, v.hi),
-        "logsumexp": (v.lo, v.hi + math.log(max(count, 1))),
-        "softmax": (0.0, 1.0),
-        "log_softmax": (-spread - math.log(max(count, 1)), 0.0),
-    }[name]
-    return Step(name, (i,), kwargs), bounds
+    return Step(name, (i,), kwargs), REDUCTION_BOUNDS[name](v.lo, v.hi, count)
 
 
 def _matmul(draw, name, values):
