@@ -1,0 +1,122 @@
+"""One checklist per op: every op of the table has what each part of cortado needs of it, or is one
+of that part's exceptions, listed with the reason. An op added to the table fails here until each
+part handles it or excepts it on purpose (its derivative rule is checked in test_grad.py)."""
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import testing
+from cortado.backends.cupy import codegen
+from cortado.backends.numpy import kernels, layout
+from cortado.errors import BackendError, DTypeError
+from cortado.exprgraph.dtypes import SUPPORTED
+from cortado.exprgraph.ops import OPS, REDUCTION, may_fail, parameter
+from cortado.exprgraph.semantics import IMPLEMENTATIONS, IN_FLOAT32
+from cortado.rules.decompositions import composites
+
+
+def assert_covered(ops, covered, exceptions):
+    """Each of ``ops`` is ``covered`` or one of the ``exceptions``, not both; all are ops of the table."""
+    covered, exceptions = set(covered), set(exceptions)
+    assert covered | exceptions <= set(OPS), f"not ops of the table: {sorted((covered | exceptions) - set(OPS))}"
+    assert not covered & exceptions, f"listed as exceptions, yet covered: {sorted(covered & exceptions)}"
+    missing = set(ops) - covered - exceptions
+    assert not missing, f"neither covered nor listed as exceptions: {sorted(missing)}"
+
+
+# -- cortado.testing ---------------------------------------------------------------------------
+
+
+def test_every_op_is_drawn_by_the_strategies_or_excluded_on_purpose():
+    assert_covered(OPS, testing.ALL_OPS, testing.NOT_DRAWN)
+
+
+def test_every_drawn_op_has_a_builder_and_bounds():
+    testing.graphs(ops=testing.ALL_OPS)  # refuses ops without a builder
+    without_bounds = {
+        "UNARY_BOUNDS": set(testing.UNARY) - set(testing.UNARY_BOUNDS),
+        "BINARY_BOUNDS": set(testing.BINARY) - set(testing.BINARY_BOUNDS) - {"power"},  # power: its exponents' own
+        "REDUCTION_BOUNDS": set(testing.REDUCTIONS) - set(testing.REDUCTION_BOUNDS),
+    }
+    assert not any(without_bounds.values()), f"drawn ops missing from cortado.testing's bounds: {without_bounds}"
+
+
+# -- reference semantics -----------------------------------------------------------------------
+
+SEMANTICS_EXCEPTIONS = {  # ops the reference interpreter evaluates without an entry of IMPLEMENTATIONS
+    "var": "its value is the feed of its name",
+    "const": "its value is its attribute",
+    "fused": "its value is its body's, evaluated op by op",
+    "param": "its value is the fused region's operand of its index",
+}
+
+
+def test_every_op_has_reference_semantics():
+    assert_covered(OPS, IMPLEMENTATIONS, SEMANTICS_EXCEPTIONS)
+    assert not set(IN_FLOAT32) - set(IMPLEMENTATIONS)
+
+
+# -- the NumPy backend -------------------------------------------------------------------------
+
+NUMPY_EXCEPTIONS = {  # ops the CPU executor runs without an emitter of kernels.py
+    "var": "the executor copies its feed in",
+    "const": "the executor reads the constant's own array",
+    "fused": "its body is emitted op by op (backends/numpy/fused.py)",
+    "param": "in a fused body, it is the region's operand of its index (backends/numpy/fused.py)",
+}
+
+
+def test_every_op_has_a_numpy_emitter_or_is_a_view():
+    assert_covered(OPS, set(kernels.EMITTERS) | set(layout.ALWAYS_VIEWS), NUMPY_EXCEPTIONS)
+    assert not set(kernels.INPLACE) - set(kernels.EMITTERS)
+
+
+# -- CUDA code generation ----------------------------------------------------------------------
+
+GENERATED = [name for name, op in OPS.items() if op.elementwise or op.kind == REDUCTION]  # what codegen is for
+DECOMPOSED = "the GPU's lowering spells it out in max, exp, sum and log first (rules.decompositions.composites)"
+CODEGEN_EXCEPTIONS = {"logsumexp": DECOMPOSED, "softmax": DECOMPOSED, "log_softmax": DECOMPOSED}
+
+
+def test_every_elementwise_op_and_reduction_has_cuda_code_generation():
+    assert_covered(GENERATED, set(codegen.C_EXPRESSIONS) | set(codegen.REDUCTIONS), CODEGEN_EXCEPTIONS)
+
+
+def test_the_reductions_codegen_lacks_are_decomposed_before_it():
+    assert not set(CODEGEN_EXCEPTIONS) - {rule.key for rule in composites}
+
+
+SHAPE = (3, 5)
+
+
+def _signatures(name):
+    """``(operand dtypes, keyword arguments)`` of one-op bodies of ``name``, over every supported dtype."""
+    for dtype in SUPPORTED:
+        if name == "where":
+            yield (np.dtype(np.bool_), dtype, dtype), {}
+        elif name == "cast":
+            yield from (((dtype,), {"dtype": target}) for target in SUPPORTED)
+        elif OPS[name].kind == REDUCTION:
+            yield (dtype,), {"axis": 1}
+        else:
+            yield (dtype,) * OPS[name].arity, {}
+
+
+@pytest.mark.parametrize("name", sorted(set(codegen.C_EXPRESSIONS) | set(codegen.REDUCTIONS)))
+def test_cuda_source_of_a_one_op_body_for_every_dtype_the_op_takes(name):
+    """The kernel's source text, generated on the CPU and not compiled (that needs a GPU: test_gpu.py)."""
+    generated = 0
+    for dtypes, params in _signatures(name):
+        try:
+            term = getattr(ct, name)(*(parameter(k, ct.var("p", SHAPE, d)) for k, d in enumerate(dtypes)), **params)
+        except DTypeError:
+            continue  # the op does not take these dtypes
+        operands = [codegen.Operand(SHAPE, d, codegen.contiguous_strides(SHAPE)) for d in dtypes]
+        if may_fail(term):  # refused on purpose: NumPy raises on a negative integer exponent, a kernel cannot
+            with pytest.raises(BackendError, match="integer power whose exponent may be negative"):
+                codegen.kernel_source((term,), operands)
+            continue
+        assert codegen.kernel_source((term,), operands).text
+        generated += 1
+    assert generated
