@@ -19,6 +19,7 @@ import numpy as np
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.einsum import LABELS, spelled_out
+from ..exprgraph.numerics import shifted
 from ..exprgraph.semantics import IN_FLOAT32
 from .engine import Rule, RuleSet
 
@@ -39,11 +40,8 @@ def _computed(x):
 
 
 def _shifted(x, axes):
-    """``(x - peak, peak)`` with the max over ``axes`` kept, infinite maxima replaced by 0 (as the reference)."""
-    x = _computed(x)
-    peak = ct.max(x, axis=axes, keepdims=True)
-    peak = ct.where(ct.less(ct.abs(peak), np.inf), peak, 0.0)
-    return ct.subtract(x, peak), peak
+    """``(x - peak, peak)`` as the reference shifts (``numerics.shifted``), in the dtype the family computes in."""
+    return shifted(_computed(x), axes, ct)
 
 
 def _logsumexp(b):
