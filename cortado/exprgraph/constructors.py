@@ -171,7 +171,7 @@ def power(x, y):
     """``x ** y``; an integer base with a negative constant integer exponent is refused, as in NumPy."""
     result = _ufunc_call("power", x, y)
     exponent = result.args[1]
-    if result.dtype.kind in "iu" and exponent.op is OPS["const"] and (exponent.attrs[0].array < 0).any():
+    if result.dtype.kind in "iu" and exponent.op is OPS["const"] and (exponent.attr("value").array < 0).any():
         raise rejection("power", result.args, dtype_violation("integers to negative integer powers are not allowed"))
     return result
 

@@ -33,7 +33,7 @@ class Scalar:
 
 
 def is_weak_const(term):
-    return term.op is OPS["const"] and term.attrs[0].weak
+    return term.op is OPS["const"] and term.attr("value").weak
 
 
 def const_array(value, dtype=None):
@@ -64,7 +64,7 @@ def strong_const(value, dtype=None):
 def operand(value):
     """A term, or a ``Scalar`` for a weak Python scalar; raises RuleViolation for non-tensors."""
     if isinstance(value, Term):
-        return Scalar(value.attrs[0].array.item()) if is_weak_const(value) else value
+        return Scalar(value.attr("value").array.item()) if is_weak_const(value) else value
     if type(value) in WEAK_TYPES or type(value) is bool:
         return Scalar(value)
     return strong_const(value)

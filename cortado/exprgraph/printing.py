@@ -9,7 +9,7 @@ def _as_graph(outputs):
 
 
 def _is_inline_const(term):
-    return term.op.name == "const" and term.attrs[0].array.ndim == 0
+    return term.op.name == "const" and term.attr("value").array.ndim == 0
 
 
 def body_text(term):
@@ -39,10 +39,10 @@ def inline(term, depth=3):
     if term.op.name == "param":
         return f"in{term.attr('index')}"
     if _is_inline_const(term):
-        return repr(term.attrs[0])
+        return repr(term.attr("value"))
     if term.op.name == "const":
-        splat = term.attrs[0].scalar is not None
-        return repr(term.attrs[0]) if splat else f"const({type_string(term.shape, term.dtype)})"
+        splat = term.attr("value").scalar is not None
+        return repr(term.attr("value")) if splat else f"const({type_string(term.shape, term.dtype)})"
     if depth == 0:
         return "..."
     parts = [inline(a, depth - 1) for a in term.args] + _attr_text(term)
@@ -63,7 +63,7 @@ def _names(graph):
             taken.add(name)
             names[term] = name
         elif _is_inline_const(term):
-            names[term] = repr(term.attrs[0])
+            names[term] = repr(term.attr("value"))
         else:
             names[term] = f"%{counter}"
             counter += 1
@@ -89,7 +89,7 @@ def format_graph(outputs):
             lines.append(f"var {names[term]} : {typ}")
         elif term.op.name == "const":
             if not _is_inline_const(term):
-                body.append((f"{names[term]} = const {term.attrs[0]!r}", typ))
+                body.append((f"{names[term]} = const {term.attr('value')!r}", typ))
         else:
             parts = [names[a] for a in term.args] + _attr_text(term)
             body.append((f"{names[term]} = {term.op.name}({', '.join(parts)})", typ))
@@ -115,7 +115,7 @@ def to_dot(outputs):
         if term.op.name == "var":
             label, shape = f"{names[term]}\n{typ}", "ellipse"
         elif term.op.name == "const":
-            label, shape = f"{term.attrs[0]!r}\n{typ}", "plaintext"
+            label, shape = f"{term.attr('value')!r}\n{typ}", "plaintext"
         else:
             attrs = ", ".join(_attr_text(term))
             label = f"{names[term]} = {term.op.name}" + (f"({attrs})" if attrs else "") + f"\n{typ}"

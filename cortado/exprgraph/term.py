@@ -47,8 +47,8 @@ def dtype_violation(reason):
 def _describe(operand):
     if not isinstance(operand, Term):
         return repr(operand)  # a Python scalar or other value: show what the user wrote
-    if operand.op.name == "const" and operand.attrs[0].weak:
-        return repr(operand.attrs[0])
+    if operand.op.name == "const" and operand.attr("value").weak:
+        return repr(operand.attr("value"))
     return type_string(operand.shape, operand.dtype)
 
 
@@ -144,7 +144,7 @@ class Term:
     @property
     def name(self):
         """The variable's name for a ``var``, otherwise None."""
-        return self.attrs[0] if self.op.name == "var" else None
+        return self.attr("name") if self.op.name == "var" else None
 
     def attr(self, name):
         """The value of the attribute ``name`` of this term's op."""

@@ -326,7 +326,7 @@ class _Writer:
             source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
             text = f"ct_load({source})"
         elif t.op.name == "const":
-            text = literal(t.attrs[0].scalar if t.ndim else t.attrs[0].array, t.dtype)
+            text = literal(t.attr("value").scalar if t.ndim else t.attr("value").array, t.dtype)
         elif t.op.name == "broadcast_to":
             self.names[t] = self.names[t.args[0]]
             return self.names[t]
@@ -433,7 +433,7 @@ def _combine(reduction, acc, a, b):
 def reduction_source(body, operands, aliased=()):
     """A fused reduction: the prologue for each element read, the reduction, the epilogue per output."""
     red = _reduction_of(body)
-    source_shape, axes = red.args[0].shape, red.attrs[0]
+    source_shape, axes = red.args[0].shape, red.attr("axes")
     outputs_n = math.prod(red.shape)
     k_total = math.prod(source_shape[a] for a in axes)
     acc = _accumulator(red)

@@ -61,7 +61,7 @@ def may_fail(t):
     if t.op.name != "power" or t.dtype.kind not in "iu":
         return False
     exponent = t.args[1]
-    known = exponent.op.name == "const" and exponent.attrs[0].scalar is not None and exponent.attrs[0].scalar >= 0
+    known = exponent.op.name == "const" and exponent.attr("value").scalar is not None and exponent.attr("value").scalar >= 0
     return not (exponent.dtype.kind in "ub" or known)
 
 
