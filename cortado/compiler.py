@@ -306,5 +306,5 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
 def _label(t, i):
     if t.op.name == "var":
         return t.name
-    several = len(t.op.results_of(t)) > 1
+    several = t.op.result_count(t) > 1
     return f"k{i}.{t.op.name}" + (f"[{t.attr(t.op.result_attr)}]" if several else "")

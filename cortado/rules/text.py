@@ -19,6 +19,7 @@ import threading
 import weakref
 
 from ..errors import RewriteError
+from ..exprgraph.graph import post_order
 
 SYMBOL = "$symbol"
 CONSTANT = "$constant"
@@ -246,7 +247,11 @@ def unparse(term):
     if size > MAX_PRINTED_SUBTERMS:
         raise RewriteError(f"this text term would print as {size} subterms (shared subterms repeat in text), "
                            f"more than cortado prints ({MAX_PRINTED_SUBTERMS}); its head is {term.head!r}: "
-                           f"{unparse(abbreviated(term))}")
+                           f"{_text(abbreviated(term))}")
+    return _text(term)
+
+
+def _text(term):
     pieces = []
     stack = [(term, TEST)]  # text to write, or (a term, the level its parent asks of it), last first
     while stack:
@@ -260,23 +265,9 @@ def unparse(term):
 
 def _printed_size(term):
     size = {}
-    for t in _children_first(term):
+    for t in post_order([term]):
         size[t] = 1 + sum(size[a] for a in t.args)
     return size[term]
-
-
-def _children_first(term):
-    """Every subterm of ``term`` once, each after its children."""
-    order, seen, stack = [], set(), [(term, False)]
-    while stack:
-        t, expanded = stack.pop()
-        if expanded:
-            order.append(t)
-        elif t not in seen:
-            seen.add(t)
-            stack.append((t, True))
-            stack.extend((a, False) for a in t.args if a not in seen)
-    return order
 
 
 def _comma_separated(terms):
@@ -351,7 +342,7 @@ def _next(level):
 
 def shown(term, largest=200):
     """``term`` as text for a message: whole up to ``largest`` printed subterms, else ``abbreviated``."""
-    return unparse(term if _printed_size(term) <= largest else abbreviated(term))
+    return _text(term if _printed_size(term) <= largest else abbreviated(term))
 
 
 def abbreviated(term, depth=6, budget=40):

@@ -43,11 +43,15 @@ class Op:
     def results_of(self, term):
         """Every result of the kernel that computes ``term``, in order (``term`` alone for most ops):
         terms that differ from ``term`` only in ``result_attr``."""
-        if self.results is None:
+        if self.result_count(term) == 1:
             return (term,)
         at = self.attr_names.index(self.result_attr)
         return tuple(make(self, term.args, term.attrs[:at] + (k,) + term.attrs[at + 1:])
-                     for k in range(self.results(*term.attrs)))
+                     for k in range(self.result_count(term)))
+
+    def result_count(self, term):
+        """How many results the kernel that computes ``term`` makes."""
+        return 1 if self.results is None else self.results(*term.attrs)
 
     def __repr__(self):
         return f"Op({self.name})"
