@@ -438,6 +438,93 @@ def _broadcast_to(draw, name, values):
     return Step(name, (i,), (("shape", lead + shape),)), (values[i].lo, values[i].hi)
 
 
+def _flip(draw, name, values):
+    i = draw(st.sampled_from(range(len(values))))
+    axis, _ = _axes(draw, values[i].term.ndim, nonempty=False)
+    return Step(name, (i,), (("axis", axis),)), (values[i].lo, values[i].hi)
+
+
+def _pad(draw, name, values):
+    i = draw(st.sampled_from(range(len(values))))
+    v = values[i]
+    if not v.term.ndim:
+        return None
+    widths = tuple((draw(st.integers(-min(1, n - 1), 2)), draw(st.integers(0, 1))) for n in v.shape)
+    fill = draw(st.sampled_from([0, 1] if v.is_bool else [0, 0.5, -1.5]))
+    lo, hi = v.lo, v.hi
+    if any(low > 0 or high > 0 for low, high in widths):
+        lo, hi = min(lo, fill), max(hi, fill)
+    return Step(name, (i,), (("pad_width", widths), ("constant_values", fill))), (lo, hi)
+
+
+def _window_geometry(draw, sizes):
+    """A window shape, strides and dilation that fit axes of ``sizes``."""
+    window, strides, dilation = [], [], []
+    for n in sizes:
+        k = draw(st.integers(1, n))
+        d = draw(st.integers(1, max(1, (n - 1) // max(k - 1, 1))))
+        window.append(k)
+        dilation.append(d)
+        strides.append(draw(st.integers(1, 2)))
+    return tuple(window), tuple(strides), tuple(dilation)
+
+
+def _windows(draw, name, values):
+    choices = [i for i, v in enumerate(values) if v.term.ndim]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    count = draw(st.integers(1, min(2, values[i].term.ndim)))
+    window, strides, dilation = _window_geometry(draw, values[i].shape[-count:])
+    kwargs = (("window_shape", window), ("strides", strides), ("dilation", dilation))
+    return Step(name, (i,), kwargs), (values[i].lo, values[i].hi)
+
+
+def _overlap_add(draw, name, values):
+    choices = [i for i, v in enumerate(values) if v.term.ndim >= 2 and not v.is_bool]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    v = values[i]
+    count = draw(st.integers(1, v.term.ndim // 2))
+    counts, window = v.shape[v.term.ndim - 2 * count:v.term.ndim - count], v.shape[v.term.ndim - count:]
+    strides = tuple(draw(st.integers(1, 2)) for _ in counts)
+    dilation = tuple(draw(st.integers(1, 2)) for _ in counts)
+    shape = tuple((c - 1) * s + (k - 1) * d + 1 + draw(st.integers(0, s - 1))
+                  for c, k, s, d in zip(counts, window, strides, dilation))
+    overlaps = math.prod(window)  # an element receives at most one tap of each window position
+    kwargs = (("shape", shape), ("strides", strides), ("dilation", dilation))
+    return Step(name, (i,), kwargs), (min(0.0, v.lo * overlaps), max(0.0, v.hi * overlaps))
+
+
+def _conv(draw, name, values):
+    def groupings(x, w):
+        if x.term.ndim < 3 or w.term.ndim != x.term.ndim or x.is_bool or w.is_bool or not _promotable(x, w):
+            return []
+        channels, outputs, per_group = x.shape[1], w.shape[0], w.shape[1]
+        groups = channels // per_group
+        return [groups] if groups * per_group == channels and outputs % groups == 0 else []
+
+    pairs = [(i, j, g) for i, x in enumerate(values) for j, w in enumerate(values) for g in groupings(x, w)]
+    if not pairs:
+        return None
+    i, j, groups = draw(st.sampled_from(pairs))
+    x, w = values[i], values[j]
+    strides, padding, lhs, rhs = [], [], [], []
+    for n, k in zip(x.shape[2:], w.shape[2:]):
+        lhs.append(draw(st.integers(1, 2)))
+        rhs.append(draw(st.integers(1, 2)))
+        low = draw(st.integers(-1, 2))
+        least_high = (k - 1) * rhs[-1] + 1 - ((n - 1) * lhs[-1] + 1) - low  # the kernel must fit once
+        padding.append((low, draw(st.integers(max(least_high, -1), max(least_high, -1) + 2))))
+        strides.append(draw(st.integers(1, 2)))
+    kwargs = (("strides", tuple(strides)), ("padding", tuple(padding)), ("lhs_dilation", tuple(lhs)),
+              ("rhs_dilation", tuple(rhs)), ("groups", groups))
+    taps = w.shape[1] * math.prod(w.shape[2:])
+    lo, hi = _product((x.lo, x.hi), (w.lo, w.hi))
+    return Step(name, (i, j), kwargs), (min(0.0, lo * taps), max(0.0, hi * taps))
+
+
 BUILDERS = {
     **{name: _unary for name in UNARY},
     **{name: _binary for name in BINARY},
@@ -449,6 +536,11 @@ BUILDERS = {
     "transpose": _transpose,
     "reshape": _reshape,
     "broadcast_to": _broadcast_to,
+    "flip": _flip,
+    "pad": _pad,
+    "windows": _windows,
+    "overlap_add": _overlap_add,
+    "conv": _conv,
 }
 
 

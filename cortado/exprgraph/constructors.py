@@ -13,6 +13,8 @@ import numpy as np
 
 from .operands import WEAK_TYPES, Scalar, at_default_dtypes, const_array, materialise, operands, strong_const
 from .ops import OPS, UFUNC_OPS, Constant, dtype_attr, ufunc_loop, weak_scalars_as_bfloat16
+from ..errors import ShapeError
+from .dtypes import is_float
 from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 
 __all__ = [
@@ -22,7 +24,8 @@ __all__ = [
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
-    "matmul", "einsum", "transpose", "reshape", "broadcast_to",
+    "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip",
+    "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d",
 ]
 
 
@@ -250,9 +253,114 @@ def broadcast_to(x, shape):
     return _call("broadcast_to", x, shape=shape)
 
 
+def flip(x, axis=None):
+    """NumPy's ``flip``: ``x`` with the order of its elements reversed along ``axis`` (None: all axes)."""
+    return _call("flip", x, axis=axis)
+
+
+# -- convolution and pooling -----------------------------------------------------------------
+
+
+def conv(x, w, strides=1, padding=0, lhs_dilation=1, rhs_dilation=1, groups=1):
+    """The general convolution (XLA's ``conv_general_dilated``) of ``x`` (``N, C, *spatial``) with ``w``
+    (``O, C/groups, *kernel``), cross-correlating as PyTorch does. Per spatial axis: ``strides``,
+    ``padding`` as ``(low, high)`` pairs (an int or one int per axis: the same on both sides; negative
+    crops), ``lhs_dilation`` (zeros between input elements: a transposed convolution's stride) and
+    ``rhs_dilation`` (the kernel's dilation). ``conv2d`` is the usual front."""
+    return _call("conv", x, w, strides=strides, padding=padding, lhs_dilation=lhs_dilation,
+                 rhs_dilation=rhs_dilation, groups=groups)
+
+
+def windows(x, window_shape, strides=1, dilation=1):
+    """The sliding windows of ``x``'s trailing ``len(window_shape)`` axes, ``strides`` apart, their taps
+    ``dilation`` apart: shape ``lead + counts + window_shape``. NumPy's ``sliding_window_view`` with
+    strides; a view, never a copy."""
+    return _call("windows", x, window_shape=window_shape, strides=strides, dilation=dilation)
+
+
+def overlap_add(x, shape, strides=1, dilation=1):
+    """The adjoint of ``windows``: windows ``x`` (``lead + counts + window``) added back into a tensor whose
+    trailing axes have ``shape``, where ``windows`` took them (overlaps add; uncovered elements are 0)."""
+    return _call("overlap_add", x, shape=shape, strides=strides, dilation=dilation)
+
+
+def pad(x, pad_width, constant_values=0):
+    """NumPy's ``pad`` in ``"constant"`` mode; a negative width crops that many elements instead."""
+    return _call("pad", x, pad_width=pad_width, constant_values=constant_values)
+
+
+def _pair(value, what):
+    """PyTorch's 2-d argument: an int for both spatial axes, or a pair."""
+    try:
+        pair = tuple(value) if isinstance(value, (tuple, list)) else (value, value)
+    except TypeError:
+        pair = (value,)
+    if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
+        raise ShapeError(f"{what} must be an int or a pair of ints, not {value!r}")
+    return pair
+
+
+def _four_dimensional(name, x, what="input"):
+    if not isinstance(x, Term) or x.ndim != 4:
+        shape = getattr(x, "shape", None)
+        raise ShapeError(f"{name} needs a 4-d {what} (N, C, H, W), not {shape if shape is not None else repr(x)}")
+
+
+def _conv2d_padding(padding, w, stride, dilation):
+    """PyTorch's ``padding``: an int, a pair, ``"valid"`` or ``"same"`` (stride 1 only; odd totals put the
+    extra element after, as PyTorch does)."""
+    if padding == "valid":
+        return 0
+    if padding == "same":
+        if stride != (1, 1):
+            raise ShapeError(f"conv2d: padding='same' needs stride 1, not {stride} (as in PyTorch)")
+        totals = [d * (k - 1) for d, k in zip(dilation, w.shape[2:])]
+        return tuple((t // 2, t - t // 2) for t in totals)
+    pair = _pair(padding, "conv2d's padding (or 'same' or 'valid')")
+    if min(pair) < 0:
+        raise ShapeError(f"conv2d's padding must not be negative, not {padding!r}")
+    return pair
+
+
+def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
+    """PyTorch's ``conv2d`` without bias (add one as ``b.reshape(-1, 1, 1)``): ``x`` is ``(N, C, H, W)``,
+    ``w`` is ``(O, C/groups, kH, kW)``; ``padding`` an int, a pair, ``"same"`` or ``"valid"``."""
+    _four_dimensional("conv2d", x)
+    _four_dimensional("conv2d", w, "weight")
+    stride, dilation = _pair(stride, "conv2d's stride"), _pair(dilation, "conv2d's dilation")
+    return conv(x, w, strides=stride, padding=_conv2d_padding(padding, w, stride, dilation), rhs_dilation=dilation,
+                groups=groups)
+
+
+def _pooled_windows(name, x, kernel_size, stride, padding, fill):
+    _four_dimensional(name, x)
+    kernel = _pair(kernel_size, f"{name}'s kernel_size")
+    stride = kernel if stride is None else _pair(stride, f"{name}'s stride")
+    padding = _pair(padding, f"{name}'s padding")
+    if any(p < 0 or 2 * p > k for p, k in zip(padding, kernel)):
+        raise ShapeError(f"{name}: padding {padding} must be between 0 and half the kernel {kernel} (as in PyTorch)")
+    if any(padding):
+        x = pad(x, ((0, 0), (0, 0)) + tuple((p, p) for p in padding), constant_values=fill)
+    return windows(x, kernel, strides=stride)
+
+
+def max_pool2d(x, kernel_size, stride=None, padding=0):
+    """PyTorch's ``max_pool2d``: the maximum of each window (``stride`` defaults to ``kernel_size``;
+    padding counts as -inf). Its gradient splits a tie evenly, as ``max``'s does."""
+    _four_dimensional("max_pool2d", x)
+    fill = float("-inf") if is_float(x.dtype) else int(np.iinfo(x.dtype).min) if x.dtype.kind in "iu" else 0
+    return max(_pooled_windows("max_pool2d", x, kernel_size, stride, padding, fill), axis=(-2, -1))
+
+
+def avg_pool2d(x, kernel_size, stride=None, padding=0):
+    """PyTorch's ``avg_pool2d``: the mean of each window, padding counted as zeros (PyTorch's default
+    ``count_include_pad=True``)."""
+    return mean(_pooled_windows("avg_pool2d", x, kernel_size, stride, padding, 0), axis=(-2, -1))
+
+
 # -- deferring to other kinds of operands ----------------------------------------------------
 
-OPERAND_PARAMETERS = ("x", "y", "condition", "operands")  # the rest of a signature are attributes
+OPERAND_PARAMETERS = ("x", "y", "w", "condition", "operands")  # the rest of a signature are attributes
 
 
 def _deferring(function):

@@ -16,6 +16,7 @@ are every backend's, so they are defined in ``numerics``.
 
 import numpy as np
 
+from . import windowing
 from .dtypes import is_float, is_narrow_float
 from .numerics import gelu_argument, gelu_slope, shifted
 from .ops import UFUNC_OPS, ufunc_loop
@@ -27,7 +28,7 @@ def _narrow_once_floating(dtype):
 
 
 IN_FLOAT32 = {  # op name -> which operand dtypes it computes in float32
-    **dict.fromkeys(("sum", "mean", "matmul", "einsum", "gelu", "gelu_grad"), is_narrow_float),
+    **dict.fromkeys(("sum", "mean", "matmul", "einsum", "conv", "overlap_add", "gelu", "gelu_grad"), is_narrow_float),
     **dict.fromkeys(("logsumexp", "softmax", "log_softmax"), _narrow_once_floating),
 }
 
@@ -107,6 +108,11 @@ IMPLEMENTATIONS.update({
     "transpose": lambda xs, axes: np.transpose(xs[0], axes),
     "reshape": lambda xs, shape: np.reshape(xs[0], shape),
     "broadcast_to": lambda xs, shape: np.broadcast_to(xs[0], shape),
+    "conv": lambda xs, *attrs: windowing.conv(*xs, *attrs),
+    "windows": lambda xs, window, strides, dilation: windowing.window_view(xs[0], window, strides, dilation),
+    "overlap_add": lambda xs, shape, strides, dilation: windowing.overlapped_add(xs[0], shape, strides, dilation),
+    "pad": lambda xs, widths, value: windowing.padded(xs[0], widths, value),
+    "flip": lambda xs, axes: np.flip(xs[0], axes),
 })
 IMPLEMENTATIONS.update({name: _in_float32(IMPLEMENTATIONS[name], narrow) for name, narrow in IN_FLOAT32.items()})
 

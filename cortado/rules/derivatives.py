@@ -30,6 +30,7 @@ from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slo
 from ..exprgraph.ops import OPS
 from ..exprgraph.semantics import IN_FLOAT32
 from ..exprgraph.term import Term
+from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
 from .engine import Rewrite
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable
@@ -334,4 +335,10 @@ derivatives = Derivatives([
     Derivative("transpose", "transpose(_x, axes=_p)", _x=_transpose_share),
     Derivative("reshape", "reshape(_x, shape=_s)", _x=_reshape_share),
     Derivative("broadcast_to", "broadcast_to(_x, shape=_s)", _x="_dy"),
+    Derivative("flip", "flip(_x, axis=_a)", _x="flip(_dy, axis=_a)"),
+    Derivative("conv", "conv(_x, _w, strides=_s, padding=_p, lhs_dilation=_l, rhs_dilation=_r, groups=_g)",
+               _x=conv_input_share, _w=conv_weight_share),
+    Derivative("windows", "windows(_x, window_shape=_k, strides=_s, dilation=_d)", _x=windows_share),
+    Derivative("overlap_add", "overlap_add(_x, shape=_n, strides=_s, dilation=_d)", _x=overlap_add_share),
+    Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_share),
 ], name="derivatives")

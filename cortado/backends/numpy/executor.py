@@ -9,6 +9,7 @@ in, runs the calls, copies the outputs out and writes the updates.
 import numpy as np
 
 from ...errors import BackendError
+from ...exprgraph import windowing
 from ...memplan import aligned, unallocatable
 from .. import interface
 from .fused import emit_fused
@@ -38,11 +39,17 @@ def _view(block, offset, shape, dtype):
 
 
 def _derived(t, source):
-    """The array of a view kernel: a transpose, a broadcast or a copy-free reshape of ``source``."""
+    """The array of a view kernel: a transpose, a broadcast, a flip, the windows or a copy-free reshape
+    of ``source``."""
     if t.op.name == "transpose":
         return np.transpose(source, t.attr("axes"))
     if t.op.name == "broadcast_to":
         return np.broadcast_to(source, t.shape)
+    if t.op.name == "flip":  # indexed with an ellipsis so that a 0-d source gives a view, not a copy
+        axes = t.attr("axes")
+        return source[tuple(slice(None, None, -1) if a in axes else slice(None) for a in range(t.ndim)) + (...,)]
+    if t.op.name == "windows":
+        return windowing.window_view(source, *t.attrs)
     return np.reshape(source, t.shape, copy=False)
 
 

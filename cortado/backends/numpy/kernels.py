@@ -18,9 +18,11 @@ import math
 
 import numpy as np
 
+from ...exprgraph import windowing
 from ...exprgraph.dtypes import is_float
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
+from ...exprgraph.ops.convolution import dilated_size
 from ...exprgraph.semantics import IN_FLOAT32
 from ...errors import PlanError
 from ...memplan import aligned
@@ -272,6 +274,34 @@ def _reshape_copy(em, attrs, args, out):
     em.call(np.copyto, out.reshape(args[0].shape), args[0])
 
 
+def _conv(em, attrs, args, out):
+    # the input padded and dilated into scratch when it must be, the weights copied contiguous in the
+    # result's dtype, the windows copied into columns, then one batched matrix product per group
+    strides, padding, lhs_dilation, rhs_dilation, groups = attrs
+    x, w = args
+    spatial = tuple(dilated_size(n, d) + low + high for n, d, (low, high) in zip(x.shape[2:], lhs_dilation, padding))
+    xp = x
+    if any(low or high for low, high in padding) or any(d != 1 for d in lhs_dilation) or x.dtype != out.dtype:
+        xp = em.scratch(x.shape[:2] + spatial, out.dtype)
+        em.call(windowing.place_into, xp, x, (0, 0) + tuple(low for low, _ in padding), (1, 1) + lhs_dilation, 0)
+    weights = em.scratch(w.shape, out.dtype)
+    em.call(np.copyto, weights, w, casting="unsafe")
+    columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
+    em.call(windowing.conv_into, out, xp, weights, strides, rhs_dilation, groups, columns)
+    for array in (columns, weights) + ((xp,) if xp is not x else ()):
+        em.release(array)
+
+
+def _pad(em, attrs, args, out):
+    widths, value = attrs
+    em.call(windowing.place_into, out, args[0], tuple(low for low, _ in widths), (1,) * out.ndim, value)
+
+
+def _overlap_add(em, attrs, args, out):
+    _, strides, dilation = attrs
+    em.call(windowing.overlap_add_into, out, args[0], strides, dilation)
+
+
 def _float32_copy(em, x):
     wide = em.scratch(x.shape, np.float32)
     em.call(np.copyto, wide, x, casting="unsafe")
@@ -304,6 +334,7 @@ EMITTERS.update({
     "where": _where, "cast": _cast,
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
     "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
+    "conv": _conv, "pad": _pad, "overlap_add": _overlap_add,
 })
 EMITTERS.update({name: _in_float32(EMITTERS[name], narrow) for name, narrow in IN_FLOAT32.items() if name in EMITTERS})
 

@@ -5,7 +5,7 @@ from ...memplan import Step
 from .fused import plan_fused
 from .kernels import EMITTERS, INPLACE, Emitter, c_strided
 
-ALWAYS_VIEWS = ("transpose", "broadcast_to")
+ALWAYS_VIEWS = ("transpose", "broadcast_to", "flip", "windows")
 
 
 def _workspace(op, attrs, arg_types, shape, dtype):

@@ -33,7 +33,7 @@ def _einsum_dtype(args, subscripts):
     return promoted([a.dtype for a in args])
 
 
-def _matmul_dtype(args):
+def matmul_dtype(args):
     """NumPy's, except that bfloat16 operands give bfloat16 (NumPy's loop gives float32): as in
     PyTorch, JAX and cuBLAS, the products accumulate in float32 and the result is rounded once."""
     dtypes = tuple(a.dtype for a in args)
@@ -43,7 +43,7 @@ def _matmul_dtype(args):
 
 
 FAMILY = (
-    Op("matmul", 2, (), _matmul_shape, _matmul_dtype, CONTRACTION, no_attributes),
+    Op("matmul", 2, (), _matmul_shape, matmul_dtype, CONTRACTION, no_attributes),
     Op("einsum", None, ("subscripts",),
        lambda args, subscripts: parse_einsum(subscripts, [a.shape for a in args])[1],
        _einsum_dtype, CONTRACTION, _einsum_normalize),
