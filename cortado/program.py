@@ -147,6 +147,8 @@ class Program:
                 what = f"fused({args}) {body_text(t)}"
             else:
                 what = inline(t, 1)
+            if t in self._executor.choices:
+                what += f"  [{self._executor.choices[t].describe()}]"
             where = ", ".join(self._where(d) for d in kernel.terms)
             lines.append(f"  k{i:<3} {what}  -> {where}")
         for var, value in self.updates.items():

@@ -135,7 +135,9 @@ def _error_bound(term, alone, operands, feeds, exact):
     float32 sums whose error is relative to the sum of the operands' absolute values (products:
     the same op on absolute values) or to the largest of them (softmax, logsumexp). Any other op
     rounds its result, and a formula its intermediates (gelu's cubic, sigmoid's exp): those move
-    the result about as much as moving the operands by two roundings does."""
+    the result about as much as moving the operands by two roundings does, except where the result
+    turns (gelu_grad at its minimum), where the intermediates' roundings, relative to the operand,
+    remain."""
     eps, tiny = float(finfo(term.dtype).eps), float(finfo(term.dtype).tiny)
     if term.op.kind == CONTRACTION or term.op.name in ("sum", "mean"):
         sizes = np.abs(ct.evaluate(alone, {v.name: np.abs(feeds[v.name]) for v in operands}, precision="float64"))
@@ -146,6 +148,8 @@ def _error_bound(term, alone, operands, feeds, exact):
     moved = [ct.evaluate(alone, {v.name: _scaled(feeds[v.name], factor) for v in operands}, precision="float64")
              for factor in (1 - 2 * eps, 1 + 2 * eps)]
     spread = np.nan_to_num(np.fmax(*(np.abs(m - exact) for m in moved)))  # nan: a negative base to a moved power
+    if term.op.name in ("gelu", "gelu_grad"):
+        spread = spread + eps * np.abs(feeds[operands[0].name].astype(np.float64))
     return 2 * eps * np.abs(exact) + spread + tiny
 
 

@@ -47,11 +47,13 @@ class Executor:
     """A step, built over one arena: run it, read and replace its state.
 
     ``state`` maps each state variable to its live array; ``direct_outputs`` are the outputs it
-    writes straight into their buffers.
+    writes straight into their buffers; ``choices`` maps the terms it computes with a library call
+    chosen among candidates to that call (whose ``describe()`` says which it is, for ``explain``).
     """
 
     state = {}
     direct_outputs = frozenset()
+    choices = {}
 
     def run(self, feeds):
         """The outputs for ``feeds`` (``{name: array}``, already checked), after which the updates are written."""

@@ -18,12 +18,11 @@ import numpy as np
 
 from ...errors import BackendError
 from .lowering.gemm import TWO_RESULTS, gemm_operands
+from .timing import time_graph
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
 LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large
 CANDIDATES = 8  # heuristic choices timed when a program is built
-TIMED_CALLS = 20  # at most, per candidate: enough for about TIMED_MS of work
-TIMED_MS = 30.0  # a large GEMM is timed under sustained load, at the clocks a step holds it to (the H200 is power-limited)
 MARGIN = 0.03  # how much faster than the heuristic's first choice another must be to replace it
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cudaDataType
@@ -130,6 +129,7 @@ class Gemm:
         self.layouts = [self._layout(data, *shape) for shape in shapes]
         self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
         self.operands = (a, b, c)
+        self.dtype = dtype
         if self.key not in _heuristics:
             _heuristics[self.key] = self._candidates(workspace_limit(term))
         self.candidates = _heuristics[self.key]
@@ -190,31 +190,12 @@ class Gemm:
         _tuned[self.key] = self.candidates[self.choice:self.choice + 1].copy()
 
     def _time(self, k, pointers, stream):
-        """Milliseconds a call with candidate ``k`` takes, replayed as a CUDA graph of calls (launched one by one
-        from Python, a short GEMM would time the launches); infinite if cuBLASLt refuses it."""
-        import cupy
-
+        """Milliseconds a call with candidate ``k`` takes (``timing``); infinite if cuBLASLt refuses it."""
         self.choice = k
         try:
-            start = stream.record()
-            self.call(*pointers, stream.ptr)
-            end = stream.record()
+            return time_graph(lambda: self.call(*pointers, stream.ptr), stream)
         except _lt().cuBLASLtError:  # a candidate the heuristic offers may still refuse these operands
             return np.inf
-        end.synchronize()
-        calls = int(np.clip(TIMED_MS / max(cupy.cuda.get_elapsed_time(start, end), 1e-3), 1, TIMED_CALLS))
-        stream.begin_capture()
-        try:
-            for _ in range(calls):
-                self.call(*pointers, stream.ptr)
-        finally:
-            graph = stream.end_capture()
-        graph.launch(stream)
-        start = stream.record()
-        graph.launch(stream)
-        end = stream.record()
-        end.synchronize()
-        return cupy.cuda.get_elapsed_time(start, end) / calls
 
     def _point(self, name, pointer):
         """Set the descriptor's epilogue pointer ``name`` (a MatmulDescAttribute) unless it is set so already."""

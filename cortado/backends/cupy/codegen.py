@@ -353,7 +353,9 @@ def _name(text):
     return "ct_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def _finish(kind, body_text, outputs, operands, aliased, blocks, block):
+def finished_source(kind, body_text, outputs, operands, aliased, blocks, block):
+    """The kernel ``kind`` named by the hash of its text, with the prelude; ``outputs`` are what it writes (their
+    ``dtype`` is read)."""
     text = f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n{body_text}}}\n'
     name = _name(text)
     return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
@@ -400,7 +402,7 @@ def elementwise_source(body, operands, aliased=()):
         lines += ["    " + s for s in element({}, lambda k, t, v: f"out{k}[i] = ct_store<{storage_type(t.dtype)}>({v});")]
         lines += ["  }"]
     blocks = max(1, -(-max(n // vec, 1) // THREADS))
-    return _finish("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
+    return finished_source("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
 
 
 def _reduction_of(body):
@@ -483,7 +485,7 @@ def reduction_source(body, operands, aliased=()):
         lines += ["  " + s for s in finish]
         blocks = -(-outputs_n // across)
         block = (across, down, 1)
-    return _finish("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)
+    return finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)
 
 
 def kernel_source(body, operands, aliased=()):

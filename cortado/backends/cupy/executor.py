@@ -27,7 +27,9 @@ from .blas import Gemm
 from .codegen import Operand, contiguous_strides, copy_source, kernel_source
 from .device import require_gpu
 from .kernels import compiled
-from .layout import ALIGNMENT, direct_outputs, gemm_copies, layouts, one_value, stored_strides
+from .dnn import Conv
+from .layout import ALIGNMENT, direct_outputs, dnn_copies, gemm_copies, layouts, one_value, stored_strides
+from .window_kernels import flip_source, overlap_add_source, pad_source
 
 
 def _cupy():
@@ -59,6 +61,11 @@ class _Block:
         return cupy.ndarray(shape, dtype, memptr=self.memory.data + self.offsets[k])
 
 
+WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its term
+    "pad": lambda x, t: pad_source(x, t, [low for low, _ in t.attr("pad_width")], t.attr("constant_values")),
+    "flip": lambda x, t: flip_source(x, t, t.attr("axes")),
+    "overlap_add": lambda x, t: overlap_add_source(x, t, t.attr("strides"), t.attr("dilation")),
+}
 ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph each) before it stages device feeds
 IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is read from (HOST, DEVICE: staged)
 
@@ -93,15 +100,18 @@ class Executor(interface.Executor):
         self.feeds = [k.term for k in kernels if k.is_load]
         self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
-        self.makers, self.labels, self.gemms = [], [], []
+        self.makers, self.labels, self.tuned, self.choices = [], [], [], {}
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             t = kernel.term
             if step.view_of is not None or kernel.is_load:
                 continue
+            scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
             if t.op.name == "gemm":
-                scratch = plan["workspace", i].offset if ("workspace", i) in plan else 0  # none: cuBLASLt needs none
-                self.makers.append(self._gemm(kernel.terms, self.arena.memory.data.ptr + scratch, tf32))
+                self.makers.append(self._gemm(kernel.terms, scratch, tf32))
                 self.labels.append(f"k{i}.gemm {t.attr('epilogue')} {t.shape}")
+            elif t.op.name == "dnn_conv":
+                self.makers.append(self._convolution(t, scratch, tf32))
+                self.labels.append(f"k{i}.dnn_conv {t.attr('mode')} {t.shape}")
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
@@ -111,7 +121,7 @@ class Executor(interface.Executor):
         self.makers += self._updates(final)
         self.feed_block = self.pinned = None  # made on first need
         self.prepared, self.graphs = {}, {}
-        if autotune and self.gemms:  # before the state is written: a gemm may write over a parameter in place
+        if autotune and self.tuned:  # before the state is written: a gemm may write over a parameter in place
             self._tune()
         for v, value in signature.state.items():
             self.state[v].set(np.asarray(value, order="C"))  # (ascontiguousarray makes a 0-d value 1-d)
@@ -147,12 +157,14 @@ class Executor(interface.Executor):
 
     def _kernel(self, t, defined):
         """A maker of calls of a generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
-        if t.op.name not in ("fused", "reshape"):
+        if t.op.name not in ("fused", "reshape") and t.op.name not in WINDOW_KERNELS:
             raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
         if t.size == 0:
             return lambda pointers: _nothing
         if t.op.name == "reshape":  # not a view: the source's elements in order, written contiguously
             return self._launch(copy_source(self._operand(t.args[0])), [t.args[0], t])
+        if t.op.name in WINDOW_KERNELS:
+            return self._launch(WINDOW_KERNELS[t.op.name](self._operand(t.args[0]), t), [t.args[0], t])
         body, inputs = t.attr("outputs"), list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
@@ -173,32 +185,51 @@ class Executor(interface.Executor):
             return lambda pointers: self._memcpy(destination, pointers[t], nbytes)
         return self._launch(copy_source(self._operand(t)), [t, destination])
 
-    def _gemm(self, terms, workspace, tf32):
-        """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and a bias gradient where the epilogue
-        makes one, which cuBLASLt writes through its bias pointer), after copies of the operands it cannot read
-        where they are."""
-        t = terms[0]
+    def _staged(self, copied, workspace):
+        """Copies of the operands ``copied`` into the workspace at ``workspace`` (a pointer), for a library call
+        that cannot read them where they are: ``(copies, their strides, the first free byte after them)``."""
         copies, strides, top = [], dict(self.strides), workspace
-        for x in gemm_copies(t, self.strides):
+        for x in copied:
             copies.append((x, top, self._copy(x, top)))
             strides[x] = contiguous_strides(x.shape)
             top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
+        return copies, strides, top
+
+    def _library_call(self, runner, copies, operands):
+        """A maker of calls of ``runner`` (a ``Gemm`` or a ``Conv``) on ``operands(pointers)``, after its ``copies``;
+        the runner is tuned on the program's buffers when the program is built."""
+        def bound(pointers):
+            return operands({**pointers, **{x: at for x, at, _ in copies}})
+
+        def make(pointers):
+            calls, arguments = [copy(pointers) for _, _, copy in copies], bound(pointers)
+            return lambda: [call() for call in calls] + [runner.call(*arguments, self.stream.ptr)]
+
+        self.tuned.append((runner, bound))
+        return make
+
+    def _gemm(self, terms, workspace, tf32):
+        """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and a bias gradient where the epilogue
+        makes one, which cuBLASLt writes through its bias pointer)."""
+        t = terms[0]
+        copies, strides, top = self._staged(gemm_copies(t, self.strides), workspace)
         gemm = Gemm(t, strides, tf32)
         a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
 
         def operands(pointers):
-            pointers = {**pointers, **{x: place for x, place, _ in copies}}
             bias_pointer = pointers[terms[1]] if len(terms) > 1 else pointers[bias] if bias is not None else None
             return (pointers[a], pointers[b], pointers[c if c is not None else t], pointers[t], top,
                     bias_pointer, pointers[aux] if aux is not None else None)
 
-        def make(pointers):
-            calls = [copy(pointers) for _, _, copy in copies]
-            bound = operands(pointers)
-            return lambda: [call() for call in calls] + [gemm.call(*bound, self.stream.ptr)]
+        return self._library_call(gemm, copies, operands)
 
-        self.gemms.append((gemm, operands))
-        return make
+    def _convolution(self, t, workspace, tf32):
+        """A maker of the cuDNN call computing ``dnn_conv`` ``t``."""
+        copies, strides, top = self._staged(dnn_copies(t, self.strides), workspace)
+        conv = Conv(t, strides, tf32)
+        self.choices[t] = conv
+        a, b = t.args
+        return self._library_call(conv, copies, lambda pointers: (pointers[a], pointers[b], pointers[t], top))
 
     def _updates(self, final):
         """Makers of the copies of update values into the state; sources that another update overwrites go
@@ -219,11 +250,11 @@ class Executor(interface.Executor):
         return makers
 
     def _tune(self):
-        """Time each GEMM's candidate algorithms on standard normal values in the program's buffers (and in a
-        feed block, freed after): tensor cores draw more power on random values than on zeros, and may run
-        slower."""
+        """Time each library call's candidates (cuBLASLt's algorithms, cuDNN's plans) on standard normal values in
+        the program's buffers (and in a feed block, freed after): tensor cores draw more power on random values
+        than on zeros, and may run slower."""
         cupy = _cupy()
-        dtype = self.gemms[0][0].operands[0].dtype
+        dtype = self.tuned[0][0].dtype
         self.feed_block = _Block([t.size * t.dtype.itemsize for t in self.feeds])
         for block in (self.arena, self.state_block, self.output_block, self.feed_block):
             count = block.nbytes // dtype.itemsize
@@ -231,8 +262,8 @@ class Executor(interface.Executor):
             cupy.ndarray((count,), dtype, memptr=block.memory.data)[...] = values.astype(dtype)
         cupy.cuda.Device().synchronize()
         pointers = self._resolved([self.feed_block.pointer(k) for k in range(len(self.feeds))])
-        for gemm, operands in self.gemms:
-            gemm.tune(operands(pointers), self.stream)
+        for runner, operands in self.tuned:
+            runner.tune(operands(pointers), self.stream)
         self.feed_block = None
 
     def _resolved(self, feed_pointers):

@@ -1,8 +1,9 @@
 """Where each value's elements are on the GPU, and what the memory planner needs of each kernel.
 
 A value is a pointer and element strides. Transposes and broadcasts are views (their strides are
-permuted or zero), as is a reshape of a contiguous value; generated kernels and cuBLASLt read
-any of these directly, so a view costs nothing. A kernel may write an output over an input of
+permuted or zero), as are the windows of a value (strides that step by the window's stride and
+dilation, so windows overlap) and a reshape of a contiguous value; generated kernels, cuBLASLt
+and cuDNN read any of these directly, so a view costs nothing. A kernel may write an output over an input of
 the same type that it reads at the output's own index (a contiguous input of an elementwise
 kernel, the ``c`` of a gemm); a gemm's workspace holds cuBLASLt's scratch and copies of operands
 it cannot read in place.
@@ -12,11 +13,12 @@ from ...exprgraph.graph import post_order
 from .lowering.gemm import gemm_operands
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
+from .dnn import Conv, packed
 from .codegen import REDUCTIONS, contiguous_strides
 from .device import require_gpu
 
 ALIGNMENT = 256
-VIEWS = ("transpose", "broadcast_to")
+VIEWS = ("transpose", "broadcast_to", "windows")
 
 
 def _contiguous(shape, strides):
@@ -26,6 +28,13 @@ def _contiguous(shape, strides):
 def _broadcast_strides(source_shape, source_strides, shape):
     lead = len(shape) - len(source_shape)
     return tuple(0 if i < lead or source_shape[i - lead] == 1 else source_strides[i - lead] for i in range(len(shape)))
+
+
+def _window_strides(source_strides, window_shape, steps, dilation):
+    """The strides of the windows of a value: ``lead + counts + window``, as ``windowing.window_view``'s."""
+    count = len(window_shape)
+    lead, spatial = source_strides[:-count], source_strides[-count:]
+    return lead + tuple(s * step for s, step in zip(spatial, steps)) + tuple(s * d for s, d in zip(spatial, dilation))
 
 
 def one_value(t):
@@ -51,6 +60,8 @@ def layouts(kernels):
             strides[t] = tuple(strides[source][axis] for axis in t.attr("axes"))
         elif name == "broadcast_to":
             strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
+        elif name == "windows":
+            strides[t] = _window_strides(strides[source], *t.attrs)
         elif name == "reshape" and _contiguous(source.shape, strides[source]):
             strides[t] = contiguous_strides(t.shape)
         else:
@@ -58,6 +69,11 @@ def layouts(kernels):
             continue
         views.add(t)
     return strides, views
+
+
+def dnn_copies(t, strides):
+    """The operands of ``dnn_conv`` ``t`` that cuDNN cannot read where they are (neither NCHW nor NHWC packed)."""
+    return tuple(dict.fromkeys(x for x in t.args if not packed(x.shape, strides[x])))
 
 
 def gemm_copies(t, strides):
@@ -70,13 +86,14 @@ def gemm_copies(t, strides):
 
 
 def _inplace(k, strides, views):
-    """Pairs ``(output, input)``: an input of the output's type read at the output's own index."""
+    """Pairs ``(output, input)``: an input of the output's type read at the output's own index (the ``c`` of a
+    gemm, an input of a fused region)."""
     t = k.term
     if t.op.name == "gemm":
         c = t.args[2] if t.attr("beta") else None
         plain = c is not None and c not in views and _contiguous(c.shape, strides[c])
         return ((t, c),) if plain and c.dtype == t.dtype else ()
-    if t.op.kind == "reduction":
+    if t.op.name != "fused":  # the window kernels and cuDNN read elements at other indices than they write
         return ()
     readers = t.args
     if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
@@ -100,9 +117,13 @@ def direct_outputs(kernels, steps, outputs, sinks):
     return [t for t in dict.fromkeys(outputs) if t in computed and t not in sinks]
 
 
+RUNNERS = {"gemm": (gemm_copies, Gemm), "dnn_conv": (dnn_copies, Conv)}  # lowered op -> its copies and its call
+
+
 def steps(kernels, options):
-    """One ``memplan.Step`` per kernel. A gemm's workspace holds the copies of its operands and what the
-    neediest of cuBLASLt's candidates for it asks for (``options["tf32"]`` changes them)."""
+    """One ``memplan.Step`` per kernel. A library call's workspace (a gemm's, a cuDNN convolution's) holds the
+    copies of its operands it cannot read where they are and what the neediest of its candidates asks for
+    (``options["tf32"]`` changes them)."""
     require_gpu()
     strides, views = layouts(kernels)
     found = []
@@ -114,10 +135,11 @@ def steps(kernels, options):
             found.append(Step((t,), (t.args[0],), view_of=t.args[0], label=t.op.name))
         else:
             workspace = 0
-            if t.op.name == "gemm":
-                copies = gemm_copies(t, strides)
+            if t.op.name in RUNNERS:
+                copies_of, runner = RUNNERS[t.op.name]
+                copies = copies_of(t, strides)
                 readable = {**strides, **{x: contiguous_strides(x.shape) for x in copies}}
-                workspace = Gemm(t, readable, options["tf32"]).workspace_bytes
+                workspace = runner(t, readable, options["tf32"]).workspace_bytes
                 workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in copies)
             found.append(Step(k.terms, k.reads, inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name))
     return found

@@ -1,6 +1,6 @@
 """The GPU's lowering: the target-free decompositions around one rule file per target.
 
-A target (``gemm`` now; convolution, int8 and attention join) is a module with ``rules`` (a rule
+A target (``gemm``, ``conv``; int8 and attention join) is a module with ``rules`` (a rule
 set, applied bottom-up until nothing changes), ``finish(roots, trace, variant)`` (a pass over all
 roots at once, for what spans the graph) and ``alternatives(built)`` (variants of ``finish`` worth
 planning too; the compiler keeps the smallest arena). Adding a target is a module here and its name
@@ -11,9 +11,9 @@ in ``TARGETS``.
 
 from ....rules.decompositions import composites, einsum_lowering
 from ....rules.engine import Chain, Fixpoint, Postwalk
-from . import gemm
+from . import conv, gemm
 
-TARGETS = (gemm,)
+TARGETS = (gemm, conv)
 
 
 class GpuLowering:

@@ -1,0 +1,173 @@
+"""``dnn_conv`` terms as cuDNN calls, through ``nvidia-cudnn-frontend``'s graph API, into planned buffers.
+
+Everything is decided when the program is built: cuDNN's operation graph for the convolution (its
+operands' dims and strides as the program stores them, a 1-d convolution as a 2-d one of height 1),
+its candidate execution plans, and the workspace the neediest of them asks for, which the memory
+planner places in the arena. A call passes only pointers, so it can be captured in the step's
+CUDA graph.
+
+Candidates are cuDNN's heuristic choices (``heur_mode.A``, then its fallback list) that keep the
+program's numerics: float32 never runs in TF32 unless the program asks for it, no candidate reduces
+in a narrower type than float32, and none is nondeterministic (two runs give the same bits). When a
+program is built, up to ``CANDIDATES`` of them are timed on the program's own buffers (``timing``)
+and the fastest kept; ``explain`` names it. A choice is remembered for the process by everything
+that describes the call, as cuBLASLt's are.
+"""
+
+import numpy as np
+
+from ...errors import BackendError
+from .timing import time_graph
+
+CANDIDATES = 8  # the plans timed when a program is built, cuDNN's best guesses first
+MARGIN = 0.03  # how much faster than cuDNN's first choice another plan must be to replace it
+WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not considered
+_DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
+_handle = None
+_graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
+_tuned = {}  # a call's description -> the plan index chosen for it
+
+
+def _cudnn():
+    try:
+        import cudnn
+    except ImportError as error:
+        raise BackendError(f"the cupy backend runs convolutions with cuDNN, through nvidia-cudnn-frontend "
+                           f"(pip install -e \".[gpu]\"): {error}") from None
+    return cudnn
+
+
+def handle():
+    """The process's cuDNN handle, made on first use."""
+    global _handle
+    if _handle is None:
+        _handle = _cudnn().create_handle()
+    return _handle
+
+
+def packed(shape, strides):
+    """Whether a tensor's strides are those of its elements packed in NCHW (C-order) or NHWC order: the
+    layouts cuDNN's convolution engines read."""
+    order_nchw = tuple(range(len(shape)))
+    order_nhwc = (0,) + tuple(range(2, len(shape))) + (1,)
+    for order in (order_nchw, order_nhwc):
+        step, expected = 1, [0] * len(shape)
+        for axis in reversed(order):
+            expected[axis] = step
+            step *= shape[axis]
+        if all(s == e for d, s, e in zip(shape, strides, expected) if d != 1):
+            return True
+    return False
+
+
+def _four_dimensional(shape, strides):
+    """A 1-d convolution's operand as a 2-d one's: a height of 1 inserted before its length."""
+    if len(shape) != 3:
+        return list(shape), list(strides)
+    return [shape[0], shape[1], 1, shape[2]], [strides[0], strides[1], strides[2] * shape[2], strides[2]]
+
+
+def _geometry(term):
+    mode, strides, padding, dilation, groups, shape = term.attrs
+    extra = len(term.shape) == 3  # a 1-d convolution gets a height of 1
+    lows = [0] * extra + [low for low, _ in padding]
+    highs = [0] * extra + [high for _, high in padding]
+    return mode, lows, highs, [1] * extra + list(strides), [1] * extra + list(dilation)
+
+
+class Conv:
+    """One cuDNN call for one ``dnn_conv`` term, over fixed pointers."""
+
+    def __init__(self, term, layouts, tf32):
+        dtype = term.dtype
+        if dtype.name not in _DATA_TYPES:
+            raise BackendError(f"{term!r}: cuDNN convolves {', '.join(_DATA_TYPES)}, not {dtype}")
+        a, b = term.args
+        described = [_four_dimensional(x.shape, layouts[x]) for x in (a, b, term)]
+        self.key = (term.attrs, dtype.name, tuple(tuple(map(tuple, d)) for d in described), bool(tf32))
+        self.dtype = dtype
+        self.mode = term.attr("mode")
+        if self.key not in _graphs:
+            _graphs[self.key] = self._build(term, described, tf32)
+        self.graph, self.inputs, self.output, self.plans, self.workspace_bytes = _graphs[self.key]
+        self.choice = _tuned.get(self.key, self.plans[0])
+
+    def _build(self, term, described, tf32):
+        """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
+        cudnn = _cudnn()
+        data_type = getattr(cudnn.data_type, _DATA_TYPES[term.dtype.name])
+        compute = cudnn.data_type.DOUBLE if term.dtype == np.float64 else cudnn.data_type.FLOAT
+        graph = cudnn.pygraph(io_data_type=data_type, intermediate_data_type=compute, compute_data_type=compute,
+                              handle=handle())
+        (a_dims, a_strides), (b_dims, b_strides), (out_dims, out_strides) = described
+        a = graph.tensor(dim=a_dims, stride=a_strides, data_type=data_type)
+        b = graph.tensor(dim=b_dims, stride=b_strides, data_type=data_type)
+        mode, lows, highs, strides, dilation = _geometry(term)
+        geometry = dict(pre_padding=lows, post_padding=highs, stride=strides, dilation=dilation)
+        if mode == "fprop":
+            out = graph.conv_fprop(image=a, weight=b, **geometry)
+        elif mode == "dgrad":
+            out = graph.conv_dgrad(loss=a, filter=b, **geometry)
+        else:
+            out = graph.conv_wgrad(image=a, loss=b, **geometry)
+        out.set_output(True).set_dim(out_dims).set_stride(out_strides).set_data_type(data_type)
+        try:
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            notes = [cudnn.numerical_note.NONDETERMINISTIC, cudnn.numerical_note.REDUCED_PRECISION_REDUCTION]
+            if not (tf32 and term.dtype == np.float32):  # float32 on tensor cores is TF32, whatever the notes say
+                notes.append(cudnn.numerical_note.DOWN_CONVERT_INPUTS)
+                if term.dtype == np.float32:
+                    notes.append(cudnn.numerical_note.TENSOR_CORE)
+            graph.deselect_numeric_notes(notes)
+            graph.deselect_workspace_greater_than(WORKSPACE_LIMIT)
+            graph.check_support()
+            graph.build_plans(cudnn.build_plan_policy.ALL)
+        except Exception as error:  # cuDNN's own exception types differ between its engines
+            raise BackendError(f"{term!r}: cuDNN cannot run this {mode} convolution: {error}") from None
+        plans, workspace = [], 0
+        for index in range(graph.get_execution_plan_count()):
+            try:
+                need = graph.get_workspace_size_plan_at_index(index)
+            except Exception:  # a plan that did not build
+                continue
+            plans.append(index)
+            workspace = max(workspace, need)
+            if len(plans) == CANDIDATES:
+                break
+        if not plans:
+            raise BackendError(f"{term!r}: cuDNN built no plan for this {mode} convolution")
+        return graph, (a, b), out, plans, workspace
+
+    def describe(self):
+        """Which plan runs, for ``explain``."""
+        name = self.graph.get_plan_name_at_index(self.choice)
+        how = "fastest of" if self.key in _tuned else "cuDNN's first choice of"
+        return f"cuDNN {self.mode} {name} ({how} {len(self.plans)} plans)"
+
+    def tune(self, pointers, stream):
+        """Choose the fastest plan, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's
+        first choice stays unless another is faster by ``MARGIN``."""
+        if self.key in _tuned:
+            self.choice = _tuned[self.key]
+            return
+        times = []
+        for index in self.plans:
+            self.choice = index
+            try:
+                times.append(time_graph(lambda: self.call(*pointers, stream.ptr), stream))
+            except Exception:  # a plan that builds may still refuse to run; cuDNN's errors have no common type
+                times.append(np.inf)
+        if np.isinf(min(times)):
+            raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
+        best = int(np.argmin(times))
+        self.choice = self.plans[best if times[best] < times[0] * (1 - MARGIN) else 0]
+        _tuned[self.key] = self.choice
+
+    def call(self, a, b, out, workspace, stream):
+        """Run on device pointers on ``stream`` (a pointer)."""
+        cudnn = _cudnn()
+        cudnn.set_stream(handle(), stream)
+        pack = {self.inputs[0]: a, self.inputs[1]: b, self.output: out}
+        self.graph.execute_plan_at_index(pack, workspace, self.choice, handle=handle())

@@ -1,0 +1,224 @@
+"""The convolution target: ``dnn_conv``, cuDNN's three convolutions, and the rules that recognise them.
+
+cuDNN computes a convolution three ways, each over PyTorch's layout: ``fprop`` (the forward
+convolution of an input with weights), ``dgrad`` (its data gradient, from the output's gradient and
+the same weights) and ``wgrad`` (its weight gradient, from the input and the output's gradient). The
+derivative rules write both gradients as plain ``conv`` terms (``rules.convolution_shares``); the
+rules here read each ``conv`` back as the cuDNN call that computes it without materialising what the
+plain form spells out:
+
+- a convolution of an input dilated by ``s`` (``lhs_dilation``) is the data gradient of a forward
+  convolution of stride ``s``, whose weights are the given ones flipped back and with their channels
+  swapped back (which cancels the flip and swap the derivative wrote, so nothing is computed);
+- a convolution of a transposed input with a transposed kernel, transposed back, is a weight
+  gradient: the ``N``-axis of both is what it sums over;
+- every other convolution is a forward one; negative padding (a crop) and an input dilation no
+  gradient form explains are spelled out first with ``pad`` and ``reshape``.
+
+``dnn_conv`` keeps the geometry of the forward convolution it belongs to (``strides``, ``padding``
+as non-negative ``(low, high)`` pairs, ``dilation``, ``groups``) and the shape it makes, which a
+strided forward convolution leaves ambiguous for ``dgrad``. Its reference semantics are the plain
+form's, evaluated by the reference interpreter. ``dnn`` runs it; cuDNN takes 1 to 3 spatial axes,
+in float16, bfloat16, float32 and float64.
+"""
+
+import numpy as np
+
+from ....exprgraph import constructors as ct
+from ....exprgraph.dtypes import BFLOAT16
+from ....exprgraph.ops import LOWERED, Op
+from ....exprgraph.ops.convolution import window_extent
+from ....exprgraph.term import make, shape_violation
+from ....rules.algebra import algebra
+from ....rules.convolution_shares import conv_input_share, conv_weight_share
+from ....rules.engine import Rule, RuleSet
+
+MODES = ("fprop", "dgrad", "wgrad")
+DNN_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
+MAX_SPATIAL = 3
+
+
+def _meaning(args, mode, strides, padding, dilation, groups, shape):
+    """The plain convolution a ``dnn_conv`` computes, over ``args`` (terms)."""
+    ones = (1,) * len(strides)
+    if mode == "fprop":
+        return ct.conv(*args, strides=strides, padding=padding, rhs_dilation=dilation, groups=groups)
+    x_like, w_like = (ct.var("x", shape, args[0].dtype), args[1]) if mode == "dgrad" else \
+                     (args[0], ct.var("w", shape, args[0].dtype))
+    x, w, dy = (x_like, w_like, args[0]) if mode == "dgrad" else (x_like, w_like, args[1])
+    bindings = {"_x": x, "_w": w, "_dy": dy, "_s": strides, "_p": padding, "_l": ones, "_r": dilation, "_g": groups}
+    return conv_input_share(bindings) if mode == "dgrad" else conv_weight_share(bindings)
+
+
+def _shape(args, mode, strides, padding, dilation, groups, shape):
+    if mode not in MODES:
+        raise shape_violation(f"dnn_conv's mode is one of {MODES}, not {mode!r}")
+    if any(low < 0 or high < 0 for low, high in padding):
+        raise shape_violation(f"cuDNN pads, it does not crop: padding {padding}")
+    made = _meaning(args, mode, strides, padding, dilation, groups, shape).shape
+    if made != shape:
+        raise shape_violation(f"a {mode} of {[a.shape for a in args]} makes {made}, not {shape}")
+    return shape
+
+
+def _normalize(args, mode, strides, padding, dilation, groups, shape):
+    return (mode, tuple(strides), tuple(tuple(p) for p in padding), tuple(dilation), int(groups), tuple(shape))
+
+
+def _dtype(args, *attrs):
+    return args[0].dtype
+
+
+def _evaluate(xs, *attrs):
+    from ...reference import evaluate
+
+    names = [f"a{k}" for k in range(len(xs))]
+    terms = [ct.var(name, x.shape, x.dtype) for name, x in zip(names, xs)]
+    (value,) = evaluate([_meaning(terms, *attrs)], dict(zip(names, xs)))
+    return value
+
+
+DNN_CONV = Op("dnn_conv", 2, ("mode", "strides", "padding", "dilation", "groups", "shape"), _shape, _dtype,
+              LOWERED, _normalize, evaluate=_evaluate)
+
+
+def dnn_conv(a, b, mode, strides, padding, dilation, groups, shape):
+    """The term of cuDNN's ``mode`` convolution of ``a`` and ``b`` (see the module docstring)."""
+    return make(DNN_CONV, (a, b), _normalize((a, b), mode, strides, padding, dilation, groups, shape))
+
+
+# -- recognising the gradients --------------------------------------------------------------------
+
+
+def _spatial(t):
+    return tuple(range(2, t.ndim))
+
+
+def _unflipped(v):
+    """``v`` flipped back in space: the flip the derivative wrote, taken off, or a new one."""
+    if v.op.name == "flip" and v.attr("axes") == _spatial(v):
+        return v.args[0]
+    return ct.flip(v, axis=_spatial(v))
+
+
+def _unswapped(u, groups):
+    """Weights ``(G*Cg, Kg, *k)`` with their channels swapped back to ``(G*Kg, Cg, *k)`` (within each group)."""
+    if groups == 1:
+        return ct.transpose(u, (1, 0) + _spatial(u))
+    cg, kg = u.shape[0] // groups, u.shape[1]
+    split = ct.reshape(u, (groups, cg, kg) + u.shape[2:])
+    moved = ct.transpose(split, (0, 2, 1) + tuple(a + 1 for a in _spatial(u)))
+    return ct.reshape(moved, (groups * kg, cg) + u.shape[2:])
+
+
+def _forward_high(size, low, extent, count, stride):
+    """The forward convolution's high padding that gives ``count`` outputs of an axis of ``size``: the least
+    non-negative one, or None where a crop would be needed."""
+    least = (count - 1) * stride + extent - size - low
+    high = max(least, 0)
+    return high if high <= least + stride - 1 else None
+
+
+def _as_dgrad(dy, v, padding, lhs, rhs, groups, shape):
+    """A stride-1 convolution of ``dy`` dilated by ``lhs``: the data gradient of a forward convolution of stride
+    ``lhs``, or None where that forward convolution would need a crop."""
+    w = _unswapped(_unflipped(v), groups)
+    pairs = []
+    for size, kernel, (low, _), stride, tap, count in zip(shape[2:], w.shape[2:], padding, lhs, rhs, dy.shape[2:]):
+        extent = window_extent(kernel, tap)
+        forward_low = extent - 1 - low
+        high = _forward_high(size, forward_low, extent, count, stride)
+        if forward_low < 0 or high is None:
+            return None
+        pairs.append((forward_low, high))
+    return dnn_conv(dy, w, "dgrad", lhs, tuple(pairs), rhs, groups, shape)
+
+
+def _swaps_leading_axes(t):
+    return t.op.name == "transpose" and t.attr("axes") == (1, 0) + _spatial(t)
+
+
+def _as_wgrad(a, b, strides, padding, rhs, groups, out):
+    """A convolution of ``x^T`` with ``dy^T`` (channels and batch swapped): the transpose of the weight gradient
+    of a forward convolution of stride ``rhs`` and dilation ``strides``; None where that is not its form."""
+    if groups != 1 or not (_swaps_leading_axes(a) and _swaps_leading_axes(b)):
+        return None
+    x, dy = a.args[0], b.args[0]
+    weights = (dy.shape[1], x.shape[1]) + out[2:]
+    pairs = []
+    for size, kernel, (low, _), stride, tap, count in zip(x.shape[2:], weights[2:], padding, rhs, strides, dy.shape[2:]):
+        high = _forward_high(size, low, window_extent(kernel, tap), count, stride)
+        if low < 0 or high is None:
+            return None
+        pairs.append((low, high))
+    wgrad = dnn_conv(x, dy, "wgrad", rhs, tuple(pairs), strides, 1, weights)
+    return ct.transpose(wgrad, (1, 0) + _spatial(wgrad))
+
+
+# -- forward convolutions, and what cuDNN cannot take spelled out -----------------------------------
+
+
+def _dilated(x, dilation):
+    """``x`` with ``d - 1`` zeros between neighbours along each spatial axis, written with reshapes and pads."""
+    for axis, d in enumerate(dilation, start=2):
+        if d == 1:
+            continue
+        n = x.shape[axis]
+        spread = ct.reshape(x, x.shape[:axis + 1] + (1,) + x.shape[axis + 1:])
+        widths = [(0, 0)] * spread.ndim
+        widths[axis + 1] = (0, d - 1)
+        spread = ct.pad(spread, tuple(widths))
+        merged = ct.reshape(spread, x.shape[:axis] + (n * d,) + x.shape[axis + 1:])
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, 1 - d)
+        x = ct.pad(merged, tuple(widths))
+    return x
+
+
+def _as_fprop(x, w, strides, padding, lhs, rhs, groups):
+    x = _dilated(x, lhs)
+    crops = tuple((min(low, 0), min(high, 0)) for low, high in padding)
+    if any(low or high for low, high in crops):
+        x = ct.pad(x, ((0, 0), (0, 0)) + crops)
+    pads = tuple((max(low, 0), max(high, 0)) for low, high in padding)
+    out = ct.conv(x, w, strides=strides, padding=pads, rhs_dilation=rhs, groups=groups).shape
+    return dnn_conv(x, w, "fprop", strides, pads, rhs, groups, out)
+
+
+def _lower_conv(b):
+    x, w = b["_x"], b["_w"]
+    strides, padding, lhs, rhs, groups = b["_s"], b["_p"], b["_l"], b["_r"], b["_g"]
+    dtype = b.term.dtype
+    if dtype not in DNN_DTYPES or not 1 <= x.ndim - 2 <= MAX_SPATIAL:
+        return None
+    if x.dtype != dtype or w.dtype != dtype:
+        x, w = ct.cast(x, dtype), ct.cast(w, dtype)
+    ones = (1,) * len(strides)
+    if lhs != ones and strides == ones:
+        found = _as_dgrad(x, w, padding, lhs, rhs, groups, b.term.shape)
+        if found is not None:
+            return found
+    if lhs == ones:
+        found = _as_wgrad(x, w, strides, padding, rhs, groups, b.term.shape)
+        if found is not None:
+            return found
+    return _as_fprop(x, w, strides, padding, lhs, rhs, groups)
+
+
+rules = RuleSet([
+    Rule("conv-to-dnn", "conv(_x, _w, strides=_s, padding=_p, lhs_dilation=_l, rhs_dilation=_r, groups=_g)",
+         _lower_conv),
+    algebra["transpose-transpose"],
+    algebra["transpose-identity"],
+    algebra["reshape-reshape"],
+    algebra["reshape-identity"],
+], name="convolution lowering")
+
+
+def finish(roots, trace=None, keep=frozenset()):
+    """Nothing spans the graph here: every convolution is lowered where it stands."""
+    return list(roots)
+
+
+def alternatives(built):
+    return []

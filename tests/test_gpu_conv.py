@@ -1,0 +1,131 @@
+"""Convolutions and pooling on an NVIDIA GPU (cuDNN, the window kernels), against the reference interpreter.
+Skipped where no GPU is visible; run on the device machine by ``benchmarks/run_gpu.sh``."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends import gpu_visible
+from cortado.testing import graphs_with_feeds
+from test_gpu import FLOATS, _least_precise, assert_close
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
+
+WINDOW_OPS = ["conv", "windows", "overlap_add", "pad", "flip", "add", "multiply", "relu", "max", "sum"]
+
+
+def _modes(program):
+    return sorted(k.term.attr("mode") for k in program.kernels if k.term.op.name == "dnn_conv")
+
+
+@settings(max_examples=60, deadline=None)
+@given(graphs_with_feeds(ops=WINDOW_OPS, dtypes=tuple(FLOATS), max_rank=4), st.booleans())
+def test_random_window_graphs_on_the_gpu_match_the_reference(case, cuda_graph):
+    graph, feeds = case
+    program = ct.compile(list(graph.outputs), inputs=graph.inputs, backend="cupy", cuda_graph=cuda_graph)
+    expected = ct.evaluate(graph.outputs, feeds, precision="float64")
+    for _ in range(2):
+        for ours, theirs, out in zip(program(**feeds), expected, graph.outputs):
+            assert_close(ours, theirs, _least_precise(out))
+
+
+GEOMETRIES = [  # (x shape, w shape, conv2d keywords)
+    ((4, 8, 12, 12), (16, 8, 3, 3), dict(padding=1)),
+    ((2, 6, 11, 9), (4, 6, 3, 2), dict(stride=2, padding=(1, 0))),
+    ((2, 8, 10, 10), (8, 2, 3, 3), dict(padding="same", groups=4)),
+    ((3, 4, 13, 13), (6, 4, 3, 3), dict(stride=(2, 3), dilation=2, padding=2)),
+    ((2, 16, 7, 7), (32, 16, 1, 1), {}),
+    ((2, 16, 8, 8), (32, 16, 1, 1), dict(stride=2)),
+]
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("x_shape, w_shape, options", GEOMETRIES)
+def test_conv2d_and_its_gradients_run_as_cudnn_calls(x_shape, w_shape, options, dtype):
+    x, w = ct.var("x", x_shape, dtype), ct.var("w", w_shape, dtype)
+    b = ct.var("b", (w_shape[0],), dtype)
+    y = ct.relu(ct.conv2d(x, w, **options) + ct.reshape(b, (-1, 1, 1)))
+    loss = ct.sum(y * y)
+    outputs = [y] + ct.grad(loss, [x, w, b])
+    program = ct.compile(outputs, inputs=[x, w, b], backend="cupy")
+    names = {k.term.op.name for k in program.kernels}
+    assert "conv" not in names and "dnn_conv" in names, program.explain()
+    rng = np.random.default_rng(0)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w, b)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    scale = [max(1.0, float(np.abs(e).max())) for e in expected]
+    for ours, theirs, s in zip(program(**feeds), expected, scale):
+        assert_close(np.asarray(ours.get(), np.float64) / s, theirs / s, dtype)
+    assert "cuDNN" in program.explain()
+
+
+def test_each_gradient_is_the_cudnn_call_made_for_it():
+    x, w = ct.var("x", (8, 16, 14, 14)), ct.var("w", (32, 16, 3, 3))
+    y = ct.conv2d(x, w, stride=2, padding=1)
+    program = ct.compile(ct.grad(ct.sum(y * y), [x, w]), inputs=[x, w], backend="cupy")
+    assert _modes(program) == ["dgrad", "fprop", "wgrad"], program.explain()
+    assert not any(k.term.op.name in ("flip", "pad", "transpose") for k in program.kernels), program.explain()
+
+
+def test_every_cudnn_plan_computes_the_same_convolution():
+    from cortado.backends.cupy import dnn
+
+    x, w = ct.var("x", (4, 8, 10, 10)), ct.var("w", (12, 8, 3, 3))
+    y = ct.conv2d(x, w, stride=2, padding=1)
+    outputs = [y] + ct.grad(ct.sum(y * y), [x, w])
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal(x.shape).astype(np.float32), "w": rng.standard_normal(w.shape).astype(np.float32)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False)
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    assert {r.mode for r in runners} == {"fprop", "dgrad", "wgrad"}
+    tried = 0
+    for runner in runners:
+        chosen = runner.choice
+        for plan in runner.plans:
+            runner.choice = plan
+            for ours, theirs in zip(program(**feeds), expected):
+                try:
+                    assert_close(ours, theirs, "float32")
+                except AssertionError as error:
+                    raise AssertionError(f"{runner.describe()}: {error}") from None
+            tried += 1
+        runner.choice = chosen
+    assert tried > len(runners)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_pooling_and_its_gradients_on_the_gpu(dtype):
+    x = ct.var("x", (4, 3, 9, 10), dtype)
+    pooled = [ct.max_pool2d(x, 3, stride=2, padding=1), ct.avg_pool2d(x, 2), ct.avg_pool2d(x, 3, 1, 1)]
+    loss = sum(ct.sum(p * p) for p in pooled)
+    outputs = pooled + ct.grad(loss, [x])
+    rng = np.random.default_rng(2)
+    feeds = {"x": rng.permutation(x.size).reshape(x.shape).astype(dtype) / x.size}  # no ties for max
+    program = ct.compile(outputs, inputs=[x], backend="cupy")
+    for ours, theirs in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+        assert_close(ours, theirs, dtype)
+
+
+def test_a_cnn_training_step_on_the_gpu_follows_the_cpu_program():
+    rng = np.random.default_rng(3)
+    x, labels = ct.var("x", (8, 3, 16, 16)), ct.var("labels", (8, 10))
+    w1, w2, head = ct.var("w1", (8, 3, 3, 3)), ct.var("w2", (16, 8, 3, 3)), ct.var("head", (16, 10))
+    h = ct.max_pool2d(ct.relu(ct.conv2d(x, w1, padding=1)), 2)
+    h = ct.mean(ct.relu(ct.conv2d(h, w2, padding=1, stride=2)), axis=(2, 3))
+    logits = h @ head
+    loss = ct.mean(ct.logsumexp(logits, axis=1) - ct.sum(logits * labels, axis=1))
+    parameters = [w1, w2, head]
+    state = {p: (rng.standard_normal(p.shape) * 0.3).astype(np.float32) for p in parameters}
+    updates = {p: p - 0.1 * g for p, g in zip(parameters, ct.grad(loss, parameters))}
+    programs = [ct.compile([loss], inputs=[x, labels], state=state, updates=updates, backend=backend)
+                for backend in ("cupy", "numpy")]
+    for _ in range(3):
+        feeds = {"x": rng.standard_normal(x.shape).astype(np.float32),
+                 "labels": np.eye(10, dtype=np.float32)[rng.integers(0, 10, 8)]}
+        ours, expected = (program(**feeds)[0] for program in programs)
+        assert_close(ours, np.asarray(expected), "float32")
+    for p in parameters:
+        assert_close(programs[0].state[p.name], np.asarray(programs[1].state[p.name]), "float32")
