@@ -216,8 +216,11 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
     after each call every update is written, all computed from the values before the call.
     ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
-    step as one CUDA graph, ``tf32=True`` to let float32 GEMMs use TF32 tensor cores,
-    ``autotune=True`` to time cuBLASLt's candidate algorithms for each GEMM when building).
+    step as one CUDA graph, ``tf32=True`` to let float32 GEMMs and convolutions use TF32 tensor
+    cores, ``autotune=True`` to time the candidates of each GEMM and convolution (cuBLASLt's
+    algorithms, cuDNN's plans) when building, ``nhwc=True`` to store the images that convolutions
+    make, and the elementwise regions that follow them, channels last: off by default, as cuDNN
+    reading NCHW inputs into NHWC outputs was slower on the H100 than NCHW throughout).
     ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
@@ -264,7 +267,7 @@ def _built(signature, engine, options, variant=None):
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
     sinks = _sinks(kernels, steps, updates, live_out)
-    direct = engine.direct_outputs(kernels, steps, outputs, sinks)
+    direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
     plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],

@@ -129,3 +129,51 @@ def test_a_cnn_training_step_on_the_gpu_follows_the_cpu_program():
         assert_close(ours, np.asarray(expected), "float32")
     for p in parameters:
         assert_close(programs[0].state[p.name], np.asarray(programs[1].state[p.name]), "float32")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype):
+    from cortado.backends.cupy import dnn
+
+    x, w = ct.var("x", (3, 16, 7, 5), dtype), ct.var("w", (24, 16, 1, 1), dtype)
+    y = ct.conv2d(x, w)
+    outputs = [y] + ct.grad(ct.sum(y * y), [x])
+    rng = np.random.default_rng(4)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False)
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    assert sorted(r.mode for r in runners if r.gemm is not None) == ["dgrad", "fprop"]
+    assert "GEMM" in program.explain() and " us" in program.explain()
+    for runner in runners:
+        runner.choice = dnn.GEMM if runner.gemm is not None else runner.choice
+    for ours, theirs in zip(program(**feeds), expected):
+        assert_close(ours, theirs, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_a_chain_of_convolutions_stays_channels_last_from_one_to_the_next(dtype):
+    from cortado.backends.cupy.layout import channels_last, strides_in_order
+
+    x = ct.var("x", (4, 8, 10, 10), dtype)
+    ws = [ct.var(f"w{i}", (8, 8, 3, 3), dtype) for i in range(3)]
+    bs = [ct.var(f"b{i}", (8,), dtype) for i in range(3)]
+    h = x
+    for w, b in zip(ws, bs):
+        h = ct.relu(ct.conv2d(h, w, padding=1) + ct.reshape(b, (-1, 1, 1))) + h  # a residual block
+    loss = ct.sum(h * h)
+    outputs = [h, loss] + ct.grad(loss, ws)
+    rng = np.random.default_rng(5)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.3).astype(dtype) for v in [x] + ws + bs}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    for nhwc in (True, False):
+        program = ct.compile(outputs, inputs=[x] + ws + bs, backend="cupy", nhwc=nhwc)
+        names = [k.term.op.name for k in program.kernels]
+        assert "transpose" not in names and "reshape" not in names, program.explain()
+        convolutions = [k.term for k in program.kernels if k.term.op.name == "dnn_conv" and k.term.attr("mode") == "fprop"]
+        layouts = program._executor.strides
+        last = [layouts[t] == strides_in_order(t.shape, channels_last(t.shape)) for t in convolutions]
+        assert last == [nhwc] * 3
+        for ours, theirs in zip(program(**feeds), expected):
+            scale = max(1.0, float(np.abs(theirs).max()))
+            assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)

@@ -28,7 +28,7 @@ class Backend:
         place, the workspace it needs."""
         raise NotImplementedError
 
-    def direct_outputs(self, kernels, steps, outputs, sinks):
+    def direct_outputs(self, kernels, steps, outputs, sinks, options):
         """The outputs its kernels write straight into the program's output buffers, which the arena
         then leaves out."""
         return []

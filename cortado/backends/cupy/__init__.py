@@ -16,7 +16,7 @@ from .lowering import lowering
 class CupyBackend(Backend):
     name = "cupy"
     alignment = layout.ALIGNMENT
-    options = {"cuda_graph": True, "tf32": False, "autotune": True}
+    options = {"cuda_graph": True, "tf32": False, "autotune": True, "nhwc": False}
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
     fuse_single_ops = True  # codegen makes every kernel from a fused body
@@ -32,8 +32,8 @@ class CupyBackend(Backend):
     def steps(self, kernels, options):
         return layout.steps(kernels, options)
 
-    def direct_outputs(self, kernels, steps, outputs, sinks):
-        return layout.direct_outputs(kernels, steps, outputs, sinks)
+    def direct_outputs(self, kernels, steps, outputs, sinks, options):
+        return layout.direct_outputs(kernels, steps, outputs, sinks, options)
 
     def alternatives(self, built):
         return self.lowering.alternatives(built)

@@ -372,9 +372,22 @@ def _vector_width(outputs, operands, space):
     return max(1, min(8, 16 // min(itemsizes)))
 
 
-def elementwise_source(body, operands, aliased=()):
-    """One thread per ``VEC`` elements of the outputs' shape; a scalar loop takes the tail."""
+def _permuted(operand, order):
+    """``operand`` as read over a space whose axes are the outputs' taken in ``order``: right-aligned to the
+    outputs' rank (broadcast where it has fewer axes), then permuted."""
+    lead = len(order) - len(operand.shape)
+    shape, strides = (1,) * lead + operand.shape, (0,) * lead + operand.strides
+    return Operand(tuple(shape[a] for a in order), operand.dtype, tuple(strides[a] for a in order))
+
+
+def elementwise_source(body, operands, aliased=(), order=None):
+    """One thread per ``VEC`` elements of the outputs' shape; a scalar loop takes the tail. ``order``: the outputs'
+    axes from the outermost in memory to the innermost where they are not stored in C order (channels last),
+    which the kernel then walks in memory order."""
     shape = body[0].shape
+    if order is not None:
+        shape = tuple(shape[a] for a in order)
+        operands = [_permuted(o, order) for o in operands]
     n = math.prod(shape)
     space = _space(shape, "i")
     vec = _vector_width(body, operands, space)
@@ -488,11 +501,12 @@ def reduction_source(body, operands, aliased=()):
     return finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)
 
 
-def kernel_source(body, operands, aliased=()):
-    """The kernel computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``)."""
+def kernel_source(body, operands, aliased=(), order=None):
+    """The kernel computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``); ``order``, for an
+    elementwise body, as ``elementwise_source``'s."""
     if any(t.op.name in REDUCTIONS for t in post_order(body)):
         return reduction_source(body, operands, aliased)
-    return elementwise_source(body, operands, aliased)
+    return elementwise_source(body, operands, aliased, order)
 
 
 def copy_source(operand):

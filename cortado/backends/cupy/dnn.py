@@ -8,24 +8,33 @@ CUDA graph.
 
 Candidates are cuDNN's heuristic choices (``heur_mode.A``, then its fallback list) that keep the
 program's numerics: float32 never runs in TF32 unless the program asks for it, no candidate reduces
-in a narrower type than float32, and none is nondeterministic (two runs give the same bits). When a
-program is built, up to ``CANDIDATES`` of them are timed on the program's own buffers (``timing``)
-and the fastest kept; ``explain`` names it. A choice is remembered for the process by everything
-that describes the call, as cuBLASLt's are.
+in a narrower type than float32, and none is nondeterministic (two runs give the same bits). A 1x1
+convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
+one batched cuBLASLt GEMM, which is a candidate too. When a program is built, up to
+``CANDIDATES`` plans and the GEMM are timed on the program's own buffers (``timing``) and the
+fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
+process by everything that describes the call, as cuBLASLt's are.
 """
+
+import math
 
 import numpy as np
 
 from ...errors import BackendError
+from ...exprgraph.constructors import var
+from .blas import Gemm
+from .codegen import contiguous_strides
+from .lowering.gemm import gemm
 from .timing import time_graph
 
 CANDIDATES = 8  # the plans timed when a program is built, cuDNN's best guesses first
 MARGIN = 0.03  # how much faster than cuDNN's first choice another plan must be to replace it
 WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not considered
 _DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
+GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
-_tuned = {}  # a call's description -> the plan index chosen for it
+_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's or None))
 
 
 def _cudnn():
@@ -89,8 +98,10 @@ class Conv:
         self.mode = term.attr("mode")
         if self.key not in _graphs:
             _graphs[self.key] = self._build(term, described, tf32)
-        self.graph, self.inputs, self.output, self.plans, self.workspace_bytes = _graphs[self.key]
-        self.choice = _tuned.get(self.key, self.plans[0])
+        self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
+        self.gemm = _as_gemm(term, layouts, tf32)
+        self.workspace_bytes = max(workspace, self.gemm.workspace_bytes if self.gemm else 0)
+        self.choice, self.times = _tuned.get(self.key, (self.plans[0], None))
 
     def _build(self, term, described, tf32):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
@@ -141,33 +152,74 @@ class Conv:
         return graph, (a, b), out, plans, workspace
 
     def describe(self):
-        """Which plan runs, for ``explain``."""
-        name = self.graph.get_plan_name_at_index(self.choice)
-        how = "fastest of" if self.key in _tuned else "cuDNN's first choice of"
-        return f"cuDNN {self.mode} {name} ({how} {len(self.plans)} plans)"
+        """Which call runs, and the times that chose it, for ``explain``."""
+        if self.choice == GEMM:
+            what = f"a cuBLASLt GEMM over the pixels for this 1x1 {self.mode}"
+        else:
+            what = f"cuDNN {self.mode} {self.graph.get_plan_name_at_index(self.choice)}"
+        if self.times is None:
+            return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)"
+        cudnn_best, gemm_time = self.times
+        timed = f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"
+        return what + f" ({timed}" + (f", the GEMM {1e3 * gemm_time:.1f} us)" if gemm_time is not None else ")")
 
     def tune(self, pointers, stream):
-        """Choose the fastest plan, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's
-        first choice stays unless another is faster by ``MARGIN``."""
+        """Choose the fastest plan, or the GEMM, timed on ``pointers`` (``call``'s), whose contents it overwrites.
+        cuDNN's first choice stays unless another is faster by ``MARGIN``."""
         if self.key in _tuned:
-            self.choice = _tuned[self.key]
+            self.choice, self.times = _tuned[self.key]
             return
-        times = []
-        for index in self.plans:
-            self.choice = index
-            try:
-                times.append(time_graph(lambda: self.call(*pointers, stream.ptr), stream))
-            except Exception:  # a plan that builds may still refuse to run; cuDNN's errors have no common type
-                times.append(np.inf)
+        times = [self._time(index, pointers, stream) for index in self.plans]
         if np.isinf(min(times)):
             raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
         best = int(np.argmin(times))
-        self.choice = self.plans[best if times[best] < times[0] * (1 - MARGIN) else 0]
-        _tuned[self.key] = self.choice
+        best = best if times[best] < times[0] * (1 - MARGIN) else 0
+        self.choice, gemm_time = self.plans[best], None
+        if self.gemm is not None:
+            self.gemm.tune(self._gemm_pointers(*pointers), stream)
+            gemm_time = self._time(GEMM, pointers, stream)
+            if gemm_time < times[best] * (1 - MARGIN):
+                self.choice = GEMM
+        self.times = (times[best], gemm_time)
+        _tuned[self.key] = (self.choice, self.times)
+
+    def _time(self, choice, pointers, stream):
+        """Milliseconds a call with ``choice`` takes; infinite if the library refuses it."""
+        self.choice = choice
+        try:
+            return time_graph(lambda: self.call(*pointers, stream.ptr), stream)
+        except Exception:  # a plan that builds may still refuse to run; cuDNN's errors have no common type
+            return np.inf
+
+    @staticmethod
+    def _gemm_pointers(a, b, out, workspace):
+        """The GEMM's pointers (``Gemm.call``'s): the weights, the image, the product written over the output."""
+        return b, a, out, out, workspace, None, None
 
     def call(self, a, b, out, workspace, stream):
         """Run on device pointers on ``stream`` (a pointer)."""
+        if self.choice == GEMM:
+            self.gemm.call(*self._gemm_pointers(a, b, out, workspace), stream)
+            return
         cudnn = _cudnn()
         cudnn.set_stream(handle(), stream)
         pack = {self.inputs[0]: a, self.inputs[1]: b, self.output: out}
         self.graph.execute_plan_at_index(pack, workspace, self.choice, handle=handle())
+
+
+def _as_gemm(term, layouts, tf32):
+    """A 1x1 convolution of stride 1 without padding, forward or data gradient, as a ``Gemm`` over its pixels:
+    ``out[n] = w @ x[n]`` (``(K, C) @ (C, pixels)``), or ``dx[n] = w^T @ dy[n]``; None for any other, and where
+    the result is not stored in NCHW order (the GEMM writes row-major products)."""
+    mode, strides, padding, dilation, groups, shape = term.attrs
+    image, weights = term.args
+    if mode == "wgrad" or groups != 1 or set(strides) != {1} or any(p != (0, 0) for p in padding) \
+            or set(weights.shape[2:]) != {1} or layouts[term] != contiguous_strides(term.shape):
+        return None
+    pixels = math.prod(image.shape[2:])
+    spread = var("image", (image.shape[0], image.shape[1], pixels), image.dtype)
+    matrix = var("weights", weights.shape[:2], weights.dtype)
+    product = gemm(matrix, spread, transpose_a=mode == "dgrad")
+    image_strides = layouts[image]  # packed (NCHW or NHWC): its pixels are one stride apart
+    return Gemm(product, {spread: image_strides[:2] + image_strides[-1:], matrix: layouts[weights][:2]}, tf32)
+

@@ -73,13 +73,14 @@ IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is 
 class Executor(interface.Executor):
     """Runs one compiled step on the GPU; see the module docstring."""
 
-    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True):
+    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True,
+                 nhwc=False):
         cupy = _cupy()
         require_gpu()
         self.use_graph = bool(cuda_graph)
         self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.strides, _ = layouts(kernels)
+        self.strides, _ = layouts(kernels, nhwc)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
             self.strides.setdefault(t, stored_strides(t))
         self.arena = _Block([plan.peak_bytes], "an arena on the GPU")
@@ -94,7 +95,8 @@ class Executor(interface.Executor):
                 self.pointers.setdefault(placed.key, self.arena.memory.data.ptr + placed.offset)
         self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
         self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
-        direct = {t: self.output_block.pointer(outputs.index(t)) for t in direct_outputs(kernels, steps, outputs, sinks)}
+        direct = {t: self.output_block.pointer(outputs.index(t))
+                  for t in direct_outputs(kernels, steps, outputs, sinks, {"nhwc": nhwc})}
         self.pointers.update(direct)
         self.direct_outputs = frozenset(direct)
         self.feeds = [k.term for k in kernels if k.is_load]
@@ -168,7 +170,9 @@ class Executor(interface.Executor):
         body, inputs = t.attr("outputs"), list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
-        source = kernel_source(body, [self._operand(a) for a in inputs], aliased)
+        strides = self.strides[defined[0]]
+        order = None if strides == contiguous_strides(t.shape) else tuple(sorted(range(t.ndim), key=lambda a: -strides[a]))
+        source = kernel_source(body, [self._operand(a) for a in inputs], aliased, order)
         return self._launch(source, list(inputs) + list(defined))
 
     def _memcpy(self, destination, source, nbytes):

@@ -21,8 +21,13 @@ ALIGNMENT = 256
 VIEWS = ("transpose", "broadcast_to", "windows")
 
 
+def _same_layout(shape, strides, others):
+    """Whether two layouts of ``shape`` place every element alike (strides of axes of size 1 never matter)."""
+    return all(s == o for d, s, o in zip(shape, strides, others) if d != 1)
+
+
 def _contiguous(shape, strides):
-    return all(s == c for d, s, c in zip(shape, strides, contiguous_strides(shape)) if d != 1)
+    return _same_layout(shape, strides, contiguous_strides(shape))
 
 
 def _broadcast_strides(source_shape, source_strides, shape):
@@ -47,8 +52,43 @@ def stored_strides(t):
     return (0,) * t.ndim if one_value(t) else contiguous_strides(t.shape)
 
 
-def layouts(kernels):
-    """``{term: element strides}`` for every value the kernels define or read, and the set of views."""
+def channels_last(shape):
+    """The axes of an ``N, C, *spatial`` shape from the outermost in memory to the innermost, channels last."""
+    return (0,) + tuple(range(2, len(shape))) + (1,)
+
+
+def strides_in_order(shape, order):
+    """Packed strides of ``shape`` whose axes lie in memory in ``order`` (outermost first)."""
+    strides, step = [0] * len(shape), 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= shape[axis]
+    return tuple(strides)
+
+
+def _stored_channels_last(t, strides):
+    return t.ndim >= 4 and strides.get(t) == strides_in_order(t.shape, channels_last(t.shape)) \
+        and strides[t] != contiguous_strides(t.shape)
+
+
+def _channels_last_kernel(k, strides):
+    """Whether kernel ``k`` writes its values channels last: a cuDNN convolution of images (forward or data
+    gradient), or an elementwise region over values of one shape that reads such a value of that shape (a bias,
+    a relu, a residual sum), so that a chain of convolutions stays channels last from one to the next."""
+    t = k.term
+    if t.ndim < 4:
+        return False
+    if t.op.name == "dnn_conv":
+        return t.attr("mode") != "wgrad"
+    if t.op.name != "fused" or any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
+        return False
+    return all(d.shape == t.shape for d in k.terms) and any(
+        a.shape == t.shape and _stored_channels_last(a, strides) for a in t.args)
+
+
+def layouts(kernels, nhwc=False):
+    """``{term: element strides}`` for every value the kernels define or read, and the set of views. With ``nhwc``,
+    convolutions and the elementwise regions that follow them store their images channels last."""
     strides, views = {}, set()
     for k in kernels:
         for a in k.reads:
@@ -65,7 +105,9 @@ def layouts(kernels):
         elif name == "reshape" and _contiguous(source.shape, strides[source]):
             strides[t] = contiguous_strides(t.shape)
         else:
-            strides.update({d: contiguous_strides(d.shape) for d in k.terms})
+            last = nhwc and _channels_last_kernel(k, strides)
+            strides.update({d: strides_in_order(d.shape, channels_last(d.shape)) if last else contiguous_strides(d.shape)
+                            for d in k.terms})
             continue
         views.add(t)
     return strides, views
@@ -99,7 +141,8 @@ def _inplace(k, strides, views):
     if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
     return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
-                 if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype) and _contiguous(a.shape, strides[a]))
+                 if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype)
+                 and _same_layout(a.shape, strides[a], strides[out]))
 
 
 def _epilogue_operands(t):
@@ -110,11 +153,13 @@ def _epilogue_operands(t):
     return [a for k, a in enumerate(t.args) if k not in prologue]
 
 
-def direct_outputs(kernels, steps, outputs, sinks):
-    """The outputs a kernel computes (not views, loads, state or constants): written straight into
+def direct_outputs(kernels, steps, outputs, sinks, options):
+    """The outputs a kernel computes in C order (not views, loads, state or constants): written straight into
     the output block, so calls need no copy out of the arena. Each term once."""
+    strides, _ = layouts(kernels, options["nhwc"])
     computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
-    return [t for t in dict.fromkeys(outputs) if t in computed and t not in sinks]
+    return [t for t in dict.fromkeys(outputs)
+            if t in computed and t not in sinks and strides[t] == contiguous_strides(t.shape)]
 
 
 RUNNERS = {"gemm": (gemm_copies, Gemm), "dnn_conv": (dnn_copies, Conv)}  # lowered op -> its copies and its call
@@ -125,7 +170,7 @@ def steps(kernels, options):
     copies of its operands it cannot read where they are and what the neediest of its candidates asks for
     (``options["tf32"]`` changes them)."""
     require_gpu()
-    strides, views = layouts(kernels)
+    strides, views = layouts(kernels, options["nhwc"])
     found = []
     for k in kernels:
         t = k.term

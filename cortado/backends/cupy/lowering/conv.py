@@ -7,9 +7,10 @@ derivative rules write both gradients as plain ``conv`` terms (``rules.convoluti
 rules here read each ``conv`` back as the cuDNN call that computes it without materialising what the
 plain form spells out:
 
-- a convolution of an input dilated by ``s`` (``lhs_dilation``) is the data gradient of a forward
-  convolution of stride ``s``, whose weights are the given ones flipped back and with their channels
-  swapped back (which cancels the flip and swap the derivative wrote, so nothing is computed);
+- a convolution of an input dilated by ``s`` (``lhs_dilation``), or of stride 1 with weights flipped in
+  space, is the data gradient of a forward convolution of stride ``s``, whose weights are the given
+  ones flipped back and with their channels swapped back (which cancels the flip and swap the
+  derivative wrote, so nothing is computed);
 - a convolution of a transposed input with a transposed kernel, transposed back, is a weight
   gradient: the ``N``-axis of both is what it sums over;
 - every other convolution is a forward one; negative padding (a crop) and an input dilation no
@@ -94,9 +95,14 @@ def _spatial(t):
     return tuple(range(2, t.ndim))
 
 
+def _flipped(v):
+    """Whether ``v`` is weights flipped in space, as a data gradient's are."""
+    return v.op.name == "flip" and v.attr("axes") == _spatial(v)
+
+
 def _unflipped(v):
     """``v`` flipped back in space: the flip the derivative wrote, taken off, or a new one."""
-    if v.op.name == "flip" and v.attr("axes") == _spatial(v):
+    if _flipped(v):
         return v.args[0]
     return ct.flip(v, axis=_spatial(v))
 
@@ -194,7 +200,7 @@ def _lower_conv(b):
     if x.dtype != dtype or w.dtype != dtype:
         x, w = ct.cast(x, dtype), ct.cast(w, dtype)
     ones = (1,) * len(strides)
-    if lhs != ones and strides == ones:
+    if strides == ones and (lhs != ones or _flipped(w)):
         found = _as_dgrad(x, w, padding, lhs, rhs, groups, b.term.shape)
         if found is not None:
             return found
