@@ -4,7 +4,7 @@
 # them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP step kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|profile|all]
+#     bash benchmarks/run_gpu.sh [tests|bench|conv|profile|all]    (conv: the convolution benchmarks alone)
 set -o pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results}
@@ -26,6 +26,10 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmarks/bench_fused_gpu.py --out "$out/fused_gpu.json" 2>&1 | tee "$out/bench_fused.log" || status=1
     python3 benchmarks/bench_mlp_gpu.py --out "$out/mlp_gpu.json" 2>&1 | tee "$out/bench_mlp.log" || status=1
+    python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
+fi
+if [ "$what" = conv ]; then
+    python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
     python3 benchmarks/profile_mlp_gpu.py --out "$out/profile_mlp_gpu.txt" 2>&1 | tail -40 || status=1
