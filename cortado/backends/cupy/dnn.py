@@ -174,13 +174,12 @@ class Conv:
             raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
         best = int(np.argmin(times))
         best = best if times[best] < times[0] * (1 - MARGIN) else 0
-        self.choice, gemm_time = self.plans[best], None
+        gemm_time = None
         if self.gemm is not None:
             self.gemm.tune(self._gemm_pointers(*pointers), stream)
             gemm_time = self._time(GEMM, pointers, stream)
-            if gemm_time < times[best] * (1 - MARGIN):
-                self.choice = GEMM
-        self.times = (times[best], gemm_time)
+        faster = gemm_time is not None and gemm_time < times[best] * (1 - MARGIN)
+        self.choice, self.times = GEMM if faster else self.plans[best], (times[best], gemm_time)
         _tuned[self.key] = (self.choice, self.times)
 
     def _time(self, choice, pointers, stream):
