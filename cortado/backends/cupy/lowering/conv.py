@@ -13,8 +13,8 @@ plain form spells out:
   derivative wrote, so nothing is computed);
 - a convolution of a transposed input with a transposed kernel, transposed back, is a weight
   gradient: the ``N``-axis of both is what it sums over;
-- every other convolution is a forward one; negative padding (a crop) and an input dilation no
-  gradient form explains are spelled out first with ``pad`` and ``reshape``.
+- every other convolution is a forward one; padding with a negative side (a crop) and an input
+  dilation no gradient form explains are spelled out first with ``pad`` and ``reshape``.
 
 ``dnn_conv`` keeps the geometry of the forward convolution it belongs to (``strides``, ``padding``
 as non-negative ``(low, high)`` pairs, ``dilation``, ``groups``) and the shape it makes, which a
@@ -183,10 +183,9 @@ def _dilated(x, dilation):
 
 def _as_fprop(x, w, strides, padding, lhs, rhs, groups):
     x = _dilated(x, lhs)
-    crops = tuple((min(low, 0), min(high, 0)) for low, high in padding)
-    if any(low or high for low, high in crops):
-        x = ct.pad(x, ((0, 0), (0, 0)) + crops)
-    pads = tuple((max(low, 0), max(high, 0)) for low, high in padding)
+    pads = padding
+    if any(low < 0 or high < 0 for low, high in padding):  # cropped and padded at once: a crop alone may leave nothing
+        x, pads = ct.pad(x, ((0, 0), (0, 0)) + tuple(padding)), tuple((0, 0) for _ in padding)
     out = ct.conv(x, w, strides=strides, padding=pads, rhs_dilation=rhs, groups=groups).shape
     return dnn_conv(x, w, "fprop", strides, pads, rhs, groups, out)
 
