@@ -9,15 +9,21 @@ def main(argv=None):
     commands = parser.add_subparsers(dest="command", required=True)
     demo = commands.add_parser("demo", help="train a small MLP by gradient descent, its step compiled")
     demo.add_argument("--seed", type=int, default=0, help="seed of the data and the initial weights (default 0)")
-    demo.add_argument("--epochs", type=int, default=60, help="passes over the data (default 60)")
+    demo.add_argument("--model", choices=["mlp", "cnn"], default="mlp",
+                      help="mlp: the MLP on spirals (default); cnn: a small CNN on drawn images (examples/cnn.py)")
+    demo.add_argument("--epochs", type=int, help="passes over the data (default 60 for the MLP, 8 for the CNN)")
     demo.add_argument("--dot", metavar="PATH", help="also write the graph of the loss and its gradients as DOT")
     demo.add_argument("--plan", metavar="PATH", default="memory_plan.png",
                       help="where to draw the step's memory plan (default memory_plan.png; needs matplotlib)")
     args = parser.parse_args(argv)
-    if args.command == "demo":
+    if args.command == "demo" and args.model == "cnn":
+        from .demo import run_cnn
+
+        run_cnn(seed=args.seed, epochs=args.epochs or 8)
+    elif args.command == "demo":
         from .demo import run
 
-        run(seed=args.seed, epochs=args.epochs, dot_path=args.dot, plan_path=args.plan)
+        run(seed=args.seed, epochs=args.epochs or 60, dot_path=args.dot, plan_path=args.plan)
     return 0
 
 

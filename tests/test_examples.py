@@ -4,6 +4,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -65,3 +66,16 @@ def test_the_gpu_example_says_plainly_when_there_is_no_gpu(tmp_path):
                             capture_output=True, text=True, timeout=300)
     assert result.returncode != 0 and "Traceback" not in result.stderr + result.stdout
     assert "needs CuPy and an NVIDIA GPU" in result.stderr + result.stdout
+
+
+def test_cnn_example_learns_the_drawn_strokes(tmp_path):
+    out = run([os.path.join(ROOT, "examples", "cnn.py"), "--epochs", "4", "--backend", "numpy"], cwd=tmp_path)
+    losses = [float(line.split()[-1]) for line in out.splitlines() if line.startswith("epoch")]
+    assert len(losses) == 4 and losses[0] < np.log(4) and losses[-1] < 0.3 * losses[0]
+    held_out = float(out.split("held-out accuracy: ")[1].split("%")[0])
+    assert held_out > 90
+
+
+def test_demo_runs_the_cnn_example_when_asked(tmp_path):
+    out = run(["-m", "cortado", "demo", "--model", "cnn", "--epochs", "2"], cwd=ROOT)
+    assert "Training a CNN on drawn images" in out and "held-out accuracy:" in out
