@@ -26,11 +26,11 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmarks/bench_fused_gpu.py --out "$out/fused_gpu.json" 2>&1 | tee "$out/bench_fused.log" || status=1
     python3 benchmarks/bench_mlp_gpu.py --out "$out/mlp_gpu.json" 2>&1 | tee "$out/bench_mlp.log" || status=1
-    python3 benchmarks/bench_conv_gpu.py --out "$out/conv_gpu.json" 2>&1 | tee "$out/bench_conv.log" || status=1
+    python3 benchmarks/bench_conv_gpu.py --parts cnn --out "$out/conv_gpu.json" 2>&1 | tee "$out/bench_conv.log" || status=1
     python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
 fi
 if [ "$what" = conv ]; then
-    python3 benchmarks/bench_conv_gpu.py --out "$out/conv_gpu.json" 2>&1 | tee "$out/bench_conv.log" || status=1
+    python3 benchmarks/bench_conv_gpu.py --parts cnn --out "$out/conv_gpu.json" 2>&1 | tee "$out/bench_conv.log" || status=1
     python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
