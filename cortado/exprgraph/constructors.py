@@ -300,10 +300,10 @@ def _pair(value, what):
     return pair
 
 
-def _four_dimensional(name, x, what="input"):
+def _four_dimensional(name, x, what="input", layout="(N, C, H, W)"):
     if not isinstance(x, Term) or x.ndim != 4:
         shape = getattr(x, "shape", None)
-        raise ShapeError(f"{name} needs a 4-d {what} (N, C, H, W), not {shape if shape is not None else repr(x)}")
+        raise ShapeError(f"{name} needs a 4-d {what} {layout}, not {shape if shape is not None else repr(x)}")
 
 
 def _conv2d_padding(padding, w, stride, dilation):
@@ -326,7 +326,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
     """PyTorch's ``conv2d`` without bias (add one as ``b.reshape(-1, 1, 1)``): ``x`` is ``(N, C, H, W)``,
     ``w`` is ``(O, C/groups, kH, kW)``; ``padding`` an int, a pair, ``"same"`` or ``"valid"``."""
     _four_dimensional("conv2d", x)
-    _four_dimensional("conv2d", w, "weight")
+    _four_dimensional("conv2d", w, "weight", "(O, C/groups, kH, kW)")
     stride, dilation = _pair(stride, "conv2d's stride"), _pair(dilation, "conv2d's dilation")
     return conv(x, w, strides=stride, padding=_conv2d_padding(padding, w, stride, dilation), rhs_dilation=dilation,
                 groups=groups)
@@ -337,6 +337,9 @@ def _pooled_windows(name, x, kernel_size, stride, padding, fill):
     kernel = _pair(kernel_size, f"{name}'s kernel_size")
     stride = kernel if stride is None else _pair(stride, f"{name}'s stride")
     padding = _pair(padding, f"{name}'s padding")
+    for what, pair in (("kernel_size", kernel), ("stride", stride)):
+        if min(pair) < 1:
+            raise ShapeError(f"{name}'s {what} must be positive, not {pair}")
     if any(p < 0 or 2 * p > k for p, k in zip(padding, kernel)):
         raise ShapeError(f"{name}: padding {padding} must be between 0 and half the kernel {kernel} (as in PyTorch)")
     if any(padding):
