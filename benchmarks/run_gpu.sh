@@ -2,7 +2,7 @@
 # The GPU machine's one entry point (run there through the device tool, from the repository root):
 # installs the carried wheels (.whl/, nvmath-python; .whl/extra/, its needs, only where the machine lacks
 # them), runs every test marked gpu, the GPU benchmarks, then
-# profiles the MLP step kernel by kernel.
+# profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|bench|conv|profile|all]    (conv: the convolution benchmarks alone)
 set -o pipefail
@@ -26,14 +26,12 @@ fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmarks/bench_fused_gpu.py --out "$out/fused_gpu.json" 2>&1 | tee "$out/bench_fused.log" || status=1
     python3 benchmarks/bench_mlp_gpu.py --out "$out/mlp_gpu.json" 2>&1 | tee "$out/bench_mlp.log" || status=1
-    python3 benchmarks/bench_conv_gpu.py --parts cnn --out "$out/conv_gpu.json" 2>&1 | tee "$out/bench_conv.log" || status=1
-    python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
 fi
-if [ "$what" = conv ]; then
-    python3 benchmarks/bench_conv_gpu.py --parts cnn --out "$out/conv_gpu.json" 2>&1 | tee "$out/bench_conv.log" || status=1
+if [ "$what" = bench ] || [ "$what" = conv ] || [ "$what" = all ]; then
+    python3 benchmarks/bench_cnn_gpu.py --out "$out/cnn_gpu.json" 2>&1 | tee "$out/bench_cnn.log" || status=1
     python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
-    python3 benchmarks/profile_mlp_gpu.py --out "$out/profile_mlp_gpu.txt" 2>&1 | tail -40 || status=1
+    python3 benchmarks/profile_gpu.py --out "$out/profile_gpu.txt" 2>&1 | grep -A12 "kernels, "  || status=1
 fi
 exit $status

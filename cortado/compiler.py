@@ -218,9 +218,11 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
     step as one CUDA graph, ``tf32=True`` to let float32 GEMMs and convolutions use TF32 tensor
     cores, ``autotune=True`` to time the candidates of each GEMM and convolution (cuBLASLt's
-    algorithms, cuDNN's plans) when building, ``nhwc=True`` to store the images that convolutions
-    make, and the elementwise regions that follow them, channels last: off by default, as cuDNN
-    reading NCHW inputs into NHWC outputs was slower on the H100 than NCHW throughout).
+    algorithms, cuDNN's plans) when building, ``nhwc`` to store the images that convolutions make,
+    and the elementwise regions that follow them, channels last: ``"auto"`` (the default) for the
+    dtypes cuDNN convolves on tensor cores (float16, bfloat16; float32 with ``tf32``), True or False
+    for all or none; ``deterministic=False`` to let cuDNN add partial sums in any order, which is
+    faster for some float32 weight gradients but no longer gives the same bits on every run).
     ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})

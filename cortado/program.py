@@ -158,6 +158,8 @@ class Program:
 
     def _where(self, t):
         typ = type_string(t.shape, t.dtype)
+        layout = self._executor.layout(t)
+        typ += f" {layout}" if layout else ""
         if t in self.memory:
             p = self.memory[t]
             shared = f" (in place of {self.memory[p.takes_from].label})" if p.takes_from is not None else ""

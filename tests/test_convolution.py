@@ -455,3 +455,18 @@ def test_integer_conv_is_exact(geometry, seed):
     assert y.dtype == np.int32 and expected.dtype == np.int32
     np.testing.assert_array_equal(ct.evaluate([y], feeds)[0], expected)
     np.testing.assert_array_equal(ct.compile([y], inputs=[x, w])(**feeds)[0], expected)
+
+
+# -- the GPU backend's layout choice (decided without a GPU) ----------------------------------
+
+
+def test_nhwc_auto_stores_the_tensor_core_dtypes_channels_last():
+    from cortado.backends.cupy.layout import channels_last_dtypes
+
+    names = lambda options: {d.name for d in channels_last_dtypes(options)}  # noqa: E731
+    assert names({"nhwc": "auto", "tf32": False}) == {"float16", "bfloat16"}
+    assert names({"nhwc": "auto", "tf32": True}) == {"float16", "bfloat16", "float32"}
+    assert names({"nhwc": False, "tf32": True}) == set()
+    assert names({"nhwc": True, "tf32": False}) >= {"float16", "bfloat16", "float32", "float64"}
+    with pytest.raises(ct.BackendError, match="nhwc option is True, False or 'auto', not 'yes'"):
+        channels_last_dtypes({"nhwc": "yes", "tf32": False})

@@ -69,7 +69,8 @@ def test_each_gradient_is_the_cudnn_call_made_for_it():
     assert not any(k.term.op.name in ("flip", "pad", "transpose") for k in program.kernels), program.explain()
 
 
-def test_every_cudnn_plan_computes_the_same_convolution():
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_every_cudnn_plan_computes_the_same_convolution(deterministic):
     from cortado.backends.cupy import dnn
 
     x, w = ct.var("x", (4, 8, 10, 10)), ct.var("w", (12, 8, 3, 3))
@@ -78,7 +79,7 @@ def test_every_cudnn_plan_computes_the_same_convolution():
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal(x.shape).astype(np.float32), "w": rng.standard_normal(w.shape).astype(np.float32)}
     expected = ct.evaluate(outputs, feeds, precision="float64")
-    program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False)
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False, deterministic=deterministic)
     runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
     assert {r.mode for r in runners} == {"fprop", "dgrad", "wgrad"}
     tried = 0
@@ -131,8 +132,9 @@ def test_a_cnn_training_step_on_the_gpu_follows_the_cpu_program():
         assert_close(programs[0].state[p.name], np.asarray(programs[1].state[p.name]), "float32")
 
 
+@pytest.mark.parametrize("nhwc", [False, True])  # one GEMM per image (NCHW), or one over every pixel (NHWC)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
-def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype):
+def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype, nhwc):
     from cortado.backends.cupy import dnn
 
     x, w = ct.var("x", (3, 16, 7, 5), dtype), ct.var("w", (24, 16, 1, 1), dtype)
@@ -141,9 +143,10 @@ def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype):
     rng = np.random.default_rng(4)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w)}
     expected = ct.evaluate(outputs, feeds, precision="float64")
-    program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False)
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False, nhwc=nhwc)
     runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
     assert sorted(r.mode for r in runners if r.gemm is not None) == ["dgrad", "fprop"]
+    assert {r.image_first for r in runners if r.gemm is not None} == {nhwc}
     assert "GEMM" in program.explain() and " us" in program.explain()
     for runner in runners:
         runner.choice = dnn.GEMM if runner.gemm is not None else runner.choice
@@ -153,7 +156,7 @@ def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_a_chain_of_convolutions_stays_channels_last_from_one_to_the_next(dtype):
-    from cortado.backends.cupy.layout import channels_last, strides_in_order
+    from cortado.backends.cupy.codegen import channels_last_strides
 
     x = ct.var("x", (4, 8, 10, 10), dtype)
     ws = [ct.var(f"w{i}", (8, 8, 3, 3), dtype) for i in range(3)]
@@ -166,13 +169,17 @@ def test_a_chain_of_convolutions_stays_channels_last_from_one_to_the_next(dtype)
     rng = np.random.default_rng(5)
     feeds = {v.name: (rng.standard_normal(v.shape) * 0.3).astype(dtype) for v in [x] + ws + bs}
     expected = ct.evaluate(outputs, feeds, precision="float64")
-    for nhwc in (True, False):
+    for nhwc in (True, False, "auto"):  # auto: channels last for the dtypes cuDNN runs on tensor cores
         program = ct.compile(outputs, inputs=[x] + ws + bs, backend="cupy", nhwc=nhwc)
         assert "transpose" not in [k.term.op.name for k in program.kernels], program.explain()
         convolutions = [k.term for k in program.kernels if k.term.op.name == "dnn_conv" and k.term.attr("mode") == "fprop"]
         layouts = program._executor.strides
-        last = [layouts[t] == strides_in_order(t.shape, channels_last(t.shape)) for t in convolutions]
-        assert last == [nhwc] * 3
+        last = [layouts[t] == channels_last_strides(t.shape) for t in convolutions]
+        expected_last = nhwc is True or (nhwc == "auto" and dtype == "float16")
+        assert last == [expected_last] * 3
+        assert (f"{dtype}[4,8,10,10] channels-last @" in program.explain()) == expected_last
         for ours, theirs in zip(program(**feeds), expected):
             scale = max(1.0, float(np.abs(theirs).max()))
             assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)
+    lone = ct.compile([ct.conv2d(x, ws[0], padding=1)], inputs=[x, ws[0]], backend="cupy")  # auto: no chain to keep
+    assert "channels-last" not in lone.explain()

@@ -55,6 +55,10 @@ class Executor:
     direct_outputs = frozenset()
     choices = {}
 
+    def layout(self, t):
+        """How value ``t``'s elements lie in memory where that is not C order (``"channels-last"``), for ``explain``."""
+        return ""
+
     def run(self, feeds):
         """The outputs for ``feeds`` (``{name: array}``, already checked), after which the updates are written."""
         raise NotImplementedError

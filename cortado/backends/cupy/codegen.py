@@ -105,6 +105,20 @@ def contiguous_strides(shape):
     return tuple(reversed(strides))
 
 
+def strides_in_order(shape, order):
+    """Packed strides of ``shape`` whose axes lie in memory in ``order`` (outermost first)."""
+    strides, step = [0] * len(shape), 1
+    for axis in reversed(order):
+        strides[axis] = step
+        step *= shape[axis]
+    return tuple(strides)
+
+
+def channels_last_strides(shape):
+    """Packed strides of an ``N, C, *spatial`` shape with the channels innermost (NHWC)."""
+    return strides_in_order(shape, (0,) + tuple(range(2, len(shape))) + (1,))
+
+
 def compute_type(dtype):
     """The C type a value of ``dtype`` is computed in, and a reduction of it accumulates in."""
     return "float" if is_narrow_float(dtype) else STORAGE[dtype.name]
@@ -509,7 +523,7 @@ def kernel_source(body, operands, aliased=(), order=None):
     return elementwise_source(body, operands, aliased, order)
 
 
-def copy_source(operand):
+def copy_source(operand, order=None):
     """The kernel writing ``operand``'s elements contiguously, in order (a reshape no view can be, a
-    strided output leaving the arena)."""
-    return kernel_source((parameter(0, operand),), [operand])
+    strided output leaving the arena), or packed with its axes in ``order`` (an image copied channels last)."""
+    return kernel_source((parameter(0, operand),), [operand], order=order)

@@ -8,7 +8,9 @@ CUDA graph.
 
 Candidates are cuDNN's heuristic choices (``heur_mode.A``, then its fallback list) that keep the
 program's numerics: float32 never runs in TF32 unless the program asks for it, no candidate reduces
-in a narrower type than float32, and none is nondeterministic (two runs give the same bits). A 1x1
+in a narrower type than float32, and none is nondeterministic (two runs give the same bits) unless
+the program allows it (``deterministic=False``: cuDNN's weight gradients that add partial sums with
+atomics are 2x faster on float32 images of few channels). A 1x1
 convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
 one batched cuBLASLt GEMM, which is a candidate too. When a program is built, up to
 ``CANDIDATES`` plans and the GEMM are timed on the program's own buffers (``timing``) and the
@@ -23,7 +25,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.constructors import var
 from .blas import Gemm
-from .codegen import contiguous_strides
+from .codegen import channels_last_strides, contiguous_strides
 from .lowering.gemm import gemm
 from .timing import time_graph
 
@@ -57,16 +59,8 @@ def handle():
 def packed(shape, strides):
     """Whether a tensor's strides are those of its elements packed in NCHW (C-order) or NHWC order: the
     layouts cuDNN's convolution engines read."""
-    order_nchw = tuple(range(len(shape)))
-    order_nhwc = (0,) + tuple(range(2, len(shape))) + (1,)
-    for order in (order_nchw, order_nhwc):
-        step, expected = 1, [0] * len(shape)
-        for axis in reversed(order):
-            expected[axis] = step
-            step *= shape[axis]
-        if all(s == e for d, s, e in zip(shape, strides, expected) if d != 1):
-            return True
-    return False
+    return any(all(s == e for d, s, e in zip(shape, strides, expected) if d != 1)
+               for expected in (contiguous_strides(shape), channels_last_strides(shape)))
 
 
 def _four_dimensional(shape, strides):
@@ -87,23 +81,24 @@ def _geometry(term):
 class Conv:
     """One cuDNN call for one ``dnn_conv`` term, over fixed pointers."""
 
-    def __init__(self, term, layouts, tf32):
+    def __init__(self, term, layouts, tf32=False, deterministic=True):
         dtype = term.dtype
         if dtype.name not in _DATA_TYPES:
             raise BackendError(f"{term!r}: cuDNN convolves {', '.join(_DATA_TYPES)}, not {dtype}")
         a, b = term.args
         described = [_four_dimensional(x.shape, layouts[x]) for x in (a, b, term)]
-        self.key = (term.attrs, dtype.name, tuple(tuple(map(tuple, d)) for d in described), bool(tf32))
+        self.key = (term.attrs, dtype.name, tuple(tuple(map(tuple, d)) for d in described), bool(tf32),
+                    bool(deterministic))
         self.dtype = dtype
         self.mode = term.attr("mode")
         if self.key not in _graphs:
-            _graphs[self.key] = self._build(term, described, tf32)
+            _graphs[self.key] = self._build(term, described, tf32, deterministic)
         self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
-        self.gemm = _as_gemm(term, layouts, tf32)
+        self.gemm, self.image_first = _as_gemm(term, layouts, tf32) or (None, False)
         self.workspace_bytes = max(workspace, self.gemm.workspace_bytes if self.gemm else 0)
         self.choice, self.times = _tuned.get(self.key, (self.plans[0], None))
 
-    def _build(self, term, described, tf32):
+    def _build(self, term, described, tf32, deterministic):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
         cudnn = _cudnn()
         data_type = getattr(cudnn.data_type, _DATA_TYPES[term.dtype.name])
@@ -126,7 +121,9 @@ class Conv:
             graph.validate()
             graph.build_operation_graph()
             graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            notes = [cudnn.numerical_note.NONDETERMINISTIC, cudnn.numerical_note.REDUCED_PRECISION_REDUCTION]
+            notes = [cudnn.numerical_note.REDUCED_PRECISION_REDUCTION]
+            if deterministic:
+                notes.append(cudnn.numerical_note.NONDETERMINISTIC)
             if not (tf32 and term.dtype == np.float32):  # float32 on tensor cores is TF32, whatever the notes say
                 notes.append(cudnn.numerical_note.DOWN_CONVERT_INPUTS)
                 if term.dtype == np.float32:
@@ -190,10 +187,10 @@ class Conv:
         except Exception:  # a plan that builds may still refuse to run; cuDNN's errors have no common type
             return np.inf
 
-    @staticmethod
-    def _gemm_pointers(a, b, out, workspace):
-        """The GEMM's pointers (``Gemm.call``'s): the weights, the image, the product written over the output."""
-        return b, a, out, out, workspace, None, None
+    def _gemm_pointers(self, image, weights, out, workspace):
+        """The GEMM's pointers (``Gemm.call``'s): its two factors, the product written over the output."""
+        a, b = (image, weights) if self.image_first else (weights, image)
+        return a, b, out, out, workspace, None, None
 
     def call(self, a, b, out, workspace, stream):
         """Run on device pointers on ``stream`` (a pointer)."""
@@ -207,18 +204,26 @@ class Conv:
 
 
 def _as_gemm(term, layouts, tf32):
-    """A 1x1 convolution of stride 1 without padding, forward or data gradient, as a ``Gemm`` over its pixels:
-    ``out[n] = w @ x[n]`` (``(K, C) @ (C, pixels)``), or ``dx[n] = w^T @ dy[n]``; None for any other, and where
-    the result is not stored in NCHW order (the GEMM writes row-major products)."""
+    """A 1x1 convolution of stride 1 without padding, forward or data gradient, as a ``Gemm`` over its pixels; None
+    for any other, and where neither the result is NCHW nor the image and the result are NHWC. Into NCHW it is
+    one product per image, ``out[n] = w @ x[n]`` (``(K, C) @ (C, pixels)``; ``dx[n] = w^T @ dy[n]``); in NHWC one over every
+    pixel of the batch, ``out = x @ w^T`` (``(N pixels, C) @ (C, K)``; ``dx = dy @ w``). Returns the ``Gemm``
+    and whether the image is its first factor."""
     mode, strides, padding, dilation, groups, shape = term.attrs
     image, weights = term.args
     if mode == "wgrad" or groups != 1 or set(strides) != {1} or any(p != (0, 0) for p in padding) \
-            or set(weights.shape[2:]) != {1} or layouts[term] != contiguous_strides(term.shape):
+            or set(weights.shape[2:]) != {1}:
         return None
     pixels = math.prod(image.shape[2:])
-    spread = var("image", (image.shape[0], image.shape[1], pixels), image.dtype)
     matrix = var("weights", weights.shape[:2], weights.dtype)
-    product = gemm(matrix, spread, transpose_a=mode == "dgrad")
-    image_strides = layouts[image]  # packed (NCHW or NHWC): its pixels are one stride apart
-    return Gemm(product, {spread: image_strides[:2] + image_strides[-1:], matrix: layouts[weights][:2]}, tf32)
-
+    matrix_strides = layouts[weights][:2]
+    if layouts[term] == contiguous_strides(term.shape):  # the image packed either way: its pixels one stride apart
+        spread = var("image", (image.shape[0], image.shape[1], pixels), image.dtype)
+        product = gemm(matrix, spread, transpose_a=mode == "dgrad")
+        image_strides = layouts[image]
+        return Gemm(product, {spread: image_strides[:2] + image_strides[-1:], matrix: matrix_strides}, tf32), False
+    if layouts[term] == channels_last_strides(term.shape) and layouts[image] == channels_last_strides(image.shape):
+        rows = var("image", (image.shape[0] * pixels, image.shape[1]), image.dtype)
+        product = gemm(rows, matrix, transpose_b=mode == "fprop")
+        return Gemm(product, {rows: contiguous_strides(rows.shape), matrix: matrix_strides}, tf32), True
+    return None

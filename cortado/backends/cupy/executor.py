@@ -24,11 +24,13 @@ from .lowering.gemm import gemm_operands
 from ...memplan import aligned, unallocatable
 from .. import interface
 from .blas import Gemm
-from .codegen import Operand, contiguous_strides, copy_source, kernel_source
+from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_source
 from .device import require_gpu
 from .kernels import compiled
 from .dnn import Conv
-from .layout import ALIGNMENT, direct_outputs, dnn_copies, gemm_copies, layouts, one_value, stored_strides
+from .layout import (
+    ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, layouts, one_value, stored_strides,
+)
 from .window_kernels import flip_source, overlap_add_source, pad_source
 
 
@@ -74,13 +76,14 @@ class Executor(interface.Executor):
     """Runs one compiled step on the GPU; see the module docstring."""
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True,
-                 nhwc=False):
+                 nhwc="auto", deterministic=True):
         cupy = _cupy()
         require_gpu()
         self.use_graph = bool(cuda_graph)
         self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.strides, _ = layouts(kernels, nhwc)
+        self.strides, _ = layouts(kernels, {"nhwc": nhwc, "tf32": tf32})
+        self.channels_last_for = channels_last_for(kernels, {"nhwc": nhwc, "tf32": tf32})
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
             self.strides.setdefault(t, stored_strides(t))
         self.arena = _Block([plan.peak_bytes], "an arena on the GPU")
@@ -96,7 +99,7 @@ class Executor(interface.Executor):
         self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
         self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
         direct = {t: self.output_block.pointer(outputs.index(t))
-                  for t in direct_outputs(kernels, steps, outputs, sinks, {"nhwc": nhwc})}
+                  for t in direct_outputs(kernels, steps, outputs, sinks, {"nhwc": nhwc, "tf32": tf32})}
         self.pointers.update(direct)
         self.direct_outputs = frozenset(direct)
         self.feeds = [k.term for k in kernels if k.is_load]
@@ -112,7 +115,7 @@ class Executor(interface.Executor):
                 self.makers.append(self._gemm(kernel.terms, scratch, tf32))
                 self.labels.append(f"k{i}.gemm {t.attr('epilogue')} {t.shape}")
             elif t.op.name == "dnn_conv":
-                self.makers.append(self._convolution(t, scratch, tf32))
+                self.makers.append(self._convolution(t, scratch, tf32, deterministic))
                 self.labels.append(f"k{i}.dnn_conv {t.attr('mode')} {t.shape}")
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
@@ -127,6 +130,12 @@ class Executor(interface.Executor):
             self._tune()
         for v, value in signature.state.items():
             self.state[v].set(np.asarray(value, order="C"))  # (ascontiguousarray makes a 0-d value 1-d)
+
+    def layout(self, t):
+        strides = self.strides.get(t)
+        if strides is None or t.ndim < 3 or strides == contiguous_strides(t.shape):
+            return ""
+        return "channels-last" if strides == channels_last_strides(t.shape) else ""
 
     # -- building ------------------------------------------------------------------------------
 
@@ -180,22 +189,25 @@ class Executor(interface.Executor):
         runtime = _cupy().cuda.runtime
         return lambda: runtime.memcpyAsync(destination, source, nbytes, runtime.memcpyDeviceToDevice, self.stream.ptr)
 
-    def _copy(self, t, destination):
-        """A maker of calls writing value ``t`` contiguously at ``destination``."""
+    def _copy(self, t, destination, strides=None):
+        """A maker of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None)."""
         nbytes = t.size * t.dtype.itemsize
+        strides = strides or contiguous_strides(t.shape)
         if nbytes == 0:
             return lambda pointers: _nothing
-        if self.strides[t] == contiguous_strides(t.shape) or t.size == 1:
+        if self.strides[t] == strides or t.size == 1:
             return lambda pointers: self._memcpy(destination, pointers[t], nbytes)
-        return self._launch(copy_source(self._operand(t)), [t, destination])
+        order = None if strides == contiguous_strides(t.shape) else tuple(sorted(range(t.ndim), key=lambda a: -strides[a]))
+        return self._launch(copy_source(self._operand(t), order), [t, destination])
 
     def _staged(self, copied, workspace):
-        """Copies of the operands ``copied`` into the workspace at ``workspace`` (a pointer), for a library call
-        that cannot read them where they are: ``(copies, their strides, the first free byte after them)``."""
+        """Copies of the operands ``copied`` (``(value, strides of its copy)`` pairs) into the workspace at
+        ``workspace`` (a pointer), for a library call that cannot read them where they are, or is slower there:
+        ``(copies, the strides the call reads, the first free byte after the copies)``."""
         copies, strides, top = [], dict(self.strides), workspace
-        for x in copied:
-            copies.append((x, top, self._copy(x, top)))
-            strides[x] = contiguous_strides(x.shape)
+        for x, copy_strides in copied:
+            copies.append((x, top, self._copy(x, top, copy_strides)))
+            strides[x] = copy_strides
             top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
         return copies, strides, top
 
@@ -227,10 +239,10 @@ class Executor(interface.Executor):
 
         return self._library_call(gemm, copies, operands)
 
-    def _convolution(self, t, workspace, tf32):
+    def _convolution(self, t, workspace, tf32, deterministic):
         """A maker of the cuDNN call computing ``dnn_conv`` ``t``."""
-        copies, strides, top = self._staged(dnn_copies(t, self.strides), workspace)
-        conv = Conv(t, strides, tf32)
+        copies, strides, top = self._staged(dnn_copies(t, self.strides, self.channels_last_for), workspace)
+        conv = Conv(t, strides, tf32, deterministic)
         self.choices[t] = conv
         a, b = t.args
         return self._library_call(conv, copies, lambda pointers: (pointers[a], pointers[b], pointers[t], top))

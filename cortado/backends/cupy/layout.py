@@ -9,16 +9,47 @@ kernel, the ``c`` of a gemm); a gemm's workspace holds cuBLASLt's scratch and co
 it cannot read in place.
 """
 
+import numpy as np
+
+from ...errors import BackendError
+from ...exprgraph.dtypes import BFLOAT16
 from ...exprgraph.graph import post_order
 from .lowering.gemm import gemm_operands
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
 from .dnn import Conv, packed
-from .codegen import REDUCTIONS, contiguous_strides
+from .codegen import REDUCTIONS, channels_last_strides, contiguous_strides
 from .device import require_gpu
 
 ALIGNMENT = 256
 VIEWS = ("transpose", "broadcast_to", "windows")
+TENSOR_CORE_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
+
+
+def channels_last_dtypes(options):
+    """The dtypes whose images convolutions may store channels last, by the ``nhwc`` option: all (True), none
+    (False), or ("auto") those cuDNN convolves on tensor cores (float16, bfloat16, and float32 with ``tf32``),
+    whose kernels read and write NHWC; its float32 kernels without TF32 were faster in NCHW on the H100."""
+    nhwc = options["nhwc"]
+    if not (nhwc is True or nhwc is False or nhwc == "auto"):
+        raise BackendError(f"compile: the cupy backend's nhwc option is True, False or 'auto', not {nhwc!r}")
+    if nhwc != "auto":
+        return frozenset(TENSOR_CORE_DTYPES + (np.dtype(np.float32), np.dtype(np.float64))) if nhwc else frozenset()
+    return frozenset(TENSOR_CORE_DTYPES + ((np.dtype(np.float32),) if options["tf32"] else ()))
+
+
+def channels_last_for(kernels, options):
+    """The dtypes whose images the convolutions of ``kernels`` store channels last: ``channels_last_dtypes``,
+    where ``nhwc="auto"`` keeps them only in a program where one convolution (forward or data gradient) reads
+    an image the program computes, as in a network's chain of layers. A program of lone convolutions of its
+    inputs would pay a conversion of every image it is fed and every image it returns: measured on the H100,
+    up to 10x a 1x1 layer's time in NCHW."""
+    dtypes = channels_last_dtypes(options)
+    if options["nhwc"] != "auto":
+        return dtypes
+    chained = any(k.term.op.name == "dnn_conv" and k.term.attr("mode") != "wgrad" and k.term.dtype in dtypes
+                  and k.term.args[0].op.name not in ("var", "const") for k in kernels)
+    return dtypes if chained else frozenset()
 
 
 def _same_layout(shape, strides, others):
@@ -52,43 +83,32 @@ def stored_strides(t):
     return (0,) * t.ndim if one_value(t) else contiguous_strides(t.shape)
 
 
-def channels_last(shape):
-    """The axes of an ``N, C, *spatial`` shape from the outermost in memory to the innermost, channels last."""
-    return (0,) + tuple(range(2, len(shape))) + (1,)
-
-
-def strides_in_order(shape, order):
-    """Packed strides of ``shape`` whose axes lie in memory in ``order`` (outermost first)."""
-    strides, step = [0] * len(shape), 1
-    for axis in reversed(order):
-        strides[axis] = step
-        step *= shape[axis]
-    return tuple(strides)
-
-
 def _stored_channels_last(t, strides):
-    return t.ndim >= 4 and strides.get(t) == strides_in_order(t.shape, channels_last(t.shape)) \
+    return t.ndim >= 4 and strides.get(t) == channels_last_strides(t.shape) \
         and strides[t] != contiguous_strides(t.shape)
 
 
-def _channels_last_kernel(k, strides):
-    """Whether kernel ``k`` writes its values channels last: a cuDNN convolution of images (forward or data
-    gradient), or an elementwise region over values of one shape that reads such a value of that shape (a bias,
-    a relu, a residual sum), so that a chain of convolutions stays channels last from one to the next."""
+def _channels_last_kernel(k, strides, dtypes):
+    """Whether kernel ``k`` writes its values channels last: a cuDNN convolution of images in one of ``dtypes``
+    (forward or data gradient), or an elementwise region over values of one shape that reads such a value of that
+    shape (a bias, a relu, a residual sum), so that a chain of convolutions stays channels last from one to the
+    next."""
     t = k.term
     if t.ndim < 4:
         return False
     if t.op.name == "dnn_conv":
-        return t.attr("mode") != "wgrad"
+        return t.attr("mode") != "wgrad" and t.dtype in dtypes
     if t.op.name != "fused" or any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
         return False
     return all(d.shape == t.shape for d in k.terms) and any(
         a.shape == t.shape and _stored_channels_last(a, strides) for a in t.args)
 
 
-def layouts(kernels, nhwc=False):
-    """``{term: element strides}`` for every value the kernels define or read, and the set of views. With ``nhwc``,
-    convolutions and the elementwise regions that follow them store their images channels last."""
+def layouts(kernels, options):
+    """``{term: element strides}`` for every value the kernels define or read, and the set of views. Convolutions
+    of the dtypes ``channels_last_for`` names, and the elementwise regions that follow them, store their images
+    channels last."""
+    dtypes = channels_last_for(kernels, options)
     strides, views = {}, set()
     for k in kernels:
         for a in k.reads:
@@ -105,26 +125,41 @@ def layouts(kernels, nhwc=False):
         elif name == "reshape" and _contiguous(source.shape, strides[source]):
             strides[t] = contiguous_strides(t.shape)
         else:
-            last = nhwc and _channels_last_kernel(k, strides)
-            strides.update({d: strides_in_order(d.shape, channels_last(d.shape)) if last else contiguous_strides(d.shape)
+            last = _channels_last_kernel(k, strides, dtypes)
+            strides.update({d: channels_last_strides(d.shape) if last else contiguous_strides(d.shape)
                             for d in k.terms})
             continue
         views.add(t)
     return strides, views
 
 
-def dnn_copies(t, strides):
-    """The operands of ``dnn_conv`` ``t`` that cuDNN cannot read where they are (neither NCHW nor NHWC packed)."""
-    return tuple(dict.fromkeys(x for x in t.args if not packed(x.shape, strides[x])))
+def _images(t):
+    """The operands of ``dnn_conv`` ``t`` that are images (not weights): all of a wgrad's, the first of the others'."""
+    return t.args if t.attr("mode") == "wgrad" else t.args[:1]
+
+
+def dnn_copies(t, strides, channels_last_for):
+    """The operands of ``dnn_conv`` ``t`` that cuDNN reads from a copy, each with its copy's strides: those neither
+    NCHW nor NHWC packed (copied NCHW), and, where ``t``'s dtype is one of ``channels_last_for``, its images not
+    stored channels last (copied so): cuDNN's kernels reading NCHW into NHWC were up to 10x slower on the H100."""
+    last = t.dtype in channels_last_for
+    copies = {}
+    for x in t.args:
+        target = channels_last_strides(x.shape) if last and x in _images(t) else None
+        if target is not None and not _same_layout(x.shape, strides[x], target):
+            copies[x] = target
+        elif not packed(x.shape, strides[x]):
+            copies.setdefault(x, contiguous_strides(x.shape))
+    return tuple(copies.items())
 
 
 def gemm_copies(t, strides):
-    """The operands of gemm ``t`` that cuBLASLt cannot read where they are: copied first."""
+    """The operands of gemm ``t`` that cuBLASLt cannot read where they are, each with its copy's (C-order) strides."""
     a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
     batch = t.shape[:-2]
     copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
     copies += [x for x in (c, bias, aux) if x is not None and not _contiguous(x.shape, strides[x])]
-    return tuple(dict.fromkeys(copies))
+    return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(copies))
 
 
 def _inplace(k, strides, views):
@@ -156,21 +191,27 @@ def _epilogue_operands(t):
 def direct_outputs(kernels, steps, outputs, sinks, options):
     """The outputs a kernel computes in C order (not views, loads, state or constants): written straight into
     the output block, so calls need no copy out of the arena. Each term once."""
-    strides, _ = layouts(kernels, options["nhwc"])
+    strides, _ = layouts(kernels, options)
     computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
     return [t for t in dict.fromkeys(outputs)
             if t in computed and t not in sinks and strides[t] == contiguous_strides(t.shape)]
 
 
-RUNNERS = {"gemm": (gemm_copies, Gemm), "dnn_conv": (dnn_copies, Conv)}  # lowered op -> its copies and its call
+RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' strides and the channels-last dtypes)
+    # and its call (from its term, the strides it reads and the options)
+    "gemm": (lambda t, strides, last: gemm_copies(t, strides),
+             lambda t, strides, options: Gemm(t, strides, options["tf32"])),
+    "dnn_conv": (dnn_copies, lambda t, strides, options: Conv(t, strides, options["tf32"], options["deterministic"])),
+}
 
 
 def steps(kernels, options):
     """One ``memplan.Step`` per kernel. A library call's workspace (a gemm's, a cuDNN convolution's) holds the
     copies of its operands it cannot read where they are and what the neediest of its candidates asks for
-    (``options["tf32"]`` changes them)."""
+    (``options["tf32"]`` and ``options["deterministic"]`` change them)."""
     require_gpu()
-    strides, views = layouts(kernels, options["nhwc"])
+    strides, views = layouts(kernels, options)
+    last = channels_last_for(kernels, options)
     found = []
     for k in kernels:
         t = k.term
@@ -182,9 +223,8 @@ def steps(kernels, options):
             workspace = 0
             if t.op.name in RUNNERS:
                 copies_of, runner = RUNNERS[t.op.name]
-                copies = copies_of(t, strides)
-                readable = {**strides, **{x: contiguous_strides(x.shape) for x in copies}}
-                workspace = runner(t, readable, options["tf32"]).workspace_bytes
-                workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x in copies)
+                copies = copies_of(t, strides, last)
+                workspace = runner(t, {**strides, **dict(copies)}, options).workspace_bytes
+                workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x, _ in copies)
             found.append(Step(k.terms, k.reads, inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name))
     return found

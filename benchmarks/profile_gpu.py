@@ -1,0 +1,69 @@
+"""Where a GPU training step's time goes: ``Program.profile`` of the MLP and CNN benchmarks' steps, kernel by kernel.
+
+    python benchmarks/profile_gpu.py [--models mlp,cnn] [--dtypes float32,bfloat16] [--options nhwc=True]
+                                     [--out results/profile_gpu.txt]
+
+mlp: bench_mlp_gpu.py's small and large steps; cnn: bench_cnn_gpu.py's ResNet-style step. ``--options``
+are backend options (``name=value``, comma-separated) given to every program. Each kernel is timed alone
+between device events (no CUDA graph), so the sum is more than a replayed step takes: it says which
+kernels to work on, not how fast the step is. The explanation of each program (its rules, kernels, the
+library calls chosen and the memory plan) follows its table.
+"""
+
+import argparse
+import os
+import sys
+
+import cupy
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from bench_cnn_gpu import backend_options, cnn_workload, cortado_cnn_step  # noqa: E402
+from bench_mlp_gpu import CASES, workload  # noqa: E402
+from mlp_gpu import compiled_step  # noqa: E402
+
+
+def mlp_steps(dtype, options):
+    for size in ("small", "large"):
+        work = workload(size, dtype)
+        step = compiled_step(work.values, work.batch, work.sizes, dtype, **options)
+        yield f"mlp {size} {dtype} ({'-'.join(map(str, CASES[size][0]))}, batch {work.batch})", step, work
+
+
+def cnn_steps(dtype, options):
+    work = cnn_workload(dtype)
+    yield f"cnn {dtype} (batch {work.x.shape[0]})", cortado_cnn_step(work, "cupy", **options), work
+
+
+MODELS = {"mlp": mlp_steps, "cnn": cnn_steps}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", default="mlp,cnn")
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--options", default="", help="backend options, e.g. nhwc=True")
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "profile_gpu.txt"))
+    args = parser.parse_args()
+    options = backend_options(args.options)
+    reports = []
+    for model in args.models.split(","):
+        for dtype in args.dtypes.split(","):
+            for title, step, work in MODELS[model](dtype, options):
+                stored = next(iter(step.state.values())).dtype
+                x, y = cupy.asarray(work.x.astype(stored)), cupy.asarray(work.y.astype(stored))
+                for _ in range(3):
+                    step(x=x, y=y)
+                report = (f"{title}, options {options}; {step.device_bytes / 2**20:.1f} MiB on the device: "
+                          + step.profile(x=x, y=y) + "\n\n" + step.explain(examples=0))
+                print(report, flush=True)
+                reports.append(report)
+                del step
+    with open(args.out, "w") as out:
+        out.write("\n\n".join(reports) + "\n")
+
+
+if __name__ == "__main__":
+    main()
