@@ -36,8 +36,8 @@ sys.path.insert(0, HERE)
 
 from bench_fused_gpu import attempt, clock, log, print_table, require_gpu, versions  # noqa: E402
 from bench_mlp_gpu import (  # noqa: E402
-    COLUMNS, LOSS_TOLERANCE, MEMORY_TARGET, SUMMARY, WALL, check_losses, measured, release, table_rows, torch_batch,
-    torch_on_gpu, wall_clock,
+    COLUMNS, LOSS_TOLERANCE, MEMORY_TARGET, SUMMARY, WALL, check_losses, jax_jit_step, jax_on_gpu, jax_precision,
+    measured, release, table_rows, torch_batch, torch_compiled_step, torch_on_gpu, wall_clock,
 )
 from machine import describe  # noqa: E402
 from reporting import write_results  # noqa: E402
@@ -209,59 +209,15 @@ def torch_eager(work):
 
 
 def torch_compiled(work):
-    """torch.compile(mode="reduce-overhead") of the whole step in one graph, as bench_mlp_gpu.py's; it also counts
-    the times inductor gave up on CUDA graphs."""
-    torch = torch_on_gpu()
-    from torch._dynamo.utils import counters
-
-    x, y = torch_batch(torch, work)
-    params = torch_params(torch, work)
-    for p in params.values():
-        torch._dynamo.mark_static_address(p)  # a CUDA graph may update it in place
-
-    def whole_step(params, x, y):
-        grads, loss = torch.func.grad_and_value(torch_cnn_loss)(params, x, y)
-        for name, p in params.items():
-            p -= LEARNING_RATE * grads[name]
-        return loss
-
-    compiled = torch.compile(whole_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
-
-    def call():
-        torch.compiler.cudagraph_mark_step_begin()  # a new step: the last one's outputs may be overwritten
-        return compiled(params, x, y)
-
-    skips = counters["inductor"]["cudagraph_skips"]
-    result = measured(call, clock("torch"), "cuda events (torch)", work)
-    return {**result, "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
+    """torch.compile(mode="reduce-overhead") of the whole step in one graph, as bench_mlp_gpu.py's."""
+    return torch_compiled_step(work, torch_cnn_loss, torch_params(torch_on_gpu(), work), LEARNING_RATE)
 
 
 def jax_jit(work):
-    """jax.jit of the step with the parameters donated; each call waits for its results (the wall clock times it)."""
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # not 75% of the GPU up front: others share it
-    import jax
-    import jax.numpy as jnp
-
-    if jax.default_backend() != "gpu":
-        raise RuntimeError(f"jax runs on {jax.default_backend()}, not on a GPU")
-    precision = jax.lax.Precision.HIGHEST if work.dtype == "float32" else None
-    loss_fn = functools.partial(jax_cnn_loss, precision=precision)
-
-    @functools.partial(jax.jit, donate_argnums=0)
-    def step(params, x, y):
-        loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        return loss, {name: p - LEARNING_RATE * grads[name] for name, p in params.items()}
-
-    dtype = jnp.dtype(work.dtype)
-    params = {name: jnp.asarray(v, dtype=dtype) for name, v in work.values.items()}
-    x, y = jnp.asarray(work.x, dtype=dtype), jnp.asarray(work.y, dtype=dtype)
-
-    def call():
-        nonlocal params
-        loss, params = step(params, x, y)
-        return jax.block_until_ready((loss, params))[0]
-
-    return measured(call, wall_clock(), WALL, work)
+    """jax.jit of the step with the parameters donated, as bench_mlp_gpu.py's."""
+    jax = jax_on_gpu()
+    loss_fn = functools.partial(jax_cnn_loss, precision=jax_precision(jax, work))
+    return jax_jit_step(work, loss_fn, dict(work.values), LEARNING_RATE)
 
 
 def cortado_contestant(work, **options):

@@ -117,22 +117,27 @@ def torch_eager(work):
             "peak_bytes": peak, "batch_bytes": x.nbytes + y.nbytes}
 
 
-def torch_compiled(work):
-    """torch.compile(mode="reduce-overhead") of the whole step in one graph; it also counts the times inductor
-    gave up on CUDA graphs (then the step ran compiled but launched kernel by kernel)."""
+def _leaves(params):
+    """The tensors of a list or a dict of them, in order."""
+    return list(params.values()) if isinstance(params, dict) else list(params)
+
+
+def torch_compiled_step(work, loss, params, learning_rate):
+    """torch.compile(mode="reduce-overhead") of the whole step of ``loss(params, x, y)`` (``params``: a list or a dict
+    of tensors, updated in place by SGD at ``learning_rate``) in one graph; it also counts the times inductor gave
+    up on CUDA graphs (then the step ran compiled but launched kernel by kernel)."""
     torch = torch_on_gpu()
     from torch._dynamo.utils import counters
 
     x, y = torch_batch(torch, work)
-    params = [torch.tensor(v, dtype=x.dtype, device="cuda") for v in work.values.values()]
-    for p in params:
+    for p in _leaves(params):
         torch._dynamo.mark_static_address(p)  # a CUDA graph may update it in place
 
     def whole_step(params, x, y):
-        grads, loss = torch.func.grad_and_value(torch_loss)(params, x, y)
-        for p, g in zip(params, grads):
-            p -= LEARNING_RATE * g
-        return loss
+        grads, value = torch.func.grad_and_value(loss)(params, x, y)
+        for p, g in zip(_leaves(params), _leaves(grads)):
+            p -= learning_rate * g
+        return value
 
     compiled = torch.compile(whole_step, mode="reduce-overhead", fullgraph=True, dynamic=False)
 
@@ -145,30 +150,41 @@ def torch_compiled(work):
     return {**result, "cudagraph_skips": counters["inductor"]["cudagraph_skips"] - skips}
 
 
-def jax_jit(work):
-    """jax.jit of the step with the parameters donated; each call waits for its results (the wall clock times it)."""
+def torch_compiled(work):
+    """torch.compile of the MLP's step (``torch_compiled_step``)."""
+    torch = torch_on_gpu()
+    dtype = getattr(torch, work.dtype)
+    params = [torch.tensor(v, dtype=dtype, device="cuda") for v in work.values.values()]
+    return torch_compiled_step(work, torch_loss, params, LEARNING_RATE)
+
+
+def jax_on_gpu():
+    """jax, where it runs on a GPU; and the precision of float32 products that keeps them float32 (no TF32)."""
     os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")  # not 75% of the GPU up front: others share it
     import jax
-    import jax.numpy as jnp
 
     if jax.default_backend() != "gpu":
         raise RuntimeError(f"jax runs on {jax.default_backend()}, not on a GPU")
-    precision = jax.lax.Precision.HIGHEST if work.dtype == "float32" else None
+    return jax
 
-    def loss_fn(params, x, y):
-        h = x
-        for W, b in zip(params[0:-2:2], params[1:-2:2]):
-            h = jax.nn.relu(jnp.matmul(h, W, precision=precision) + b)
-        logits = jnp.matmul(h, params[-2], precision=precision) + params[-1]
-        return jnp.mean(jax.nn.logsumexp(logits, axis=1) - jnp.sum(logits * y, axis=1))
+
+def jax_precision(jax, work):
+    return jax.lax.Precision.HIGHEST if work.dtype == "float32" else None
+
+
+def jax_jit_step(work, loss_fn, values, learning_rate):
+    """jax.jit of the SGD step (at ``learning_rate``) of ``loss_fn(params, x, y)`` from ``values`` (a list or a dict
+    of NumPy arrays), the parameters donated; each call waits for its results (the wall clock times it)."""
+    jax = jax_on_gpu()
+    import jax.numpy as jnp
 
     @functools.partial(jax.jit, donate_argnums=0)
     def step(params, x, y):
         loss, grads = jax.value_and_grad(loss_fn)(params, x, y)
-        return loss, [p - LEARNING_RATE * g for p, g in zip(params, grads)]
+        return loss, jax.tree_util.tree_map(lambda p, g: p - learning_rate * g, params, grads)
 
     dtype = jnp.dtype(work.dtype)
-    params = [jnp.asarray(v, dtype=dtype) for v in work.values.values()]
+    params = jax.tree_util.tree_map(lambda v: jnp.asarray(v, dtype=dtype), values)
     x, y = jnp.asarray(work.x, dtype=dtype), jnp.asarray(work.y, dtype=dtype)
 
     def call():
@@ -177,6 +193,23 @@ def jax_jit(work):
         return jax.block_until_ready((loss, params))[0]
 
     return measured(call, wall_clock(), WALL, work)
+
+
+def jax_jit(work):
+    """jax.jit of the MLP's step (``jax_jit_step``)."""
+    jax = jax_on_gpu()
+    import jax.numpy as jnp
+
+    precision = jax_precision(jax, work)
+
+    def loss_fn(params, x, y):
+        h = x
+        for W, b in zip(params[0:-2:2], params[1:-2:2]):
+            h = jax.nn.relu(jnp.matmul(h, W, precision=precision) + b)
+        logits = jnp.matmul(h, params[-2], precision=precision) + params[-1]
+        return jnp.mean(jax.nn.logsumexp(logits, axis=1) - jnp.sum(logits * y, axis=1))
+
+    return jax_jit_step(work, loss_fn, list(work.values.values()), LEARNING_RATE)
 
 
 class WallEvent:
