@@ -183,3 +183,42 @@ def test_a_chain_of_convolutions_stays_channels_last_from_one_to_the_next(dtype)
             assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)
     lone = ct.compile([ct.conv2d(x, ws[0], padding=1)], inputs=[x, ws[0]], backend="cupy")  # auto: no chain to keep
     assert "channels-last" not in lone.explain()
+
+
+IM2COL_GEOMETRIES = [  # x shape, w shape, ct.conv keywords
+    ((3, 5, 9, 8), (6, 5, 3, 3), dict(strides=(2, 2), padding=((1, 1), (1, 1)))),
+    ((2, 4, 10, 7), (3, 4, 3, 2), dict(padding=((2, 2), (0, 1)), rhs_dilation=(2, 1))),
+    ((4, 3, 6, 6), (8, 3, 1, 1), dict(strides=(1, 2))),
+    ((2, 3, 11), (4, 3, 3), dict(strides=(2,), padding=((1, 0),))),  # one spatial axis
+]
+
+
+@pytest.mark.parametrize("one_image_at_a_time", [False, True])
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("x_shape, w_shape, options", IM2COL_GEOMETRIES)
+def test_im2col_and_gemms_compute_the_convolution_and_its_weight_gradient(x_shape, w_shape, options, dtype, nhwc,
+                                                                          one_image_at_a_time, monkeypatch):
+    from cortado.backends.cupy import dnn, window_gemm
+
+    if one_image_at_a_time:  # the weight gradient added image by image: float32 and wider only
+        monkeypatch.setattr(window_gemm, "_chunk", lambda batch, per_image_bytes: 1)
+    x, w = ct.var("x", x_shape, dtype), ct.var("w", w_shape, dtype)
+    y = ct.conv(ct.relu(x), w, **options)  # relu: the image is computed, so nhwc=True stores it channels last
+    outputs = [y] + ct.grad(ct.sum(y * y), [w])
+    rng = np.random.default_rng(7)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", nhwc=nhwc)
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    windowed = [r for r in runners if r.windows is not None]
+    narrow = ct.var("t", (), dtype).dtype.itemsize < 4
+    modes = {"fprop"} if one_image_at_a_time and narrow else {"fprop", "wgrad"}
+    assert {r.mode for r in windowed} == modes, [r.describe() for r in runners]
+    assert "im2col and GEMMs" in program.explain()
+    for runner in windowed:
+        runner.choice = dnn.WINDOWS
+    scale = [max(1.0, float(np.abs(e).max())) for e in expected]
+    for ours, theirs, s in zip(program(**feeds), expected, scale):
+        assert_close(np.asarray(ours.get(), np.float64) / s, theirs / s, dtype)
+    assert all(r.describe().startswith("im2col") for r in windowed)

@@ -12,9 +12,10 @@ in a narrower type than float32, and none is nondeterministic (two runs give the
 the program allows it (``deterministic=False``: cuDNN's weight gradients that add partial sums with
 atomics are 2x faster on float32 images of few channels). A 1x1
 convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
-one batched cuBLASLt GEMM, which is a candidate too. When a program is built, up to
-``CANDIDATES`` plans and the GEMM are timed on the program's own buffers (``timing``) and the
-fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
+one batched cuBLASLt GEMM, which is a candidate too; so is any forward convolution or weight
+gradient without groups as im2col and GEMMs (``window_gemm``). When a program is built, up to
+``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
+and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
 process by everything that describes the call, as cuBLASLt's are.
 """
 
@@ -28,15 +29,17 @@ from .blas import Gemm
 from .codegen import channels_last_strides, contiguous_strides
 from .lowering.gemm import gemm
 from .timing import time_graph
+from .window_gemm import window_gemm
 
 CANDIDATES = 8  # the plans timed when a program is built, cuDNN's best guesses first
 MARGIN = 0.03  # how much faster than cuDNN's first choice another plan must be to replace it
 WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not considered
 _DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
 GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
+WINDOWS = "windows"  # the choice of im2col and GEMMs (``window_gemm``)
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
-_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's or None))
+_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's, im2col's; None where none))
 
 
 def _cudnn():
@@ -95,8 +98,10 @@ class Conv:
             _graphs[self.key] = self._build(term, described, tf32, deterministic)
         self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
         self.gemm, self.image_first = _as_gemm(term, layouts, tf32) or (None, False)
-        self.workspace_bytes = max(workspace, self.gemm.workspace_bytes if self.gemm else 0)
-        self.choice, self.times = _tuned.get(self.key, (self.plans[0], None))
+        self.windows = window_gemm(term, layouts, tf32)
+        self.workspace_bytes = max([workspace] + [c.workspace_bytes for c in (self.gemm, self.windows) if c])
+        self.tuned_key = self.key + (self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
+        self.choice, self.times = _tuned.get(self.tuned_key, (self.plans[0], None))
 
     def _build(self, term, described, tf32, deterministic):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
@@ -152,32 +157,40 @@ class Conv:
         """Which call runs, and the times that chose it, for ``explain``."""
         if self.choice == GEMM:
             what = f"a cuBLASLt GEMM over the pixels for this 1x1 {self.mode}"
+        elif self.choice == WINDOWS:
+            what = self.windows.describe()
         else:
             what = f"cuDNN {self.mode} {self.graph.get_plan_name_at_index(self.choice)}"
         if self.times is None:
             return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)"
-        cudnn_best, gemm_time = self.times
-        timed = f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"
-        return what + f" ({timed}" + (f", the GEMM {1e3 * gemm_time:.1f} us)" if gemm_time is not None else ")")
+        cudnn_best, gemm_time, windows_time = self.times
+        timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"]
+        timed += [f"the GEMM {1e3 * gemm_time:.1f} us"] if gemm_time is not None else []
+        timed += [f"im2col and GEMMs {1e3 * windows_time:.1f} us"] if windows_time is not None else []
+        return f"{what} ({', '.join(timed)})"
 
     def tune(self, pointers, stream):
-        """Choose the fastest plan, or the GEMM, timed on ``pointers`` (``call``'s), whose contents it overwrites.
-        cuDNN's first choice stays unless another is faster by ``MARGIN``."""
-        if self.key in _tuned:
-            self.choice, self.times = _tuned[self.key]
+        """Choose the fastest plan, the GEMM or im2col and GEMMs, timed on ``pointers`` (``call``'s), whose contents
+        it overwrites. cuDNN's first choice stays unless another is faster by ``MARGIN``."""
+        if self.tuned_key in _tuned:
+            self.choice, self.times = _tuned[self.tuned_key]
             return
         times = [self._time(index, pointers, stream) for index in self.plans]
         if np.isinf(min(times)):
             raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
         best = int(np.argmin(times))
         best = best if times[best] < times[0] * (1 - MARGIN) else 0
-        gemm_time = None
-        if self.gemm is not None:
-            self.gemm.tune(self._gemm_pointers(*pointers), stream)
-            gemm_time = self._time(GEMM, pointers, stream)
-        faster = gemm_time is not None and gemm_time < times[best] * (1 - MARGIN)
-        self.choice, self.times = GEMM if faster else self.plans[best], (times[best], gemm_time)
-        _tuned[self.key] = (self.choice, self.times)
+        choice, fastest, others = self.plans[best], times[best] * (1 - MARGIN), []
+        for candidate, runner in ((GEMM, self.gemm), (WINDOWS, self.windows)):
+            if runner is None:
+                others.append(None)
+                continue
+            runner.tune(self._gemm_pointers(*pointers) if candidate == GEMM else pointers, stream)
+            others.append(self._time(candidate, pointers, stream))
+            if others[-1] < fastest:
+                choice, fastest = candidate, others[-1]
+        self.choice, self.times = choice, (times[best], *others)
+        _tuned[self.tuned_key] = (self.choice, self.times)
 
     def _time(self, choice, pointers, stream):
         """Milliseconds a call with ``choice`` takes; infinite if the library refuses it."""
@@ -196,6 +209,9 @@ class Conv:
         """Run on device pointers on ``stream`` (a pointer)."""
         if self.choice == GEMM:
             self.gemm.call(*self._gemm_pointers(a, b, out, workspace), stream)
+            return
+        if self.choice == WINDOWS:
+            self.windows.call(a, b, out, workspace, stream)
             return
         cudnn = _cudnn()
         cudnn.set_stream(handle(), stream)

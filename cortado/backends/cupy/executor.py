@@ -278,8 +278,9 @@ class Executor(interface.Executor):
             cupy.ndarray((count,), dtype, memptr=block.memory.data)[...] = values.astype(dtype)
         cupy.cuda.Device().synchronize()
         pointers = self._resolved([self.feed_block.pointer(k) for k in range(len(self.feeds))])
-        for runner, operands in self.tuned:
-            runner.tune(operands(pointers), self.stream)
+        with self.stream:  # the current stream, where a call's own kernels launch
+            for runner, operands in self.tuned:
+                runner.tune(operands(pointers), self.stream)
         self.feed_block = None
 
     def _resolved(self, feed_pointers):

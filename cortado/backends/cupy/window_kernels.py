@@ -1,5 +1,6 @@
 """CUDA C for the window ops that move elements between a tensor and its border or windows: ``pad`` (and
-crop), ``flip`` and ``overlap_add``. ``windows`` needs none: it is a strided view (``layout``).
+crop), ``flip`` and ``overlap_add``, and the columns a convolution as GEMM multiplies (``im2col``,
+``window_gemm``). ``windows`` needs none: it is a strided view (``layout``).
 
 Each is a gather over its output, one thread per element: the thread finds, by constant index
 arithmetic, the input elements its output element comes from. ``overlap_add`` so sums the taps of
@@ -10,7 +11,7 @@ takes them.
 
 import math
 
-from .codegen import THREADS, compute_type, finished_source, literal, storage_type
+from .codegen import THREADS, Operand, compute_type, finished_source, literal, storage_type
 
 
 def _coordinates(shape):
@@ -79,3 +80,23 @@ def overlap_add_source(operand, out, strides, dilation):
         statements.append(f"{depth}}}")
     statements.append(f"    out0[i] = ct_store<{storage_type(out.dtype)}>(acc);")
     return _gather("overlap_add", operand, out, statements)
+
+
+def im2col_source(images, window, strides, lows, dilation, counts):
+    """The columns of ``images`` (``(B, C, *spatial)``, read where they lie): a ``(C * taps, B * positions)``
+    row-major matrix whose element ``((c, *tap), (b, *position))`` is ``images[b, c, position * strides - lows +
+    tap * dilation]``, zero where that falls in the padding; ``window`` is the taps per axis, ``counts`` the
+    positions per axis."""
+    count = len(window)
+    batch, channels = images.shape[:2]
+    out = Operand((channels, *window, batch, *counts), images.dtype, ())
+    taps = [f"c{1 + a}" for a in range(count)]
+    positions = [f"c{2 + count + a}" for a in range(count)]
+    sources = [f"({p}) * {s} - ({low}) + ({t}) * {d}" for p, t, s, low, d in zip(positions, taps, strides, lows, dilation)]
+    statements = [f"    const long long x{a} = {source};" for a, source in enumerate(sources)]
+    inside = " && ".join(f"x{a} >= 0 && x{a} < {n}" for a, n in enumerate(images.shape[2:]))
+    coordinates = [f"c{1 + count}", "c0"] + [f"x{a}" for a in range(count)]
+    read = f"in0[{_offset(images.strides, lambda a: coordinates[a])}]"
+    zero = f"ct_store<{storage_type(images.dtype)}>(({compute_type(images.dtype)})0)"
+    statements.append(f"    out0[i] = ({inside}) ? {read} : {zero};")
+    return _gather("im2col", images, out, statements)

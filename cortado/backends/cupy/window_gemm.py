@@ -1,0 +1,150 @@
+"""A convolution as cuBLASLt GEMMs over its windows (im2col): a candidate cuDNN's plans are timed against.
+
+A chunk of images at a time, the windows of the input are gathered into a column matrix in the
+workspace, ``col[(c, *tap), (n, *position)]`` (``window_kernels.im2col_source``: padding reads as
+zeros, strides and dilation are constant index arithmetic), and cuBLASLt multiplies it:
+
+- forward: ``out[n] = w (K, C taps) @ col[:, n]``, one batched GEMM over the chunk's images for NCHW
+  results, or ``out = col^T @ w^T`` over every pixel of the chunk for NHWC results;
+- weight gradient: ``dw (K, C taps) += dy (K, pixels) @ col^T``, the chunks added in order into ``dw``
+  (zeroed first), so the result is the same bits every run. An NCHW ``dy`` is gathered into
+  ``(K, pixels)`` rows first, by the same kernel (one tap); an NHWC one is read where it is.
+
+Chunks are as many images (a divisor of the batch) as keep the gathered matrices within
+``COLUMN_BYTES``; without groups only. The data gradient stays cuDNN's.
+"""
+
+import math
+
+import numpy as np
+
+from ...exprgraph.constructors import var
+from ...memplan import aligned
+from .blas import Gemm
+from .codegen import Operand, channels_last_strides, contiguous_strides
+from .kernels import compiled
+from .lowering.gemm import gemm
+from .window_kernels import im2col_source
+
+COLUMN_BYTES = 32 << 20  # the most the gathered columns (and rows of dy) of one chunk may take
+ALIGNMENT = 256
+
+
+def _chunk(batch, per_image_bytes):
+    """The most images, dividing ``batch``, whose gathered matrices fit in ``COLUMN_BYTES``; None if one does not."""
+    fitting = [b for b in range(1, batch + 1) if batch % b == 0 and b * per_image_bytes <= COLUMN_BYTES]
+    return max(fitting) if fitting else None
+
+
+def window_gemm(term, layouts, tf32):
+    """The ``WindowGemm`` of ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or None where it has
+    none: a data gradient, groups, weights or a result stored other than the GEMM writes them, or images too
+    large for ``COLUMN_BYTES`` one at a time."""
+    mode, _, _, _, groups, _ = term.attrs
+    x, second = term.args
+    if mode == "dgrad" or groups != 1:
+        return None
+    taps = x.shape[1] * math.prod((second.shape if mode == "fprop" else term.shape)[2:])
+    positions = math.prod((term.shape if mode == "fprop" else second.shape)[2:])
+    per_image = taps * positions * term.dtype.itemsize
+    if mode == "fprop":
+        stored = layouts[term] in (contiguous_strides(term.shape), channels_last_strides(term.shape))
+        if not stored or layouts[second] != contiguous_strides(second.shape):
+            return None
+        gathered_rows = False
+    else:
+        if layouts[term] != contiguous_strides(term.shape):
+            return None
+        gathered_rows = layouts[second] != channels_last_strides(second.shape)
+        per_image += gathered_rows * second.shape[1] * positions * term.dtype.itemsize
+    chunk = _chunk(x.shape[0], per_image)
+    if chunk is None or (mode == "wgrad" and term.dtype.itemsize < 4 and chunk < x.shape[0]):
+        return None  # chunks added in a narrow type would round each partial sum: no narrower reduction than float32
+    return WindowGemm(term, layouts, tf32, chunk, gathered_rows)
+
+
+class WindowGemm:
+    """One ``dnn_conv`` (fprop or wgrad, no groups) as im2col and cuBLASLt GEMMs, ``chunk`` images at a time, over
+    fixed pointers. ``gathered_rows``: a weight gradient's ``dy`` is gathered into rows (it is not NHWC)."""
+
+    def __init__(self, term, layouts, tf32, chunk, gathered_rows):
+        mode, strides, padding, dilation, _, _ = term.attrs
+        x, second = term.args
+        self.mode, self.chunk, self.batches = mode, chunk, x.shape[0] // chunk
+        itemsize = term.dtype.itemsize
+        window = (second.shape if mode == "fprop" else term.shape)[2:]
+        counts = (term.shape if mode == "fprop" else second.shape)[2:]
+        taps, positions = x.shape[1] * math.prod(window), math.prod(counts)
+        pixels = chunk * positions
+        image = Operand((chunk,) + x.shape[1:], x.dtype, layouts[x])
+        lows = tuple(low for low, _ in padding)
+        self.columns = im2col_source(image, window, strides, lows, dilation, counts)
+        self.image_step = chunk * layouts[x][0] * itemsize
+        self.columns_bytes = aligned(taps * pixels * itemsize, ALIGNMENT)
+        columns_t = var("columns_t", (pixels, taps), x.dtype)  # col^T, col being (taps, pixels) row-major
+        self.rows, rows_bytes = None, 0
+        if mode == "fprop":
+            weights = var("weights", (second.shape[0], taps), x.dtype)
+            self.columns_first = layouts[term] == channels_last_strides(term.shape)
+            if self.columns_first:  # out rows (pixels, K) = col^T @ w^T
+                product = gemm(columns_t, weights, transpose_b=True)
+                operands = {columns_t: (1, pixels), weights: contiguous_strides(weights.shape)}
+            else:  # out[n] (K, positions) = w @ col[:, n]
+                spread = var("columns", (chunk, taps, positions), x.dtype)
+                product = gemm(weights, spread)
+                operands = {spread: (positions, pixels, 1), weights: contiguous_strides(weights.shape)}
+            self.out_step = chunk * math.prod(term.shape[1:]) * itemsize
+        else:
+            k = second.shape[1]
+            rows = var("dy_rows", (k, pixels), x.dtype)
+            if gathered_rows:  # gathered into (K, pixels) rows after the columns: im2col of dy with one tap
+                ones = (1,) * len(counts)
+                dy_image = Operand((chunk,) + second.shape[1:], x.dtype, layouts[second])
+                self.rows = im2col_source(dy_image, ones, ones, (0,) * len(counts), ones, counts)
+                rows_bytes, row_strides = aligned(k * pixels * itemsize, ALIGNMENT), (pixels, 1)
+            else:  # NHWC: dy's (pixels, K) rows read where they lie, as a transposed matrix
+                row_strides = (1, k)
+            dw = var("dw", (term.shape[0], taps), x.dtype)
+            product = gemm(rows, columns_t, beta=1.0, c=dw)
+            operands = {rows: row_strides, columns_t: (1, pixels), dw: contiguous_strides(dw.shape)}
+            self.dy_step = chunk * layouts[second][0] * itemsize
+            self.out_bytes = term.size * itemsize
+        self.scratch = self.columns_bytes + rows_bytes
+        self.gemm = Gemm(product, operands, tf32)
+        self.workspace_bytes = self.scratch + self.gemm.workspace_bytes
+
+    def describe(self):
+        what = "weight gradient" if self.mode == "wgrad" else "forward convolution"
+        return f"im2col and cuBLASLt GEMMs for this {what}, {self.chunk} images at a time"
+
+    def _gemm_pointers(self, a, b, out, workspace, chunk=0):
+        """``Gemm.call``'s pointers for chunk ``chunk`` of ``call``'s (the first, for tuning)."""
+        columns, gemm_workspace = workspace, workspace + self.scratch
+        if self.mode == "fprop":
+            at = out + chunk * self.out_step
+            factors = (columns, b) if self.columns_first else (b, columns)
+            return (*factors, at, at, gemm_workspace, None, None)
+        rows = workspace + self.columns_bytes if self.rows is not None else b + chunk * self.dy_step
+        return rows, columns, out, out, gemm_workspace, None, None
+
+    def tune(self, pointers, stream):
+        """Choose the GEMM's algorithm on ``pointers`` (``call``'s, without the stream)."""
+        self.gemm.tune(self._gemm_pointers(*pointers), stream)
+
+    def call(self, a, b, out, workspace, stream):
+        """Run on device pointers (``a``, ``b``: ``dnn_conv``'s operands) on ``stream`` (a pointer), which must be
+        CuPy's current stream, as the executor's is wherever it runs or tunes a call: the gathers launch there."""
+        import cupy
+
+        if self.mode == "wgrad":
+            cupy.cuda.runtime.memsetAsync(out, 0, self.out_bytes, stream)
+        for chunk in range(self.batches):
+            _launch(self.columns, a + chunk * self.image_step, workspace)
+            if self.rows is not None:
+                _launch(self.rows, b + chunk * self.dy_step, workspace + self.columns_bytes)
+            self.gemm.call(*self._gemm_pointers(a, b, out, workspace, chunk), stream)
+
+
+def _launch(source, image, destination):
+    """Run the gather ``source`` from ``image`` into ``destination`` (pointers) on the current stream."""
+    compiled(source)((source.blocks,), source.block, (np.uint64(image), np.uint64(destination)))
