@@ -195,3 +195,25 @@ def test_gelu_bias_gradients_are_the_dgelu_products_column_sums():
     feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, W1, b1, W2)}
     for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate(gradients, feeds)):
         np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
+
+
+CONVS_CUDNN_CANNOT_TAKE = [  # x shape, w shape, ct.conv keywords, dtype
+    ((2, 4, 5, 4, 3, 3), (6, 2, 2, 1, 2, 2), dict(strides=(1, 2, 1, 1), padding=((1, 0), (0, 1), (1, 1), (-1, 0)),
+                                                  lhs_dilation=(1, 1, 2, 1), rhs_dilation=(2, 1, 1, 1), groups=2),
+     "float64"),
+    ((1, 1, 1, 1, 1, 1), (1, 1, 1, 1, 1, 1), {}, "float32"),
+    ((2, 6, 6, 5), (4, 3, 3, 2), dict(strides=(2, 1), padding=((1, 1), (0, 1)), groups=2), "int32"),
+]
+
+
+@pytest.mark.parametrize("x_shape, w_shape, options, dtype", CONVS_CUDNN_CANNOT_TAKE)
+def test_a_convolution_cudnn_cannot_take_is_a_matrix_product_over_its_windows(x_shape, w_shape, options, dtype):
+    x, w = ct.var("x", x_shape, dtype), ct.var("w", w_shape, dtype)
+    y = ct.conv(x, w, **options)
+    (new,), counts = lowered([y])
+    ops = {t.op.name for t in schedule(new)}
+    assert "conv" not in ops and "dnn_conv" not in ops and "windows" in ops, ops
+    assert ("gemm" in ops) == (dtype != "int32"), ops  # cuBLASLt's for floats; a reduction for integers
+    rng = np.random.default_rng(0)
+    feeds = {v.name: (3 * rng.standard_normal(v.shape)).astype(dtype) for v in (x, w)}
+    np.testing.assert_allclose(ct.evaluate([new], feeds)[0], ct.evaluate([y], feeds)[0], rtol=1e-12, atol=1e-12)

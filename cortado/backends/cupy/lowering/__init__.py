@@ -13,7 +13,7 @@ from ....rules.decompositions import composites, einsum_lowering
 from ....rules.engine import Chain, Fixpoint, Postwalk
 from . import conv, gemm
 
-TARGETS = (gemm, conv)
+TARGETS = (conv, gemm)  # conv first: what cuDNN cannot take becomes matmuls for gemm's rules
 
 
 class GpuLowering:

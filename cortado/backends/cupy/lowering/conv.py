@@ -14,7 +14,9 @@ plain form spells out:
 - a convolution of a transposed input with a transposed kernel, transposed back, is a weight
   gradient: the ``N``-axis of both is what it sums over;
 - every other convolution is a forward one; padding with a negative side (a crop) and an input
-  dilation no gradient form explains are spelled out first with ``pad`` and ``reshape``.
+  dilation no gradient form explains are spelled out first with ``pad`` and ``reshape``;
+- one cuDNN cannot take (more than three spatial axes, integer operands) is a matrix product over
+  its windows, which the gemm target, after this one, lowers in turn.
 
 ``dnn_conv`` keeps the geometry of the forward convolution it belongs to (``strides``, ``padding``
 as non-negative ``(low, high)`` pairs, ``dilation``, ``groups``) and the shape it makes, which a
@@ -22,6 +24,8 @@ strided forward convolution leaves ambiguous for ``dgrad``. Its reference semant
 form's, evaluated by the reference interpreter. ``dnn`` runs it; cuDNN takes 1 to 3 spatial axes,
 in float16, bfloat16, float32 and float64.
 """
+
+import math
 
 import numpy as np
 
@@ -190,14 +194,31 @@ def _as_fprop(x, w, strides, padding, lhs, rhs, groups):
     return dnn_conv(x, w, "fprop", strides, pads, rhs, groups, out)
 
 
+def _as_matmul_over_windows(x, w, strides, padding, lhs, rhs, groups):
+    """A convolution cuDNN cannot take (more than ``MAX_SPATIAL`` axes, integers) as a matrix product over its
+    windows: the dilated, padded input's windows (a strided view) as ``(G, N pixels, Cg taps)`` rows, times the
+    weights as ``(G, Cg taps, Kg)``; the gemm target makes it cuBLASLt's where it can, a reduction elsewhere."""
+    x = ct.pad(_dilated(x, lhs), ((0, 0), (0, 0)) + tuple(padding))
+    n, c, k, count = x.shape[0], x.shape[1], w.shape[0], len(strides)
+    windows = ct.windows(x, w.shape[2:], strides=strides, dilation=rhs)  # (N, C, *positions, *taps)
+    positions = windows.shape[2:2 + count]
+    grouped = ct.reshape(windows, (n, groups, c // groups) + windows.shape[2:])
+    order = (1, 0) + tuple(range(3, 3 + count)) + (2,) + tuple(range(3 + count, 3 + 2 * count))
+    rows = ct.reshape(ct.transpose(grouped, order), (groups, n * math.prod(positions), -1))
+    weights = ct.transpose(ct.reshape(w, (groups, k // groups, -1)), (0, 2, 1))
+    product = ct.reshape(ct.matmul(rows, weights), (groups, n) + positions + (k // groups,))  # (G, N, *pos, Kg)
+    moved = ct.transpose(product, (1, 0, 2 + count) + tuple(range(2, 2 + count)))  # (N, G, Kg, *positions)
+    return ct.reshape(moved, (n, k) + positions)
+
+
 def _lower_conv(b):
     x, w = b["_x"], b["_w"]
     strides, padding, lhs, rhs, groups = b["_s"], b["_p"], b["_l"], b["_r"], b["_g"]
     dtype = b.term.dtype
-    if dtype not in DNN_DTYPES or not 1 <= x.ndim - 2 <= MAX_SPATIAL:
-        return None
     if x.dtype != dtype or w.dtype != dtype:
         x, w = ct.cast(x, dtype), ct.cast(w, dtype)
+    if dtype not in DNN_DTYPES or not 1 <= x.ndim - 2 <= MAX_SPATIAL:
+        return _as_matmul_over_windows(x, w, strides, padding, lhs, rhs, groups)
     ones = (1,) * len(strides)
     if strides == ones and (lhs != ones or _flipped(w)):
         found = _as_dgrad(x, w, padding, lhs, rhs, groups, b.term.shape)
