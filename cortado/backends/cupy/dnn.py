@@ -12,8 +12,8 @@ in a narrower type than float32, and none is nondeterministic (two runs give the
 the program allows it (``deterministic=False``: cuDNN's weight gradients that add partial sums with
 atomics are 2x faster on float32 images of few channels). A 1x1
 convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
-one batched cuBLASLt GEMM, which is a candidate too; so is any forward convolution or weight
-gradient without groups as im2col and GEMMs (``window_gemm``). When a program is built, up to
+one batched cuBLASLt GEMM, which is a candidate too; so is any float32 or float64 forward
+convolution or weight gradient without groups as im2col and GEMMs (``window_gemm``). When a program is built, up to
 ``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
 and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
 process by everything that describes the call, as cuBLASLt's are.

@@ -11,7 +11,11 @@ zeros, strides and dilation are constant index arithmetic), and cuBLASLt multipl
   ``(K, pixels)`` rows first, by the same kernel (one tap); an NHWC one is read where it is.
 
 Chunks are as many images (a divisor of the batch) as keep the gathered matrices within
-``COLUMN_BYTES``; without groups only. The data gradient stays cuDNN's.
+``COLUMN_BYTES``; without groups only. The data gradient stays cuDNN's. Only float32 and float64 take
+part: on the H100, cuDNN's tensor-core kernels for float16 and bfloat16 were 2 to 10 times faster than
+this in every layer of the convolution benchmarks, and the memory plan holds a candidate's workspace
+whether it wins or not. In float32, without tensor cores, it wins some weight gradients (those of the
+strided layers of bench_cnn_gpu.py's network, the 1x1 layers of bench_conv_layers_gpu.py).
 """
 
 import math
@@ -26,7 +30,8 @@ from .kernels import compiled
 from .lowering.gemm import gemm
 from .window_kernels import im2col_source
 
-COLUMN_BYTES = 32 << 20  # the most the gathered columns (and rows of dy) of one chunk may take
+COLUMN_BYTES = 8 << 20  # the most the gathered columns (and rows of dy) of one chunk may take
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ALIGNMENT = 256
 
 
@@ -38,11 +43,11 @@ def _chunk(batch, per_image_bytes):
 
 def window_gemm(term, layouts, tf32):
     """The ``WindowGemm`` of ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or None where it has
-    none: a data gradient, groups, weights or a result stored other than the GEMM writes them, or images too
-    large for ``COLUMN_BYTES`` one at a time."""
+    none: a data gradient, groups, a dtype not in ``DTYPES``, weights or a result stored other than the GEMM
+    writes them, or images too large for ``COLUMN_BYTES`` one at a time."""
     mode, _, _, _, groups, _ = term.attrs
     x, second = term.args
-    if mode == "dgrad" or groups != 1:
+    if mode == "dgrad" or groups != 1 or term.dtype not in DTYPES:
         return None
     taps = x.shape[1] * math.prod((second.shape if mode == "fprop" else term.shape)[2:])
     positions = math.prod((term.shape if mode == "fprop" else second.shape)[2:])
@@ -58,9 +63,7 @@ def window_gemm(term, layouts, tf32):
         gathered_rows = layouts[second] != channels_last_strides(second.shape)
         per_image += gathered_rows * second.shape[1] * positions * term.dtype.itemsize
     chunk = _chunk(x.shape[0], per_image)
-    if chunk is None or (mode == "wgrad" and term.dtype.itemsize < 4 and chunk < x.shape[0]):
-        return None  # chunks added in a narrow type would round each partial sum: no narrower reduction than float32
-    return WindowGemm(term, layouts, tf32, chunk, gathered_rows)
+    return None if chunk is None else WindowGemm(term, layouts, tf32, chunk, gathered_rows)
 
 
 class WindowGemm:
