@@ -14,8 +14,9 @@ Chunks are as many images (a divisor of the batch) as keep the gathered matrices
 ``COLUMN_BYTES``; without groups only. The data gradient stays cuDNN's. Only float32 and float64 take
 part: on the H100, cuDNN's tensor-core kernels for float16 and bfloat16 were 2 to 10 times faster than
 this in every layer of the convolution benchmarks, and the memory plan holds a candidate's workspace
-whether it wins or not. In float32, without tensor cores, it wins some weight gradients (those of the
-strided layers of bench_cnn_gpu.py's network, the 1x1 layers of bench_conv_layers_gpu.py).
+whether it wins or not. In float32, without tensor cores, it won four weight gradients of the 1x1 layers
+of bench_conv_layers_gpu.py (with 32 MiB chunks, also the strided layers' of bench_cnn_gpu.py's network,
+for 19 MiB more device memory in its bfloat16 step).
 """
 
 import math
