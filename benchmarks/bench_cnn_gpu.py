@@ -34,10 +34,10 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
-from bench_fused_gpu import attempt, clock, log, print_table, require_gpu, versions  # noqa: E402
+from bench_fused_gpu import attempt, clock, log, require_gpu, versions  # noqa: E402
 from bench_mlp_gpu import (  # noqa: E402
-    COLUMNS, LOSS_TOLERANCE, MEMORY_TARGET, SUMMARY, WALL, check_losses, jax_jit_step, jax_on_gpu, jax_precision,
-    measured, release, table_rows, torch_batch, torch_compiled_step, torch_on_gpu, wall_clock,
+    LOSS_TOLERANCE, SUMMARY, WALL, contest, jax_jit_step, jax_on_gpu, jax_precision, measured, print_tables, torch_batch,
+    torch_compiled_step, torch_on_gpu, wall_clock,
 )
 from machine import describe  # noqa: E402
 from reporting import write_results  # noqa: E402
@@ -243,25 +243,11 @@ CNN_CONTESTANTS = {"torch": torch_eager, "torch.compile": torch_compiled, "jax":
 
 
 def cnn_case(dtype, skip, options):
-    """Every contestant on one dtype, their losses checked, their times set against ours, and the memory."""
+    """Every contestant on one dtype (bench_mlp_gpu's ``contest``)."""
     work = replace(cnn_workload(dtype), options=options)
-    label = f"cnn {dtype}"
-    results = {}
-    for name, contestant in CNN_CONTESTANTS.items():
-        if name not in skip:
-            results[name] = attempt(f"{label}: {name}", contestant, work)
-            release()
-    check_losses(label, results, LOSS_TOLERANCE[dtype])
-    ours, eager = results.get("cortado", {}), results.get("torch", {})
-    for result in results.values():
-        if "ms" in result and "ms" in ours:
-            result["peer_over_ours"] = result["ms"] / (ours["wall_ms"] if result["timer"] == WALL else ours["ms"])
-    case = {"batch": CNN_BATCH, "image": f"3x{IMAGE_SIDE}x{IMAGE_SIDE}", "stages": STAGES, "blocks": BLOCKS,
-            "warmup": work.warmup, "repeats": work.repeats, "contestants": results}
-    if "device_bytes" in ours and "peak_bytes" in eager:
-        case["memory"] = {"ours_bytes": ours["device_bytes"], "torch_bytes": eager["peak_bytes"],
-                          "ours_over_torch": ours["device_bytes"] / eager["peak_bytes"], "target": MEMORY_TARGET}
-    return case
+    results, memory = contest(f"cnn {dtype}", CNN_CONTESTANTS, work, skip)
+    return {"batch": CNN_BATCH, "image": f"3x{IMAGE_SIDE}x{IMAGE_SIDE}", "stages": STAGES, "blocks": BLOCKS,
+            "warmup": work.warmup, "repeats": work.repeats, "contestants": results, **memory}
 
 
 def cnn_part(skip, options):
@@ -345,11 +331,7 @@ def main():
     log(gpu)
     results = {"benchmark": "cnn_gpu", "machine": {**describe(), "gpu": gpu}, "cnn": cnn_part(args.skip, args.options)}
     write_results({**results, "versions": versions("torch", "jax"), "notes": NOTES}, args.out)
-    rows, summary = table_rows(results["cnn"]["cases"])
-    print_table(rows, COLUMNS)
-    print_table(summary, MEMORY_COLUMNS)
-    print(f"peer/ours: its time over ours (above 1: ours is faster; against jax, wall clock against wall clock); "
-          f"memory target ours/torch <= {MEMORY_TARGET}", flush=True)
+    print_tables(results["cnn"]["cases"], MEMORY_COLUMNS)
 
 
 if __name__ == "__main__":

@@ -291,26 +291,34 @@ def workload(size, dtype):
     return Workload(sizes, batch, dtype, values, x, y, warmup, repeats)
 
 
-def run_case(size, dtype, skip):
-    """Every contestant on one size and dtype, their losses checked, their times set against ours, the floor
-    and the memory."""
-    work = workload(size, dtype)
-    label = f"{size} {dtype}"
+def contest(label, contestants, work, skip):
+    """Every contestant not in ``skip``, one after another on ``work``: their results, losses checked against torch
+    eager's and times set against ours (``peer_over_ours``), and ours' memory against torch eager's peak."""
     results = {}
-    for name, contestant in CONTESTANTS.items():
+    for name, contestant in contestants.items():
         if name not in skip:
             results[name] = attempt(f"{label}: {name}", contestant, work)
             release()
-    check_losses(label, results, LOSS_TOLERANCE[dtype])
+    check_losses(label, results, LOSS_TOLERANCE[work.dtype])
     ours, eager = results.get("cortado", {}), results.get("torch", {})
     for result in results.values():
         if "ms" in result and "ms" in ours:
             result["peer_over_ours"] = result["ms"] / (ours["wall_ms"] if result["timer"] == WALL else ours["ms"])
-    case = {"size": size, "dtype": dtype, "layers": "-".join(map(str, work.sizes)), "batch": work.batch,
-            "warmup": work.warmup, "repeats": work.repeats, "contestants": results}
+    memory = {}
     if "device_bytes" in ours and "peak_bytes" in eager:
-        case["memory"] = {"ours_bytes": ours["device_bytes"], "torch_bytes": eager["peak_bytes"],
-                          "ours_over_torch": ours["device_bytes"] / eager["peak_bytes"], "target": MEMORY_TARGET}
+        memory = {"memory": {"ours_bytes": ours["device_bytes"], "torch_bytes": eager["peak_bytes"],
+                             "ours_over_torch": ours["device_bytes"] / eager["peak_bytes"], "target": MEMORY_TARGET}}
+    return results, memory
+
+
+def run_case(size, dtype, skip):
+    """Every contestant on one size and dtype (``contest``), and the GEMM floor of the large step."""
+    work = workload(size, dtype)
+    label = f"{size} {dtype}"
+    results, memory = contest(label, CONTESTANTS, work, skip)
+    case = {"size": size, "dtype": dtype, "layers": "-".join(map(str, work.sizes)), "batch": work.batch,
+            "warmup": work.warmup, "repeats": work.repeats, "contestants": results, **memory}
+    ours = results.get("cortado", {})
     if size == "large":
         floor = case["gemm_floor"] = attempt(f"{label}: GEMM floor", gemm_floor, work)
         if "ms" in floor and "ms" in ours:
@@ -401,9 +409,14 @@ def main():
                                      "the sum of each timed alone",
                    },
                    "cases": cases}, args.out)
+    print_tables(cases, SUMMARY)
+
+
+def print_tables(cases, summary_columns):
+    """The contestants' table and the summary's (memory; the MLP's floor), at the end of a run's output."""
     rows, summary = table_rows(cases)
     print_table(rows, COLUMNS)
-    print_table(summary, SUMMARY)
+    print_table(summary, summary_columns)
     print(f"peer/ours: its time over ours (above 1: ours is faster; against jax, wall clock against wall clock); "
           f"memory target ours/torch <= {MEMORY_TARGET}", flush=True)
 
