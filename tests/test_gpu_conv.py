@@ -223,3 +223,35 @@ def test_im2col_and_gemms_compute_the_convolution_and_its_weight_gradient(x_shap
     for ours, theirs, s in zip(program(**feeds), expected, scale):
         assert_close(np.asarray(ours.get(), np.float64) / s, theirs / s, dtype)
     assert all(r.describe().startswith("im2col") for r in windowed)
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_a_residual_blocks_epilogues_run_fused_by_cudnn_or_after_the_convolution(dtype, nhwc):
+    from cortado.backends.cupy import dnn
+
+    x, b = ct.var("x", (4, 8, 10, 10), dtype), ct.var("b", (8,), dtype)
+    w, w2, b2 = ct.var("w", (8, 8, 3, 3), dtype), ct.var("w2", (8, 8, 3, 3), dtype), ct.var("b2", (8,), dtype)
+    h = ct.relu(ct.conv2d(x, w, padding=1) + ct.reshape(b, (-1, 1, 1)))
+    y = ct.relu(ct.conv2d(h, w2, padding=1) + ct.reshape(b2, (-1, 1, 1)) + h)
+    variables = [x, w, b, w2, b2]
+    outputs = [y] + ct.grad(ct.sum(y * y), variables[1:])
+    rng = np.random.default_rng(3)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.3).astype(dtype) for v in variables}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    scale = [max(1.0, float(np.abs(e).max())) for e in expected]
+    program = ct.compile(outputs, inputs=variables, backend="cupy", cuda_graph=False, nhwc=nhwc)
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.epilogue != "none"]
+    assert sorted(r.epilogue for r in runners) == ["bias_add_relu", "bias_relu"], program.explain()
+    assert "fused" in program.explain() or "generated kernel for its" in program.explain()
+    for runner in runners:
+        chosen = runner.choice
+        assert runner.choice not in runner.dropped
+        for choice in [p for p in runner.plans if p not in runner.dropped][:3] + [dnn.UNFUSED]:
+            runner.choice = choice
+            for ours, theirs, s in zip(program(**feeds), expected, scale):
+                try:
+                    assert_close(np.asarray(ours.get(), np.float64) / s, theirs / s, dtype)
+                except AssertionError as error:
+                    raise AssertionError(f"{runner.describe()}: {error}") from None
+        runner.choice = chosen

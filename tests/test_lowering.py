@@ -217,3 +217,28 @@ def test_a_convolution_cudnn_cannot_take_is_a_matrix_product_over_its_windows(x_
     rng = np.random.default_rng(0)
     feeds = {v.name: (3 * rng.standard_normal(v.shape)).astype(dtype) for v in (x, w)}
     np.testing.assert_allclose(ct.evaluate([new], feeds)[0], ct.evaluate([y], feeds)[0], rtol=1e-12, atol=1e-12)
+
+
+def _residual_block(conv_also_returned=False):
+    x, w, b = ct.var("x", (2, 4, 6, 6)), ct.var("w", (4, 4, 3, 3)), ct.var("b", (4,))
+    w2, b2 = ct.var("w2", (4, 4, 3, 3)), ct.var("b2", (4,))
+    first = ct.conv2d(x, w, padding=1)
+    h = ct.relu(first + ct.reshape(b, (-1, 1, 1)))
+    y = ct.relu(ct.conv2d(h, w2, padding=1) + ct.reshape(b2, (-1, 1, 1)) + h)
+    loss = ct.sum(y * y)
+    outputs = [loss] + ct.grad(loss, [w, b, w2, b2]) + ([first] if conv_also_returned else [])
+    return outputs, [x, w, b, w2, b2]
+
+
+@pytest.mark.parametrize("conv_also_returned", [False, True])
+def test_a_convolutions_bias_residual_and_relu_fold_into_its_epilogue(conv_also_returned):
+    outputs, variables = _residual_block(conv_also_returned)
+    new, counts = lowered(outputs)
+    epilogues = sorted(t.attr("epilogue") for t in schedule(new) if t.op.name == "dnn_conv" and t.attr("mode") == "fprop")
+    # a convolution another term reads keeps its result plain: folding would compute it twice
+    assert epilogues == (["bias_add_relu", "none"] if conv_also_returned else ["bias_add_relu", "bias_relu"])
+    assert counts["conv-epilogue"] == (3 if conv_also_returned else 5)
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in variables}
+    for ours, expected in zip(ct.evaluate(new, feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)

@@ -28,6 +28,8 @@ from ...exprgraph.constructors import var
 from .blas import Gemm
 from .codegen import channels_last_strides, contiguous_strides
 from .lowering.gemm import gemm
+from .conv_epilogue import EpilogueKernel
+from .lowering.conv import dnn_conv, epilogue_parts
 from .timing import time_graph
 from .window_gemm import window_gemm
 
@@ -37,9 +39,11 @@ WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not consi
 _DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
 GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
 WINDOWS = "windows"  # the choice of im2col and GEMMs (``window_gemm``)
+UNFUSED = "unfused"  # the choice of the convolution alone, then a generated kernel for its epilogue
+AGREEMENT = {2: 2e-2, 4: 1e-3, 8: 1e-9}  # by itemsize: how far a fused plan may stray, relative to the result
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
-_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's, im2col's; None where none))
+_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's, im2col's, unfused; None: none))
 
 
 def _cudnn():
@@ -62,8 +66,8 @@ def handle():
 def packed(shape, strides):
     """Whether a tensor's strides are those of its elements packed in NCHW (C-order) or NHWC order: the
     layouts cuDNN's convolution engines read."""
-    return any(all(s == e for d, s, e in zip(shape, strides, expected) if d != 1)
-               for expected in (contiguous_strides(shape), channels_last_strides(shape)))
+    layouts = (contiguous_strides(shape),) + ((channels_last_strides(shape),) if len(shape) > 2 else ())
+    return any(all(s == e for d, s, e in zip(shape, strides, expected) if d != 1) for expected in layouts)
 
 
 def _four_dimensional(shape, strides):
@@ -74,7 +78,7 @@ def _four_dimensional(shape, strides):
 
 
 def _geometry(term):
-    mode, strides, padding, dilation, groups, shape = term.attrs
+    mode, strides, padding, dilation, groups, shape, _ = term.attrs
     extra = len(term.shape) == 3  # a 1-d convolution gets a height of 1
     lows = [0] * extra + [low for low, _ in padding]
     highs = [0] * extra + [high for _, high in padding]
@@ -82,26 +86,42 @@ def _geometry(term):
 
 
 class Conv:
-    """One cuDNN call for one ``dnn_conv`` term, over fixed pointers."""
+    """One cuDNN call for one ``dnn_conv`` term, over fixed pointers; with an epilogue, cuDNN's fused plans or the
+    convolution alone followed by a generated kernel for it (``UNFUSED``), whichever is faster."""
 
     def __init__(self, term, layouts, tf32=False, deterministic=True):
         dtype = term.dtype
         if dtype.name not in _DATA_TYPES:
             raise BackendError(f"{term!r}: cuDNN convolves {', '.join(_DATA_TYPES)}, not {dtype}")
-        a, b = term.args
-        described = [_four_dimensional(x.shape, layouts[x]) for x in (a, b, term)]
+        self.epilogue = term.attr("epilogue")
+        described = [_four_dimensional(x.shape, layouts[x]) for x in term.args[:2] + (term,)]
+        described += [_four_dimensional(*(_bias(x, layouts[term]) if x.ndim == 1 else (x.shape, layouts[x])))
+                      for x in term.args[2:]]
         self.key = (term.attrs, dtype.name, tuple(tuple(map(tuple, d)) for d in described), bool(tf32),
                     bool(deterministic))
-        self.dtype = dtype
+        self.dtype, self.size, self.nbytes = dtype, term.size, term.size * dtype.itemsize
         self.mode = term.attr("mode")
+        self.unfused = self.epilogue_kernel = None
+        self.dropped = set()  # fused plans found to disagree with the unfused result when tuned
+        if self.epilogue != "none":
+            plain = dnn_conv(*term.args[:2], *term.attrs[:6])
+            alone = Conv(plain, {**layouts, plain: layouts[term]}, tf32, deterministic)
+            self.unfused, self.epilogue_kernel = alone, EpilogueKernel(term, layouts)
         if self.key not in _graphs:
-            _graphs[self.key] = self._build(term, described, tf32, deterministic)
+            try:
+                _graphs[self.key] = self._build(term, described, tf32, deterministic)
+            except BackendError:
+                if self.unfused is None:
+                    raise
+                _graphs[self.key] = None, (), None, [], 0  # no fused plan: the convolution, then the kernel
         self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
-        self.gemm, self.image_first = _as_gemm(term, layouts, tf32) or (None, False)
-        self.windows = window_gemm(term, layouts, tf32)
-        self.workspace_bytes = max([workspace] + [c.workspace_bytes for c in (self.gemm, self.windows) if c])
+        plain = self.epilogue == "none"
+        self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if plain else None) or (None, False)
+        self.windows = window_gemm(term, layouts, tf32) if plain else None
+        runners = (self.gemm, self.windows, self.unfused)
+        self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in runners if r])
         self.tuned_key = self.key + (self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
-        self.choice, self.times = _tuned.get(self.tuned_key, (self.plans[0], None))
+        self.choice, self.times = _tuned.get(self.tuned_key, (self.plans[0] if self.plans else UNFUSED, None))
 
     def _build(self, term, described, tf32, deterministic):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
@@ -110,7 +130,7 @@ class Conv:
         compute = cudnn.data_type.DOUBLE if term.dtype == np.float64 else cudnn.data_type.FLOAT
         graph = cudnn.pygraph(io_data_type=data_type, intermediate_data_type=compute, compute_data_type=compute,
                               handle=handle())
-        (a_dims, a_strides), (b_dims, b_strides), (out_dims, out_strides) = described
+        (a_dims, a_strides), (b_dims, b_strides), (out_dims, out_strides), *extras = described
         a = graph.tensor(dim=a_dims, stride=a_strides, data_type=data_type)
         b = graph.tensor(dim=b_dims, stride=b_strides, data_type=data_type)
         mode, lows, highs, strides, dilation = _geometry(term)
@@ -121,6 +141,11 @@ class Conv:
             out = graph.conv_dgrad(loss=a, filter=b, **geometry)
         else:
             out = graph.conv_wgrad(image=a, loss=b, **geometry)
+        added = [graph.tensor(dim=dims, stride=strides, data_type=data_type) for dims, strides in extras]
+        for tensor in added:  # the bias, then the residual, as the epilogue names them
+            out = graph.add(a=out, b=tensor)
+        if "relu" in epilogue_parts(self.epilogue):
+            out = graph.relu(input=out)
         out.set_output(True).set_dim(out_dims).set_stride(out_strides).set_data_type(data_type)
         try:
             graph.validate()
@@ -151,7 +176,7 @@ class Conv:
                 break
         if not plans:
             raise BackendError(f"{term!r}: cuDNN built no plan for this {mode} convolution")
-        return graph, (a, b), out, plans, workspace
+        return graph, (a, b, *added), out, plans, workspace
 
     def describe(self):
         """Which call runs, and the times that chose it, for ``explain``."""
@@ -159,38 +184,82 @@ class Conv:
             what = f"a cuBLASLt GEMM over the pixels for this 1x1 {self.mode}"
         elif self.choice == WINDOWS:
             what = self.windows.describe()
+        elif self.choice == UNFUSED:
+            what = f"{self.unfused.describe()}, then a generated kernel for its {self.epilogue}"
         else:
-            what = f"cuDNN {self.mode} {self.graph.get_plan_name_at_index(self.choice)}"
+            fused = f" with its {self.epilogue} fused" if self.epilogue != "none" else ""
+            what = f"cuDNN {self.mode}{fused} {self.graph.get_plan_name_at_index(self.choice)}"
         if self.times is None:
-            return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)"
-        cudnn_best, gemm_time, windows_time = self.times
-        timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"]
+            return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)" if self.plans else what
+        cudnn_best, gemm_time, windows_time, unfused_time = self.times
+        timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"] if self.plans else []
         timed += [f"the GEMM {1e3 * gemm_time:.1f} us"] if gemm_time is not None else []
         timed += [f"im2col and GEMMs {1e3 * windows_time:.1f} us"] if windows_time is not None else []
-        return f"{what} ({', '.join(timed)})"
+        timed += [f"unfused {1e3 * unfused_time:.1f} us"] if unfused_time is not None and self.plans else []
+        timed += [f"{len(self.dropped)} fused plans dropped: they disagreed with it unfused"] if self.dropped else []
+        return f"{what} ({', '.join(timed)})" if timed else what
 
     def tune(self, pointers, stream):
-        """Choose the fastest plan, the GEMM or im2col and GEMMs, timed on ``pointers`` (``call``'s), whose contents
-        it overwrites. cuDNN's first choice stays unless another is faster by ``MARGIN``."""
+        """Choose the fastest plan, the GEMM, im2col and GEMMs, or the convolution alone and the epilogue's kernel,
+        timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first choice stays unless another
+        is faster by ``MARGIN``."""
         if self.tuned_key in _tuned:
             self.choice, self.times = _tuned[self.tuned_key]
             return
         times = [self._time(index, pointers, stream) for index in self.plans]
-        if np.isinf(min(times)):
+        if self.unfused is not None:  # fused plans that disagree with the convolution and the kernel are dropped
+            self.dropped = {index for index in self.plans if not self._agrees(index, pointers, stream)}
+            times = [np.inf if index in self.dropped else t for index, t in zip(self.plans, times)]
+        if self.unfused is None and np.isinf(min(times)):
             raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
-        best = int(np.argmin(times))
-        best = best if times[best] < times[0] * (1 - MARGIN) else 0
-        choice, fastest, others = self.plans[best], times[best] * (1 - MARGIN), []
-        for candidate, runner in ((GEMM, self.gemm), (WINDOWS, self.windows)):
+        choice, fastest, best_time = UNFUSED, np.inf, None
+        if times and not np.isinf(min(times)):
+            best = int(np.argmin(times))
+            best = best if times[best] < times[0] * (1 - MARGIN) else 0
+            choice, best_time = self.plans[best], times[best]
+            fastest = best_time * (1 - MARGIN)
+        others = []
+        for candidate, runner in ((GEMM, self.gemm), (WINDOWS, self.windows), (UNFUSED, self.unfused)):
             if runner is None:
                 others.append(None)
                 continue
-            runner.tune(self._gemm_pointers(*pointers) if candidate == GEMM else pointers, stream)
+            if candidate == GEMM:
+                runner.tune(self._gemm_pointers(*pointers[:4]), stream)
+            else:
+                runner.tune(pointers[:4] + ((),) if candidate == UNFUSED else pointers[:4], stream)
             others.append(self._time(candidate, pointers, stream))
             if others[-1] < fastest:
                 choice, fastest = candidate, others[-1]
-        self.choice, self.times = choice, (times[best], *others)
+        self.choice, self.times = choice, (best_time, *others)
         _tuned[self.tuned_key] = (self.choice, self.times)
+
+    def _agrees(self, plan, pointers, stream):
+        """Whether fused ``plan`` computes what the convolution alone and the epilogue's kernel compute, within
+        ``AGREEMENT`` of the result's largest magnitude: on the H100 one of cuDNN's fused NHWC plans returned
+        another convolution's values."""
+        self.choice = UNFUSED
+        expected = self._result(pointers, stream)
+        self.choice = plan
+        try:
+            found = self._result(pointers, stream)
+        except Exception:  # a plan that refuses to run is timed as infinite already
+            return False
+        scale = max(float(abs(expected).max()), 1e-30)
+        return bool(abs(found - expected).max() <= AGREEMENT[self.dtype.itemsize] * scale)
+
+    def _result(self, pointers, stream):
+        """The result of one call with the current choice, as float32 on the device."""
+        import cupy
+
+        self.call(*pointers, stream.ptr)
+        stream.synchronize()
+        raw = cupy.ndarray((self.size,), cupy.uint16 if self.dtype.itemsize == 2 else self.dtype.name,
+                           memptr=cupy.cuda.MemoryPointer(cupy.cuda.UnownedMemory(pointers[2], self.nbytes, self), 0))
+        if self.dtype.itemsize != 2:
+            return raw.astype(cupy.float32)
+        if self.dtype == np.float16:
+            return raw.view(cupy.float16).astype(cupy.float32)
+        return (raw.astype(cupy.uint32) << 16).view(cupy.float32)  # bfloat16: the high half of a float32
 
     def _time(self, choice, pointers, stream):
         """Milliseconds a call with ``choice`` takes; infinite if the library refuses it."""
@@ -205,18 +274,30 @@ class Conv:
         a, b = (image, weights) if self.image_first else (weights, image)
         return a, b, out, out, workspace, None, None
 
-    def call(self, a, b, out, workspace, stream):
-        """Run on device pointers on ``stream`` (a pointer)."""
+    def call(self, a, b, out, workspace, extras, stream):
+        """Run on device pointers (``extras``: the epilogue's bias and residual) on ``stream`` (a pointer), which
+        must be CuPy's current stream where the choice launches kernels of its own (the executor's always is)."""
         if self.choice == GEMM:
             self.gemm.call(*self._gemm_pointers(a, b, out, workspace), stream)
             return
         if self.choice == WINDOWS:
             self.windows.call(a, b, out, workspace, stream)
             return
+        if self.choice == UNFUSED:
+            self.unfused.call(a, b, out, workspace, (), stream)
+            self.epilogue_kernel(out, extras)
+            return
         cudnn = _cudnn()
         cudnn.set_stream(handle(), stream)
-        pack = {self.inputs[0]: a, self.inputs[1]: b, self.output: out}
+        pack = {**dict(zip(self.inputs, (a, b, *extras))), self.output: out}
         self.graph.execute_plan_at_index(pack, workspace, self.choice, handle=handle())
+
+
+def _bias(x, result_strides):
+    """A bias vector of ``K`` channels as the ``(1, K, 1, ...)`` tensor cuDNN adds, its dims and its strides in the
+    result's layout (NHWC engines read a broadcast operand's layout from its strides, sizes of 1 included)."""
+    shape = (1, x.shape[0]) + (1,) * (len(result_strides) - 2)
+    return shape, channels_last_strides(shape) if result_strides[1] == 1 else contiguous_strides(shape)
 
 
 def _as_gemm(term, layouts, tf32):
@@ -225,7 +306,7 @@ def _as_gemm(term, layouts, tf32):
     one product per image, ``out[n] = w @ x[n]`` (``(K, C) @ (C, pixels)``; ``dx[n] = w^T @ dy[n]``); in NHWC one over every
     pixel of the batch, ``out = x @ w^T`` (``(N pixels, C) @ (C, K)``; ``dx = dy @ w``). Returns the ``Gemm``
     and whether the image is its first factor."""
-    mode, strides, padding, dilation, groups, shape = term.attrs
+    mode, strides, padding, dilation, groups, shape, _ = term.attrs
     image, weights = term.args
     if mode == "wgrad" or groups != 1 or set(strides) != {1} or any(p != (0, 0) for p in padding) \
             or set(weights.shape[2:]) != {1}:

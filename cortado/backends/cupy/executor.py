@@ -244,8 +244,9 @@ class Executor(interface.Executor):
         copies, strides, top = self._staged(dnn_copies(t, self.strides, self.channels_last_for), workspace)
         conv = Conv(t, strides, tf32, deterministic)
         self.choices[t] = conv
-        a, b = t.args
-        return self._library_call(conv, copies, lambda pointers: (pointers[a], pointers[b], pointers[t], top))
+        a, b, *extras = t.args
+        return self._library_call(conv, copies, lambda pointers: (pointers[a], pointers[b], pointers[t], top,
+                                                                  tuple(pointers[e] for e in extras)))
 
     def _updates(self, final):
         """Makers of the copies of update values into the state; sources that another update overwrites go

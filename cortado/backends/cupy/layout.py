@@ -14,6 +14,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import BFLOAT16
 from ...exprgraph.graph import post_order
+from .lowering.conv import epilogue_parts
 from .lowering.gemm import gemm_operands
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
@@ -134,8 +135,11 @@ def layouts(kernels, options):
 
 
 def _images(t):
-    """The operands of ``dnn_conv`` ``t`` that are images (not weights): all of a wgrad's, the first of the others'."""
-    return t.args if t.attr("mode") == "wgrad" else t.args[:1]
+    """The operands of ``dnn_conv`` ``t`` that are images (not weights or a bias): both of a wgrad's, the first of
+    the others', and an epilogue's residual."""
+    if t.attr("mode") == "wgrad":
+        return t.args
+    return t.args[:1] + ((t.args[-1],) if "add" in epilogue_parts(t.attr("epilogue")) else ())
 
 
 def dnn_copies(t, strides, channels_last_for):

@@ -26,28 +26,48 @@ in float16, bfloat16, float32 and float64.
 """
 
 import math
+from collections import Counter
 
 import numpy as np
 
 from ....exprgraph import constructors as ct
 from ....exprgraph.dtypes import BFLOAT16
+from ....exprgraph.graph import post_order
 from ....exprgraph.ops import LOWERED, Op
 from ....exprgraph.ops.convolution import window_extent
 from ....exprgraph.term import make, shape_violation
 from ....rules.algebra import algebra
 from ....rules.convolution_shares import conv_input_share, conv_weight_share
-from ....rules.engine import Rule, RuleSet
+from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
 
 MODES = ("fprop", "dgrad", "wgrad")
 DNN_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
 MAX_SPATIAL = 3
 
 
-def _meaning(args, mode, strides, padding, dilation, groups, shape):
-    """The plain convolution a ``dnn_conv`` computes, over ``args`` (terms)."""
+EPILOGUES = ("none", "relu", "bias", "bias_relu", "add", "add_relu", "bias_add", "bias_add_relu")
+
+
+def epilogue_parts(epilogue):
+    """The steps of an epilogue, in order: of ``bias`` (a per-channel vector added), ``add`` (a tensor of the
+    result's shape added), ``relu``."""
+    return tuple(part for part in epilogue.split("_") if part != "none")
+
+
+def _meaning(args, mode, strides, padding, dilation, groups, shape, epilogue="none"):
+    """The plain convolution a ``dnn_conv`` computes, over ``args`` (terms), then its epilogue."""
     ones = (1,) * len(strides)
     if mode == "fprop":
-        return ct.conv(*args, strides=strides, padding=padding, rhs_dilation=dilation, groups=groups)
+        out = ct.conv(*args[:2], strides=strides, padding=padding, rhs_dilation=dilation, groups=groups)
+        extras = iter(args[2:])
+        for part in epilogue_parts(epilogue):
+            if part == "bias":
+                out = out + ct.reshape(next(extras), (-1,) + (1,) * (len(shape) - 2))
+            elif part == "add":
+                out = out + next(extras)
+            else:
+                out = ct.relu(out)
+        return out
     x_like, w_like = (ct.var("x", shape, args[0].dtype), args[1]) if mode == "dgrad" else \
                      (args[0], ct.var("w", shape, args[0].dtype))
     x, w, dy = (x_like, w_like, args[0]) if mode == "dgrad" else (x_like, w_like, args[1])
@@ -55,19 +75,32 @@ def _meaning(args, mode, strides, padding, dilation, groups, shape):
     return conv_input_share(bindings) if mode == "dgrad" else conv_weight_share(bindings)
 
 
-def _shape(args, mode, strides, padding, dilation, groups, shape):
+def _shape(args, mode, strides, padding, dilation, groups, shape, epilogue):
     if mode not in MODES:
         raise shape_violation(f"dnn_conv's mode is one of {MODES}, not {mode!r}")
+    if epilogue not in EPILOGUES or (epilogue != "none" and mode != "fprop"):
+        raise shape_violation(f"a {mode} dnn_conv's epilogue is {'one of ' + str(EPILOGUES) if mode == 'fprop' else 'none'}"
+                              f", not {epilogue!r}")
+    parts = epilogue_parts(epilogue)
+    if len(args) != 2 + parts.count("bias") + parts.count("add"):
+        raise shape_violation(f"dnn_conv takes its two operands, then a bias and a residual as its epilogue "
+                              f"{epilogue!r} names them: not {len(args)} arguments")
+    extras = dict(zip([p for p in parts if p != "relu"], args[2:]))
+    if "bias" in extras and extras["bias"].shape != shape[1:2]:
+        raise shape_violation(f"a bias of {shape[1]} channels, not {extras['bias'].shape}")
+    if "add" in extras and extras["add"].shape != shape:
+        raise shape_violation(f"a residual of the result's shape {shape}, not {extras['add'].shape}")
     if any(low < 0 or high < 0 for low, high in padding):
         raise shape_violation(f"cuDNN pads, it does not crop: padding {padding}")
-    made = _meaning(args, mode, strides, padding, dilation, groups, shape).shape
+    made = _meaning(args[:2], mode, strides, padding, dilation, groups, shape).shape
     if made != shape:
-        raise shape_violation(f"a {mode} of {[a.shape for a in args]} makes {made}, not {shape}")
+        raise shape_violation(f"a {mode} of {[a.shape for a in args[:2]]} makes {made}, not {shape}")
     return shape
 
 
-def _normalize(args, mode, strides, padding, dilation, groups, shape):
-    return (mode, tuple(strides), tuple(tuple(p) for p in padding), tuple(dilation), int(groups), tuple(shape))
+def _normalize(args, mode, strides, padding, dilation, groups, shape, epilogue="none"):
+    return (mode, tuple(strides), tuple(tuple(p) for p in padding), tuple(dilation), int(groups), tuple(shape),
+            str(epilogue))
 
 
 def _dtype(args, *attrs):
@@ -83,13 +116,15 @@ def _evaluate(xs, *attrs):
     return value
 
 
-DNN_CONV = Op("dnn_conv", 2, ("mode", "strides", "padding", "dilation", "groups", "shape"), _shape, _dtype,
-              LOWERED, _normalize, evaluate=_evaluate)
+DNN_CONV = Op("dnn_conv", None, ("mode", "strides", "padding", "dilation", "groups", "shape", "epilogue"), _shape,
+              _dtype, LOWERED, _normalize, evaluate=_evaluate)
 
 
-def dnn_conv(a, b, mode, strides, padding, dilation, groups, shape):
-    """The term of cuDNN's ``mode`` convolution of ``a`` and ``b`` (see the module docstring)."""
-    return make(DNN_CONV, (a, b), _normalize((a, b), mode, strides, padding, dilation, groups, shape))
+def dnn_conv(a, b, mode, strides, padding, dilation, groups, shape, epilogue="none", extras=()):
+    """The term of cuDNN's ``mode`` convolution of ``a`` and ``b`` (see the module docstring), and, for a forward
+    one, its ``epilogue`` over ``extras`` (a bias, then a residual, as the epilogue names them)."""
+    args = (a, b) + tuple(extras)
+    return make(DNN_CONV, args, _normalize(args, mode, strides, padding, dilation, groups, shape, epilogue))
 
 
 # -- recognising the gradients --------------------------------------------------------------------
@@ -242,8 +277,66 @@ rules = RuleSet([
 
 
 def finish(roots, trace=None, keep=frozenset()):
-    """Nothing spans the graph here: every convolution is lowered where it stands."""
-    return list(roots)
+    """``roots`` with each forward convolution's bias, residual and relu folded into its epilogue, where neither
+    the convolution nor a partial sum has another user: cuDNN can apply them as it writes the result (or the
+    runner follows the convolution with one generated kernel, as fusion would have)."""
+    users = Counter(a for t in post_order(roots) for a in t.args)
+    users.update(roots)
+
+    def fold(original, rebuilt):
+        found = _with_epilogue(original, rebuilt, users)
+        if found is None:
+            return rebuilt
+        if trace is not None:
+            trace.append(Rewrite("conv-epilogue", original, found))
+        return found
+
+    memo = {}
+    return [bottom_up(root, memo, fold) for root in roots]
+
+
+def _foldable(conv, original, users):
+    """Whether ``conv`` (rebuilt from ``original``) is a forward ``dnn_conv`` no other term reads."""
+    return conv.op.name == "dnn_conv" and conv.attr("mode") == "fprop" and users[original] == 1
+
+
+def _extended(conv, part, extra=None):
+    """``conv`` with ``part`` appended to its epilogue (and ``extra`` to its arguments)."""
+    epilogue = "_".join(epilogue_parts(conv.attr("epilogue")) + (part,))
+    extras = conv.args[2:] + ((extra,) if extra is not None else ())
+    return dnn_conv(*conv.args[:2], *conv.attrs[:6], epilogue=epilogue, extras=extras)
+
+
+def _channel_vector(v, conv):
+    """``v`` as a vector of ``conv``'s channels where it broadcasts as one (``(K, 1, 1)``, say), else None."""
+    shape = (1,) * (conv.ndim - v.ndim) + v.shape
+    if v.dtype != conv.dtype or shape != (1, conv.shape[1]) + (1,) * (conv.ndim - 2):
+        return None
+    if v.op.name == "reshape" and v.args[0].shape == conv.shape[1:2]:
+        return v.args[0]
+    return ct.reshape(v, conv.shape[1:2])
+
+
+def _with_epilogue(original, rebuilt, users):
+    """``rebuilt`` (a relu, or a sum, of a foldable convolution) as that convolution with a longer epilogue, or None:
+    a relu last; a residual (of the result's shape) before it; a per-channel bias first."""
+    if rebuilt.op.name == "relu":
+        conv = rebuilt.args[0]
+        if _foldable(conv, original.args[0], users) and "relu" not in epilogue_parts(conv.attr("epilogue")):
+            return _extended(conv, "relu")
+    if rebuilt.op.name != "add" or rebuilt.dtype != rebuilt.args[0].dtype:
+        return None
+    for k in (0, 1):
+        conv, other = rebuilt.args[k], rebuilt.args[1 - k]
+        if not _foldable(conv, original.args[k], users):
+            continue
+        parts = epilogue_parts(conv.attr("epilogue"))
+        if other.shape == conv.shape and other.dtype == conv.dtype and not {"add", "relu"} & set(parts):
+            return _extended(conv, "add", other)
+        bias = _channel_vector(other, conv)
+        if bias is not None and not parts:
+            return _extended(conv, "bias", bias)
+    return None
 
 
 def alternatives(built):
