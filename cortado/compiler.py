@@ -295,26 +295,17 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     signature = _signature(outputs, inputs, state, updates)
     engine = backend_named(backend)
     options = _options(engine, options)
-    built, chosen = _built(signature, engine, options), None
+    built = _built(signature, engine, options)
     for variant in engine.alternatives(built):
         other = _built(signature, engine, options, variant)
         if other.plan.peak_bytes < built.plan.peak_bytes:
-            built, chosen = other, variant
-    executor = _executor(engine, built, signature, options, debug)
-    if engine.plans_after_tuning and options.get("autotune"):  # library calls' scratch: their choices' now
-        tight = _built(signature, engine, options, chosen)
-        if tight.plan.peak_bytes < built.plan.peak_bytes:
-            executor = None  # its blocks are freed before the tighter plan's are allocated
-            built, executor = tight, _executor(engine, tight, signature, options, debug)
-    return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
-                   engine.name, built.sinks)
-
-
-def _executor(engine, built, signature, options, debug):
+            built = other
     if debug:
         verify(built.plan)
-    return engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
-                           built.sinks, **options)
+    executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
+                               built.sinks, **options)
+    return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
+                   engine.name, built.sinks)
 
 
 def _label(t, i):

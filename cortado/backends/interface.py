@@ -19,7 +19,6 @@ class Backend:
     feeds_in_place = False  # its executor reads feeds where the caller keeps them: the arena holds none
     lowering = None  # a rewriter: ``lowering.run(roots, trace, variant)`` gives the lowered roots
     fuse_single_ops = False  # fusion makes a fused term of an op alone too: the backend builds kernels of bodies only
-    plans_after_tuning = False  # ``steps`` asks less scratch once its executor has timed its library calls: plan again
 
     def require(self):
         """Raise a BackendError saying what to install where this machine lacks what the backend needs."""

@@ -20,7 +20,6 @@ class CupyBackend(Backend):
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
     fuse_single_ops = True  # codegen makes every kernel from a fused body
-    plans_after_tuning = True  # a convolution's scratch is its neediest candidate's until its candidates are timed
 
     def require(self):
         try:

@@ -2,10 +2,9 @@
 
 Everything is decided when the program is built: cuDNN's operation graph for the convolution (its
 operands' dims and strides as the program stores them, a 1-d convolution as a 2-d one of height 1),
-its candidate execution plans, and the workspace they ask for, which the memory planner places in
-the arena: the neediest candidate's when the program is first planned, its choice's when it is
-planned again after its candidates are timed. A call passes only pointers, so it can be captured
-in the step's CUDA graph.
+its candidate execution plans, and the workspace the neediest of them asks for, which the memory
+planner places in the arena. A call passes only pointers, so it can be captured in the step's
+CUDA graph.
 
 Candidates are cuDNN's heuristic choices (``heur_mode.A``, then its fallback list) that keep the
 program's numerics: float32 never runs in TF32 unless the program asks for it, no candidate reduces
@@ -114,11 +113,13 @@ class Conv:
             except BackendError:
                 if self.unfused is None:
                     raise
-                _graphs[self.key] = None, (), None, [], {}  # no fused plan: the convolution, then the kernel
-        self.graph, self.inputs, self.output, self.plans, self.needs = _graphs[self.key]
+                _graphs[self.key] = None, (), None, [], 0  # no fused plan: the convolution, then the kernel
+        self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
         plain = self.epilogue == "none"
         self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if plain else None) or (None, False)
         self.windows = window_gemm(term, layouts, tf32) if plain else None
+        runners = (self.gemm, self.windows, self.unfused)
+        self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in runners if r])
         self.tuned_key = self.key + (self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
         self.choice, self.times = _tuned.get(self.tuned_key, (self.plans[0] if self.plans else UNFUSED, None))
 
@@ -163,34 +164,19 @@ class Conv:
             graph.build_plans(cudnn.build_plan_policy.ALL)
         except Exception as error:  # cuDNN's own exception types differ between its engines
             raise BackendError(f"{term!r}: cuDNN cannot run this {mode} convolution: {error}") from None
-        plans, needs = [], {}
+        plans, workspace = [], 0
         for index in range(graph.get_execution_plan_count()):
             try:
-                needs[index] = graph.get_workspace_size_plan_at_index(index)
+                need = graph.get_workspace_size_plan_at_index(index)
             except Exception:  # a plan that did not build
                 continue
             plans.append(index)
+            workspace = max(workspace, need)
             if len(plans) == CANDIDATES:
                 break
         if not plans:
             raise BackendError(f"{term!r}: cuDNN built no plan for this {mode} convolution")
-        return graph, (a, b, *added), out, plans, needs
-
-    @property
-    def workspace_bytes(self):
-        """The scratch a call needs: its choice's once its candidates are timed (or a timed choice is remembered),
-        before that the neediest candidate's, so that a plan made first holds any of them."""
-        if self.times is None:
-            return self.most_workspace
-        runner = {GEMM: self.gemm, WINDOWS: self.windows, UNFUSED: self.unfused}.get(self.choice)
-        return runner.workspace_bytes if runner is not None else self.needs[self.choice]
-
-    @property
-    def most_workspace(self):
-        """The scratch the neediest candidate asks for."""
-        runners = [r.workspace_bytes for r in (self.gemm, self.windows) if r is not None]
-        runners += [self.unfused.most_workspace] if self.unfused is not None else []
-        return max(list(self.needs.values()) + runners + [0])
+        return graph, (a, b, *added), out, plans, workspace
 
     def describe(self):
         """Which call runs, and the times that chose it, for ``explain``."""

@@ -13,10 +13,10 @@ zeros, strides and dilation are constant index arithmetic), and cuBLASLt multipl
 Chunks are as many images (a divisor of the batch) as keep the gathered matrices within
 ``COLUMN_BYTES``; without groups only. The data gradient stays cuDNN's. Only float32 and float64 take
 part: on the H100, cuDNN's tensor-core kernels for float16 and bfloat16 were 2 to 10 times faster than
-this in every layer of the convolution benchmarks. In float32, without tensor cores, it wins weight
-gradients of the 1x1 layers of bench_conv_layers_gpu.py and of the strided layers of bench_cnn_gpu.py's
-network. Its workspace counts in the memory plan only where it is chosen: the program is planned again
-once its calls are timed.
+this in every layer of the convolution benchmarks, and the memory plan holds a candidate's workspace
+whether it wins or not. In float32, without tensor cores, it won four weight gradients of the 1x1 layers
+of bench_conv_layers_gpu.py (with 32 MiB chunks, also the strided layers' of bench_cnn_gpu.py's network,
+for 19 MiB more device memory in its bfloat16 step).
 """
 
 import math
@@ -31,7 +31,7 @@ from .kernels import compiled
 from .lowering.gemm import gemm
 from .window_kernels import im2col_source
 
-COLUMN_BYTES = 32 << 20  # the most the gathered columns (and rows of dy) of one chunk may take
+COLUMN_BYTES = 8 << 20  # the most the gathered columns (and rows of dy) of one chunk may take
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ALIGNMENT = 256
 
