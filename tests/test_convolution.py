@@ -470,3 +470,15 @@ def test_nhwc_auto_stores_the_tensor_core_dtypes_channels_last():
     assert names({"nhwc": True, "tf32": False}) >= {"float16", "bfloat16", "float32", "float64"}
     with pytest.raises(ct.BackendError, match="nhwc option is True, False or 'auto', not 'yes'"):
         channels_last_dtypes({"nhwc": "yes", "tf32": False})
+
+
+def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
+    from cortado.backends.cupy import dnn
+
+    alone, runner = object.__new__(dnn.Conv), object.__new__(dnn.Conv)
+    windows = type("Windows", (), {"describe": lambda self: "im2col"})()
+    alone.__dict__.update(choice=dnn.WINDOWS, times=None, plans=[], windows=windows)
+    runner.__dict__.update(choice=dnn.UNFUSED, unfused=alone, epilogue="bias_relu", plans=[3, 5], dropped={3, 5},
+                           times=(None, None, None, 1e-2))
+    assert runner.describe() == ("im2col, then a generated kernel for its bias_relu (unfused 10.0 us, 2 fused plans "
+                                 "dropped: they disagreed with it unfused)")

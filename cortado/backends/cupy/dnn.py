@@ -192,7 +192,7 @@ class Conv:
         if self.times is None:
             return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)" if self.plans else what
         cudnn_best, gemm_time, windows_time, unfused_time = self.times
-        timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"] if self.plans else []
+        timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"] if cudnn_best is not None else []
         timed += [f"the GEMM {1e3 * gemm_time:.1f} us"] if gemm_time is not None else []
         timed += [f"im2col and GEMMs {1e3 * windows_time:.1f} us"] if windows_time is not None else []
         timed += [f"unfused {1e3 * unfused_time:.1f} us"] if unfused_time is not None and self.plans else []
