@@ -119,6 +119,14 @@ def channels_last_strides(shape):
     return strides_in_order(shape, (0,) + tuple(range(2, len(shape))) + (1,))
 
 
+def memory_order(shape, strides):
+    """The axes of a value packed with ``strides``, from the outermost in memory to the innermost, as an
+    elementwise kernel's ``order`` takes them; None where they are in C order."""
+    if strides == contiguous_strides(shape):
+        return None
+    return tuple(sorted(range(len(shape)), key=lambda axis: -strides[axis]))
+
+
 def compute_type(dtype):
     """The C type a value of ``dtype`` is computed in, and a reduction of it accumulates in."""
     return "float" if is_narrow_float(dtype) else STORAGE[dtype.name]

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...exprgraph import constructors as ct
 from ...exprgraph.ops import parameter
-from .codegen import Operand, contiguous_strides, kernel_source
+from .codegen import Operand, kernel_source, memory_order
 from .kernels import compiled
 from .lowering.conv import epilogue_parts
 
@@ -28,9 +28,7 @@ class EpilogueKernel:
             operands.append(operand)
         if "relu" in parts:
             value = ct.relu(value)
-        stored = layouts[term]
-        order = None if stored == contiguous_strides(term.shape) else \
-            tuple(sorted(range(term.ndim), key=lambda axis: -stored[axis]))
+        order = memory_order(term.shape, layouts[term])
         self.source = kernel_source((value,), operands, aliased={0}, order=order)
 
     def __call__(self, out, extras):

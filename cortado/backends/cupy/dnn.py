@@ -105,8 +105,8 @@ class Conv:
         self.dropped = set()  # fused plans found to disagree with the unfused result when tuned
         if self.epilogue != "none":
             plain = dnn_conv(*term.args[:2], *term.attrs[:6])
-            alone = Conv(plain, {**layouts, plain: layouts[term]}, tf32, deterministic)
-            self.unfused, self.epilogue_kernel = alone, EpilogueKernel(term, layouts)
+            self.unfused = Conv(plain, {**layouts, plain: layouts[term]}, tf32, deterministic)
+            self.epilogue_kernel = EpilogueKernel(term, layouts)
         if self.key not in _graphs:
             try:
                 _graphs[self.key] = self._build(term, described, tf32, deterministic)
@@ -115,9 +115,9 @@ class Conv:
                     raise
                 _graphs[self.key] = None, (), None, [], 0  # no fused plan: the convolution, then the kernel
         self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
-        plain = self.epilogue == "none"
-        self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if plain else None) or (None, False)
-        self.windows = window_gemm(term, layouts, tf32) if plain else None
+        alone = self.epilogue == "none"  # the other candidates compute the convolution alone
+        self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if alone else None) or (None, False)
+        self.windows = window_gemm(term, layouts, tf32) if alone else None
         runners = (self.gemm, self.windows, self.unfused)
         self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in runners if r])
         self.tuned_key = self.key + (self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
@@ -207,8 +207,10 @@ class Conv:
             self.choice, self.times = _tuned[self.tuned_key]
             return
         times = [self._time(index, pointers, stream) for index in self.plans]
-        if self.unfused is not None:  # fused plans that disagree with the convolution and the kernel are dropped
-            self.dropped = {index for index in self.plans if not self._agrees(index, pointers, stream)}
+        if self.unfused is not None and self.plans:  # fused plans that disagree with it unfused are dropped
+            self.choice = UNFUSED
+            expected = self._result(pointers, stream)
+            self.dropped = {index for index in self.plans if not self._agrees(index, expected, pointers, stream)}
             times = [np.inf if index in self.dropped else t for index, t in zip(self.plans, times)]
         if self.unfused is None and np.isinf(min(times)):
             raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
@@ -233,12 +235,10 @@ class Conv:
         self.choice, self.times = choice, (best_time, *others)
         _tuned[self.tuned_key] = (self.choice, self.times)
 
-    def _agrees(self, plan, pointers, stream):
-        """Whether fused ``plan`` computes what the convolution alone and the epilogue's kernel compute, within
-        ``AGREEMENT`` of the result's largest magnitude: on the H100 one of cuDNN's fused NHWC plans returned
+    def _agrees(self, plan, expected, pointers, stream):
+        """Whether fused ``plan`` computes ``expected`` (the convolution alone and the epilogue's kernel's result),
+        within ``AGREEMENT`` of its largest magnitude: on the H100 one of cuDNN's fused NHWC plans returned
         another convolution's values."""
-        self.choice = UNFUSED
-        expected = self._result(pointers, stream)
         self.choice = plan
         try:
             found = self._result(pointers, stream)

@@ -24,7 +24,7 @@ from .lowering.gemm import gemm_operands
 from ...memplan import aligned, unallocatable
 from .. import interface
 from .blas import Gemm
-from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_source
+from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_source, memory_order
 from .device import require_gpu
 from .kernels import compiled
 from .dnn import Conv
@@ -82,8 +82,9 @@ class Executor(interface.Executor):
         self.use_graph = bool(cuda_graph)
         self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        self.strides, _ = layouts(kernels, {"nhwc": nhwc, "tf32": tf32})
-        self.channels_last_for = channels_last_for(kernels, {"nhwc": nhwc, "tf32": tf32})
+        layout_options = {"nhwc": nhwc, "tf32": tf32}
+        self.strides, _ = layouts(kernels, layout_options)
+        self.channels_last_for = channels_last_for(kernels, layout_options)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
             self.strides.setdefault(t, stored_strides(t))
         self.arena = _Block([plan.peak_bytes], "an arena on the GPU")
@@ -99,7 +100,7 @@ class Executor(interface.Executor):
         self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
         self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
         direct = {t: self.output_block.pointer(outputs.index(t))
-                  for t in direct_outputs(kernels, steps, outputs, sinks, {"nhwc": nhwc, "tf32": tf32})}
+                  for t in direct_outputs(kernels, steps, outputs, sinks, layout_options)}
         self.pointers.update(direct)
         self.direct_outputs = frozenset(direct)
         self.feeds = [k.term for k in kernels if k.is_load]
@@ -179,8 +180,7 @@ class Executor(interface.Executor):
         body, inputs = t.attr("outputs"), list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
-        strides = self.strides[defined[0]]
-        order = None if strides == contiguous_strides(t.shape) else tuple(sorted(range(t.ndim), key=lambda a: -strides[a]))
+        order = memory_order(t.shape, self.strides[defined[0]])
         source = kernel_source(body, [self._operand(a) for a in inputs], aliased, order)
         return self._launch(source, list(inputs) + list(defined))
 
@@ -197,8 +197,7 @@ class Executor(interface.Executor):
             return lambda pointers: _nothing
         if self.strides[t] == strides or t.size == 1:
             return lambda pointers: self._memcpy(destination, pointers[t], nbytes)
-        order = None if strides == contiguous_strides(t.shape) else tuple(sorted(range(t.ndim), key=lambda a: -strides[a]))
-        return self._launch(copy_source(self._operand(t), order), [t, destination])
+        return self._launch(copy_source(self._operand(t), memory_order(t.shape, strides)), [t, destination])
 
     def _staged(self, copied, workspace):
         """Copies of the operands ``copied`` (``(value, strides of its copy)`` pairs) into the workspace at

@@ -177,7 +177,7 @@ def _inplace(k, strides, views):
     if t.op.name != "fused":  # the window kernels and cuDNN read elements at other indices than they write
         return ()
     readers = t.args
-    if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
+    if any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
     return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype)
