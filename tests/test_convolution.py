@@ -2,6 +2,7 @@
 definitions, compiled against the reference, adjoint pairs, gradients of first and second order,
 errors and narrow and integer dtypes."""
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -479,6 +480,50 @@ def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
     windows = type("Windows", (), {"describe": lambda self: "im2col"})()
     alone.__dict__.update(choice=dnn.WINDOWS, times=None, plans=[], windows=windows)
     runner.__dict__.update(choice=dnn.UNFUSED, unfused=alone, epilogue="bias_relu", plans=[3, 5], dropped={3, 5},
-                           times=(None, None, None, 1e-2))
+                           times=(None, None, None, None, 1e-2))
     assert runner.describe() == ("im2col, then a generated kernel for its bias_relu (unfused 10.0 us, 2 fused plans "
                                  "dropped: they disagreed with it unfused)")
+
+
+@pytest.mark.parametrize("x_shape, dy_shape, w_shape, strides, groups", [
+    ((128, 32, 32, 32), (128, 32, 32, 32), (32, 32, 3, 3), (1, 1), 1),
+    ((128, 3, 32, 32), (128, 32, 32, 32), (32, 3, 3, 3), (1, 1), 1),
+    ((128, 32, 32, 32), (128, 64, 16, 16), (64, 32, 3, 3), (2, 2), 1),
+    ((8, 64, 224, 224), (8, 64, 224, 224), (64, 64, 3, 3), (1, 1), 1),
+    ((2, 8, 10, 10), (2, 8, 10, 10), (8, 2, 3, 3), (1, 1), 4),
+    ((4, 6, 300), (4, 5, 300), (5, 6, 7), (1,), 1),
+])
+def test_our_weight_gradient_kernels_tiles_fit_its_block(x_shape, dy_shape, w_shape, strides, groups, monkeypatch):
+    """The tiling ``split_wgrad`` chooses (no GPU needed to choose it): shared memory, threads and partial sums
+    within its limits, every output channel and input channel of a group covered by whole blocks."""
+    from cortado.backends.cupy import split_wgrad
+    from cortado.backends.cupy.codegen import contiguous_strides
+    from cortado.backends.cupy.lowering.conv import dnn_conv
+
+    monkeypatch.setattr(split_wgrad, "_multiprocessors", lambda: 132)
+    x, dy = ct.var("x", x_shape), ct.var("dy", dy_shape)
+    padding = tuple((k // 2, k // 2) for k in w_shape[2:])
+    term = dnn_conv(x, dy, "wgrad", strides, padding, (1,) * len(strides), groups, w_shape)
+    kernel = split_wgrad.split_wgrad(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)})
+    g = kernel.geometry
+    assert g._shared_bytes(*g.tile) <= split_wgrad.SHARED_BYTES and kernel.block[0] <= split_wgrad.THREADS
+    assert g.og % g.ob == 0 and g.cg % g.cb == 0 and g.ob % g.opt == 0 and g.opt * g.taps <= 2 * split_wgrad.ACCUMULATORS
+    assert kernel.workspace_bytes <= split_wgrad.PARTIAL_BYTES + split_wgrad.ALIGNMENT
+    assert math.prod(kernel.grid) >= 132 or kernel.splits == g.n * -(-g.p // g.tile[0]) * -(-g.q // g.tile[1])
+
+
+def test_our_weight_gradient_kernel_leaves_what_it_does_not_take():
+    from cortado.backends.cupy.codegen import contiguous_strides
+    from cortado.backends.cupy.lowering.conv import dnn_conv
+    from cortado.backends.cupy.split_wgrad import split_wgrad
+
+    def kernel(x_shape, dy_shape, w_shape, dtype="float32", mode="wgrad"):
+        x, dy = ct.var("x", x_shape, dtype), ct.var("dy", dy_shape, dtype)
+        spatial = len(w_shape) - 2
+        term = dnn_conv(x, dy, mode, (1,) * spatial, ((0, 0),) * spatial, (1,) * spatial, 1, w_shape)
+        return split_wgrad(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)})
+
+    assert kernel((2, 4, 8, 8), (2, 6, 8, 8), (6, 4, 1, 1)) is None  # one tap: a GEMM
+    assert kernel((2, 4, 8, 8), (2, 6, 6, 6), (6, 4, 3, 3), dtype="bfloat16") is None  # cuDNN's tensor cores
+    assert kernel((2, 4, 6, 6, 6), (2, 6, 4, 4, 4), (6, 4, 3, 3, 3)) is None  # three spatial axes
+    assert kernel((2, 4, 40, 40), (2, 6, 26, 26), (6, 4, 15, 15)) is None  # 225 taps: too many sums per thread

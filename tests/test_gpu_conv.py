@@ -255,3 +255,49 @@ def test_a_residual_blocks_epilogues_run_fused_by_cudnn_or_after_the_convolution
                 except AssertionError as error:
                     raise AssertionError(f"{runner.describe()}: {error}") from None
         runner.choice = chosen
+
+
+SPLIT_GEOMETRIES = IM2COL_GEOMETRIES + [  # and groups, a wide kernel, a tile cut short by the image's edge
+    ((2, 8, 10, 10), (8, 2, 3, 3), dict(padding=((1, 1), (1, 1)), groups=4)),
+    ((2, 5, 40, 70), (7, 5, 5, 5), dict(padding=((2, 2), (2, 2)))),
+    ((3, 6, 37, 9), (4, 6, 3, 3), dict(strides=(3, 1), padding=((0, 2), (1, 1)), rhs_dilation=(1, 2))),
+]
+
+
+@pytest.mark.parametrize("nhwc", [False, True])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("x_shape, w_shape, options", SPLIT_GEOMETRIES)
+def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape, w_shape, options, dtype, nhwc):
+    from cortado.backends.cupy import dnn
+
+    x, w = ct.var("x", x_shape, dtype), ct.var("w", w_shape, dtype)
+    y = ct.conv(ct.relu(x), w, **options)  # relu: the image is computed, so nhwc=True stores it channels last
+    outputs = ct.grad(ct.sum(y * y), [w])
+    rng = np.random.default_rng(11)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")[0]
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", nhwc=nhwc)
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.mode == "wgrad"]
+    if w_shape[2:] == (1, 1):  # a plain GEMM: not a candidate
+        assert all(r.split is None for r in runners)
+        return
+    assert runners and all(r.split is not None for r in runners), [r.describe() for r in runners]
+    assert "our kernel" in program.explain()
+    for runner in runners:
+        runner.choice = dnn.SPLIT
+    first, second = (np.asarray(program(**feeds)[0].get(), np.float64) for _ in range(2))
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert_close(first / scale, expected / scale, dtype)
+    assert np.array_equal(first, second)
+    assert all(r.describe().startswith("our weight-gradient kernel") for r in runners)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_narrow_weight_gradients_are_left_to_cudnn(dtype):
+    from cortado.backends.cupy import dnn
+
+    x, w = ct.var("x", (2, 4, 8, 8), dtype), ct.var("w", (4, 4, 3, 3), dtype)
+    y = ct.conv2d(x, w, padding=1)
+    program = ct.compile(ct.grad(ct.sum(y * y), [w]), inputs=[x, w], backend="cupy")
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    assert "wgrad" in {r.mode for r in runners} and all(r.split is None for r in runners)

@@ -259,3 +259,19 @@ def test_an_epilogue_kernel_walks_a_channels_last_result_in_memory_order():
     layouts[term] = contiguous_strides(shape)
     c_order = EpilogueKernel(term, layouts).source.text
     assert channels_last != c_order and "in1" in channels_last and "out0" in channels_last
+
+
+@pytest.mark.parametrize("groups", [1, 2, 4])
+def test_a_weight_gradient_is_recognised_with_or_without_groups(groups):
+    x, w = ct.var("x", (2, 8, 9, 9)), ct.var("w", (8, 8 // groups, 3, 3))
+    y = ct.conv2d(x, w, stride=2, padding=1, groups=groups)
+    outputs = ct.grad(ct.sum(y * y), [w])
+    new, _ = lowered(outputs)
+    terms = schedule(new)
+    modes = sorted(t.attr("mode") for t in terms if t.op.name == "dnn_conv")
+    assert modes == ["fprop", "wgrad"], modes
+    wgrad = next(t for t in terms if t.op.name == "dnn_conv" and t.attr("mode") == "wgrad")
+    assert wgrad.shape == w.shape and wgrad.attr("groups") == groups
+    assert not any(t.op.name in ("transpose", "reshape") for t in terms), [t.op.name for t in terms]
+    feeds = {v.name: np.random.default_rng(0).standard_normal(v.shape).astype(np.float32) for v in (x, w)}
+    np.testing.assert_allclose(ct.evaluate(new, feeds)[0], ct.evaluate(outputs, feeds)[0], rtol=1e-5, atol=1e-5)

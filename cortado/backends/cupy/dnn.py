@@ -13,7 +13,9 @@ the program allows it (``deterministic=False``: cuDNN's weight gradients that ad
 atomics are 2x faster on float32 images of few channels). A 1x1
 convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
 one batched cuBLASLt GEMM, which is a candidate too; so is any float32 or float64 forward
-convolution or weight gradient without groups as im2col and GEMMs (``window_gemm``). When a program is built, up to
+convolution or weight gradient without groups as im2col and GEMMs (``window_gemm``), and a float32 or
+float64 weight gradient as a deterministic kernel of our own (``split_wgrad``; where cuDNN builds no
+plan, the other candidates alone). When a program is built, up to
 ``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
 and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
 process by everything that describes the call, as cuBLASLt's are.
@@ -30,6 +32,7 @@ from .codegen import channels_last_strides, contiguous_strides
 from .lowering.gemm import gemm
 from .conv_epilogue import EpilogueKernel
 from .lowering.conv import dnn_conv, epilogue_parts
+from .split_wgrad import split_wgrad
 from .timing import time_graph
 from .window_gemm import window_gemm
 
@@ -39,11 +42,12 @@ WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not consi
 _DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
 GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
 WINDOWS = "windows"  # the choice of im2col and GEMMs (``window_gemm``)
+SPLIT = "split"  # the choice of our weight-gradient kernel (``split_wgrad``)
 UNFUSED = "unfused"  # the choice of the convolution alone, then a generated kernel for its epilogue
 AGREEMENT = {2: 2e-2, 4: 1e-3, 8: 1e-9}  # by itemsize: how far a fused plan may stray, relative to the result
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
-_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's, im2col's, unfused; None: none))
+_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's, im2col's, ours, unfused; None: none))
 
 
 def _cudnn():
@@ -107,21 +111,25 @@ class Conv:
             plain = dnn_conv(*term.args[:2], *term.attrs[:6])
             self.unfused = Conv(plain, {**layouts, plain: layouts[term]}, tf32, deterministic)
             self.epilogue_kernel = EpilogueKernel(term, layouts)
+        alone = self.epilogue == "none"  # the other candidates compute the convolution alone
+        self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if alone else None) or (None, False)
+        self.windows = window_gemm(term, layouts, tf32) if alone else None
+        self.split = split_wgrad(term, layouts) if alone else None
+        others = [(choice, runner) for choice, runner in
+                  ((GEMM, self.gemm), (WINDOWS, self.windows), (SPLIT, self.split), (UNFUSED, self.unfused)) if runner]
         if self.key not in _graphs:
             try:
                 _graphs[self.key] = self._build(term, described, tf32, deterministic)
             except BackendError:
-                if self.unfused is None:
+                if not others:
                     raise
-                _graphs[self.key] = None, (), None, [], 0  # no fused plan: the convolution, then the kernel
+                _graphs[self.key] = None, (), None, [], 0  # no cuDNN plan: the other candidates
         self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
-        alone = self.epilogue == "none"  # the other candidates compute the convolution alone
-        self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if alone else None) or (None, False)
-        self.windows = window_gemm(term, layouts, tf32) if alone else None
-        runners = (self.gemm, self.windows, self.unfused)
-        self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in runners if r])
+        self.others = dict(others)  # the candidates other than cuDNN's plans, by the name of their choice
+        self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in self.others.values()])
         self.tuned_key = self.key + (self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
-        self.choice, self.times = _tuned.get(self.tuned_key, (self.plans[0] if self.plans else UNFUSED, None))
+        first = self.plans[0] if self.plans else others[0][0]
+        self.choice, self.times = _tuned.get(self.tuned_key, (first, None))
 
     def _build(self, term, described, tf32, deterministic):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
@@ -182,8 +190,8 @@ class Conv:
         """Which call runs, and the times that chose it, for ``explain``."""
         if self.choice == GEMM:
             what = f"a cuBLASLt GEMM over the pixels for this 1x1 {self.mode}"
-        elif self.choice == WINDOWS:
-            what = self.windows.describe()
+        elif self.choice in (WINDOWS, SPLIT):
+            what = (self.windows if self.choice == WINDOWS else self.split).describe()
         elif self.choice == UNFUSED:
             what = f"{self.unfused.describe()}, then a generated kernel for its {self.epilogue}"
         else:
@@ -191,17 +199,18 @@ class Conv:
             what = f"cuDNN {self.mode}{fused} {self.graph.get_plan_name_at_index(self.choice)}"
         if self.times is None:
             return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)" if self.plans else what
-        cudnn_best, gemm_time, windows_time, unfused_time = self.times
+        cudnn_best, gemm_time, windows_time, split_time, unfused_time = self.times
         timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"] if cudnn_best is not None else []
         timed += [f"the GEMM {1e3 * gemm_time:.1f} us"] if gemm_time is not None else []
         timed += [f"im2col and GEMMs {1e3 * windows_time:.1f} us"] if windows_time is not None else []
+        timed += [f"our kernel {1e3 * split_time:.1f} us"] if split_time is not None else []
         timed += [f"unfused {1e3 * unfused_time:.1f} us"] if unfused_time is not None and self.plans else []
         timed += [f"{len(self.dropped)} fused plans dropped: they disagreed with it unfused"] if self.dropped else []
         return f"{what} ({', '.join(timed)})" if timed else what
 
     def tune(self, pointers, stream):
-        """Choose the fastest plan, the GEMM, im2col and GEMMs, or the convolution alone and the epilogue's kernel,
-        timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first choice stays unless another
+        """Choose the fastest plan, the GEMM, im2col and GEMMs, our weight-gradient kernel, or the convolution alone
+        and the epilogue's kernel, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first choice stays unless another
         is faster by ``MARGIN``."""
         if self.tuned_key in _tuned:
             self.choice, self.times = _tuned[self.tuned_key]
@@ -212,27 +221,25 @@ class Conv:
             expected = self._result(pointers, stream)
             self.dropped = {index for index in self.plans if not self._agrees(index, expected, pointers, stream)}
             times = [np.inf if index in self.dropped else t for index, t in zip(self.plans, times)]
-        if self.unfused is None and np.isinf(min(times)):
-            raise BackendError(f"cuDNN ran none of the {len(self.plans)} plans it built for a {self.mode} convolution")
-        choice, fastest, best_time = UNFUSED, np.inf, None
+        choice, fastest, best_time = None, np.inf, None
         if times and not np.isinf(min(times)):
             best = int(np.argmin(times))
             best = best if times[best] < times[0] * (1 - MARGIN) else 0
             choice, best_time = self.plans[best], times[best]
             fastest = best_time * (1 - MARGIN)
-        others = []
-        for candidate, runner in ((GEMM, self.gemm), (WINDOWS, self.windows), (UNFUSED, self.unfused)):
-            if runner is None:
-                others.append(None)
-                continue
+        timed = {}
+        for candidate, runner in self.others.items():
             if candidate == GEMM:
                 runner.tune(self._gemm_pointers(*pointers[:4]), stream)
             else:
                 runner.tune(pointers[:4] + ((),) if candidate == UNFUSED else pointers[:4], stream)
-            others.append(self._time(candidate, pointers, stream))
-            if others[-1] < fastest:
-                choice, fastest = candidate, others[-1]
-        self.choice, self.times = choice, (best_time, *others)
+            timed[candidate] = self._time(candidate, pointers, stream)
+            if timed[candidate] < fastest:
+                choice, fastest = candidate, timed[candidate]
+        if choice is None:
+            raise BackendError(f"none of the {len(self.plans)} cuDNN plans and {len(timed)} other candidates for a "
+                               f"{self.mode} convolution ran")
+        self.choice, self.times = choice, (best_time, *(timed.get(c) for c in (GEMM, WINDOWS, SPLIT, UNFUSED)))
         _tuned[self.tuned_key] = (self.choice, self.times)
 
     def _agrees(self, plan, expected, pointers, stream):
@@ -280,8 +287,8 @@ class Conv:
         if self.choice == GEMM:
             self.gemm.call(*self._gemm_pointers(a, b, out, workspace), stream)
             return
-        if self.choice == WINDOWS:
-            self.windows.call(a, b, out, workspace, stream)
+        if self.choice in (WINDOWS, SPLIT):
+            (self.windows if self.choice == WINDOWS else self.split).call(a, b, out, workspace, stream)
             return
         if self.choice == UNFUSED:
             self.unfused.call(a, b, out, workspace, (), stream)

@@ -183,20 +183,34 @@ def _swaps_leading_axes(t):
     return t.op.name == "transpose" and t.attr("axes") == (1, 0) + _spatial(t)
 
 
-def _as_wgrad(a, b, strides, padding, rhs, groups, out):
-    """A convolution of ``x^T`` with ``dy^T`` (channels and batch swapped): the transpose of the weight gradient
-    of a forward convolution of stride ``rhs`` and dilation ``strides``; None where that is not its form."""
-    if groups != 1 or not (_swaps_leading_axes(a) and _swaps_leading_axes(b)):
+def _regrouped_images(t, groups):
+    """``x`` where ``t`` is images ``x`` (``(N, G*Cg, ...)``) regrouped to ``(Cg, G*N, ...)`` as the weight gradient
+    of a grouped convolution writes them (split, batch and channels swapped, merged); else None."""
+    if t.op.name != "reshape" or t.args[0].op.name != "transpose" or t.args[0].args[0].op.name != "reshape":
         return None
-    x, dy = a.args[0], b.args[0]
-    weights = (dy.shape[1], x.shape[1]) + out[2:]
+    moved = t.args[0]
+    split, x = moved.args[0], moved.args[0].args[0]
+    n, g, cg = split.shape[:3]
+    swapped = moved.attr("axes") == (2, 1, 0) + tuple(range(3, moved.ndim))
+    return x if swapped and g == groups and x.shape == (n, g * cg) + split.shape[3:] else None
+
+
+def _as_wgrad(a, b, strides, padding, rhs, groups, out):
+    """A convolution of ``x^T`` with ``dy^T`` (channels and batch swapped; with groups, ``x`` regrouped so that
+    each group's batch is what its kernel sums over): the transpose of the weight gradient of a forward
+    convolution of stride ``rhs`` and dilation ``strides``; None where that is not its form."""
+    x = a.args[0] if groups == 1 and _swaps_leading_axes(a) else _regrouped_images(a, groups) if groups > 1 else None
+    if x is None or not _swaps_leading_axes(b):
+        return None
+    dy = b.args[0]
+    weights = (dy.shape[1], x.shape[1] // groups) + out[2:]
     pairs = []
     for size, kernel, (low, _), stride, tap, count in zip(x.shape[2:], weights[2:], padding, rhs, strides, dy.shape[2:]):
         high = _forward_high(size, low, window_extent(kernel, tap), count, stride)
         if low < 0 or high is None:
             return None
         pairs.append((low, high))
-    wgrad = dnn_conv(x, dy, "wgrad", rhs, tuple(pairs), strides, 1, weights)
+    wgrad = dnn_conv(x, dy, "wgrad", rhs, tuple(pairs), strides, groups, weights)
     return ct.transpose(wgrad, (1, 0) + _spatial(wgrad))
 
 

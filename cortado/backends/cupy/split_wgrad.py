@@ -1,0 +1,264 @@
+"""A convolution's weight gradient as a kernel of our own: the pixels split over blocks, the blocks' partial
+sums added in a fixed order, so the result is the same bits every run.
+
+A weight gradient is a GEMM whose reduced axis, the batch's pixels, is far longer than its result
+(``dw[o, c, tap] = sum over pixels of dy[o, pixel] * x[c, pixel moved by tap]``: 131072 pixels for a
+32x32 batch of 128, 9216 outputs for 32 channels and 3x3 taps). cuDNN's deterministic plans for
+float32 split it too little (0.35 to 0.42 ms on the H100 for such a layer, 0.16 ms for its plans that
+add with atomics). Here every block takes a run of tiles of pixels (``TP x TQ`` positions of one
+image) and a block of output and input channels; per tile it stages the tile's ``dy`` and the input
+rows and columns the taps reach (zeros in the padding) in shared memory, and each thread sums, in
+registers, ``OPT`` output channels times every tap for one input channel. Its sums go to a partial of
+the workspace; a second kernel adds the partials in order into ``dw``. Strides, padding, dilation and
+groups are constants of the source; so are the operands' strides, so any layout is read where it lies.
+
+Only float32 and float64 take part: on the H100, for the bfloat16 weight gradients of
+``bench_cnn_gpu.py``'s network, cuDNN's tensor-core plans took 30 to 64 us against this kernel's 57 to
+172, and the memory plan holds a candidate's workspace whether it wins or not. Nor do 1x1 weight gradients, plain GEMMs
+that cuBLASLt and cuDNN do better.
+"""
+
+import math
+
+import numpy as np
+
+from .codegen import Operand, finished_source, storage_type
+from .kernels import compiled
+
+THREADS = 256  # the most threads a block of the partial kernel has
+SHARED_BYTES = 48 << 10  # a block's staged tile
+PARTIAL_BYTES = 16 << 20  # the most the blocks' partial sums may take
+ACCUMULATORS = 72  # the most sums one thread keeps in registers
+BLOCKS_PER_SM = 2
+SUM_LANES = 8  # threads adding the partials of one output element
+STAGED = 8  # the loads a thread has in flight when it stages a tile
+ALIGNMENT = 256
+DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
+
+
+def _divisor(n, limit):
+    """The largest divisor of ``n`` not above ``limit``."""
+    return max(d for d in range(1, min(n, limit) + 1) if n % d == 0)
+
+
+def _multiprocessors():
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+def split_wgrad(term, layouts):
+    """The ``SplitWgrad`` of weight-gradient ``dnn_conv`` ``term`` over operands stored as ``layouts`` says; None
+    for another mode or dtype, more than two spatial axes, one tap, or taps too many for its registers or tiles."""
+    taps = math.prod(term.shape[2:])
+    if term.attr("mode") != "wgrad" or term.dtype not in DTYPES or term.ndim > 4 or not 1 < taps <= 2 * ACCUMULATORS:
+        return None
+    geometry = _Geometry(term, layouts)
+    return SplitWgrad(geometry) if geometry.tile is not None else None
+
+
+class _Geometry:
+    """The weight gradient's sizes as a 2-d one's (a 1-d one gets a height of 1) and the tiling chosen for them."""
+
+    def __init__(self, term, layouts):
+        _, strides, padding, dilation, groups, _, _ = term.attrs
+        x, dy = term.args
+        extra = 4 - term.ndim
+
+        def planar(values, fill):
+            return (fill,) * extra + tuple(values)
+
+        self.n, self.c, self.h, self.w = x.shape[:2] + planar(x.shape[2:], 1)
+        _, self.o, self.p, self.q = dy.shape[:2] + planar(dy.shape[2:], 1)
+        self.r, self.s = planar(term.shape[2:], 1)
+        self.stride, self.dilation = planar(strides, 1), planar(dilation, 1)
+        self.low = planar([low for low, _ in padding], 0)
+        self.x_strides = layouts[x][:2] + planar(layouts[x][2:], 0)
+        self.dy_strides = layouts[dy][:2] + planar(layouts[dy][2:], 0)
+        self.dw_strides = layouts[term][:2] + planar(layouts[term][2:], 0)
+        self.groups, self.dtype = groups, term.dtype
+        self.og, self.cg, self.taps = self.o // groups, self.c // groups, self.r * self.s
+        self.ob = _divisor(self.og, 32)
+        self.opt = max(d for d in (8, 4, 2, 1) if self.ob % d == 0 and (d * self.taps <= ACCUMULATORS or d == 1))
+        self.cb = _divisor(self.cg, 32)
+        self.acc = np.dtype(np.float64 if term.dtype == np.float64 else np.float32)
+        self.acc_bytes = self.acc.itemsize
+        self.tile = self._tile()
+
+    def _shared_bytes(self, tp, tq):
+        rows, columns = self.band(tp, tq)
+        return (self.ob * tp * tq + self.cb * (rows * columns | 1)) * self.acc_bytes
+
+    def band(self, tp, tq):
+        """The input rows and columns a tile of ``tp x tq`` output positions reads."""
+        return ((tp - 1) * self.stride[0] + (self.r - 1) * self.dilation[0] + 1,
+                (tq - 1) * self.stride[1] + (self.s - 1) * self.dilation[1] + 1)
+
+    def _tile(self):
+        """The positions of a tile, ``(TP, TQ)``: rows of at most 32 (a multiple of 4, for vector loads), about 256
+        positions in all, within ``SHARED_BYTES``; None where no tile fits."""
+        tq = min(-(-self.q // 4) * 4, 32)
+        while tq > 0:
+            tp = min(self.p, max(1, 256 // tq))
+            while tp > 0 and self._shared_bytes(tp, tq) > SHARED_BYTES:
+                tp -= 1
+            if tp:
+                return tp, tq
+            tq -= 4
+        return None
+
+
+class SplitWgrad:
+    """The partial-sum kernel and the kernel adding the partials, over fixed pointers."""
+
+    def __init__(self, geometry):
+        g = geometry
+        self.geometry = g
+        tp, tq = g.tile
+        group_threads = (g.ob // g.opt) * g.cb
+        self.ks = _divisor(tp, max(1, THREADS // group_threads))  # thread groups splitting a tile's rows
+        units = g.n * -(-g.p // tp) * -(-g.q // tq)
+        channel_blocks = (g.cg // g.cb) * g.groups * (g.og // g.ob)
+        outputs = g.o * g.cg * g.taps
+        fitting = max(1, PARTIAL_BYTES // (self.ks * outputs * g.acc_bytes))
+        self.splits = max(1, min(units, fitting, -(-BLOCKS_PER_SM * _multiprocessors() // channel_blocks)))
+        self.parts = self.splits * self.ks
+        self.grid = (self.splits, g.cg // g.cb, g.groups * (g.og // g.ob))
+        self.block = (group_threads * self.ks, 1, 1)
+        self.partial = _partial_source(g, units, self.splits, self.ks, self.block[0])
+        self.sum = _sum_source(g, self.parts)
+        self.sum_blocks = -(-outputs // 32)
+        self.workspace_bytes = -(-self.parts * outputs * g.acc_bytes // ALIGNMENT) * ALIGNMENT
+
+    def describe(self):
+        return (f"our weight-gradient kernel ({self.splits} blocks along the pixels, "
+                f"their {self.parts} partial sums added in order)")
+
+    def tune(self, pointers, stream):
+        """Nothing to choose: the tiling is fixed by the shapes."""
+
+    def call(self, x, dy, out, workspace, stream):
+        """Run on device pointers, on CuPy's current stream (the executor's, wherever it runs or tunes a call)."""
+        compiled(self.partial)(self.grid, self.block, (np.uint64(x), np.uint64(dy), np.uint64(workspace)))
+        compiled(self.sum)((self.sum_blocks,), (32 * SUM_LANES,), (np.uint64(workspace), np.uint64(out)))
+
+
+def _staged(acc, threads, total, where, inside, source, destination):
+    """Statements copying ``total`` elements into shared memory, ``STAGED`` loads in flight per thread before their
+    stores: element ``i`` is at ``where`` (statements), read from ``source`` if ``inside``, else zero."""
+    rounds = -(-total // (threads * STAGED))
+    return f"""    #pragma unroll 1
+    for (int round = 0; round < {rounds}; ++round) {{
+      {acc} staged[{STAGED}];
+      #pragma unroll
+      for (int j = 0; j < {STAGED}; ++j) {{
+        const int i = tid + (round * {STAGED} + j) * {threads};
+        {where}
+        staged[j] = (i < {total} && {inside}) ? ({acc})ct_load({source}) : ({acc})0;
+      }}
+      #pragma unroll
+      for (int j = 0; j < {STAGED}; ++j) {{
+        const int i = tid + (round * {STAGED} + j) * {threads};
+        {where}
+        if (i < {total}) {destination} = staged[j];
+      }}
+    }}"""
+
+
+def _partial_source(g, units, splits, ks, threads):
+    """The kernel writing each block's (and row group's) sums into ``out0[part][o][c][tap]``."""
+    tp, tq = g.tile
+    rows, columns = g.band(tp, tq)
+    plane = rows * columns | 1  # odd: threads of consecutive channels read distinct banks
+    acc = "double" if g.acc_bytes == 8 else "float"
+    sh, sw = g.stride
+    dh, dw = g.dilation
+    xn, xc, xh, xw = g.x_strides
+    yn, yo, yp, yq = g.dy_strides
+    groups_of_o = g.ob // g.opt
+    tiles_across = -(-g.q // tq)
+    tiles = -(-g.p // tp) * tiles_across
+    if acc == "float":  # four positions of one channel's dy in one shared load
+        load = [f"      const float4 d{o} = *reinterpret_cast<const float4*>(&dys[(og * {g.opt} + {o}) * {tp * tq} "
+                f"+ pl * {tq} + qq]);" for o in range(g.opt)]
+        value = "d{o}.{lane}"
+    else:
+        load = [f"      const double* d{o} = &dys[(og * {g.opt} + {o}) * {tp * tq} + pl * {tq} + qq];"
+                for o in range(g.opt)]
+        value = "d{o}[{u}]"
+    products = []
+    for r in range(g.r):
+        for u in range(4):
+            for s in range(g.s):
+                products.append(f"        {{ const {acc} v = xr[{r * dh * columns + u * sw + s * dw}];")
+                products += [f"          acc[{o}][{r * g.s + s}] += {value.format(o=o, u=u, lane='xyzw'[u])} * v;"
+                             for o in range(g.opt)]
+                products.append("        }")
+    text = f"""  __shared__ __align__(16) {acc} dys[{g.ob * tp * tq}];
+  __shared__ {acc} xs[{g.cb * plane}];
+  const int tid = threadIdx.x, cl = tid % {g.cb}, og = (tid / {g.cb}) % {groups_of_o}, k = tid / {g.cb * groups_of_o};
+  const int group = blockIdx.z / {g.og // g.ob};
+  const long long c0 = group * {g.cg} + blockIdx.y * {g.cb}, o0 = group * {g.og} + (blockIdx.z % {g.og // g.ob}) * {g.ob};
+  {acc} acc[{g.opt}][{g.taps}];
+  #pragma unroll
+  for (int o = 0; o < {g.opt}; ++o)
+    #pragma unroll
+    for (int t = 0; t < {g.taps}; ++t) acc[o][t] = 0;
+  const long long first = (long long)blockIdx.x * {units} / {splits}, last = (long long)(blockIdx.x + 1) * {units} / {splits};
+  for (long long unit = first; unit < last; ++unit) {{
+    const long long n = unit / {tiles};
+    const int p0 = (int)(unit % {tiles}) / {tiles_across} * {tp}, q0 = (int)(unit % {tiles}) % {tiles_across} * {tq};
+    __syncthreads();
+{_staged(acc, threads, g.ob * tp * tq,
+         f"const int o = i / {tp * tq}, p = p0 + i % {tp * tq} / {tq}, q = q0 + i % {tq};",
+         f"p < {g.p} && q < {g.q}", f"in1[n * {yn} + (o0 + o) * {yo} + p * {yp} + q * {yq}]", "dys[i]")}
+    const int h0 = p0 * {sh} - {g.low[0]}, w0 = q0 * {sw} - {g.low[1]};
+{_staged(acc, threads, g.cb * rows * columns,
+         f"const int c = i / {rows * columns}, y = h0 + i % {rows * columns} / {columns}, x = w0 + i % {columns};",
+         f"y >= 0 && y < {g.h} && x >= 0 && x < {g.w}",
+         f"in0[n * {xn} + (c0 + c) * {xc} + (long long)y * {xh} + (long long)x * {xw}]",
+         f"xs[c * {plane} + i % {rows * columns}]")}
+    __syncthreads();
+    for (int pl = k; pl < {tp}; pl += {ks}) {{
+      #pragma unroll 1
+      for (int qq = 0; qq < {tq}; qq += 4) {{
+{chr(10).join(load)}
+        const {acc}* xr = &xs[cl * {plane} + pl * {sh * columns} + qq * {sw}];
+{chr(10).join(products)}
+      }}
+    }}
+  }}
+  {acc}* part = out0 + ((long long)blockIdx.x * {ks} + k) * {g.o * g.cg * g.taps};
+  #pragma unroll
+  for (int o = 0; o < {g.opt}; ++o)
+    #pragma unroll
+    for (int t = 0; t < {g.taps}; ++t)
+      part[((o0 + og * {g.opt} + o) * {g.cg} + blockIdx.y * {g.cb} + cl) * {g.taps} + t] = acc[o][t];
+"""
+    operands = [Operand((), g.dtype, ()), Operand((), g.dtype, ())]
+    return finished_source("split_wgrad", text, [Operand((), g.acc, ())], operands, (), None, None)
+
+
+def _sum_source(g, parts):
+    """The kernel adding the ``parts`` partial sums of each element of ``dw`` in order: ``SUM_LANES`` threads take
+    every ``SUM_LANES``-th partial, then one adds their sums, lane by lane."""
+    acc = "double" if g.acc_bytes == 8 else "float"
+    outputs = g.o * g.cg * g.taps
+    wo, wc, wr, ws = g.dw_strides
+    text = f"""  __shared__ {acc} sums[{SUM_LANES}][33];
+  const int lane = threadIdx.x % 32, j = threadIdx.x / 32;
+  const long long e = (long long)blockIdx.x * 32 + lane;
+  {acc} sum = 0;
+  if (e < {outputs})
+    for (int part = j; part < {parts}; part += {SUM_LANES}) sum += in0[(long long)part * {outputs} + e];
+  sums[j][lane] = sum;
+  __syncthreads();
+  if (j == 0 && e < {outputs}) {{
+    #pragma unroll
+    for (int other = 1; other < {SUM_LANES}; ++other) sum += sums[other][lane];
+    const long long o = e / {g.cg * g.taps}, c = e / {g.taps} % {g.cg}, r = e % {g.taps} / {g.s}, s = e % {g.s};
+    out0[o * {wo} + c * {wc} + r * {wr} + s * {ws}] = ct_store<{storage_type(g.dtype)}>(sum);
+  }}
+"""
+    return finished_source("split_wgrad_sum", text, [Operand((), g.dtype, ())], [Operand((), g.acc, ())], (), None,
+                           None)
