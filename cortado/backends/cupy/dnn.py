@@ -210,8 +210,8 @@ class Conv:
 
     def tune(self, pointers, stream):
         """Choose the fastest plan, the GEMM, im2col and GEMMs, our weight-gradient kernel, or the convolution alone
-        and the epilogue's kernel, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first choice stays unless another
-        is faster by ``MARGIN``."""
+        and the epilogue's kernel, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first
+        choice stays unless another is faster by ``MARGIN``."""
         if self.tuned_key in _tuned:
             self.choice, self.times = _tuned[self.tuned_key]
             return

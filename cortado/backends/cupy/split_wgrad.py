@@ -4,18 +4,20 @@ sums added in a fixed order, so the result is the same bits every run.
 A weight gradient is a GEMM whose reduced axis, the batch's pixels, is far longer than its result
 (``dw[o, c, tap] = sum over pixels of dy[o, pixel] * x[c, pixel moved by tap]``: 131072 pixels for a
 32x32 batch of 128, 9216 outputs for 32 channels and 3x3 taps). cuDNN's deterministic plans for
-float32 split it too little (0.35 to 0.42 ms on the H100 for such a layer, 0.16 ms for its plans that
-add with atomics). Here every block takes a run of tiles of pixels (``TP x TQ`` positions of one
+float32 split it too little (0.41 ms on the H100 for such a layer, 0.15 ms for its plans that add
+with atomics; this kernel takes 0.11 ms). Here every block takes a run of tiles of pixels (``TP x TQ`` positions of one
 image) and a block of output and input channels; per tile it stages the tile's ``dy`` and the input
 rows and columns the taps reach (zeros in the padding) in shared memory, and each thread sums, in
-registers, ``OPT`` output channels times every tap for one input channel. Its sums go to a partial of
+registers, ``OPT`` output channels times every tap for one input channel (four positions of ``dy``,
+and where the stride and dilation across are 1, four input columns, in one shared-memory load each;
+``ACCUMULATORS`` of 36 sums ran 1.2x to 1.5x faster than 72 on the H100). Its sums go to a partial of
 the workspace; a second kernel adds the partials in order into ``dw``. Strides, padding, dilation and
 groups are constants of the source; so are the operands' strides, so any layout is read where it lies.
 
 Only float32 and float64 take part: on the H100, for the bfloat16 weight gradients of
 ``bench_cnn_gpu.py``'s network, cuDNN's tensor-core plans took 30 to 64 us against this kernel's 57 to
-172, and the memory plan holds a candidate's workspace whether it wins or not. Nor do 1x1 weight gradients, plain GEMMs
-that cuBLASLt and cuDNN do better.
+172, and the memory plan holds a candidate's workspace whether it wins or not. Nor do 1x1 weight
+gradients, plain GEMMs that cuBLASLt and cuDNN do better.
 """
 
 import math
@@ -28,7 +30,7 @@ from .kernels import compiled
 THREADS = 256  # the most threads a block of the partial kernel has
 SHARED_BYTES = 48 << 10  # a block's staged tile
 PARTIAL_BYTES = 16 << 20  # the most the blocks' partial sums may take
-ACCUMULATORS = 72  # the most sums one thread keeps in registers
+ACCUMULATORS = 36  # the most sums one thread keeps in registers
 BLOCKS_PER_SM = 2
 SUM_LANES = 8  # threads adding the partials of one output element
 STAGED = 8  # the loads a thread has in flight when it stages a tile
@@ -83,16 +85,25 @@ class _Geometry:
         self.cb = _divisor(self.cg, 32)
         self.acc = np.dtype(np.float64 if term.dtype == np.float64 else np.float32)
         self.acc_bytes = self.acc.itemsize
+        self.vector = self.acc_bytes == 4 and self.stride[1] == 1 and self.dilation[1] == 1
+        self.loads_per_row = -(-(3 + self.s) // 4)  # float4s covering the columns four positions and their taps read
         self.tile = self._tile()
 
     def _shared_bytes(self, tp, tq):
-        rows, columns = self.band(tp, tq)
-        return (self.ob * tp * tq + self.cb * (rows * columns | 1)) * self.acc_bytes
+        return (self.ob * tp * tq + self.cb * self.band(tp, tq)[3]) * self.acc_bytes
 
     def band(self, tp, tq):
-        """The input rows and columns a tile of ``tp x tq`` output positions reads."""
-        return ((tp - 1) * self.stride[0] + (self.r - 1) * self.dilation[0] + 1,
-                (tq - 1) * self.stride[1] + (self.s - 1) * self.dilation[1] + 1)
+        """The input rows and columns a tile of ``tp x tq`` output positions reads, and how they are laid out in
+        shared memory: the pitch of a row and the size of one channel's plane. Threads of consecutive channels
+        read distinct banks: planes of an odd size, or, where four columns are read at once (``vector``), of four
+        times an odd size, with rows of a multiple of four that the last loads do not overrun."""
+        rows = (tp - 1) * self.stride[0] + (self.r - 1) * self.dilation[0] + 1
+        columns = (tq - 1) * self.stride[1] + (self.s - 1) * self.dilation[1] + 1
+        if not self.vector:
+            return rows, columns, columns, rows * columns | 1
+        pitch = -(-max(columns, tq - 4 + 4 * self.loads_per_row) // 4) * 4
+        plane = rows * pitch
+        return rows, columns, pitch, plane + 4 if plane // 4 % 2 == 0 else plane
 
     def _tile(self):
         """The positions of a tile, ``(TP, TQ)``: rows of at most 32 (a multiple of 4, for vector loads), about 256
@@ -168,8 +179,7 @@ def _staged(acc, threads, total, where, inside, source, destination):
 def _partial_source(g, units, splits, ks, threads):
     """The kernel writing each block's (and row group's) sums into ``out0[part][o][c][tap]``."""
     tp, tq = g.tile
-    rows, columns = g.band(tp, tq)
-    plane = rows * columns | 1  # odd: threads of consecutive channels read distinct banks
+    rows, columns, pitch, plane = g.band(tp, tq)
     acc = "double" if g.acc_bytes == 8 else "float"
     sh, sw = g.stride
     dh, dw = g.dilation
@@ -188,14 +198,19 @@ def _partial_source(g, units, splits, ks, threads):
         value = "d{o}[{u}]"
     products = []
     for r in range(g.r):
+        if g.vector:  # the columns of row r the four positions' taps read, four at a time
+            products += [f"        const float4 x{r}_{j} = *reinterpret_cast<const float4*>(&xr[{r * dh * pitch + 4 * j}]);"
+                         for j in range(g.loads_per_row)]
         for u in range(4):
             for s in range(g.s):
-                products.append(f"        {{ const {acc} v = xr[{r * dh * columns + u * sw + s * dw}];")
+                column = u * sw + s * dw
+                read = f"x{r}_{column // 4}.{'xyzw'[column % 4]}" if g.vector else f"xr[{r * dh * pitch + column}]"
+                products.append(f"        {{ const {acc} v = {read};")
                 products += [f"          acc[{o}][{r * g.s + s}] += {value.format(o=o, u=u, lane='xyzw'[u])} * v;"
                              for o in range(g.opt)]
                 products.append("        }")
     text = f"""  __shared__ __align__(16) {acc} dys[{g.ob * tp * tq}];
-  __shared__ {acc} xs[{g.cb * plane}];
+  __shared__ __align__(16) {acc} xs[{g.cb * plane}];
   const int tid = threadIdx.x, cl = tid % {g.cb}, og = (tid / {g.cb}) % {groups_of_o}, k = tid / {g.cb * groups_of_o};
   const int group = blockIdx.z / {g.og // g.ob};
   const long long c0 = group * {g.cg} + blockIdx.y * {g.cb}, o0 = group * {g.og} + (blockIdx.z % {g.og // g.ob}) * {g.ob};
@@ -217,13 +232,13 @@ def _partial_source(g, units, splits, ks, threads):
          f"const int c = i / {rows * columns}, y = h0 + i % {rows * columns} / {columns}, x = w0 + i % {columns};",
          f"y >= 0 && y < {g.h} && x >= 0 && x < {g.w}",
          f"in0[n * {xn} + (c0 + c) * {xc} + (long long)y * {xh} + (long long)x * {xw}]",
-         f"xs[c * {plane} + i % {rows * columns}]")}
+         f"xs[c * {plane} + i % {rows * columns} / {columns} * {pitch} + i % {columns}]")}
     __syncthreads();
     for (int pl = k; pl < {tp}; pl += {ks}) {{
       #pragma unroll 1
       for (int qq = 0; qq < {tq}; qq += 4) {{
 {chr(10).join(load)}
-        const {acc}* xr = &xs[cl * {plane} + pl * {sh * columns} + qq * {sw}];
+        const {acc}* xr = &xs[cl * {plane} + pl * {sh * pitch} + qq * {sw}];
 {chr(10).join(products)}
       }}
     }}
