@@ -517,13 +517,25 @@ def test_our_weight_gradient_kernel_leaves_what_it_does_not_take():
     from cortado.backends.cupy.lowering.conv import dnn_conv
     from cortado.backends.cupy.split_wgrad import split_wgrad
 
-    def kernel(x_shape, dy_shape, w_shape, dtype="float32", mode="wgrad"):
+    def kernel(x_shape, dy_shape, w_shape, dtype="float32", stride=1):
         x, dy = ct.var("x", x_shape, dtype), ct.var("dy", dy_shape, dtype)
         spatial = len(w_shape) - 2
-        term = dnn_conv(x, dy, mode, (1,) * spatial, ((0, 0),) * spatial, (1,) * spatial, 1, w_shape)
+        term = dnn_conv(x, dy, "wgrad", (stride,) * spatial, ((0, 0),) * spatial, (1,) * spatial, 1, w_shape)
         return split_wgrad(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)})
 
-    assert kernel((2, 4, 8, 8), (2, 6, 8, 8), (6, 4, 1, 1)) is None  # one tap: a GEMM
+    assert kernel((2, 4, 8, 8), (2, 6, 4, 4), (6, 4, 1, 1), stride=2) is None  # one tap, strided: no product per image
     assert kernel((2, 4, 8, 8), (2, 6, 6, 6), (6, 4, 3, 3), dtype="bfloat16") is None  # cuDNN's tensor cores
     assert kernel((2, 4, 6, 6, 6), (2, 6, 4, 4, 4), (6, 4, 3, 3, 3)) is None  # three spatial axes
     assert kernel((2, 4, 40, 40), (2, 6, 26, 26), (6, 4, 15, 15)) is None  # 225 taps: too many sums per thread
+
+
+def test_a_1x1_weight_gradient_is_a_product_per_image_only_over_nchw_images():
+    from cortado.backends.cupy.codegen import channels_last_strides, contiguous_strides
+    from cortado.backends.cupy.lowering.conv import dnn_conv
+    from cortado.backends.cupy.split_wgrad import _Geometry
+
+    x, dy = ct.var("x", (2, 4, 8, 8)), ct.var("dy", (2, 6, 8, 8))
+    term = dnn_conv(x, dy, "wgrad", (1, 1), ((0, 0), (0, 0)), (1, 1), 1, (6, 4, 1, 1))
+    packed = {t: contiguous_strides(t.shape) for t in (x, dy, term)}
+    assert _Geometry(term, packed).products_per_image()
+    assert not _Geometry(term, {**packed, x: channels_last_strides(x.shape)}).products_per_image()

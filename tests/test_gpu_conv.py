@@ -282,7 +282,7 @@ def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape,
         assert all(r.split is None for r in runners)
         return
     assert runners and all(r.split is not None for r in runners), [r.describe() for r in runners]
-    assert "our kernel" in program.explain()
+    assert "partial sums added in order" in program.explain()
     for runner in runners:
         runner.choice = dnn.SPLIT
     first, second = (np.asarray(program(**feeds)[0].get(), np.float64) for _ in range(2))
@@ -290,6 +290,27 @@ def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape,
     assert_close(first / scale, expected / scale, dtype)
     assert np.array_equal(first, second)
     assert all(r.describe().startswith("our weight-gradient kernel") for r in runners)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_1x1_weight_gradient_is_a_gemm_per_image_their_products_added_in_order(dtype):
+    from cortado.backends.cupy import dnn, split_wgrad
+
+    x, w = ct.var("x", (5, 6, 7, 9), dtype), ct.var("w", (4, 6, 1, 1), dtype)
+    y = ct.conv2d(x, w)
+    outputs = ct.grad(ct.sum(y * y), [w])
+    rng = np.random.default_rng(12)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")[0]
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy")
+    (runner,) = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.mode == "wgrad"]
+    assert isinstance(runner.split, split_wgrad.ImageGemms), runner.describe()
+    runner.choice = dnn.SPLIT
+    first, second = (np.asarray(program(**feeds)[0].get(), np.float64) for _ in range(2))
+    scale = max(1.0, float(np.abs(expected).max()))
+    assert_close(first / scale, expected / scale, dtype)
+    assert np.array_equal(first, second)
+    assert runner.describe().startswith("one batched cuBLASLt GEMM per image")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -14,8 +14,9 @@ atomics are 2x faster on float32 images of few channels). A 1x1
 convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
 one batched cuBLASLt GEMM, which is a candidate too; so is any float32 or float64 forward
 convolution or weight gradient without groups as im2col and GEMMs (``window_gemm``), and a float32 or
-float64 weight gradient as a deterministic kernel of our own (``split_wgrad``; where cuDNN builds no
-plan, the other candidates alone). When a program is built, up to
+float64 weight gradient split along the pixels into partial sums added in order (``split_wgrad``: a
+kernel of our own, or for a 1x1 one a batched GEMM per image; where cuDNN builds no plan, the other
+candidates alone). When a program is built, up to
 ``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
 and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
 process by everything that describes the call, as cuBLASLt's are.
@@ -114,7 +115,7 @@ class Conv:
         alone = self.epilogue == "none"  # the other candidates compute the convolution alone
         self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if alone else None) or (None, False)
         self.windows = window_gemm(term, layouts, tf32) if alone else None
-        self.split = split_wgrad(term, layouts) if alone else None
+        self.split = split_wgrad(term, layouts, tf32) if alone else None
         others = [(choice, runner) for choice, runner in
                   ((GEMM, self.gemm), (WINDOWS, self.windows), (SPLIT, self.split), (UNFUSED, self.unfused)) if runner]
         if self.key not in _graphs:
@@ -203,7 +204,7 @@ class Conv:
         timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"] if cudnn_best is not None else []
         timed += [f"the GEMM {1e3 * gemm_time:.1f} us"] if gemm_time is not None else []
         timed += [f"im2col and GEMMs {1e3 * windows_time:.1f} us"] if windows_time is not None else []
-        timed += [f"our kernel {1e3 * split_time:.1f} us"] if split_time is not None else []
+        timed += [f"partial sums added in order {1e3 * split_time:.1f} us"] if split_time is not None else []
         timed += [f"unfused {1e3 * unfused_time:.1f} us"] if unfused_time is not None and self.plans else []
         timed += [f"{len(self.dropped)} fused plans dropped: they disagreed with it unfused"] if self.dropped else []
         return f"{what} ({', '.join(timed)})" if timed else what

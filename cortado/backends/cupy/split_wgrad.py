@@ -16,16 +16,19 @@ groups are constants of the source; so are the operands' strides, so any layout 
 
 Only float32 and float64 take part: on the H100, for the bfloat16 weight gradients of
 ``bench_cnn_gpu.py``'s network, cuDNN's tensor-core plans took 30 to 64 us against this kernel's 57 to
-172, and the memory plan holds a candidate's workspace whether it wins or not. Nor do 1x1 weight
-gradients, plain GEMMs that cuBLASLt and cuDNN do better.
+172, and the memory plan holds a candidate's workspace whether it wins or not. A 1x1 weight gradient is
+a plain GEMM per image, which cuBLASLt does better than this kernel (``ImageGemms``).
 """
 
 import math
 
 import numpy as np
 
+from ...exprgraph.constructors import var
+from .blas import Gemm
 from .codegen import Operand, finished_source, storage_type
 from .kernels import compiled
+from .lowering.gemm import gemm
 
 THREADS = 256  # the most threads a block of the partial kernel has
 SHARED_BYTES = 48 << 10  # a block's staged tile
@@ -49,13 +52,18 @@ def _multiprocessors():
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
-def split_wgrad(term, layouts):
-    """The ``SplitWgrad`` of weight-gradient ``dnn_conv`` ``term`` over operands stored as ``layouts`` says; None
-    for another mode or dtype, more than two spatial axes, one tap, or taps too many for its registers or tiles."""
+def split_wgrad(term, layouts, tf32=False):
+    """The ``SplitWgrad`` of weight-gradient ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or, for
+    a 1x1 one over NCHW images, its ``ImageGemms``; None for another mode or dtype, more than two spatial axes,
+    taps too many for its registers or tiles, or a 1x1 one that is not a product per image or whose products
+    would take more than ``PARTIAL_BYTES``."""
     taps = math.prod(term.shape[2:])
-    if term.attr("mode") != "wgrad" or term.dtype not in DTYPES or term.ndim > 4 or not 1 < taps <= 2 * ACCUMULATORS:
+    if term.attr("mode") != "wgrad" or term.dtype not in DTYPES or term.ndim > 4 or taps > 2 * ACCUMULATORS:
         return None
     geometry = _Geometry(term, layouts)
+    if taps == 1:
+        fits = geometry.n * geometry.o * geometry.c * geometry.acc_bytes <= PARTIAL_BYTES
+        return ImageGemms(geometry, tf32) if fits and geometry.products_per_image() else None
     return SplitWgrad(geometry) if geometry.tile is not None else None
 
 
@@ -88,6 +96,13 @@ class _Geometry:
         self.vector = self.acc_bytes == 4 and self.stride[1] == 1 and self.dilation[1] == 1
         self.loads_per_row = -(-(3 + self.s) // 4)  # float4s covering the columns four positions and their taps read
         self.tile = self._tile()
+
+    def products_per_image(self):
+        """Whether the weight gradient is ``dy[n] @ x[n]^T`` summed over the images ``n``: 1x1, stride 1, no padding,
+        no groups, each image's pixels one stride apart in both operands."""
+        plain = self.stride == (1, 1) and self.low == (0, 0) and self.groups == 1 and (self.p, self.q) == (self.h, self.w)
+        packed = all(strides[3] == 1 and (strides[2] == self.w or self.h == 1) for strides in (self.x_strides, self.dy_strides))
+        return plain and packed
 
     def _shared_bytes(self, tp, tq):
         return (self.ob * tp * tq + self.cb * self.band(tp, tq)[3]) * self.acc_bytes
@@ -151,6 +166,43 @@ class SplitWgrad:
     def call(self, x, dy, out, workspace, stream):
         """Run on device pointers, on CuPy's current stream (the executor's, wherever it runs or tunes a call)."""
         compiled(self.partial)(self.grid, self.block, (np.uint64(x), np.uint64(dy), np.uint64(workspace)))
+        compiled(self.sum)((self.sum_blocks,), (32 * SUM_LANES,), (np.uint64(workspace), np.uint64(out)))
+
+
+class ImageGemms:
+    """A 1x1 weight gradient as one batched cuBLASLt GEMM, ``dy[n] @ x[n]^T`` for every image ``n`` into the
+    workspace, then the products added in order: cuDNN's deterministic float32 plans for it were 2 to 3
+    times slower than its plans that add with atomics on the H100, and NCHW images' pixels are no one
+    reduced axis of a single GEMM."""
+
+    def __init__(self, geometry, tf32):
+        g = geometry
+        self.geometry = g
+        pixels = g.p * g.q
+        dy = var("dy", (g.n, g.o, pixels), g.dtype)
+        x = var("x", (g.n, g.c, pixels), g.dtype)
+        product = gemm(dy, x, transpose_b=True)
+        self.gemm = Gemm(product, {dy: g.dy_strides[:2] + (1,), x: g.x_strides[:2] + (1,)}, tf32)
+        self.products_bytes = -(-product.size * g.acc_bytes // ALIGNMENT) * ALIGNMENT
+        self.workspace_bytes = self.products_bytes + self.gemm.workspace_bytes
+        self.sum = _sum_source(g, g.n)
+        self.sum_blocks = -(-g.o * g.c // 32)
+
+    def describe(self):
+        return (f"one batched cuBLASLt GEMM per image for this 1x1 weight gradient ({self.geometry.n} images), the "
+                f"products added in order")
+
+    def _gemm_pointers(self, x, dy, workspace):
+        return dy, x, workspace, workspace, workspace + self.products_bytes, None, None
+
+    def tune(self, pointers, stream):
+        """Choose the GEMM's algorithm on ``pointers`` (``call``'s, without the stream)."""
+        x, dy, _, workspace = pointers
+        self.gemm.tune(self._gemm_pointers(x, dy, workspace), stream)
+
+    def call(self, x, dy, out, workspace, stream):
+        """Run on device pointers, on CuPy's current stream (the executor's, wherever it runs or tunes a call)."""
+        self.gemm.call(*self._gemm_pointers(x, dy, workspace), stream)
         compiled(self.sum)((self.sum_blocks,), (32 * SUM_LANES,), (np.uint64(workspace), np.uint64(out)))
 
 
