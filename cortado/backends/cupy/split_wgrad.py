@@ -122,16 +122,19 @@ class _Geometry:
 
     def _tile(self):
         """The positions of a tile, ``(TP, TQ)``: rows of at most 32 (a multiple of 4, for vector loads), about 256
-        positions in all, within ``SHARED_BYTES``; None where no tile fits."""
-        tq = min(-(-self.q // 4) * 4, 32)
-        while tq > 0:
-            tp = min(self.p, max(1, 256 // tq))
-            while tp > 0 and self._shared_bytes(tp, tq) > SHARED_BYTES:
-                tp -= 1
-            if tp:
-                return tp, tq
-            tq -= 4
+        positions in all, within ``SHARED_BYTES``, cutting the image with the fewest positions past its edge (a
+        56-wide image in rows of 28, not 32 and 24 of 32); None where no tile fits."""
+        widest = min(-(-self.q // 4) * 4, 32)
+        for tq in sorted(range(4, widest + 1, 4), key=lambda t: (t < widest // 2, _overrun(self.q, t), -t)):
+            rows = [t for t in range(1, min(self.p, max(1, 256 // tq)) + 1) if self._shared_bytes(t, tq) <= SHARED_BYTES]
+            if rows:
+                return min(rows, key=lambda t: (t <= max(rows) // 2, _overrun(self.p, t), -t)), tq
         return None
+
+
+def _overrun(size, tile):
+    """The positions tiles of ``tile`` cover past the end of an axis of ``size``."""
+    return -(-size // tile) * tile - size
 
 
 class SplitWgrad:
