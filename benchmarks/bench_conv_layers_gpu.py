@@ -11,10 +11,11 @@ output gradient ``dy`` (ours: ``ct.grad(sum(conv2d(x, w) * dy), [x, w])``; torch
 Both sides are timed from CUDA-graph replays, so that no Python launch overhead counts: ours replays
 the program's own captured step (after its first calls), torch a ``torch.cuda.CUDAGraph`` of the same
 work; ``REPLAYS`` replays back to back between two events, the median of ``ROUNDS`` such rounds. Ours
-runs with its defaults (``nhwc="auto"``, which keeps a lone layer fed NCHW in NCHW; ``nhwc=True`` is timed
-too, ``ours_nhwc_us``, paying the conversion of its NCHW feeds and results; backward, ``deterministic=False``
-too, ``ours_nondeterministic_us``) and each layer's call chosen when the program was built: the cuDNN plan
-or the GEMM named in the results (``choice``). Results are checked against torch's before timing.
+runs with its defaults (``nhwc="auto"``, which keeps a lone layer fed NCHW in NCHW), and also, as torch
+channels_last is, with ``channels_last_io=True`` fed channels-last CuPy arrays (``ours_channels_last_us``,
+against torch's channels_last time in ``cl/cl``); backward, ``deterministic=False`` too
+(``ours_nondeterministic_us``); each layer's call chosen when the program was built is named in the
+results (``choice``). Results are checked against torch's before timing.
 """
 
 import argparse
@@ -71,6 +72,8 @@ def ours(layer, dtype, backward, values, **options):
     outputs, inputs = (ct.grad(ct.sum(y * dy), [x, w]), [x, w, dy]) if backward else ([y], [x, w])
     program = ct.compile(outputs, inputs=inputs, backend="cupy", **options)
     feeds = {v.name: cupy.asarray(values[v.name].astype(dtype)) for v in inputs}
+    if options.get("channels_last_io"):  # fed as torch's channels_last tensors are: NHWC memory of an NCHW shape
+        feeds = {name: cupy.ascontiguousarray(a.transpose(0, 2, 3, 1)).transpose(0, 3, 1, 2) for name, a in feeds.items()}
     for _ in range(3):  # the third call captures the step's graph
         results = [out.get().astype(np.float64) for out in program(**feeds)]
     graph, stream = next(iter(program._executor.graphs.values())), program._executor.stream
@@ -139,11 +142,14 @@ def run_case(layer, dtype, backward):
     reference, torch_us = torch_layer(layer, dtype, backward, values, channels_last=False)
     _, torch_cl_us = torch_layer(layer, dtype, backward, values, channels_last=True)
     results, us, choices = ours(layer, dtype, backward, values)  # nhwc="auto": a lone layer stays NCHW
-    _, nhwc_us, _ = ours(layer, dtype, backward, values, nhwc=True)
+    _, last_us, last_choices = ours(layer, dtype, backward, values, channels_last_io=True)
     error = max(float(np.abs(a - b).max() / np.abs(b).max()) for a, b in zip(results, reference))
-    case = {"ours_us": us, "ours_nhwc_us": nhwc_us, "torch_nchw_us": torch_us, "torch_channels_last_us": torch_cl_us,
-            "torch_nchw_over_ours": torch_us / us, "best_torch_over_ours": min(torch_us, torch_cl_us) / us,
-            "rel_error": error, "mismatch": not error <= TOLERANCE[dtype], "choice": choices}
+    case = {"ours_us": us, "ours_channels_last_us": last_us, "torch_nchw_us": torch_us,
+            "torch_channels_last_us": torch_cl_us, "torch_nchw_over_ours": torch_us / us,
+            "torch_channels_last_over_ours_channels_last": torch_cl_us / last_us,
+            "best_torch_over_best_ours": min(torch_us, torch_cl_us) / min(us, last_us),
+            "rel_error": error, "mismatch": not error <= TOLERANCE[dtype], "choice": choices,
+            "choice_channels_last": last_choices}
     if backward:  # weight gradients: cuDNN's plans that add partial sums in any order, as torch's default allows
         _, loose_us, loose_choices = ours(layer, dtype, backward, values, deterministic=False)
         case.update(ours_nondeterministic_us=loose_us, torch_nchw_over_nondeterministic=torch_us / loose_us,
@@ -152,10 +158,11 @@ def run_case(layer, dtype, backward):
 
 
 COLUMNS = [("layer", "layer", "24s"), ("dtype", "dtype", "8s"), ("pass", "pass", "9s"), ("ours us", "ours_us", "9.1f"),
-           ("nhwc us", "ours_nhwc_us", "9.1f"), ("nondet us", "ours_nondeterministic_us", "10.1f"),
+           ("ours cl us", "ours_channels_last_us", "11.1f"), ("nondet us", "ours_nondeterministic_us", "10.1f"),
            ("torch us", "torch_nchw_us", "9.1f"),
            ("torch cl us", "torch_channels_last_us", "12.1f"), ("torch/ours", "torch_nchw_over_ours", "11.2f"),
-           ("best/ours", "best_torch_over_ours", "10.2f"), ("rel err", "rel_error", "9.1e")]
+           ("cl/cl", "torch_channels_last_over_ours_channels_last", "6.2f"),
+           ("best/best", "best_torch_over_best_ours", "10.2f"), ("rel err", "rel_error", "9.1e")]
 
 
 def main():
@@ -176,15 +183,16 @@ def main():
     write_results({"benchmark": "conv_layers_gpu", "machine": {**describe(), "gpu": gpu}, "versions": versions("torch"),
                    "replays": REPLAYS, "rounds": ROUNDS, "cases": cases,
                    "notes": {"ours": "ct.compile(..., backend='cupy') with its defaults: the replay of its captured "
-                                     "step; ours_nhwc_us with nhwc=True, ours_nondeterministic_us with "
-                                     "deterministic=False",
+                                     "step; ours_channels_last_us with channels_last_io=True, fed channels-last "
+                                     "CuPy arrays, ours_nondeterministic_us with deterministic=False",
                              "torch": "a torch.cuda.CUDAGraph of F.conv2d (forward) or "
                                      "aten.convolution_backward (backward), NCHW and channels_last; TF32 off",
                              "ratios": "torch's time over ours: above 1, ours is faster; best: torch's faster layout"}},
                   args.out)
     print_table(cases, COLUMNS)
     for case in cases:
-        log(f"{case['layer']} {case['dtype']} {case['pass']}: {case.get('choice')}")
+        log(f"{case['layer']} {case['dtype']} {case['pass']}: {case.get('choice')}; channels last: "
+            f"{case.get('choice_channels_last')}")
 
 
 if __name__ == "__main__":

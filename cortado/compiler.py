@@ -222,7 +222,9 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     and the elementwise regions that follow them, channels last: ``"auto"`` (the default) for the
     dtypes cuDNN convolves on tensor cores (float16, bfloat16; float32 with ``tf32``), True or False
     for all or none; ``deterministic=False`` to let cuDNN add partial sums in any order, which is
-    faster for some float32 weight gradients but no longer gives the same bits on every run).
+    faster for some float32 weight gradients but no longer gives the same bits on every run;
+    ``channels_last_io=True`` to take and return arrays of 4 or more axes channels last, NHWC memory
+    of an NCHW shape as torch's ``channels_last`` tensors, read in place where a CuPy feed is so).
     ``debug=True`` verifies the memory plan as it is made.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})

@@ -529,7 +529,7 @@ def test_our_weight_gradient_kernel_leaves_what_it_does_not_take():
     assert kernel((2, 4, 40, 40), (2, 6, 26, 26), (6, 4, 15, 15)) is None  # 225 taps: too many sums per thread
 
 
-def test_a_1x1_weight_gradient_is_a_product_per_image_only_over_nchw_images():
+def test_a_1x1_weight_gradient_is_a_product_per_nchw_image_or_one_over_nhwc_pixels():
     from cortado.backends.cupy.codegen import channels_last_strides, contiguous_strides
     from cortado.backends.cupy.lowering.conv import dnn_conv
     from cortado.backends.cupy.split_wgrad import _Geometry
@@ -537,5 +537,18 @@ def test_a_1x1_weight_gradient_is_a_product_per_image_only_over_nchw_images():
     x, dy = ct.var("x", (2, 4, 8, 8)), ct.var("dy", (2, 6, 8, 8))
     term = dnn_conv(x, dy, "wgrad", (1, 1), ((0, 0), (0, 0)), (1, 1), 1, (6, 4, 1, 1))
     packed = {t: contiguous_strides(t.shape) for t in (x, dy, term)}
-    assert _Geometry(term, packed).products_per_image()
-    assert not _Geometry(term, {**packed, x: channels_last_strides(x.shape)}).products_per_image()
+    last = {**packed, x: channels_last_strides(x.shape), dy: channels_last_strides(dy.shape)}
+    assert _Geometry(term, packed).products_per_image() and not _Geometry(term, packed).product_over_pixels()
+    assert _Geometry(term, last).product_over_pixels() and not _Geometry(term, last).products_per_image()
+    assert not _Geometry(term, {**packed, x: last[x]}).product_over_pixels()  # dy NCHW: no rows of pixels
+
+
+def test_channels_last_io_stores_feeds_and_results_of_four_or_more_axes_channels_last():
+    from cortado.backends.cupy.layout import io_strides
+
+    images, vector = ct.var("x", (2, 3, 4, 5)), ct.var("b", (3,))
+    assert io_strides(images, {"channels_last_io": True}) == (60, 1, 15, 3)
+    assert io_strides(images, {"channels_last_io": False}) == (60, 20, 5, 1)
+    assert io_strides(vector, {"channels_last_io": True}) == (1,)
+    with pytest.raises(ct.BackendError, match="channels_last_io option is True or False, not 'yes'"):
+        io_strides(images, {"channels_last_io": "yes"})

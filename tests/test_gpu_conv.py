@@ -292,8 +292,9 @@ def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape,
     assert all(r.describe().startswith("our weight-gradient kernel") for r in runners)
 
 
+@pytest.mark.parametrize("channels_last_io", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_a_1x1_weight_gradient_is_a_gemm_per_image_their_products_added_in_order(dtype):
+def test_a_1x1_weight_gradient_is_a_gemm_over_the_pixels_or_per_image_added_in_order(dtype, channels_last_io):
     from cortado.backends.cupy import dnn, split_wgrad
 
     x, w = ct.var("x", (5, 6, 7, 9), dtype), ct.var("w", (4, 6, 1, 1), dtype)
@@ -302,15 +303,17 @@ def test_a_1x1_weight_gradient_is_a_gemm_per_image_their_products_added_in_order
     rng = np.random.default_rng(12)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w)}
     expected = ct.evaluate(outputs, feeds, precision="float64")[0]
-    program = ct.compile(outputs, inputs=[x, w], backend="cupy")
+    program = ct.compile(outputs, inputs=[x, w], backend="cupy", channels_last_io=channels_last_io)
     (runner,) = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.mode == "wgrad"]
-    assert isinstance(runner.split, split_wgrad.ImageGemms), runner.describe()
+    kind = split_wgrad.PixelGemm if channels_last_io else split_wgrad.ImageGemms
+    assert isinstance(runner.split, kind), runner.describe()
     runner.choice = dnn.SPLIT
     first, second = (np.asarray(program(**feeds)[0].get(), np.float64) for _ in range(2))
     scale = max(1.0, float(np.abs(expected).max()))
     assert_close(first / scale, expected / scale, dtype)
     assert np.array_equal(first, second)
-    assert runner.describe().startswith("one batched cuBLASLt GEMM per image")
+    assert runner.describe().startswith("one cuBLASLt GEMM over every pixel" if channels_last_io else
+                                        "one batched cuBLASLt GEMM per image")
 
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -322,3 +325,31 @@ def test_narrow_weight_gradients_are_left_to_cudnn(dtype):
     program = ct.compile(ct.grad(ct.sum(y * y), [w]), inputs=[x, w], backend="cupy")
     runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
     assert "wgrad" in {r.mode for r in runners} and all(r.split is None for r in runners)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+def test_channels_last_feeds_are_read_in_place_and_results_returned_channels_last(dtype):
+    import cupy
+
+    x, w, dy = ct.var("x", (4, 8, 10, 10), dtype), ct.var("w", (16, 8, 3, 3), dtype), ct.var("dy", (4, 16, 10, 10), dtype)
+    y = ct.conv2d(x, w, padding=1)
+    outputs = [y] + ct.grad(ct.sum(y * dy), [x, w])
+    program = ct.compile(outputs, inputs=[x, w, dy], backend="cupy", channels_last_io=True)
+    assert f"{dtype}[4,8,10,10] channels-last" in program.explain()
+    rng = np.random.default_rng(13)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w, dy)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+
+    def channels_last(a):  # an NCHW shape over NHWC memory, as torch's channels_last tensors
+        return cupy.asarray(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+
+    in_place = {name: channels_last(a) for name, a in feeds.items()}
+    staged = {name: cupy.asarray(a) for name, a in feeds.items()}
+    assert all(kind == "in place" for kind, _ in program._executor._sources(in_place))
+    assert not any(kind == "in place" for kind, _ in program._executor._sources(staged))
+    for fed in (feeds, in_place, staged, in_place):
+        results = program(**fed)
+        for ours, theirs in zip(results, expected):
+            assert ours.strides == channels_last(np.zeros(ours.shape, dtype)).strides
+            scale = max(1.0, float(np.abs(theirs).max()))
+            assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)

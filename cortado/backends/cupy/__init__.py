@@ -16,7 +16,8 @@ from .lowering import lowering
 class CupyBackend(Backend):
     name = "cupy"
     alignment = layout.ALIGNMENT
-    options = {"cuda_graph": True, "tf32": False, "autotune": True, "nhwc": "auto", "deterministic": True}
+    options = {"cuda_graph": True, "tf32": False, "autotune": True, "nhwc": "auto", "deterministic": True,
+               "channels_last_io": False}
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
     fuse_single_ops = True  # codegen makes every kernel from a fused body

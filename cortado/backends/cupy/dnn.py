@@ -15,8 +15,8 @@ convolution of stride 1 (forward, or its data gradient) is also a matrix product
 one batched cuBLASLt GEMM, which is a candidate too; so is any float32 or float64 forward
 convolution or weight gradient without groups as im2col and GEMMs (``window_gemm``), and a float32 or
 float64 weight gradient split along the pixels into partial sums added in order (``split_wgrad``: a
-kernel of our own, or for a 1x1 one a batched GEMM per image; where cuDNN builds no plan, the other
-candidates alone). When a program is built, up to
+kernel of our own, or for a 1x1 one a GEMM over the pixels of NHWC images or a batched GEMM per NCHW
+image; where cuDNN builds no plan, the other candidates alone). When a program is built, up to
 ``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
 and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
 process by everything that describes the call, as cuBLASLt's are.

@@ -5,8 +5,9 @@ Everything but the feeds' addresses is decided when the program is built: every 
 kernel's source and launch, every cuBLASLt call. A call runs the step's kernels and GEMMs, writes
 the outputs into the output block and the updates into the state.
 
-Feeds cost no memory of the program's own where it can help it: a contiguous CuPy feed is read
-where the caller keeps it. The step's calls, and its CUDA graph, are made for each set of feed
+Feeds cost no memory of the program's own where it can help it: a CuPy feed packed as the program
+reads it (C order; images channels last with ``channels_last_io``, as are then the images it
+returns) is read where the caller keeps it. The step's calls, and its CUDA graph, are made for each set of feed
 addresses; a loop that feeds the same arrays, or a few arrays in turn, replays a few graphs.
 Only NumPy feeds, CuPy feeds that cannot be read in place (strided, on another GPU, overlapping
 the program's own buffers) and feeds at more than ``ADDRESS_SETS`` sets of addresses are staged:
@@ -29,7 +30,8 @@ from .device import require_gpu
 from .kernels import compiled
 from .dnn import Conv
 from .layout import (
-    ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, layouts, one_value, stored_strides,
+    ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
+    stored_strides,
 )
 from .window_kernels import flip_source, overlap_add_source, pad_source
 
@@ -58,9 +60,11 @@ class _Block:
     def pointer(self, k):
         return self.memory.data.ptr + self.offsets[k]
 
-    def array(self, k, shape, dtype):
+    def array(self, k, shape, dtype, strides=None):
+        """The ``k``-th place as an array, its elements at ``strides`` (C order if None)."""
         cupy = _cupy()
-        return cupy.ndarray(shape, dtype, memptr=self.memory.data + self.offsets[k])
+        byte_strides = None if strides is None else tuple(s * np.dtype(dtype).itemsize for s in strides)
+        return cupy.ndarray(shape, dtype, memptr=self.memory.data + self.offsets[k], strides=byte_strides)
 
 
 WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its term
@@ -76,13 +80,13 @@ class Executor(interface.Executor):
     """Runs one compiled step on the GPU; see the module docstring."""
 
     def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True,
-                 nhwc="auto", deterministic=True):
+                 nhwc="auto", deterministic=True, channels_last_io=False):
         cupy = _cupy()
         require_gpu()
         self.use_graph = bool(cuda_graph)
         self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
-        layout_options = {"nhwc": nhwc, "tf32": tf32}
+        layout_options = {"nhwc": nhwc, "tf32": tf32, "channels_last_io": channels_last_io}
         self.strides, _ = layouts(kernels, layout_options)
         self.channels_last_for = channels_last_for(kernels, layout_options)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
@@ -98,7 +102,8 @@ class Executor(interface.Executor):
             if not isinstance(placed.key, tuple):  # ("workspace", i) keys are scratch, not values
                 self.pointers.setdefault(placed.key, self.arena.memory.data.ptr + placed.offset)
         self.output_block = _Block([t.size * t.dtype.itemsize for t in outputs])
-        self.outputs = [self.output_block.array(k, t.shape, t.dtype) for k, t in enumerate(outputs)]
+        self.io_strides = {t: io_strides(t, layout_options) for t in list(outputs) + [k.term for k in kernels if k.is_load]}
+        self.outputs = [self.output_block.array(k, t.shape, t.dtype, self.io_strides[t]) for k, t in enumerate(outputs)]
         direct = {t: self.output_block.pointer(outputs.index(t))
                   for t in direct_outputs(kernels, steps, outputs, sinks, layout_options)}
         self.pointers.update(direct)
@@ -121,7 +126,7 @@ class Executor(interface.Executor):
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
-        self.makers += [self._copy(t, self.output_block.pointer(k)) for k, t in enumerate(outputs)
+        self.makers += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
                         if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.makers += self._updates(final)
@@ -297,10 +302,13 @@ class Executor(interface.Executor):
 
     # -- feeds ---------------------------------------------------------------------------------
 
-    def _readable_in_place(self, value):
-        """Whether a CuPy feed can be read where it is: contiguous, on this GPU, apart from the program's buffers
-        (a program's own output fed back in would be written while it is read)."""
-        if not value.flags.c_contiguous or value.device.id != self.device:
+    def _readable_in_place(self, t, value):
+        """Whether CuPy feed ``value`` of ``t`` can be read where it is: packed as the program reads ``t`` (C order,
+        or channels last with ``channels_last_io``), on this GPU, apart from the program's buffers (a program's own
+        output fed back in would be written while it is read)."""
+        expected = self.io_strides[t]
+        if value.device.id != self.device or not all(
+                n == 1 or s == e * value.itemsize for n, s, e in zip(value.shape, value.strides, expected)):
             return False
         low, high = value.data.ptr, value.data.ptr + value.nbytes
         blocks = (self.arena, self.state_block, self.output_block, self.constant_block, self.stage_block)
@@ -314,7 +322,7 @@ class Executor(interface.Executor):
             value = feeds[t.name]
             if not isinstance(value, cupy.ndarray):
                 sources.append((HOST, None))
-            elif self._readable_in_place(value):
+            elif self._readable_in_place(t, value):
                 sources.append((IN_PLACE, value.data.ptr))
             else:
                 sources.append((DEVICE, None))
@@ -333,7 +341,7 @@ class Executor(interface.Executor):
             self.feed_block = _Block(sizes)
             self.pinned_memory = _cupy().cuda.alloc_pinned_memory(max(self.feed_block.nbytes, 1))
             host = np.frombuffer(self.pinned_memory, np.uint8, max(self.feed_block.nbytes, 1))
-            self.pinned = {t.name: host[offset:offset + size].view(t.dtype).reshape(t.shape)
+            self.pinned = {t.name: _strided(host[offset:offset + size].view(t.dtype), t.shape, self.io_strides[t])
                            for t, offset, size in zip(self.feeds, self.feed_block.offsets, sizes)}
         return self.feed_block
 
@@ -404,9 +412,8 @@ class Executor(interface.Executor):
         self.stream.wait_event(caller.record())
         with self.stream:
             for k, (t, (kind, _)) in enumerate(zip(self.feeds, sources)):
-                if kind == DEVICE:
-                    value = cupy.ascontiguousarray(feeds[t.name])
-                    self._memcpy(block.pointer(k), value.data.ptr, value.nbytes)()
+                if kind == DEVICE:  # packed as the program reads it, by CuPy's copy on the program's stream
+                    block.array(k, t.shape, t.dtype, self.io_strides[t])[...] = feeds[t.name]
             step(sources)
         caller.wait_event(self.stream.record())
         return list(self.outputs)
@@ -430,6 +437,11 @@ class Executor(interface.Executor):
             graph = self.stream.end_capture()
         self.graphs[sources] = graph
         graph.launch(self.stream)
+
+
+def _strided(flat, shape, strides):
+    """The elements of 1-d ``flat`` as an array of ``shape`` at element ``strides`` (a view of them)."""
+    return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * flat.itemsize for s in strides))
 
 
 def _nothing():

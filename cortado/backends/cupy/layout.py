@@ -44,7 +44,10 @@ def channels_last_for(kernels, options):
     where ``nhwc="auto"`` keeps them only in a program where one convolution (forward or data gradient) reads
     an image the program computes, as in a network's chain of layers. A program of lone convolutions of its
     inputs would pay a conversion of every image it is fed and every image it returns: measured on the H100,
-    up to 10x a 1x1 layer's time in NCHW."""
+    up to 10x a 1x1 layer's time in NCHW. A program fed and returning channels-last images
+    (``channels_last_io``) stores them so in every dtype unless ``nhwc=False``: it has nothing to convert."""
+    if options.get("channels_last_io") and options["nhwc"] == "auto":
+        return channels_last_dtypes({**options, "nhwc": True})
     dtypes = channels_last_dtypes(options)
     if options["nhwc"] != "auto":
         return dtypes
@@ -82,6 +85,15 @@ def one_value(t):
 def stored_strides(t):
     """The strides of a value the program stores itself."""
     return (0,) * t.ndim if one_value(t) else contiguous_strides(t.shape)
+
+
+def io_strides(t, options):
+    """The strides of a feed or a result of the program as its caller holds it: channels last (NHWC memory of an
+    NCHW shape, as torch's ``channels_last`` tensors) for 4 or more axes where ``channels_last_io`` says so."""
+    last = options.get("channels_last_io", False)
+    if last is not True and last is not False:
+        raise BackendError(f"compile: the cupy backend's channels_last_io option is True or False, not {last!r}")
+    return channels_last_strides(t.shape) if last and t.ndim >= 4 else contiguous_strides(t.shape)
 
 
 def _stored_channels_last(t, strides):
@@ -125,6 +137,9 @@ def layouts(kernels, options):
             strides[t] = _window_strides(strides[source], *t.attrs)
         elif name == "reshape" and _contiguous(source.shape, strides[source]):
             strides[t] = contiguous_strides(t.shape)
+        elif k.is_load:
+            strides[t] = io_strides(t, options)
+            continue
         else:
             last = _channels_last_kernel(k, strides, dtypes)
             strides.update({d: channels_last_strides(d.shape) if last else contiguous_strides(d.shape)
@@ -193,12 +208,12 @@ def _epilogue_operands(t):
 
 
 def direct_outputs(kernels, steps, outputs, sinks, options):
-    """The outputs a kernel computes in C order (not views, loads, state or constants): written straight into
-    the output block, so calls need no copy out of the arena. Each term once."""
+    """The outputs a kernel computes in their ``io_strides`` (not views, loads, state or constants): written straight
+    into the output block, so calls need no copy out of the arena. Each term once."""
     strides, _ = layouts(kernels, options)
     computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
     return [t for t in dict.fromkeys(outputs)
-            if t in computed and t not in sinks and strides[t] == contiguous_strides(t.shape)]
+            if t in computed and t not in sinks and _same_layout(t.shape, strides[t], io_strides(t, options))]
 
 
 RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' strides and the channels-last dtypes)

@@ -17,7 +17,8 @@ groups are constants of the source; so are the operands' strides, so any layout 
 Only float32 and float64 take part: on the H100, for the bfloat16 weight gradients of
 ``bench_cnn_gpu.py``'s network, cuDNN's tensor-core plans took 30 to 64 us against this kernel's 57 to
 172, and the memory plan holds a candidate's workspace whether it wins or not. A 1x1 weight gradient is
-a plain GEMM per image, which cuBLASLt does better than this kernel (``ImageGemms``).
+a plain GEMM, which cuBLASLt does better than this kernel: over every pixel of NHWC images
+(``PixelGemm``), or per NCHW image with the products added in order (``ImageGemms``).
 """
 
 import math
@@ -54,7 +55,8 @@ def _multiprocessors():
 
 def split_wgrad(term, layouts, tf32=False):
     """The ``SplitWgrad`` of weight-gradient ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or, for
-    a 1x1 one over NCHW images, its ``ImageGemms``; None for another mode or dtype, more than two spatial axes,
+    a 1x1 one, its ``PixelGemm`` (NHWC images) or ``ImageGemms`` (NCHW); None for another mode or dtype, more
+    than two spatial axes,
     taps too many for its registers or tiles, or a 1x1 one that is not a product per image or whose products
     would take more than ``PARTIAL_BYTES``."""
     taps = math.prod(term.shape[2:])
@@ -62,6 +64,8 @@ def split_wgrad(term, layouts, tf32=False):
         return None
     geometry = _Geometry(term, layouts)
     if taps == 1:
+        if geometry.product_over_pixels():
+            return PixelGemm(geometry, tf32)
         fits = geometry.n * geometry.o * geometry.c * geometry.acc_bytes <= PARTIAL_BYTES
         return ImageGemms(geometry, tf32) if fits and geometry.products_per_image() else None
     return SplitWgrad(geometry) if geometry.tile is not None else None
@@ -97,12 +101,24 @@ class _Geometry:
         self.loads_per_row = -(-(3 + self.s) // 4)  # float4s covering the columns four positions and their taps read
         self.tile = self._tile()
 
+    def _plain(self):
+        """1x1 (the caller knows), stride 1, no padding, no groups: every pixel of ``dy`` is one of ``x``'s."""
+        return self.stride == (1, 1) and self.low == (0, 0) and self.groups == 1 and (self.p, self.q) == (self.h, self.w)
+
     def products_per_image(self):
-        """Whether the weight gradient is ``dy[n] @ x[n]^T`` summed over the images ``n``: 1x1, stride 1, no padding,
-        no groups, each image's pixels one stride apart in both operands."""
-        plain = self.stride == (1, 1) and self.low == (0, 0) and self.groups == 1 and (self.p, self.q) == (self.h, self.w)
+        """Whether the weight gradient is ``dy[n] @ x[n]^T`` summed over the images ``n``: plain, each image's pixels
+        one stride apart in both operands."""
         packed = all(strides[3] == 1 and (strides[2] == self.w or self.h == 1) for strides in (self.x_strides, self.dy_strides))
-        return plain and packed
+        return self._plain() and packed
+
+    def product_over_pixels(self):
+        """Whether the weight gradient is ``dy^T @ x`` over the rows of every pixel of the batch: plain, both operands
+        channels last and packed, ``dw`` in C order."""
+        def rows(strides, channels):
+            return strides[1] == 1 and strides[3] == channels and (strides[2] == self.w * channels or self.h == 1) \
+                and strides[0] == self.h * self.w * channels
+        return self._plain() and rows(self.x_strides, self.c) and rows(self.dy_strides, self.o) \
+            and self.dw_strides[:2] == (self.c, 1)
 
     def _shared_bytes(self, tp, tq):
         return (self.ob * tp * tq + self.cb * self.band(tp, tq)[3]) * self.acc_bytes
@@ -170,6 +186,29 @@ class SplitWgrad:
         """Run on device pointers, on CuPy's current stream (the executor's, wherever it runs or tunes a call)."""
         compiled(self.partial)(self.grid, self.block, (np.uint64(x), np.uint64(dy), np.uint64(workspace)))
         compiled(self.sum)((self.sum_blocks,), (32 * SUM_LANES,), (np.uint64(workspace), np.uint64(out)))
+
+
+class PixelGemm:
+    """A 1x1 weight gradient of NHWC images as one cuBLASLt GEMM over every pixel of the batch, ``dw = dy^T @ x``
+    (``(K, pixels) @ (pixels, C)``), written into ``dw``."""
+
+    def __init__(self, geometry, tf32):
+        g = geometry
+        rows = g.n * g.p * g.q
+        dy, x = var("dy", (rows, g.o), g.dtype), var("x", (rows, g.c), g.dtype)
+        self.gemm = Gemm(gemm(dy, x, transpose_a=True), {dy: (g.o, 1), x: (g.c, 1)}, tf32)
+        self.workspace_bytes = self.gemm.workspace_bytes
+
+    def describe(self):
+        return "one cuBLASLt GEMM over every pixel of the batch for this 1x1 weight gradient"
+
+    def tune(self, pointers, stream):
+        """Choose the GEMM's algorithm on ``pointers`` (``call``'s, without the stream)."""
+        x, dy, out, workspace = pointers
+        self.gemm.tune((dy, x, out, out, workspace, None, None), stream)
+
+    def call(self, x, dy, out, workspace, stream):
+        self.gemm.call(dy, x, out, out, workspace, None, None, stream)
 
 
 class ImageGemms:
