@@ -478,9 +478,9 @@ def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
 
     alone, runner = object.__new__(dnn.Conv), object.__new__(dnn.Conv)
     windows = type("Windows", (), {"describe": lambda self: "im2col"})()
-    alone.__dict__.update(choice=dnn.WINDOWS, times=None, plans=[], windows=windows)
+    alone.__dict__.update(choice=dnn.WINDOWS, times=None, plans=[], others={dnn.WINDOWS: windows})
     runner.__dict__.update(choice=dnn.UNFUSED, unfused=alone, epilogue="bias_relu", plans=[3, 5], dropped={3, 5},
-                           times=(None, None, None, None, 1e-2))
+                           times=(None, {dnn.UNFUSED: 1e-2}))
     assert runner.describe() == ("im2col, then a generated kernel for its bias_relu (unfused 10.0 us, 2 fused plans "
                                  "dropped: they disagreed with it unfused)")
 

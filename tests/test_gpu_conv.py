@@ -353,3 +353,28 @@ def test_channels_last_feeds_are_read_in_place_and_results_returned_channels_las
             assert ours.strides == channels_last(np.zeros(ours.shape, dtype)).strides
             scale = max(1.0, float(np.abs(theirs).max()))
             assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_a_channels_last_convolution_may_run_in_nchw_between_copies(dtype):
+    import cupy
+
+    from cortado.backends.cupy import dnn
+
+    x, w, dy = ct.var("x", (3, 5, 9, 8), dtype), ct.var("w", (6, 5, 3, 3), dtype), ct.var("dy", (3, 6, 5, 4), dtype)
+    y = ct.conv2d(x, w, stride=2, padding=1)
+    outputs = [y] + ct.grad(ct.sum(y * dy), [x, w])
+    program = ct.compile(outputs, inputs=[x, w, dy], backend="cupy", channels_last_io=True)
+    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.detour is not None]
+    assert sorted(r.mode for r in runners) == ["dgrad", "fprop", "wgrad"], program.explain()
+    for runner in runners:
+        runner.choice = dnn.NCHW
+    rng = np.random.default_rng(14)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w, dy)}
+    expected = ct.evaluate(outputs, feeds, precision="float64")
+    fed = {name: cupy.asarray(np.ascontiguousarray(a.transpose(0, 2, 3, 1))).transpose(0, 3, 1, 2)
+           for name, a in feeds.items()}
+    for ours, theirs in zip(program(**fed), expected):
+        scale = max(1.0, float(np.abs(theirs).max()))
+        assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)
+    assert all("in NCHW between copies" in r.describe() for r in runners)

@@ -31,6 +31,7 @@ from ...exprgraph.constructors import var
 from .blas import Gemm
 from .codegen import channels_last_strides, contiguous_strides
 from .lowering.gemm import gemm
+from .conv_detour import Detour, detour_layouts
 from .conv_epilogue import EpilogueKernel
 from .lowering.conv import dnn_conv, epilogue_parts
 from .split_wgrad import split_wgrad
@@ -44,11 +45,14 @@ _DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "f
 GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
 WINDOWS = "windows"  # the choice of im2col and GEMMs (``window_gemm``)
 SPLIT = "split"  # the choice of our weight-gradient kernel (``split_wgrad``)
+NCHW = "nchw"  # the choice of the call in NCHW between copies of channels-last images (``conv_detour``)
 UNFUSED = "unfused"  # the choice of the convolution alone, then a generated kernel for its epilogue
+LABELS = {GEMM: "the GEMM", WINDOWS: "im2col and GEMMs", SPLIT: "partial sums added in order", NCHW: "in NCHW",
+          UNFUSED: "unfused"}  # the other candidates, in the order they are timed, as ``explain`` names their times
 AGREEMENT = {2: 2e-2, 4: 1e-3, 8: 1e-9}  # by itemsize: how far a fused plan may stray, relative to the result
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
-_tuned = {}  # a call's description -> (its choice, (cuDNN's best time, the GEMM's, im2col's, ours, unfused; None: none))
+_tuned = {}  # a call's description -> (its choice, (cuDNN's best time or None, {other candidate: its time}))
 
 
 def _cudnn():
@@ -116,8 +120,10 @@ class Conv:
         self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if alone else None) or (None, False)
         self.windows = window_gemm(term, layouts, tf32) if alone else None
         self.split = split_wgrad(term, layouts, tf32) if alone else None
-        others = [(choice, runner) for choice, runner in
-                  ((GEMM, self.gemm), (WINDOWS, self.windows), (SPLIT, self.split), (UNFUSED, self.unfused)) if runner]
+        detour = detour_layouts(term, layouts, tf32) if alone else None
+        self.detour = Detour(term, layouts, Conv(term, detour[0], tf32, deterministic), detour[1]) if detour else None
+        runners = (self.gemm, self.windows, self.split, self.detour, self.unfused)
+        others = [(choice, runner) for choice, runner in zip(LABELS, runners) if runner]
         if self.key not in _graphs:
             try:
                 _graphs[self.key] = self._build(term, described, tf32, deterministic)
@@ -191,8 +197,8 @@ class Conv:
         """Which call runs, and the times that chose it, for ``explain``."""
         if self.choice == GEMM:
             what = f"a cuBLASLt GEMM over the pixels for this 1x1 {self.mode}"
-        elif self.choice in (WINDOWS, SPLIT):
-            what = (self.windows if self.choice == WINDOWS else self.split).describe()
+        elif self.choice in (WINDOWS, SPLIT, NCHW):
+            what = self.others[self.choice].describe()
         elif self.choice == UNFUSED:
             what = f"{self.unfused.describe()}, then a generated kernel for its {self.epilogue}"
         else:
@@ -200,12 +206,9 @@ class Conv:
             what = f"cuDNN {self.mode}{fused} {self.graph.get_plan_name_at_index(self.choice)}"
         if self.times is None:
             return f"{what} (cuDNN's first choice of {len(self.plans)} plans, not timed)" if self.plans else what
-        cudnn_best, gemm_time, windows_time, split_time, unfused_time = self.times
+        cudnn_best, others = self.times
         timed = [f"cuDNN's best of {len(self.plans)} plans {1e3 * cudnn_best:.1f} us"] if cudnn_best is not None else []
-        timed += [f"the GEMM {1e3 * gemm_time:.1f} us"] if gemm_time is not None else []
-        timed += [f"im2col and GEMMs {1e3 * windows_time:.1f} us"] if windows_time is not None else []
-        timed += [f"partial sums added in order {1e3 * split_time:.1f} us"] if split_time is not None else []
-        timed += [f"unfused {1e3 * unfused_time:.1f} us"] if unfused_time is not None and self.plans else []
+        timed += [f"{LABELS[c]} {1e3 * t:.1f} us" for c, t in others.items() if c != UNFUSED or self.plans]
         timed += [f"{len(self.dropped)} fused plans dropped: they disagreed with it unfused"] if self.dropped else []
         return f"{what} ({', '.join(timed)})" if timed else what
 
@@ -240,7 +243,7 @@ class Conv:
         if choice is None:
             raise BackendError(f"none of the {len(self.plans)} cuDNN plans and {len(timed)} other candidates for a "
                                f"{self.mode} convolution ran")
-        self.choice, self.times = choice, (best_time, *(timed.get(c) for c in (GEMM, WINDOWS, SPLIT, UNFUSED)))
+        self.choice, self.times = choice, (best_time, timed)
         _tuned[self.tuned_key] = (self.choice, self.times)
 
     def _agrees(self, plan, expected, pointers, stream):
@@ -288,8 +291,8 @@ class Conv:
         if self.choice == GEMM:
             self.gemm.call(*self._gemm_pointers(a, b, out, workspace), stream)
             return
-        if self.choice in (WINDOWS, SPLIT):
-            (self.windows if self.choice == WINDOWS else self.split).call(a, b, out, workspace, stream)
+        if self.choice in (WINDOWS, SPLIT, NCHW):
+            self.others[self.choice].call(a, b, out, workspace, stream)
             return
         if self.choice == UNFUSED:
             self.unfused.call(a, b, out, workspace, (), stream)

@@ -121,7 +121,7 @@ class _Geometry:
             and self.dw_strides[:2] == (self.c, 1)
 
     def _shared_bytes(self, tp, tq):
-        return (self.ob * tp * tq + self.cb * self.band(tp, tq)[3]) * self.acc_bytes
+        return (self.ob * dy_pitch(tp, tq) + self.cb * self.band(tp, tq)[3]) * self.acc_bytes
 
     def band(self, tp, tq):
         """The input rows and columns a tile of ``tp x tq`` output positions reads, and how they are laid out in
@@ -146,6 +146,12 @@ class _Geometry:
             if rows:
                 return min(rows, key=lambda t: (t <= max(rows) // 2, _overrun(self.p, t), -t)), tq
         return None
+
+
+def dy_pitch(tp, tq):
+    """The shared-memory elements of one output channel's tile of ``dy``: its positions, padded to four times an odd
+    number, so that threads staging consecutive channels (from NHWC) write to 8 banks, not 2."""
+    return tp * tq if tp * tq // 4 % 2 else tp * tq + 4
 
 
 def _overrun(size, tile):
@@ -274,6 +280,7 @@ def _partial_source(g, units, splits, ks, threads):
     """The kernel writing each block's (and row group's) sums into ``out0[part][o][c][tap]``."""
     tp, tq = g.tile
     rows, columns, pitch, plane = g.band(tp, tq)
+    pitch_dy = dy_pitch(tp, tq)
     acc = "double" if g.acc_bytes == 8 else "float"
     sh, sw = g.stride
     dh, dw = g.dilation
@@ -283,13 +290,25 @@ def _partial_source(g, units, splits, ks, threads):
     tiles_across = -(-g.q // tq)
     tiles = -(-g.p // tp) * tiles_across
     if acc == "float":  # four positions of one channel's dy in one shared load
-        load = [f"      const float4 d{o} = *reinterpret_cast<const float4*>(&dys[(og * {g.opt} + {o}) * {tp * tq} "
+        load = [f"      const float4 d{o} = *reinterpret_cast<const float4*>(&dys[(og * {g.opt} + {o}) * {pitch_dy} "
                 f"+ pl * {tq} + qq]);" for o in range(g.opt)]
         value = "d{o}.{lane}"
     else:
-        load = [f"      const double* d{o} = &dys[(og * {g.opt} + {o}) * {tp * tq} + pl * {tq} + qq];"
+        load = [f"      const double* d{o} = &dys[(og * {g.opt} + {o}) * {pitch_dy} + pl * {tq} + qq];"
                 for o in range(g.opt)]
         value = "d{o}[{u}]"
+    # staged in the order of memory: position by position within a channel (NCHW), or across channels (NHWC)
+    if yo == 1:
+        dy_where = f"const int o = i % {g.ob}, cell = i / {g.ob}, p = p0 + cell / {tq}, q = q0 + cell % {tq};"
+        dy_destination = f"dys[o * {pitch_dy} + cell]"
+    else:
+        dy_where = f"const int o = i / {tp * tq}, p = p0 + i % {tp * tq} / {tq}, q = q0 + i % {tq};"
+        dy_destination = f"dys[i / {tp * tq} * {pitch_dy} + i % {tp * tq}]"
+    if xc == 1:
+        x_where = f"const int c = i % {g.cb}, cell = i / {g.cb}, y = h0 + cell / {columns}, x = w0 + cell % {columns};"
+    else:
+        x_where = (f"const int c = i / {rows * columns}, cell = i % {rows * columns}, y = h0 + cell / {columns}, "
+                   f"x = w0 + cell % {columns};")
     products = []
     for r in range(g.r):
         if g.vector:  # the columns of row r the four positions' taps read, four at a time
@@ -303,7 +322,7 @@ def _partial_source(g, units, splits, ks, threads):
                 products += [f"          acc[{o}][{r * g.s + s}] += {value.format(o=o, u=u, lane='xyzw'[u])} * v;"
                              for o in range(g.opt)]
                 products.append("        }")
-    text = f"""  __shared__ __align__(16) {acc} dys[{g.ob * tp * tq}];
+    text = f"""  __shared__ __align__(16) {acc} dys[{g.ob * pitch_dy}];
   __shared__ __align__(16) {acc} xs[{g.cb * plane}];
   const int tid = threadIdx.x, cl = tid % {g.cb}, og = (tid / {g.cb}) % {groups_of_o}, k = tid / {g.cb * groups_of_o};
   const int group = blockIdx.z / {g.og // g.ob};
@@ -318,15 +337,12 @@ def _partial_source(g, units, splits, ks, threads):
     const long long n = unit / {tiles};
     const int p0 = (int)(unit % {tiles}) / {tiles_across} * {tp}, q0 = (int)(unit % {tiles}) % {tiles_across} * {tq};
     __syncthreads();
-{_staged(acc, threads, g.ob * tp * tq,
-         f"const int o = i / {tp * tq}, p = p0 + i % {tp * tq} / {tq}, q = q0 + i % {tq};",
-         f"p < {g.p} && q < {g.q}", f"in1[n * {yn} + (o0 + o) * {yo} + p * {yp} + q * {yq}]", "dys[i]")}
+{_staged(acc, threads, g.ob * tp * tq, dy_where, f"p < {g.p} && q < {g.q}",
+         f"in1[n * {yn} + (o0 + o) * {yo} + p * {yp} + q * {yq}]", dy_destination)}
     const int h0 = p0 * {sh} - {g.low[0]}, w0 = q0 * {sw} - {g.low[1]};
-{_staged(acc, threads, g.cb * rows * columns,
-         f"const int c = i / {rows * columns}, y = h0 + i % {rows * columns} / {columns}, x = w0 + i % {columns};",
-         f"y >= 0 && y < {g.h} && x >= 0 && x < {g.w}",
+{_staged(acc, threads, g.cb * rows * columns, x_where, f"y >= 0 && y < {g.h} && x >= 0 && x < {g.w}",
          f"in0[n * {xn} + (c0 + c) * {xc} + (long long)y * {xh} + (long long)x * {xw}]",
-         f"xs[c * {plane} + i % {rows * columns} / {columns} * {pitch} + i % {columns}]")}
+         f"xs[c * {plane} + cell / {columns} * {pitch} + cell % {columns}]")}
     __syncthreads();
     for (int pl = k; pl < {tp}; pl += {ks}) {{
       #pragma unroll 1
