@@ -101,16 +101,17 @@ def _stored_channels_last(t, strides):
         and strides[t] != contiguous_strides(t.shape)
 
 
-def _channels_last_kernel(k, strides, dtypes):
+def _channels_last_kernel(k, strides, dtypes, weights_too):
     """Whether kernel ``k`` writes its values channels last: a cuDNN convolution of images in one of ``dtypes``
-    (forward or data gradient), or an elementwise region over values of one shape that reads such a value of that
-    shape (a bias, a relu, a residual sum), so that a chain of convolutions stays channels last from one to the
-    next."""
+    (forward or data gradient; a weight gradient too where ``weights_too``, as a program fed channels-last
+    weights returns their gradients), or an elementwise region over values of one shape that reads such a value
+    of that shape (a bias, a relu, a residual sum), so that a chain of convolutions stays channels last from one
+    to the next."""
     t = k.term
     if t.ndim < 4:
         return False
     if t.op.name == "dnn_conv":
-        return t.attr("mode") != "wgrad" and t.dtype in dtypes
+        return (weights_too or t.attr("mode") != "wgrad") and t.dtype in dtypes
     if t.op.name != "fused" or any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
         return False
     return all(d.shape == t.shape for d in k.terms) and any(
@@ -141,7 +142,7 @@ def layouts(kernels, options):
             strides[t] = io_strides(t, options)
             continue
         else:
-            last = _channels_last_kernel(k, strides, dtypes)
+            last = _channels_last_kernel(k, strides, dtypes, bool(options.get("channels_last_io")))
             strides.update({d: channels_last_strides(d.shape) if last else contiguous_strides(d.shape)
                             for d in k.terms})
             continue
