@@ -5,20 +5,21 @@ A weight gradient is a GEMM whose reduced axis, the batch's pixels, is far longe
 (``dw[o, c, tap] = sum over pixels of dy[o, pixel] * x[c, pixel moved by tap]``: 131072 pixels for a
 32x32 batch of 128, 9216 outputs for 32 channels and 3x3 taps). cuDNN's deterministic plans for
 float32 split it too little (0.41 ms on the H100 for such a layer, 0.15 ms for its plans that add
-with atomics; this kernel takes 0.11 ms). Here every block takes a run of tiles of pixels (``TP x TQ`` positions of one
-image) and a block of output and input channels; per tile it stages the tile's ``dy`` and the input
-rows and columns the taps reach (zeros in the padding) in shared memory, and each thread sums, in
-registers, ``OPT`` output channels times every tap for one input channel (four positions of ``dy``,
-and where the stride and dilation across are 1, four input columns, in one shared-memory load each;
-``ACCUMULATORS`` of 36 sums ran 1.2x to 1.5x faster than 72 on the H100). Its sums go to a partial of
-the workspace; a second kernel adds the partials in order into ``dw``. Strides, padding, dilation and
+with atomics; this kernel takes 0.11 ms). Here every block takes a run of tiles of pixels (``TP x
+TQ`` positions of one image) and a block of output and input channels; per tile it stages the
+tile's ``dy`` and the input rows and columns the taps reach (zeros in the padding) in shared
+memory, and each thread sums, in registers, ``OPT`` output channels times every tap for one input
+channel (four positions of ``dy``, and where the stride and dilation across are 1, four input
+columns, in one shared-memory load each; ``ACCUMULATORS`` of 36 sums ran 1.2x to 1.5x faster than
+72 on the H100). Its sums go to a partial of the workspace; a second kernel adds the partials in
+order into ``dw``. Strides, padding, dilation and
 groups are constants of the source; so are the operands' strides, so any layout is read where it lies.
 
 Only float32 and float64 take part: on the H100, for the bfloat16 weight gradients of
-``bench_cnn_gpu.py``'s network, cuDNN's tensor-core plans took 30 to 64 us against this kernel's 57 to
-172, and the memory plan holds a candidate's workspace whether it wins or not. A 1x1 weight gradient is
-a plain GEMM, which cuBLASLt does better than this kernel: over every pixel of NHWC images
-(``PixelGemm``), or per NCHW image with the products added in order (``ImageGemms``).
+``bench_cnn_gpu.py``'s network, cuDNN's tensor-core plans took 30 to 64 us against this kernel's
+57 to 172, and the memory plan holds a candidate's workspace whether it wins or not. A 1x1 weight
+gradient is a plain GEMM, which cuBLASLt does better than this kernel: over every pixel of NHWC
+images (``PixelGemm``), or per NCHW image with the products added in order (``ImageGemms``).
 """
 
 import math
@@ -56,9 +57,8 @@ def _multiprocessors():
 def split_wgrad(term, layouts, tf32=False):
     """The ``SplitWgrad`` of weight-gradient ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or, for
     a 1x1 one, its ``PixelGemm`` (NHWC images) or ``ImageGemms`` (NCHW); None for another mode or dtype, more
-    than two spatial axes,
-    taps too many for its registers or tiles, or a 1x1 one that is not a product per image or whose products
-    would take more than ``PARTIAL_BYTES``."""
+    than two spatial axes, taps too many for its registers or tiles, or a 1x1 one that is neither product or
+    whose products would take more than ``PARTIAL_BYTES``."""
     taps = math.prod(term.shape[2:])
     if term.attr("mode") != "wgrad" or term.dtype not in DTYPES or term.ndim > 4 or taps > 2 * ACCUMULATORS:
         return None
