@@ -13,13 +13,14 @@ from .errors import BackendError, CortadoError, DTypeError, FeedError, GradError
 from .exprgraph import Graph, Term, format_graph, schedule, to_dot
 from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matmul, ...: see __all__ there)
 from .exprgraph.constructors import __all__ as _constructors
+from .exprgraph.quantization import dequantize, fake_quantize, quantize
 from .grad import grad, hvp, vjp
 from .program import Program
 
 __version__ = "0.1.0"
 
 __all__ = [
-    *_constructors,
+    *_constructors, "quantize", "dequantize", "fake_quantize",
     "grad", "vjp", "hvp", "rules", "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
     "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "RewriteError", "PlanError", "BackendError",
 ]

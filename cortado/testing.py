@@ -47,6 +47,8 @@ NOT_DRAWN = {
     "const": "constants enter steps as literal arguments (x * 2.0), as users write them",
     "fused": "only fusion builds it, from the ops drawn here",
     "param": "it stands for an operand in a fused body, which only fusion builds",
+    "stop_gradient": "its derivative is 0 by definition, which finite differences contradict (a program "
+                     "computes it as its operand; tests/test_quantization.py tests it)",
 }
 
 
@@ -207,6 +209,7 @@ UNARY_BOUNDS = {
     "softplus": _monotone(lambda x: max(x, 0.0) + math.log1p(math.exp(-abs(x)))),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
     "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),
+    "rint": _monotone(round),  # Python's round, like NumPy's rint, takes ties to even
     "gelu": _turning(_gelu, -0.7524614220710162),  # its minimum
     "gelu_grad": _turning(_gelu_grad, -1.4185040087908285, 1.4185040087908285),  # its minimum and maximum
 }

@@ -19,10 +19,10 @@ from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
 
 __all__ = [
     "var", "const", "as_term",
-    "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "sigmoid", "relu",
+    "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "rint", "sigmoid", "relu",
     "softplus", "gelu", "gelu_grad",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
-    "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast",
+    "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d",
@@ -129,6 +129,7 @@ sqrt = _ufunc_function("sqrt")
 tanh = _ufunc_function("tanh")
 abs = _ufunc_function("abs")  # noqa: A001 (NumPy's name)
 sign = _ufunc_function("sign")
+rint = _ufunc_function("rint", "The nearest integer, ties to even (NumPy's ``rint``), in ``x``'s floating dtype.")
 add = _ufunc_function("add")
 subtract = _ufunc_function("subtract")
 multiply = _ufunc_function("multiply")
@@ -196,6 +197,12 @@ def where(condition, x, y):
 def cast(x, dtype):
     """``x`` converted to ``dtype`` (NumPy's ``astype``)."""
     return _call("cast", x, dtype=dtype)
+
+
+def stop_gradient(x):
+    """``x``, whose derivative is 0 (JAX's ``stop_gradient``): what a gradient treats as a constant. A compiled
+    program computes it as ``x``."""
+    return _call("stop_gradient", x)
 
 
 # -- reductions ------------------------------------------------------------------------------

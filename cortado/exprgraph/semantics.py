@@ -96,6 +96,7 @@ IMPLEMENTATIONS.update({
     "gelu": lambda xs: _gelu(xs[0]),
     "gelu_grad": lambda xs: _gelu_grad(xs[0]),
     "where": lambda xs: np.where(*xs),
+    "stop_gradient": lambda xs: np.array(xs[0], copy=True),
     "cast": lambda xs, dtype: xs[0].astype(dtype),
     "sum": lambda xs, axes, keepdims: np.sum(xs[0], axis=axes, keepdims=keepdims),
     "mean": lambda xs, axes, keepdims: np.mean(xs[0], axis=axes, keepdims=keepdims),

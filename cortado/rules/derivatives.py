@@ -14,7 +14,8 @@ Where a function has no derivative, the rules choose what PyTorch and JAX choose
 - ``maximum`` and ``minimum`` split a tie evenly: each input gets half (so ``maximum(x, x)``
   has derivative 1, as ``x`` has), and ``max`` over axes splits the adjoint evenly among the
   elements that attain the maximum;
-- ``sign``, the comparisons and ``where``'s condition are piecewise constant: derivative 0;
+- ``sign``, ``rint``, the comparisons and ``where``'s condition are piecewise constant: derivative 0
+  (``stop_gradient``'s is 0 by definition);
 - ``sqrt`` at 0 and ``log`` at 0 have infinite derivatives, as in every framework, and
   ``x ** p`` with respect to ``p`` counts ``log(0)`` as 0, so ``0 ** p`` has derivative 0 in ``p``.
 """
@@ -284,7 +285,7 @@ def _einsum_share(b):
 
 # -- the rules -------------------------------------------------------------------------------
 
-NOT_DIFFERENTIABLE = ("sign", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
+NOT_DIFFERENTIABLE = ("sign", "rint", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
 
 
 def _constant_rule(name):
@@ -324,6 +325,7 @@ derivatives = Derivatives([
     Derivative("where", "where(_c, _x, _z)", _c="0", _x="where(_c, _dy, 0)", _z="where(_c, 0, _dy)"),
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
     *[_constant_rule(name) for name in NOT_DIFFERENTIABLE],
+    Derivative("stop_gradient", "stop_gradient(_x)", _x="0"),  # by definition
     Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_share),
     Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_share),
     Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_share),

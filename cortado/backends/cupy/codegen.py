@@ -237,7 +237,7 @@ COMPARISONS = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal":
 
 C_EXPRESSIONS = {  # op name -> its C expression, a function of the ``_Operands`` of one body term
     "negative": lambda o: f"(-{o.arg(0)})",
-    **{name: _math_function(name) for name in ("exp", "log", "log1p", "expm1", "sqrt", "tanh")},
+    **{name: _math_function(name) for name in ("exp", "log", "log1p", "expm1", "sqrt", "tanh", "rint")},
     "abs": _abs,
     "sign": lambda o: f"ct_sign<{o.c}>({o.arg(0)})",
     "relu": _relu,
@@ -248,6 +248,7 @@ C_EXPRESSIONS = {  # op name -> its C expression, a function of the ``_Operands`
     "power": _power,
     "where": lambda o: f"(({o.raw(0)}) ? {o.arg(1)} : {o.arg(2)})",
     "cast": _cast,
+    "stop_gradient": lambda o: o.raw(0),  # (simplify takes it out of a program before this)
 }
 
 

@@ -331,7 +331,7 @@ def _in_float32(emitter, narrow):
 EMITTERS = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
 EMITTERS.update({
     "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "gelu": _gelu, "gelu_grad": _gelu_grad,
-    "where": _where, "cast": _cast,
+    "where": _where, "cast": _cast, "stop_gradient": _cast,  # (simplify takes stop_gradient out before this)
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
     "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
     "conv": _conv, "pad": _pad, "overlap_add": _overlap_add,

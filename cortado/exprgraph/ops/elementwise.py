@@ -1,5 +1,6 @@
-"""The elementwise ops: NumPy's ufuncs (with NumPy's own dtype rules), the activations, ``where``
-and ``cast``. Their operands broadcast and their results have the broadcast shape.
+"""The elementwise ops: NumPy's ufuncs (with NumPy's own dtype rules), the activations, ``where``,
+``cast`` and ``stop_gradient`` (the identity, whose derivative is 0). Their operands broadcast and
+their results have the broadcast shape.
 """
 
 import numpy as np
@@ -47,7 +48,7 @@ def _where_dtype(args):
 
 UFUNC_OPS = {
     "negative": np.negative, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
-    "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.absolute, "sign": np.sign,
+    "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.absolute, "sign": np.sign, "rint": np.rint,
     "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
     "power": np.power, "maximum": np.maximum, "minimum": np.minimum,
     "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
@@ -73,5 +74,6 @@ FAMILY = (
     _elementwise("gelu", 1, _float_operand),
     _elementwise("gelu_grad", 1, _float_operand),
     _elementwise("where", 3, _where_dtype),
+    _elementwise("stop_gradient", 1, lambda args: args[0].dtype),
     Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize),
 )

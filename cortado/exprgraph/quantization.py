@@ -1,0 +1,122 @@
+"""Affine quantization as plain expressions: ``quantize``, ``dequantize`` and ``fake_quantize``, with
+PyTorch's semantics, built from ``rint``, ``maximum``, ``minimum``, ``cast`` and ``stop_gradient`` so
+that the rules see every step (and a lowering can recognise a quantized region by its pattern).
+
+- ``quantize(x, s, z)`` = ``cast(clip(rint(x / s) + z, qmin, qmax), int8 | uint8)``, computed in
+  float32, ties to even;
+- ``dequantize(q, s, z)`` = ``(float32(q) - z) * s``;
+- ``fake_quantize(x, s, z)`` = ``dequantize(quantize(x, s, z), s, z)`` in ``x``'s dtype, whose
+  derivative is the straight-through estimator: the output's gradient where ``rint(x / s) + z`` is
+  within the range, 0 outside (PyTorch's ``fake_quantize_per_*_affine``); none flows to ``s``, ``z``.
+
+``scale`` and ``zero_point`` are numbers, arrays or terms: one for the tensor (``axis=None``), or
+one per index of ``axis``. Arrays are checked when the expression is built: scales positive and
+finite, zero points integers within the dtype's range.
+"""
+
+import numpy as np
+
+from ..errors import DTypeError, ShapeError
+from . import constructors as ct
+from .dtypes import is_float
+from .term import Term
+
+RANGES = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+def _range(name, dtype):
+    key = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    if key not in RANGES:
+        raise DTypeError(f"{name}: quantizes to {' or '.join(RANGES)}, not {dtype}")
+    return key, RANGES[key]
+
+
+def _axis(name, x, axis):
+    if axis is None:
+        return None
+    if not isinstance(axis, (int, np.integer)) or not -x.ndim <= axis < x.ndim:
+        raise ShapeError(f"{name}: axis {axis!r} is out of range for {x.dtype}[{','.join(map(str, x.shape))}]")
+    return int(axis) % x.ndim
+
+
+def _parameter(name, what, value, x, axis, check):
+    """``value`` (a scale or zero point) as a float32 term broadcasting against ``x``: one value, or one per index
+    of ``axis``, shaped to lie along it. An array's values are ``check``ed."""
+    if isinstance(value, Term):
+        term = value
+    else:
+        array = np.asarray(value)
+        if array.dtype.kind not in "iuf":
+            raise DTypeError(f"{name}: {what} must be numbers, not {array.dtype}")
+        check(array)
+        term = ct.const(array.astype(np.float32))
+    expected = () if axis is None else (x.shape[axis],)
+    if term.shape != expected and not (axis is not None and term.shape == ()):
+        per = "one value" if axis is None else f"one value per index of axis {axis} ({x.shape[axis]}), or one"
+        raise ShapeError(f"{name}: {what} must be {per}, not shape {term.shape}")
+    term = ct.cast(term, "float32") if term.dtype != np.float32 else term
+    if axis is not None and term.ndim:
+        term = ct.reshape(term, term.shape + (1,) * (x.ndim - axis - 1))
+    return term
+
+
+def _scale(name, value, x, axis):
+    def check(array):
+        if not (np.all(np.isfinite(array)) and np.all(array > 0)):
+            raise ShapeError(f"{name}: scales must be positive and finite, not {array.tolist()}")
+    return _parameter(name, "scale", value, x, axis, check)
+
+
+def _zero_point(name, value, x, axis, bounds=None):
+    def check(array):
+        whole = np.all(np.asarray(array) == np.round(array))
+        inside = bounds is None or np.all((array >= bounds[0]) & (array <= bounds[1]))
+        if not (whole and inside):
+            within = "" if bounds is None else f" within [{bounds[0]}, {bounds[1]}]"
+            raise ShapeError(f"{name}: zero points must be integers{within}, not {np.asarray(array).tolist()}")
+    return _parameter(name, "zero point", value, x, axis, check)
+
+
+def _floating(name, x):
+    x = ct.as_term(x)
+    if not is_float(x.dtype):
+        raise DTypeError(f"{name}: quantizes a floating tensor, not {x.dtype}; cast it first")
+    return x
+
+
+def _levels(x, scale, zero_point):
+    """``rint(x / s) + z`` in float32: the quantized value before it is clamped."""
+    return ct.rint(ct.cast(x, "float32") / scale) + zero_point
+
+
+def quantize(x, scale, zero_point=0, dtype="int8", axis=None):
+    """``x`` (floating) as ``dtype`` (int8 or uint8): ``clamp(rint(x / scale) + zero_point)`` into its range."""
+    x = _floating("quantize", x)
+    dtype, (low, high) = _range("quantize", dtype)
+    axis = _axis("quantize", x, axis)
+    levels = _levels(x, _scale("quantize", scale, x, axis), _zero_point("quantize", zero_point, x, axis, (low, high)))
+    return ct.cast(ct.minimum(ct.maximum(levels, float(low)), float(high)), dtype)
+
+
+def dequantize(q, scale, zero_point=0, axis=None):
+    """Integers ``q`` as float32 values: ``(q - zero_point) * scale``."""
+    q = ct.as_term(q)
+    if q.dtype.kind not in "iu":
+        raise DTypeError(f"dequantize: takes integers (int8, uint8), not {q.dtype}")
+    axis = _axis("dequantize", q, axis)
+    return (ct.cast(q, "float32") - _zero_point("dequantize", zero_point, q, axis)) * _scale("dequantize", scale, q, axis)
+
+
+def fake_quantize(x, scale, zero_point=0, dtype="int8", axis=None):
+    """``dequantize(quantize(x))`` in ``x``'s dtype, differentiated as the straight-through estimator."""
+    x = _floating("fake_quantize", x)
+    dtype, (low, high) = _range("fake_quantize", dtype)
+    axis = _axis("fake_quantize", x, axis)
+    scale = _scale("fake_quantize", scale, x, axis)
+    zero_point = _zero_point("fake_quantize", zero_point, x, axis, (low, high))
+    levels = _levels(x, scale, zero_point)
+    rounded = ct.stop_gradient((ct.minimum(ct.maximum(levels, float(low)), float(high)) - zero_point) * scale)
+    inside = ct.where(levels >= float(low), levels <= float(high), False)
+    wide = ct.cast(x, "float32")
+    passed = rounded + (wide - ct.stop_gradient(wide))  # the value of rounded, the derivative of x
+    return ct.cast(ct.where(inside, passed, rounded), x.dtype)
