@@ -492,6 +492,7 @@ def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
     ((8, 64, 224, 224), (8, 64, 224, 224), (64, 64, 3, 3), (1, 1), 1),
     ((2, 8, 10, 10), (2, 8, 10, 10), (8, 2, 3, 3), (1, 1), 4),
     ((4, 6, 300), (4, 5, 300), (5, 6, 7), (1,), 1),
+    ((8, 64, 32, 32), (8, 64, 32, 32), (64, 64, 7, 7), (1, 1), 1),  # one output channel a thread: 49 sums
 ])
 def test_our_weight_gradient_kernels_tiles_fit_its_block(x_shape, dy_shape, w_shape, strides, groups, monkeypatch):
     """The tiling ``split_wgrad`` chooses (no GPU needed to choose it): shared memory, threads and partial sums
@@ -552,3 +553,15 @@ def test_channels_last_io_stores_feeds_and_results_of_four_or_more_axes_channels
     assert io_strides(vector, {"channels_last_io": True}) == (1,)
     with pytest.raises(ct.BackendError, match="channels_last_io option is True or False, not 'yes'"):
         io_strides(images, {"channels_last_io": "yes"})
+
+
+def test_an_operand_read_twice_is_copied_to_nchw_for_each_read():
+    from cortado.backends.cupy.codegen import channels_last_strides, contiguous_strides
+    from cortado.backends.cupy.conv_detour import detour_layouts
+    from cortado.backends.cupy.lowering.conv import dnn_conv
+
+    x = ct.var("x", (2, 4, 6, 6))
+    term = dnn_conv(x, x, "wgrad", (1, 1), ((1, 1), (1, 1)), (1, 1), 1, (4, 4, 3, 3))  # sum(conv(x, w) * x)'s
+    nchw, copied = detour_layouts(term, {x: channels_last_strides(x.shape), term: contiguous_strides(term.shape)}, False)
+    assert copied == [0, 1] and nchw[x] == contiguous_strides(x.shape)
+    assert detour_layouts(term, {x: contiguous_strides(x.shape), term: contiguous_strides(term.shape)}, False) is None

@@ -38,7 +38,7 @@ def _along(values, x, axis):
 
 def numpy_quantize(x, scale, zero_point, dtype, axis):
     low, high = RANGES[dtype]
-    levels = np.rint(x.astype(np.float32) / _along(scale, x, axis).astype(np.float32))
+    levels = np.rint(x.astype(np.float32) * (np.float32(1) / _along(scale, x, axis).astype(np.float32)))  # as torch
     return np.clip(levels + _along(zero_point, x, axis).astype(np.float32), low, high).astype(dtype)
 
 
@@ -74,7 +74,7 @@ def test_fake_quantize_is_quantize_then_dequantize_with_a_straight_through_gradi
     expected = numpy_dequantize(numpy_quantize(x, scale, zero_point, dtype, axis), scale, zero_point, axis)
     np.testing.assert_array_equal(value, expected)
     low, high = RANGES[dtype]
-    levels = np.rint(x / _along(scale, x, axis)) + _along(zero_point, x, axis)
+    levels = np.rint(x * (np.float32(1) / _along(scale, x, axis))) + _along(zero_point, x, axis)
     inside = (levels >= low) & (levels <= high)
     np.testing.assert_array_equal(found, np.where(inside, weights, 0))
 
@@ -129,6 +129,7 @@ def test_a_fake_quantized_float16_tensor_stays_float16_and_its_second_derivative
     (lambda x: ct.quantize(x, 0.5, dtype="int16"), ct.DTypeError, "quantizes to int8 or uint8, not int16"),
     (lambda x: ct.quantize(ct.cast(x, "int32"), 0.5), ct.DTypeError, "quantizes a floating tensor, not int32"),
     (lambda x: ct.quantize(x, 0.0), ct.ShapeError, "scales must be positive and finite"),
+    (lambda x: ct.quantize(x, 1e-46), ct.ShapeError, "scales must be positive and finite"),  # 0 in float32
     (lambda x: ct.quantize(x, [0.5, 0.5]), ct.ShapeError, "scale must be one value, not shape"),
     (lambda x: ct.quantize(x, [0.5] * 4, axis=1), ct.ShapeError, "one value per index of axis 1 \\(3\\)"),
     (lambda x: ct.quantize(x, 0.5, axis=2), ct.ShapeError, "axis 2 is out of range"),
@@ -148,3 +149,9 @@ def test_scales_and_zero_points_may_be_terms():
               "s": np.array([0.1, 0.2, 0.05], np.float32), "z": np.array([1, -3, 0], np.int32)}
     expected = numpy_quantize(values["x"], values["s"], values["z"], "int8", 1)
     np.testing.assert_array_equal(ct.evaluate(q, values), expected)
+
+
+def test_quantize_multiplies_by_the_float32_reciprocal_of_the_scale_as_pytorch_does():
+    x = ct.var("x", (1,))
+    found = ct.evaluate(ct.quantize(x, 0.1), {"x": np.array([5.95], np.float32)})
+    assert found[0] == 60  # x / 0.1 rounds to 59.0 in float32; x * float32(1 / 0.1) to 60.0, as torch's kernels

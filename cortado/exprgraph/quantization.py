@@ -2,12 +2,13 @@
 PyTorch's semantics, built from ``rint``, ``maximum``, ``minimum``, ``cast`` and ``stop_gradient`` so
 that the rules see every step (and a lowering can recognise a quantized region by its pattern).
 
-- ``quantize(x, s, z)`` = ``cast(clip(rint(x / s) + z, qmin, qmax), int8 | uint8)``, computed in
-  float32, ties to even;
+- ``quantize(x, s, z)`` = ``cast(clip(rint(x * (1 / s)) + z, qmin, qmax), int8 | uint8)``, computed
+  in float32, ties to even; ``x`` is multiplied by the float32 reciprocal of the scale, as PyTorch's
+  kernels do (``x / s`` would round a few values in a million the other way);
 - ``dequantize(q, s, z)`` = ``(float32(q) - z) * s``;
 - ``fake_quantize(x, s, z)`` = ``dequantize(quantize(x, s, z), s, z)`` in ``x``'s dtype, whose
-  derivative is the straight-through estimator: the output's gradient where ``rint(x / s) + z`` is
-  within the range, 0 outside (PyTorch's ``fake_quantize_per_*_affine``); none flows to ``s``, ``z``.
+  derivative is the straight-through estimator: the output's gradient where ``rint(x * (1 / s)) + z``
+  is within the range, 0 outside (PyTorch's ``fake_quantize_per_*_affine``); none flows to ``s``, ``z``.
 
 ``scale`` and ``zero_point`` are numbers, arrays or terms: one for the tensor (``axis=None``), or
 one per index of ``axis``. Arrays are checked when the expression is built: scales positive and
@@ -48,7 +49,7 @@ def _parameter(name, what, value, x, axis, check):
         array = np.asarray(value)
         if array.dtype.kind not in "iuf":
             raise DTypeError(f"{name}: {what} must be numbers, not {array.dtype}")
-        check(array)
+        check(array.astype(np.float32))  # as the program will hold them: 1e-46 is 0 in float32
         term = ct.const(array.astype(np.float32))
     expected = () if axis is None else (x.shape[axis],)
     if term.shape != expected and not (axis is not None and term.shape == ()):
@@ -85,12 +86,12 @@ def _floating(name, x):
 
 
 def _levels(x, scale, zero_point):
-    """``rint(x / s) + z`` in float32: the quantized value before it is clamped."""
-    return ct.rint(ct.cast(x, "float32") / scale) + zero_point
+    """``rint(x * (1 / s)) + z`` in float32: the quantized value before it is clamped."""
+    return ct.rint(ct.cast(x, "float32") * (1.0 / scale)) + zero_point
 
 
 def quantize(x, scale, zero_point=0, dtype="int8", axis=None):
-    """``x`` (floating) as ``dtype`` (int8 or uint8): ``clamp(rint(x / scale) + zero_point)`` into its range."""
+    """``x`` (floating) as ``dtype`` (int8 or uint8): ``clamp(rint(x * (1 / scale)) + zero_point)`` into its range."""
     x = _floating("quantize", x)
     dtype, (low, high) = _range("quantize", dtype)
     axis = _axis("quantize", x, axis)

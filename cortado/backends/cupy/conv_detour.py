@@ -18,17 +18,23 @@ ALIGNMENT = 256
 
 
 def detour_layouts(term, layouts, tf32):
-    """The layouts of ``dnn_conv`` ``term``'s operands and result in NCHW, and which operands are copied there;
+    """The layouts of ``dnn_conv`` ``term``'s operands and result in NCHW, and the indices of the operands copied
+    there;
     None where it takes no detour: a dtype not in ``DTYPES`` (or float32 on TF32 tensor cores, fast in NHWC), an
     epilogue, or operands and result already NCHW."""
     if term.dtype not in DTYPES or (tf32 and term.dtype == np.float32) or term.attr("epilogue") != "none" \
             or term.ndim < 4:
         return None
     values = term.args + (term,)
-    moved = [x for x in values if layouts[x] != contiguous_strides(x.shape)]
-    if not moved:
+    if all(_in_c_order(x, layouts[x]) for x in values):
         return None
-    return {**layouts, **{x: contiguous_strides(x.shape) for x in values}}, [x for x in term.args if x in moved]
+    copied = [i for i, x in enumerate(term.args) if not _in_c_order(x, layouts[x])]  # by index: x may be both
+    return {**layouts, **{x: contiguous_strides(x.shape) for x in values}}, copied
+
+
+def _in_c_order(x, strides):
+    """Whether ``x`` stored with ``strides`` places its elements as C order does (axes of size 1 aside)."""
+    return all(s == c for n, s, c in zip(x.shape, strides, contiguous_strides(x.shape)) if n != 1)
 
 
 class Detour:
@@ -37,9 +43,10 @@ class Detour:
     def __init__(self, term, layouts, conv, copied):
         self.conv = conv
         itemsize = term.dtype.itemsize
-        self.copies_in = [(term.args.index(x), copy_source(Operand(x.shape, x.dtype, layouts[x]))) for x in copied]
+        operands = [term.args[i] for i in copied]
+        self.copies_in = [(i, copy_source(Operand(x.shape, x.dtype, layouts[x]))) for i, x in zip(copied, operands)]
         self.offsets, top = [], 0
-        for x in copied + [term]:
+        for x in operands + [term]:
             self.offsets.append(top)
             top += aligned(x.size * itemsize, ALIGNMENT)
         out_order = memory_order(term.shape, layouts[term])

@@ -412,8 +412,14 @@ class Executor(interface.Executor):
         self.stream.wait_event(caller.record())
         with self.stream:
             for k, (t, (kind, _)) in enumerate(zip(self.feeds, sources)):
-                if kind == DEVICE:  # packed as the program reads it, by CuPy's copy on the program's stream
-                    block.array(k, t.shape, t.dtype, self.io_strides[t])[...] = feeds[t.name]
+                if kind == DEVICE and self.io_strides[t] == contiguous_strides(t.shape):
+                    value = cupy.ascontiguousarray(feeds[t.name])  # (a copy between GPUs is one memcpy)
+                    self._memcpy(block.pointer(k), value.data.ptr, value.nbytes)()
+                elif kind == DEVICE:  # channels last, by CuPy's copy on the program's stream
+                    value = feeds[t.name]
+                    if value.device.id != self.device:  # CuPy's kernels read this GPU's memory only
+                        value = cupy.asarray(value.get())
+                    block.array(k, t.shape, t.dtype, self.io_strides[t])[...] = value
             step(sources)
         caller.wait_event(self.stream.record())
         return list(self.outputs)

@@ -62,6 +62,8 @@ def split_wgrad(term, layouts, tf32=False):
     taps = math.prod(term.shape[2:])
     if term.attr("mode") != "wgrad" or term.dtype not in DTYPES or term.ndim > 4 or taps > 2 * ACCUMULATORS:
         return None
+    if 0 in term.args[0].shape + term.args[1].shape or term.size * 8 > PARTIAL_BYTES:  # empty, or too many sums
+        return None
     geometry = _Geometry(term, layouts)
     if taps == 1:
         if geometry.product_over_pixels():
@@ -94,7 +96,7 @@ class _Geometry:
         self.og, self.cg, self.taps = self.o // groups, self.c // groups, self.r * self.s
         self.ob = _divisor(self.og, 32)
         self.opt = max(d for d in (8, 4, 2, 1) if self.ob % d == 0 and (d * self.taps <= ACCUMULATORS or d == 1))
-        self.cb = _divisor(self.cg, 32)
+        self.cb = _divisor(self.cg, min(32, THREADS // (self.ob // self.opt)))  # a thread group within THREADS
         self.acc = np.dtype(np.float64 if term.dtype == np.float64 else np.float32)
         self.acc_bytes = self.acc.itemsize
         self.vector = self.acc_bytes == 4 and self.stride[1] == 1 and self.dilation[1] == 1
@@ -168,9 +170,11 @@ class SplitWgrad:
         tp, tq = g.tile
         group_threads = (g.ob // g.opt) * g.cb
         self.ks = _divisor(tp, max(1, THREADS // group_threads))  # thread groups splitting a tile's rows
+        outputs = g.o * g.cg * g.taps
+        if self.ks * outputs * g.acc_bytes > PARTIAL_BYTES:
+            self.ks = 1
         units = g.n * -(-g.p // tp) * -(-g.q // tq)
         channel_blocks = (g.cg // g.cb) * g.groups * (g.og // g.ob)
-        outputs = g.o * g.cg * g.taps
         fitting = max(1, PARTIAL_BYTES // (self.ks * outputs * g.acc_bytes))
         self.splits = max(1, min(units, fitting, -(-BLOCKS_PER_SM * _multiprocessors() // channel_blocks)))
         self.parts = self.splits * self.ks

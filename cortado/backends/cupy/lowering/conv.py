@@ -192,7 +192,8 @@ def _regrouped_images(t, groups):
     split, x = moved.args[0], moved.args[0].args[0]
     n, g, cg = split.shape[:3]
     swapped = moved.attr("axes") == (2, 1, 0) + tuple(range(3, moved.ndim))
-    return x if swapped and g == groups and x.shape == (n, g * cg) + split.shape[3:] else None
+    shapes = x.shape == (n, g * cg) + split.shape[3:] and t.shape == (cg, g * n) + split.shape[3:]
+    return x if swapped and g == groups and shapes else None
 
 
 def _as_wgrad(a, b, strides, padding, rhs, groups, out):
