@@ -79,3 +79,13 @@ def test_cnn_example_learns_the_drawn_strokes(tmp_path):
 def test_demo_runs_the_cnn_example_when_asked(tmp_path):
     out = run(["-m", "cortado", "demo", "--model", "cnn", "--epochs", "2"], cwd=ROOT)
     assert "Training a CNN on drawn images" in out and "held-out accuracy:" in out
+
+
+def test_quantized_mlp_example_keeps_its_accuracy_in_int8_and_fine_tunes(tmp_path):
+    out = run([os.path.join(ROOT, "examples", "quantized_mlp.py"), "--epochs", "60", "--seed", "1"], cwd=tmp_path)
+    accuracies = out.split("accuracy: float32 ")[1]
+    floating, int8 = (float(part.split("%")[0]) for part in accuracies.split(", int8 "))
+    assert floating > 85 and abs(int8 - floating) <= 1.0, out
+    tuning = out.split("straight-through gradients): loss ")[1].split(" over")[0]
+    first, last = (float(v) for v in tuning.split(" -> "))
+    assert last < first, out
