@@ -119,6 +119,16 @@ def channels_last_strides(shape):
     return strides_in_order(shape, (0,) + tuple(range(2, len(shape))) + (1,))
 
 
+def same_layout(shape, strides, others):
+    """Whether two layouts of ``shape`` place every element alike (strides of axes of size 1 never matter)."""
+    return all(s == o for d, s, o in zip(shape, strides, others) if d != 1)
+
+
+def in_c_order(shape, strides):
+    """Whether ``strides`` place the elements of ``shape`` as C order does."""
+    return same_layout(shape, strides, contiguous_strides(shape))
+
+
 def memory_order(shape, strides):
     """The axes of a value packed with ``strides``, from the outermost in memory to the innermost, as an
     elementwise kernel's ``order`` takes them; None where they are in C order."""

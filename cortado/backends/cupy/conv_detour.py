@@ -10,7 +10,7 @@ channels-last images (``channels_last_io``) stores its convolutions' images so i
 import numpy as np
 
 from ...memplan import aligned
-from .codegen import Operand, contiguous_strides, copy_source, memory_order
+from .codegen import Operand, contiguous_strides, copy_source, in_c_order, memory_order
 from .kernels import compiled
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -26,15 +26,10 @@ def detour_layouts(term, layouts, tf32):
             or term.ndim < 4:
         return None
     values = term.args + (term,)
-    if all(_in_c_order(x, layouts[x]) for x in values):
+    if all(in_c_order(x.shape, layouts[x]) for x in values):
         return None
-    copied = [i for i, x in enumerate(term.args) if not _in_c_order(x, layouts[x])]  # by index: x may be both
+    copied = [i for i, x in enumerate(term.args) if not in_c_order(x.shape, layouts[x])]  # by index: x may be both
     return {**layouts, **{x: contiguous_strides(x.shape) for x in values}}, copied
-
-
-def _in_c_order(x, strides):
-    """Whether ``x`` stored with ``strides`` places its elements as C order does (axes of size 1 aside)."""
-    return all(s == c for n, s, c in zip(x.shape, strides, contiguous_strides(x.shape)) if n != 1)
 
 
 class Detour:

@@ -29,7 +29,7 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.constructors import var
 from .blas import Gemm
-from .codegen import channels_last_strides, contiguous_strides
+from .codegen import channels_last_strides, contiguous_strides, same_layout
 from .lowering.gemm import gemm
 from .conv_detour import Detour, detour_layouts
 from .conv_epilogue import EpilogueKernel
@@ -76,7 +76,7 @@ def packed(shape, strides):
     """Whether a tensor's strides are those of its elements packed in NCHW (C-order) or NHWC order: the
     layouts cuDNN's convolution engines read."""
     layouts = (contiguous_strides(shape),) + ((channels_last_strides(shape),) if len(shape) > 2 else ())
-    return any(all(s == e for d, s, e in zip(shape, strides, expected) if d != 1) for expected in layouts)
+    return any(same_layout(shape, strides, expected) for expected in layouts)
 
 
 def _four_dimensional(shape, strides):

@@ -19,7 +19,7 @@ from .lowering.gemm import gemm_operands
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
 from .dnn import Conv, packed
-from .codegen import REDUCTIONS, channels_last_strides, contiguous_strides
+from .codegen import REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout
 from .device import require_gpu
 
 ALIGNMENT = 256
@@ -54,15 +54,6 @@ def channels_last_for(kernels, options):
     chained = any(k.term.op.name == "dnn_conv" and k.term.attr("mode") != "wgrad" and k.term.dtype in dtypes
                   and k.term.args[0].op.name not in ("var", "const") for k in kernels)
     return dtypes if chained else frozenset()
-
-
-def _same_layout(shape, strides, others):
-    """Whether two layouts of ``shape`` place every element alike (strides of axes of size 1 never matter)."""
-    return all(s == o for d, s, o in zip(shape, strides, others) if d != 1)
-
-
-def _contiguous(shape, strides):
-    return _same_layout(shape, strides, contiguous_strides(shape))
 
 
 def _broadcast_strides(source_shape, source_strides, shape):
@@ -136,7 +127,7 @@ def layouts(kernels, options):
             strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
         elif name == "windows":
             strides[t] = _window_strides(strides[source], *t.attrs)
-        elif name == "reshape" and _contiguous(source.shape, strides[source]):
+        elif name == "reshape" and in_c_order(source.shape, strides[source]):
             strides[t] = contiguous_strides(t.shape)
         elif k.is_load:
             strides[t] = io_strides(t, options)
@@ -166,7 +157,7 @@ def dnn_copies(t, strides, channels_last_for):
     copies = {}
     for x in t.args:
         target = channels_last_strides(x.shape) if last and x in _images(t) else None
-        if target is not None and not _same_layout(x.shape, strides[x], target):
+        if target is not None and not same_layout(x.shape, strides[x], target):
             copies[x] = target
         elif not packed(x.shape, strides[x]):
             copies.setdefault(x, contiguous_strides(x.shape))
@@ -178,7 +169,7 @@ def gemm_copies(t, strides):
     a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
     batch = t.shape[:-2]
     copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
-    copies += [x for x in (c, bias, aux) if x is not None and not _contiguous(x.shape, strides[x])]
+    copies += [x for x in (c, bias, aux) if x is not None and not in_c_order(x.shape, strides[x])]
     return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(copies))
 
 
@@ -188,7 +179,7 @@ def _inplace(k, strides, views):
     t = k.term
     if t.op.name == "gemm":
         c = t.args[2] if t.attr("beta") else None
-        plain = c is not None and c not in views and _contiguous(c.shape, strides[c])
+        plain = c is not None and c not in views and in_c_order(c.shape, strides[c])
         return ((t, c),) if plain and c.dtype == t.dtype else ()
     if t.op.name != "fused":  # the window kernels and cuDNN read elements at other indices than they write
         return ()
@@ -197,7 +188,7 @@ def _inplace(k, strides, views):
         readers = _epilogue_operands(t)
     return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype)
-                 and _same_layout(a.shape, strides[a], strides[out]))
+                 and same_layout(a.shape, strides[a], strides[out]))
 
 
 def _epilogue_operands(t):
@@ -214,7 +205,7 @@ def direct_outputs(kernels, steps, outputs, sinks, options):
     strides, _ = layouts(kernels, options)
     computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
     return [t for t in dict.fromkeys(outputs)
-            if t in computed and t not in sinks and _same_layout(t.shape, strides[t], io_strides(t, options))]
+            if t in computed and t not in sinks and same_layout(t.shape, strides[t], io_strides(t, options))]
 
 
 RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' strides and the channels-last dtypes)
