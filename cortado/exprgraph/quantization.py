@@ -78,25 +78,24 @@ def _zero_point(name, value, x, axis, bounds=None):
     return _parameter(name, "zero point", value, x, axis, check)
 
 
-def _floating(name, x):
+def _quantizing(name, x, scale, zero_point, dtype, axis):
+    """The checked operands of ``quantize`` or ``fake_quantize``: ``x``, the dtype's name and range, the scale and
+    zero point as float32 terms along ``axis``, and ``x``'s levels, ``rint(x * (1 / s)) + z`` in float32 before
+    they are clamped."""
     x = ct.as_term(x)
     if not is_float(x.dtype):
         raise DTypeError(f"{name}: quantizes a floating tensor, not {x.dtype}; cast it first")
-    return x
-
-
-def _levels(x, scale, zero_point):
-    """``rint(x * (1 / s)) + z`` in float32: the quantized value before it is clamped."""
-    return ct.rint(ct.cast(x, "float32") * (1.0 / scale)) + zero_point
+    dtype, (low, high) = _range(name, dtype)
+    axis = _axis(name, x, axis)
+    scale, zero_point = _scale(name, scale, x, axis), _zero_point(name, zero_point, x, axis, (low, high))
+    levels = ct.rint(ct.cast(x, "float32") * (1.0 / scale)) + zero_point
+    return x, dtype, (float(low), float(high)), scale, zero_point, levels
 
 
 def quantize(x, scale, zero_point=0, dtype="int8", axis=None):
     """``x`` (floating) as ``dtype`` (int8 or uint8): ``clamp(rint(x * (1 / scale)) + zero_point)`` into its range."""
-    x = _floating("quantize", x)
-    dtype, (low, high) = _range("quantize", dtype)
-    axis = _axis("quantize", x, axis)
-    levels = _levels(x, _scale("quantize", scale, x, axis), _zero_point("quantize", zero_point, x, axis, (low, high)))
-    return ct.cast(ct.minimum(ct.maximum(levels, float(low)), float(high)), dtype)
+    x, dtype, (low, high), _, _, levels = _quantizing("quantize", x, scale, zero_point, dtype, axis)
+    return ct.cast(ct.minimum(ct.maximum(levels, low), high), dtype)
 
 
 def dequantize(q, scale, zero_point=0, axis=None):
@@ -110,14 +109,9 @@ def dequantize(q, scale, zero_point=0, axis=None):
 
 def fake_quantize(x, scale, zero_point=0, dtype="int8", axis=None):
     """``dequantize(quantize(x))`` in ``x``'s dtype, differentiated as the straight-through estimator."""
-    x = _floating("fake_quantize", x)
-    dtype, (low, high) = _range("fake_quantize", dtype)
-    axis = _axis("fake_quantize", x, axis)
-    scale = _scale("fake_quantize", scale, x, axis)
-    zero_point = _zero_point("fake_quantize", zero_point, x, axis, (low, high))
-    levels = _levels(x, scale, zero_point)
-    rounded = ct.stop_gradient((ct.minimum(ct.maximum(levels, float(low)), float(high)) - zero_point) * scale)
-    inside = ct.where(levels >= float(low), levels <= float(high), False)
+    x, _, (low, high), scale, zero_point, levels = _quantizing("fake_quantize", x, scale, zero_point, dtype, axis)
+    rounded = ct.stop_gradient((ct.minimum(ct.maximum(levels, low), high) - zero_point) * scale)
+    inside = ct.where(levels >= low, levels <= high, False)
     wide = ct.cast(x, "float32")
     passed = rounded + (wide - ct.stop_gradient(wide))  # the value of rounded, the derivative of x
     return ct.cast(ct.where(inside, passed, rounded), x.dtype)
