@@ -90,7 +90,7 @@ def train(epochs=60, seed=0, batch=60, sizes=(2, 32, 32, 3), learning_rate=0.5, 
             log(f"picture of the plan written to {step.memory.plot(plan_path)}")
         except ct.PlanError as error:
             log(f"no picture of the plan: {error}")
-    predictions = _predict(points, step.state, sizes)
+    predictions = predict(points, step.state, sizes)
     log(f"training accuracy: {np.mean(predictions == labels):.1%} (log(3) = {np.log(3):.4f} is the loss of a guess)")
     return history
 
@@ -108,7 +108,7 @@ def loss_curve(history, height=8, width=60):
     return "\n".join(rows + ["        +" + "-" * len(picked) + f"> {len(history)} epochs"])
 
 
-def _predict(points, state, sizes):
+def predict(points, state, sizes):
     """The trained model's classes for ``points``: the same expressions at another batch size, compiled."""
     _, logits, x, _, parameters = mlp(len(points), sizes)
     predict = ct.compile(logits, inputs=[x, *parameters])

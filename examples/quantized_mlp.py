@@ -18,7 +18,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
-from mlp_numpy import mlp, spirals, training_step  # noqa: E402
+from mlp_numpy import predict, spirals, training_step  # noqa: E402
 
 SIZES = (2, 32, 32, 3)
 BATCH = 60
@@ -79,10 +79,13 @@ def fake_quantized_step(weights, activation_scales, learning_rate):
                       updates={p: p - learning_rate * g for p, g in zip(parameters, gradients)})
 
 
-def float_accuracy(points, labels, weights):
-    _, logits, x, _, parameters = mlp(len(points), SIZES)
-    values = {p.name: v for p, v in zip(parameters, (a for pair in weights for a in pair))}
-    return float(np.mean(np.argmax(ct.compile(logits, inputs=[x, *parameters])(x=points, **values), axis=1) == labels))
+def trained(step):
+    """A training step's weights and biases, layer by layer, as NumPy arrays."""
+    return [(np.asarray(step.state[f"W{k}"]), np.asarray(step.state[f"b{k}"])) for k in range(1, len(SIZES))]
+
+
+def int8_accuracy(points, labels, weights, activation_scales):
+    return float(np.mean(np.argmax(int8_model(len(points), weights, activation_scales)(x=points)[0], axis=1) == labels))
 
 
 def main(argv=None):
@@ -98,24 +101,20 @@ def main(argv=None):
     step, _ = training_step(BATCH, SIZES, 0.5, rng)
     history = train(step, points, onehot, args.epochs, rng)
     print(f"float32 training: loss {history[0]:.4f} -> {history[-1]:.4f} over {args.epochs} epochs")
-    weights = [(np.asarray(step.state[f"W{k}"]), np.asarray(step.state[f"b{k}"])) for k in range(1, len(SIZES))]
+    weights = trained(step)
 
     calibration = points[rng.permutation(len(points))[:3 * BATCH]]  # three batches
     activation_scales = [np.float32(np.abs(h).max() / 127) for h in layer_inputs(calibration, weights)]
     print("activation scales from 3 calibration batches: " + ", ".join(f"{s:.5f}" for s in activation_scales))
-    accuracy = float_accuracy(points, labels, weights)
-    int8 = int8_model(len(points), weights, activation_scales)
-    int8_accuracy = float(np.mean(np.argmax(int8(x=points)[0], axis=1) == labels))
-    print(f"accuracy: float32 {accuracy:.1%}, int8 {int8_accuracy:.1%} "
-          f"({100 * (int8_accuracy - accuracy):+.1f} points)")
+    accuracy = float(np.mean(predict(points, step.state, SIZES) == labels))
+    quantized = int8_accuracy(points, labels, weights, activation_scales)
+    print(f"accuracy: float32 {accuracy:.1%}, int8 {quantized:.1%} ({100 * (quantized - accuracy):+.1f} points)")
 
     tuned = fake_quantized_step(weights, activation_scales, 0.1)
     history = train(tuned, points, onehot, args.finetune, rng)
     print(f"quantization-aware fine-tuning (fake_quantize, straight-through gradients): loss {history[0]:.4f} -> "
           f"{history[-1]:.4f} over {args.finetune} epochs")
-    weights = [(np.asarray(tuned.state[f"W{k}"]), np.asarray(tuned.state[f"b{k}"])) for k in range(1, len(SIZES))]
-    int8 = int8_model(len(points), weights, activation_scales)
-    print(f"int8 accuracy after fine-tuning: {np.mean(np.argmax(int8(x=points)[0], axis=1) == labels):.1%}")
+    print(f"int8 accuracy after fine-tuning: {int8_accuracy(points, labels, trained(tuned), activation_scales):.1%}")
     print("(int8 speed on the GPU comes with the int8 GEMM lowering: this example runs on the CPU)")
 
 
