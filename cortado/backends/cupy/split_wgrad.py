@@ -27,6 +27,7 @@ import math
 import numpy as np
 
 from ...exprgraph.constructors import var
+from ...memplan import aligned
 from .blas import Gemm
 from .codegen import Operand, finished_source, storage_type
 from .kernels import compiled
@@ -183,7 +184,7 @@ class SplitWgrad:
         self.partial = _partial_source(g, units, self.splits, self.ks, self.block[0])
         self.sum = _sum_source(g, self.parts)
         self.sum_blocks = -(-outputs // 32)
-        self.workspace_bytes = -(-self.parts * outputs * g.acc_bytes // ALIGNMENT) * ALIGNMENT
+        self.workspace_bytes = aligned(self.parts * outputs * g.acc_bytes, ALIGNMENT)
 
     def describe(self):
         return (f"our weight-gradient kernel ({self.splits} blocks along the pixels, "
@@ -235,7 +236,7 @@ class ImageGemms:
         x = var("x", (g.n, g.c, pixels), g.dtype)
         product = gemm(dy, x, transpose_b=True)
         self.gemm = Gemm(product, {dy: g.dy_strides[:2] + (1,), x: g.x_strides[:2] + (1,)}, tf32)
-        self.products_bytes = -(-product.size * g.acc_bytes // ALIGNMENT) * ALIGNMENT
+        self.products_bytes = aligned(product.size * g.acc_bytes, ALIGNMENT)
         self.workspace_bytes = self.products_bytes + self.gemm.workspace_bytes
         self.sum = _sum_source(g, g.n)
         self.sum_blocks = -(-g.o * g.c // 32)
