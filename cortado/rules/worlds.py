@@ -166,7 +166,9 @@ class TensorWorld:
 
         Elementwise ops, layout ops and reductions of one-value constants fold at any size: their
         result is one value too (a reduction's in closed form, ``splats``). Anything else folds up to
-        ``FOLD_LIMIT`` elements.
+        ``FOLD_LIMIT`` elements, except a cast that widens an array: the program keeps the narrow
+        array (int8 weights take a quarter of float32's bytes), and a quantized weight stays
+        recognisable as one (``cast(q, float32) * scale``).
         """
         if not term.args or any(a.op.name != "const" for a in term.args):
             return None
@@ -178,6 +180,8 @@ class TensorWorld:
         if closed is not None:
             return _splat(closed, term.shape)
         pointwise = term.op.elementwise and splats
+        if term.op.name == "cast" and not splats and term.dtype.itemsize > term.args[0].dtype.itemsize:
+            return None
         if not pointwise and term.size > FOLD_LIMIT:
             return None
         arrays = [v.scalar if pointwise else v.array for v in values]

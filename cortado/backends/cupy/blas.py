@@ -82,6 +82,32 @@ def matrix(shape, strides, batch):
     return transposed, ld, batch_dims[-1][1]
 
 
+def heuristic(desc, layouts, workspace_limit, count=CANDIDATES):
+    """cuBLASLt's first ``count`` algorithms for the matmul ``desc`` over ``layouts`` (first operand, second, c,
+    d), none needing more than ``workspace_limit`` bytes of scratch; a ``BackendError`` where it has none."""
+    lt = _lt()
+    preference = lt.matmul_preference_create()
+    limit = np.array([workspace_limit], np.uint64)
+    lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
+                                       limit.ctypes.data, limit.nbytes)
+    results = np.zeros(count, lt.matmul_heuristic_result_dtype)
+    found = np.zeros(1, np.int32)
+    first, second, c_layout, d_layout = layouts
+    lt.matmul_algo_get_heuristic(handle(), desc, first, second, c_layout, d_layout, preference, count,
+                                 results.ctypes.data, found.ctypes.data)
+    lt.matmul_preference_destroy(preference)
+    if found[0] == 0:
+        raise BackendError("cuBLASLt found no algorithm for this gemm")
+    return results[:found[0]].copy()
+
+
+def set_attribute(desc, attribute, value):
+    """Set matmul descriptor ``desc``'s ``attribute`` (a MatmulDescAttribute) to ``value``."""
+    lt = _lt()
+    buffer = np.array([value], lt.get_matmul_desc_attribute_dtype(attribute))
+    lt.matmul_desc_set_attribute(desc, attribute, buffer.ctypes.data, buffer.nbytes)
+
+
 class Gemm:
     """One cuBLASLt call for one gemm term, over fixed pointers."""
 
@@ -137,12 +163,10 @@ class Gemm:
         self.choice = 0
 
     def _set(self, attribute, value):
-        lt = _lt()
-        buffer = np.array([value], lt.get_matmul_desc_attribute_dtype(attribute))
-        lt.matmul_desc_set_attribute(self.desc, attribute, buffer.ctypes.data, buffer.nbytes)
+        set_attribute(self.desc, attribute, value)
 
     @staticmethod
-    def _layout(data, rows, cols, ld, count, stride):
+    def _layout(data, rows, cols, ld, count=1, stride=0):
         """A column-major ``rows x cols`` matrix layout (cuBLASLt's own words), batched if ``count > 1``."""
         lt = _lt()
         layout = lt.matrix_layout_create(data, rows, cols, ld)
@@ -156,24 +180,11 @@ class Gemm:
     def _candidates(self, workspace_limit):
         """cuBLASLt's heuristic results for this call, best guess first, none needing more than ``workspace_limit``
         bytes of scratch."""
-        lt = _lt()
-        preference = lt.matmul_preference_create()
-        limit = np.array([workspace_limit], np.uint64)
-        lt.matmul_preference_set_attribute(preference, lt.MatmulPreferenceAttribute.MAX_WORKSPACE_BYTES,
-                                           limit.ctypes.data, limit.nbytes)
-        results = np.zeros(CANDIDATES, lt.matmul_heuristic_result_dtype)
-        count = np.zeros(1, np.int32)
         if self.bias is not None or self.bias_gradient:  # the heuristic looks at the epilogue's pointers too
             self._point("BIAS_POINTER", 0)
         if self.aux is not None:
             self._point("EPILOGUE_AUX_POINTER", 0)
-        first, second, c_layout, d_layout = self.layouts
-        lt.matmul_algo_get_heuristic(handle(), self.desc, first, second, c_layout, d_layout, preference, CANDIDATES,
-                                     results.ctypes.data, count.ctypes.data)
-        lt.matmul_preference_destroy(preference)
-        if count[0] == 0:
-            raise BackendError("cuBLASLt found no algorithm for this gemm")
-        return results[:count[0]].copy()
+        return heuristic(self.desc, self.layouts, workspace_limit)
 
     def tune(self, pointers, stream):
         """Choose the fastest candidate, timed on ``pointers`` (``call``'s), whose contents it overwrites.

@@ -93,8 +93,10 @@ class Source:
 
     name: str
     text: str
-    blocks: int
+    blocks: object  # blocks, or a (x, y, z) grid
     block: tuple
+    shared: int = 0  # dynamic shared memory, bytes
+    options: tuple = ()  # NVRTC's, besides -std=c++17
 
 
 def contiguous_strides(shape):
@@ -382,7 +384,8 @@ def _signature(operands, outputs, aliased):
     return ", ".join(params)
 
 
-def _name(text):
+def kernel_name(text):
+    """A kernel's name: the hash of its text, so equal kernels share one compiled module."""
     return "ct_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -390,7 +393,7 @@ def finished_source(kind, body_text, outputs, operands, aliased, blocks, block):
     """The kernel ``kind`` named by the hash of its text, with the prelude; ``outputs`` are what it writes (their
     ``dtype`` is read)."""
     text = f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n{body_text}}}\n'
-    name = _name(text)
+    name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
 
 

@@ -29,6 +29,7 @@ from .codegen import Operand, channels_last_strides, contiguous_strides, copy_so
 from .device import require_gpu
 from .kernels import compiled
 from .dnn import Conv
+from .mma.runner import Int8Gemm
 from .layout import (
     ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
     stored_strides,
@@ -123,6 +124,9 @@ class Executor(interface.Executor):
             elif t.op.name == "dnn_conv":
                 self.makers.append(self._convolution(t, scratch, tf32, deterministic))
                 self.labels.append(f"k{i}.dnn_conv {t.attr('mode')} {t.shape}")
+            elif t.op.name == "int8_gemm":
+                self.makers.append(self._int8_gemm(t, scratch))
+                self.labels.append(f"k{i}.int8_gemm {t.shape}")
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
@@ -251,6 +255,16 @@ class Executor(interface.Executor):
         a, b, *extras = t.args
         return self._library_call(conv, copies, lambda pointers: (pointers[a], pointers[b], pointers[t], top,
                                                                   tuple(pointers[e] for e in extras)))
+
+    def _int8_gemm(self, t, workspace):
+        """A maker of the call computing ``int8_gemm`` ``t``: our tensor-core kernel or cuBLASLt's, with the
+        epilogue."""
+        runner = Int8Gemm(t, self.strides)
+        self.choices[t] = runner
+        a, b, *extras = t.args
+        return self._library_call(runner, [], lambda pointers: (pointers[a], pointers[b],
+                                                                tuple(pointers[e] for e in extras), pointers[t],
+                                                                workspace))
 
     def _updates(self, final):
         """Makers of the copies of update values into the state; sources that another update overwrites go

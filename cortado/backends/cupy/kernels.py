@@ -5,11 +5,15 @@ _cache = {}
 
 
 def compiled(source):
-    """The loaded kernel function of ``source`` (a ``codegen.Source``)."""
-    function = _cache.get(source.name)
+    """The loaded kernel function of ``source`` (a ``codegen.Source``), allowed the dynamic shared memory it asks for."""
+    key = (source.name, source.options)
+    function = _cache.get(key)
     if function is None:
         import cupy
 
-        module = cupy.RawModule(code=source.text, options=("-std=c++17",))
-        function = _cache[source.name] = module.get_function(source.name)
+        module = cupy.RawModule(code=source.text, options=("-std=c++17",) + tuple(source.options))
+        function = module.get_function(source.name)
+        if source.shared:  # the default allows 48 KiB less what the kernel declares itself
+            function.max_dynamic_shared_size_bytes = source.shared
+        _cache[key] = function
     return function

@@ -244,7 +244,7 @@ def _as_fprop(x, w, strides, padding, lhs, rhs, groups):
     return dnn_conv(x, w, "fprop", strides, pads, rhs, groups, out)
 
 
-def _as_matmul_over_windows(x, w, strides, padding, lhs, rhs, groups):
+def as_matmul_over_windows(x, w, strides, padding, lhs, rhs, groups):
     """A convolution cuDNN cannot take (more than ``MAX_SPATIAL`` axes, integers) as a matrix product over its
     windows: the dilated, padded input's windows (a strided view) as ``(G, N pixels, Cg taps)`` rows, times the
     weights as ``(G, Cg taps, Kg)``; the gemm target makes it cuBLASLt's where it can, a reduction elsewhere."""
@@ -268,7 +268,7 @@ def _lower_conv(b):
     if x.dtype != dtype or w.dtype != dtype:
         x, w = ct.cast(x, dtype), ct.cast(w, dtype)
     if dtype not in DNN_DTYPES or not 1 <= x.ndim - 2 <= MAX_SPATIAL:
-        return _as_matmul_over_windows(x, w, strides, padding, lhs, rhs, groups)
+        return as_matmul_over_windows(x, w, strides, padding, lhs, rhs, groups)
     ones = (1,) * len(strides)
     if strides == ones and (lhs != ones or _flipped(w)):
         found = _as_dgrad(x, w, padding, lhs, rhs, groups, b.term.shape)

@@ -1,0 +1,182 @@
+"""An ``int8_gemm`` as a call: the fastest of a few of our tensor-core kernels and cuBLASLt's int8 GEMM.
+
+When a program is built, ``tilings.candidates`` names the tilings worth trying for the product's
+shape; each becomes a kernel (``source``), and where cuBLASLt can take the operands (int8 both,
+``K`` contiguous, as its int8 kernels require) its first heuristic algorithms join: cuBLASLt writes
+the int32 sums into the workspace and a generated kernel applies the epilogue to them. All are
+timed on the program's buffers and the fastest is kept (``describe`` names it, for ``explain``).
+Every candidate computes the exact sums and the same epilogue code, so the choice changes the
+time, never the bits. A call whose operands are not 16-byte aligned (a feed read in place) runs a
+kernel that reads them element by element.
+"""
+
+from dataclasses import replace
+
+import numpy as np
+
+from ....errors import BackendError
+from ....memplan import aligned
+from ..blas import Gemm, _lt, handle, heuristic, set_attribute
+from ..codegen import Operand, contiguous_strides, kernel_source
+from ..kernels import compiled
+from ..timing import time_graph
+from .source import OPTIONS, Product, counters, gemm_source, partial_bytes, vector_readable
+from .tilings import candidates
+
+CANDIDATES = 6  # our tilings timed (on the H100 the fastest of 30 was always among the cost model's first 6)
+LIBRARY_CANDIDATES = 3  # cuBLASLt's algorithms timed
+LIBRARY_WORKSPACE = 4 << 20
+ALIGNMENT = 256
+VECTOR_ALIGNMENT = 16
+_R_8I, _R_32I = 3, 10  # cudaDataType
+_tuned = {}  # a call's description -> the index of its chosen candidate
+
+
+def _multiprocessors():
+    import cupy
+
+    return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+class _Kernel:
+    """One of our kernels, for one tiling; its tile counters (split-K) in a buffer of its own, zero between calls."""
+
+    def __init__(self, product, tiling, body, extras, out_strides):
+        self.tiling = tiling
+        self.source = gemm_source(product, tiling, body, extras, out_strides)
+        self.workspace_bytes = partial_bytes(product, tiling)
+        self.count = counters(product, tiling)
+        self.counters = None
+
+    def call(self, a, b, extras, out, workspace, stream):
+        import cupy
+
+        if self.counters is None:
+            self.counters = cupy.zeros(max(self.count, 1), np.uint32)
+        pointers = (a, b, *extras, out, workspace, self.counters.data.ptr)
+        source = self.source
+        compiled(source)(source.blocks, source.block, tuple(np.uint64(p) for p in pointers), shared_mem=source.shared)
+
+    def describe(self):
+        return f"int8 mma kernel, {self.tiling}"
+
+
+class _Library:
+    """cuBLASLt's int8 GEMM (algorithm ``choice`` of its heuristic) into int32 sums, then the epilogue as a kernel
+    over them; written straight into the result where the epilogue is the sums themselves."""
+
+    def __init__(self, product, body, extras, out_strides, algorithms, choice):
+        from nvmath.bindings.cublas import ComputeType
+
+        lt = _lt()
+        p = product
+        self.desc = lt.matmul_desc_create(ComputeType.COMPUTE_32I, _R_32I)
+        set_attribute(self.desc, lt.MatmulDescAttribute.TRANSA, 1)  # b, stored n x k, is cuBLASLt's transposed A
+        set_attribute(self.desc, lt.MatmulDescAttribute.TRANSB, 0)
+        self.layouts = [Gemm._layout(_R_8I, p.k, p.n, p.b_strides[1]), Gemm._layout(_R_8I, p.k, p.m, p.a_strides[0]),
+                        Gemm._layout(_R_32I, p.n, p.m, p.n), Gemm._layout(_R_32I, p.n, p.m, p.n)]
+        self.algorithms = heuristic(self.desc, self.layouts, LIBRARY_WORKSPACE, LIBRARY_CANDIDATES) \
+            if algorithms is None else algorithms
+        self.choice = choice
+        self.scalars = np.array([1, 0], np.int32)
+        sums = Operand((p.m, p.n), np.dtype(np.int32), contiguous_strides((p.m, p.n)))
+        self.direct = body.op.name == "param"  # the sums are the result (C order, as they are written)
+        self.epilogue = None if self.direct else replace(kernel_source((body,), [sums, *extras]), options=OPTIONS)
+        self.sums_bytes = 0 if self.direct else aligned(p.m * p.n * 4, ALIGNMENT)
+        self.workspace_bytes = self.sums_bytes + int(self.algorithms["workspace_size"].max())
+
+    def call(self, a, b, extras, out, workspace, stream):
+        sums = out if self.direct else workspace
+        first, second, c_layout, d_layout = self.layouts
+        base = self.scalars.ctypes.data
+        algorithm = self.algorithms.ctypes.data + self.choice * self.algorithms.itemsize
+        _lt().matmul(handle(), self.desc, base, b, first, a, second, base + self.scalars.itemsize, sums, c_layout,
+                     sums, d_layout, algorithm, workspace + self.sums_bytes,
+                     int(self.algorithms["workspace_size"][self.choice]), stream)
+        if self.epilogue is not None:
+            source = self.epilogue
+            compiled(source)((source.blocks,), source.block, tuple(np.uint64(p) for p in (sums, *extras, out)))
+
+    def describe(self):
+        return f"cuBLASLt int8 GEMM (algorithm {self.choice})" + ("" if self.direct else " and an epilogue kernel")
+
+
+def _library_takes(product, term, out_strides):
+    """Whether cuBLASLt's int8 GEMM can take ``product``: int8 both, ``K`` contiguous in rows aligned as its int8
+    kernels need, a result in C order."""
+    p = product
+    return (p.a_dtype == p.b_dtype == np.int8 and p.vector_a and p.vector_b and p.k % 4 == 0
+            and tuple(out_strides) == contiguous_strides(term.shape))
+
+
+def _library_candidates(product, term, body, extras, out_strides):
+    """cuBLASLt's int8 GEMM with each of its first heuristic algorithms, where it takes the product (none where its
+    heuristic offers none)."""
+    if not _library_takes(product, term, out_strides):
+        return []
+    try:
+        first = _Library(product, body, extras, out_strides, None, 0)
+    except BackendError:
+        return []
+    return [first] + [_Library(product, body, extras, out_strides, first.algorithms, i)
+                      for i in range(1, len(first.algorithms))]
+
+
+def _time(candidate, pointers, stream):
+    """Milliseconds a call of ``candidate`` takes; infinite where cuBLASLt refuses an algorithm its heuristic
+    offered."""
+    try:
+        return time_graph(lambda: candidate.call(*pointers, stream.ptr), stream)
+    except _lt().cuBLASLtError:
+        return np.inf
+
+
+class Int8Gemm:
+    """The call computing one ``int8_gemm`` term over operands stored at ``strides``."""
+
+    dtype = np.dtype(np.float32)  # what the executor fills buffers with before timing
+
+    def __init__(self, term, strides):
+        a, b, *extras = term.args
+        (m, k), n = a.shape, b.shape[1]
+        b_rows = (strides[b][1], strides[b][0])  # B read as n rows of k
+        product = Product(m, n, k, strides[a], strides[b], a.dtype, b.dtype, vector_readable(strides[a]),
+                          vector_readable(b_rows))
+        body, out_strides = term.attr("epilogue"), strides[term]
+        operands = [Operand(e.shape, e.dtype, strides[e]) for e in extras]
+        own = [_Kernel(product, t, body, operands, out_strides)
+               for t in candidates(m, n, k, _multiprocessors(), CANDIDATES)]
+        self.candidates = own + _library_candidates(product, term, body, operands, out_strides)
+        self.vector = product.vector_a or product.vector_b
+        self.unaligned = _Kernel(replace(product, vector_a=False, vector_b=False), own[0].tiling, body, operands,
+                                 out_strides) if self.vector else own[0]
+        self.workspace_bytes = max(c.workspace_bytes for c in self.candidates)
+        self.key = (product, own[0].source.name, tuple(c.describe() for c in self.candidates))
+        self.choice = 0
+        self.times = None
+
+    def tune(self, pointers, stream):
+        """Time every candidate on ``pointers`` (``call``'s arguments, whose contents it overwrites); keep the
+        fastest."""
+        if self.key in _tuned:
+            self.choice, self.times = _tuned[self.key]
+            return
+        times = [_time(c, pointers, stream) for c in self.candidates]
+        self.choice, self.times = int(np.argmin(times)), times
+        _tuned[self.key] = (self.choice, times)
+
+    def call(self, a, b, extras, out, workspace, stream):
+        """Run on device pointers (``extras``: the epilogue's operands) on ``stream`` (a pointer), which is also
+        CuPy's current stream."""
+        chosen = self.candidates[self.choice]
+        if self.vector and (a % VECTOR_ALIGNMENT or b % VECTOR_ALIGNMENT):
+            chosen = self.unaligned
+        chosen.call(a, b, extras, out, workspace, stream)
+
+    def describe(self):
+        chosen = self.candidates[self.choice]
+        if self.times is None:
+            return chosen.describe()
+        others = sorted((t, c.describe()) for c, t in zip(self.candidates, self.times) if c is not chosen)
+        runner_up = f"; next {others[0][1]}, {others[0][0] * 1e3:.2f} us" if others else ""
+        return f"{chosen.describe()}, {self.times[self.choice] * 1e3:.2f} us{runner_up}"
