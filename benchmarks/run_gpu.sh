@@ -4,7 +4,7 @@
 # them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|conv|profile|all]    (conv: the convolution benchmarks alone)
+#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|profile|all]    (conv, int8: those benchmarks alone)
 set -o pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results}
@@ -30,6 +30,9 @@ fi
 if [ "$what" = bench ] || [ "$what" = conv ] || [ "$what" = all ]; then
     python3 benchmarks/bench_cnn_gpu.py --out "$out/cnn_gpu.json" 2>&1 | tee "$out/bench_cnn.log" || status=1
     python3 benchmarks/bench_conv_layers_gpu.py --out "$out/conv_layers_gpu.json" 2>&1 | tee "$out/bench_conv_layers.log" || status=1
+fi
+if [ "$what" = bench ] || [ "$what" = int8 ] || [ "$what" = all ]; then
+    python3 benchmarks/bench_int8_gpu.py --out "$out/int8_gpu.json" 2>&1 | tee "$out/bench_int8.log" || status=1
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
     python3 benchmarks/profile_gpu.py --out "$out/profile_gpu.txt" 2>&1 | grep -A12 "kernels, "  || status=1

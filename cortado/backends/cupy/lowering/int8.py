@@ -11,8 +11,8 @@ rules that find quantized products written as plain expressions.
   a term the kernel does not compute: those products stay as they are (in float).
 - ``conv`` of such operands (integer casts, or dequantized with per-output-channel weight scales) is
   the same product over the convolution's windows; a 1x1 convolution's windows are its pixels.
-- An elementwise op of an ``int8_gemm`` that nothing else reads, with operands that are one value, a
-  row or a column of the product's shape, or a matrix of it, folds into the gemm's ``epilogue``: a
+- An elementwise op of an ``int8_gemm`` that nothing else reads (but a widening cast), with operands
+  that are one value, a row or a column of the product's shape, or a matrix of it, folds into the gemm's ``epilogue``: a
   body over ``param(0)``, the int32 sums, and ``param(k)``, the gemm's ``k + 1``-th argument (as a
   fused region's body). A quantized linear layer, its rescaling, bias, relu and requantization, is
   then one kernel from int8 in to int8 out.
@@ -192,10 +192,9 @@ def _conv_attrs(b):
 
 def _integer_conv(b):
     """A convolution of narrow values cast to int32: the integer product over its windows (one group)."""
-    x, w = _narrowed(b["_x"]), _narrowed(b["_w"])
-    if x is None or w is None or b.term.dtype != np.int32 or b["_g"] != 1:
+    if _narrowed(b["_x"]) is None or _narrowed(b["_w"]) is None or b.term.dtype != np.int32 or b["_g"] != 1:
         return None
-    return as_matmul_over_windows(x, w, *_conv_attrs(b))
+    return as_matmul_over_windows(b["_x"], b["_w"], *_conv_attrs(b))  # whose layout ops int8-gemm narrows
 
 
 def _dequantized_conv(b):
@@ -222,8 +221,8 @@ def _folded(b):
     """An elementwise op of an ``int8_gemm`` nobody else reads, over operands that broadcast to its result, as the
     gemm with the op in its epilogue."""
     t = b.term
-    if t.op.kind != ELEMENTWISE:
-        return None
+    if t.op.kind != ELEMENTWISE or (t.op.name == "cast" and t.dtype.itemsize > t.args[0].dtype.itemsize):
+        return None  # a widening cast stays outside: the narrow value is smaller, and what the next product reads
     gemms = [a for a in t.args if a.op is INT8_GEMM and not b.shared(a) and a.shape == t.shape]
     if not gemms or t.ndim != 2:
         return None

@@ -1,0 +1,307 @@
+"""int8 GEMMs and a quantized MLP on the GPU: cortado's int8 kernels against cuBLASLt int8, torch._int_mm and
+cuBLASLt float16; the int8 MLP's inference step against its bfloat16 and float32 programs.
+
+    python benchmarks/bench_int8_gpu.py [--repeats 7] [--out benchmarks/results/int8_gpu.json]
+
+GEMMs, ``M x N x K`` (the seed's 512x{64,32,16}x512, MobileNet's 1x1 layers as GEMMs, and 4096^3): int8
+``A`` (M x K) times int8 ``B`` (K x N, stored N x K, K contiguous: the layout the tensor cores and
+cuBLASLt's int8 kernels read) into int32 sums; float16 into float16.
+
+- cortado: ``ct.compile`` of ``matmul(cast(a, int32), cast(b, int32))``; the ``int8_gemm`` call it chose
+  (our kernel or cuBLASLt's, timed when the program is built), replayed; and apart, the fastest of our
+  own kernels among the candidates it timed ("own kernel").
+- cuBLASLt int8: nvmath's bindings, int32 sums, each of its first 3 heuristic algorithms, the fastest.
+- torch._int_mm: PyTorch's int8 product (cuBLASLt underneath), int32 sums.
+- cuBLASLt float16: cortado's ``gemm`` call of the same shape in float16 (cuBLASLt, its algorithm timed as
+  a program's is), which is what a float16 model would run.
+
+Each is captured ``calls`` times in one CUDA graph on one stream; the graph is replayed ``--repeats``
+times between CuPy events and the median time per call is kept (a kernel of 3 us is mostly launch
+latency, which replays in a graph amortise as a program's step does). Every contestant's result is
+checked against NumPy's integer product first.
+
+The quantized MLP (784-1024-1024-10, relu) at batch 128, 512 and 2048: int8 activations and weights
+(per-output-channel scales, requantized to int8 between layers in the gemm's epilogue), against the same
+MLP's float32 and bfloat16 programs (cuBLASLt GEMMs with bias and relu epilogues). A step's CUDA graph is
+launched ``steps`` times back to back and the device time per step is kept.
+"""
+
+import os
+import sys
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, HERE)
+
+from bench_fused_gpu import attempt, log, print_table, require_gpu, versions  # noqa: E402
+from machine import describe  # noqa: E402
+from reporting import command_line, write_results  # noqa: E402
+
+import cortado as ct  # noqa: E402
+from cortado.exprgraph.dtypes import BFLOAT16  # noqa: E402
+
+SHAPES = [(512, 64, 512), (512, 32, 512), (512, 16, 512), (3136, 128, 64), (784, 256, 128), (784, 256, 256),
+          (4096, 4096, 4096)]
+MLP_SIZES = (784, 1024, 1024, 10)
+MLP_BATCHES = (128, 512, 2048)
+
+
+def replayed(call, repeats, calls):
+    """Median milliseconds of one ``call()`` (launching on CuPy's current stream), ``calls`` of them captured in
+    one graph, the graph replayed ``repeats`` times."""
+    import cupy
+
+    stream = cupy.cuda.get_current_stream()
+    call()
+    stream.begin_capture()
+    for _ in range(calls):
+        call()
+    graph = stream.end_capture()
+    graph.launch(stream)
+    times = []
+    for _ in range(repeats):
+        start = stream.record()
+        graph.launch(stream)
+        end = stream.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / calls)
+    return float(np.median(times))
+
+
+def _calls(m, n, k):
+    return 20 if m * n * k > 1 << 30 else 200
+
+
+def _operands(cupy, m, n, k):
+    a = cupy.random.randint(-128, 128, (m, k)).astype(cupy.int8)
+    b_stored = cupy.random.randint(-128, 128, (n, k)).astype(cupy.int8)  # B is its transpose
+    return a, b_stored
+
+
+def _check(name, result, expected):
+    if expected is not None and not bool((result == expected).all()):
+        raise AssertionError(f"{name}: its int32 sums differ from NumPy's")
+
+
+def ours(m, n, k, repeats, operands, expected):
+    """cortado's program: the call it chose (``ms``), and the fastest of our own kernels among its candidates
+    (``kernel_ms``)."""
+    import cupy
+
+    from cortado.backends.cupy.mma.runner import _Kernel
+
+    a, b_stored = operands
+    x, w = ct.var("a", (m, k), "int8"), ct.var("b", (n, k), "int8")
+    program = ct.compile([ct.matmul(ct.cast(x, "int32"), ct.transpose(ct.cast(w, "int32")))], inputs=[x, w],
+                         backend="cupy")
+    (out,) = program(a=a, b=b_stored)
+    _check("cortado", out, expected)
+    executor = program._executor
+    (term, runner), = executor.choices.items()
+    pointers = executor._resolved([a.data.ptr, b_stored.data.ptr])
+    workspace = executor.arena.memory.data.ptr  # a program of one call: its workspace is the arena's start
+    result = cupy.empty((m, n), np.int32)
+    a_pointer, b_pointer = pointers[term.args[0]], pointers[term.args[1]]
+
+    def time(candidate):
+        with executor.stream:
+            ms = replayed(lambda: candidate.call(a_pointer, b_pointer, (), result.data.ptr, workspace,
+                                                 executor.stream.ptr), repeats, _calls(m, n, k))
+        _check(f"cortado ({candidate.describe()})", result, expected)
+        return ms
+
+    own = {c.describe(): time(c) for c in runner.candidates if isinstance(c, _Kernel)}
+    fastest = min(own, key=own.get)
+    return {"ms": time(runner), "choice": runner.describe(), "kernel_ms": own[fastest], "kernel": fastest}
+
+
+def cublaslt_int8(m, n, k, repeats, operands, expected):
+    """nvmath's cuBLASLt int8 GEMM, each of its first heuristic algorithms; the fastest."""
+    import cupy
+
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.mma.runner import LIBRARY_WORKSPACE, _Library
+    from cortado.backends.cupy.mma.source import Product
+    from cortado.exprgraph.ops import parameter
+
+    a, b_stored = operands
+    product = Product(m, n, k, (k, 1), (1, k), np.dtype(np.int8), np.dtype(np.int8), True, True)
+    sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
+    first = _Library(product, sums, [], (n, 1), None, 0)
+    out = cupy.empty((m, n), np.int32)
+    workspace = cupy.empty(LIBRARY_WORKSPACE, np.uint8)
+    best = None
+    stream = cupy.cuda.Stream(non_blocking=True)
+    for choice in range(len(first.algorithms)):
+        library = _Library(product, sums, [], (n, 1), first.algorithms, choice)
+        with stream:
+            try:
+                ms = replayed(lambda library=library: library.call(a.data.ptr, b_stored.data.ptr, (), out.data.ptr,
+                                                                   workspace.data.ptr, stream.ptr),
+                              repeats, _calls(m, n, k))
+            except Exception as error:  # an algorithm the heuristic offered may refuse at run time
+                log(f"cuBLASLt int8 algorithm {choice}: {type(error).__name__}")
+                continue
+        _check("cuBLASLt int8", out, expected)
+        best = ms if best is None else min(best, ms)
+    return {"ms": best}
+
+
+def torch_int_mm(m, n, k, repeats, operands, expected):
+    import cupy
+    import torch
+
+    a, b_stored = (torch.as_tensor(x, device="cuda") for x in operands)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    holder = {}
+    with stream, torch.cuda.stream(torch.cuda.ExternalStream(stream.ptr)):
+        ms = replayed(lambda: holder.__setitem__("out", torch._int_mm(a, b_stored.t())), repeats, _calls(m, n, k))
+        stream.synchronize()
+    _check("torch._int_mm", cupy.asarray(holder["out"]), expected)
+    return {"ms": ms}
+
+
+def cublaslt_float16(m, n, k, repeats, operands, expected):
+    """cortado's float16 program of the same product: cuBLASLt, its algorithm timed when the program is built."""
+    a, b_stored = (x.astype(np.float16) for x in operands)
+    x, w = ct.var("a", (m, k), "float16"), ct.var("b", (n, k), "float16")
+    program = ct.compile([ct.matmul(x, ct.transpose(w))], inputs=[x, w], backend="cupy")
+    program(a=a, b=b_stored)
+    executor = program._executor
+    (runner, operands_of), = executor.tuned
+    pointers = operands_of(executor._resolved([a.data.ptr, b_stored.data.ptr]))
+    with executor.stream:
+        ms = replayed(lambda: runner.call(*pointers, executor.stream.ptr), repeats, _calls(m, n, k))
+    return {"ms": ms}
+
+
+def gemm_rows(repeats):
+    cupy, _ = require_gpu()
+    rows = []
+    for m, n, k in SHAPES:
+        operands = _operands(cupy, m, n, k)
+        expected = None
+        if m * n * k <= 1 << 28:  # NumPy's exact product, in float64 on the GPU (exact below 2^53)
+            expected = (operands[0].astype(cupy.float64) @ operands[1].T.astype(cupy.float64)).astype(cupy.int32)
+        row = {"shape": f"{m}x{n}x{k}"}
+        for name, contestant in (("cortado", ours), ("cublaslt_int8", cublaslt_int8), ("torch_int_mm", torch_int_mm),
+                                 ("cublaslt_f16", cublaslt_float16)):
+            row[name] = attempt(f"{m}x{n}x{k} {name}", contestant, m, n, k, repeats, operands, expected)
+        ms = {name: row[name].get("ms") for name in ("cortado", "cublaslt_int8", "torch_int_mm", "cublaslt_f16")}
+        own = row["cortado"].get("kernel_ms")
+        for peer in ("cublaslt_int8", "torch_int_mm", "cublaslt_f16"):
+            if ms[peer] and ms["cortado"]:
+                row[f"over_{peer}"] = ms[peer] / ms["cortado"]
+            if ms[peer] and own:
+                row[f"own_over_{peer}"] = ms[peer] / own
+        rows.append(row)
+    return rows
+
+
+# -- the quantized MLP -------------------------------------------------------------------------
+
+
+def _mlp_weights(rng):
+    return [((rng.standard_normal((i, o)) * np.sqrt(2 / i)).astype(np.float32),
+             (rng.standard_normal(o) * 0.1).astype(np.float32)) for i, o in zip(MLP_SIZES[:-1], MLP_SIZES[1:])]
+
+
+def _float_program(batch, weights, dtype):
+    x = ct.var("x", (batch, MLP_SIZES[0]), dtype)
+    h = x
+    for k, (w, b) in enumerate(weights):
+        h = ct.matmul(h, ct.cast(ct.const(w), dtype)) + ct.cast(ct.const(b), dtype)
+        if k < len(weights) - 1:
+            h = ct.relu(h)
+    return ct.compile([h], inputs=[x], backend="cupy")
+
+
+def _int8_program(batch, weights, scales):
+    """int8 in, int8 between layers (requantized in each gemm's epilogue), float32 logits out."""
+    x = ct.var("x", (batch, MLP_SIZES[0]), "int8")
+    q = x
+    for k, ((w, b), scale_in) in enumerate(zip(weights, scales)):
+        scale_w = np.abs(w).max(axis=0) / 127
+        qw = np.clip(np.rint(w / scale_w), -127, 127).astype(np.int8)
+        sums = ct.matmul(ct.cast(q, "int32"), ct.cast(ct.const(qw), "int32"))
+        h = ct.cast(sums, "float32") * (scale_in * scale_w).astype(np.float32) + b
+        if k == len(weights) - 1:
+            return ct.compile([h], inputs=[x], backend="cupy")
+        q = ct.quantize(ct.relu(h), scales[k + 1])
+
+
+def step_time(program, feed, steps, repeats):
+    """Milliseconds of device time per step: the step's CUDA graph launched ``steps`` times back to back."""
+    import cupy
+
+    program(x=feed)
+    program(x=feed)
+    executor = program._executor
+    (graph,) = executor.graphs.values()
+    times = []
+    for _ in range(repeats):
+        start = executor.stream.record()
+        for _ in range(steps):
+            graph.launch(executor.stream)
+        end = executor.stream.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / steps)
+    return float(np.median(times))
+
+
+def mlp_rows(repeats):
+    cupy, _ = require_gpu()
+    rng = np.random.default_rng(0)
+    weights = _mlp_weights(rng)
+    scales = [np.float32(4.0 / 127), np.float32(8.0 / 127), np.float32(8.0 / 127)]
+    rows = []
+    for batch in MLP_BATCHES:
+        xf = rng.standard_normal((batch, MLP_SIZES[0])).astype(np.float32)
+        xq = np.clip(np.rint(xf / scales[0]), -128, 127).astype(np.int8)
+        row = {"batch": batch}
+        for name, build, feed in (("int8", lambda b: _int8_program(b, weights, scales), xq),
+                                  ("bfloat16", lambda b: _float_program(b, weights, "bfloat16"), xf.astype(BFLOAT16)),
+                                  ("float32", lambda b: _float_program(b, weights, "float32"), xf)):
+            def measure(build=build, feed=feed, batch=batch):
+                return {"ms": step_time(build(batch), cupy.asarray(feed), 200, repeats)}
+            row[name] = attempt(f"MLP batch {batch} {name}", measure)
+        if row["int8"].get("ms") and row["bfloat16"].get("ms"):
+            row["int8_over_bfloat16"] = row["bfloat16"]["ms"] / row["int8"]["ms"]
+        rows.append(row)
+    return rows
+
+
+def main():
+    args = command_line(__doc__, "int8_gpu.json", 7)
+    _, name = require_gpu()
+    log(f"int8 benchmarks on {name}")
+    gemms = gemm_rows(args.repeats)
+    columns = [("shape", "shape", "16s"), ("ours us", "ours_us", "9.2f"), ("own krnl", "own_us", "9.2f"),
+               ("Lt int8", "lt_us", "9.2f"),
+               ("_int_mm", "mm_us", "9.2f"), ("Lt f16", "f16_us", "9.2f"), ("/Lt int8", "over_cublaslt_int8", "9.2f"),
+               ("/_int_mm", "over_torch_int_mm", "9.2f"), ("/Lt f16", "over_cublaslt_f16", "9.2f"),
+               ("own/Lt8", "own_over_cublaslt_int8", "9.2f"), ("own/f16", "own_over_cublaslt_f16", "9.2f")]
+    table = [{**row, "ours_us": _us(row["cortado"]), "own_us": _us(row["cortado"], "kernel_ms"),
+              "lt_us": _us(row["cublaslt_int8"]),
+              "mm_us": _us(row["torch_int_mm"]), "f16_us": _us(row["cublaslt_f16"])} for row in gemms]
+    print_table(table, columns)
+    for row in gemms:
+        print(f"{row['shape']}: chose {row['cortado'].get('choice', row['cortado'].get('error'))}; "
+              f"fastest own kernel: {row['cortado'].get('kernel')}")
+    mlp = mlp_rows(args.repeats)
+    print_table([{"batch": r["batch"], **{f"{k}_us": _us(r[k]) for k in ("int8", "bfloat16", "float32")},
+                  "ratio": r.get("int8_over_bfloat16")} for r in mlp],
+                [("batch", "batch", "6d"), ("int8 us", "int8_us", "9.2f"), ("bf16 us", "bfloat16_us", "9.2f"),
+                 ("f32 us", "float32_us", "9.2f"), ("bf16/int8", "ratio", "10.2f")])
+    write_results({"machine": describe(), "versions": versions("torch", "nvmath"), "gemms": gemms, "mlp": mlp},
+                  args.out)
+
+
+def _us(result, key="ms"):
+    return result[key] * 1e3 if result.get(key) else None
+
+
+if __name__ == "__main__":
+    main()

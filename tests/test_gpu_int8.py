@@ -1,0 +1,167 @@
+"""int8 products on an NVIDIA GPU: every kernel configuration exact against NumPy's integer product, and
+quantized programs equal to the CPU's bit for bit. Skipped where no GPU is visible; run on the device
+machine by ``benchmarks/run_gpu.sh``."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends import gpu_visible
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
+
+RANGES = {"int8": (-128, 128), "uint8": (0, 256)}
+
+
+def _ints(rng, shape, dtype):
+    low, high = RANGES[dtype]
+    return rng.integers(low, high, shape).astype(dtype)
+
+
+def _int8_kernels(program):
+    return [k.term for k in program.kernels if k.term.op.name == "int8_gemm"]
+
+
+@st.composite
+def configurations(draw):
+    """A product, the layouts of its operands, and a tiling, any of which the candidates could be."""
+    from cortado.backends.cupy.mma.source import Tiling
+    from cortado.backends.cupy.mma.tilings import BLOCK_SHAPES
+
+    m, n, k = draw(st.integers(1, 200)), draw(st.integers(1, 200)), draw(st.integers(1, 300))
+    bm, bn, warps_m, warps_n = draw(st.sampled_from(BLOCK_SHAPES[:-3]))
+    bk = draw(st.sampled_from([32, 64, 128, 256]))
+    k_tiles = math.ceil(k / bk)
+    splits = draw(st.integers(1, min(k_tiles, 8)))
+    splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
+    stages = draw(st.integers(2, 5))
+    while stages > 2 and stages * (bm + bn) * (bk + 16) > 200 << 10:
+        stages -= 1
+    tiling = Tiling(bm, bn, bk, warps_m, warps_n, stages, splits)
+    dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
+    a_layout = draw(st.sampled_from(["rows", "padded rows", "columns"]))
+    b_layout = draw(st.sampled_from(["rows", "k contiguous"]))
+    return (m, n, k), tiling, dtypes, a_layout, b_layout, draw(st.integers(0, 2 ** 31))
+
+
+def _placed(cupy, x, strides):
+    """``x`` in a device buffer at element ``strides`` (the rest filled with 77, which a wrong read would sum)."""
+    size = 1 + sum((d - 1) * s for d, s in zip(x.shape, strides)) + 64
+    host = np.full(size, 77, x.dtype)
+    host[np.add.outer(np.arange(x.shape[0]) * strides[0], np.arange(x.shape[1]) * strides[1])] = x
+    return cupy.asarray(host)
+
+
+@settings(max_examples=80, deadline=None)
+@given(configurations(), st.booleans())
+def test_every_kernel_configuration_is_exact(configuration, requantized):
+    """The generated kernel, at any tiling, split, pipeline depth, layout and signedness, equals NumPy's int32
+    product (and, with an epilogue that rescales, adds a bias, takes a relu and requantizes, NumPy's float32
+    formula for it) bit for bit."""
+    import cupy
+
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.kernels import compiled
+    from cortado.backends.cupy.mma.source import Product, counters, gemm_source, partial_bytes, vector_readable
+    from cortado.exprgraph.ops import parameter
+
+    (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, seed = configuration
+    rng = np.random.default_rng(seed)
+    a, b = _ints(rng, (m, k), a_dtype), _ints(rng, (k, n), b_dtype)
+    pitch = -(-k // 16) * 16
+    a_strides = {"rows": (k, 1), "padded rows": (pitch + 16, 1), "columns": (1, m)}[a_layout]
+    b_strides = {"rows": (n, 1), "k contiguous": (1, pitch)}[b_layout]
+    product = Product(m, n, k, a_strides, b_strides, np.dtype(a_dtype), np.dtype(b_dtype),
+                      vector_readable(a_strides), vector_readable(b_strides[::-1]))
+    sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
+    exact = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
+    extras, arrays = [], []
+    if requantized:
+        scale, bias = (rng.random(n) * 1e-3 + 1e-5).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+        extras = [Operand((n,), np.dtype(np.float32), (1,))] * 2
+        arrays = [cupy.asarray(scale), cupy.asarray(bias)]
+        y = ct.relu(ct.cast(sums, "float32") * parameter(1, extras[0]) + parameter(2, extras[1]))
+        body = ct.cast(ct.minimum(ct.maximum(ct.rint(y * np.float32(1 / 0.05)) - 7.0, -128.0), 127.0), "int8")
+        levels = np.rint(np.maximum(exact.astype(np.float32) * scale + bias, np.float32(0)) * np.float32(1 / 0.05))
+        expected = np.clip(levels - np.float32(7), -128, 127).astype(np.int8)
+    else:
+        body, expected = sums, exact
+    source = gemm_source(product, tiling, body, extras, (n, 1))
+    out = cupy.zeros((m, n), expected.dtype)
+    partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)
+    tile_counters = cupy.zeros(max(1, counters(product, tiling)), np.uint32)
+    pointers = (_placed(cupy, a, a_strides), _placed(cupy, b, b_strides), *arrays, out, partials, tile_counters)
+    for _ in range(2):  # the second call finds the counters the first left
+        compiled(source)(source.blocks, source.block, pointers, shared_mem=source.shared)
+        np.testing.assert_array_equal(out.get(), expected)
+    assert not tile_counters.get().any()
+
+
+def _quantized_layer(batch, k, n, rng, weights_as="constant"):
+    """A quantized linear layer written as plain expressions, int8 in, int8 out: ``(output, inputs, feeds)``."""
+    x, bias = ct.var("x", (batch, k), "int8"), ct.var("bias", (n,), "float32")
+    w = _ints(rng, (k, n), "int8")
+    scale = (rng.random(n) * 1e-3 + 1e-4).astype(np.float32)
+    weight = ct.const(w) if weights_as == "constant" else ct.var("w", (k, n), "int8")
+    sums = ct.matmul(ct.cast(x, "int32"), ct.cast(weight, "int32"))
+    y = ct.relu(ct.cast(sums, "float32") * scale + bias)
+    feeds = {"x": _ints(rng, (batch, k), "int8"), "bias": rng.standard_normal(n).astype(np.float32), "w": w}
+    inputs = [x, bias] + ([weight] if weights_as == "variable" else [])
+    return ct.quantize(y, 0.02), inputs, {v.name: feeds[v.name] for v in inputs}
+
+
+@pytest.mark.parametrize("batch, k, n", [(128, 64, 32), (37, 100, 70), (512, 512, 16), (1, 32, 8)])
+@pytest.mark.parametrize("weights_as", ["constant", "variable"])
+def test_a_quantized_layer_is_one_kernel_equal_to_the_cpu(batch, k, n, weights_as):
+    out, inputs, feeds = _quantized_layer(batch, k, n, np.random.default_rng(batch + k + n), weights_as)
+    gpu = ct.compile([out], inputs=inputs, backend="cupy")
+    cpu = ct.compile([out], inputs=inputs, backend="numpy")
+    kernels = [k.term for k in gpu.kernels if not k.is_load and k.term.op.name != "transpose"]  # (a view)
+    assert len(kernels) == 1 and kernels[0].op.name == "int8_gemm"
+    for _ in range(3):
+        np.testing.assert_array_equal(gpu(**feeds)[0].get(), cpu(**feeds)[0])
+    assert "int8_gemm" in gpu.explain()
+
+
+def test_dequantized_products_become_int8_gemms_close_to_the_float_product():
+    rng = np.random.default_rng(1)
+    qw = _ints(rng, (96, 48), "int8")
+    scale_w = (rng.random(48) * 0.01 + 1e-3).astype(np.float32)
+    x = ct.var("x", (64, 96), "float32")
+    y = ct.dequantize(ct.quantize(x, 0.03), 0.03) @ ct.dequantize(ct.const(qw), scale_w, axis=1)
+    gpu = ct.compile([y], inputs=[x], backend="cupy")
+    assert len(_int8_kernels(gpu)) == 1
+    xv = rng.standard_normal((64, 96)).astype(np.float32)
+    expected = ct.evaluate(y, {"x": xv}, precision="float64")
+    np.testing.assert_allclose(gpu(x=xv)[0].get(), expected, rtol=1e-5, atol=1e-5 * np.abs(expected).max())
+
+
+@pytest.mark.parametrize("w_shape, options", [((16, 8, 1, 1), {}), ((16, 8, 3, 3), dict(padding=1)),
+                                              ((12, 8, 3, 3), dict(stride=2))])
+def test_quantized_convolutions_equal_the_cpu(w_shape, options):
+    rng = np.random.default_rng(2)
+    x = ct.var("x", (2, 8, 9, 9), "int8")
+    w = _ints(rng, w_shape, "int8")
+    sums = ct.conv2d(ct.cast(x, "int32"), ct.cast(ct.const(w), "int32"), **options)
+    out = ct.quantize(ct.cast(sums, "float32") * np.float32(0.01), 0.5)
+    gpu = ct.compile([out], inputs=[x], backend="cupy")
+    cpu = ct.compile([out], inputs=[x], backend="numpy")
+    assert len(_int8_kernels(gpu)) == 1
+    xv = _ints(rng, (2, 8, 9, 9), "int8")
+    np.testing.assert_array_equal(gpu(x=xv)[0].get(), cpu(x=xv)[0])
+
+
+def test_an_unaligned_feed_read_in_place_gives_the_same_bits():
+    """A CuPy feed that starts off a 16-byte boundary is read in place by the kernel that loads element by element."""
+    import cupy
+
+    out, inputs, feeds = _quantized_layer(64, 64, 32, np.random.default_rng(3))
+    gpu = ct.compile([out], inputs=inputs, backend="cupy")
+    shifted = cupy.zeros(64 * 64 + 1, np.int8)[1:].reshape(64, 64)
+    shifted[...] = cupy.asarray(feeds["x"])
+    assert shifted.data.ptr % 16
+    np.testing.assert_array_equal(gpu(**{**feeds, "x": shifted})[0].get(), gpu(**feeds)[0].get())
