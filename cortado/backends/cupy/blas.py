@@ -108,6 +108,18 @@ def set_attribute(desc, attribute, value):
     lt.matmul_desc_set_attribute(desc, attribute, buffer.ctypes.data, buffer.nbytes)
 
 
+def matrix_layout(data, rows, cols, ld, count=1, stride=0):
+    """A column-major ``rows x cols`` matrix layout (cuBLASLt's own words), batched if ``count > 1``."""
+    lt = _lt()
+    layout = lt.matrix_layout_create(data, rows, cols, ld)
+    if count > 1:
+        for attribute, value in ((lt.MatrixLayoutAttribute.BATCH_COUNT, count),
+                                 (lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET, stride)):
+            buffer = np.array([value], lt.get_matrix_layout_attribute_dtype(attribute))
+            lt.matrix_layout_set_attribute(layout, attribute, buffer.ctypes.data, buffer.nbytes)
+    return layout
+
+
 class Gemm:
     """One cuBLASLt call for one gemm term, over fixed pointers."""
 
@@ -152,7 +164,7 @@ class Gemm:
         data = _DATA_TYPES[dtype.name]
         shapes = [(b_cols, b_rows, b_ld, count, b_stride), (a_cols, a_rows, a_ld, count, a_stride),
                   (n, m, n, count, m * n), (n, m, n, count, m * n)]
-        self.layouts = [self._layout(data, *shape) for shape in shapes]
+        self.layouts = [matrix_layout(data, *shape) for shape in shapes]
         self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
         self.operands = (a, b, c)
         self.dtype = dtype
@@ -164,18 +176,6 @@ class Gemm:
 
     def _set(self, attribute, value):
         set_attribute(self.desc, attribute, value)
-
-    @staticmethod
-    def _layout(data, rows, cols, ld, count=1, stride=0):
-        """A column-major ``rows x cols`` matrix layout (cuBLASLt's own words), batched if ``count > 1``."""
-        lt = _lt()
-        layout = lt.matrix_layout_create(data, rows, cols, ld)
-        if count > 1:
-            for attribute, value in ((lt.MatrixLayoutAttribute.BATCH_COUNT, count),
-                                     (lt.MatrixLayoutAttribute.STRIDED_BATCH_OFFSET, stride)):
-                buffer = np.array([value], lt.get_matrix_layout_attribute_dtype(attribute))
-                lt.matrix_layout_set_attribute(layout, attribute, buffer.ctypes.data, buffer.nbytes)
-        return layout
 
     def _candidates(self, workspace_limit):
         """cuBLASLt's heuristic results for this call, best guess first, none needing more than ``workspace_limit``

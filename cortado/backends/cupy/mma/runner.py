@@ -16,7 +16,7 @@ import numpy as np
 
 from ....errors import BackendError
 from ....memplan import aligned
-from ..blas import Gemm, _lt, handle, heuristic, set_attribute
+from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
 from ..codegen import Operand, contiguous_strides, kernel_source
 from ..kernels import compiled
 from ..timing import time_graph
@@ -77,8 +77,8 @@ class _Library:
         self.desc = lt.matmul_desc_create(ComputeType.COMPUTE_32I, _R_32I)
         set_attribute(self.desc, lt.MatmulDescAttribute.TRANSA, 1)  # b, stored n x k, is cuBLASLt's transposed A
         set_attribute(self.desc, lt.MatmulDescAttribute.TRANSB, 0)
-        self.layouts = [Gemm._layout(_R_8I, p.k, p.n, p.b_strides[1]), Gemm._layout(_R_8I, p.k, p.m, p.a_strides[0]),
-                        Gemm._layout(_R_32I, p.n, p.m, p.n), Gemm._layout(_R_32I, p.n, p.m, p.n)]
+        self.layouts = [matrix_layout(_R_8I, p.k, p.n, p.b_strides[1]), matrix_layout(_R_8I, p.k, p.m, p.a_strides[0]),
+                        matrix_layout(_R_32I, p.n, p.m, p.n), matrix_layout(_R_32I, p.n, p.m, p.n)]
         self.algorithms = heuristic(self.desc, self.layouts, LIBRARY_WORKSPACE, LIBRARY_CANDIDATES) \
             if algorithms is None else algorithms
         self.choice = choice
