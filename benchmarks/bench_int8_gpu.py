@@ -3,7 +3,8 @@ cuBLASLt float16; the int8 MLP's inference step against its bfloat16 and float32
 
     python benchmarks/bench_int8_gpu.py [--repeats 7] [--out benchmarks/results/int8_gpu.json]
 
-GEMMs, ``M x N x K`` (the seed's 512x{64,32,16}x512, MobileNet's 1x1 layers as GEMMs, and 4096^3): int8
+GEMMs, ``M x N x K`` (the seed's 512x{64,32,16}x512, MobileNet's 1x1 layers as GEMMs, 4096^3, and two layers of
+the MLP below): int8
 ``A`` (M x K) times int8 ``B`` (K x N, stored N x K, K contiguous: the layout the tensor cores and
 cuBLASLt's int8 kernels read) into int32 sums; float16 into float16.
 
@@ -43,7 +44,7 @@ import cortado as ct  # noqa: E402
 from cortado.exprgraph.dtypes import BFLOAT16  # noqa: E402
 
 SHAPES = [(512, 64, 512), (512, 32, 512), (512, 16, 512), (3136, 128, 64), (784, 256, 128), (784, 256, 256),
-          (4096, 4096, 4096)]
+          (4096, 4096, 4096), (512, 1024, 784), (2048, 1024, 1024)]
 MLP_SIZES = (784, 1024, 1024, 10)
 MLP_BATCHES = (128, 512, 2048)
 
@@ -125,7 +126,7 @@ def cublaslt_int8(m, n, k, repeats, operands, expected):
 
     from cortado.backends.cupy.codegen import Operand
     from cortado.backends.cupy.mma.runner import LIBRARY_WORKSPACE, _Library
-    from cortado.backends.cupy.mma.source import Product
+    from cortado.backends.cupy.mma.product import Product
     from cortado.exprgraph.ops import parameter
 
     a, b_stored = operands
@@ -267,7 +268,9 @@ def mlp_rows(repeats):
                                   ("bfloat16", lambda b: _float_program(b, weights, "bfloat16"), xf.astype(BFLOAT16)),
                                   ("float32", lambda b: _float_program(b, weights, "float32"), xf)):
             def measure(build=build, feed=feed, batch=batch):
-                return {"ms": step_time(build(batch), cupy.asarray(feed), 200, repeats)}
+                program = build(batch)
+                ms = step_time(program, cupy.asarray(feed), 200, repeats)
+                return {"ms": ms, "calls": [runner.describe() for runner in program._executor.choices.values()]}
             row[name] = attempt(f"MLP batch {batch} {name}", measure)
         if row["int8"].get("ms") and row["bfloat16"].get("ms"):
             row["int8_over_bfloat16"] = row["bfloat16"]["ms"] / row["int8"]["ms"]
@@ -297,6 +300,9 @@ def main():
                   "ratio": r.get("int8_over_bfloat16")} for r in mlp],
                 [("batch", "batch", "6d"), ("int8 us", "int8_us", "9.2f"), ("bf16 us", "bfloat16_us", "9.2f"),
                  ("f32 us", "float32_us", "9.2f"), ("bf16/int8", "ratio", "10.2f")])
+    for row in mlp:
+        for precision in ("int8", "bfloat16"):
+            print(f"MLP batch {row['batch']} {precision}: " + "; ".join(row[precision].get("calls", [])))
     write_results({"machine": describe(), "versions": versions("torch", "nvmath"), "gemms": gemms, "mlp": mlp},
                   args.out)
 

@@ -26,13 +26,17 @@ def _int8_kernels(program):
     return [k.term for k in program.kernels if k.term.op.name == "int8_gemm"]
 
 
+def _shape(draw):
+    return draw(st.integers(1, 200)), draw(st.integers(1, 200)), draw(st.integers(1, 300))
+
+
 @st.composite
 def configurations(draw):
-    """A product, the layouts of its operands, and a tiling, any of which the candidates could be."""
-    from cortado.backends.cupy.mma.source import Tiling
+    """A product, the layouts of its operands, and an mma.sync tiling, any of which the candidates could be."""
+    from cortado.backends.cupy.mma.product import Tiling
     from cortado.backends.cupy.mma.tilings import BLOCK_SHAPES
 
-    m, n, k = draw(st.integers(1, 200)), draw(st.integers(1, 200)), draw(st.integers(1, 300))
+    m, n, k = _shape(draw)
     bm, bn, warps_m, warps_n = draw(st.sampled_from(BLOCK_SHAPES[:-3]))
     bk = draw(st.sampled_from([32, 64, 128, 256]))
     k_tiles = math.ceil(k / bk)
@@ -48,6 +52,26 @@ def configurations(draw):
     return (m, n, k), tiling, dtypes, a_layout, b_layout, draw(st.integers(0, 2 ** 31))
 
 
+@st.composite
+def warpgroup_configurations(draw):
+    """A product whose operands are both read 16 bytes at a time, and a wgmma tiling."""
+    from cortado.backends.cupy.mma.product import warpgroup_tiling
+    from cortado.backends.cupy.mma.tilings import WARPGROUP_SHAPES
+
+    bm, bn = draw(st.sampled_from(WARPGROUP_SHAPES))
+    bk = draw(st.sampled_from([32, 64, 128]))
+    stages = draw(st.integers(3, 6))
+    while stages > 3 and stages * (bm + bn) * bk > 200 << 10:
+        stages -= 1
+    m, n, k = _shape(draw)
+    k_tiles = math.ceil(k / bk)
+    splits = draw(st.integers(1, min(k_tiles, 4)))
+    splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
+    dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits), dtypes, "padded rows", "k contiguous",
+            draw(st.integers(0, 2 ** 31)))
+
+
 def _placed(cupy, x, strides):
     """``x`` in a device buffer at element ``strides`` (the rest filled with 77, which a wrong read would sum)."""
     size = 1 + sum((d - 1) * s for d, s in zip(x.shape, strides)) + 64
@@ -56,17 +80,15 @@ def _placed(cupy, x, strides):
     return cupy.asarray(host)
 
 
-@settings(max_examples=80, deadline=None)
-@given(configurations(), st.booleans())
-def test_every_kernel_configuration_is_exact(configuration, requantized):
-    """The generated kernel, at any tiling, split, pipeline depth, layout and signedness, equals NumPy's int32
-    product (and, with an epilogue that rescales, adds a bias, takes a relu and requantizes, NumPy's float32
-    formula for it) bit for bit."""
+def _check_kernel(configuration, requantized):
+    """Run the kernel of ``configuration`` (twice: the second call finds the split counters the first left) and
+    compare it with NumPy's int32 product, or with the requantizing epilogue's float32 formula, bit for bit."""
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
     from cortado.backends.cupy.kernels import compiled
-    from cortado.backends.cupy.mma.source import Product, counters, gemm_source, partial_bytes, vector_readable
+    from cortado.backends.cupy.mma.product import Product, counters, partial_bytes, vector_readable
+    from cortado.backends.cupy.mma.source import gemm_source
     from cortado.exprgraph.ops import parameter
 
     (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, seed = configuration
@@ -95,10 +117,57 @@ def test_every_kernel_configuration_is_exact(configuration, requantized):
     partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)
     tile_counters = cupy.zeros(max(1, counters(product, tiling)), np.uint32)
     pointers = (_placed(cupy, a, a_strides), _placed(cupy, b, b_strides), *arrays, out, partials, tile_counters)
-    for _ in range(2):  # the second call finds the counters the first left
+    for _ in range(2):
         compiled(source)(source.blocks, source.block, pointers, shared_mem=source.shared)
         np.testing.assert_array_equal(out.get(), expected)
     assert not tile_counters.get().any()
+
+
+@settings(max_examples=80, deadline=None)
+@given(configurations(), st.booleans())
+def test_every_kernel_configuration_is_exact(configuration, requantized):
+    """The mma.sync kernel, at any tiling, split, pipeline depth, layout and signedness, equals NumPy's int32
+    product (and, with an epilogue that rescales, adds a bias, takes a relu and requantizes, NumPy's float32
+    formula for it) bit for bit."""
+    _check_kernel(configuration, requantized)
+
+
+@settings(max_examples=60, deadline=None)
+@given(warpgroup_configurations(), st.booleans())
+def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantized):
+    """The wgmma kernel (sm_90), at any tile, swizzle width, pipeline depth, split and signedness, on shapes that are
+    no multiple of its tiles, equals NumPy's product bit for bit."""
+    import cupy
+
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("wgmma runs on sm_90 only")
+    _check_kernel(configuration, requantized)
+
+
+def test_a_large_product_is_exact_through_every_kernel_the_program_times():
+    """Each candidate the runner times for a large product (wgmma on sm_90 among them) gives the exact sums."""
+    import cupy
+
+    from cortado.backends.cupy.mma.runner import Int8Gemm
+
+    rng = np.random.default_rng(5)
+    m, n, k = 1000, 600, 784
+    a, b = _ints(rng, (m, k), "int8"), _ints(rng, (k, n), "int8")
+    x, w = ct.var("a", (m, k), "int8"), ct.var("b", (n, k), "int8")
+    program = ct.compile([ct.matmul(ct.cast(x, "int32"), ct.cast(ct.transpose(w), "int32"))], inputs=[x, w],
+                         backend="cupy")
+    expected = a.astype(np.int64) @ b.astype(np.int64)
+    executor = program._executor
+    runner, = (r for r in executor.choices.values() if isinstance(r, Int8Gemm))
+    described = []
+    for choice, candidate in enumerate(runner.candidates):
+        runner.choice = choice
+        executor.prepared.clear(), executor.graphs.clear()  # calls are bound to the choice when first prepared
+        result = program(a=a, b=np.ascontiguousarray(b.T))[0].get()
+        np.testing.assert_array_equal(result, expected, candidate.describe())
+        described.append(candidate.describe())
+    if cupy.cuda.Device().compute_capability == "90":
+        assert any("wgmma" in d for d in described)
 
 
 def _quantized_layer(batch, k, n, rng, weights_as="constant"):

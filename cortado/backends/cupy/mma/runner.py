@@ -20,10 +20,13 @@ from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
 from ..codegen import Operand, contiguous_strides, kernel_source
 from ..kernels import compiled
 from ..timing import time_graph
-from .source import OPTIONS, Product, counters, gemm_source, partial_bytes, vector_readable
-from .tilings import candidates
+from .epilogue import OPTIONS
+from .product import Product, counters, partial_bytes, vector_readable
+from .source import gemm_source
+from .tilings import candidates, warpgroup_candidates
 
-CANDIDATES = 6  # our tilings timed (on the H100 the fastest of 30 was always among the cost model's first 6)
+CANDIDATES = 6  # our mma.sync tilings timed (on the H100 the fastest of 30 was always among the cost model's first 6)
+WARPGROUP_CANDIDATES = 4  # and wgmma tilings, on sm_90, for products large enough to fill their tiles
 LIBRARY_CANDIDATES = 3  # cuBLASLt's algorithms timed
 LIBRARY_WORKSPACE = 4 << 20
 ALIGNMENT = 256
@@ -40,6 +43,13 @@ def _multiprocessors():
     import cupy
 
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
+
+
+def _has_wgmma():
+    """Whether the GPU runs sm_90a code (Hopper): ``wgmma`` is not in later architectures' base sets."""
+    import cupy
+
+    return cupy.cuda.Device().compute_capability == "90"
 
 
 class _Kernel:
@@ -62,7 +72,7 @@ class _Kernel:
         compiled(source)(source.blocks, source.block, tuple(np.uint64(p) for p in pointers), shared_mem=source.shared)
 
     def describe(self):
-        return f"int8 mma kernel, {self.tiling}"
+        return f"int8 {self.tiling.instruction} kernel, {self.tiling}"
 
 
 class _Library:
@@ -148,8 +158,10 @@ class Int8Gemm:
                           vector_readable(b_rows))
         body, out_strides = term.attr("epilogue"), strides[term]
         operands = [Operand(e.shape, e.dtype, strides[e]) for e in extras]
-        own = [_Kernel(product, t, body, operands, out_strides)
-               for t in candidates(m, n, k, _multiprocessors(), CANDIDATES)]
+        tilings = candidates(m, n, k, _multiprocessors(), CANDIDATES)
+        if product.vector_a and product.vector_b and _has_wgmma():
+            tilings += warpgroup_candidates(m, n, k, _multiprocessors(), WARPGROUP_CANDIDATES)
+        own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         self.candidates = own + _library_candidates(product, term, body, operands, out_strides)
         self.vector = product.vector_a or product.vector_b
         self.unaligned = _Kernel(replace(product, vector_a=False, vector_b=False), own[0].tiling, body, operands,

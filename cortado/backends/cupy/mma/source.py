@@ -1,4 +1,5 @@
-"""CUDA C of an int8 GEMM on the tensor cores, with its epilogue, every size and stride a constant.
+"""CUDA C of an int8 GEMM on the tensor cores, with its epilogue, every size and stride a constant: the
+``mma.sync`` form (sm_80 on) here, the ``wgmma`` form (sm_90) in ``warpgroup``; ``gemm_source`` picks by the tiling.
 
 ``D[m, n] = epilogue(sum over k of A[m, k] * B[k, n])``, the sum exact in int32. A block computes a
 ``BM x BN`` tile of ``D``; its warps (``WARPS_M x WARPS_N``) each a ``BM/WARPS_M x BN/WARPS_N`` part
@@ -11,95 +12,13 @@ shared memory is ``BK + 16`` bytes, so the eight rows an ``ldmatrix`` reads fall
 Out-of-range rows and the ``K`` tail are filled with zeros, so no shape needs to be a multiple of a tile.
 
 With ``SPLITS > 1`` the ``K`` tiles are divided among that many blocks per output tile (a skinny
-product has too few tiles to fill the GPU otherwise): each writes its sums to a partial in the
-workspace, and the last of them to finish (counted by an atomic counter per tile, which it resets
-for the next call) adds the others' partials to its own and applies the epilogue. Integer sums are
-exact, so the order they are added in changes nothing.
-
-The epilogue is a body of elementwise terms over ``param(0)``, the int32 sum, and the extra operands
-``param(1), ...`` (a row of scales, a bias, another matrix), read at ``(m, n)`` through their
-strides. It is compiled with ``--fmad=false``: a ``x * s + b`` is rounded twice, as NumPy rounds it,
-so a requantized result equals the CPU's bit for bit.
+product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sums`` adds up.
 """
 
-from dataclasses import dataclass
-
-import numpy as np
-
-from ..codegen import PRELUDE, Operand, Source, _Dim, _Writer, kernel_name, storage_type
-
-OPTIONS = ("--fmad=false",)
-PAD = 16  # bytes after each row of a staged tile
-
-
-@dataclass(frozen=True)
-class Tiling:
-    """How one GEMM is cut: block tile ``bm x bn x bk``, its warps, the pipeline's depth, the split of ``K``."""
-
-    bm: int
-    bn: int
-    bk: int
-    warps_m: int
-    warps_n: int
-    stages: int
-    splits: int = 1
-
-    @property
-    def threads(self):
-        return 32 * self.warps_m * self.warps_n
-
-    @property
-    def shared_bytes(self):
-        return self.stages * (self.bm + self.bn) * (self.bk + PAD)
-
-    def __str__(self):
-        split = f" split-K {self.splits}" if self.splits > 1 else ""
-        return f"{self.bm}x{self.bn}x{self.bk} tiles, {self.warps_m}x{self.warps_n} warps, {self.stages} stages{split}"
-
-
-@dataclass(frozen=True)
-class Product:
-    """The GEMM itself: sizes, the element strides of ``A`` (``m, k``) and ``B`` (``k, n``), the operands' dtypes,
-    and whether each is read 16 bytes at a time (``K`` stride 1, rows 16-byte aligned)."""
-
-    m: int
-    n: int
-    k: int
-    a_strides: tuple
-    b_strides: tuple
-    a_dtype: np.dtype
-    b_dtype: np.dtype
-    vector_a: bool
-    vector_b: bool
-
-
-def vector_readable(strides):
-    """Whether an operand with element ``strides`` (``row, k``) can be read 16 bytes at a time, its pointer aligned."""
-    row, k = strides
-    return k == 1 and row % 16 == 0
-
-
-def tiles(product, tiling):
-    """The grid: ``(tiles across N, tiles down M, splits)``."""
-    return (-(-product.n // tiling.bn), -(-product.m // tiling.bm), tiling.splits)
-
-
-def partial_bytes(product, tiling):
-    """The workspace the split sums take (0 without a split)."""
-    if tiling.splits == 1:
-        return 0
-    across, down, splits = tiles(product, tiling)
-    return across * down * splits * tiling.bm * tiling.bn * 4
-
-
-def counters(product, tiling):
-    """How many tile counters the kernel needs (one per output tile; 0 without a split)."""
-    across, down, _ = tiles(product, tiling)
-    return across * down if tiling.splits > 1 else 0
-
-
-def _ptx_type(dtype):
-    return {"int8": "s8", "uint8": "u8"}[np.dtype(dtype).name]
+from ..codegen import PRELUDE, Source, kernel_name, storage_type
+from . import warpgroup
+from .epilogue import OPTIONS, parameters, split_sums, store_functions
+from .product import PAD, ptx_type, tiles
 
 
 def _loader(operand, rows, dtype, strides, vector, tile_rows, bk):
@@ -133,20 +52,23 @@ def gemm_source(product, tiling, body, extras, out_strides):
     """The kernel computing ``body`` (the epilogue, a term over ``param(0)``, the int32 sum of shape ``(m, n)``, and
     ``param(k)`` the ``k``-th operand of ``extras``, ``codegen.Operand`` s of shape ``(m, n)`` with their strides) at
     every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``."""
+    generate = warpgroup.kernel_text if tiling.instruction == "wgmma" else _kernel_text
+    text = generate(product, tiling, parameters(product, body, extras), store_functions(body, extras, out_strides))
+    name = kernel_name(text)
+    options = OPTIONS + (warpgroup.ARCHITECTURE if tiling.instruction == "wgmma" else ())
+    return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), tiles(product, tiling),
+                  (tiling.threads, 1, 1), shared=tiling.shared_bytes, options=options)
+
+
+def _kernel_text(product, tiling, params, stores):
+    """The ``mma.sync`` kernel."""
     p, t = product, tiling
-    lines, value = _epilogue_lines(body, extras)
-    a_type, b_type = storage_type(p.a_dtype), storage_type(p.b_dtype)
-    mma = f"mma.sync.aligned.m16n8k32.row.col.s32.{_ptx_type(p.a_dtype)}.{_ptx_type(p.b_dtype)}.s32"
-    params = [f"const {a_type}* __restrict__ qa", f"const {b_type}* __restrict__ qb"]
-    params += [f"const {storage_type(o.dtype)}* __restrict__ in{k + 1}" for k, o in enumerate(extras)]
-    params += [f"{storage_type(body.dtype)}* __restrict__ out0", "int* __restrict__ partials",
-               "unsigned int* __restrict__ counters"]
+    mma = f"mma.sync.aligned.m16n8k32.row.col.s32.{ptx_type(p.a_dtype)}.{ptx_type(p.b_dtype)}.s32"
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
     b_rows_strides = (p.b_strides[1], p.b_strides[0])  # B staged as (n, k)
     a_load = _loader("qa", p.m, p.a_dtype, p.a_strides, p.vector_a, t.bm, t.bk)
     b_load = _loader("qb", p.n, p.b_dtype, b_rows_strides, p.vector_b, t.bn, t.bk)
-    epilogue = "\n".join("        " + line for line in lines)
-    text = f"""
+    return f"""
 #define THREADS {t.threads}
 extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(params)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, PITCH = BK + {PAD};
@@ -159,13 +81,10 @@ extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(p
   const int warp_m = warp % {t.warps_m}, warp_n = warp / {t.warps_m};
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
   const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
-  int acc[MT][NT][4];
+  constexpr int REGS = MT * NT * 4;  // fragment (i, j) of the warp's part in acc[4 (i NT + j) ..]
+  int acc[REGS];
   #pragma unroll
-  for (int i = 0; i < MT; ++i)
-    #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[i][j][r] = 0;
+  for (int r = 0; r < REGS; ++r) acc[r] = 0;
 
   auto load = [&](int stage, int kt) {{
     const int k0 = kt * BK;
@@ -216,71 +135,20 @@ extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(p
         #pragma unroll
         for (int j = 0; j < NT; ++j)
           asm volatile("{mma} {{%0, %1, %2, %3}}, {{%4, %5, %6, %7}}, {{%8, %9}}, {{%0, %1, %2, %3}};\\n"
-                       : "+r"(acc[i2][j][0]), "+r"(acc[i2][j][1]), "+r"(acc[i2][j][2]), "+r"(acc[i2][j][3])
+                       : "+r"(acc[4 * (i2 * NT + j)]), "+r"(acc[4 * (i2 * NT + j) + 1]),
+                         "+r"(acc[4 * (i2 * NT + j) + 2]), "+r"(acc[4 * (i2 * NT + j) + 3])
                        : "r"(af[i2][0]), "r"(af[i2][1]), "r"(af[i2][2]), "r"(af[i2][3]), "r"(bf[j][0]), "r"(bf[j][1]));
     }}
   }}
   asm volatile("cp.async.wait_group 0;\\n" ::);
 
-  if (SPLITS > 1) {{  // the last block of this tile to finish adds every split's sums
-    constexpr int REGS = MT * NT * 4;
-    const int tile = blockIdx.y * gridDim.x + blockIdx.x;
-    int* slot = partials + (size_t)tile * SPLITS * REGS * THREADS;
-    #pragma unroll
-    for (int i = 0; i < MT; ++i)
-      #pragma unroll
-      for (int j = 0; j < NT; ++j)
-        #pragma unroll
-        for (int r = 0; r < 4; ++r) slot[((blockIdx.z * REGS) + (i * NT + j) * 4 + r) * THREADS + threadIdx.x] = acc[i][j][r];
-    __threadfence();
-    __syncthreads();
-    __shared__ int last;
-    if (threadIdx.x == 0) {{
-      last = atomicAdd(&counters[tile], 1u) == SPLITS - 1;
-      if (last) counters[tile] = 0;
-    }}
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
-    #pragma unroll
-    for (int i = 0; i < MT; ++i)
-      #pragma unroll
-      for (int j = 0; j < NT; ++j)
-        #pragma unroll
-        for (int r = 0; r < 4; ++r) {{
-          int sum = 0;
-          for (int s = 0; s < SPLITS; ++s) sum += __ldcg(&slot[((s * REGS) + (i * NT + j) * 4 + r) * THREADS + threadIdx.x]);
-          acc[i][j][r] = sum;
-        }}
-  }}
-  #pragma unroll
+{split_sums()}{stores}  #pragma unroll
   for (int i = 0; i < MT; ++i)
     #pragma unroll
     for (int j = 0; j < NT; ++j)
       #pragma unroll
-      for (int r = 0; r < 4; ++r) {{
-        const int m = m0 + warp_m * WTM + i * 16 + (lane >> 2) + (r >> 1) * 8;
-        const int n = n0 + warp_n * WTN + j * 8 + (lane & 3) * 2 + (r & 1);
-        if (m >= M || n >= N) continue;
-        const int acc_ = acc[i][j][r];
-        {{
-        const int acc = acc_;
-{epilogue}
-        out0[(size_t)m * {out_strides[0]} + (size_t)n * {out_strides[1]}] = {value};
-        }}
-      }}
+      for (int h = 0; h < 2; ++h)
+        store_pair(acc[4 * (i * NT + j) + 2 * h], acc[4 * (i * NT + j) + 2 * h + 1],
+                   m0 + warp_m * WTM + i * 16 + (lane >> 2) + h * 8, n0 + warp_n * WTN + j * 8 + (lane & 3) * 2);
 }}
 """
-    name = kernel_name(text)
-    grid = tiles(product, tiling)
-    return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), grid, (t.threads, 1, 1),
-                  shared=t.shared_bytes, options=OPTIONS)
-
-
-def _epilogue_lines(body, extras):
-    m, n = body.shape
-    space = (_Dim(m, "m", 1, m), _Dim(n, "n", 1, n))
-    writer = _Writer(space, [Operand(body.shape, np.dtype(np.int32), (0, 0)), *extras], "e", loads={0: "acc"})
-    value = writer.value(body)
-    return writer.lines, f"ct_store<{storage_type(body.dtype)}>({value})"
-

@@ -13,7 +13,7 @@ fastest (on the H100 the fastest of 30 was always among the first 6).
 
 import math
 
-from .source import Tiling
+from .product import SWIZZLE_ALIGNMENT, Tiling, warpgroup_tiling
 
 # (bm, bn, warps_m, warps_n): each warp computes a (bm / warps_m) x (bn / warps_n) part in 16x8 products
 BLOCK_SHAPES = (
@@ -22,20 +22,32 @@ BLOCK_SHAPES = (
     (128, 64, 2, 2), (128, 128, 2, 4), (128, 256, 2, 4), (256, 128, 4, 2),
 )
 SHARED_LIMIT = 227 << 10  # the most shared memory a block may have on sm_90
+SHARED_PER_SM = 228 << 10  # what the blocks on one SM share
+L2_BYTES_PER_CYCLE = 3000  # what all SMs together read from L2 a cycle (about 5.5 TB/s on the H100)
 MULTIPLY_ADDS_PER_CYCLE = 2048  # an SM's int8 multiply-adds a cycle through mma.sync, roughly
 TILE_CYCLES = 600  # a staged K tile's latency where the pipeline cannot hide it
 SPLIT_CYCLES = 2000  # a split's cost: the partial sums written, read and added
 MAX_SPLITS = 16
 MAX_STAGES = 6
+MAX_WARPGROUP_STAGES = 8
+# wgmma tiles (bm, bn): a warpgroup per 64 rows, all bn columns in one instruction
+WARPGROUP_SHAPES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256), (256, 128))
+WARPGROUP_MULTIPLY_ADDS_PER_CYCLE = 4096  # wgmma's int8 rate, twice mma.sync's
+WARPGROUP_MIN_MULTIPLY_ADDS = 1 << 25  # below this a product is latency-bound, and mma.sync's small tiles win
 
 
-def _cost(m, n, k, bm, bn, bk, splits, multiprocessors, threads):
+def _cost(m, n, k, tiling, multiprocessors, rate=MULTIPLY_ADDS_PER_CYCLE):
+    """Cycles, roughly: the waves of blocks times each one's work and staged tiles, or the operands' reads from L2
+    (``A`` once per column of tiles, ``B`` once per row of them) where those take longer."""
+    bm, bn, bk, splits = tiling.bm, tiling.bn, tiling.bk, tiling.splits
     blocks = math.ceil(m / bm) * math.ceil(n / bn) * splits
-    per_sm = max(1, min(2048 // threads, 4))
+    per_sm = max(1, min(2048 // tiling.threads, 4, SHARED_PER_SM // tiling.shared_bytes))
     waves = math.ceil(blocks / (multiprocessors * per_sm))
     k_tiles = math.ceil(math.ceil(k / bk) / splits)
-    work = bm * bn * bk * k_tiles / MULTIPLY_ADDS_PER_CYCLE * min(per_sm, math.ceil(blocks / multiprocessors))
-    return waves * (work + TILE_CYCLES * (k_tiles + 2)) + (SPLIT_CYCLES if splits > 1 else 0)
+    work = bm * bn * bk * k_tiles / rate * min(per_sm, math.ceil(blocks / multiprocessors))
+    compute = waves * (work + TILE_CYCLES * (k_tiles + 2))
+    reads = (m * k * math.ceil(n / bn) + n * k * math.ceil(m / bm)) / L2_BYTES_PER_CYCLE
+    return max(compute, reads) + (SPLIT_CYCLES if splits > 1 else 0)
 
 
 def candidates(m, n, k, multiprocessors, count):
@@ -57,7 +69,34 @@ def candidates(m, n, k, multiprocessors, count):
             for splits in {1, min(MAX_SPLITS, k_tiles, max(1, multiprocessors // tiles))}:
                 splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))  # no split left empty
                 tiling = Tiling(bm, bn, bk, warps_m, warps_n, stages, splits)
-                cost = _cost(m, n, k, bm, bn, bk, splits, multiprocessors, tiling.threads)
+                cost = _cost(m, n, k, tiling, multiprocessors)
+                ranked.append((cost, bm * bn, tiling))
+    ranked.sort(key=lambda entry: entry[:2])
+    return [tiling for _, _, tiling in ranked[:count]]
+
+
+def warpgroup_candidates(m, n, k, multiprocessors, count):
+    """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product; none for a small one."""
+    if m * n * k < WARPGROUP_MIN_MULTIPLY_ADDS:
+        return []
+    ranked = []
+    for bm, bn in WARPGROUP_SHAPES:
+        if bm > 2 * max(m, 64) or bn > 2 * max(n, 64):
+            continue
+        for bk in (64, 128):
+            # a stage is refilled two tiles after it was read; a one-warpgroup block leaves room for a second
+            limit = SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT
+            k_tiles = math.ceil(k / bk)
+            stages = max(3, min(MAX_WARPGROUP_STAGES, k_tiles + 2))
+            while stages > 3 and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
+                stages -= 1
+            if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT:
+                continue
+            tiles = math.ceil(m / bm) * math.ceil(n / bn)
+            for splits in {1, min(MAX_SPLITS, k_tiles, max(1, multiprocessors // tiles))}:
+                splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))  # no split left empty
+                tiling = warpgroup_tiling(bm, bn, bk, stages, splits)
+                cost = _cost(m, n, k, tiling, multiprocessors, WARPGROUP_MULTIPLY_ADDS_PER_CYCLE)
                 ranked.append((cost, bm * bn, tiling))
     ranked.sort(key=lambda entry: entry[:2])
     return [tiling for _, _, tiling in ranked[:count]]

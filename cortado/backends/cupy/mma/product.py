@@ -1,0 +1,91 @@
+"""What an int8 GEMM kernel is generated for: the product (sizes, strides, dtypes) and how it is cut (``Tiling``)."""
+
+from dataclasses import dataclass
+
+import numpy as np
+
+PAD = 16  # bytes after each row of a tile staged for ldmatrix (mma.sync)
+SWIZZLE_ALIGNMENT = 1024  # bytes: the repeat of the 128-byte swizzle a wgmma tile is stored in
+
+
+@dataclass(frozen=True)
+class Tiling:
+    """How one GEMM is cut: block tile ``bm x bn x bk``, its warps, the pipeline's depth, the split of ``K``, and the
+    tensor-core instruction: ``mma`` (``mma.sync``, sm_80 on, warps of ``(bm / warps_m) x (bn / warps_n)``) or
+    ``wgmma`` (sm_90, a warpgroup of four warps per 64 rows, ``warps_m = bm / 16``, ``warps_n = 1``)."""
+
+    bm: int
+    bn: int
+    bk: int
+    warps_m: int
+    warps_n: int
+    stages: int
+    splits: int = 1
+    instruction: str = "mma"
+
+    @property
+    def threads(self):
+        return 32 * self.warps_m * self.warps_n
+
+    @property
+    def shared_bytes(self):
+        if self.instruction == "wgmma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
+            return self.stages * (self.bm + self.bn) * self.bk + SWIZZLE_ALIGNMENT
+        return self.stages * (self.bm + self.bn) * (self.bk + PAD)
+
+    def __str__(self):
+        split = f" split-K {self.splits}" if self.splits > 1 else ""
+        groups = self.bm // 64
+        workers = (f"{groups} warpgroup{'s' if groups > 1 else ''}" if self.instruction == "wgmma"
+                   else f"{self.warps_m}x{self.warps_n} warps")
+        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}, {self.stages} stages{split}"
+
+
+def warpgroup_tiling(bm, bn, bk, stages, splits=1):
+    """A wgmma ``Tiling``: a warpgroup per 64 rows of the block's tile."""
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, "wgmma")
+
+
+@dataclass(frozen=True)
+class Product:
+    """The GEMM itself: sizes, the element strides of ``A`` (``m, k``) and ``B`` (``k, n``), the operands' dtypes,
+    and whether each is read 16 bytes at a time (``K`` stride 1, rows 16-byte aligned)."""
+
+    m: int
+    n: int
+    k: int
+    a_strides: tuple
+    b_strides: tuple
+    a_dtype: np.dtype
+    b_dtype: np.dtype
+    vector_a: bool
+    vector_b: bool
+
+
+def vector_readable(strides):
+    """Whether an operand with element ``strides`` (``row, k``) can be read 16 bytes at a time, its pointer aligned."""
+    row, k = strides
+    return k == 1 and row % 16 == 0
+
+
+def tiles(product, tiling):
+    """The grid: ``(tiles across N, tiles down M, splits)``."""
+    return (-(-product.n // tiling.bn), -(-product.m // tiling.bm), tiling.splits)
+
+
+def partial_bytes(product, tiling):
+    """The workspace the split sums take (0 without a split)."""
+    if tiling.splits == 1:
+        return 0
+    across, down, splits = tiles(product, tiling)
+    return across * down * splits * tiling.bm * tiling.bn * 4
+
+
+def counters(product, tiling):
+    """How many tile counters the kernel needs (one per output tile; 0 without a split)."""
+    across, down, _ = tiles(product, tiling)
+    return across * down if tiling.splits > 1 else 0
+
+
+def ptx_type(dtype):
+    return {"int8": "s8", "uint8": "u8"}[np.dtype(dtype).name]

@@ -1,0 +1,117 @@
+"""The ``wgmma`` form of the int8 GEMM kernel, for sm_90: each warpgroup (four warps) multiplies a 64-row slab
+of the block's tile by all of its ``BN`` columns, one ``wgmma.mma_async`` per 32 of ``K``, reading both operands
+straight from shared memory (no ``ldmatrix``, no fragments in registers) at twice ``mma.sync``'s rate.
+
+``wgmma`` reads int8 only ``K``-major, as the tiles are staged: a row of ``BK`` bytes (128, 64 or 32) per row of
+``A`` and of ``B`` (``B`` as ``n x k``), its 16-byte chunks swizzled (chunk ``q`` of row ``r`` stored at
+``q ^ (r * BK / 128 mod BK / 16)``, the hardware's 128-, 64- or 32-byte swizzle) so that the eight rows a
+tensor core reads at once lie in distinct banks. A shared-memory descriptor names a tile: its address, the
+1024-byte stride between groups of eight rows (``8 * BK``) and the swizzle; the ``K`` steps inside a row are
+the same descriptor 32 bytes further on. The tiles arrive by ``cp.async`` through ``STAGES`` buffers, as in the
+``mma.sync`` kernel; since ``wgmma`` reads shared memory through the async proxy, each thread fences its copies
+to it (``fence.proxy.async``) before the barrier that hands a stage to the tensor cores. The products of one
+tile still run while the next tile's are issued (a warpgroup waits for all but its last batch), so a stage is
+refilled two tiles after it was read, ``STAGES - 2`` tiles ahead: at least 3 stages. Rows and ``K`` beyond
+the product are zero-filled. Both operands must be vector-readable (``K`` contiguous, rows 16-byte aligned).
+A ``K`` split among blocks is added up as in the ``mma.sync`` kernel.
+
+The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w`` of the group holding rows
+``16 w .. 16 w + 15``: ``BN / 2`` int32 a thread, which the epilogue then stores two at a time.
+"""
+
+from .epilogue import split_sums
+from .product import SWIZZLE_ALIGNMENT, ptx_type
+
+ARCHITECTURE = ("-arch=sm_90a",)  # wgmma is in sm_90a's instruction set, not sm_90's (NVRTC takes the last "a")
+SWIZZLE_MODES = {128: 1, 64: 2, 32: 3}  # a descriptor's bits 62-63: 128-, 64-, 32-byte swizzle
+
+
+def _wgmma(product, bn):
+    """The inline-PTX statement of one ``m64n{bn}k32`` product accumulating into ``acc`` from descriptors
+    ``da`` and ``db``."""
+    registers = bn // 2
+    outputs = ", ".join(f"%{r}" for r in range(registers))
+    instruction = f"wgmma.mma_async.sync.aligned.m64n{bn}k32.s32.{ptx_type(product.a_dtype)}.{ptx_type(product.b_dtype)}"
+    bindings = ", ".join(f'"+r"(acc[{r}])' for r in range(registers))
+    return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{registers + 2}, 0;\\n'
+            f'{instruction} {{{outputs}}}, %{registers}, %{registers + 1}, p;\\n}}\\n"\n'
+            f'                   : {bindings}\n                   : "l"(da), "l"(db), "r"(1));')
+
+
+def kernel_text(product, tiling, params, stores):
+    """The ``wgmma`` kernel of ``product`` cut by ``tiling`` (``instruction == "wgmma"``)."""
+    p, t = product, tiling
+    if not (p.vector_a and p.vector_b) or t.bm % 64 or t.bk not in SWIZZLE_MODES or t.stages < 3:
+        raise ValueError(f"a wgmma kernel cannot take {p} cut as {t}")
+    return f"""
+#define THREADS {t.threads}
+__device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
+  return (unsigned long long)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)({8 * t.bk} >> 4) << 32)
+         | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
+}}
+extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(params)}) {{
+  constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
+  constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, STAGE_BYTES = (BM + BN) * BK;
+  constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
+  extern __shared__ unsigned char smem[];
+  const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
+  int acc[REGS];
+  #pragma unroll
+  for (int r = 0; r < REGS; ++r) acc[r] = 0;
+
+  auto load = [&](int stage, int kt) {{  // rows 0..BM-1 of the stage from A, BM.. from B
+    const unsigned dst = smem_base + stage * STAGE_BYTES;
+    for (int c = threadIdx.x; c < (BM + BN) * CHUNKS; c += THREADS) {{
+      const int r = c / CHUNKS, q = c % CHUNKS, gk = kt * BK + q * 16;
+      const bool from_a = r < BM;
+      const int gr = from_a ? m0 + r : n0 + r - BM;
+      const int bytes = (from_a ? gr < M : gr < N) ? max(0, min(16, K - gk)) : 0;
+      const void* src = bytes == 0 ? (const void*)qa
+                        : from_a ? (const void*)(qa + (size_t)gr * {p.a_strides[0]} + gk)
+                                 : (const void*)(qb + (size_t)gr * {p.b_strides[1]} + gk);
+      const unsigned at = dst + r * BK + ((q ^ ((r * BK >> 7) & (CHUNKS - 1))) << 4);
+      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(at), "l"(src), "r"(bytes));
+    }}
+  }};
+
+  #pragma unroll
+  for (int s = 0; s < STAGES - 2; ++s) {{
+    if (s < tiles) load(s, kt0 + s);
+    asm volatile("cp.async.commit_group;\\n" ::);
+  }}
+  for (int i = 0; i < tiles; ++i) {{
+    asm volatile("cp.async.wait_group %0;\\n" :: "n"(STAGES - 3));
+    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
+    __syncthreads();  // tile i is in place; every warpgroup's products of tile i - 2 are done
+    if (i + STAGES - 2 < tiles) load((i + STAGES - 2) % STAGES, kt0 + i + STAGES - 2);
+    asm volatile("cp.async.commit_group;\\n" ::);
+    const unsigned stage = smem_base + (i % STAGES) * STAGE_BYTES;
+    const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
+    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+    #pragma unroll
+    for (int kk = 0; kk < BK; kk += 32) {{
+      const unsigned long long da = ct_descriptor(a_tile + kk), db = ct_descriptor(b_tile + kk);
+      {_wgmma(p, t.bn)}
+    }}
+    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // tile i's products run on past here
+    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+  }}
+  asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+  #pragma unroll
+  for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+  asm volatile("cp.async.wait_group 0;\\n" ::);
+{split_sums()}{stores}  #pragma unroll
+  for (int j = 0; j < BN / 8; ++j)
+    #pragma unroll
+    for (int h = 0; h < 2; ++h)
+      store_pair(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], m0 + group * 64 + warp * 16 + (lane >> 2) + h * 8,
+                 n0 + j * 8 + (lane & 3) * 2);
+}}
+"""
