@@ -38,7 +38,8 @@ WARPGROUP_MIN_MULTIPLY_ADDS = 1 << 25  # below this a product is latency-bound, 
 
 def _cost(m, n, k, tiling, multiprocessors, rate=MULTIPLY_ADDS_PER_CYCLE):
     """Cycles, roughly: the waves of blocks times each one's work and staged tiles, or the operands' reads from L2
-    (``A`` once per column of tiles, ``B`` once per row of them) where those take longer."""
+    (``A`` once per column of tiles, ``B`` once per row of them) where those take longer; a split adds its partial
+    sums' trip through L2."""
     bm, bn, bk, splits = tiling.bm, tiling.bn, tiling.bk, tiling.splits
     blocks = math.ceil(m / bm) * math.ceil(n / bn) * splits
     per_sm = max(1, min(2048 // tiling.threads, 4, SHARED_PER_SM // tiling.shared_bytes))
@@ -47,7 +48,10 @@ def _cost(m, n, k, tiling, multiprocessors, rate=MULTIPLY_ADDS_PER_CYCLE):
     work = bm * bn * bk * k_tiles / rate * min(per_sm, math.ceil(blocks / multiprocessors))
     compute = waves * (work + TILE_CYCLES * (k_tiles + 2))
     reads = (m * k * math.ceil(n / bn) + n * k * math.ceil(m / bm)) / L2_BYTES_PER_CYCLE
-    return max(compute, reads) + (SPLIT_CYCLES if splits > 1 else 0)
+    if splits == 1:
+        return max(compute, reads)
+    partials = 2 * splits * math.ceil(m / bm) * bm * math.ceil(n / bn) * bn * 4  # written, then read back
+    return max(compute, reads) + SPLIT_CYCLES + partials / L2_BYTES_PER_CYCLE
 
 
 def candidates(m, n, k, multiprocessors, count):
