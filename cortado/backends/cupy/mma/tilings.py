@@ -9,6 +9,12 @@ in turn added about 0.2 us to a 3 us product). ``candidates`` ranks the block sh
 cost (the waves of blocks times the work of each, plus a price per staged ``K`` tile and per
 split) and returns the best few; the backend times those on the program's buffers and keeps the
 fastest (on the H100 the fastest of 30 was always among the first 6).
+
+A large product is bound instead by what its blocks read from L2 (``A`` once per column of tiles,
+``B`` once per row of them: 768 MB for 128x256 tiles at 4096^3, read at about 4.3 TB/s by our
+kernels on the H100), so the cost is the larger of the two, and a split adds its partial sums'
+trip through L2. ``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at
+twice the multiply-add rate.
 """
 
 import math
@@ -26,7 +32,7 @@ SHARED_PER_SM = 228 << 10  # what the blocks on one SM share
 L2_BYTES_PER_CYCLE = 3000  # what all SMs together read from L2 a cycle (about 5.5 TB/s on the H100)
 MULTIPLY_ADDS_PER_CYCLE = 2048  # an SM's int8 multiply-adds a cycle through mma.sync, roughly
 TILE_CYCLES = 600  # a staged K tile's latency where the pipeline cannot hide it
-SPLIT_CYCLES = 2000  # a split's cost: the partial sums written, read and added
+SPLIT_CYCLES = 2000  # a split's fixed cost (the last block's wait and its adds), its partials' bytes apart
 MAX_SPLITS = 16
 MAX_STAGES = 6
 MAX_WARPGROUP_STAGES = 8

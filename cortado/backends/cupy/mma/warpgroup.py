@@ -6,7 +6,7 @@ straight from shared memory (no ``ldmatrix``, no fragments in registers) at twic
 ``A`` and of ``B`` (``B`` as ``n x k``), its 16-byte chunks swizzled (chunk ``q`` of row ``r`` stored at
 ``q ^ (r * BK / 128 mod BK / 16)``, the hardware's 128-, 64- or 32-byte swizzle) so that the eight rows a
 tensor core reads at once lie in distinct banks. A shared-memory descriptor names a tile: its address, the
-1024-byte stride between groups of eight rows (``8 * BK``) and the swizzle; the ``K`` steps inside a row are
+stride between groups of eight rows (``8 * BK`` bytes) and the swizzle; the ``K`` steps inside a row are
 the same descriptor 32 bytes further on. The tiles arrive by ``cp.async`` through ``STAGES`` buffers, as in the
 ``mma.sync`` kernel; since ``wgmma`` reads shared memory through the async proxy, each thread fences its copies
 to it (``fence.proxy.async``) before the barrier that hands a stage to the tensor cores. The products of one
@@ -22,7 +22,8 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 from .epilogue import split_sums
 from .product import SWIZZLE_ALIGNMENT, ptx_type
 
-ARCHITECTURE = ("-arch=sm_90a",)  # wgmma is in sm_90a's instruction set, not sm_90's (NVRTC takes the last "a")
+# wgmma is in sm_90a's instruction set, not sm_90's; NVRTC builds for sm_90a though CuPy names sm_90 after it
+ARCHITECTURE = ("-arch=sm_90a",)
 SWIZZLE_MODES = {128: 1, 64: 2, 32: 3}  # a descriptor's bits 62-63: 128-, 64-, 32-byte swizzle
 
 

@@ -1,0 +1,61 @@
+"""The int8 GEMM candidates chosen for a shape (CPU: no kernel runs): every one launchable, none wasted, the
+wgmma ones only where they can run and pay."""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cortado.backends.cupy.mma.product import Product, Tiling, partial_bytes, warpgroup_tiling
+from cortado.backends.cupy.mma.source import gemm_source
+from cortado.backends.cupy.mma.tilings import (SHARED_LIMIT, WARPGROUP_MIN_MULTIPLY_ADDS, candidates,
+                                               warpgroup_candidates)
+from cortado.exprgraph.ops import parameter
+
+SIZES = st.integers(1, 5000)
+
+
+def _no_empty_split(k, tiling):
+    k_tiles = math.ceil(k / tiling.bk)
+    return (tiling.splits - 1) * math.ceil(k_tiles / tiling.splits) < k_tiles
+
+
+@settings(max_examples=200, deadline=None)
+@given(SIZES, SIZES, SIZES)
+def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
+    for tiling in candidates(m, n, k, 132, 6) + warpgroup_candidates(m, n, k, 132, 4):
+        assert tiling.shared_bytes <= SHARED_LIMIT and tiling.threads <= 1024
+        assert _no_empty_split(k, tiling), tiling
+    for tiling in warpgroup_candidates(m, n, k, 132, 4):
+        assert tiling.instruction == "wgmma" and tiling.bm % 64 == 0 and tiling.stages >= 3
+
+
+def test_small_products_get_no_wgmma_candidates_and_large_ones_do():
+    assert warpgroup_candidates(512, 64, 512, 132, 4) == []
+    assert 512 * 64 * 512 < WARPGROUP_MIN_MULTIPLY_ADDS
+    large = warpgroup_candidates(4096, 4096, 4096, 132, 4)
+    assert len(large) == 4 and all(t.bm * t.bn == 128 * 256 and t.splits == 1 for t in large)
+
+
+def test_a_split_costs_its_partial_sums():
+    """A 2048x1024 product fills the GPU with unsplit tiles: a split of 128x256 tiles would move 16 MB of partial
+    sums through L2, more than it saves."""
+    for tiling in warpgroup_candidates(2048, 1024, 1024, 132, 4):
+        assert tiling.splits == 1, tiling
+    product = Product(2048, 1024, 1024, (1024, 1), (1, 1024), np.dtype(np.int8), np.dtype(np.int8), True, True)
+    assert partial_bytes(product, warpgroup_tiling(128, 256, 128, 4, 2)) == 2048 * 1024 * 2 * 4
+
+
+def test_a_wgmma_kernel_refuses_what_it_cannot_read():
+    from cortado.backends.cupy.codegen import Operand
+
+    sums = parameter(0, Operand((64, 64), np.dtype(np.int32), (64, 1)))
+    element_wise = Product(64, 64, 64, (1, 64), (1, 64), np.dtype(np.int8), np.dtype(np.int8), False, True)
+    with pytest.raises(ValueError, match="wgmma kernel cannot take"):
+        gemm_source(element_wise, warpgroup_tiling(64, 64, 64, 3), sums, [], (64, 1))
+    vector = Product(64, 64, 64, (64, 1), (1, 64), np.dtype(np.int8), np.dtype(np.int8), True, True)
+    source = gemm_source(vector, warpgroup_tiling(64, 64, 64, 3), sums, [], (64, 1))
+    assert "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8" in source.text and "-arch=sm_90a" in source.options
+    assert "mma.sync" in gemm_source(vector, Tiling(16, 16, 64, 1, 2, 2), sums, [], (64, 1)).text
