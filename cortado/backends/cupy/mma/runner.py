@@ -158,9 +158,10 @@ class Int8Gemm:
                           vector_readable(b_rows))
         body, out_strides = term.attr("epilogue"), strides[term]
         operands = [Operand(e.shape, e.dtype, strides[e]) for e in extras]
-        tilings = candidates(m, n, k, _multiprocessors(), CANDIDATES)
+        multiprocessors = _multiprocessors()
+        tilings = candidates(m, n, k, multiprocessors, CANDIDATES)
         if product.vector_a and product.vector_b and _has_wgmma():
-            tilings += warpgroup_candidates(m, n, k, _multiprocessors(), WARPGROUP_CANDIDATES)
+            tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         self.candidates = own + _library_candidates(product, term, body, operands, out_strides)
         self.vector = product.vector_a or product.vector_b

@@ -15,47 +15,21 @@ With ``SPLITS > 1`` the ``K`` tiles are divided among that many blocks per outpu
 product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sums`` adds up.
 """
 
-from ..codegen import PRELUDE, Source, kernel_name, storage_type
+from ..codegen import PRELUDE, Source, kernel_name
 from . import warpgroup
 from .epilogue import OPTIONS, parameters, split_sums, store_functions
 from .product import PAD, ptx_type, tiles
-
-
-def _loader(operand, rows, dtype, strides, vector, tile_rows, bk):
-    """The statements staging a ``tile_rows x bk`` tile of ``operand`` (``rows`` long, ``K`` across) into stage
-    ``dst`` at ``row0`` and ``k0``: ``cp.async`` chunks of 16 bytes, or single elements."""
-    row_stride, k_stride = strides
-    if vector:
-        chunks = bk // 16
-        return f"""    for (int c = threadIdx.x; c < {tile_rows * chunks}; c += THREADS) {{
-      const int r = c / {chunks}, kc = (c % {chunks}) * 16;
-      const int gr = row0 + r, gk = k0 + kc;
-      const int bytes = gr < {rows} ? max(0, min(16, K - gk)) : 0;
-      const {storage_type(dtype)}* src = bytes > 0 ? {operand} + (size_t)gr * {row_stride} + gk : {operand};
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(dst + r * PITCH + kc), "l"(src), "r"(bytes));
-    }}
-"""
-    # one element per thread and step, consecutive threads along whichever axis is contiguous in memory
-    along_k = k_stride == 1 or (row_stride != 1 and abs(k_stride) <= abs(row_stride))
-    r, kk = ("e / BK", "e % BK") if along_k else (f"e % {tile_rows}", f"e / {tile_rows}")
-    return f"""    for (int e = threadIdx.x; e < {tile_rows} * BK; e += THREADS) {{
-      const int r = {r}, kk = {kk};
-      const int gr = row0 + r, gk = k0 + kk;
-      const {storage_type(dtype)} v =
-          (gr < {rows} && gk < K) ? {operand}[(size_t)gr * {row_stride} + (size_t)gk * {k_stride}] : 0;
-      smem[(dst - smem_base) + r * PITCH + kk] = (unsigned char)v;
-    }}
-"""
+from .staging import load_function
 
 
 def gemm_source(product, tiling, body, extras, out_strides):
     """The kernel computing ``body`` (the epilogue, a term over ``param(0)``, the int32 sum of shape ``(m, n)``, and
     ``param(k)`` the ``k``-th operand of ``extras``, ``codegen.Operand`` s of shape ``(m, n)`` with their strides) at
     every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``."""
-    generate = warpgroup.kernel_text if tiling.instruction == "wgmma" else _kernel_text
+    generate, options = ((warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE) if tiling.instruction == "wgmma"
+                         else (_kernel_text, OPTIONS))
     text = generate(product, tiling, parameters(product, body, extras), store_functions(body, extras, out_strides))
     name = kernel_name(text)
-    options = OPTIONS + (warpgroup.ARCHITECTURE if tiling.instruction == "wgmma" else ())
     return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), tiles(product, tiling),
                   (tiling.threads, 1, 1), shared=tiling.shared_bytes, options=options)
 
@@ -65,9 +39,6 @@ def _kernel_text(product, tiling, params, stores):
     p, t = product, tiling
     mma = f"mma.sync.aligned.m16n8k32.row.col.s32.{ptx_type(p.a_dtype)}.{ptx_type(p.b_dtype)}.s32"
     wtm, wtn = t.bm // t.warps_m, t.bn // t.warps_n
-    b_rows_strides = (p.b_strides[1], p.b_strides[0])  # B staged as (n, k)
-    a_load = _loader("qa", p.m, p.a_dtype, p.a_strides, p.vector_a, t.bm, t.bk)
-    b_load = _loader("qb", p.n, p.b_dtype, b_rows_strides, p.vector_b, t.bn, t.bk)
     return f"""
 #define THREADS {t.threads}
 extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(params)}) {{
@@ -86,18 +57,7 @@ extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(p
   #pragma unroll
   for (int r = 0; r < REGS; ++r) acc[r] = 0;
 
-  auto load = [&](int stage, int kt) {{
-    const int k0 = kt * BK;
-    {{
-    const unsigned dst = smem_base + stage * STAGE_BYTES;
-    const int row0 = m0;
-{a_load}    }}
-    {{
-    const unsigned dst = smem_base + stage * STAGE_BYTES + BM * PITCH;
-    const int row0 = n0;
-{b_load}    }}
-  }};
-
+{load_function(p, t)}
   #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) {{
     if (s < tiles) load(s, kt0 + s);

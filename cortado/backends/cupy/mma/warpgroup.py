@@ -21,10 +21,13 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 
 from .epilogue import split_sums
 from .product import SWIZZLE_ALIGNMENT, ptx_type
+from .staging import load_function
 
 # wgmma is in sm_90a's instruction set, not sm_90's; NVRTC builds for sm_90a though CuPy names sm_90 after it
 ARCHITECTURE = ("-arch=sm_90a",)
 SWIZZLE_MODES = {128: 1, 64: 2, 32: 3}  # a descriptor's bits 62-63: 128-, 64-, 32-byte swizzle
+# chunk kc / 16 of row r at chunk (kc / 16) ^ (r * BK / 128 mod CHUNKS): B's rows start 1024-aligned, after A's
+SWIZZLED_CHUNK = "dst + r * BK + (((kc >> 4) ^ ((r * BK >> 7) & (CHUNKS - 1))) << 4)"
 
 
 def _wgmma(product, bn):
@@ -52,7 +55,7 @@ __device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
 }}
 extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(params)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
-  constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, STAGE_BYTES = (BM + BN) * BK;
+  constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, PITCH = BK, STAGE_BYTES = (BM + BN) * BK;
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
   extern __shared__ unsigned char smem[];
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
@@ -63,21 +66,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
   #pragma unroll
   for (int r = 0; r < REGS; ++r) acc[r] = 0;
 
-  auto load = [&](int stage, int kt) {{  // rows 0..BM-1 of the stage from A, BM.. from B
-    const unsigned dst = smem_base + stage * STAGE_BYTES;
-    for (int c = threadIdx.x; c < (BM + BN) * CHUNKS; c += THREADS) {{
-      const int r = c / CHUNKS, q = c % CHUNKS, gk = kt * BK + q * 16;
-      const bool from_a = r < BM;
-      const int gr = from_a ? m0 + r : n0 + r - BM;
-      const int bytes = (from_a ? gr < M : gr < N) ? max(0, min(16, K - gk)) : 0;
-      const void* src = bytes == 0 ? (const void*)qa
-                        : from_a ? (const void*)(qa + (size_t)gr * {p.a_strides[0]} + gk)
-                                 : (const void*)(qb + (size_t)gr * {p.b_strides[1]} + gk);
-      const unsigned at = dst + r * BK + ((q ^ ((r * BK >> 7) & (CHUNKS - 1))) << 4);
-      asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\\n" :: "r"(at), "l"(src), "r"(bytes));
-    }}
-  }};
-
+{load_function(p, t, SWIZZLED_CHUNK)}
   #pragma unroll
   for (int s = 0; s < STAGES - 2; ++s) {{
     if (s < tiles) load(s, kt0 + s);
