@@ -86,7 +86,7 @@ def _check_kernel(configuration, requantized):
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
-    from cortado.backends.cupy.kernels import compiled
+    from cortado.backends.cupy.kernels import launcher
     from cortado.backends.cupy.mma.product import Product, counters, partial_bytes, vector_readable
     from cortado.backends.cupy.mma.source import gemm_source
     from cortado.exprgraph.ops import parameter
@@ -118,7 +118,7 @@ def _check_kernel(configuration, requantized):
     tile_counters = cupy.zeros(max(1, counters(product, tiling)), np.uint32)
     pointers = (_placed(cupy, a, a_strides), _placed(cupy, b, b_strides), *arrays, out, partials, tile_counters)
     for _ in range(2):
-        compiled(source)(source.blocks, source.block, pointers, shared_mem=source.shared)
+        launcher(source, [p.data.ptr for p in pointers])()
         np.testing.assert_array_equal(out.get(), expected)
     assert not tile_counters.get().any()
 

@@ -32,6 +32,7 @@ from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import ELEMENTWISE, may_fail, parameter
+from .launch import WAIT_PRIOR_GRIDS
 
 THREADS = 256
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
@@ -75,6 +76,13 @@ template <typename T> __device__ __forceinline__ T ct_ipow(T base, T exponent) {
     for (; e; e >>= 1, b *= b) { if (e & 1ULL) r *= b; }
     return (T)r; }
 template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
+// Every kernel calls this before touching memory: launched to overlap the kernel before it (launch.py), it waits
+// until that grid has finished and its writes are visible; launched plainly, or before sm_90, it does nothing.
+__device__ __forceinline__ void ct_wait_prior_grids() {
+#if __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
 """).substitute(gelu_cubic=repr(GELU_CUBIC), gelu_factor=repr(2 * GELU_SCALE))
 
 
@@ -392,7 +400,8 @@ def kernel_name(text):
 def finished_source(kind, body_text, outputs, operands, aliased, blocks, block):
     """The kernel ``kind`` named by the hash of its text, with the prelude; ``outputs`` are what it writes (their
     ``dtype`` is read)."""
-    text = f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n{body_text}}}\n'
+    text = (f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n'
+            f'  {WAIT_PRIOR_GRIDS}\n{body_text}}}\n')
     name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from ...memplan import aligned
 from .codegen import Operand, contiguous_strides, copy_source, in_c_order, memory_order
-from .kernels import compiled
+from .kernels import launcher
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ALIGNMENT = 256
@@ -73,4 +73,4 @@ class Detour:
 
 
 def _launch(source, origin, destination):
-    compiled(source)((source.blocks,), source.block, (np.uint64(origin), np.uint64(destination)))
+    launcher(source, (origin, destination))()

@@ -5,12 +5,11 @@ convolution; where cuDNN has no fused plan for the layouts, or its fused plans a
 convolution runs alone and this kernel follows it: the one elementwise pass fusion would have made.
 """
 
-import numpy as np
 
 from ...exprgraph import constructors as ct
 from ...exprgraph.ops import parameter
 from .codegen import Operand, kernel_source, memory_order
-from .kernels import compiled
+from .kernels import launcher
 from .lowering.conv import epilogue_parts
 
 
@@ -33,5 +32,4 @@ class EpilogueKernel:
 
     def __call__(self, out, extras):
         """Launch on CuPy's current stream over the result at ``out`` and the bias and residual at ``extras``."""
-        pointers = tuple(np.uint64(p) for p in (out, *extras, out))
-        compiled(self.source)((self.source.blocks,), self.source.block, pointers)
+        launcher(self.source, (out, *extras, out))()

@@ -27,7 +27,7 @@ from .. import interface
 from .blas import Gemm
 from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_source, memory_order
 from .device import require_gpu
-from .kernels import compiled
+from .kernels import compiled, launcher
 from .dnn import Conv
 from .mma.runner import Int8Gemm
 from .layout import (
@@ -168,11 +168,10 @@ class Executor(interface.Executor):
     def _launch(self, source, places):
         """A maker of calls of the kernel ``source`` over ``places`` (inputs, then outputs): values, whose
         pointers the maker is given, or fixed addresses."""
-        function = compiled(source)
+        compiled(source)  # now, so that a kernel NVRTC rejects fails the build
 
         def make(pointers):
-            args = tuple(np.uint64(p if isinstance(p, int) else pointers[p]) for p in places)
-            return lambda: function((source.blocks,), source.block, args)
+            return launcher(source, [p if isinstance(p, int) else pointers[p] for p in places])
 
         return make
 

@@ -1,6 +1,9 @@
 """Generated kernels compiled by NVRTC through CuPy, once per source: the cache is keyed by the
 source's hash, which is also the kernel's name, so two programs with the same region share it."""
 
+from ...errors import BackendError
+from .launch import WAIT_PRIOR_GRIDS, Launch
+
 _cache = {}
 
 
@@ -9,6 +12,8 @@ def compiled(source):
     key = (source.name, source.options)
     function = _cache.get(key)
     if function is None:
+        if WAIT_PRIOR_GRIDS not in source.text:  # launches overlap the kernel before: see launch.py
+            raise BackendError(f"generated kernel {source.name} does not wait for the grids before it")
         import cupy
 
         module = cupy.RawModule(code=source.text, options=("-std=c++17",) + tuple(source.options))
@@ -17,3 +22,10 @@ def compiled(source):
             function.max_dynamic_shared_size_bytes = source.shared
         _cache[key] = function
     return function
+
+
+def launcher(source, pointers, grid=None, block=None):
+    """A call launching ``source``'s kernel over ``pointers`` on CuPy's current stream (on its own grid and block, or
+    those given), overlapping the kernel before it where the GPU can."""
+    return Launch(compiled(source), source.blocks if grid is None else grid, source.block if block is None else block,
+                  pointers, source.shared)

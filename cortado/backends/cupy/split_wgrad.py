@@ -30,7 +30,7 @@ from ...exprgraph.constructors import var
 from ...memplan import aligned
 from .blas import Gemm
 from .codegen import Operand, finished_source, storage_type
-from .kernels import compiled
+from .kernels import launcher
 from .lowering.gemm import gemm
 
 THREADS = 256  # the most threads a block of the partial kernel has
@@ -195,8 +195,8 @@ class SplitWgrad:
 
     def call(self, x, dy, out, workspace, stream):
         """Run on device pointers, on CuPy's current stream (the executor's, wherever it runs or tunes a call)."""
-        compiled(self.partial)(self.grid, self.block, (np.uint64(x), np.uint64(dy), np.uint64(workspace)))
-        compiled(self.sum)((self.sum_blocks,), (32 * SUM_LANES,), (np.uint64(workspace), np.uint64(out)))
+        launcher(self.partial, (x, dy, workspace), self.grid, self.block)()
+        launcher(self.sum, (workspace, out), self.sum_blocks, (32 * SUM_LANES,))()
 
 
 class PixelGemm:
@@ -256,7 +256,7 @@ class ImageGemms:
     def call(self, x, dy, out, workspace, stream):
         """Run on device pointers, on CuPy's current stream (the executor's, wherever it runs or tunes a call)."""
         self.gemm.call(*self._gemm_pointers(x, dy, workspace), stream)
-        compiled(self.sum)((self.sum_blocks,), (32 * SUM_LANES,), (np.uint64(workspace), np.uint64(out)))
+        launcher(self.sum, (workspace, out), self.sum_blocks, (32 * SUM_LANES,))()
 
 
 def _staged(acc, threads, total, where, inside, source, destination):

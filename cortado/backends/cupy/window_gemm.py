@@ -27,7 +27,7 @@ from ...exprgraph.constructors import var
 from ...memplan import aligned
 from .blas import Gemm
 from .codegen import Operand, channels_last_strides, contiguous_strides
-from .kernels import compiled
+from .kernels import launcher
 from .lowering.gemm import gemm
 from .window_kernels import im2col_source
 
@@ -151,4 +151,4 @@ class WindowGemm:
 
 def _launch(source, image, destination):
     """Run the gather ``source`` from ``image`` into ``destination`` (pointers) on the current stream."""
-    compiled(source)((source.blocks,), source.block, (np.uint64(image), np.uint64(destination)))
+    launcher(source, (image, destination))()

@@ -18,7 +18,7 @@ from ....errors import BackendError
 from ....memplan import aligned
 from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
 from ..codegen import Operand, contiguous_strides, kernel_source
-from ..kernels import compiled
+from ..kernels import launcher
 from ..timing import time_graph
 from .epilogue import OPTIONS
 from .product import Product, counters, partial_bytes, vector_readable
@@ -69,7 +69,7 @@ class _Kernel:
             self.counters = cupy.zeros(max(self.count, 1), np.uint32)
         pointers = (a, b, *extras, out, workspace, self.counters.data.ptr)
         source = self.source
-        compiled(source)(source.blocks, source.block, tuple(np.uint64(p) for p in pointers), shared_mem=source.shared)
+        launcher(source, pointers)()
 
     def describe(self):
         return f"int8 {self.tiling.instruction} kernel, {self.tiling}"
@@ -109,7 +109,7 @@ class _Library:
                      int(self.algorithms["workspace_size"][self.choice]), stream)
         if self.epilogue is not None:
             source = self.epilogue
-            compiled(source)((source.blocks,), source.block, tuple(np.uint64(p) for p in (sums, *extras, out)))
+            launcher(source, (sums, *extras, out))()
 
     def describe(self):
         return f"cuBLASLt int8 GEMM (algorithm {self.choice})" + ("" if self.direct else " and an epilogue kernel")

@@ -16,6 +16,7 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 """
 
 from ..codegen import PRELUDE, Source, kernel_name
+from ..launch import WAIT_PRIOR_GRIDS
 from . import warpgroup
 from .epilogue import OPTIONS, parameters, split_sums, store_functions
 from .product import PAD, ptx_type, tiles
@@ -42,6 +43,7 @@ def _kernel_text(product, tiling, params, stores):
     return f"""
 #define THREADS {t.threads}
 extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(params)}) {{
+  {WAIT_PRIOR_GRIDS}
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, PITCH = BK + {PAD};
   constexpr int STAGES = {t.stages}, SPLITS = {t.splits}, WTM = {wtm}, WTN = {wtn}, MT = WTM / 16, NT = WTN / 8;
   constexpr int KTILES = (K + BK - 1) / BK, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS;

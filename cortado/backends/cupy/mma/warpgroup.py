@@ -19,6 +19,7 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 ``16 w .. 16 w + 15``: ``BN / 2`` int32 a thread, which the epilogue then stores two at a time.
 """
 
+from ..launch import WAIT_PRIOR_GRIDS
 from .epilogue import split_sums
 from .product import SWIZZLE_ALIGNMENT, ptx_type
 from .staging import load_function
@@ -54,6 +55,7 @@ __device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
          | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
 }}
 extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(params)}) {{
+  {WAIT_PRIOR_GRIDS}
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, PITCH = BK, STAGE_BYTES = (BM + BN) * BK;
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;

@@ -1,0 +1,97 @@
+"""Generated kernels launched to overlap the kernel before them (programmatic dependent launch): every kernel the
+backend generates waits for the grids before it first, the launch structures match the driver's, and on the GPU a
+chain of kernels each reading the last one's result sees it whole."""
+
+import ctypes
+import re
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado.backends import gpu_visible
+from cortado.backends.cupy import codegen, launch
+from cortado.backends.cupy.codegen import Operand, Source, contiguous_strides
+from cortado.backends.cupy.kernels import compiled
+from cortado.errors import BackendError
+from cortado.exprgraph.ops import parameter
+
+SHAPE = (64, 48)
+
+
+def _first_statement(text):
+    """The first statement of the ``__global__`` function in ``text``."""
+    body = text[re.search(r'extern "C" __global__[^{]*\{\n', text).end():]
+    return body.lstrip().split("\n", 1)[0].strip()
+
+
+def _operand(dtype="float32"):
+    return Operand(SHAPE, np.dtype(dtype), contiguous_strides(SHAPE))
+
+
+def _int8_sources():
+    from cortado.backends.cupy.mma.product import Product, Tiling, warpgroup_tiling
+    from cortado.backends.cupy.mma.source import gemm_source
+
+    m, n, k = 100, 40, 96
+    product = Product(m, n, k, (k, 1), (1, k), np.dtype(np.int8), np.dtype(np.int8), True, True)
+    sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
+    return [gemm_source(product, tiling, sums, [], (n, 1))
+            for tiling in (Tiling(32, 32, 64, 2, 2, 3, 2), warpgroup_tiling(64, 32, 64, 3))]
+
+
+def _sources():
+    x = parameter(0, ct.var("x", SHAPE, "float32"))
+    yield codegen.kernel_source((ct.exp(x) * 2.0,), [_operand()])
+    yield codegen.kernel_source((ct.sum(x, axis=1),), [_operand()])
+    yield codegen.kernel_source((ct.max(x, axis=0),), [_operand()])
+    yield codegen.copy_source(_operand(), (1, 0))
+    yield from _int8_sources()
+
+
+@pytest.mark.parametrize("source", list(_sources()), ids=lambda s: s.name)
+def test_every_generated_kernel_first_waits_for_the_grids_before_it(source):
+    assert _first_statement(source.text) == launch.WAIT_PRIOR_GRIDS
+
+
+def test_a_kernel_that_would_not_wait_is_refused():
+    text = 'extern "C" __global__ void k(float* out0) {\n  out0[0] = 1.f;\n}\n'
+    with pytest.raises(BackendError, match="does not wait for the grids before it"):
+        compiled(Source("k", text, 1, (1, 1, 1)))
+
+
+def test_the_launch_structures_have_the_drivers_layout():
+    """``CUlaunchAttribute`` and ``CUlaunchConfig`` as cuda.h lays them out on 64-bit hosts."""
+    assert ctypes.sizeof(launch._Attribute) == 72 and launch._Attribute.value.offset == 8
+    assert ctypes.sizeof(launch._Config) == 56
+    assert (launch._Config.shared.offset, launch._Config.stream.offset, launch._Config.attributes.offset,
+            launch._Config.count.offset) == (24, 32, 40, 48)
+
+
+@pytest.mark.parametrize("captured", [False, True], ids=["stream", "cuda graph"])
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+def test_chained_overlapping_launches_each_see_the_whole_result_before_them(captured):
+    """Kernels that each read every element the one before wrote, transposed (a block reads what other blocks
+    wrote), launched back to back: each waits for the whole grid before it, so every element counts every step."""
+    import cupy
+
+    from cortado.backends.cupy.kernels import launcher
+
+    if int(cupy.cuda.Device().compute_capability) >= 90:
+        assert launch.overlapping()
+    n, steps = 2048, 40
+    x = parameter(0, ct.var("x", (n, n), "float32"))
+    source = codegen.kernel_source((x + 1.0,), [Operand((n, n), np.dtype(np.float32), (1, n))])
+    buffers = [cupy.zeros((n, n), np.float32), cupy.zeros((n, n), np.float32)]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        calls = [launcher(source, (buffers[i % 2].data.ptr, buffers[(i + 1) % 2].data.ptr)) for i in range(steps)]
+        if captured:
+            stream.begin_capture()
+        for call in calls:
+            call()
+        if captured:
+            stream.end_capture().launch(stream)
+        stream.synchronize()
+    np.testing.assert_array_equal(buffers[steps % 2].get(), np.full((n, n), steps, np.float32))
