@@ -35,20 +35,16 @@ class _Config(ctypes.Structure):
 
 
 @functools.cache
-def driver():
-    """The CUDA driver library, the entries used here typed (``cuLaunchKernelEx``, ``cuTensorMapEncodeTiled``), or
-    None where it has none of them."""
+def _driver():
+    """The driver library with ``cuLaunchKernelEx`` typed, or None where it has none."""
     try:
-        library = ctypes.CDLL("libcuda.so.1")
-        launch, encode = library.cuLaunchKernelEx, library.cuTensorMapEncodeTiled
+        driver = ctypes.CDLL("libcuda.so.1")
+        entry = driver.cuLaunchKernelEx
     except (OSError, AttributeError):
         return None
-    launch.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    u32s, u64s = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
-    encode.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64s, u64s, u32s, u32s,
-                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
-    library.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    return library
+    entry.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
+    driver.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return driver
 
 
 @functools.cache
@@ -56,7 +52,7 @@ def _overlaps(device):
     import cupy
 
     architecture = int(cupy.cuda.Device(device).compute_capability)
-    return architecture >= _OVERLAPPING_ARCHITECTURE and driver() is not None
+    return architecture >= _OVERLAPPING_ARCHITECTURE and _driver() is not None
 
 
 def overlapping():
@@ -72,42 +68,33 @@ def _dimensions(value):
 
 
 class Launch:
-    """One launch of a loaded kernel (a CuPy ``RawKernel``) over its arguments, ready to repeat on CuPy's current
-    stream: its driver structures are built once. An argument is a pointer (an int) or a structure passed by value
-    (its bytes: a tensor map), which only the driver's launch can pass."""
+    """One launch of a loaded kernel (a CuPy ``RawKernel``) over pointer arguments, ready to repeat on CuPy's current
+    stream: its driver structures are built once."""
 
-    def __init__(self, function, grid, block, arguments, shared=0):
+    def __init__(self, function, grid, block, pointers, shared=0):
         self.function, self.grid, self.block, self.shared = function, _dimensions(grid), _dimensions(block), shared
-        self.arguments = tuple(a if isinstance(a, bytes) else int(a) for a in arguments)
+        self.pointers = tuple(int(p) for p in pointers)
         self.config = None
-        if not overlapping():
-            if any(isinstance(a, bytes) for a in self.arguments):
-                raise BackendError("a kernel taking a structure by value needs the CUDA driver's cuLaunchKernelEx")
-            return
-        values = [a if isinstance(a, bytes) else a.to_bytes(8, "little") for a in self.arguments]
-        # the values one after another, each at a multiple of 128 bytes (a tensor map's alignment)
-        offsets = [128 * sum(-(-len(v) // 128) for v in values[:i]) for i in range(len(values))]
-        self.storage = ctypes.create_string_buffer(offsets[-1] + len(values[-1]) + 128 if values else 1)
-        base = -(-ctypes.addressof(self.storage) // 128) * 128
-        for value, offset in zip(values, offsets):
-            ctypes.memmove(base + offset, value, len(value))
-        self.parameters = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
-        self.attribute = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-        self.attribute.value[0] = 1
-        self.config = _Config(self.grid, self.block, shared, None, ctypes.pointer(self.attribute), 1)
+        if overlapping():
+            self.values = (ctypes.c_uint64 * len(self.pointers))(*self.pointers)
+            address, size = ctypes.addressof(self.values), ctypes.sizeof(ctypes.c_uint64)
+            self.arguments = (ctypes.c_void_p * len(self.pointers))(*(address + i * size for i in range(len(self.pointers))))
+            self.attribute = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+            self.attribute.value[0] = 1
+            self.config = _Config(self.grid, self.block, shared, None, ctypes.pointer(self.attribute), 1)
 
     def __call__(self):
         import cupy
         import numpy as np
 
         if self.config is None:
-            self.function(self.grid, self.block, tuple(np.uint64(p) for p in self.arguments), shared_mem=self.shared)
+            self.function(self.grid, self.block, tuple(np.uint64(p) for p in self.pointers), shared_mem=self.shared)
             return
         self.config.stream = cupy.cuda.get_current_stream().ptr
-        library = driver()
-        result = library.cuLaunchKernelEx(ctypes.byref(self.config), self.function.kernel.ptr, self.parameters, None)
+        driver = _driver()
+        result = driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function.kernel.ptr, self.arguments, None)
         if result:
             name = ctypes.c_char_p()
-            library.cuGetErrorName(result, ctypes.byref(name))
+            driver.cuGetErrorName(result, ctypes.byref(name))
             raise BackendError(f"launching a generated kernel failed: {(name.value or b'?').decode()} "
                                f"(grid {self.grid}, block {self.block}, {self.shared} bytes of shared memory)")

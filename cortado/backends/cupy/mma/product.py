@@ -11,9 +11,8 @@ SWIZZLE_ALIGNMENT = 1024  # bytes: the repeat of the 128-byte swizzle a wgmma ti
 @dataclass(frozen=True)
 class Tiling:
     """How one GEMM is cut: block tile ``bm x bn x bk``, its warps, the pipeline's depth, the split of ``K``, and the
-    tensor-core instruction: ``mma`` (``mma.sync``, sm_80 on, warps of ``(bm / warps_m) x (bn / warps_n)``),
-    ``wgmma`` (sm_90, a warpgroup of four warps per 64 rows, ``warps_m = bm / 16``, ``warps_n = 1``), or ``tma``
-    (``wgmma`` fed by the tensor memory accelerator, ``B``'s tile multicast to a ``cluster`` of blocks down ``M``)."""
+    tensor-core instruction: ``mma`` (``mma.sync``, sm_80 on, warps of ``(bm / warps_m) x (bn / warps_n)``) or
+    ``wgmma`` (sm_90, a warpgroup of four warps per 64 rows, ``warps_m = bm / 16``, ``warps_n = 1``)."""
 
     bm: int
     bn: int
@@ -23,7 +22,6 @@ class Tiling:
     stages: int
     splits: int = 1
     instruction: str = "mma"
-    cluster: int = 1
 
     @property
     def threads(self):
@@ -31,22 +29,21 @@ class Tiling:
 
     @property
     def shared_bytes(self):
-        if self.instruction != "mma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
+        if self.instruction == "wgmma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
             return self.stages * (self.bm + self.bn) * self.bk + SWIZZLE_ALIGNMENT
         return self.stages * (self.bm + self.bn) * (self.bk + PAD)
 
     def __str__(self):
         split = f" split-K {self.splits}" if self.splits > 1 else ""
         groups = self.bm // 64
-        workers = (f"{self.warps_m}x{self.warps_n} warps" if self.instruction == "mma"
-                   else f"{groups} warpgroup{'s' if groups > 1 else ''}")
-        shared = f", B shared by a cluster of {self.cluster}" if self.cluster > 1 else ""
-        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}, {self.stages} stages{split}{shared}"
+        workers = (f"{groups} warpgroup{'s' if groups > 1 else ''}" if self.instruction == "wgmma"
+                   else f"{self.warps_m}x{self.warps_n} warps")
+        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}, {self.stages} stages{split}"
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", cluster=1):
-    """A wgmma ``Tiling`` (or a ``tma`` one): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, cluster)
+def warpgroup_tiling(bm, bn, bk, stages, splits=1):
+    """A wgmma ``Tiling``: a warpgroup per 64 rows of the block's tile."""
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, "wgmma")
 
 
 @dataclass(frozen=True)
@@ -72,9 +69,8 @@ def vector_readable(strides):
 
 
 def tiles(product, tiling):
-    """The grid: ``(tiles across N, tiles down M, splits)``, down ``M`` a whole number of clusters."""
-    clusters = -(-product.m // (tiling.bm * tiling.cluster))
-    return (-(-product.n // tiling.bn), clusters * tiling.cluster, tiling.splits)
+    """The grid: ``(tiles across N, tiles down M, splits)``."""
+    return (-(-product.n // tiling.bn), -(-product.m // tiling.bm), tiling.splits)
 
 
 def partial_bytes(product, tiling):

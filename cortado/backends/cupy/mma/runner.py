@@ -19,8 +19,6 @@ from ....memplan import aligned
 from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
 from ..codegen import Operand, contiguous_strides, kernel_source
 from ..kernels import launcher
-from ..launch import overlapping
-from .bulk import tensor_maps
 from ..timing import time_graph
 from .epilogue import OPTIONS
 from .product import Product, counters, partial_bytes, vector_readable
@@ -29,7 +27,6 @@ from .tilings import candidates, warpgroup_candidates
 
 CANDIDATES = 6  # our mma.sync tilings timed (on the H100 the fastest of 30 was always among the cost model's first 6)
 WARPGROUP_CANDIDATES = 4  # and wgmma tilings, on sm_90, for products large enough to fill their tiles
-BULK_CANDIDATES = 4  # and wgmma tilings fed by the tensor memory accelerator
 LIBRARY_CANDIDATES = 3  # cuBLASLt's algorithms timed
 LIBRARY_WORKSPACE = 4 << 20
 ALIGNMENT = 256
@@ -59,24 +56,20 @@ class _Kernel:
     """One of our kernels, for one tiling; its tile counters (split-K) in a buffer of its own, zero between calls."""
 
     def __init__(self, product, tiling, body, extras, out_strides):
-        self.product, self.tiling = product, tiling
+        self.tiling = tiling
         self.source = gemm_source(product, tiling, body, extras, out_strides)
         self.workspace_bytes = partial_bytes(product, tiling)
         self.count = counters(product, tiling)
         self.counters = None
-        self.maps = {}  # a tma kernel's tensor maps of the operands at (a, b)
 
     def call(self, a, b, extras, out, workspace, stream):
         import cupy
 
         if self.counters is None:
             self.counters = cupy.zeros(max(self.count, 1), np.uint32)
-        arguments = (a, b, *extras, out, workspace, self.counters.data.ptr)
-        if self.tiling.instruction == "tma":
-            if (a, b) not in self.maps:
-                self.maps[a, b] = tensor_maps(self.product, self.tiling, a, b)
-            arguments += self.maps[a, b]
-        launcher(self.source, arguments)()
+        pointers = (a, b, *extras, out, workspace, self.counters.data.ptr)
+        source = self.source
+        launcher(source, pointers)()
 
     def describe(self):
         return f"int8 {self.tiling.instruction} kernel, {self.tiling}"
@@ -169,8 +162,6 @@ class Int8Gemm:
         tilings = candidates(m, n, k, multiprocessors, CANDIDATES)
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
-            if overlapping():  # the driver's launch, which passes tensor maps
-                tilings += warpgroup_candidates(m, n, k, multiprocessors, BULK_CANDIDATES, "tma")
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         self.candidates = own + _library_candidates(product, term, body, operands, out_strides)
         self.vector = product.vector_a or product.vector_b

@@ -1,6 +1,5 @@
 """CUDA C of an int8 GEMM on the tensor cores, with its epilogue, every size and stride a constant: the
-``mma.sync`` form (sm_80 on) here, the ``wgmma`` form (sm_90) in ``warpgroup``, ``wgmma`` fed by the tensor memory
-accelerator in ``bulk``; ``gemm_source`` picks by the tiling.
+``mma.sync`` form (sm_80 on) here, the ``wgmma`` form (sm_90) in ``warpgroup``; ``gemm_source`` picks by the tiling.
 
 ``D[m, n] = epilogue(sum over k of A[m, k] * B[k, n])``, the sum exact in int32. A block computes a
 ``BM x BN`` tile of ``D``; its warps (``WARPS_M x WARPS_N``) each a ``BM/WARPS_M x BN/WARPS_N`` part
@@ -18,7 +17,7 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 
 from ..codegen import PRELUDE, Source, kernel_name
 from ..launch import WAIT_PRIOR_GRIDS
-from . import bulk, warpgroup
+from . import warpgroup
 from .epilogue import OPTIONS, parameters, split_sums, store_functions
 from .product import PAD, ptx_type, tiles
 from .staging import load_function
@@ -28,8 +27,8 @@ def gemm_source(product, tiling, body, extras, out_strides):
     """The kernel computing ``body`` (the epilogue, a term over ``param(0)``, the int32 sum of shape ``(m, n)``, and
     ``param(k)`` the ``k``-th operand of ``extras``, ``codegen.Operand`` s of shape ``(m, n)`` with their strides) at
     every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``."""
-    generate = {"mma": _kernel_text, "wgmma": warpgroup.kernel_text, "tma": bulk.kernel_text}[tiling.instruction]
-    options = OPTIONS if tiling.instruction == "mma" else OPTIONS + warpgroup.ARCHITECTURE
+    generate, options = ((warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE) if tiling.instruction == "wgmma"
+                         else (_kernel_text, OPTIONS))
     text = generate(product, tiling, parameters(product, body, extras), store_functions(body, extras, out_strides))
     name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), tiles(product, tiling),

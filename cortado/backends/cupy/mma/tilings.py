@@ -17,7 +17,6 @@ trip through L2. ``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the 
 twice the multiply-add rate.
 """
 
-import itertools
 import math
 
 from .product import SWIZZLE_ALIGNMENT, Tiling, warpgroup_tiling
@@ -45,8 +44,8 @@ WARPGROUP_MIN_MULTIPLY_ADDS = 1 << 25  # below this a product is latency-bound, 
 
 def _cost(m, n, k, tiling, multiprocessors, rate=MULTIPLY_ADDS_PER_CYCLE):
     """Cycles, roughly: the waves of blocks times each one's work and staged tiles, or the operands' reads from L2
-    (``A`` once per column of tiles, ``B`` once per row of them, or per cluster of rows sharing it) where those take
-    longer; a split adds its partial sums' trip through L2."""
+    (``A`` once per column of tiles, ``B`` once per row of them) where those take longer; a split adds its partial
+    sums' trip through L2."""
     bm, bn, bk, splits = tiling.bm, tiling.bn, tiling.bk, tiling.splits
     blocks = math.ceil(m / bm) * math.ceil(n / bn) * splits
     per_sm = max(1, min(2048 // tiling.threads, 4, SHARED_PER_SM // tiling.shared_bytes))
@@ -54,7 +53,7 @@ def _cost(m, n, k, tiling, multiprocessors, rate=MULTIPLY_ADDS_PER_CYCLE):
     k_tiles = math.ceil(math.ceil(k / bk) / splits)
     work = bm * bn * bk * k_tiles / rate * min(per_sm, math.ceil(blocks / multiprocessors))
     compute = waves * (work + TILE_CYCLES * (k_tiles + 2))
-    reads = (m * k * math.ceil(n / bn) + n * k * math.ceil(m / bm) / tiling.cluster) / L2_BYTES_PER_CYCLE
+    reads = (m * k * math.ceil(n / bn) + n * k * math.ceil(m / bm)) / L2_BYTES_PER_CYCLE
     if splits == 1:
         return max(compute, reads)
     partials = 2 * splits * math.ceil(m / bm) * bm * math.ceil(n / bn) * bn * 4  # written, then read back
@@ -86,30 +85,28 @@ def candidates(m, n, k, multiprocessors, count):
     return [tiling for _, _, tiling in ranked[:count]]
 
 
-def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
-    """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, their tiles staged by every
-    thread (``wgmma``) or by the tensor memory accelerator, shared by clusters of 1 or 2 (``tma``); none for a small
-    product."""
+def warpgroup_candidates(m, n, k, multiprocessors, count):
+    """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product; none for a small one."""
     if m * n * k < WARPGROUP_MIN_MULTIPLY_ADDS:
         return []
-    # a cp.async stage is refilled two tiles after it was read, a tma one as soon as all its readers are done
-    fewest_stages, clusters = (3, (1,)) if instruction == "wgmma" else (2, (1, 2))
     ranked = []
-    for (bm, bn), bk, cluster in itertools.product(WARPGROUP_SHAPES, (64, 128), clusters):
-        if bm > 2 * max(m, 64) or bn > 2 * max(n, 64) or (cluster > 1 and math.ceil(m / bm) < cluster):
+    for bm, bn in WARPGROUP_SHAPES:
+        if bm > 2 * max(m, 64) or bn > 2 * max(n, 64):
             continue
-        limit = SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT  # a one-warpgroup block leaves room for a second
-        k_tiles = math.ceil(k / bk)
-        stages = max(fewest_stages, min(MAX_WARPGROUP_STAGES, k_tiles + fewest_stages - 1))
-        while stages > fewest_stages and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
-            stages -= 1
-        if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT:
-            continue
-        tiles = math.ceil(m / bm) * math.ceil(n / bn)
-        for splits in {1, min(MAX_SPLITS, k_tiles, max(1, multiprocessors // tiles))}:
-            splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))  # no split left empty
-            tiling = warpgroup_tiling(bm, bn, bk, stages, splits, instruction, cluster)
-            cost = _cost(m, n, k, tiling, multiprocessors, WARPGROUP_MULTIPLY_ADDS_PER_CYCLE)
-            ranked.append((cost, bm * bn, tiling.cluster, tiling))
-    ranked.sort(key=lambda entry: entry[:3])
-    return [tiling for *_, tiling in ranked[:count]]
+        for bk in (64, 128):
+            # a stage is refilled two tiles after it was read; a one-warpgroup block leaves room for a second
+            limit = SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT
+            k_tiles = math.ceil(k / bk)
+            stages = max(3, min(MAX_WARPGROUP_STAGES, k_tiles + 2))
+            while stages > 3 and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
+                stages -= 1
+            if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT:
+                continue
+            tiles = math.ceil(m / bm) * math.ceil(n / bn)
+            for splits in {1, min(MAX_SPLITS, k_tiles, max(1, multiprocessors // tiles))}:
+                splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))  # no split left empty
+                tiling = warpgroup_tiling(bm, bn, bk, stages, splits)
+                cost = _cost(m, n, k, tiling, multiprocessors, WARPGROUP_MULTIPLY_ADDS_PER_CYCLE)
+                ranked.append((cost, bm * bn, tiling))
+    ranked.sort(key=lambda entry: entry[:2])
+    return [tiling for _, _, tiling in ranked[:count]]

@@ -50,7 +50,10 @@ def kernel_text(product, tiling, params, stores):
         raise ValueError(f"a wgmma kernel cannot take {p} cut as {t}")
     return f"""
 #define THREADS {t.threads}
-{descriptor_function(t)}
+__device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
+  return (unsigned long long)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)({8 * t.bk} >> 4) << 32)
+         | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
+}}
 extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(params)}) {{
   {WAIT_PRIOR_GRIDS}
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
@@ -79,52 +82,28 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
     asm volatile("cp.async.commit_group;\\n" ::);
     const unsigned stage = smem_base + (i % STAGES) * STAGE_BYTES;
     const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
-{tile_products(p, t)}
-  }}
-{all_products_done()}
-  asm volatile("cp.async.wait_group 0;\\n" ::);
-{split_sums()}{stores}{STORE_LOOP}}}
-"""
-
-
-def descriptor_function(tiling):
-    """``ct_descriptor(address)``: the shared-memory descriptor of a tile staged ``K``-major at ``address``, swizzled as
-    ``tiling.bk`` bytes a row are."""
-    t = tiling
-    return f"""__device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
-  return (unsigned long long)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)({8 * t.bk} >> 4) << 32)
-         | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
-}}"""
-
-
-def tile_products(product, tiling):
-    """The statements issuing one staged tile's products (``a_tile``, ``b_tile``: its shared addresses) into ``acc``,
-    and waiting for all but these: the previous tile's are done after them."""
-    return f"""    #pragma unroll
+    #pragma unroll
     for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
     asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
     #pragma unroll
     for (int kk = 0; kk < BK; kk += 32) {{
       const unsigned long long da = ct_descriptor(a_tile + kk), db = ct_descriptor(b_tile + kk);
-      {_wgmma(product, tiling.bn)}
+      {_wgmma(p, t.bn)}
     }}
     asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // this tile's products run on past here
+    asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // tile i's products run on past here
     #pragma unroll
-    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");"""
-
-
-def all_products_done():
-    return """  asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+  }}
+  asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
   #pragma unroll
-  for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");"""
-
-
-# the accumulators stored, two neighbours at a time: warp w of group g holds rows 64 g + 16 w + lane / 4 (+ 8)
-STORE_LOOP = """  #pragma unroll
+  for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+  asm volatile("cp.async.wait_group 0;\\n" ::);
+{split_sums()}{stores}  #pragma unroll
   for (int j = 0; j < BN / 8; ++j)
     #pragma unroll
     for (int h = 0; h < 2; ++h)
       store_pair(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], m0 + group * 64 + warp * 16 + (lane >> 2) + h * 8,
                  n0 + j * 8 + (lane & 3) * 2);
+}}
 """
