@@ -10,10 +10,11 @@ cost (the waves of blocks times the work of each, plus a price per staged ``K`` 
 split) and returns the best few; the backend times those on the program's buffers and keeps the
 fastest (on the H100 the fastest of 30 was always among the first 6).
 
-A large product is bound instead by what its blocks read from L2 (``A`` once per column of tiles,
-``B`` once per row of them: 768 MB for 128x256 tiles at 4096^3, read at about 4.3 TB/s by our
-kernels on the H100), so the cost is the larger of the two, and a split adds its partial sums'
-trip through L2. ``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at
+A large product's blocks read much from L2 (``A`` once per column of tiles, ``B`` once per row of
+them: 768 MB for 128x256 tiles at 4096^3), so the cost is the larger of the two, and a split adds
+its partial sums' trip through L2. (A rough guide, not the bound itself: a kernel that halved
+``B``'s reads, multicasting its tiles to a cluster of two blocks by the tensor memory accelerator,
+was slower on the H100 at every shape tried; it is in the history, commit 493b47c.) ``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at
 twice the multiply-add rate.
 """
 
