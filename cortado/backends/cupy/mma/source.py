@@ -18,7 +18,7 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 from ..codegen import PRELUDE, Source, kernel_name
 from ..launch import WAIT_PRIOR_GRIDS
 from . import warpgroup
-from .epilogue import OPTIONS, parameters, split_sums, store_functions
+from .epilogue import OPTIONS, parameters, split_sums, store_all, store_functions
 from .product import PAD, ptx_type, tiles
 from .staging import load_function
 
@@ -33,6 +33,18 @@ def gemm_source(product, tiling, body, extras, out_strides):
     name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), tiles(product, tiling),
                   (tiling.threads, 1, 1), shared=tiling.shared_bytes, options=options)
+
+
+# every pair of sums a thread holds, to ``store(s0, s1, m, n)``
+_STORED = """    #pragma unroll
+    for (int i = 0; i < MT; ++i)
+      #pragma unroll
+      for (int j = 0; j < NT; ++j)
+        #pragma unroll
+        for (int h = 0; h < 2; ++h)
+          store(acc[4 * (i * NT + j) + 2 * h], acc[4 * (i * NT + j) + 2 * h + 1],
+                m0 + warp_m * WTM + i * 16 + (lane >> 2) + h * 8, n0 + warp_n * WTN + j * 8 + (lane & 3) * 2);
+"""
 
 
 def _kernel_text(product, tiling, params, stores):
@@ -104,13 +116,5 @@ extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(p
   }}
   asm volatile("cp.async.wait_group 0;\\n" ::);
 
-{split_sums()}{stores}  #pragma unroll
-  for (int i = 0; i < MT; ++i)
-    #pragma unroll
-    for (int j = 0; j < NT; ++j)
-      #pragma unroll
-      for (int h = 0; h < 2; ++h)
-        store_pair(acc[4 * (i * NT + j) + 2 * h], acc[4 * (i * NT + j) + 2 * h + 1],
-                   m0 + warp_m * WTM + i * 16 + (lane >> 2) + h * 8, n0 + warp_n * WTN + j * 8 + (lane & 3) * 2);
-}}
+{split_sums()}{stores}{store_all(_STORED)}}}
 """

@@ -14,8 +14,8 @@ A large product's blocks read much from L2 (``A`` once per column of tiles, ``B`
 them: 768 MB for 128x256 tiles at 4096^3), so the cost is the larger of the two, and a split adds
 its partial sums' trip through L2. (A rough guide, not the bound itself: a kernel that halved
 ``B``'s reads, multicasting its tiles to a cluster of two blocks by the tensor memory accelerator,
-was slower on the H100 at every shape tried; it is in the history, commit 493b47c.) ``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at
-twice the multiply-add rate.
+was slower on the H100 at every shape tried; it is in the history, commit 493b47c.)
+``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at twice the multiply-add rate.
 """
 
 import math

@@ -20,7 +20,7 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 """
 
 from ..launch import WAIT_PRIOR_GRIDS
-from .epilogue import split_sums
+from .epilogue import split_sums, store_all
 from .product import SWIZZLE_ALIGNMENT, ptx_type
 from .staging import load_function
 
@@ -41,6 +41,16 @@ def _wgmma(product, bn):
     return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{registers + 2}, 0;\\n'
             f'{instruction} {{{outputs}}}, %{registers}, %{registers + 1}, p;\\n}}\\n"\n'
             f'                   : {bindings}\n                   : "l"(da), "l"(db), "r"(1));')
+
+
+# every pair of sums a thread holds, to ``store(s0, s1, m, n)``
+_STORED = """    #pragma unroll
+    for (int j = 0; j < BN / 8; ++j)
+      #pragma unroll
+      for (int h = 0; h < 2; ++h)
+        store(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], m0 + group * 64 + warp * 16 + (lane >> 2) + h * 8,
+              n0 + j * 8 + (lane & 3) * 2);
+"""
 
 
 def kernel_text(product, tiling, params, stores):
@@ -99,11 +109,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
   #pragma unroll
   for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
   asm volatile("cp.async.wait_group 0;\\n" ::);
-{split_sums()}{stores}  #pragma unroll
-  for (int j = 0; j < BN / 8; ++j)
-    #pragma unroll
-    for (int h = 0; h < 2; ++h)
-      store_pair(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], m0 + group * 64 + warp * 16 + (lane >> 2) + h * 8,
-                 n0 + j * 8 + (lane & 3) * 2);
-}}
+{split_sums()}{stores}{store_all(_STORED)}}}
 """
