@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.backends import gpu_visible
+from test_quantization import quantization_cases
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
 
@@ -194,6 +195,22 @@ def test_a_quantized_layer_is_one_kernel_equal_to_the_cpu(batch, k, n, weights_a
     for _ in range(3):
         np.testing.assert_array_equal(gpu(**feeds)[0].get(), cpu(**feeds)[0])
     assert "int8_gemm" in gpu.explain()
+
+
+@settings(max_examples=40, deadline=None)
+@given(quantization_cases())
+def test_quantization_on_the_gpu_equals_the_cpu_bit_for_bit(case):
+    """quantize, dequantize and fake_quantize on the GPU equal the CPU's, on values half of which are exact ties, per
+    tensor and per channel, and on infinities, the largest floats and ties of one half."""
+    x, scale, zero_point, dtype, axis = case
+    xv = ct.var("x", x.shape, "float32")
+    q = ct.quantize(xv, scale, zero_point, dtype=dtype, axis=axis)
+    outputs = [q, ct.dequantize(q, scale, zero_point, axis=axis), ct.fake_quantize(xv, scale, zero_point, dtype, axis)]
+    gpu, cpu = (ct.compile(outputs, inputs=[xv], backend=b) for b in ("cupy", "numpy"))
+    extremes = np.resize(np.array([np.inf, -np.inf, 3e38, -3e38, 0.5, -0.5, 2.5, -2.5], np.float32), x.shape)
+    for feed in (x.astype(np.float32), np.where(np.arange(x.size).reshape(x.shape) % 3 == 0, extremes, x)):
+        for ours, theirs in zip(gpu(x=feed), cpu(x=feed)):
+            np.testing.assert_array_equal(ours.get(), theirs)
 
 
 def test_dequantized_products_become_int8_gemms_close_to_the_float_product():

@@ -155,3 +155,4 @@ def test_quantize_multiplies_by_the_float32_reciprocal_of_the_scale_as_pytorch_d
     x = ct.var("x", (1,))
     found = ct.evaluate(ct.quantize(x, 0.1), {"x": np.array([5.95], np.float32)})
     assert found[0] == 60  # x / 0.1 rounds to 59.0 in float32; x * float32(1 / 0.1) to 60.0, as torch's kernels
+
