@@ -1,9 +1,12 @@
 """Generated kernels compiled by NVRTC through CuPy, once per source: the cache is keyed by the
 source's hash, which is also the kernel's name, so two programs with the same region share it."""
 
+import functools
+
 from ...errors import BackendError
 from .launch import WAIT_PRIOR_GRIDS, Launch
 
+LAUNCHES_KEPT = 4096
 _cache = {}
 
 
@@ -26,6 +29,12 @@ def compiled(source):
 
 def launcher(source, pointers, grid=None, block=None):
     """A call launching ``source``'s kernel over ``pointers`` on CuPy's current stream (on its own grid and block, or
-    those given), overlapping the kernel before it where the GPU can."""
+    those given), overlapping the kernel before it where the GPU can. Calls made again with the same pointers (a
+    library call's kernels, each step it runs without a CUDA graph) reuse one ``Launch`` and its driver structures."""
+    return _launch(source, tuple(int(p) for p in pointers), grid, block)
+
+
+@functools.lru_cache(maxsize=LAUNCHES_KEPT)
+def _launch(source, pointers, grid, block):
     return Launch(compiled(source), source.blocks if grid is None else grid, source.block if block is None else block,
                   pointers, source.shared)

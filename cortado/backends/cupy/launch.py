@@ -14,6 +14,8 @@ ctypes; where there is no such driver entry or the GPU is older than sm_90, CuPy
 import ctypes
 import functools
 
+import numpy as np
+
 from ...errors import BackendError
 
 WAIT_PRIOR_GRIDS = "ct_wait_prior_grids();"  # what every generated kernel runs before touching memory
@@ -85,7 +87,6 @@ class Launch:
 
     def __call__(self):
         import cupy
-        import numpy as np
 
         if self.config is None:
             self.function(self.grid, self.block, tuple(np.uint64(p) for p in self.pointers), shared_mem=self.shared)
