@@ -59,3 +59,23 @@ def test_a_wgmma_kernel_refuses_what_it_cannot_read():
     source = gemm_source(vector, warpgroup_tiling(64, 64, 64, 3), sums, [], (64, 1))
     assert "wgmma.mma_async.sync.aligned.m64n64k32.s32.s8.s8" in source.text and "-arch=sm_90a" in source.options
     assert "mma.sync" in gemm_source(vector, Tiling(16, 16, 64, 1, 2, 2), sums, [], (64, 1)).text
+
+
+def test_int8_results_of_whole_tiles_are_staged_and_stored_sixteen_bytes_a_thread():
+    """Narrow results in rows of whole 16-byte chunks go through shared memory; int32 results, columns and rows
+    of odd lengths do not."""
+    from cortado import cast
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.mma.epilogue import staged
+
+    tiling = warpgroup_tiling(128, 128, 128, 7)
+    assert staged(tiling, np.int8, (1024, 1)) and staged(tiling, np.float16, (1024, 1))
+    assert not staged(tiling, np.int32, (1024, 1))
+    assert not staged(tiling, np.int8, (1, 2048))
+    assert not staged(tiling, np.int8, (1000, 1))
+    assert staged(Tiling(16, 16, 64, 1, 2, 2), np.int8, (1024, 1))
+    product = Product(2048, 1024, 1024, (1024, 1), (1, 1024), np.dtype(np.int8), np.dtype(np.int8), True, True)
+    sums = parameter(0, Operand((2048, 1024), np.dtype(np.int32), (1024, 1)))
+    text = gemm_source(product, tiling, cast(sums, "int8"), [], (1024, 1)).text
+    assert "store_staged();" in text
+    assert "store_staged" not in gemm_source(product, tiling, sums, [], (1024, 1)).text

@@ -156,3 +156,34 @@ def test_quantize_multiplies_by_the_float32_reciprocal_of_the_scale_as_pytorch_d
     found = ct.evaluate(ct.quantize(x, 0.1), {"x": np.array([5.95], np.float32)})
     assert found[0] == 60  # x / 0.1 rounds to 59.0 in float32; x * float32(1 / 0.1) to 60.0, as torch's kernels
 
+
+
+# -- what the GPU runs, checked on the CPU -----------------------------------------------------
+
+
+def _gpu_source(term, *inputs):
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_source
+    from cortado.exprgraph.ops import parameter
+    from cortado.rules.api import simplify, subs
+
+    operands = [Operand(v.shape, v.dtype, contiguous_strides(v.shape)) for v in inputs]
+    body = subs(simplify(term), {v: parameter(i, v) for i, v in enumerate(inputs)})
+    return kernel_source((body,), operands).text
+
+
+@pytest.mark.parametrize("dtype", sorted(RANGES))
+def test_the_gpu_rounds_and_clamps_a_quantized_value_in_one_saturating_conversion(dtype):
+    """``cast(clip(rint(v)))`` into the dtype's whole range is ``cvt.rni.sat``, ``cast(clip(v))`` ``cvt.rzi.sat``
+    (levels with a zero point added are integers already), both sending NaN to 0 as the clamp and cast did; a clamp
+    into a narrower range keeps its own code."""
+    x = ct.var("x", (64,))
+    ctype = {"int8": "signed char", "uint8": "unsigned char"}[dtype]
+    assert f"ct_saturated<{ctype}, true>(" in _gpu_source(ct.quantize(x, 0.5, 0, dtype=dtype), x)
+    assert f"ct_saturated<{ctype}, false>(" in _gpu_source(ct.quantize(x, 0.5, 3, dtype=dtype), x)  # an integer
+    low, high = RANGES[dtype]
+    narrower = ct.cast(ct.minimum(ct.maximum(ct.rint(x), low + 1), high), dtype)
+    assert "ct_saturated<" not in _kernel_body(_gpu_source(narrower, x))
+
+
+def _kernel_body(text):
+    return text[text.index('extern "C"'):]

@@ -76,6 +76,15 @@ template <typename T> __device__ __forceinline__ T ct_ipow(T base, T exponent) {
     for (; e; e >>= 1, b *= b) { if (e & 1ULL) r *= b; }
     return (T)r; }
 template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
+// x rounded to the nearest (even) integer, or toward zero, and clamped into T's range in one instruction, NaN to 0
+template <typename T, bool NEAREST> __device__ __forceinline__ T ct_saturated(float x);
+#define CT_SATURATED(T, PTX_TYPE) \
+  template <> __device__ __forceinline__ T ct_saturated<T, true>(float x) { \
+    int r; asm("cvt.rni.sat." PTX_TYPE ".f32 %0, %1;" : "=r"(r) : "f"(x)); return (T)r; } \
+  template <> __device__ __forceinline__ T ct_saturated<T, false>(float x) { \
+    int r; asm("cvt.rzi.sat." PTX_TYPE ".f32 %0, %1;" : "=r"(r) : "f"(x)); return (T)r; }
+CT_SATURATED(signed char, "s8") CT_SATURATED(unsigned char, "u8") CT_SATURATED(short, "s16")
+CT_SATURATED(unsigned short, "u16")
 // Every kernel calls this before touching memory: launched to overlap the kernel before it (launch.py), it waits
 // until that grid has finished and its writes are visible; launched plainly, or before sm_90, it does nothing.
 __device__ __forceinline__ void ct_wait_prior_grids() {
@@ -244,12 +253,59 @@ def _power(o):
 
 def _cast(o):
     x = o.raw(0)
+    saturated = _saturated_conversion(o)
+    if saturated is not None:
+        return saturated
     if kind_of(o.dtype) == "b":
         return f"({x} != 0)"
     if o.dtype.name in HALVES:  # round as the stored value would be
         widen, narrow = HALVES[o.dtype.name]
         return f"{widen}({narrow}((float){x}))"
     return f"(({o.c}){x})"
+
+
+# integer types a float converts into, clamped, by one instruction (cvt.sat); their PTX names are in PRELUDE
+SATURATING = ("int8", "uint8", "int16", "uint16")
+
+
+def _splat(t):
+    """The one value of constant ``t`` (through broadcasts), else None."""
+    while t.op.name == "broadcast_to":
+        t = t.args[0]
+    return t.attr("value").scalar if t.op.name == "const" else None
+
+
+def _clamped(t, dtype):
+    """``v`` where ``t`` is ``v`` clamped into integer ``dtype``'s range by a ``minimum`` and a ``maximum``
+    (nested either way, either operand order) with the range's ends as constants; else None."""
+    info = np.iinfo(dtype)
+    bounds = {"maximum": info.min, "minimum": info.max}
+    for _ in range(2):
+        if t.op.name not in bounds:
+            return None
+        inner = [a for a, b in (t.args, t.args[::-1]) if _splat(b) is not None and _splat(b) == bounds[t.op.name]]
+        if not inner:
+            return None
+        del bounds[t.op.name]
+        t = inner[0]
+    return t
+
+
+def _saturated_conversion(o):
+    """A cast to a ``SATURATING`` type of a float value clamped into its range, written as one saturating
+    conversion, rounding to nearest where the value is a ``rint`` (the quantize ops' levels); else None. The
+    clamp and the cast took eight instructions, two of them conversions; the result is the same, NaN included
+    (0). Where the clamped value is read elsewhere too, it is computed anyway: nothing is saved, nothing lost."""
+    if o.dtype.name not in SATURATING:
+        return None
+    value = _clamped(o.term.args[0], o.dtype)
+    if value is None or compute_type(value.dtype) != "float":
+        return None
+    nearest = value.op.name == "rint"
+    source = value.args[0] if nearest else value
+    if compute_type(source.dtype) != "float":
+        return None
+    return f"ct_saturated<{STORAGE[o.dtype.name]}, {'true' if nearest else 'false'}>({o.names[source]})"
 
 
 ARITHMETIC = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}

@@ -18,7 +18,7 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 from ..codegen import PRELUDE, Source, kernel_name
 from ..launch import WAIT_PRIOR_GRIDS
 from . import warpgroup
-from .epilogue import OPTIONS, parameters, split_sums, store_all, store_functions
+from .epilogue import OPTIONS, parameters, split_sums, staged, store_all, store_functions
 from .product import PAD, ptx_type, tiles
 from .staging import load_function
 
@@ -29,7 +29,12 @@ def gemm_source(product, tiling, body, extras, out_strides):
     every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``."""
     generate, options = ((warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE) if tiling.instruction == "wgmma"
                          else (_kernel_text, OPTIONS))
-    text = generate(product, tiling, parameters(product, body, extras), store_functions(body, extras, out_strides))
+    staging = staged(tiling, body.dtype, out_strides)
+
+    def stores(fragments):
+        return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging)
+
+    text = generate(product, tiling, parameters(product, body, extras), stores)
     name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), tiles(product, tiling),
                   (tiling.threads, 1, 1), shared=tiling.shared_bytes, options=options)
@@ -116,5 +121,5 @@ extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(p
   }}
   asm volatile("cp.async.wait_group 0;\\n" ::);
 
-{split_sums()}{stores}{store_all(_STORED)}}}
+{split_sums()}{stores(_STORED)}}}
 """

@@ -20,7 +20,7 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 """
 
 from ..launch import WAIT_PRIOR_GRIDS
-from .epilogue import split_sums, store_all
+from .epilogue import split_sums
 from .product import SWIZZLE_ALIGNMENT, ptx_type
 from .staging import load_function
 
@@ -69,7 +69,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, PITCH = BK, STAGE_BYTES = (BM + BN) * BK;
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
-  extern __shared__ unsigned char smem[];
+  extern __shared__ __align__(16) unsigned char smem[];
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
   const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
@@ -109,5 +109,5 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
   #pragma unroll
   for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
   asm volatile("cp.async.wait_group 0;\\n" ::);
-{split_sums()}{stores}{store_all(_STORED)}}}
+{split_sums()}{stores(_STORED)}}}
 """
