@@ -4,7 +4,8 @@
 # them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|profile|all]    (conv, int8: those benchmarks alone)
+#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|dp|profile|all]    (conv, int8: those benchmarks alone;
+#     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are)
 set -o pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results}
@@ -18,6 +19,7 @@ if ls .whl/*.whl >/dev/null 2>&1; then
     export PYTHONPATH=/tmp/site
 fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
@@ -33,6 +35,12 @@ if [ "$what" = bench ] || [ "$what" = conv ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = int8 ] || [ "$what" = all ]; then
     python3 benchmarks/bench_int8_gpu.py --out "$out/int8_gpu.json" 2>&1 | tee "$out/bench_int8.log" || status=1
+fi
+gpus=$(nvidia-smi -L | wc -l)
+if [ "$what" = dp ] || { [ "$what" = all ] && [ "$gpus" -ge 2 ]; }; then
+    python3 -m pytest -q -m gpu -p no:cacheprovider tests/test_gpu_distributed.py 2>&1 | tee "$out/gpu_distributed_tests.log" || status=1
+    python3 benchmarks/bench_data_parallel_gpu.py --gpus "$(seq -s, 1 "$gpus")" --out "$out/data_parallel_gpu.json" 2>&1 \
+        | tee "$out/bench_data_parallel.log" || status=1
 fi
 if [ "$what" = profile ] || [ "$what" = all ]; then
     python3 benchmarks/profile_gpu.py --out "$out/profile_gpu.txt" 2>&1 | grep -A12 "kernels, "  || status=1

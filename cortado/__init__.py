@@ -6,7 +6,7 @@
     ct.evaluate(logits, {"x": xv, "W": Wv, "b": bv})
 """
 
-from . import rules
+from . import distributed, rules
 from .backends.reference import evaluate
 from .compiler import compile  # noqa: A004  (ct.compile, as DESIGN.md names it)
 from .errors import BackendError, CortadoError, DTypeError, FeedError, GradError, PlanError, RewriteError, ShapeError
@@ -21,6 +21,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_constructors, "quantize", "dequantize", "fake_quantize",
-    "grad", "vjp", "hvp", "rules", "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
+    "grad", "vjp", "hvp", "rules", "distributed",
+    "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
     "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "RewriteError", "PlanError", "BackendError",
 ]

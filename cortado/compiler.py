@@ -5,7 +5,9 @@ The pipeline, each stage a pass over values that returns new values:
 1. check the signature: every variable the outputs and updates read is an input or state;
 2. rules: ``simplify`` (algebra), ``stability``, the backend's lowering, then ``fuse``;
 3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
-   order that keeps the fewest bytes live (``memplan.memory_order``);
+   order that keeps the fewest bytes live (``memplan.memory_order``); asynchronous kernels (an
+   all-reduce) as early as they can run, what waits for them last (``memplan.overlapped``), and
+   what they read kept live until then;
 4. plan memory: the backend says which kernels are views, what they may do in place and what
    workspace they need; an update that can be computed straight into its state buffer is. Where the
    backend proposes other variants of its lowering for the planned step (the GPU's: bias gradients
@@ -13,11 +15,14 @@ The pipeline, each stage a pass over values that returns new values:
    arena kept;
 5. build the backend's executor over one arena.
 
+With ``data_parallel=True`` the signature's updates are first rewritten to average every gradient
+they read over the ranks (``distributed.rewrite``).
+
 The compiler knows backends only through ``backends.interface.Backend``.
 """
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -26,7 +31,7 @@ from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.ops import FUSED, may_fail
 from .exprgraph.term import Term
-from .memplan import intervals, memory_order, owners, plan_memory, read_through_view, verify
+from .memplan import intervals, joins, memory_order, overlapped, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
 from .rules.engine import Trace
 from .rules.fusion import fuse
@@ -195,7 +200,25 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates):
         for i in others:
             users.setdefault(i, set()).add(j)
     order = memory_order(steps, nbytes, external, live_out, after)
+    order = overlapped(order, steps, [i for i, k in enumerate(kernels) if k.term.op.asynchronous], after)
     return [kernels[i] for i in order], [steps[i] for i in order]
+
+
+def _awaited(kernels, steps):
+    """The steps with what each asynchronous kernel reads added to the reads of the step that waits for it (until
+    then the kernel may still be reading it, beside the steps between), and what is read so until the step ends."""
+    steps, lingering = list(steps), []
+    for i, j in joins(steps, [i for i, k in enumerate(kernels) if k.term.op.asynchronous]).items():
+        if j < len(steps):
+            steps[j] = replace(steps[j], reads=steps[j].reads + steps[i].reads)
+        else:
+            lingering += steps[i].reads
+    return steps, lingering
+
+
+def _groups(kernels):
+    """What grouped kernels (an all-reduce) read, and what they write, each to be placed side by side."""
+    return [group for k in kernels if k.term.op.grouped for group in (k.term.args, k.terms)]
 
 
 def _downstream(j, users):
@@ -210,7 +233,8 @@ def _downstream(j, users):
     return found
 
 
-def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, **options):
+def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, data_parallel=False,
+            **options):
     """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
 
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
@@ -225,13 +249,17 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     faster for some float32 weight gradients but no longer gives the same bits on every run;
     ``channels_last_io=True`` to take and return arrays of 4 or more axes channels last, NHWC memory
     of an NCHW shape as torch's ``channels_last`` tensors, read in place where a CuPy feed is so).
-    ``debug=True`` verifies the memory plan as it is made.
+    ``debug=True`` verifies the memory plan as it is made. ``data_parallel=True`` makes one rank's step of a
+    data-parallel job (``cortado.distributed``): each rank feeds its own shard of the batch, every gradient an
+    update reads is averaged over the ranks in buckets, each one all-reduce that runs beside the rest of the
+    backward pass, and the state starts as rank 0's; a dict instead of True sets the buckets' byte caps
+    (``{"bucket_bytes": 25 << 20, "first_bucket_bytes": 1 << 20}``, DDP's defaults).
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
         (loss_value,) = step(x=xv, y=yv)
     """
     with collector_paused():  # a collection during compile would rescan every live term, again and again
-        return _compile(outputs, inputs, state, updates, backend, debug, options)
+        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, options)
 
 
 def _options(engine, given):
@@ -270,13 +298,14 @@ def _built(signature, engine, options, variant=None):
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
+    steps, lingering = _awaited(kernels, steps)
     sinks = _sinks(kernels, steps, updates, live_out)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
-    plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
+    plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct] + lingering,
                        engine.alignment, labels,
-                       shared=sinks.items())
+                       shared=sinks.items(), groups=_groups(kernels))
     return _Built(traces, outputs, updates, kernels, steps, sinks, plan)
 
 
@@ -290,13 +319,16 @@ def _sizes(kernels):
     return nbytes
 
 
-def _compile(outputs, inputs, state, updates, backend, debug, options):
+def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, options):
     from .backends import backend_named
     from .program import Program
 
     signature = _signature(outputs, inputs, state, updates)
     engine = backend_named(backend)
     options = _options(engine, options)
+    buckets = ()
+    if data_parallel:
+        signature, buckets = _data_parallel(signature, engine, {} if data_parallel is True else data_parallel)
     built = _built(signature, engine, options)
     for variant in engine.alternatives(built):
         other = _built(signature, engine, options, variant)
@@ -307,7 +339,22 @@ def _compile(outputs, inputs, state, updates, backend, debug, options):
     executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
                                built.sinks, **options)
     return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
-                   engine.name, built.sinks)
+                   engine.name, built.sinks, buckets)
+
+
+def _data_parallel(signature, engine, caps):
+    """The signature with its updates averaging the gradients they read over the ranks, and the buckets."""
+    from . import distributed
+
+    known = {"bucket_bytes", "first_bucket_bytes"}
+    if not isinstance(caps, Mapping) or set(caps) - known or not all(isinstance(v, int) and v > 0 for v in caps.values()):
+        raise FeedError(f"compile: data_parallel is True, False or a dict of positive byte caps with keys "
+                        f"{sorted(known)}, not {caps!r}")
+    if distributed.world().size > 1 and not engine.collectives:
+        raise BackendError(f"compile(data_parallel=True): this process is one of {distributed.world().size} ranks, "
+                           f"and the {engine.name} backend cannot reduce over them; use backend='cupy'")
+    updates, buckets = distributed.data_parallel(signature.updates, signature.inputs, **caps)
+    return replace(signature, updates=updates), buckets
 
 
 def _label(t, i):

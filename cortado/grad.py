@@ -17,6 +17,8 @@ the rules stage. The driver applies them, so it sits above both the IR and the r
 (``cortado.exprgraph``) never imports the rules.
 """
 
+import weakref
+
 import numpy as np
 
 from .errors import DTypeError, GradError, ShapeError
@@ -28,6 +30,16 @@ from .exprgraph.term import Term
 from .rules import derivatives, simplify
 from .rules.derivatives import Derivatives
 from .rules.stability import stabiliser
+
+# every gradient ``vjp`` has returned and that is still alive: ``compile(..., data_parallel=True)`` averages these
+# over the ranks where an update reads them (``cortado.distributed.rewrite``)
+_returned = weakref.WeakSet()
+
+
+def is_gradient(term):
+    """Whether ``term`` is a gradient that ``grad``, ``vjp`` or ``hvp`` returned (terms are shared: one built the same
+    way is the same term)."""
+    return term in _returned
 
 
 def grad(y, wrt, *, rules=None, trace=None):
@@ -72,6 +84,7 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     adjoints = backpropagate(model, outputs, cotangents, variables, rules, trace)
     gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]
     gradients = simplify(gradients, trace, keep=model)
+    _returned.update(gradients)
     return gradients[0] if isinstance(wrt, Term) else gradients
 
 

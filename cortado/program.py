@@ -61,7 +61,7 @@ class Program:
     per thread).
     """
 
-    def __init__(self, signature, outputs, updates, kernels, plan, executor, traces, backend, sinks):
+    def __init__(self, signature, outputs, updates, kernels, plan, executor, traces, backend, sinks, buckets=()):
         self.signature = signature
         self.outputs = tuple(outputs)
         self.updates = updates
@@ -70,6 +70,7 @@ class Program:
         self.traces = traces
         self.backend = backend
         self._sinks = sinks
+        self.buckets = tuple(buckets)  # a data-parallel program's all-reduce buckets (``distributed.Bucket``)
         self._executor = executor
         self._inputs = {v.name: v for v in signature.inputs}
         self._running = threading.Lock()
@@ -123,7 +124,8 @@ class Program:
 
     def explain(self, examples=3):
         """The rules that fired in each stage, the kernels in order, and the memory plan."""
-        return "\n".join(self._rules(examples) + [""] + self._schedule() + ["", "memory: " + self.memory.summary()])
+        return "\n".join(self._rules(examples) + [""] + self._schedule() + self._buckets()
+                         + ["", "memory: " + self.memory.summary()])
 
     def _rules(self, examples):
         lines = ["rules:"]
@@ -154,6 +156,26 @@ class Program:
         for var, value in self.updates.items():
             how = "computed in place" if self._sinks.get(value) is var else "copied in after the step"
             lines.append(f"  update {var.name} <- {inline(value, 1)}: {how}")
+        return lines
+
+    def _buckets(self):
+        """Each all-reduce bucket: its gradients, its bytes, and the kernels it runs beside."""
+        at = {t: i for i, k in enumerate(self.kernels) for t in k.terms}
+        count = sum(k.term.op.name == "all_reduce" for k in self.kernels)
+        if not count:
+            return []
+        lines = ["", f"data parallel: {count} all-reduce bucket(s), averaged over the ranks"]
+        for k in self.kernels:
+            if k.term.op.name != "all_reduce":
+                continue
+            i = at[k.term]
+            readers = [j for j in range(i + 1, len(self.kernels)) if any(r in k.terms for r in self.kernels[j].reads)]
+            joined = readers[0] if readers else len(self.kernels)
+            beside = f"beside k{i + 1}..k{joined - 1}" if joined > i + 1 else "beside no kernel"
+            waited = f"k{joined} waits for it" if readers else "the step's end waits for it"
+            size = sum(g.size * g.dtype.itemsize for g in k.term.args)
+            lines.append(f"  bucket {k.term.attr('bucket')}: k{i}, {len(k.terms)} gradient(s), {size / 1024:.1f} KiB, "
+                         f"issued after k{i - 1}, runs {beside}; {waited}")
         return lines
 
     def _where(self, t):

@@ -10,6 +10,10 @@ its worst step than the depth-first order does.
 
 ``after`` adds orderings that data alone does not impose: an update computed in place over its
 state variable must run after every other step that reads the variable.
+
+``overlapped`` then rearranges the order for asynchronous steps (an all-reduce on a stream of its
+own): each is issued as soon as what it reads exists, and whatever waits for one runs last, so
+that the communication runs beside the rest of the step; ``joins`` says where each is waited for.
 """
 
 import heapq
@@ -43,23 +47,74 @@ def _peak(steps, nbytes, external, live_out):
                       if k not in external and owner.get(k, k) == k], len(steps) + 1)
 
 
-def _greedy(steps, nbytes, external, live_out, after):
-    owner = owners(steps)
-    live_out = {owner.get(key, key) for key in live_out}
+def _waits(steps, after=()):
+    """For each step, the steps it must wait for: those defining what it reads, and ``after``'s."""
     defined_at = {key: i for i, s in enumerate(steps) for key in s.defines}
-    before = [set() for _ in steps]  # the steps each must wait for
-    readers = {}  # storage owner -> the steps that read it or a view of it
+    before = [set() for _ in steps]
     for j, step in enumerate(steps):
         for key in step.reads:
             i = defined_at.get(key)
             if i is not None and i != j:
                 before[j].add(i)
-            root = owner.get(key, key)
-            if root in nbytes and root not in external:
-                readers.setdefault(root, set()).add(j)
     for i, j in after:
         if i != j:
             before[j].add(i)
+    return before
+
+
+def overlapped(order, steps, asynchronous, after=()):
+    """``order`` (step indices) with each step of ``asynchronous`` moved up to just after the last step it waits
+    for, and every step that waits for one, directly or not (through data or ``after``), moved to the end in its
+    order."""
+    asynchronous = set(asynchronous)
+    if not asynchronous:
+        return list(order)
+    before = _waits(steps, after)
+    late = set()
+    for j in order:
+        if any(i in late or (i in asynchronous and j not in asynchronous) for i in before[j]):
+            late.add(j)
+    early, placed = [], set()
+    waiting = [j for j in order if j in asynchronous and j not in late]
+
+    def issue_ready():
+        for j in [j for j in waiting if before[j] <= placed]:
+            waiting.remove(j)
+            early.append(j)
+            placed.add(j)
+
+    issue_ready()
+    for j in order:
+        if j in late or j in asynchronous:
+            continue
+        early.append(j)
+        placed.add(j)
+        issue_ready()
+    return early + [j for j in order if j in late]
+
+
+def joins(steps, asynchronous):
+    """``{i: j}`` for each asynchronous step ``i``: ``j`` is the first step after it that reads what it defines
+    (directly or through a view, whose own step reads nothing), which must wait for it; ``len(steps)`` for none."""
+    owner = owners(steps)
+    found = {}
+    for i in asynchronous:
+        mine = set(steps[i].defines)
+        found[i] = next((j for j in range(i + 1, len(steps)) if steps[j].view_of is None
+                         and any(owner.get(key, key) in mine for key in steps[j].reads)), len(steps))
+    return found
+
+
+def _greedy(steps, nbytes, external, live_out, after):
+    owner = owners(steps)
+    live_out = {owner.get(key, key) for key in live_out}
+    before = _waits(steps, after)  # the steps each must wait for
+    readers = {}  # storage owner -> the steps that read it or a view of it
+    for j, step in enumerate(steps):
+        for key in step.reads:
+            root = owner.get(key, key)
+            if root in nbytes and root not in external:
+                readers.setdefault(root, set()).add(j)
     waiting = [len(b) for b in before]
     unblocks = [[] for _ in steps]
     for j, b in enumerate(before):

@@ -9,6 +9,10 @@ values that live elsewhere (state, constants), and returns a ``MemoryPlan``:
 3. offsets by best fit: a sweep in time order, and unless that meets the lower bound, greedy
    size-first and lifetime-first orders too, keeping the smallest (``offsets``).
 
+Values of one ``group`` (the gradients one all-reduce call reads) lie side by side, in order, each
+aligned: the group is placed as one buffer, live from its first member's start to its last one's end,
+and its members neither take nor give a buffer in place.
+
 A step's workspace is a buffer of its own, live only during the step.
 """
 
@@ -128,13 +132,15 @@ def _buffers(placements, alignment):
                    min(p.start for p in g), max(p.end for p in g)) for g in groups.values()]
 
 
-def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=()):
+def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=(), groups=()):
     """The ``MemoryPlan`` of ``steps`` (``liveness.Step``) for the values not in ``external``.
 
     ``nbytes``: each value's size in bytes. ``external``: values with storage of their own (state,
     constants), never placed. ``live_out``: values read after the last step. ``labels``: a short
     name per value for reports and pictures. ``shared``: in-place pairs the caller has taken
-    itself (an update written over its state variable), which may cost workspace.
+    itself (an update written over its state variable), which may cost workspace. ``groups``: tuples of
+    values to place side by side; a group with a member the arena does not hold (external, a view) is
+    left out, each of its members placed alone.
     """
     if alignment <= 0 or alignment & (alignment - 1):
         raise PlanError(f"the alignment must be a power of two, not {alignment}")
@@ -143,7 +149,9 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     lives = liveness.intervals(steps, live_out)
     owner = liveness.owners(steps)
     planned = [k for k in lives if k not in external and owner.get(k, k) == k and k in nbytes]
-    takes = _inplace(steps, lives, owner, planned, nbytes, alignment)
+    groups = [tuple(g) for g in groups if set(g) <= set(planned) and len(set(g)) == len(g)]
+    grouped = {k for g in groups for k in g}
+    takes = _inplace(steps, lives, owner, [k for k in planned if k not in grouped], nbytes, alignment)
     taken = set(shared) | set(takes.items())
     workspaces = {("workspace", i): s.workspace_with(taken) for i, s in enumerate(steps)}
     workspaces = {key: size for key, size in workspaces.items() if size}
@@ -153,11 +161,20 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
         head[k] = head[takes[k]] if k in takes else k
     spans = {}
     for k in planned:
+        if k in grouped:
+            continue
         lo, hi = spans.get(head[k], (lives[k].start, lives[k].end))
         spans[head[k]] = (min(lo, lives[k].start), max(hi, lives[k].end))
     requests = [Request(h, aligned(nbytes[h], alignment), *spans[h]) for h in spans]
+    requests += [Request(("group", n), sum(aligned(nbytes[k], alignment) for k in g),
+                         min(lives[k].start for k in g), max(lives[k].end for k in g)) for n, g in enumerate(groups)]
     requests += [Request(key, aligned(size, alignment), key[1], key[1]) for key, size in workspaces.items()]
     order, offsets, _ = best_placement(requests, len(steps) + 1)
+    for n, g in enumerate(groups):
+        at = offsets[("group", n)]
+        for k in g:
+            offsets[k] = at
+            at += aligned(nbytes[k], alignment)
 
     placements = [Placement(k, labels[k] if k in labels else str(k), offsets[head[k]], nbytes[k], lives[k].start, lives[k].end,
                             takes.get(k)) for k in planned]

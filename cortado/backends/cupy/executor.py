@@ -15,14 +15,19 @@ copied into a feed block allocated on first need (NumPy feeds through pinned hos
 that their copies are part of the graph). From the second call on (the first compiles, loads
 modules and warms cuBLASLt up), a step is one graph launch; ``cuda_graph=False`` runs the same
 calls one by one.
+
+A data-parallel program's all-reduces run on a second stream through NCCL, each bucket one call
+as soon as its gradients exist, beside the kernels after it, until the first kernel that reads an
+average waits for it: in a CUDA graph, a fork and a join. The state starts as rank 0's.
 """
 
 
 import numpy as np
 
+from ... import distributed
 from ...errors import BackendError
 from .lowering.gemm import gemm_operands
-from ...memplan import aligned, unallocatable
+from ...memplan import aligned, joins, unallocatable
 from .. import interface
 from .blas import Gemm
 from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_source, memory_order
@@ -113,10 +118,20 @@ class Executor(interface.Executor):
         self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
         self.makers, self.labels, self.tuned, self.choices = [], [], [], {}
+        self.world = distributed.world()
+        self.side = cupy.cuda.Stream(non_blocking=True)  # where all-reduces run
+        asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
+        done = {i: [None] for i in asynchronous}  # the event each records when its call is made
+        waits = {}
+        for i, j in joins(steps, asynchronous).items():
+            waits.setdefault(j, []).append(done[i])
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             t = kernel.term
             if step.view_of is not None or kernel.is_load:
                 continue
+            if i in waits:
+                self.makers.append(self._join(waits[i]))
+                self.labels.append(f"k{i} waits for all-reduce")
             scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
             if t.op.name == "gemm":
                 self.makers.append(self._gemm(kernel.terms, scratch, tf32))
@@ -127,9 +142,14 @@ class Executor(interface.Executor):
             elif t.op.name == "int8_gemm":
                 self.makers.append(self._int8_gemm(t, scratch))
                 self.labels.append(f"k{i}.int8_gemm {t.shape}")
+            elif t.op.name == "all_reduce":
+                self.makers.append(self._all_reduce(kernel.terms, done[i]))
+                self.labels.append(f"k{i}.all_reduce bucket {t.attr('bucket')} ({len(kernel.terms)} values)")
             else:
                 self.makers.append(self._kernel(t, kernel.terms))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
+        if len(steps) in waits:
+            self.makers.append(self._join(waits[len(steps)]))
         self.makers += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
                         if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
@@ -140,6 +160,11 @@ class Executor(interface.Executor):
             self._tune()
         for v, value in signature.state.items():
             self.state[v].set(np.asarray(value, order="C"))  # (ascontiguousarray makes a 0-d value 1-d)
+        if asynchronous and self.world.size > 1:  # every rank starts from rank 0's parameters
+            nccl = distributed.nccl_module()
+            self.world.communicator.broadcast(self.state_block.memory.data.ptr, self.state_block.memory.data.ptr,
+                                              self.state_block.nbytes, nccl.NCCL_UINT8, 0, self.stream.ptr)
+            self.stream.synchronize()
 
     def layout(self, t):
         strides = self.strides.get(t)
@@ -264,6 +289,52 @@ class Executor(interface.Executor):
         return self._library_call(runner, [], lambda pointers: (pointers[a], pointers[b],
                                                                 tuple(pointers[e] for e in extras), pointers[t],
                                                                 workspace))
+
+    def _all_reduce(self, terms, done):
+        """A maker of the call averaging a bucket's gradients over the ranks, into ``terms`` (its results, side by
+        side in the arena): one NCCL all-reduce on the side stream, from the gradients where the plan put them side
+        by side as well, else from copies of them packed into the results first. ``done[0]`` is set to the event
+        that the kernels reading the results wait for. In a world of one, the averages are copies."""
+        gradients = terms[0].args
+        sizes = [g.size * g.dtype.itemsize for g in gradients]
+        offsets = np.cumsum([0] + [aligned(n, ALIGNMENT) for n in sizes[:-1]]).tolist()
+        count = (offsets[-1] + sizes[-1]) // gradients[0].dtype.itemsize
+        nccl = distributed.nccl_module() if self.world.size > 1 else None
+
+        def make(pointers):
+            send, receive = pointers[gradients[0]], pointers[terms[0]]
+            in_place = [pointers[g] == send + at and self.strides[g] == self.strides[r]
+                        for g, r, at in zip(gradients, terms, offsets)]
+            copies = [] if all(in_place) and nccl is not None else [
+                self._copy(g, receive + at, self.strides[r])(pointers) for g, r, at in zip(gradients, terms, offsets)]
+            source = receive if copies else send
+            if nccl is None:
+                return lambda: [copy() for copy in copies]
+            dtype = _nccl_dtype(nccl, gradients[0].dtype)
+            communicator = self.world.communicator
+
+            def call():
+                for copy in copies:
+                    copy()
+                self.side.wait_event(self.stream.record())
+                communicator.allReduce(source, receive, count, dtype, nccl.NCCL_AVG, self.side.ptr)
+                done[0] = self.side.record()
+
+            return call
+
+        return make
+
+    def _join(self, events):
+        """A maker of the call that makes the program's stream wait for the all-reduces whose ``events`` (each a
+        one-item list, set by its call) say they are done."""
+        def make(pointers):
+            def call():
+                for event in events:
+                    if event[0] is not None:
+                        self.stream.wait_event(event[0])
+            return call
+
+        return make
 
     def _updates(self, final):
         """Makers of the copies of update values into the state; sources that another update overwrites go
@@ -456,6 +527,13 @@ class Executor(interface.Executor):
             graph = self.stream.end_capture()
         self.graphs[sources] = graph
         graph.launch(self.stream)
+
+
+def _nccl_dtype(nccl, dtype):
+    names = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16"}
+    if dtype.name not in names:
+        raise BackendError(f"compile(data_parallel=True): NCCL averages float gradients, not {dtype.name}")
+    return getattr(nccl, names[dtype.name])
 
 
 def _strided(flat, shape, strides):

@@ -133,6 +133,10 @@ def layouts(kernels, options):
         elif k.is_load:
             strides[t] = io_strides(t, options)
             continue
+        elif name == "all_reduce":  # each average as its gradient lies, where that is one dense block
+            strides.update({d: strides[a] if dense(a.shape, strides[a]) else contiguous_strides(d.shape)
+                            for d, a in zip(k.terms, t.args)})
+            continue
         else:
             last = _channels_last_kernel(k, strides, dtypes, bool(options.get("channels_last_io")))
             strides.update({d: channels_last_strides(d.shape) if last else contiguous_strides(d.shape)
@@ -140,6 +144,16 @@ def layouts(kernels, options):
             continue
         views.add(t)
     return strides, views
+
+
+def dense(shape, strides):
+    """Whether elements at ``strides`` fill one block of ``prod(shape)`` elements, in some order of the axes."""
+    size = 1
+    for n, stride in sorted(((n, s) for n, s in zip(shape, strides) if n != 1), key=lambda pair: pair[1]):
+        if stride != size:
+            return False
+        size *= n
+    return True
 
 
 def _images(t):

@@ -35,6 +35,8 @@ class Op:
     results: Callable | None = None  # attributes -> how many results one kernel of it makes (None: one)
     result_attr: str | None = None  # with ``results``: the attribute that says which result a term is
     evaluate: Callable | None = None  # the reference semantics of an op outside the table (a backend's own)
+    grouped: bool = False  # one kernel of it reads its operands as one piece of memory, and writes its results so
+    asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result
 
     @property
     def elementwise(self):

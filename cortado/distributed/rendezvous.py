@@ -1,0 +1,58 @@
+"""How the ranks of a job find each other: rank 0 hands a few bytes (NCCL's unique id) to every other rank
+over TCP at ``MASTER_ADDR:MASTER_PORT``, as torch.distributed's TCP store does."""
+
+import socket
+import struct
+import time
+
+from ..errors import BackendError
+
+TIMEOUT_S = 300.0  # how long a rank waits for the others: a job's processes start within seconds, or not at all
+
+
+def share(payload, rank, world_size, address, port, timeout=TIMEOUT_S):
+    """``payload`` (bytes) of rank 0, on every rank: rank 0 listens and sends it to the ``world_size - 1``
+    others, which connect (retrying while rank 0 is not listening yet)."""
+    if rank == 0:
+        return _serve(payload, world_size - 1, address, port, timeout)
+    return _fetch(address, port, timeout)
+
+
+def _serve(payload, peers, address, port, timeout):
+    message = struct.pack("!I", len(payload)) + payload
+    with socket.create_server((address, port), reuse_port=False) as server:
+        server.settimeout(timeout)
+        for _ in range(peers):
+            try:
+                connection, _ = server.accept()
+            except TimeoutError:
+                raise BackendError(f"cortado.distributed: rank 0 waited {timeout:.0f} s at {address}:{port} for "
+                                   f"{peers} other rank(s) to connect; did every process start?") from None
+            with connection:
+                connection.sendall(message)
+    return payload
+
+
+def _fetch(address, port, timeout):
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=timeout) as connection:
+                connection.settimeout(timeout)
+                (length,) = struct.unpack("!I", _exactly(connection, 4))
+                return _exactly(connection, length)
+        except (ConnectionRefusedError, ConnectionResetError, socket.gaierror):
+            if time.monotonic() > deadline:
+                raise BackendError(f"cortado.distributed: no rank 0 answered at {address}:{port} within "
+                                   f"{timeout:.0f} s (MASTER_ADDR, MASTER_PORT)") from None
+            time.sleep(0.05)
+
+
+def _exactly(connection, count):
+    data = b""
+    while len(data) < count:
+        chunk = connection.recv(count - len(data))
+        if not chunk:
+            raise BackendError("cortado.distributed: rank 0 closed the rendezvous before sending the NCCL id")
+        data += chunk
+    return data

@@ -1,0 +1,130 @@
+"""Data parallelism as a rewrite: every gradient an update reads is averaged over the ranks.
+
+Each rank runs the same step on its own shard of the batch. Where the loss is a mean over the
+batch, the mean over the ranks of each rank's gradient is the gradient of the whole batch, so the
+step equals the one-rank step on the concatenated batch once each gradient an update reads is
+replaced by its ``all_reduce`` (mean), as PyTorch's DistributedDataParallel averages ``.grad``.
+Gradients are the terms ``ct.grad``/``ct.vjp`` returned (``grad.is_gradient``); the first one
+found on each path from an update down is averaged, and what it is computed from stays local.
+
+Gradients go into buckets in the order they are ready in the backward pass, as DDP's do: by the
+length of the longest chain of terms each is computed through (the last layer's gradient, at the
+start of the backward pass, has the shortest), which any schedule must run in turn. Each bucket
+one dtype, the first at most ``FIRST_BUCKET_BYTES`` so that communication starts early, the others
+at most ``BUCKET_BYTES``. A backend reduces a bucket with one call, as soon as its last gradient
+exists, beside the rest of the backward pass.
+"""
+
+from dataclasses import dataclass
+
+from ..errors import FeedError
+from ..exprgraph.graph import schedule
+from ..exprgraph.ops.collectives import all_reduce
+from ..grad import is_gradient
+from ..rules.engine import substitute
+
+FIRST_BUCKET_BYTES = 1 << 20  # DDP's defaults
+BUCKET_BYTES = 25 << 20
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """The gradients one all-reduce averages, in the order they lie in memory, and their averages."""
+
+    gradients: tuple
+    averages: tuple
+
+    @property
+    def nbytes(self):
+        return sum(g.size * g.dtype.itemsize for g in self.gradients)
+
+
+def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes=FIRST_BUCKET_BYTES):
+    """``(updates with each gradient they read averaged over the ranks, the buckets)``.
+
+    ``updates``: ``{state variable: new value}``; ``inputs``: the fed variables, which hold each rank's
+    shard of the batch. A FeedError where no update reads a gradient of the inputs, or where an update
+    reads the inputs other than through a gradient (a running mean of the batch, say): the ranks' states
+    would differ after one step.
+    """
+    fed = frozenset(inputs)
+    local = _local_terms(list(updates.values()), fed)
+    order = schedule(list(updates.values()))
+    found = _read_gradients(updates.values(), local)
+    if not found:
+        raise FeedError("compile(data_parallel=True): no update reads a gradient of the fed inputs (a term ct.grad "
+                        "returned): there is nothing to average over the ranks")
+    buckets = _buckets(_by_readiness(found, order), bucket_bytes, first_bucket_bytes)
+    averaged = {g: a for bucket in buckets for g, a in zip(bucket.gradients, bucket.averages)}
+    rewritten = {var: substitute(value, averaged) for var, value in updates.items()}
+    for var, value in rewritten.items():
+        leaked = _fed_outside_averages(value, fed)
+        if leaked:
+            raise FeedError(f"compile(data_parallel=True): the update of {var.name!r} reads the fed "
+                            f"{', '.join(sorted(repr(v.name) for v in leaked))} other than through a gradient; "
+                            f"each rank would update its state from its own shard, and the ranks would part ways")
+    return rewritten, buckets
+
+
+def _local_terms(roots, fed):
+    """The terms of ``roots`` that depend on a fed input: they differ from rank to rank."""
+    local = set()
+    for t in schedule(roots):
+        if t in fed or any(a in local for a in t.args):
+            local.add(t)
+    return local
+
+
+def _read_gradients(values, local):
+    """The gradients of local values that the update ``values`` read, the first on each path down."""
+    found, seen, stack = {}, set(), list(values)
+    while stack:
+        t = stack.pop()
+        if t in seen or t not in local:
+            continue
+        seen.add(t)
+        if is_gradient(t):
+            found[t] = None
+        else:
+            stack.extend(t.args)
+    return list(found)
+
+
+def _by_readiness(gradients, order):
+    """``gradients`` by the longest chain of terms that computes each (``order``: a schedule of them all), ties in
+    schedule order."""
+    depth = {}
+    for t in order:
+        depth[t] = 1 + max((depth[a] for a in t.args), default=0)
+    position = {t: i for i, t in enumerate(order)}
+    return sorted(gradients, key=lambda g: (depth[g], position[g]))
+
+
+def _buckets(gradients, bucket_bytes, first_bucket_bytes):
+    """``gradients`` (in the order they are ready) cut into buckets of one dtype and at most the byte caps each
+    (a gradient larger than its cap makes a bucket alone)."""
+    groups, current, size = [], [], 0
+    for g in gradients:
+        nbytes = g.size * g.dtype.itemsize
+        cap = first_bucket_bytes if not groups else bucket_bytes
+        if current and (g.dtype != current[0].dtype or size + nbytes > cap):
+            groups.append(current)
+            current, size = [], 0
+        current.append(g)
+        size += nbytes
+    groups.append(current)
+    return [Bucket(tuple(group), all_reduce(group, k)) for k, group in enumerate(groups)]
+
+
+def _fed_outside_averages(value, fed):
+    """The fed inputs ``value`` reads other than through an all-reduce."""
+    leaked, seen, stack = set(), set(), [value]
+    while stack:
+        t = stack.pop()
+        if t in seen or t.op.name == "all_reduce":
+            continue
+        seen.add(t)
+        if t in fed:
+            leaked.add(t)
+        stack.extend(t.args)
+    return leaked

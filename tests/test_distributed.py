@@ -1,0 +1,221 @@
+"""Data parallelism on the CPU, in a world of one rank: the rewrite (which terms are averaged, in which buckets),
+the schedule and plan it asks for (buckets side by side, issued early, waited for late), the errors, the
+rendezvous and the launcher. The same program on several GPUs is tests/test_gpu_distributed.py's."""
+
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import distributed
+from cortado.distributed import rendezvous
+from cortado.errors import BackendError, FeedError
+from cortado.exprgraph.graph import schedule
+
+
+def mlp(sizes=(20, 64, 48, 5), batch=32, dtype="float32"):
+    """``(loss, inputs, params)`` of a relu MLP with a softmax cross-entropy loss, the mean over the batch."""
+    x, y = ct.var("x", (batch, sizes[0]), dtype), ct.var("y", (batch, sizes[-1]), dtype)
+    params, h = [], x
+    for i, (n, m) in enumerate(zip(sizes, sizes[1:])):
+        W, b = ct.var(f"W{i}", (n, m), dtype), ct.var(f"b{i}", (m,), dtype)
+        params += [W, b]
+        h = h @ W + b
+        if i < len(sizes) - 2:
+            h = ct.relu(h)
+    loss = ct.mean(ct.logsumexp(h, axis=1) - ct.sum(h * y, axis=1))
+    return loss, [x, y], params
+
+
+def values(params, seed=0):
+    rng = np.random.default_rng(seed)
+    return {p: (rng.standard_normal(p.shape) * 0.1).astype(p.dtype) for p in params}
+
+
+def batch(inputs, seed=1):
+    rng = np.random.default_rng(seed)
+    x, y = inputs
+    return {"x": rng.standard_normal(x.shape).astype(x.dtype),
+            "y": np.eye(y.shape[1], dtype=y.dtype)[rng.integers(0, y.shape[1], y.shape[0])]}
+
+
+def averaged(update):
+    """The all-reduce terms an update value reads."""
+    return [t for t in schedule(update) if t.op.name == "all_reduce"]
+
+
+def test_a_data_parallel_step_of_one_rank_is_the_plain_step_bit_for_bit():
+    loss, inputs, params = mlp()
+    grads = ct.grad(loss, params)
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    plain = ct.compile([loss], inputs=inputs, state=values(params), updates=updates)
+    parallel = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=True,
+                          debug=True)
+    for step in range(3):
+        feeds = batch(inputs, step)
+        np.testing.assert_array_equal(parallel(**feeds)[0], plain(**feeds)[0])
+    for p in params:
+        np.testing.assert_array_equal(parallel.state[p.name], plain.state[p.name])
+    assert len(parallel.buckets) == 1 and set(parallel.buckets[0].gradients) == set(grads)
+
+
+def test_the_gradient_is_averaged_before_an_update_squares_it():
+    """Adam reads ``g`` and ``g * g``: the average of the squares is not the square of the average, so the
+    all-reduce must sit on ``g`` itself, the first gradient on the path, never above it."""
+    loss, inputs, params = mlp()
+    W = params[0]
+    g = ct.grad(loss, W)
+    m, v = ct.var("m", W.shape), ct.var("v", W.shape)
+    updates = {m: 0.9 * m + 0.1 * g, v: 0.99 * v + 0.01 * g * g, W: W - 0.01 * m / (ct.sqrt(v) + 1e-8)}
+    rewritten, buckets = distributed.data_parallel(updates, inputs)
+    (bucket,) = buckets
+    assert bucket.gradients == (g,)
+    for var in (m, v):
+        (reduce,) = averaged(rewritten[var])
+        assert reduce.args == (g,)
+    assert rewritten[W] is updates[W]  # it reads no gradient
+
+
+def test_buckets_follow_the_backward_pass_and_keep_to_their_caps_and_dtypes():
+    loss, inputs, params = mlp(sizes=(20, 64, 48, 5))
+    grads = ct.grad(loss, params)
+    by_param = dict(zip(grads, params))
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    _, buckets = distributed.data_parallel(updates, inputs, bucket_bytes=65 * 48 * 4, first_bucket_bytes=49 * 5 * 4)
+    order = [by_param[g].name for b in buckets for g in b.gradients]
+    assert order == ["W2", "b2", "W1", "b1", "W0", "b0"]  # the last layer's gradients are ready first
+    assert [len(b.gradients) for b in buckets] == [2, 2, 2]
+    assert all(b.nbytes <= 65 * 48 * 4 for b in buckets)
+    half = ct.var("h", (7,), "float16")
+    mixed = {**updates, half: half - ct.grad(ct.sum(ct.cast(half, "float32") * ct.mean(inputs[0])), half)}
+    _, buckets = distributed.data_parallel(mixed, inputs)
+    assert all(len({g.dtype for g in b.gradients}) == 1 for b in buckets) and len(buckets) == 2
+
+
+def test_each_bucket_lies_in_one_piece_is_issued_early_and_waited_for_late():
+    loss, inputs, params = mlp(sizes=(20, 64, 48, 5))
+    grads = ct.grad(loss, params)
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    program = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=True)
+    kernels = program.kernels
+    (i,) = [i for i, k in enumerate(kernels) if k.term.op.name == "all_reduce"]
+    reduce = kernels[i]
+    for group in (reduce.term.args, reduce.terms):
+        places = [program.memory[t] for t in group]
+        for before, after in zip(places, places[1:]):
+            assert after.offset == before.offset + -(-before.nbytes // 64) * 64
+    defined_at = {t: j for j, k in enumerate(kernels) for t in k.terms}
+    assert i == max(defined_at[g] for g in reduce.term.args) + 1  # issued as soon as the last gradient exists
+    readers = [j for j, k in enumerate(kernels) if set(k.reads) & set(reduce.terms)]
+    assert all(j > i for j in readers)
+    assert all(set(k.reads) & set(reduce.terms) or k.term.op.name == "all_reduce"
+               for k in kernels[min(readers):])  # whatever waits for it runs last
+    assert all(program.memory[g].end >= min(readers) for g in reduce.term.args)  # read until it is waited for
+    assert f"bucket 0: k{i}, 6 gradient(s)" in program.explain()
+
+
+def test_small_buckets_overlap_the_rest_of_the_backward_pass():
+    loss, inputs, params = mlp(sizes=(20, 64, 48, 5))
+    grads = ct.grad(loss, params)
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    _, buckets = distributed.data_parallel(updates, inputs, bucket_bytes=65 * 48 * 4, first_bucket_bytes=49 * 5 * 4)
+    program = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=True)
+    assert len(program.buckets) == 1  # DDP's caps: this MLP's 18 KiB are one bucket
+    first = [i for i, k in enumerate(program.kernels) if k.term.op.name == "all_reduce"]
+    assert len(first) == 1
+    plain = ct.compile([loss], inputs=inputs, state=values(params), updates=updates)
+    caps = {"bucket_bytes": 65 * 48 * 4, "first_bucket_bytes": 49 * 5 * 4}
+    staged = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=caps)
+    assert [b.gradients for b in staged.buckets] == [b.gradients for b in buckets]
+    positions = [i for i, k in enumerate(staged.kernels) if k.term.op.name == "all_reduce"]
+    assert len(positions) == 3 and positions[0] < len(staged.kernels) // 2 + 4
+    assert "runs beside k" in staged.explain()
+    feeds = batch(inputs)
+    np.testing.assert_array_equal(staged(**feeds)[0], plain(**feeds)[0])
+    for p in params:
+        np.testing.assert_array_equal(staged.state[p.name], plain.state[p.name])
+
+
+def test_what_cannot_be_made_data_parallel_is_refused_saying_why(monkeypatch):
+    loss, inputs, params = mlp()
+    W = params[0]
+    with pytest.raises(FeedError, match="no update reads a gradient"):
+        ct.compile([loss], inputs=inputs, state=values(params), updates={W: W * 0.5}, data_parallel=True)
+    running = ct.var("running", (20,))
+    updates = {W: W - 0.1 * ct.grad(loss, W), running: 0.9 * running + 0.1 * ct.mean(inputs[0], axis=0)}
+    with pytest.raises(FeedError, match="'running' reads the fed 'x' other than through a gradient"):
+        ct.compile([loss], inputs=inputs, state={**values(params), running: np.zeros(20, np.float32)},
+                   updates=updates, data_parallel=True)
+    with pytest.raises(FeedError, match="data_parallel is True, False or a dict"):
+        ct.compile([loss], inputs=inputs, state=values(params), updates={W: W - ct.grad(loss, W)},
+                   data_parallel={"bucket_mb": 25})
+    monkeypatch.setattr(distributed, "_world", distributed.World(0, 2, 0, object()))
+    with pytest.raises(BackendError, match="one of 2 ranks.*numpy backend cannot reduce"):
+        ct.compile([loss], inputs=inputs, state=values(params), updates={W: W - ct.grad(loss, W)}, data_parallel=True)
+
+
+def test_init_without_a_job_is_a_world_of_one_and_bad_variables_are_named(monkeypatch):
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        monkeypatch.delenv(name, raising=False)
+    assert distributed.init() == distributed.World(0, 1, 0, None)
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    with pytest.raises(BackendError, match="WORLD_SIZE='two' is not an integer"):
+        distributed.init()
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "2")
+    with pytest.raises(BackendError, match="describe no job"):
+        distributed.init()
+
+
+def test_rank_zero_hands_its_bytes_to_every_other_rank():
+    port = _free_port()
+    received = {}
+
+    def rank(r):
+        received[r] = rendezvous.share(b"id-of-rank-0" if r == 0 else b"", r, 3, "127.0.0.1", port, timeout=20)
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in (2, 1, 0)]  # others first: they retry
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert received == {0: b"id-of-rank-0", 1: b"id-of-rank-0", 2: b"id-of-rank-0"}
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+SCRIPT = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+print(f"rank {rank} of {os.environ['WORLD_SIZE']} local {os.environ['LOCAL_RANK']} "
+      f"nvls {os.environ['NCCL_NVLS_ENABLE']} at {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']} "
+      f"args {sys.argv[1:]}", flush=True)
+if sys.argv[1] == "fail" and rank == 1:
+    sys.exit(3)
+if sys.argv[1] == "fail":
+    time.sleep(60)
+"""
+
+
+def test_the_launcher_starts_one_process_a_gpu_and_stops_them_all_when_one_fails(tmp_path):
+    script = tmp_path / "job.py"
+    script.write_text(SCRIPT)
+    run = subprocess.run([sys.executable, "-m", "cortado.launch", "--gpus", "2", str(script), "ok", "--lr", "0.1"],
+                         capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    lines = sorted(run.stdout.splitlines())
+    assert [line.split(" at ")[0] for line in lines] == ["rank 0 of 2 local 0 nvls 0", "rank 1 of 2 local 1 nvls 0"]
+    assert all(line.endswith("args ['ok', '--lr', '0.1']") for line in lines)
+    assert len({line.split(" at ")[1] for line in lines}) == 1
+    failed = subprocess.run([sys.executable, "-m", "cortado.launch", "--gpus", "2", str(script), "fail"],
+                            capture_output=True, text=True, timeout=30)
+    assert failed.returncode == 3
