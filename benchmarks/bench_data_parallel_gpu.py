@@ -112,12 +112,12 @@ def ddp_step(model, dtype, values, x, y):
     class Model(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.params = torch.nn.ParameterDict({name.replace(".", "_"): torch.nn.Parameter(
-                torch.tensor(v, dtype=torch_dtype, device="cuda")) for name, v in values.items()})
+            self.names = list(values)  # in the order the model uses them
+            self.params = torch.nn.ParameterList([torch.nn.Parameter(torch.tensor(v, dtype=torch_dtype, device="cuda"))
+                                                  for v in values.values()])
 
         def forward(self, x, y):
-            params = dict(self.params)
-            return loss_of(list(params.values()) if model == "mlp" else params, x, y)
+            return loss_of(list(self.params) if model == "mlp" else dict(zip(self.names, self.params)), x, y)
 
     net = torch.nn.parallel.DistributedDataParallel(Model(), device_ids=[local]) if parallel else Model()
     xt = torch.tensor(x, dtype=torch_dtype, device="cuda")

@@ -1,6 +1,6 @@
 """Data parallelism on GPUs: a step on two ranks equals the one-GPU step on the concatenated batch (to float32
-rounding), for an MLP and a CNN, through the launcher, NCCL and CUDA graphs; a world of one on one GPU is the
-plain program bit for bit. Skipped where there are too few GPUs. The CPU side is tests/test_distributed.py's."""
+rounding), for an MLP and a CNN, through the launcher, NCCL and CUDA graphs; so does a world of one on one GPU.
+Skipped where there are too few GPUs. The CPU side is tests/test_distributed.py's."""
 
 import subprocess
 import sys
@@ -34,12 +34,14 @@ def one_gpu_run(kind, global_batch, **options):
 
 
 @pytest.mark.parametrize("kind", ["mlp", "cnn"])
-def test_a_world_of_one_on_the_gpu_is_the_plain_program_bit_for_bit(kind):
+def test_a_world_of_one_on_the_gpu_is_the_plain_program_to_float32_rounding(kind):
+    """Not bit for bit: the plain program folds an SGD step into its GEMM's epilogue (``W - lr * x^T dy``, one
+    cuBLASLt call, one rounding), and the average now stands between the two."""
     losses, state = one_gpu_run(kind, 32)
     parallel_losses, parallel_state = one_gpu_run(kind, 32, data_parallel=job.CAPS)
-    np.testing.assert_array_equal(parallel_losses, losses)
+    np.testing.assert_allclose(parallel_losses, losses, rtol=1e-6)
     for name, value in state.items():
-        np.testing.assert_array_equal(parallel_state[name], value)
+        np.testing.assert_allclose(parallel_state[name], value, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.skipif(not gpu_visible() or gpu_count() < 2, reason="needs two GPUs")

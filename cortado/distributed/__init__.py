@@ -64,12 +64,20 @@ def init():
     if local_rank >= devices:
         raise BackendError(f"cortado.distributed.init: LOCAL_RANK={local_rank}, but this node has {devices} GPU(s)")
     cupy.cuda.Device(local_rank).use()
-    unique_id = ",".join(map(str, nccl.get_unique_id())).encode() if rank == 0 else b""  # 128 chars, as ints
+    unique_id = _as_bytes(nccl.get_unique_id()) if rank == 0 else b""
     unique_id = rendezvous.share(unique_id, rank, size, os.environ.get("MASTER_ADDR", "127.0.0.1"),
                                  _integer("MASTER_PORT", 29500))
-    communicator = nccl.NcclCommunicator(size, tuple(int(c) for c in unique_id.decode().split(",")), rank)
+    try:
+        communicator = nccl.NcclCommunicator(size, unique_id, rank)
+    except TypeError:  # CuPy versions that take the id as a tuple of 128 signed chars
+        communicator = nccl.NcclCommunicator(size, tuple(b - 256 if b > 127 else b for b in unique_id), rank)
     _world = World(rank, size, local_rank, communicator)
     return _world
+
+
+def _as_bytes(unique_id):
+    """NCCL's unique id as 128 bytes: CuPy gives bytes, or in older versions a tuple of signed chars."""
+    return unique_id if isinstance(unique_id, bytes) else bytes(c & 0xFF for c in unique_id)
 
 
 def _integer(name, default):
