@@ -89,3 +89,14 @@ def test_quantized_mlp_example_keeps_its_accuracy_in_int8_and_fine_tunes(tmp_pat
     tuning = out.split("straight-through gradients): loss ")[1].split(" over")[0]
     first, last = (float(v) for v in tuning.split(" -> "))
     assert last < first, out
+
+
+def test_data_parallel_example_trains_in_a_world_of_one_and_says_why_two_ranks_cannot_run_here(tmp_path):
+    script = os.path.join(ROOT, "examples", "data_parallel.py")
+    out = run([script, "--backend", "numpy", "--steps", "120"], cwd=tmp_path)
+    assert "rank 0 of 1" in out and float(out.split("training accuracy: ")[1].split("%")[0]) > 60
+    two = subprocess.run([sys.executable, "-m", "cortado.launch", "--gpus", "2", script, "--backend", "numpy"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert two.returncode != 0
+    assert ("a job of several processes needs CuPy and NCCL" in two.stderr  # a machine without CuPy
+            or "the numpy backend cannot reduce over them; use backend='cupy'" in two.stderr)
