@@ -88,7 +88,10 @@ def cortado_step(model, dtype, values, x, y):
     step = ct.compile(loss, inputs=[xv, yv], state={p: values[p.name].astype(p.dtype) for p in params},
                       updates={p: p - lr * g for p, g in zip(params, grads)}, backend="cupy", data_parallel=parallel)
     x, y = cupy.asarray(x.astype(xv.dtype)), cupy.asarray(y.astype(yv.dtype))
-    return (lambda: step(x=x, y=y)), len(step.buckets)
+    explained = step.explain()
+    buckets = [line.strip() for line in explained[explained.find("data parallel:"):].splitlines()[1:]
+               if line.strip().startswith("bucket")]
+    return (lambda: step(x=x, y=y)), buckets
 
 
 def ddp_step(model, dtype, values, x, y):
@@ -132,7 +135,7 @@ def ddp_step(model, dtype, values, x, y):
                 p.grad = None
         return loss.detach()
 
-    return step, 0
+    return step, []
 
 
 def worker(contestant, model, path):
@@ -187,6 +190,8 @@ def job(contestant, model, gpus):
     ms = max(r["ms"] for r in ranks)
     result = {"ms": ms, "samples_per_s": gpus * batch / ms * 1e3, "rank_ms": [r["ms"] for r in ranks],
               "losses": [r["loss"] for r in ranks], "buckets": ranks[0]["buckets"]}
+    for line in result["buckets"]:
+        log(f"  {line}")
     log(f"{model} {contestant} on {gpus} GPU(s): {ms:.3f} ms a step, {result['samples_per_s']:.0f} samples/s")
     return result
 

@@ -174,9 +174,18 @@ class Program:
             beside = f"beside k{i + 1}..k{joined - 1}" if joined > i + 1 else "beside no kernel"
             waited = f"k{joined} waits for it" if readers else "the step's end waits for it"
             size = sum(g.size * g.dtype.itemsize for g in k.term.args)
-            lines.append(f"  bucket {k.term.attr('bucket')}: k{i}, {len(k.terms)} gradient(s), {size / 1024:.1f} KiB, "
-                         f"issued after k{i - 1}, runs {beside}; {waited}")
+            where = "read where they lie" if self._side_by_side(k.term.args) else "packed first"
+            lines.append(f"  bucket {k.term.attr('bucket')}: k{i}, {len(k.terms)} gradient(s), {size / 1024:.1f} KiB "
+                         f"{where}, issued after k{i - 1}, runs {beside}; {waited}")
         return lines
+
+    def _side_by_side(self, values):
+        """Whether the plan put ``values`` one after another in the arena (else a bucket's call copies them together)."""
+        if not all(v in self.memory for v in values):
+            return False
+        places = [self.memory[v] for v in values]
+        step = self.memory.alignment
+        return all(b.offset == a.offset + -(-a.nbytes // step) * step for a, b in zip(places, places[1:]))
 
     def _where(self, t):
         typ = type_string(t.shape, t.dtype)

@@ -64,8 +64,9 @@ def _waits(steps, after=()):
 
 def overlapped(order, steps, asynchronous, after=()):
     """``order`` (step indices) with each step of ``asynchronous`` moved up to just after the last step it waits
-    for, and every step that waits for one, directly or not (through data or ``after``), moved to the end in its
-    order."""
+    for, and every step that waits for one, directly or not (through data or ``after``), moved to the end: those
+    waiting for earlier ones first (the updates of the gradients averaged first run while the last average is
+    still on its way), in their order among equals."""
     asynchronous = set(asynchronous)
     if not asynchronous:
         return list(order)
@@ -90,7 +91,12 @@ def overlapped(order, steps, asynchronous, after=()):
         early.append(j)
         placed.add(j)
         issue_ready()
-    return early + [j for j in order if j in late]
+    issued = {j: k for k, j in enumerate(early) if j in asynchronous}
+    awaited = {}  # late step -> the position of the last asynchronous step it waits for, directly or not
+    for j in order:
+        if j in late:
+            awaited[j] = max([issued.get(i, -1) for i in before[j]] + [awaited.get(i, -1) for i in before[j]])
+    return early + sorted((j for j in order if j in late), key=awaited.__getitem__)
 
 
 def joins(steps, asynchronous):
