@@ -164,6 +164,11 @@ def worker(contestant, model, path):
     synchronize()
     with open(path, "w") as f:
         json.dump({"ms": elapsed(start, end) / repeats, "loss": float(loss), "buckets": buckets}, f)
+    if contestant != "cortado":
+        import torch.distributed as dist
+
+        if dist.is_initialized():
+            dist.destroy_process_group()
 
 
 # -- the jobs ----------------------------------------------------------------------------------------

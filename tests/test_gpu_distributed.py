@@ -44,11 +44,17 @@ def test_a_world_of_one_on_the_gpu_is_the_plain_program_to_float32_rounding(kind
         np.testing.assert_allclose(parallel_state[name], value, rtol=1e-5, atol=1e-6)
 
 
+LAUNCHERS = {"cortado": ["-m", "cortado.launch", "--gpus", "2"],
+             "torchrun": ["-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]}
+
+
 @pytest.mark.skipif(not gpu_visible() or gpu_count() < 2, reason="needs two GPUs")
-@pytest.mark.parametrize("kind", ["mlp", "cnn"])
-def test_two_ranks_equal_one_gpu_on_the_concatenated_batch(kind, tmp_path):
-    run = subprocess.run([sys.executable, "-m", "cortado.launch", "--gpus", "2", str(HERE / "distributed_job.py"),
-                          str(tmp_path), kind, "64"], capture_output=True, text=True, timeout=600)
+@pytest.mark.parametrize("kind, launcher", [("mlp", "cortado"), ("cnn", "cortado"), ("mlp", "torchrun")])
+def test_two_ranks_equal_one_gpu_on_the_concatenated_batch(kind, launcher, tmp_path):
+    if launcher == "torchrun":
+        pytest.importorskip("torch")
+    run = subprocess.run([sys.executable, *LAUNCHERS[launcher], str(HERE / "distributed_job.py"), str(tmp_path), kind,
+                          "64"], capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     ranks = [np.load(tmp_path / f"rank{r}.npz") for r in range(2)]
     assert int(ranks[0]["buckets"]) >= 2

@@ -1,6 +1,13 @@
 """How the ranks of a job find each other: rank 0 hands a few bytes (NCCL's unique id) to every other rank
-over TCP at ``MASTER_ADDR:MASTER_PORT``, as torch.distributed's TCP store does."""
+over TCP at ``MASTER_ADDR:MASTER_PORT``, as torch.distributed's TCP store does.
 
+Under torchrun, whose agent already serves its key-value store at that address
+(``TORCHELASTIC_USE_AGENT_STORE=True``), the bytes go through that store instead: torch is there, as
+torchrun is torch's. On a node other than the loopback one, rank 0 listens on every interface, as the
+other nodes reach it by its address."""
+
+import ipaddress
+import os
 import socket
 import struct
 import time
@@ -13,9 +20,31 @@ TIMEOUT_S = 300.0  # how long a rank waits for the others: a job's processes sta
 def share(payload, rank, world_size, address, port, timeout=TIMEOUT_S):
     """``payload`` (bytes) of rank 0, on every rank: rank 0 listens and sends it to the ``world_size - 1``
     others, which connect (retrying while rank 0 is not listening yet)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
+        return _through_torch_store(payload, rank, address, port, timeout)
     if rank == 0:
-        return _serve(payload, world_size - 1, address, port, timeout)
+        return _serve(payload, world_size - 1, "" if not _loopback(address) else address, port, timeout)
     return _fetch(address, port, timeout)
+
+
+def _loopback(address):
+    try:
+        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
+    except (OSError, ValueError):
+        return False
+
+
+def _through_torch_store(payload, rank, address, port, timeout):
+    from datetime import timedelta
+
+    from torch.distributed import TCPStore
+
+    store = TCPStore(address, port, is_master=False, timeout=timedelta(seconds=timeout))
+    key = f"cortado/nccl_unique_id/{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if rank == 0:
+        store.set(key, payload)
+        return payload
+    return store.get(key)
 
 
 def _serve(payload, peers, address, port, timeout):
