@@ -204,3 +204,27 @@ def test_the_memory_order_respects_every_dependency_and_never_keeps_more_alive(p
         assert all(position[r] < position[j] for r in step.reads)  # values are keys and indices alike here
     assert all(position[i] <= position[j] for i, j in after)
     assert _peak([steps[i] for i in order], sizes, (), outputs) <= _peak(steps, sizes, (), outputs)
+
+
+def test_a_group_lies_side_by_side_for_its_members_whole_span_and_shares_nothing_in_place():
+    steps = [Step(("g1",)), Step(("x",), ("g1",), inplace=(("x", "g1"),)), Step(("g2",), ("x",)),
+             Step(("r",), ("x", "g2")), Step(("y",), ("r",))]
+    plan = plan_memory(steps, {"g1": 100, "x": 100, "g2": 64, "r": 64, "y": 64}, live_out=["y"], alignment=64,
+                       groups=[("g2", "g1")])
+    verify(plan)
+    assert plan["g1"].offset == plan["g2"].offset + 64  # in the group's order, each aligned
+    assert plan["x"].takes_from is None  # g1 dies at step 1 but is grouped: x takes nothing of it
+    left_out = plan_memory(steps, {"g1": 100, "x": 100, "g2": 64, "r": 64, "y": 64}, external=["g2"],
+                           live_out=["y"], groups=[("g2", "g1")])
+    assert left_out["x"].takes_from == "g1"  # a group with a member the arena does not hold is no group
+
+
+def test_an_asynchronous_step_runs_early_and_what_waits_for_it_last_in_the_order_they_were_issued():
+    from cortado.memplan import joins, overlapped
+
+    steps = [Step(("g1",)), Step(("a1",), ("g1",)), Step(("g2",)), Step(("a2",), ("g2",)), Step(("h",)),
+             Step(("u2",), ("a2",)), Step(("u1",), ("a1",)), Step(("k",), ("h",))]
+    order = overlapped(range(len(steps)), steps, [1, 3])
+    assert order == [0, 1, 2, 3, 4, 7, 6, 5]  # u1 waits for the first all-reduce: it runs first of the late
+    placed = [steps[i] for i in order]
+    assert joins(placed, [1, 3]) == {1: 6, 3: 7}

@@ -149,8 +149,7 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     lives = liveness.intervals(steps, live_out)
     owner = liveness.owners(steps)
     planned = [k for k in lives if k not in external and owner.get(k, k) == k and k in nbytes]
-    groups = [tuple(g) for g in groups if set(g) <= set(planned) and len(set(g)) == len(g)]
-    grouped = {k for g in groups for k in g}
+    groups, grouped = _placeable(groups, planned)
     takes = _inplace(steps, lives, owner, [k for k in planned if k not in grouped], nbytes, alignment)
     taken = set(shared) | set(takes.items())
     workspaces = {("workspace", i): s.workspace_with(taken) for i, s in enumerate(steps)}
@@ -182,6 +181,17 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
                    for key, size in workspaces.items()]
     naive = sum(aligned(nbytes[k], alignment) for k in planned) + sum(aligned(s, alignment) for s in workspaces.values())
     return MemoryPlan(placements, len(steps) + 1, alignment, order, naive)
+
+
+def _placeable(groups, planned):
+    """The ``groups`` whose members are all ``planned`` and in no group before, and the values they hold."""
+    plannable, placeable, grouped = set(planned), [], set()
+    for group in map(tuple, groups):
+        members = set(group)
+        if members <= plannable and len(members) == len(group) and not members & grouped:
+            placeable.append(group)
+            grouped |= members
+    return placeable, grouped
 
 
 def read_through_view(step, value, owner):
