@@ -8,6 +8,8 @@ import threading
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cortado as ct
 from cortado import distributed
@@ -35,7 +37,7 @@ def values(params, seed=0):
     return {p: (rng.standard_normal(p.shape) * 0.1).astype(p.dtype) for p in params}
 
 
-def batch(inputs, seed=1):
+def batch_of(inputs, seed=1):
     rng = np.random.default_rng(seed)
     x, y = inputs
     return {"x": rng.standard_normal(x.shape).astype(x.dtype),
@@ -55,11 +57,41 @@ def test_a_data_parallel_step_of_one_rank_is_the_plain_step_bit_for_bit():
     parallel = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=True,
                           debug=True)
     for step in range(3):
-        feeds = batch(inputs, step)
+        feeds = batch_of(inputs, step)
         np.testing.assert_array_equal(parallel(**feeds)[0], plain(**feeds)[0])
     for p in params:
         np.testing.assert_array_equal(parallel.state[p.name], plain.state[p.name])
     assert len(parallel.buckets) == 1 and set(parallel.buckets[0].gradients) == set(grads)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.lists(st.integers(1, 12), min_size=2, max_size=4), st.integers(1, 6), st.integers(4, 4096),
+       st.integers(4, 4096), st.booleans())
+def test_any_bucketing_of_any_mlp_is_the_plain_step_in_a_world_of_one(sizes, batch, first, rest, momentum):
+    """Whatever the caps, every gradient is averaged once, in buckets of one dtype within the caps (or alone),
+    the plan verifies, and a world of one steps exactly as the plain program (SGD, or momentum, which reads each
+    gradient through a state of its own)."""
+    loss, inputs, params = mlp(sizes=tuple(sizes), batch=batch)
+    grads = ct.grad(loss, params)
+    if momentum:
+        velocity = [ct.var(f"v_{p.name}", p.shape) for p in params]
+        updates = {v: 0.9 * v + g for v, g in zip(velocity, grads)}
+        updates.update({p: p - 0.1 * (0.9 * v + g) for p, v, g in zip(params, velocity, grads)})
+        state = {**values(params), **{v: np.zeros(v.shape, np.float32) for v in velocity}}
+    else:
+        updates, state = {p: p - 0.1 * g for p, g in zip(params, grads)}, values(params)
+    caps = {"bucket_bytes": rest, "first_bucket_bytes": first}
+    parallel = ct.compile([loss], inputs=inputs, state=state, updates=updates, data_parallel=caps, debug=True)
+    plain = ct.compile([loss], inputs=inputs, state=state, updates=updates)
+    averaged_gradients = [g for b in parallel.buckets for g in b.gradients]
+    assert sorted(map(id, averaged_gradients)) == sorted(map(id, set(grads)))
+    for k, b in enumerate(parallel.buckets):
+        assert len(b.gradients) == 1 or b.nbytes <= (first if k == 0 else rest)
+    for step in range(2):
+        feeds = batch_of(inputs, step)
+        np.testing.assert_array_equal(parallel(**feeds)[0], plain(**feeds)[0])
+    for name in plain.state:
+        np.testing.assert_array_equal(parallel.state[name], plain.state[name])
 
 
 def test_the_gradient_is_averaged_before_an_update_squares_it():
@@ -136,7 +168,7 @@ def test_small_buckets_overlap_the_rest_of_the_backward_pass():
                      for i in positions]
     assert first_readers == sorted(first_readers)  # the updates of the first averages run while the last is sent
     assert "runs beside k" in staged.explain()
-    feeds = batch(inputs)
+    feeds = batch_of(inputs)
     np.testing.assert_array_equal(staged(**feeds)[0], plain(**feeds)[0])
     for p in params:
         np.testing.assert_array_equal(staged.state[p.name], plain.state[p.name])
