@@ -350,9 +350,12 @@ def _data_parallel(signature, engine, caps):
     if not isinstance(caps, Mapping) or set(caps) - known or not all(isinstance(v, int) and v > 0 for v in caps.values()):
         raise FeedError(f"compile: data_parallel is True, False or a dict of positive byte caps with keys "
                         f"{sorted(known)}, not {caps!r}")
-    if distributed.world().size > 1 and not engine.collectives:
-        raise BackendError(f"compile(data_parallel=True): this process is one of {distributed.world().size} ranks, "
+    ranks = max(distributed.world().size, distributed.described_size())
+    if ranks > 1 and not engine.collectives:
+        raise BackendError(f"compile(data_parallel=True): this process is one of {ranks} ranks, "
                            f"and the {engine.name} backend cannot reduce over them; use backend='cupy'")
+    if ranks > 1:
+        distributed.init()  # a launched script that did not join its job yet: its ranks would train apart
     updates, buckets = distributed.data_parallel(signature.updates, signature.inputs, **caps)
     return replace(signature, updates=updates), buckets
 

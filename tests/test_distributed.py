@@ -187,6 +187,10 @@ def test_what_cannot_be_made_data_parallel_is_refused_saying_why(monkeypatch):
     with pytest.raises(FeedError, match="data_parallel is True, False or a dict"):
         ct.compile([loss], inputs=inputs, state=values(params), updates={W: W - ct.grad(loss, W)},
                    data_parallel={"bucket_mb": 25})
+    monkeypatch.setenv("WORLD_SIZE", "3")  # launched, init not called yet
+    with pytest.raises(BackendError, match="one of 3 ranks.*numpy backend cannot reduce"):
+        ct.compile([loss], inputs=inputs, state=values(params), updates={W: W - ct.grad(loss, W)}, data_parallel=True)
+    monkeypatch.delenv("WORLD_SIZE")
     monkeypatch.setattr(distributed, "_world", distributed.World(0, 2, 0, object()))
     with pytest.raises(BackendError, match="one of 2 ranks.*numpy backend cannot reduce"):
         ct.compile([loss], inputs=inputs, state=values(params), updates={W: W - ct.grad(loss, W)}, data_parallel=True)

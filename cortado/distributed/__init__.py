@@ -21,7 +21,7 @@ from ..errors import BackendError
 from . import rendezvous
 from .rewrite import Bucket, data_parallel
 
-__all__ = ["World", "init", "world", "Bucket", "data_parallel"]
+__all__ = ["World", "init", "world", "described_size", "Bucket", "data_parallel"]
 
 
 @dataclass(frozen=True)
@@ -41,6 +41,11 @@ _world = World()
 def world():
     """The job this process belongs to: the one ``init`` joined, else this process alone."""
     return _world
+
+
+def described_size():
+    """How many ranks the environment says this process's job has (``WORLD_SIZE``; 1 without it)."""
+    return _integer("WORLD_SIZE", 1)
 
 
 def init():
