@@ -21,10 +21,12 @@ from mlp_numpy import initial_values, mlp  # noqa: E402
 TOLERANCE = {"bfloat16": (3e-2, 4e-3), "float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
 
 
-def assert_same(ours, expected):
+def assert_same(ours, expected, computed_in=None):
+    """Equal, to the tolerance of the values' dtype, or of ``computed_in`` where they were computed from values of
+    that (narrower) dtype: the rules may round those otherwise than the reference (``log(exp(x))`` is ``x``)."""
     assert ours.shape == expected.shape and ours.dtype == expected.dtype
     if is_float(ours.dtype):
-        rtol, atol = TOLERANCE[ours.dtype.name]
+        rtol, atol = TOLERANCE[(computed_in or ours.dtype).name]
         np.testing.assert_allclose(ours.astype(np.float64), expected.astype(np.float64), rtol=rtol, atol=atol,
                                    equal_nan=True)
     else:
@@ -49,11 +51,13 @@ def test_random_state_and_updates_follow_the_reference_call_after_call(case, dat
     graph, feeds = case
     state = {v: feeds[v.name] for v in graph.inputs[:1]}
     inputs = graph.inputs[1:]
-    updates = {}
+    updates, narrowest = {}, {}
     for v in state:  # each update reads the old values of everything: its variable and the outputs
         out = graph.outputs[data.draw(st.integers(0, len(graph.outputs) - 1))]
         mixed = ct.sum(ct.cast(out, v.dtype)) * 0.001 if out.dtype.kind in "fiub" else 0.0
         updates[v] = v * 0.5 + mixed
+        narrower = is_float(out.dtype) and is_float(v.dtype) and out.dtype.itemsize < v.dtype.itemsize
+        narrowest[v] = out.dtype if narrower else None
     program = ct.compile(list(graph.outputs), inputs=inputs, state=state, updates=updates, debug=True)
     current = dict(feeds)
     for _ in range(2):
@@ -62,7 +66,7 @@ def test_random_state_and_updates_follow_the_reference_call_after_call(case, dat
         for ours, theirs in zip(results, expected):
             assert_same(ours, theirs)
         for v, theirs in zip(updates, expected[len(graph.outputs):]):
-            assert_same(np.array(program.state[v.name]), theirs)
+            assert_same(np.array(program.state[v.name]), theirs, narrowest[v])
             current[v.name] = theirs
 
 
