@@ -204,11 +204,15 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates):
     return [kernels[i] for i in order], [steps[i] for i in order]
 
 
-def _awaited(kernels, steps):
+def _awaited(kernels, steps, live_out):
     """The steps with what each asynchronous kernel reads added to the reads of the step that waits for it (until
-    then the kernel may still be reading it, beside the steps between), and what is read so until the step ends."""
+    then the kernel may still be reading it, beside the steps between), and what is read so until the step ends;
+    nothing for a kernel that writes its results over what it reads (``_in_place``): they live on as its results."""
     steps, lingering = list(steps), []
+    in_place = _in_place(kernels, steps, live_out)
     for i, j in joins(steps, [i for i, k in enumerate(kernels) if k.term.op.asynchronous]).items():
+        if i in in_place:
+            continue
         if j < len(steps):
             steps[j] = replace(steps[j], reads=steps[j].reads + steps[i].reads)
         else:
@@ -216,9 +220,18 @@ def _awaited(kernels, steps):
     return steps, lingering
 
 
+def _in_place(kernels, steps, live_out):
+    """The grouped kernels (an all-reduce) that may write their results over what they read: each operand is read
+    last by the kernel (the memory plan then puts each result in its operand's place, where it can)."""
+    lives = intervals(steps, live_out)
+    return {i for i, k in enumerate(kernels) if k.term.op.grouped
+            and all(lives.get(a) is not None and lives[a].end == i for a in k.term.args)}
+
+
 def _groups(kernels):
-    """What grouped kernels (an all-reduce) read, and what they write, each to be placed side by side."""
-    return [group for k in kernels if k.term.op.grouped for group in (k.term.args, k.terms)]
+    """What each grouped kernel (an all-reduce) reads and what it writes, each placed side by side, the results
+    in the operands' places where the plan can."""
+    return [(k.term.args, k.terms) for k in kernels if k.term.op.grouped]
 
 
 def _downstream(j, users):
@@ -298,14 +311,14 @@ def _built(signature, engine, options, variant=None):
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
-    steps, lingering = _awaited(kernels, steps)
+    steps, lingering = _awaited(kernels, steps, live_out)
     sinks = _sinks(kernels, steps, updates, live_out)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
     plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct] + lingering,
                        engine.alignment, labels,
-                       shared=sinks.items(), groups=_groups(kernels))
+                       shared=sinks.items(), in_place_groups=_groups(kernels))
     return _Built(traces, outputs, updates, kernels, steps, sinks, plan)
 
 

@@ -174,7 +174,9 @@ class Program:
             beside = f"beside k{i + 1}..k{joined - 1}" if joined > i + 1 else "beside no kernel"
             waited = f"k{joined} waits for it" if readers else "the step's end waits for it"
             size = sum(g.size * g.dtype.itemsize for g in k.term.args)
-            where = "read where they lie" if self._side_by_side(k.term.args) else "packed first"
+            where = ("reduced in place" if all(r in self.memory and self.memory[r].takes_from is g
+                                               for g, r in zip(k.term.args, k.terms))
+                     else "read where they lie" if self._side_by_side(k.term.args) else "packed first")
             lines.append(f"  bucket {k.term.attr('bucket')}: k{i}, {len(k.terms)} gradient(s), {size / 1024:.1f} KiB "
                          f"{where}, issued after k{i - 1}, runs {beside}; {waited}")
         return lines

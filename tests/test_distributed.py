@@ -145,8 +145,25 @@ def test_each_bucket_lies_in_one_piece_is_issued_early_and_waited_for_late():
     assert all(j > i for j in readers)
     assert all(set(k.reads) & set(reduce.terms) or k.term.op.name == "all_reduce"
                for k in kernels[min(readers):])  # whatever waits for it runs last
-    assert all(program.memory[g].end >= min(readers) for g in reduce.term.args)  # read until it is waited for
-    assert f"bucket 0: k{i}, 6 gradient(s), 18.4 KiB read where they lie" in program.explain()
+    for g, r in zip(reduce.term.args, reduce.terms):  # reduced in place: each average takes its gradient's place
+        assert program.memory[r].takes_from is g and program.memory[r].offset == program.memory[g].offset
+    assert f"bucket 0: k{i}, 6 gradient(s), 18.4 KiB reduced in place" in program.explain()
+
+
+def test_a_gradient_read_after_its_all_reduce_stays_live_until_the_all_reduce_is_waited_for():
+    """An output that is a gradient too keeps the gradient apart from its average, out of place, and alive until
+    the kernel that waits for the all-reduce: until then the all-reduce may still be reading it."""
+    loss, inputs, params = mlp(sizes=(20, 64, 48, 5))
+    grads = ct.grad(loss, params)
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    program = ct.compile([loss, grads[-1]], inputs=inputs, state=values(params), updates=updates, data_parallel=True,
+                         debug=True)
+    kernels = program.kernels
+    (i,) = [i for i, k in enumerate(kernels) if k.term.op.name == "all_reduce"]
+    join = min(j for j, k in enumerate(kernels) if set(k.reads) & set(kernels[i].terms))
+    assert all(program.memory[r].takes_from is None for r in kernels[i].terms)
+    assert all(program.memory[g].end >= join for g in kernels[i].term.args)
+    assert "read where they lie" in program.explain()
 
 
 def test_small_buckets_overlap_the_rest_of_the_backward_pass():

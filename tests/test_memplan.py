@@ -228,3 +228,16 @@ def test_an_asynchronous_step_runs_early_and_what_waits_for_it_last_in_the_order
     assert order == [0, 1, 2, 3, 4, 7, 6, 5]  # u1 waits for the first all-reduce: it runs first of the late
     placed = [steps[i] for i in order]
     assert joins(placed, [1, 3]) == {1: 6, 3: 7}
+
+
+def test_an_in_place_group_takes_the_place_of_the_group_it_reads_where_each_value_dies_there():
+    steps = [Step(("g1",)), Step(("g2",)), Step(("r1", "r2"), ("g1", "g2")), Step(("u",), ("r1", "r2"))]
+    sizes = {"g1": 64, "g2": 128, "r1": 64, "r2": 128, "u": 64}
+    plan = plan_memory(steps, sizes, live_out=["u"], in_place_groups=[(("g1", "g2"), ("r1", "r2"))])
+    verify(plan)
+    assert (plan["r1"].takes_from, plan["r2"].takes_from) == ("g1", "g2")
+    assert plan["g2"].offset == plan["g1"].offset + 64 == plan["r2"].offset
+    kept = plan_memory(steps, sizes, live_out=["u", "g2"], in_place_groups=[(("g1", "g2"), ("r1", "r2"))])
+    verify(kept)  # g2 is read after the step: both groups lie apart, each side by side
+    assert kept["r1"].takes_from is None
+    assert kept["g2"].offset == kept["g1"].offset + 64 and kept["r2"].offset == kept["r1"].offset + 64

@@ -11,7 +11,9 @@ values that live elsewhere (state, constants), and returns a ``MemoryPlan``:
 
 Values of one ``group`` (the gradients one all-reduce call reads) lie side by side, in order, each
 aligned: the group is placed as one buffer, live from its first member's start to its last one's end,
-and its members neither take nor give a buffer in place.
+and its members neither take nor give a buffer in place, except in an in-place group: a group whose
+values are each last read by the step that writes the matching value of a second group over it (an
+all-reduce in place), which then takes the first group's place.
 
 A step's workspace is a buffer of its own, live only during the step.
 """
@@ -132,7 +134,8 @@ def _buffers(placements, alignment):
                    min(p.start for p in g), max(p.end for p in g)) for g in groups.values()]
 
 
-def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=(), groups=()):
+def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=(), groups=(),
+                in_place_groups=()):
     """The ``MemoryPlan`` of ``steps`` (``liveness.Step``) for the values not in ``external``.
 
     ``nbytes``: each value's size in bytes. ``external``: values with storage of their own (state,
@@ -140,7 +143,10 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     name per value for reports and pictures. ``shared``: in-place pairs the caller has taken
     itself (an update written over its state variable), which may cost workspace. ``groups``: tuples of
     values to place side by side; a group with a member the arena does not hold (external, a view) is
-    left out, each of its members placed alone.
+    left out, each of its members placed alone. ``in_place_groups``: pairs ``(read, written)`` of such
+    groups, where each value of ``written`` may take the place of its match in ``read``; where one of
+    ``read`` lives on after that step (or either holds a value the arena does not), ``written`` is placed
+    as a group of its own.
     """
     if alignment <= 0 or alignment & (alignment - 1):
         raise PlanError(f"the alignment must be a power of two, not {alignment}")
@@ -149,8 +155,15 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     lives = liveness.intervals(steps, live_out)
     owner = liveness.owners(steps)
     planned = [k for k in lives if k not in external and owner.get(k, k) == k and k in nbytes]
-    groups, grouped = _placeable(groups, planned)
-    takes = _inplace(steps, lives, owner, [k for k in planned if k not in grouped], nbytes, alignment)
+    pairs = [(tuple(read), tuple(written)) for read, written in in_place_groups]
+    merged = _mergeable(pairs, planned, lives, nbytes, alignment)
+    forced = {w: r for read, written in merged for r, w in zip(read, written)}
+    apart = [group for pair in pairs if pair not in merged for group in pair]
+    groups, grouped = _placeable([read for read, _ in merged] + apart + [g for g in groups if not set(g) & set(forced)],
+                                 planned)
+    takes = _inplace(steps, lives, owner, [k for k in planned if k not in grouped and k not in forced], nbytes,
+                     alignment)
+    takes.update(forced)
     taken = set(shared) | set(takes.items())
     workspaces = {("workspace", i): s.workspace_with(taken) for i, s in enumerate(steps)}
     workspaces = {key: size for key, size in workspaces.items() if size}
@@ -160,13 +173,11 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
         head[k] = head[takes[k]] if k in takes else k
     spans = {}
     for k in planned:
-        if k in grouped:
-            continue
         lo, hi = spans.get(head[k], (lives[k].start, lives[k].end))
         spans[head[k]] = (min(lo, lives[k].start), max(hi, lives[k].end))
-    requests = [Request(h, aligned(nbytes[h], alignment), *spans[h]) for h in spans]
+    requests = [Request(h, aligned(nbytes[h], alignment), *span) for h, span in spans.items() if h not in grouped]
     requests += [Request(("group", n), sum(aligned(nbytes[k], alignment) for k in g),
-                         min(lives[k].start for k in g), max(lives[k].end for k in g)) for n, g in enumerate(groups)]
+                         min(spans[k][0] for k in g), max(spans[k][1] for k in g)) for n, g in enumerate(groups)]
     requests += [Request(key, aligned(size, alignment), key[1], key[1]) for key, size in workspaces.items()]
     order, offsets, _ = best_placement(requests, len(steps) + 1)
     for n, g in enumerate(groups):
@@ -181,6 +192,21 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
                    for key, size in workspaces.items()]
     naive = sum(aligned(nbytes[k], alignment) for k in planned) + sum(aligned(s, alignment) for s in workspaces.values())
     return MemoryPlan(placements, len(steps) + 1, alignment, order, naive)
+
+
+def _mergeable(in_place_groups, planned, lives, nbytes, alignment):
+    """The ``(read, written)`` pairs of groups whose written values may each take their match's place: all held
+    by the arena, matched in size, each read value last read where its match is written."""
+    plannable, merged, claimed = set(planned), [], set()
+    for read, written in in_place_groups:
+        members = set(read) | set(written)
+        if (len(read) == len(written) and members <= plannable and len(members) == 2 * len(read)
+                and not members & claimed
+                and all(lives[r].end == lives[w].start and aligned(nbytes[r], alignment) == aligned(nbytes[w], alignment)
+                        for r, w in zip(read, written))):
+            merged.append((read, written))
+            claimed |= members
+    return merged
 
 
 def _placeable(groups, planned):

@@ -293,8 +293,9 @@ class Executor(interface.Executor):
     def _all_reduce(self, terms, done):
         """A maker of the call averaging a bucket's gradients over the ranks, into ``terms`` (its results, side by
         side in the arena): one NCCL all-reduce on the side stream, from the gradients where the plan put them side
-        by side as well, else from copies of them packed into the results first. ``done[0]`` is set to the event
-        that the kernels reading the results wait for. In a world of one, the averages are copies."""
+        by side as well (in place where the results took their places), else from copies of them packed into the
+        results first. ``done[0]`` is set to the event that the kernels reading the results wait for. In a world of
+        one, the averages are copies, where they are not in the gradients' places already."""
         gradients = terms[0].args
         sizes = [g.size * g.dtype.itemsize for g in gradients]
         offsets = np.cumsum([0] + [aligned(n, ALIGNMENT) for n in sizes[:-1]]).tolist()
@@ -306,7 +307,8 @@ class Executor(interface.Executor):
             in_place = [pointers[g] == send + at and self.strides[g] == self.strides[r]
                         for g, r, at in zip(gradients, terms, offsets)]
             copies = [] if all(in_place) and nccl is not None else [
-                self._copy(g, receive + at, self.strides[r])(pointers) for g, r, at in zip(gradients, terms, offsets)]
+                self._copy(g, receive + at, self.strides[r])(pointers) for g, r, at in zip(gradients, terms, offsets)
+                if pointers[g] != receive + at or self.strides[g] != self.strides[r]]
             source = receive if copies else send
             if nccl is None:
                 return lambda: [copy() for copy in copies]

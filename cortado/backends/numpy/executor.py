@@ -120,9 +120,10 @@ class Executor(interface.Executor):
             outs = [arrays[d] for d in kernel.terms]
             alias = {k: j for k, out in enumerate(outs) for j, arg in enumerate(args) if _same_memory(out, arg)}
             emit_fused(em, t.attr("outputs"), args, outs, alias)
-        elif t.op.name == "all_reduce":  # the mean over a world of one rank
+        elif t.op.name == "all_reduce":  # the mean over a world of one rank: a copy, unless written in place
             for result, arg in zip(kernel.terms, args):
-                em.call(np.copyto, arrays[result], arg)
+                if not _same_memory(arrays[result], arg):
+                    em.call(np.copyto, arrays[result], arg)
         else:
             emit(em, t, args, arrays[t])
 
