@@ -57,11 +57,13 @@ def init():
     if size < 1 or not 0 <= rank < size or local_rank < 0:
         raise BackendError(f"cortado.distributed.init: RANK={rank}, WORLD_SIZE={size}, LOCAL_RANK={local_rank} "
                            f"describe no job: 0 <= RANK < WORLD_SIZE and LOCAL_RANK >= 0")
-    if _world.communicator is not None or size == 1:
-        if _world.communicator is not None and (rank, size) != (_world.rank, _world.size):
+    if _world.communicator is not None:
+        if (rank, size) != (_world.rank, _world.size):
             raise BackendError(f"cortado.distributed.init: this process is already rank {_world.rank} of "
                                f"{_world.size}")
-        _world = _world if _world.communicator is not None else World(rank, size, local_rank)
+        return _world
+    if size == 1:
+        _world = World(rank, size, local_rank)
         return _world
     os.environ["NCCL_NVLS_ENABLE"] = "0"  # before NCCL reads its environment
     cupy, nccl = _nccl()
