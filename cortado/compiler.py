@@ -7,7 +7,7 @@ The pipeline, each stage a pass over values that returns new values:
 3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
    order that keeps the fewest bytes live (``memplan.memory_order``); asynchronous kernels (an
    all-reduce) as early as they can run, what waits for them last (``memplan.overlapped``), and
-   what they read kept live until then;
+   what they read kept live until then (``held``), unless they write their results in its place;
 4. plan memory: the backend says which kernels are views, what they may do in place and what
    workspace they need; an update that can be computed straight into its state buffer is. Where the
    backend proposes other variants of its lowering for the planned step (the GPU's: bias gradients
@@ -200,32 +200,25 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates):
         for i in others:
             users.setdefault(i, set()).add(j)
     order = memory_order(steps, nbytes, external, live_out, after)
-    order = overlapped(order, steps, [i for i, k in enumerate(kernels) if k.term.op.asynchronous], after)
+    order = overlapped(order, steps, _issue_order(kernels), after)
     return [kernels[i] for i in order], [steps[i] for i in order]
 
 
-def _awaited(kernels, steps, live_out):
-    """The steps with what each asynchronous kernel reads added to the reads of the step that waits for it (until
-    then the kernel may still be reading it, beside the steps between), and what is read so until the step ends;
-    nothing for a kernel that writes its results over what it reads (``_in_place``): they live on as its results."""
-    steps, lingering = list(steps), []
-    in_place = _in_place(kernels, steps, live_out)
-    for i, j in joins(steps, [i for i, k in enumerate(kernels) if k.term.op.asynchronous]).items():
-        if i in in_place:
-            continue
-        if j < len(steps):
-            steps[j] = replace(steps[j], reads=steps[j].reads + steps[i].reads)
-        else:
-            lingering += steps[i].reads
-    return steps, lingering
+def _issue_order(kernels):
+    """The asynchronous kernels in the order to issue them: by their attributes (an all-reduce's bucket first),
+    which every rank of a job has alike, whatever its own schedule (NCCL pairs the ranks' calls in order)."""
+    return sorted((i for i, k in enumerate(kernels) if k.term.op.asynchronous), key=lambda i: kernels[i].term.attrs)
 
 
-def _in_place(kernels, steps, live_out):
-    """The grouped kernels (an all-reduce) that may write their results over what they read: each operand is read
-    last by the kernel (the memory plan then puts each result in its operand's place, where it can)."""
-    lives = intervals(steps, live_out)
-    return {i for i, k in enumerate(kernels) if k.term.op.grouped
-            and all(lives.get(a) is not None and lives[a].end == i for a in k.term.args)}
+def _held(kernels, steps):
+    """``{value: step}``: what each asynchronous kernel reads, and the step that waits for it (until then the
+    kernel may still be reading it, beside the steps between; ``len(steps)``: the step's end)."""
+    asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
+    held = {}
+    for i, j in joins(steps, asynchronous).items():
+        for value in steps[i].reads:
+            held[value] = max(held.get(value, j), j)
+    return held
 
 
 def _groups(kernels):
@@ -311,14 +304,13 @@ def _built(signature, engine, options, variant=None):
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
-    steps, lingering = _awaited(kernels, steps, live_out)
     sinks = _sinks(kernels, steps, updates, live_out)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
-    plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct] + lingering,
+    plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
                        engine.alignment, labels,
-                       shared=sinks.items(), in_place_groups=_groups(kernels))
+                       shared=sinks.items(), in_place_groups=_groups(kernels), held=_held(kernels, steps))
     return _Built(traces, outputs, updates, kernels, steps, sinks, plan)
 
 

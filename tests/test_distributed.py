@@ -166,6 +166,19 @@ def test_a_gradient_read_after_its_all_reduce_stays_live_until_the_all_reduce_is
     assert "read where they lie" in program.explain()
 
 
+def test_every_rank_issues_its_buckets_in_one_order_whatever_its_batch():
+    """NCCL pairs the ranks' calls in the order they come: a rank with a smaller shard, whose schedule differs,
+    must still send bucket 0 first, then 1, and so on."""
+    caps = {"bucket_bytes": 16384, "first_bucket_bytes": 16384}
+    for batch in (32, 8, 3):
+        loss, inputs, params = mlp(sizes=(64, 64, 64, 64, 10), batch=batch)
+        grads = ct.grad(loss, params)
+        program = ct.compile([loss], inputs=inputs, state=values(params), data_parallel=caps,
+                             updates={p: p - 0.1 * g for p, g in zip(params, grads)})
+        issued = [k.term.attr("bucket") for k in program.kernels if k.term.op.name == "all_reduce"]
+        assert issued == list(range(len(program.buckets))) and len(issued) > 3
+
+
 def test_small_buckets_overlap_the_rest_of_the_backward_pass():
     loss, inputs, params = mlp(sizes=(20, 64, 48, 5))
     grads = ct.grad(loss, params)

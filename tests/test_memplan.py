@@ -241,3 +241,27 @@ def test_an_in_place_group_takes_the_place_of_the_group_it_reads_where_each_valu
     verify(kept)  # g2 is read after the step: both groups lie apart, each side by side
     assert kept["r1"].takes_from is None
     assert kept["g2"].offset == kept["g1"].offset + 64 and kept["r2"].offset == kept["r1"].offset + 64
+
+
+@st.composite
+def asynchronous_programs(draw):
+    """Random steps (each reading earlier ones), some asynchronous, issued in index order, and some orderings."""
+    n = draw(st.integers(2, 12))
+    steps = [Step((f"v{j}",), tuple(f"v{i}" for i in range(j) if draw(st.booleans()) and draw(st.booleans())))
+             for j in range(n)]
+    asynchronous = [j for j in range(n) if draw(st.integers(0, 2)) == 0]
+    after = [(i, j) for i in range(n) for j in range(i + 1, n) if draw(st.integers(0, 19)) == 0]
+    return steps, asynchronous, after
+
+
+@given(asynchronous_programs())
+def test_overlapping_keeps_every_step_and_dependency_and_issues_in_sequence(program):
+    from cortado.memplan import overlapped
+    from cortado.memplan.order import _waits
+
+    steps, asynchronous, after = program
+    order = overlapped(list(range(len(steps))), steps, asynchronous, after)
+    assert sorted(order) == list(range(len(steps)))
+    at = {j: k for k, j in enumerate(order)}
+    assert all(at[i] < at[j] for j, waits in enumerate(_waits(steps, after)) for i in waits)
+    assert [j for j in order if j in asynchronous] == asynchronous

@@ -3,10 +3,9 @@ over TCP at ``MASTER_ADDR:MASTER_PORT``, as torch.distributed's TCP store does.
 
 Under torchrun, whose agent already serves its key-value store at that address
 (``TORCHELASTIC_USE_AGENT_STORE=True``), the bytes go through that store instead: torch is there, as
-torchrun is torch's. On a node other than the loopback one, rank 0 listens on every interface, as the
-other nodes reach it by its address."""
+torchrun is torch's. Rank 0 listens on every interface: the other nodes reach it by an address its
+own node may resolve otherwise (a hostname that /etc/hosts maps to 127.0.1.1, say)."""
 
-import ipaddress
 import os
 import socket
 import struct
@@ -15,6 +14,7 @@ import time
 from ..errors import BackendError
 
 TIMEOUT_S = 300.0  # how long a rank waits for the others: a job's processes start within seconds, or not at all
+ATTEMPT_S = 5.0  # one try to reach rank 0, whose node may still be starting
 
 
 def share(payload, rank, world_size, address, port, timeout=TIMEOUT_S):
@@ -23,15 +23,8 @@ def share(payload, rank, world_size, address, port, timeout=TIMEOUT_S):
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True":
         return _through_torch_store(payload, rank, address, port, timeout)
     if rank == 0:
-        return _serve(payload, world_size - 1, "" if not _loopback(address) else address, port, timeout)
+        return _serve(payload, world_size - 1, port, timeout)
     return _fetch(address, port, timeout)
-
-
-def _loopback(address):
-    try:
-        return ipaddress.ip_address(socket.gethostbyname(address)).is_loopback
-    except (OSError, ValueError):
-        return False
 
 
 def _through_torch_store(payload, rank, address, port, timeout):
@@ -47,15 +40,15 @@ def _through_torch_store(payload, rank, address, port, timeout):
     return store.get(key)
 
 
-def _serve(payload, peers, address, port, timeout):
+def _serve(payload, peers, port, timeout):
     message = struct.pack("!I", len(payload)) + payload
-    with socket.create_server((address, port), reuse_port=False) as server:
+    with socket.create_server(("", port), reuse_port=False) as server:
         server.settimeout(timeout)
         for _ in range(peers):
             try:
                 connection, _ = server.accept()
             except TimeoutError:
-                raise BackendError(f"cortado.distributed: rank 0 waited {timeout:.0f} s at {address}:{port} for "
+                raise BackendError(f"cortado.distributed: rank 0 waited {timeout:.0f} s on port {port} for "
                                    f"{peers} other rank(s) to connect; did every process start?") from None
             with connection:
                 connection.sendall(message)
@@ -66,11 +59,11 @@ def _fetch(address, port, timeout):
     deadline = time.monotonic() + timeout
     while True:
         try:
-            with socket.create_connection((address, port), timeout=timeout) as connection:
+            with socket.create_connection((address, port), timeout=ATTEMPT_S) as connection:
                 connection.settimeout(timeout)
                 (length,) = struct.unpack("!I", _exactly(connection, 4))
                 return _exactly(connection, length)
-        except (ConnectionRefusedError, ConnectionResetError, socket.gaierror):
+        except OSError:  # refused, reset, unreachable, not resolved yet, timed out: rank 0 is not there yet
             if time.monotonic() > deadline:
                 raise BackendError(f"cortado.distributed: no rank 0 answered at {address}:{port} within "
                                    f"{timeout:.0f} s (MASTER_ADDR, MASTER_PORT)") from None

@@ -63,14 +63,16 @@ def _waits(steps, after=()):
 
 
 def overlapped(order, steps, asynchronous, after=()):
-    """``order`` (step indices) with each step of ``asynchronous`` moved up to just after the last step it waits
-    for, and every step that waits for one, directly or not (through data or ``after``), moved to the end: those
-    waiting for earlier ones first (the updates of the gradients averaged first run while the last average is
-    still on its way), in their order among equals."""
-    asynchronous = set(asynchronous)
+    """``order`` (step indices) with the steps of ``asynchronous`` issued in that sequence (every rank of a job
+    must issue its all-reduces in one order), each as soon as the last step it waits for has run, and every step
+    that waits for one, directly or not (through data or ``after``), moved to the end: those waiting for earlier
+    ones first (the updates of the gradients averaged first run while the last average is still on its way), in
+    their order among equals."""
+    sequence = list(asynchronous)
+    asynchronous = set(sequence)
     if not asynchronous:
         return list(order)
-    before = _waits(steps, after)
+    before = _waits(steps, list(after) + list(zip(sequence, sequence[1:])))
     late = set()
     for j in order:
         if any(i in late or (i in asynchronous and j not in asynchronous) for i in before[j]):
@@ -79,10 +81,13 @@ def overlapped(order, steps, asynchronous, after=()):
     waiting = [j for j in order if j in asynchronous and j not in late]
 
     def issue_ready():
-        for j in [j for j in waiting if before[j] <= placed]:
-            waiting.remove(j)
-            early.append(j)
-            placed.add(j)
+        ready = [j for j in waiting if before[j] <= placed]
+        while ready:  # one issued may let the next in the sequence go
+            for j in ready:
+                waiting.remove(j)
+                early.append(j)
+                placed.add(j)
+            ready = [j for j in waiting if before[j] <= placed]
 
     issue_ready()
     for j in order:
@@ -96,7 +101,10 @@ def overlapped(order, steps, asynchronous, after=()):
     for j in order:
         if j in late:
             awaited[j] = max([issued.get(i, -1) for i in before[j]] + [awaited.get(i, -1) for i in before[j]])
-    return early + sorted((j for j in order if j in late), key=awaited.__getitem__)
+    arranged = early + sorted((j for j in order if j in late), key=awaited.__getitem__)
+    if sorted(arranged) != sorted(order):
+        raise PlanError("the asynchronous steps' sequence contradicts what they wait for")
+    return arranged
 
 
 def joins(steps, asynchronous):

@@ -135,7 +135,7 @@ def _buffers(placements, alignment):
 
 
 def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=None, shared=(), groups=(),
-                in_place_groups=()):
+                in_place_groups=(), held=None):
     """The ``MemoryPlan`` of ``steps`` (``liveness.Step``) for the values not in ``external``.
 
     ``nbytes``: each value's size in bytes. ``external``: values with storage of their own (state,
@@ -146,7 +146,8 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     left out, each of its members placed alone. ``in_place_groups``: pairs ``(read, written)`` of such
     groups, where each value of ``written`` may take the place of its match in ``read``; where one of
     ``read`` lives on after that step (or either holds a value the arena does not), ``written`` is placed
-    as a group of its own.
+    as a group of its own. ``held``: ``{value: step}`` for the values an asynchronous step may still read until
+    that step (which waits for it), kept live until then, unless their step wrote its results in their places.
     """
     if alignment <= 0 or alignment & (alignment - 1):
         raise PlanError(f"the alignment must be a power of two, not {alignment}")
@@ -157,6 +158,7 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     planned = [k for k in lives if k not in external and owner.get(k, k) == k and k in nbytes]
     pairs = [(tuple(read), tuple(written)) for read, written in in_place_groups]
     merged = _mergeable(pairs, planned, lives, nbytes, alignment)
+    lives = _held(lives, owner, held or {}, {r for read, _ in merged for r in read})
     forced = {w: r for read, written in merged for r, w in zip(read, written)}
     apart = [group for pair in pairs if pair not in merged for group in pair]
     groups, grouped = _placeable([read for read, _ in merged] + apart + [g for g in groups if not set(g) & set(forced)],
@@ -192,6 +194,16 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
                    for key, size in workspaces.items()]
     naive = sum(aligned(nbytes[k], alignment) for k in planned) + sum(aligned(s, alignment) for s in workspaces.values())
     return MemoryPlan(placements, len(steps) + 1, alignment, order, naive)
+
+
+def _held(lives, owner, held, replaced):
+    """``lives`` with each ``held`` value's storage kept until its step, unless its place was ``replaced``."""
+    lives = dict(lives)
+    for value, until in held.items():
+        root = owner.get(value, value)
+        if root in lives and root not in replaced and until > lives[root].end:
+            lives[root] = liveness.Interval(root, lives[root].start, until)
+    return lives
 
 
 def _mergeable(in_place_groups, planned, lives, nbytes, alignment):

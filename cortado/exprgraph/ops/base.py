@@ -36,7 +36,8 @@ class Op:
     result_attr: str | None = None  # with ``results``: the attribute that says which result a term is
     evaluate: Callable | None = None  # the reference semantics of an op outside the table (a backend's own)
     grouped: bool = False  # one kernel of it reads its operands as one piece of memory, and writes its results so
-    asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result
+    asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result;
+    # such kernels are issued in the order of their attributes, the same on every rank of a job
 
     @property
     def elementwise(self):
