@@ -16,6 +16,7 @@ from .errors import FeedError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.dtypes import type_string
 from .exprgraph.printing import body_text, inline
+from .memplan import aligned
 
 
 class State(Mapping):
@@ -160,24 +161,21 @@ class Program:
 
     def _buckets(self):
         """Each all-reduce bucket: its gradients, its bytes, and the kernels it runs beside."""
-        at = {t: i for i, k in enumerate(self.kernels) for t in k.terms}
-        count = sum(k.term.op.name == "all_reduce" for k in self.kernels)
-        if not count:
+        if not self.buckets:
             return []
-        lines = ["", f"data parallel: {count} all-reduce bucket(s), averaged over the ranks"]
-        for k in self.kernels:
+        lines = ["", f"data parallel: {len(self.buckets)} all-reduce bucket(s), averaged over the ranks"]
+        for i, k in enumerate(self.kernels):
             if k.term.op.name != "all_reduce":
                 continue
-            i = at[k.term]
             readers = [j for j in range(i + 1, len(self.kernels)) if any(r in k.terms for r in self.kernels[j].reads)]
             joined = readers[0] if readers else len(self.kernels)
             beside = f"beside k{i + 1}..k{joined - 1}" if joined > i + 1 else "beside no kernel"
             waited = f"k{joined} waits for it" if readers else "the step's end waits for it"
-            size = sum(g.size * g.dtype.itemsize for g in k.term.args)
+            bucket = k.term.attr("bucket")
             where = ("reduced in place" if all(r in self.memory and self.memory[r].takes_from is g
                                                for g, r in zip(k.term.args, k.terms))
                      else "read where they lie" if self._side_by_side(k.term.args) else "packed first")
-            lines.append(f"  bucket {k.term.attr('bucket')}: k{i}, {len(k.terms)} gradient(s), {size / 1024:.1f} KiB "
+            lines.append(f"  bucket {bucket}: k{i}, {len(k.terms)} gradient(s), {self.buckets[bucket].nbytes / 1024:.1f} KiB "
                          f"{where}, issued after k{i - 1}, runs {beside}; {waited}")
         return lines
 
@@ -186,8 +184,7 @@ class Program:
         if not all(v in self.memory for v in values):
             return False
         places = [self.memory[v] for v in values]
-        step = self.memory.alignment
-        return all(b.offset == a.offset + -(-a.nbytes // step) * step for a, b in zip(places, places[1:]))
+        return all(b.offset == a.offset + aligned(a.nbytes, self.memory.alignment) for a, b in zip(places, places[1:]))
 
     def _where(self, t):
         typ = type_string(t.shape, t.dtype)

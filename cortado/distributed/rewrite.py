@@ -48,8 +48,8 @@ def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes
     would differ after one step.
     """
     fed = frozenset(inputs)
-    local = _local_terms(list(updates.values()), fed)
     order = schedule(list(updates.values()))
+    local = _local_terms(order, fed)
     found = _read_gradients(updates.values(), local)
     if not found:
         raise FeedError("compile(data_parallel=True): no update reads a gradient of the fed inputs (a term ct.grad "
@@ -66,10 +66,10 @@ def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes
     return rewritten, buckets
 
 
-def _local_terms(roots, fed):
-    """The terms of ``roots`` that depend on a fed input: they differ from rank to rank."""
+def _local_terms(order, fed):
+    """The terms of ``order`` (a schedule) that depend on a fed input: they differ from rank to rank."""
     local = set()
-    for t in schedule(roots):
+    for t in order:
         if t in fed or any(a in local for a in t.args):
             local.add(t)
     return local
