@@ -50,7 +50,8 @@ def configurations(draw):
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
     a_layout = draw(st.sampled_from(["rows", "padded rows", "columns"]))
     b_layout = draw(st.sampled_from(["rows", "k contiguous"]))
-    return (m, n, k), tiling, dtypes, a_layout, b_layout, draw(st.integers(0, 2 ** 31))
+    constants = draw(st.booleans()), draw(st.booleans())
+    return (m, n, k), tiling, dtypes, a_layout, b_layout, constants, draw(st.integers(0, 2 ** 31))
 
 
 @st.composite
@@ -70,7 +71,7 @@ def warpgroup_configurations(draw):
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
     return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits), dtypes, "padded rows", "k contiguous",
-            draw(st.integers(0, 2 ** 31)))
+            (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
 
 
 def _placed(cupy, x, strides):
@@ -83,7 +84,8 @@ def _placed(cupy, x, strides):
 
 def _check_kernel(configuration, requantized):
     """Run the kernel of ``configuration`` (twice: the second call finds the split counters the first left) and
-    compare it with NumPy's int32 product, or with the requantizing epilogue's float32 formula, bit for bit."""
+    compare it with NumPy's int32 product, or with the requantizing epilogue's float32 formula, bit for bit. An
+    operand drawn constant is read before the kernel waits for the grid before it."""
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
@@ -92,14 +94,14 @@ def _check_kernel(configuration, requantized):
     from cortado.backends.cupy.mma.source import gemm_source
     from cortado.exprgraph.ops import parameter
 
-    (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, seed = configuration
+    (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, constants, seed = configuration
     rng = np.random.default_rng(seed)
     a, b = _ints(rng, (m, k), a_dtype), _ints(rng, (k, n), b_dtype)
     pitch = -(-k // 16) * 16
     a_strides = {"rows": (k, 1), "padded rows": (pitch + 16, 1), "columns": (1, m)}[a_layout]
     b_strides = {"rows": (n, 1), "k contiguous": (1, pitch)}[b_layout]
     product = Product(m, n, k, a_strides, b_strides, np.dtype(a_dtype), np.dtype(b_dtype),
-                      vector_readable(a_strides), vector_readable(b_strides[::-1]))
+                      vector_readable(a_strides), vector_readable(b_strides[::-1]), *constants)
     sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
     exact = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
     extras, arrays = [], []
@@ -192,6 +194,10 @@ def test_a_quantized_layer_is_one_kernel_equal_to_the_cpu(batch, k, n, weights_a
     cpu = ct.compile([out], inputs=inputs, backend="numpy")
     kernels = [k.term for k in gpu.kernels if not k.is_load and k.term.op.name != "transpose"]  # (a view)
     assert len(kernels) == 1 and kernels[0].op.name == "int8_gemm"
+    (runner,) = gpu._executor.choices.values()
+    assert runner.candidates[0].source.text.count("load_b(s, kt0 + s); }") == 1
+    before_wait = runner.candidates[0].source.text.split("ct_wait_prior_grids();")[-2]
+    assert ("load_b(s, kt0 + s)" in before_wait) == (weights_as == "constant")
     for _ in range(3):
         np.testing.assert_array_equal(gpu(**feeds)[0].get(), cpu(**feeds)[0])
     assert "int8_gemm" in gpu.explain()

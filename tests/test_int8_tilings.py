@@ -79,3 +79,20 @@ def test_int8_results_of_whole_tiles_are_staged_and_stored_sixteen_bytes_a_threa
     text = gemm_source(product, tiling, cast(sums, "int8"), [], (1024, 1)).text
     assert "store_staged();" in text
     assert "store_staged" not in gemm_source(product, tiling, sums, [], (1024, 1)).text
+
+
+@pytest.mark.parametrize("tiling", [Tiling(64, 32, 64, 2, 2, 2), warpgroup_tiling(64, 64, 128, 4)])
+def test_only_constant_operands_are_read_before_waiting_for_the_kernel_before(tiling):
+    """The kernel before may still be flushing its writes: a value a kernel writes is read after the wait, a
+    constant (the weights) before it."""
+    from cortado.backends.cupy.codegen import Operand
+
+    sums = parameter(0, Operand((784, 256), np.dtype(np.int32), (256, 1)))
+    for constants in [(False, False), (False, True), (True, True)]:
+        product = Product(784, 256, 128, (128, 1), (1, 128), np.dtype(np.int8), np.dtype(np.int8), True, True,
+                          *constants)
+        before, after = gemm_source(product, tiling, sums, [], (256, 1)).text.split("ct_wait_prior_grids();")
+        for name, constant in zip("ab", constants):
+            assert (f"load_{name}(s, kt0 + s)" in before) == constant
+            assert (f"load_{name}(s, kt0 + s)" in after) != constant
+        assert "out0[" not in before and "partials[" not in before

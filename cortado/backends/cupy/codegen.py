@@ -85,8 +85,9 @@ template <typename T, bool NEAREST> __device__ __forceinline__ T ct_saturated(fl
     int r; asm("cvt.rzi.sat." PTX_TYPE ".f32 %0, %1;" : "=r"(r) : "f"(x)); return (T)r; }
 CT_SATURATED(signed char, "s8") CT_SATURATED(unsigned char, "u8") CT_SATURATED(short, "s16")
 CT_SATURATED(unsigned short, "u16")
-// Every kernel calls this before touching memory: launched to overlap the kernel before it (launch.py), it waits
-// until that grid has finished and its writes are visible; launched plainly, or before sm_90, it does nothing.
+// Every kernel calls this before touching memory a kernel writes: launched to overlap the kernel before it
+// (launch.py), it waits until that grid has finished and its writes are visible; launched plainly, or before sm_90,
+// it does nothing.
 __device__ __forceinline__ void ct_wait_prior_grids() {
 #if __CUDA_ARCH__ >= 900
   asm volatile("griddepcontrol.wait;" ::: "memory");

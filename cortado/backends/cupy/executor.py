@@ -187,6 +187,13 @@ class Executor(interface.Executor):
             self.pointers[c] = self.constant_block.pointer(k)
             self.strides[c] = stored_strides(c)
 
+    def _constant(self, t):
+        """Whether ``t`` is a constant of the program or a view of one: no kernel writes it."""
+        viewed = dict(self.views)
+        while t in viewed:
+            t = viewed[t]
+        return t.op.name == "const"
+
     def _operand(self, t):
         return Operand(t.shape, t.dtype, self.strides[t])
 
@@ -283,9 +290,9 @@ class Executor(interface.Executor):
     def _int8_gemm(self, t, workspace):
         """A maker of the call computing ``int8_gemm`` ``t``: our tensor-core kernel or cuBLASLt's, with the
         epilogue."""
-        runner = Int8Gemm(t, self.strides)
-        self.choices[t] = runner
         a, b, *extras = t.args
+        runner = Int8Gemm(t, self.strides, (self._constant(a), self._constant(b)))
+        self.choices[t] = runner
         return self._library_call(runner, [], lambda pointers: (pointers[a], pointers[b],
                                                                 tuple(pointers[e] for e in extras), pointers[t],
                                                                 workspace))

@@ -49,7 +49,9 @@ def warpgroup_tiling(bm, bn, bk, stages, splits=1):
 @dataclass(frozen=True)
 class Product:
     """The GEMM itself: sizes, the element strides of ``A`` (``m, k``) and ``B`` (``k, n``), the operands' dtypes,
-    and whether each is read 16 bytes at a time (``K`` stride 1, rows 16-byte aligned)."""
+    whether each is read 16 bytes at a time (``K`` stride 1, rows 16-byte aligned), and whether each is a constant
+    of the program, which no kernel writes (a quantized layer's weights): those are read before the kernel waits
+    for the one before it (``staging.prologue``)."""
 
     m: int
     n: int
@@ -60,6 +62,8 @@ class Product:
     b_dtype: np.dtype
     vector_a: bool
     vector_b: bool
+    constant_a: bool = False
+    constant_b: bool = False
 
 
 def vector_readable(strides):

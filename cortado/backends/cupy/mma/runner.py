@@ -25,7 +25,9 @@ from .product import Product, counters, partial_bytes, vector_readable
 from .source import gemm_source
 from .tilings import candidates, warpgroup_candidates
 
-CANDIDATES = 6  # our mma.sync tilings timed (on the H100 the fastest of 30 was always among the cost model's first 6)
+# our mma.sync tilings timed: on the H100 the fastest of 30 was always among the cost model's first 6 for the seed's
+# shapes; of 40, for 784x256x128, the seventh (7% faster: benchmarks/results/h100/experiments/README.md)
+CANDIDATES = 6
 WARPGROUP_CANDIDATES = 4  # and wgmma tilings, on sm_90, for products large enough to fill their tiles
 LIBRARY_CANDIDATES = 3  # cuBLASLt's algorithms timed
 LIBRARY_WORKSPACE = 4 << 20
@@ -150,12 +152,13 @@ class Int8Gemm:
 
     dtype = np.dtype(np.float32)  # what the executor fills buffers with before timing
 
-    def __init__(self, term, strides):
+    def __init__(self, term, strides, constants=(False, False)):
+        """``constants``: whether ``A`` and ``B`` are constants of the program, which no kernel writes."""
         a, b, *extras = term.args
         (m, k), n = a.shape, b.shape[1]
         b_rows = (strides[b][1], strides[b][0])  # B read as n rows of k
         product = Product(m, n, k, strides[a], strides[b], a.dtype, b.dtype, vector_readable(strides[a]),
-                          vector_readable(b_rows))
+                          vector_readable(b_rows), *constants)
         body, out_strides = term.attr("epilogue"), strides[term]
         operands = [Operand(e.shape, e.dtype, strides[e]) for e in extras]
         multiprocessors = _multiprocessors()

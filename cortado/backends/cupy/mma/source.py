@@ -16,11 +16,10 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 """
 
 from ..codegen import PRELUDE, Source, kernel_name
-from ..launch import WAIT_PRIOR_GRIDS
 from . import warpgroup
 from .epilogue import OPTIONS, parameters, split_sums, staged, store_all, store_functions
 from .product import PAD, ptx_type, tiles
-from .staging import load_function
+from .staging import load_function, prologue
 
 
 def gemm_source(product, tiling, body, extras, out_strides):
@@ -60,7 +59,6 @@ def _kernel_text(product, tiling, params, stores):
     return f"""
 #define THREADS {t.threads}
 extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(params)}) {{
-  {WAIT_PRIOR_GRIDS}
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, PITCH = BK + {PAD};
   constexpr int STAGES = {t.stages}, SPLITS = {t.splits}, WTM = {wtm}, WTN = {wtn}, MT = WTM / 16, NT = WTN / 8;
   constexpr int KTILES = (K + BK - 1) / BK, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS;
@@ -77,12 +75,7 @@ extern "C" __global__ void __launch_bounds__({t.threads}) int8_gemm({", ".join(p
   for (int r = 0; r < REGS; ++r) acc[r] = 0;
 
 {load_function(p, t)}
-  #pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) {{
-    if (s < tiles) load(s, kt0 + s);
-    asm volatile("cp.async.commit_group;\\n" ::);
-  }}
-  for (int i = 0; i < tiles; ++i) {{
+{prologue(p, "STAGES - 1")}  for (int i = 0; i < tiles; ++i) {{
     asm volatile("cp.async.wait_group %0;\\n" :: "n"(STAGES - 2));
     __syncthreads();
     if (i + STAGES - 1 < tiles) load((i + STAGES - 1) % STAGES, kt0 + i + STAGES - 1);

@@ -19,10 +19,9 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 ``16 w .. 16 w + 15``: ``BN / 2`` int32 a thread, which the epilogue then stores two at a time.
 """
 
-from ..launch import WAIT_PRIOR_GRIDS
 from .epilogue import split_sums
 from .product import SWIZZLE_ALIGNMENT, ptx_type
-from .staging import load_function
+from .staging import load_function, prologue
 
 # wgmma is in sm_90a's instruction set, not sm_90's; NVRTC builds for sm_90a though CuPy names sm_90 after it
 ARCHITECTURE = ("-arch=sm_90a",)
@@ -65,7 +64,6 @@ __device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
          | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
 }}
 extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(params)}) {{
-  {WAIT_PRIOR_GRIDS}
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, PITCH = BK, STAGE_BYTES = (BM + BN) * BK;
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
@@ -79,12 +77,7 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
   for (int r = 0; r < REGS; ++r) acc[r] = 0;
 
 {load_function(p, t, SWIZZLED_CHUNK)}
-  #pragma unroll
-  for (int s = 0; s < STAGES - 2; ++s) {{
-    if (s < tiles) load(s, kt0 + s);
-    asm volatile("cp.async.commit_group;\\n" ::);
-  }}
-  for (int i = 0; i < tiles; ++i) {{
+{prologue(p, "STAGES - 2")}  for (int i = 0; i < tiles; ++i) {{
     asm volatile("cp.async.wait_group %0;\\n" :: "n"(STAGES - 3));
     asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");
     __syncthreads();  // tile i is in place; every warpgroup's products of tile i - 2 are done
