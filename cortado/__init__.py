@@ -9,19 +9,23 @@
 from . import distributed, rules
 from .backends.reference import evaluate
 from .compiler import compile  # noqa: A004  (ct.compile, as DESIGN.md names it)
-from .errors import BackendError, CortadoError, DTypeError, FeedError, GradError, PlanError, RewriteError, ShapeError
+from .errors import (
+    BackendError, CortadoError, DTypeError, FeedError, GradError, IndexRangeError, PlanError, RewriteError, ShapeError,
+)
 from .exprgraph import Graph, Term, format_graph, schedule, to_dot
 from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matmul, ...: see __all__ there)
 from .exprgraph.constructors import __all__ as _constructors
 from .exprgraph.quantization import dequantize, fake_quantize, quantize
+from .exprgraph.slicing import concatenate, split
 from .grad import grad, hvp, vjp
 from .program import Program
 
 __version__ = "0.1.0"
 
 __all__ = [
-    *_constructors, "quantize", "dequantize", "fake_quantize",
+    *_constructors, "quantize", "dequantize", "fake_quantize", "concatenate", "split",
     "grad", "vjp", "hvp", "rules", "distributed",
     "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
-    "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "RewriteError", "PlanError", "BackendError",
+    "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "IndexRangeError", "RewriteError", "PlanError",
+    "BackendError",
 ]

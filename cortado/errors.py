@@ -24,6 +24,10 @@ class FeedError(CortadoError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class IndexRangeError(CortadoError, IndexError):
+    """An index tensor holding a value outside the axis it indexes, found when the values are known."""
+
+
 class RewriteError(CortadoError):
     """A rewrite that cannot be applied, or rewriting that does not terminate."""
 

@@ -460,6 +460,39 @@ def _pad(draw, name, values):
     return Step(name, (i,), (("pad_width", widths), ("constant_values", fill))), (lo, hi)
 
 
+def _indices(draw, shape, size):
+    """Nested tuples of ints in ``[-size, size)`` of ``shape``: indices a step passes as a literal."""
+    flat = draw(st.lists(st.integers(-size, size - 1), min_size=math.prod(shape), max_size=math.prod(shape)))
+    return np.array(flat, dtype=np.int64).reshape(shape).tolist() if shape else flat[0]
+
+
+def _take(draw, name, values):
+    choices = [i for i, v in enumerate(values) if v.term.ndim and all(v.shape)]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    v = values[i]
+    axis = draw(st.integers(-v.term.ndim, v.term.ndim - 1))
+    shape = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    return Step(name, (i, Literal(_as_tuples(_indices(draw, shape, v.shape[axis])))), (("axis", axis),)), (v.lo, v.hi)
+
+
+def _take_along_axis(draw, name, values):
+    choices = [i for i, v in enumerate(values) if v.term.ndim and all(v.shape)]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    v = values[i]
+    axis = draw(st.integers(-v.term.ndim, v.term.ndim - 1))
+    shape = v.shape[:axis % v.term.ndim] + (draw(st.integers(1, 3)),) + v.shape[axis % v.term.ndim + 1:]
+    return Step(name, (i, Literal(_as_tuples(_indices(draw, shape, v.shape[axis])))), (("axis", axis),)), (v.lo, v.hi)
+
+
+def _as_tuples(nested):
+    """Nested lists as nested tuples (a literal's repr reads as the value it was)."""
+    return tuple(_as_tuples(x) for x in nested) if isinstance(nested, list) else nested
+
+
 def _window_geometry(draw, sizes):
     """A window shape, strides and dilation that fit axes of ``sizes``."""
     window, strides, dilation = [], [], []
@@ -544,6 +577,8 @@ BUILDERS = {
     "windows": _windows,
     "overlap_add": _overlap_add,
     "conv": _conv,
+    "take": _take,
+    "take_along_axis": _take_along_axis,
 }
 
 

@@ -107,6 +107,7 @@ OVERRIDES = {
     "conv": _conv,
     "windows": _windows,
     "overlap_add": _overlap_add,
+    "take_along_axis": lambda x, indices, axis: np.take_along_axis(np.asarray(x), np.asarray(indices), axis=axis),
 }
 
 

@@ -54,9 +54,13 @@ def test_random_graphs_on_the_gpu_match_the_reference(case, on_device):
     program = ct.compile(list(graph.outputs), inputs=graph.inputs, backend="cupy", debug=True)
     given_feeds = {k: cupy.asarray(v) for k, v in feeds.items()} if on_device else feeds
     expected = ct.evaluate(graph.outputs, feeds, precision="float64")
+    declared = ct.evaluate(graph.outputs, feeds)  # a comparison after a rounding: the float64 answer may differ
     for _ in range(3):  # eager, then captured, then replayed
-        for ours, theirs, out in zip(program(**given_feeds), expected, graph.outputs):
-            assert_close(ours, theirs, _least_precise(out))
+        for ours, theirs, rounded, out in zip(program(**given_feeds), expected, declared, graph.outputs):
+            if is_float(out.dtype):
+                assert_close(ours, theirs, _least_precise(out))
+            else:  # each element the exact answer or the one in the declared dtypes (x <= bfloat16(x) is either)
+                assert ((host(ours) == theirs) | (host(ours) == rounded)).all(), (host(ours), theirs, rounded)
 
 
 def _least_precise(out):

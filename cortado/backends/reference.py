@@ -29,7 +29,7 @@ def _apply(term, args, widen):
         return _fused(term, args, widen)
     attrs = term.attrs
     if widen and is_float(term.dtype):
-        args = [a if is_float(a.dtype) else a.astype(np.float64) for a in args]
+        args = [a if is_float(a.dtype) or k in term.op.positions else a.astype(np.float64) for k, a in enumerate(args)]
         if term.op.name == "cast":
             attrs = (np.dtype(np.float64),)  # in exact arithmetic a float cast is the identity
     try:

@@ -24,7 +24,7 @@ __all__ = [
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
-    "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip",
+    "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d",
 ]
 
@@ -265,6 +265,34 @@ def flip(x, axis=None):
     return _call("flip", x, axis=axis)
 
 
+# -- gathering by index terms ----------------------------------------------------------------
+
+
+def _flattened(x):
+    x = as_term(x)
+    return x if x.ndim == 1 else reshape(x, (x.size,))
+
+
+def take(x, indices, axis=None):
+    """NumPy's ``take``: the elements of ``x`` at ``indices`` (an integer term, or a list or array of ints) along
+    ``axis`` (None: of ``x`` flattened); shape ``x.shape[:axis] + indices.shape + x.shape[axis + 1:]``. Negative
+    indices count from the end. One outside the axis is an ``IndexRangeError`` on the CPU; the GPU clamps it into
+    the axis (it never reads out of bounds). The gradient adds the adjoint's rows back where they were taken, a
+    repeated index's rows summed."""
+    if axis is None:
+        return _call("take", _flattened(x), indices, axis=0)
+    return _call("take", x, indices, axis=axis)
+
+
+def take_along_axis(x, indices, axis):
+    """NumPy's ``take_along_axis``: ``indices`` has as many axes as ``x``, the two broadcast against each other
+    off ``axis``, and each index picks an element along ``axis`` (None: of both flattened). The usual use picks
+    each row's label: ``take_along_axis(logits, labels[:, None], axis=1)``. Indices as ``take``'s."""
+    if axis is None:
+        return _call("take_along_axis", _flattened(x), _flattened(indices), axis=0)
+    return _call("take_along_axis", x, indices, axis=axis)
+
+
 # -- convolution and pooling -----------------------------------------------------------------
 
 
@@ -370,7 +398,7 @@ def avg_pool2d(x, kernel_size, stride=None, padding=0):
 
 # -- deferring to other kinds of operands ----------------------------------------------------
 
-OPERAND_PARAMETERS = ("x", "y", "w", "condition", "operands")  # the rest of a signature are attributes
+OPERAND_PARAMETERS = ("x", "y", "w", "condition", "indices", "operands")  # the rest of a signature are attributes
 
 
 def _deferring(function):

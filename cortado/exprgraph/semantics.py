@@ -16,7 +16,7 @@ are every backend's, so they are defined in ``numerics``.
 
 import numpy as np
 
-from . import windowing
+from . import gathering, windowing
 from .dtypes import is_float, is_narrow_float
 from .numerics import gelu_argument, gelu_slope, shifted
 from .ops import UFUNC_OPS, ufunc_loop
@@ -114,6 +114,8 @@ IMPLEMENTATIONS.update({
     "overlap_add": lambda xs, shape, strides, dilation: windowing.overlapped_add(xs[0], shape, strides, dilation),
     "pad": lambda xs, widths, value: windowing.padded(xs[0], widths, value),
     "flip": lambda xs, axes: np.flip(xs[0], axes),
+    "take": lambda xs, axis: gathering.take(*xs, axis),
+    "take_along_axis": lambda xs, axis: gathering.take_along_axis(*xs, axis),
 })
 IMPLEMENTATIONS.update({name: _in_float32(IMPLEMENTATIONS[name], narrow) for name, narrow in IN_FLOAT32.items()})
 

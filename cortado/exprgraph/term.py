@@ -174,4 +174,15 @@ class Term:
             "and `is` (or ==, which is identity) to compare terms"
         )
 
+    def __getitem__(self, key):
+        """NumPy's basic indexing, ``x[1:, ::-1, None, ..., 0]``: crops, flips, strided windows and a reshape
+        (slicing.py, imported here lazily, since it builds on the constructors that build on this module)."""
+        from .slicing import index
+
+        return index(self, key)
+
+    def __iter__(self):
+        # without it, __getitem__ would make terms iterable by Python's old protocol, which stops only at an IndexError
+        raise TypeError("a symbolic term is not iterable; index it (x[i]) or split it (ct.split)")
+
     __hash__ = object.__hash__

@@ -283,6 +283,52 @@ def _einsum_share(b):
     return ct.einsum(",".join(labels for labels, _ in terms) + "->" + result, *(x for _, x in terms))
 
 
+def _counted_from_the_start(indices, size):
+    """Integer ``indices`` into an axis of ``size``, in a dtype that holds ``size`` (int8 indices into 1000 rows
+    are widened), the negative ones (counted from the axis's end) made non-negative."""
+    if np.iinfo(indices.dtype).max < size:
+        indices = ct.cast(indices, "int64")
+    return indices if indices.dtype.kind == "u" else ct.where(indices < 0, indices + size, indices)
+
+
+def _places(size, dtype, trailing=0):
+    """The places ``0 .. size - 1`` of an axis, as a constant of ``dtype`` with ``trailing`` axes of size 1 after."""
+    return ct.const(np.arange(size, dtype=dtype).reshape((size,) + (1,) * trailing))
+
+
+def _take_share(b):
+    """The adjoint's rows added back where ``take`` took them, as a product with the indices' one-hot matrix:
+    ``share[p, v, q] = sum_i [index_i == v] dy[p, i, q]``. A GEMM, so deterministic on the GPU, with no scatter;
+    its cost, (number of indices) x (axis size) x (the rest), is that of a tied output head's."""
+    x, indices, axis, dy = b["_x"], b["_z"], b["_a"], b["_dy"]
+    size, count = x.shape[axis], indices.size
+    flat = _counted_from_the_start(reshaped(indices, (count, 1)), size)
+    one_hot = ct.cast(ct.equal(flat, _places(size, flat.dtype)), dy.dtype)
+    rows = (math.prod(x.shape[:axis]), count, math.prod(x.shape[axis + 1:]))
+    return reshaped(ct.einsum("iv,piq->pvq", one_hot, reshaped(dy, rows)), x.shape)
+
+
+def _take_along_axis_share(b):
+    """Each element of the adjoint added back at the place its index picked along ``axis``: the indices compared
+    with every place of the axis, the adjoint kept where they agree. With one index per row (a label) that is
+    ``where(index == place, dy, 0)``; with more, the comparison takes a new axis after ``axis`` and the kept
+    adjoint is summed over the indices' own extent."""
+    x, indices, axis, dy = b["_x"], b["_z"], b["_a"], b["_dy"]
+    size, trailing = x.shape[axis], x.ndim - axis - 1
+    zero = ct.const(0, dy.dtype)
+    if indices.shape[axis] == 1:
+        spread = _counted_from_the_start(indices, size)
+        return ct.where(ct.equal(spread, _places(size, spread.dtype, trailing)), dy, zero)
+    spread = _counted_from_the_start(_with_axis_after(indices, axis), size)
+    kept_dy = ct.where(ct.equal(spread, _places(size, spread.dtype, trailing)), _with_axis_after(dy, axis), zero)
+    return ct.sum(kept_dy, axis=axis)
+
+
+def _with_axis_after(t, axis):
+    """``t`` with a new axis of size 1 after ``axis``."""
+    return ct.reshape(t, t.shape[:axis + 1] + (1,) + t.shape[axis + 1:])
+
+
 # -- the rules -------------------------------------------------------------------------------
 
 NOT_DIFFERENTIABLE = ("sign", "rint", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
@@ -343,4 +389,6 @@ derivatives = Derivatives([
     Derivative("windows", "windows(_x, window_shape=_k, strides=_s, dilation=_d)", _x=windows_share),
     Derivative("overlap_add", "overlap_add(_x, shape=_n, strides=_s, dilation=_d)", _x=overlap_add_share),
     Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_share),
+    Derivative("take", "take(_x, _z, axis=_a)", _x=_take_share, _z="0"),
+    Derivative("take_along_axis", "take_along_axis(_x, _z, axis=_a)", _x=_take_along_axis_share, _z="0"),
 ], name="derivatives")

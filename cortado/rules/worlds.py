@@ -32,7 +32,8 @@ OPERATOR_OPS = {
 }
 OPERATOR_OF_OP = {op: head for (head, _), op in OPERATOR_OPS.items() if head != ".T"}
 MODULE_PREFIXES = ("ct.", "cortado.", "np.", "numpy.")
-ATTRIBUTE_OF_PARAMETER = {"axis": "axes"}  # a constructor's parameter -> the attribute it sets
+# a constructor's parameter -> the attribute it sets, where the op has that one (take's single axis is "axis")
+ATTRIBUTE_OF_PARAMETER = {"axis": "axes"}
 FOLD_LIMIT = 1 << 16  # fold a constant expression only if its result has at most this many elements
 
 
@@ -79,6 +80,7 @@ class TensorWorld:
         for name, value in params.items():
             if isinstance(value, Placeholder):
                 attribute = ATTRIBUTE_OF_PARAMETER.get(name, name)
+                attribute = attribute if attribute in term.op.attr_names else name
                 if attribute not in term.op.attr_names or not bind(value, term.attr(attribute)):
                     return False
                 given[name] = term.attr(attribute)

@@ -39,6 +39,7 @@ from .layout import (
     ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
     stored_strides,
 )
+from .index_kernels import take_along_axis_source, take_source
 from .window_kernels import flip_source, overlap_add_source, pad_source
 
 
@@ -77,6 +78,10 @@ WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its t
     "pad": lambda x, t: pad_source(x, t, [low for low, _ in t.attr("pad_width")], t.attr("constant_values")),
     "flip": lambda x, t: flip_source(x, t, t.attr("axes")),
     "overlap_add": lambda x, t: overlap_add_source(x, t, t.attr("strides"), t.attr("dilation")),
+}
+INDEX_KERNELS = {  # op -> the source of its kernel, from its operand, its indices and its term
+    "take": lambda x, indices, t: take_source(x, indices, t, t.attr("axis")),
+    "take_along_axis": lambda x, indices, t: take_along_axis_source(x, indices, t, t.attr("axis")),
 }
 ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph each) before it stages device feeds
 IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is read from (HOST, DEVICE: staged)
@@ -209,7 +214,7 @@ class Executor(interface.Executor):
 
     def _kernel(self, t, defined):
         """A maker of calls of a generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
-        if t.op.name not in ("fused", "reshape") and t.op.name not in WINDOW_KERNELS:
+        if t.op.name not in ("fused", "reshape") and t.op.name not in WINDOW_KERNELS and t.op.name not in INDEX_KERNELS:
             raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
         if t.size == 0:
             return lambda pointers: _nothing
@@ -217,6 +222,8 @@ class Executor(interface.Executor):
             return self._launch(copy_source(self._operand(t.args[0])), [t.args[0], t])
         if t.op.name in WINDOW_KERNELS:
             return self._launch(WINDOW_KERNELS[t.op.name](self._operand(t.args[0]), t), [t.args[0], t])
+        if t.op.name in INDEX_KERNELS:
+            return self._launch(INDEX_KERNELS[t.op.name](*map(self._operand, t.args), t), [*t.args, t])
         body, inputs = t.attr("outputs"), list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours

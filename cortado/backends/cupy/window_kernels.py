@@ -14,7 +14,7 @@ import math
 from .codegen import THREADS, Operand, compute_type, finished_source, literal, storage_type
 
 
-def _coordinates(shape):
+def coordinates(shape):
     """Statements giving ``c0, c1, ...``, the coordinates of the flat output index ``i`` in ``shape``."""
     lines, inner = [], 1
     for axis in reversed(range(len(shape))):
@@ -23,19 +23,20 @@ def _coordinates(shape):
     return lines
 
 
-def _offset(strides, coordinate):
+def offset(strides, coordinate):
     return " + ".join(f"({coordinate(a)}) * {s}" for a, s in enumerate(strides) if s) or "0"
 
 
-def _gather(kind, operand, out, statements):
-    """A kernel over ``out``'s elements (a term or anything with ``shape`` and ``dtype``) running ``statements``
-    for each, with ``i`` its flat index and ``c0, c1, ...`` its coordinates."""
+def gather(kind, operands, out, statements):
+    """A kernel over ``out``'s elements (a term or anything with ``shape`` and ``dtype``) reading ``operands``
+    (``in0, in1, ...``) and running ``statements`` for each, with ``i`` its flat index and ``c0, c1, ...`` its
+    coordinates."""
     n = math.prod(out.shape)
     lines = ["  const long long stride = (long long)gridDim.x * blockDim.x;",
              f"  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
-    lines += _coordinates(out.shape) + statements + ["  }"]
+    lines += coordinates(out.shape) + statements + ["  }"]
     blocks = max(1, min(-(-n // THREADS), 1 << 20))
-    return finished_source(kind, "\n".join(lines) + "\n", [out], [operand], (), blocks, (THREADS, 1, 1))
+    return finished_source(kind, "\n".join(lines) + "\n", [out], list(operands), (), blocks, (THREADS, 1, 1))
 
 
 def pad_source(operand, out, lows, value):
@@ -43,17 +44,17 @@ def pad_source(operand, out, lows, value):
     sources = [f"c{a} - ({low})" for a, low in enumerate(lows)]
     inside = " && ".join(f"(c{a} >= {low} && c{a} < {low + n})" for a, (low, n) in enumerate(zip(lows, operand.shape)))
     fill = literal(value, out.dtype)
-    read = f"ct_load(in0[{_offset(operand.strides, lambda a: sources[a])}])"
+    read = f"ct_load(in0[{offset(operand.strides, lambda a: sources[a])}])"
     statements = [f"    out0[i] = ct_store<{storage_type(out.dtype)}>(({inside or 'true'}) ? {read} : "
                   f"({compute_type(out.dtype)})({fill}));"]
-    return _gather("pad", operand, out, statements)
+    return gather("pad", [operand], out, statements)
 
 
 def flip_source(operand, out, axes):
     """``out`` = ``operand`` with its elements in reverse order along ``axes``."""
     sources = [f"{n - 1} - c{a}" if a in axes else f"c{a}" for a, n in enumerate(operand.shape)]
-    statements = [f"    out0[i] = in0[{_offset(operand.strides, lambda a: sources[a])}];"]
-    return _gather("flip", operand, out, statements)
+    statements = [f"    out0[i] = in0[{offset(operand.strides, lambda a: sources[a])}];"]
+    return gather("flip", [operand], out, statements)
 
 
 def overlap_add_source(operand, out, strides, dilation):
@@ -74,12 +75,12 @@ def overlap_add_source(operand, out, strides, dilation):
         positions.append(f"q{k} / {stride}")
         depth += "  "
     coordinates = [f"c{a}" for a in range(lead)] + positions + [f"t{k}" for k in range(count)]
-    statements.append(f"{depth}acc += ct_load(in0[{_offset(operand.strides, lambda a: coordinates[a])}]);")
+    statements.append(f"{depth}acc += ct_load(in0[{offset(operand.strides, lambda a: coordinates[a])}]);")
     for _ in range(count):
         depth = depth[:-2]
         statements.append(f"{depth}}}")
     statements.append(f"    out0[i] = ct_store<{storage_type(out.dtype)}>(acc);")
-    return _gather("overlap_add", operand, out, statements)
+    return gather("overlap_add", [operand], out, statements)
 
 
 def im2col_source(images, window, strides, lows, dilation, counts):
@@ -96,7 +97,7 @@ def im2col_source(images, window, strides, lows, dilation, counts):
     statements = [f"    const long long x{a} = {source};" for a, source in enumerate(sources)]
     inside = " && ".join(f"x{a} >= 0 && x{a} < {n}" for a, n in enumerate(images.shape[2:]))
     coordinates = [f"c{1 + count}", "c0"] + [f"x{a}" for a in range(count)]
-    read = f"in0[{_offset(images.strides, lambda a: coordinates[a])}]"
+    read = f"in0[{offset(images.strides, lambda a: coordinates[a])}]"
     zero = f"ct_store<{storage_type(images.dtype)}>(({compute_type(images.dtype)})0)"
     statements.append(f"    out0[i] = ({inside}) ? {read} : {zero};")
-    return _gather("im2col", images, out, statements)
+    return gather("im2col", [images], out, statements)

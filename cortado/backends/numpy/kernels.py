@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ...exprgraph import windowing
+from ...exprgraph import gathering, windowing
 from ...exprgraph.dtypes import is_float
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
@@ -302,6 +302,14 @@ def _overlap_add(em, attrs, args, out):
     em.call(windowing.overlap_add_into, out, args[0], strides, dilation)
 
 
+def _take(em, attrs, args, out):
+    em.call(gathering.take_into, out, *args, *attrs)
+
+
+def _take_along_axis(em, attrs, args, out):
+    em.call(gathering.take_along_axis_into, out, *args, *attrs)
+
+
 def _float32_copy(em, x):
     wide = em.scratch(x.shape, np.float32)
     em.call(np.copyto, wide, x, casting="unsafe")
@@ -334,7 +342,7 @@ EMITTERS.update({
     "where": _where, "cast": _cast, "stop_gradient": _cast,  # (simplify takes stop_gradient out before this)
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
     "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
-    "conv": _conv, "pad": _pad, "overlap_add": _overlap_add,
+    "conv": _conv, "pad": _pad, "overlap_add": _overlap_add, "take": _take, "take_along_axis": _take_along_axis,
 })
 EMITTERS.update({name: _in_float32(EMITTERS[name], narrow) for name, narrow in IN_FLOAT32.items() if name in EMITTERS})
 

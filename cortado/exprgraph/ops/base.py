@@ -38,6 +38,7 @@ class Op:
     grouped: bool = False  # one kernel of it reads its operands as one piece of memory, and writes its results so
     asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result;
     # such kernels are issued in the order of their attributes, the same on every rank of a job
+    positions: tuple = ()  # the operands read as places (indices), not as numbers: never converted to a float
 
     @property
     def elementwise(self):

@@ -41,8 +41,8 @@ class Constant:
     def __repr__(self):
         if self.array.ndim and self.scalar is not None:
             return f"full({self.scalar[()]})"  # every element this value; the term's type gives the shape
-        if self.array.ndim:
-            return np.array2string(self.array, separator=", ", threshold=6)
+        if self.array.ndim:  # on one line: a listing has one line a term
+            return " ".join(np.array2string(self.array, separator=", ", threshold=6).split())
         return str(self.array[()])  # NumPy's shortest form for the dtype: 1.7320508 for float32
 
 

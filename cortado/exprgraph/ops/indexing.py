@@ -1,0 +1,75 @@
+"""The ops that gather by index terms: ``take`` and ``take_along_axis``, with NumPy's names and semantics. The
+indices are a term of an integer dtype, so which elements are read is known only when the program runs; an index
+outside its axis is an error there on the CPU (``gathering``) and is clamped into the axis on the GPU, which never
+reads out of bounds. Slicing, ``concatenate`` and ``split`` need no ops of their own (``exprgraph.slicing``).
+"""
+
+from ...errors import IndexRangeError
+from ..gathering import checked
+from ..term import RuleViolation, dtype_violation, shape_violation
+from .base import Op, broadcast_shapes
+from .layout import same_dtype
+from .reductions import normalize_axes
+
+INDEXING = "indexing"  # reads elements of one operand at the places another one holds
+
+
+def _integer_indices(args, op):
+    indices = args[1]
+    if indices.dtype.kind not in "iu":
+        raise dtype_violation(f"{op} needs indices of an integer dtype, not {indices.dtype.name} "
+                              f"(cast them: ct.cast(indices, 'int32'))")
+
+
+def _constant_indices_in_range(args, axis):
+    """Indices known now (a constant) are checked now, where the user built the term."""
+    indices = args[1]
+    if indices.op.name == "const":
+        try:
+            checked(indices.attr("value").array, args[0].shape[axis], None, axis)
+        except IndexRangeError as error:
+            raise RuleViolation(str(error), IndexRangeError) from None
+
+
+def _take_normalize(args, axis):
+    _integer_indices(args, "take")
+    if args[0].ndim == 0:
+        raise shape_violation("take needs an operand of at least one axis (a 0-d one has nothing to index)")
+    (axis,) = normalize_axes(axis, args[0].ndim)
+    if args[0].shape[axis] == 0 and args[1].size:
+        raise shape_violation(f"take: axis {axis} has size 0, so no index can be taken from it")
+    _constant_indices_in_range(args, axis)
+    return (axis,)
+
+
+def _take_shape(args, axis):
+    a, indices = args
+    return a.shape[:axis] + indices.shape + a.shape[axis + 1:]
+
+
+def _along_axis_normalize(args, axis):
+    _integer_indices(args, "take_along_axis")
+    a, indices = args
+    if a.ndim == 0 or indices.ndim != a.ndim:
+        raise shape_violation(f"take_along_axis needs indices with as many axes as the operand "
+                              f"(shapes {a.shape} and {indices.shape})")
+    (axis,) = normalize_axes(axis, a.ndim)
+    if a.shape[axis] == 0 and indices.shape[axis]:
+        raise shape_violation(f"take_along_axis: axis {axis} has size 0, so no index can be taken from it")
+    _constant_indices_in_range(args, axis)
+    return (axis,)
+
+
+def _along_axis_shape(args, axis):
+    """The operand's and the indices' shapes broadcast against each other off ``axis``; the indices' size on it."""
+    a, indices = args
+    off = broadcast_shapes(a.shape[:axis] + (1,) + a.shape[axis + 1:],
+                           indices.shape[:axis] + (1,) + indices.shape[axis + 1:])
+    return off[:axis] + (indices.shape[axis],) + off[axis + 1:]
+
+
+FAMILY = (
+    Op("take", 2, ("axis",), _take_shape, same_dtype, INDEXING, _take_normalize, positions=(1,)),
+    Op("take_along_axis", 2, ("axis",), _along_axis_shape, same_dtype, INDEXING, _along_axis_normalize,
+       positions=(1,)),
+)

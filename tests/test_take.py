@@ -1,0 +1,235 @@
+"""``take`` and ``take_along_axis``: NumPy's results from the reference interpreter and the CPU backend on random
+shapes, axes, index dtypes and values (negative ones too); out-of-range indices and ill-typed ones refused
+clearly; gradients that add the adjoint back where it was taken (repeated indices summed), checked against
+NumPy's ``add.at`` and against finite differences to second order; and, on a GPU, the cupy backend equal to the
+CPU's."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends import gpu_visible
+from cortado.exprgraph.dtypes import BFLOAT16
+from cortado.gradcheck import check_grads
+
+VALUE_DTYPES = ["float32", "float64", "int32", "bool", "float16", "bfloat16"]
+INDEX_DTYPES = ["int8", "int32", "int64", "uint8"]
+
+
+def _values(rng, shape, dtype):
+    if dtype == "bool":
+        return rng.random(shape) < 0.5
+    if dtype == "int32":
+        return rng.integers(-100, 100, shape).astype(np.int32)
+    return rng.standard_normal(shape).astype(BFLOAT16 if dtype == "bfloat16" else dtype)
+
+
+def _indices(rng, shape, size, dtype):
+    low = 0 if dtype == "uint8" else -min(size, 128)
+    return rng.integers(low, min(size, 128), shape).astype(dtype)
+
+
+@st.composite
+def takes(draw):
+    ndim = draw(st.integers(1, 3))
+    shape = tuple(draw(st.lists(st.integers(1, 5), min_size=ndim, max_size=ndim)))
+    axis = draw(st.integers(-ndim, ndim - 1))
+    index_shape = tuple(draw(st.lists(st.integers(0, 4), max_size=3)))
+    return shape, axis, index_shape, draw(st.sampled_from(VALUE_DTYPES)), draw(st.sampled_from(INDEX_DTYPES)), \
+        draw(st.integers(0, 2 ** 31))
+
+
+@st.composite
+def along_axis(draw):
+    """An operand and indices of as many axes, each axis off ``axis`` equal in both or 1 in one of them."""
+    ndim = draw(st.integers(1, 3))
+    axis = draw(st.integers(-ndim, ndim - 1))
+    shape, index_shape = [], []
+    for a in range(ndim):
+        size = draw(st.integers(1, 4))
+        if a == axis % ndim:
+            shape.append(size)
+            index_shape.append(draw(st.integers(0, 4)))
+        else:
+            pair = draw(st.sampled_from([(size, size), (1, size), (size, 1)]))
+            shape.append(pair[0])
+            index_shape.append(pair[1])
+    return tuple(shape), axis, tuple(index_shape), draw(st.sampled_from(VALUE_DTYPES)), \
+        draw(st.sampled_from(INDEX_DTYPES)), draw(st.integers(0, 2 ** 31))
+
+
+def _numpy_take_along_axis(a, indices, axis):
+    """NumPy's ``take_along_axis`` with the operand and the indices broadcast against each other off ``axis``."""
+    axis %= a.ndim
+    off = np.broadcast_shapes(a.shape[:axis] + (1,) + a.shape[axis + 1:],
+                              indices.shape[:axis] + (1,) + indices.shape[axis + 1:])
+    a = np.broadcast_to(a, off[:axis] + (a.shape[axis],) + off[axis + 1:])
+    indices = np.broadcast_to(indices, off[:axis] + (indices.shape[axis],) + off[axis + 1:])
+    return np.take_along_axis(a, indices.astype(np.int64), axis=axis)
+
+
+def _both_ways(out, inputs, feeds):
+    """``out`` evaluated by the reference interpreter and by a program compiled for the CPU."""
+    program = ct.compile([out], inputs=inputs, backend="numpy")
+    return ct.evaluate(out, feeds), program(**feeds)[0]
+
+
+@settings(max_examples=80, deadline=None)
+@given(takes())
+def test_take_is_numpys(case):
+    shape, axis, index_shape, dtype, index_dtype, seed = case
+    rng = np.random.default_rng(seed)
+    x, i = ct.var("x", shape, dtype), ct.var("i", index_shape, index_dtype)
+    feeds = {"x": _values(rng, shape, dtype), "i": _indices(rng, index_shape, shape[axis], index_dtype)}
+    expected = np.take(feeds["x"], feeds["i"].astype(np.int64), axis=axis)
+    for result in _both_ways(ct.take(x, i, axis=axis), [x, i], feeds):
+        assert result.dtype == expected.dtype
+        np.testing.assert_array_equal(result, expected)
+
+
+@settings(max_examples=80, deadline=None)
+@given(along_axis())
+def test_take_along_axis_is_numpys(case):
+    shape, axis, index_shape, dtype, index_dtype, seed = case
+    rng = np.random.default_rng(seed)
+    x, i = ct.var("x", shape, dtype), ct.var("i", index_shape, index_dtype)
+    feeds = {"x": _values(rng, shape, dtype), "i": _indices(rng, index_shape, shape[axis], index_dtype)}
+    expected = _numpy_take_along_axis(feeds["x"], feeds["i"], axis)
+    for result in _both_ways(ct.take_along_axis(x, i, axis=axis), [x, i], feeds):
+        np.testing.assert_array_equal(result, expected)
+
+
+def test_axis_none_takes_from_the_flattened_operand_and_lists_are_indices():
+    x = ct.var("x", (3, 4))
+    value = np.arange(12, dtype=np.float32).reshape(3, 4)
+    np.testing.assert_array_equal(ct.evaluate(ct.take(x, [11, -12, 5]), {"x": value}), np.take(value, [11, -12, 5]))
+    np.testing.assert_array_equal(ct.evaluate(ct.take(x, 2, axis=1), {"x": value}), value[:, 2])
+    flat = ct.take_along_axis(x, np.array([0, 11, 3]), axis=None)
+    np.testing.assert_array_equal(ct.evaluate(flat, {"x": value}), value.reshape(-1)[[0, 11, 3]])
+
+
+@pytest.mark.parametrize("build, message", [
+    (lambda x, i: ct.take(x, ct.cast(i, "float32"), axis=0), r"take needs indices of an integer dtype, not float32"),
+    (lambda x, i: ct.take(x, i, axis=2), r"axis 2 is out of range for a tensor of rank 2"),
+    (lambda x, i: ct.take_along_axis(x, i, axis=1), r"take_along_axis needs indices with as many axes as the operand"),
+    (lambda x, i: ct.take(ct.var("e", (0, 3)), i, axis=0), r"axis 0 has size 0, so no index can be taken from it"),
+    (lambda x, i: ct.take_along_axis(x, ct.var("j", (2, 4), "int32"), axis=1), r"do not broadcast"),
+])
+def test_ill_formed_takes_are_refused_where_they_are_built(build, message):
+    x, i = ct.var("x", (5, 3)), ct.var("i", (4,), "int32")
+    with pytest.raises(ct.CortadoError, match=message):
+        build(x, i)
+
+
+@pytest.mark.parametrize("backend", ["reference", "numpy"])
+def test_an_index_out_of_range_is_an_error_on_the_cpu(backend):
+    x, i = ct.var("x", (5, 3)), ct.var("i", (2, 1), "int8")
+    out = ct.take_along_axis(x, i, axis=0)
+    feeds = {"x": np.zeros((5, 3), np.float32), "i": np.array([[1], [-6]], np.int8)}
+    run = (lambda: ct.evaluate(out, feeds)) if backend == "reference" else \
+        (lambda: ct.compile([out], inputs=[x, i], backend="numpy")(**feeds))
+    with pytest.raises(ct.IndexRangeError, match=r"take_along_axis: index -6 is out of range for axis 0 of size 5"):
+        run()
+    with pytest.raises(ct.IndexRangeError, match=r"index 9 is out of range for axis 0 of size 5"):
+        ct.take(x, [0, 9], axis=0)  # constant indices are checked when the term is folded
+
+
+@settings(max_examples=40, deadline=None)
+@given(takes())
+def test_the_gradient_of_take_adds_each_row_back_where_it_was_taken(case):
+    shape, axis, index_shape, _, index_dtype, seed = case
+    rng = np.random.default_rng(seed)
+    x, i = ct.var("x", shape, "float64"), ct.var("i", index_shape, index_dtype)
+    indices = _indices(rng, index_shape, shape[axis], index_dtype)
+    out_shape = ct.take(x, i, axis=axis).shape
+    weights = rng.standard_normal(out_shape)
+    (gradient,) = ct.grad(ct.sum(ct.take(x, i, axis=axis) * ct.const(weights)), [x])
+    axis %= len(shape)
+    expected = np.zeros(shape)
+    place = np.where(indices < 0, indices.astype(np.int64) + shape[axis], indices)
+    count = len(index_shape)
+    rows_first = np.moveaxis(weights, list(range(axis, axis + count)), list(range(count)))
+    np.add.at(np.moveaxis(expected, axis, 0), place, rows_first)
+    np.testing.assert_allclose(ct.evaluate(gradient, {"i": indices}), expected, rtol=1e-12, atol=1e-12)
+
+
+@settings(max_examples=40, deadline=None)
+@given(along_axis())
+def test_the_gradient_of_take_along_axis_adds_each_element_back_where_it_was_picked(case):
+    shape, axis, index_shape, _, index_dtype, seed = case
+    rng = np.random.default_rng(seed)
+    x, i = ct.var("x", shape, "float64"), ct.var("i", index_shape, index_dtype)
+    indices = _indices(rng, index_shape, shape[axis], index_dtype)
+    picked = ct.take_along_axis(x, i, axis=axis)
+    weights = rng.standard_normal(picked.shape)
+    (gradient,) = ct.grad(ct.sum(picked * ct.const(weights)), [x])
+    # each picked element's weight, added at its place in the broadcast operand, then summed down to x's shape
+    axis %= len(shape)
+    wide = np.zeros(picked.shape[:axis] + (shape[axis],) + picked.shape[axis + 1:])
+    place = np.broadcast_to(np.where(indices < 0, indices.astype(np.int64) + shape[axis], indices), picked.shape)
+    for where in np.ndindex(picked.shape):
+        target = where[:axis] + (place[where],) + where[axis + 1:]
+        wide[target] += weights[where]
+    expected = wide.sum(axis=tuple(a for a in range(len(shape)) if shape[a] == 1 and wide.shape[a] != 1),
+                        keepdims=True)
+    np.testing.assert_allclose(ct.evaluate(gradient, {"i": indices}), expected, rtol=1e-12, atol=1e-12)
+
+
+GRADIENT_CASES = {
+    "take rows, repeated and negative": (lambda x, i: ct.take(x, i, axis=0), (6, 3), (2, 3), [[0, -1, 2], [2, 5, 0]]),
+    "take columns, negative axis": (lambda x, i: ct.take(x, i, axis=-1), (4, 5), (3,), [4, -5, 4]),
+    "take_along_axis, one label a row": (lambda x, i: ct.take_along_axis(x, i, axis=1), (4, 6), (4, 1),
+                                         [[0], [5], [-1], [2]]),
+    "take_along_axis, several, broadcast": (lambda x, i: ct.take_along_axis(x, i, axis=1), (4, 6), (1, 3),
+                                            [[0, 5, 0]]),
+}
+
+
+@pytest.mark.parametrize("case", GRADIENT_CASES, ids=str)
+@pytest.mark.parametrize("order", [1, 2])
+def test_gradients_agree_with_finite_differences(case, order):
+    build, shape, index_shape, indices = GRADIENT_CASES[case]
+    x, i = ct.var("x", shape, "float64"), ct.var("i", index_shape, "int32")
+    feeds = {"x": np.random.default_rng(0).standard_normal(shape), "i": np.array(indices, np.int32)}
+    check_grads(ct.tanh(build(x, i)), x, feeds, order=order, rtol=1e-6)
+
+
+def test_cross_entropy_of_labels_has_the_softmax_minus_one_hot_gradient():
+    logits, labels = ct.var("z", (4, 7)), ct.var("y", (4, 1), "int32")
+    loss = ct.mean(ct.logsumexp(logits, axis=1) - ct.reshape(ct.take_along_axis(logits, labels, axis=1), (4,)))
+    (gradient,) = ct.grad(loss, [logits])
+    program = ct.compile([loss, gradient], inputs=[logits, labels], backend="numpy")
+    rng = np.random.default_rng(1)
+    z, y = rng.standard_normal((4, 7)).astype(np.float32), np.array([[1], [6], [0], [-4]], np.int32)
+    value, dz = program(z=z, y=y)
+    p = np.exp(z - z.max(axis=1, keepdims=True))
+    p /= p.sum(axis=1, keepdims=True)
+    one_hot = np.eye(7)[y[:, 0] % 7]
+    np.testing.assert_allclose(value, -np.log(p[one_hot == 1]).mean(), rtol=1e-6)
+    np.testing.assert_allclose(dz, (p - one_hot) / 4, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_on_the_gpu_gathers_and_their_gradients_equal_the_cpu(dtype):
+    """An embedding lookup and a picked label, forward and gradient; an index beyond the axis is clamped into it."""
+    table, tokens = ct.var("e", (11, 8), dtype), ct.var("t", (3, 5), "int32")
+    labels = ct.var("y", (3, 5, 1), "int64")
+    embedded = ct.take(table, tokens, axis=0)  # (3, 5, 8)
+    picked = ct.take_along_axis(embedded, labels, axis=2)
+    loss = ct.sum(ct.cast(picked, "float32") * 2.0) + ct.sum(ct.cast(embedded, "float32") ** 2)
+    (gradient,) = ct.grad(loss, [table])
+    rng = np.random.default_rng(3)
+    feeds = {"e": _values(rng, (11, 8), dtype), "t": rng.integers(-11, 11, (3, 5)).astype(np.int32),
+             "y": rng.integers(-8, 8, (3, 5, 1))}
+    outputs = [embedded, picked, gradient]
+    gpu = ct.compile(outputs, inputs=[table, tokens, labels], backend="cupy")(**feeds)
+    cpu = ct.compile(outputs, inputs=[table, tokens, labels], backend="numpy")(**feeds)
+    for ours, theirs in zip(gpu, cpu):
+        np.testing.assert_allclose(ours.get().astype(np.float64), theirs.astype(np.float64), rtol=1e-2, atol=1e-2)
+    clamped = ct.compile([embedded], inputs=[table, tokens, labels], backend="cupy")(
+        **{**feeds, "t": np.array([[40, -40, 3, 10, -11]] * 3, np.int32)})[0].get()
+    np.testing.assert_array_equal(clamped, feeds["e"][[10, 0, 3, 10, 0]][None].repeat(3, axis=0))
