@@ -100,3 +100,15 @@ def test_data_parallel_example_trains_in_a_world_of_one_and_says_why_two_ranks_c
     assert two.returncode != 0
     assert ("a job of several processes needs CuPy and NCCL" in two.stderr  # a machine without CuPy
             or "the numpy backend cannot reduce over them; use backend='cupy'" in two.stderr)
+
+
+def test_gpt_example_learns_characters_and_samples_text(tmp_path):
+    out = run([os.path.join(ROOT, "examples", "gpt.py"), "--steps", "120", "--sample", "40", "--backend", "numpy"],
+              cwd=tmp_path)
+    losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("step")]
+    uniform = float(out.split("a uniform guess: ")[1].split(")")[0])
+    assert losses[0] > 0.95 * uniform and losses[-1] < 0.75 * uniform, out
+    held_out = float(out.split("held-out loss ")[1].split()[0])
+    assert held_out < 0.8 * uniform, out
+    sampled = out.split("sampled, after a held-out prompt:\n")[1]
+    assert len(sampled.rstrip("\n")) >= 64 + 40 - 1, out
