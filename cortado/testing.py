@@ -460,32 +460,23 @@ def _pad(draw, name, values):
     return Step(name, (i,), (("pad_width", widths), ("constant_values", fill))), (lo, hi)
 
 
-def _indices(draw, shape, size):
-    """Nested tuples of ints in ``[-size, size)`` of ``shape``: indices a step passes as a literal."""
-    flat = draw(st.lists(st.integers(-size, size - 1), min_size=math.prod(shape), max_size=math.prod(shape)))
-    return np.array(flat, dtype=np.int64).reshape(shape).tolist() if shape else flat[0]
+def _gather(index_shape):
+    """The builder of a gather (``take``, ``take_along_axis``) from a nonempty value along a drawn axis, its indices
+    (of ``index_shape(draw, value shape, axis)``) a literal of nested tuples of ints in ``[-size, size)``."""
 
+    def build(draw, name, values):
+        choices = [i for i, v in enumerate(values) if v.term.ndim and all(v.shape)]
+        if not choices:
+            return None
+        i = draw(st.sampled_from(choices))
+        v = values[i]
+        axis = draw(st.integers(-v.term.ndim, v.term.ndim - 1))
+        shape, size = index_shape(draw, v.shape, axis % v.term.ndim), v.shape[axis]
+        flat = draw(st.lists(st.integers(-size, size - 1), min_size=math.prod(shape), max_size=math.prod(shape)))
+        indices = _as_tuples(np.array(flat, dtype=np.int64).reshape(shape).tolist()) if shape else flat[0]
+        return Step(name, (i, Literal(indices)), (("axis", axis),)), (v.lo, v.hi)
 
-def _take(draw, name, values):
-    choices = [i for i, v in enumerate(values) if v.term.ndim and all(v.shape)]
-    if not choices:
-        return None
-    i = draw(st.sampled_from(choices))
-    v = values[i]
-    axis = draw(st.integers(-v.term.ndim, v.term.ndim - 1))
-    shape = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
-    return Step(name, (i, Literal(_as_tuples(_indices(draw, shape, v.shape[axis])))), (("axis", axis),)), (v.lo, v.hi)
-
-
-def _take_along_axis(draw, name, values):
-    choices = [i for i, v in enumerate(values) if v.term.ndim and all(v.shape)]
-    if not choices:
-        return None
-    i = draw(st.sampled_from(choices))
-    v = values[i]
-    axis = draw(st.integers(-v.term.ndim, v.term.ndim - 1))
-    shape = v.shape[:axis % v.term.ndim] + (draw(st.integers(1, 3)),) + v.shape[axis % v.term.ndim + 1:]
-    return Step(name, (i, Literal(_as_tuples(_indices(draw, shape, v.shape[axis])))), (("axis", axis),)), (v.lo, v.hi)
+    return build
 
 
 def _as_tuples(nested):
@@ -577,8 +568,8 @@ BUILDERS = {
     "windows": _windows,
     "overlap_add": _overlap_add,
     "conv": _conv,
-    "take": _take,
-    "take_along_axis": _take_along_axis,
+    "take": _gather(lambda draw, shape, axis: tuple(draw(st.lists(st.integers(1, 3), max_size=2)))),
+    "take_along_axis": _gather(lambda draw, shape, axis: shape[:axis] + (draw(st.integers(1, 3)),) + shape[axis + 1:]),
 }
 
 

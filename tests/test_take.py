@@ -76,28 +76,21 @@ def _both_ways(out, inputs, feeds):
     return ct.evaluate(out, feeds), program(**feeds)[0]
 
 
-@settings(max_examples=80, deadline=None)
-@given(takes())
-def test_take_is_numpys(case):
-    shape, axis, index_shape, dtype, index_dtype, seed = case
+GATHERS = {"take": (ct.take, lambda a, indices, axis: np.take(a, indices.astype(np.int64), axis=axis)),
+           "take_along_axis": (ct.take_along_axis, _numpy_take_along_axis)}
+
+
+@settings(max_examples=160, deadline=None)
+@given(st.one_of(takes().map(lambda case: ("take", *case)), along_axis().map(lambda case: ("take_along_axis", *case))))
+def test_gathers_are_numpys(case):
+    name, shape, axis, index_shape, dtype, index_dtype, seed = case
+    ours, numpys = GATHERS[name]
     rng = np.random.default_rng(seed)
     x, i = ct.var("x", shape, dtype), ct.var("i", index_shape, index_dtype)
     feeds = {"x": _values(rng, shape, dtype), "i": _indices(rng, index_shape, shape[axis], index_dtype)}
-    expected = np.take(feeds["x"], feeds["i"].astype(np.int64), axis=axis)
-    for result in _both_ways(ct.take(x, i, axis=axis), [x, i], feeds):
+    expected = numpys(feeds["x"], feeds["i"], axis)
+    for result in _both_ways(ours(x, i, axis=axis), [x, i], feeds):
         assert result.dtype == expected.dtype
-        np.testing.assert_array_equal(result, expected)
-
-
-@settings(max_examples=80, deadline=None)
-@given(along_axis())
-def test_take_along_axis_is_numpys(case):
-    shape, axis, index_shape, dtype, index_dtype, seed = case
-    rng = np.random.default_rng(seed)
-    x, i = ct.var("x", shape, dtype), ct.var("i", index_shape, index_dtype)
-    feeds = {"x": _values(rng, shape, dtype), "i": _indices(rng, index_shape, shape[axis], index_dtype)}
-    expected = _numpy_take_along_axis(feeds["x"], feeds["i"], axis)
-    for result in _both_ways(ct.take_along_axis(x, i, axis=axis), [x, i], feeds):
         np.testing.assert_array_equal(result, expected)
 
 
@@ -136,45 +129,44 @@ def test_an_index_out_of_range_is_an_error_on_the_cpu(backend):
         ct.take(x, [0, 9], axis=0)  # constant indices are checked when the term is folded
 
 
-@settings(max_examples=40, deadline=None)
-@given(takes())
-def test_the_gradient_of_take_adds_each_row_back_where_it_was_taken(case):
-    shape, axis, index_shape, _, index_dtype, seed = case
-    rng = np.random.default_rng(seed)
-    x, i = ct.var("x", shape, "float64"), ct.var("i", index_shape, index_dtype)
-    indices = _indices(rng, index_shape, shape[axis], index_dtype)
-    out_shape = ct.take(x, i, axis=axis).shape
-    weights = rng.standard_normal(out_shape)
-    (gradient,) = ct.grad(ct.sum(ct.take(x, i, axis=axis) * ct.const(weights)), [x])
-    axis %= len(shape)
+def _rows_added_back(shape, axis, places, weights):
+    """``take``'s adjoint by NumPy: each row of ``weights`` added to the row of ``shape`` it was taken from."""
     expected = np.zeros(shape)
-    place = np.where(indices < 0, indices.astype(np.int64) + shape[axis], indices)
-    count = len(index_shape)
-    rows_first = np.moveaxis(weights, list(range(axis, axis + count)), list(range(count)))
-    np.add.at(np.moveaxis(expected, axis, 0), place, rows_first)
-    np.testing.assert_allclose(ct.evaluate(gradient, {"i": indices}), expected, rtol=1e-12, atol=1e-12)
+    count = places.ndim
+    np.add.at(np.moveaxis(expected, axis, 0), places, np.moveaxis(weights, list(range(axis, axis + count)),
+                                                                  list(range(count))))
+    return expected
 
 
-@settings(max_examples=40, deadline=None)
-@given(along_axis())
-def test_the_gradient_of_take_along_axis_adds_each_element_back_where_it_was_picked(case):
-    shape, axis, index_shape, _, index_dtype, seed = case
+def _picks_added_back(shape, axis, places, weights):
+    """``take_along_axis``'s adjoint by NumPy: each weight added at its place in the broadcast operand, then summed
+    down to ``shape``."""
+    wide = np.zeros(weights.shape[:axis] + (shape[axis],) + weights.shape[axis + 1:])
+    places = np.broadcast_to(places, weights.shape)
+    for where in np.ndindex(weights.shape):
+        wide[where[:axis] + (places[where],) + where[axis + 1:]] += weights[where]
+    return wide.sum(axis=tuple(a for a in range(len(shape)) if shape[a] == 1 and wide.shape[a] != 1), keepdims=True)
+
+
+ADDED_BACK = {"take": _rows_added_back, "take_along_axis": _picks_added_back}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.one_of(takes().map(lambda case: ("take", *case)), along_axis().map(lambda case: ("take_along_axis", *case))))
+def test_gradients_add_the_adjoint_back_where_it_was_taken(case):
+    """Repeated indices summed, negative ones counted from the end."""
+    name, shape, axis, index_shape, _, index_dtype, seed = case
+    ours, _ = GATHERS[name]
     rng = np.random.default_rng(seed)
     x, i = ct.var("x", shape, "float64"), ct.var("i", index_shape, index_dtype)
     indices = _indices(rng, index_shape, shape[axis], index_dtype)
-    picked = ct.take_along_axis(x, i, axis=axis)
-    weights = rng.standard_normal(picked.shape)
-    (gradient,) = ct.grad(ct.sum(picked * ct.const(weights)), [x])
-    # each picked element's weight, added at its place in the broadcast operand, then summed down to x's shape
+    gathered = ours(x, i, axis=axis)
+    weights = rng.standard_normal(gathered.shape)
+    (gradient,) = ct.grad(ct.sum(gathered * ct.const(weights)), [x])
     axis %= len(shape)
-    wide = np.zeros(picked.shape[:axis] + (shape[axis],) + picked.shape[axis + 1:])
-    place = np.broadcast_to(np.where(indices < 0, indices.astype(np.int64) + shape[axis], indices), picked.shape)
-    for where in np.ndindex(picked.shape):
-        target = where[:axis] + (place[where],) + where[axis + 1:]
-        wide[target] += weights[where]
-    expected = wide.sum(axis=tuple(a for a in range(len(shape)) if shape[a] == 1 and wide.shape[a] != 1),
-                        keepdims=True)
-    np.testing.assert_allclose(ct.evaluate(gradient, {"i": indices}), expected, rtol=1e-12, atol=1e-12)
+    places = np.where(indices < 0, indices.astype(np.int64) + shape[axis], indices)
+    np.testing.assert_allclose(ct.evaluate(gradient, {"i": indices}), ADDED_BACK[name](shape, axis, places, weights),
+                               rtol=1e-12, atol=1e-12)
 
 
 GRADIENT_CASES = {
