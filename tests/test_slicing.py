@@ -159,6 +159,15 @@ def test_concatenate_takes_arrays_flattens_with_axis_none_and_one_operand_is_its
     assert_same(ct.evaluate(flat, feeds), np.concatenate([xv, feeds["s"]], axis=None))
 
 
+def test_concatenate_keeps_negative_zeros_and_zero_d_ints_count_as_ints():
+    a, b = ct.var("a", (2,)), ct.var("b", (1,))
+    feeds = {"a": np.float32([-0.0, 1.0]), "b": np.float32([-0.0])}
+    for joined in both_ways([ct.concatenate([a, b])], [a, b], feeds):
+        np.testing.assert_array_equal(np.signbit(joined[0]), [True, False, True])
+    assert [p.shape for p in ct.split(ct.var("s", (6,)), np.array(3))] == [(2,), (2,), (2,)]
+    assert x[np.array(1)].shape == (4,) and x[:, np.int64(-1)].shape == (3,)
+
+
 @st.composite
 def splits(draw):
     """A shape, an axis, and an int that divides it or a list of points anywhere from before the start to past the

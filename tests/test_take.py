@@ -109,6 +109,9 @@ def test_axis_none_takes_from_the_flattened_operand_and_lists_are_indices():
     (lambda x, i: ct.take_along_axis(x, i, axis=1), r"take_along_axis needs indices with as many axes as the operand"),
     (lambda x, i: ct.take(ct.var("e", (0, 3)), i, axis=0), r"axis 0 has size 0, so no index can be taken from it"),
     (lambda x, i: ct.take_along_axis(x, ct.var("j", (2, 4), "int32"), axis=1), r"do not broadcast"),
+    (lambda x, i: ct.take(x, i, axis=(0, 1)), r"axis must be an int, not \(0, 1\)"),
+    (lambda x, i: ct.take_along_axis(x, ct.var("j", (2, 2), "int32"), axis=None),
+     r"with axis=None the indices must have one dimension"),
 ])
 def test_ill_formed_takes_are_refused_where_they_are_built(build, message):
     x, i = ct.var("x", (5, 3)), ct.var("i", (4,), "int32")
@@ -149,6 +152,15 @@ def _picks_added_back(shape, axis, places, weights):
 
 
 ADDED_BACK = {"take": _rows_added_back, "take_along_axis": _picks_added_back}
+
+
+def test_an_empty_axis_gives_an_empty_result_and_a_gradient_checks_its_indices_too():
+    empty = ct.take_along_axis(ct.var("z", (0, 0)), np.zeros((0, 3), np.int64), axis=1)
+    assert ct.evaluate(empty, {"z": np.zeros((0, 0), np.float32)}).shape == (0, 3)
+    w, i = ct.var("w", (4, 2)), ct.var("i", (3,), "int32")
+    (gradient,) = ct.grad(ct.sum(ct.take(w, i, axis=0) * 3.0), [w])  # reads the indices alone, never take's values
+    with pytest.raises(ct.IndexRangeError, match=r"index 9 is out of range for axis 0 of size 4"):
+        ct.compile([gradient], inputs=[i], backend="numpy")(i=np.array([0, 9, -7], np.int32))
 
 
 @settings(max_examples=80, deadline=None)

@@ -287,9 +287,13 @@ def take(x, indices, axis=None):
 def take_along_axis(x, indices, axis):
     """NumPy's ``take_along_axis``: ``indices`` has as many axes as ``x``, the two broadcast against each other
     off ``axis``, and each index picks an element along ``axis`` (None: of both flattened). The usual use picks
-    each row's label: ``take_along_axis(logits, labels[:, None], axis=1)``. Indices as ``take``'s."""
+    each row's label: ``take_along_axis(logits, labels[:, None], axis=1)``. Indices as ``take``'s; with
+    ``axis=None`` they are 1-d and index ``x`` flattened."""
     if axis is None:
-        return _call("take_along_axis", _flattened(x), _flattened(indices), axis=0)
+        if as_term(indices).ndim != 1:
+            raise ShapeError(f"take_along_axis: with axis=None the indices must have one dimension (as in NumPy), "
+                             f"not shape {as_term(indices).shape}")
+        return _call("take_along_axis", _flattened(x), indices, axis=0)
     return _call("take_along_axis", x, indices, axis=axis)
 
 

@@ -37,7 +37,7 @@ def take_along_axis(a, indices, axis):
 
 
 def take_into(out, a, indices, axis):
-    out[...] = take(a, indices, axis)
+    np.take(a, checked(indices, a.shape[axis], "take", axis), axis=axis, out=out)
 
 
 def take_along_axis_into(out, a, indices, axis):

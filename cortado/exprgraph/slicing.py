@@ -20,9 +20,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import constructors as ct
-from .dtypes import type_string
+from .dtypes import is_float, type_string
 from .ops.base import int_tuple, promoted
-from .ops.reductions import normalize_axes
+from .ops.reductions import one_axis
 from .term import RuleViolation, Term, rejection, shape_violation
 
 __all__ = ["index", "concatenate", "split"]
@@ -100,6 +100,8 @@ def _entry(entry):
         return entry
     if isinstance(entry, (bool, np.bool_)):
         raise shape_violation(f"a bool index (NumPy's boolean mask) is not supported; select with ct.where, or {GATHERING}")
+    if isinstance(entry, np.ndarray) and entry.ndim == 0 and entry.dtype.kind in "iu":
+        return int(entry)
     if isinstance(entry, (Term, np.ndarray, list, tuple)):
         raise shape_violation(f"indexing by an array, list or term (NumPy's advanced indexing) is not supported; "
                               f"{GATHERING}")
@@ -196,7 +198,7 @@ def _joined_axis(terms, axis):
     ranks = {t.ndim for t in terms}
     if len(ranks) > 1:
         raise shape_violation(f"the tensors must have the same number of dimensions, not {sorted(ranks)}")
-    (axis,) = _one_axis(axis, terms[0].ndim)
+    axis = one_axis(axis, terms[0].ndim)
     off_axis = {t.shape[:axis] + t.shape[axis + 1:] for t in terms}
     if len(off_axis) > 1:
         shapes = ", ".join(str(t.shape) for t in terms)
@@ -204,22 +206,19 @@ def _joined_axis(terms, axis):
     return axis
 
 
-def _one_axis(axis, ndim):
-    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
-        raise shape_violation(f"axis must be an int, not {axis!r}")
-    return normalize_axes(axis, ndim)
-
-
 def _as_dtype(t, dtype):
     return t if t.dtype == dtype else ct.cast(t, dtype)
 
 
 def _placed(t, dtype, axis, offset, total):
-    """``t`` in ``dtype``, padded with zeros along ``axis`` to ``total`` elements, starting at ``offset``."""
+    """``t`` in ``dtype``, padded along ``axis`` to ``total`` elements, starting at ``offset``: with zeros, negative
+    ones where the dtype has them, so that adding the pads gives each element exactly (``-0.0 + -0.0`` is ``-0.0``,
+    ``-0.0 + 0.0`` would be ``0.0``)."""
     widths = [(0, 0)] * t.ndim
     widths[axis] = (offset, total - offset - t.shape[axis])
     t = _as_dtype(t, dtype)
-    return ct.pad(t, tuple(widths)) if any(widths[axis]) else t
+    zero = -0.0 if is_float(dtype) else 0
+    return ct.pad(t, tuple(widths), constant_values=zero) if any(widths[axis]) else t
 
 
 def split(a, indices_or_sections, axis=0):
@@ -228,7 +227,7 @@ def split(a, indices_or_sections, axis=0):
     give empty pieces). Each piece is a slice of ``a``."""
     x = ct.as_term(a)
     try:
-        (axis,) = _one_axis(axis, x.ndim)
+        axis = one_axis(axis, x.ndim)
         points = _split_points(x.shape[axis], indices_or_sections)
     except RuleViolation as violation:
         raise rejection("split", [x], violation) from None
@@ -240,7 +239,7 @@ def _split_points(size, indices_or_sections):
     """Where the pieces start and stop: ``0``, the points, ``size`` (NumPy's ``array_split``)."""
     if isinstance(indices_or_sections, Term):
         raise shape_violation("split points must be known when the expression is built: ints, not a term")
-    if isinstance(indices_or_sections, (int, np.integer)) and not isinstance(indices_or_sections, bool):
+    if np.ndim(indices_or_sections) == 0 and np.asarray(indices_or_sections).dtype.kind in "iu":
         sections = int(indices_or_sections)
         if sections < 1:
             raise shape_violation(f"the number of sections must be at least 1, not {sections}")

@@ -283,12 +283,13 @@ def _einsum_share(b):
     return ct.einsum(",".join(labels for labels, _ in terms) + "->" + result, *(x for _, x in terms))
 
 
-def _counted_from_the_start(indices, size):
-    """Integer ``indices`` into an axis of ``size``, in a dtype that holds ``size`` (int8 indices into 1000 rows
-    are widened), the negative ones (counted from the axis's end) made non-negative."""
-    if np.iinfo(indices.dtype).max < size:
-        indices = ct.cast(indices, "int64")
-    return indices if indices.dtype.kind == "u" else ct.where(indices < 0, indices + size, indices)
+def _taken_places(indices, size):
+    """The places along an axis of ``size`` that ``indices`` name, found as the forward pass finds them: by a
+    ``take`` from ``0 .. size - 1``. So a negative index counts from the end, one out of range is the same error on
+    the CPU (the gradient of a gather whose values nobody reads still checks its indices), and the GPU clamps it to
+    the place its forward pass read."""
+    dtype = np.int32 if size <= np.iinfo(np.int32).max else np.int64
+    return ct.take(_places(size, dtype), indices, axis=0)
 
 
 def _places(size, dtype, trailing=0):
@@ -302,7 +303,7 @@ def _take_share(b):
     its cost, (number of indices) x (axis size) x (the rest), is that of a tied output head's."""
     x, indices, axis, dy = b["_x"], b["_z"], b["_a"], b["_dy"]
     size, count = x.shape[axis], indices.size
-    flat = _counted_from_the_start(reshaped(indices, (count, 1)), size)
+    flat = _taken_places(reshaped(indices, (count, 1)), size)
     one_hot = ct.cast(ct.equal(flat, _places(size, flat.dtype)), dy.dtype)
     rows = (math.prod(x.shape[:axis]), count, math.prod(x.shape[axis + 1:]))
     return reshaped(ct.einsum("iv,piq->pvq", one_hot, reshaped(dy, rows)), x.shape)
@@ -317,9 +318,9 @@ def _take_along_axis_share(b):
     size, trailing = x.shape[axis], x.ndim - axis - 1
     zero = ct.const(0, dy.dtype)
     if indices.shape[axis] == 1:
-        spread = _counted_from_the_start(indices, size)
+        spread = _taken_places(indices, size)
         return ct.where(ct.equal(spread, _places(size, spread.dtype, trailing)), dy, zero)
-    spread = _counted_from_the_start(_with_axis_after(indices, axis), size)
+    spread = _taken_places(_with_axis_after(indices, axis), size)
     kept_dy = ct.where(ct.equal(spread, _places(size, spread.dtype, trailing)), _with_axis_after(dy, axis), zero)
     return ct.sum(kept_dy, axis=axis)
 

@@ -4,12 +4,14 @@ outside its axis is an error there on the CPU (``gathering``) and is clamped int
 reads out of bounds. Slicing, ``concatenate`` and ``split`` need no ops of their own (``exprgraph.slicing``).
 """
 
+import math
+
 from ...errors import IndexRangeError
 from ..gathering import checked
 from ..term import RuleViolation, dtype_violation, shape_violation
 from .base import Op, broadcast_shapes
 from .layout import same_dtype
-from .reductions import normalize_axes
+from .reductions import one_axis
 
 INDEXING = "indexing"  # reads elements of one operand at the places another one holds
 
@@ -31,13 +33,18 @@ def _constant_indices_in_range(args, axis):
             raise RuleViolation(str(error), IndexRangeError) from None
 
 
+def _nothing_to_take(args, axis, shape, op):
+    """An empty axis can give only an empty result (NumPy's rule)."""
+    if args[0].shape[axis] == 0 and math.prod(shape):
+        raise shape_violation(f"{op}: axis {axis} has size 0, so no index can be taken from it")
+
+
 def _take_normalize(args, axis):
     _integer_indices(args, "take")
     if args[0].ndim == 0:
         raise shape_violation("take needs an operand of at least one axis (a 0-d one has nothing to index)")
-    (axis,) = normalize_axes(axis, args[0].ndim)
-    if args[0].shape[axis] == 0 and args[1].size:
-        raise shape_violation(f"take: axis {axis} has size 0, so no index can be taken from it")
+    axis = one_axis(axis, args[0].ndim)
+    _nothing_to_take(args, axis, _take_shape(args, axis), "take")
     _constant_indices_in_range(args, axis)
     return (axis,)
 
@@ -53,9 +60,8 @@ def _along_axis_normalize(args, axis):
     if a.ndim == 0 or indices.ndim != a.ndim:
         raise shape_violation(f"take_along_axis needs indices with as many axes as the operand "
                               f"(shapes {a.shape} and {indices.shape})")
-    (axis,) = normalize_axes(axis, a.ndim)
-    if a.shape[axis] == 0 and indices.shape[axis]:
-        raise shape_violation(f"take_along_axis: axis {axis} has size 0, so no index can be taken from it")
+    axis = one_axis(axis, a.ndim)
+    _nothing_to_take(args, axis, _along_axis_shape(args, axis), "take_along_axis")
     _constant_indices_in_range(args, axis)
     return (axis,)
 

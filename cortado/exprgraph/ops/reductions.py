@@ -24,6 +24,14 @@ def normalize_axes(axis, ndim):
     return tuple(sorted(result))
 
 
+def one_axis(axis, ndim):
+    """A single axis (an int, negative from the end) as a non-negative int; a tuple or None is refused."""
+    if not isinstance(axis, (int, np.integer)) or isinstance(axis, bool):
+        raise shape_violation(f"axis must be an int, not {axis!r}")
+    (axis,) = normalize_axes(axis, ndim)
+    return axis
+
+
 @functools.cache
 def _reduced_dtype(reduction, dtype):
     return getattr(np, reduction)(np.zeros(1, dtype)).dtype
