@@ -5,7 +5,7 @@ the loss ``logsumexp(logits) - take_along_axis(logits, labels)``, AdamW's moment
 the step's state. ``ct.grad`` differentiates it and ``ct.compile`` makes the training step one program.
 
     python examples/gpt.py [--steps 1500] [--layers 2] [--width 64] [--heads 4] [--context 64] [--batch 16]
-                           [--backend numpy|cupy] [--sample 300]
+                           [--backend numpy|cupy] [--sample 300] [--dtype float32|bfloat16]
 
 It prints the loss every few steps (from log(63) = 4.14, a uniform guess over the text's characters), the loss on
 held-out text at the end, and text sampled from the trained model. The defaults train in about 45 s on two CPU
@@ -76,18 +76,21 @@ def parameters(config):
     return {name: ct.var(name, shape) for name, shape in shapes.items()}
 
 
-def gpt(config, batch, params):
+def gpt(config, batch, params, dtype="float32"):
     """``(loss, logits, tokens, labels)`` of the model on ``batch`` windows of ``context`` characters, each label the
-    character after its token."""
+    character after its token. The parameters are float32; with another ``dtype`` (bfloat16) the model computes in
+    it, each parameter cast where it is read, as mixed precision does, and the loss is taken in float32."""
     tokens = ct.var("tokens_in", (batch, config.context), "int32")
     labels = ct.var("labels", (batch, config.context), "int32")
     causal = ct.const(np.tril(np.ones((config.context, config.context), bool)))
+    params = {name: p if p.dtype == np.dtype(dtype) else ct.cast(p, dtype) for name, p in params.items()}
     x = ct.take(params["tokens"], tokens, axis=0) + params["positions"]
     for layer in range(config.layers):
         p = {name.split(".", 1)[1]: v for name, v in params.items() if name.startswith(f"{layer}.")}
         x = x + attention(layer_norm(x, p["norm1_gain"], p["norm1_bias"]), p, config.heads, causal)
         x = x + mlp(layer_norm(x, p["norm2_gain"], p["norm2_bias"]), p)
     logits = layer_norm(x, params["norm_gain"], params["norm_bias"]) @ ct.transpose(params["tokens"])  # tied head
+    logits = ct.cast(logits, "float32")
     picked = ct.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
     return ct.mean(ct.logsumexp(logits, axis=-1) - picked), logits, tokens, labels
 
@@ -134,10 +137,10 @@ def host(value):
     return value.get() if hasattr(value, "get") else np.asarray(value)
 
 
-def sample(config, params, state, start, length, rng, backend, temperature=0.8):
+def sample(config, params, state, start, length, rng, backend, dtype, temperature=0.8):
     """``length`` characters after the ``context`` ones of ``start``, each drawn from the model's next-character
     distribution (the last position's logits, at ``temperature``)."""
-    _, logits, tokens, _ = gpt(config, 1, params)
+    _, logits, tokens, _ = gpt(config, 1, params, dtype)
     predict = ct.compile([logits[:, -1]], inputs=[tokens, *params.values()], backend=backend)
     weights = {name: state[name] for name in params}
     window, drawn = list(start), []
@@ -151,7 +154,7 @@ def sample(config, params, state, start, length, rng, backend, temperature=0.8):
 
 
 def train(steps=1500, layers=2, width=64, heads=4, context=64, batch=16, learning_rate=3e-3, seed=0, backend=None,
-          sample_length=300, log=print):
+          sample_length=300, dtype="float32", log=print):
     """Train; return ``(losses every step, held-out loss, sampled text)``."""
     from cortado.backends import gpu_visible
 
@@ -163,7 +166,7 @@ def train(steps=1500, layers=2, width=64, heads=4, context=64, batch=16, learnin
     config = Config(len(alphabet), context, width, heads, layers)
     rng = np.random.default_rng(seed)
     params = parameters(config)
-    loss, _, tokens, labels = gpt(config, batch, params)
+    loss, _, tokens, labels = gpt(config, batch, params, dtype)
     gradients = ct.grad(loss, list(params.values()))
     optimizer_state, updates = adamw(list(params.values()), gradients, learning_rate)
     started = time.perf_counter()
@@ -171,8 +174,8 @@ def train(steps=1500, layers=2, width=64, heads=4, context=64, batch=16, learnin
                       state={**{p: v for p, v in zip(params.values(), initial_values(config, params, rng).values())},
                              **optimizer_state})
     count = sum(p.size for p in params.values())
-    log(f"a GPT of {layers} layers, width {width}, {heads} heads, context {context}, {count:,} parameters, on "
-        f"{len(data):,} characters of {len(alphabet)} kinds; its step compiled for {backend} in "
+    log(f"a GPT of {layers} layers, width {width}, {heads} heads, context {context}, {count:,} parameters, computing "
+        f"in {dtype}, on {len(data):,} characters of {len(alphabet)} kinds; its step compiled for {backend} in "
         f"{time.perf_counter() - started:.1f} s: {len(step.kernels)} kernels, {step.memory.summary()}")
     losses, started = [], time.perf_counter()
     for k in range(1, steps + 1):
@@ -182,13 +185,13 @@ def train(steps=1500, layers=2, width=64, heads=4, context=64, batch=16, learnin
             log(f"step {k:5}  loss {np.mean(losses[-max(1, steps // 10):]):.3f}  "
                 f"({(time.perf_counter() - started) / k * 1e3:.0f} ms a step)")
     weights = {name: host(step.state[name]) for name in params}
-    held_out_loss, _, eval_tokens, eval_labels = gpt(config, batch, params)
+    held_out_loss, _, eval_tokens, eval_labels = gpt(config, batch, params, dtype)
     evaluate = ct.compile([held_out_loss], inputs=[eval_tokens, eval_labels, *params.values()], backend=backend)
     held_out = np.mean([float(host(evaluate(tokens_in=x, labels=y, **weights)[0]))
                         for x, y in (windows(data[split:], batch, context, rng) for _ in range(8))])
     log(f"held-out loss {held_out:.3f} (a uniform guess: {math.log(len(alphabet)):.3f})")
     start = data[split:split + context]
-    drawn = sample(config, params, weights, start, sample_length, rng, backend)
+    drawn = sample(config, params, weights, start, sample_length, rng, backend, dtype)
     text = "".join(alphabet[i] for i in start) + "".join(alphabet[i] for i in drawn)
     log("sampled, after a held-out prompt:\n" + text)
     return losses, held_out, text
@@ -206,9 +209,11 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=["numpy", "cupy"], help="default: cupy where a GPU is visible")
     parser.add_argument("--sample", type=int, default=300, help="characters to sample at the end")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="what the model computes in (the parameters and AdamW's moments stay float32)")
     args = parser.parse_args(argv)
     train(args.steps, args.layers, args.width, args.heads, args.context, args.batch, args.learning_rate, args.seed,
-          args.backend, args.sample)
+          args.backend, args.sample, args.dtype)
 
 
 if __name__ == "__main__":

@@ -102,9 +102,10 @@ def test_data_parallel_example_trains_in_a_world_of_one_and_says_why_two_ranks_c
             or "the numpy backend cannot reduce over them; use backend='cupy'" in two.stderr)
 
 
-def test_gpt_example_learns_characters_and_samples_text(tmp_path):
-    out = run([os.path.join(ROOT, "examples", "gpt.py"), "--steps", "120", "--sample", "40", "--backend", "numpy"],
-              cwd=tmp_path)
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_gpt_example_learns_characters_and_samples_text(tmp_path, dtype):
+    out = run([os.path.join(ROOT, "examples", "gpt.py"), "--steps", "120", "--sample", "40", "--backend", "numpy",
+               "--dtype", dtype], cwd=tmp_path)
     losses = [float(line.split("loss ")[1].split()[0]) for line in out.splitlines() if line.startswith("step")]
     uniform = float(out.split("a uniform guess: ")[1].split(")")[0])
     assert losses[0] > 0.95 * uniform and losses[-1] < 0.75 * uniform, out
