@@ -214,7 +214,7 @@ class Executor(interface.Executor):
 
     def _kernel(self, t, defined):
         """A maker of calls of a generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
-        if t.op.name not in ("fused", "reshape") and t.op.name not in WINDOW_KERNELS and t.op.name not in INDEX_KERNELS:
+        if t.op.name not in ("fused", "reshape", *WINDOW_KERNELS, *INDEX_KERNELS):
             raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
         if t.size == 0:
             return lambda pointers: _nothing
