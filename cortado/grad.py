@@ -22,13 +22,13 @@ import weakref
 import numpy as np
 
 from .errors import DTypeError, GradError, ShapeError
-from .exprgraph import constructors as ct
 from .exprgraph.dtypes import is_float, kind_of, type_string
 from .exprgraph.graph import as_outputs, schedule
 from .exprgraph.operands import strong_const
 from .exprgraph.term import Term
 from .rules import derivatives, simplify
 from .rules.derivatives import Derivatives
+from .rules.reverse import backpropagate
 from .rules.stability import stabiliser
 
 # every gradient ``vjp`` has returned and that is still alive: ``compile(..., data_parallel=True)`` averages these
@@ -98,54 +98,6 @@ def hvp(y, wrt, vectors, *, rules=None, trace=None):
                             f"{len(vectors)} vector(s)")
     gradients = grad(y, wrt, rules=rules, trace=trace)
     return vjp(gradients, wrt, vectors, rules=rules, trace=trace)
-
-
-def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
-    """``{variable: its adjoint}`` for the ``variables`` that the outputs depend on.
-
-    ``order`` is the outputs' schedule; ``rules.share(term, position, adjoint, trace)`` gives an
-    input's share of a term's adjoint.
-    """
-    wanted = set(variables)
-    active = set()  # floating terms that depend on a wanted variable
-    for term in order:
-        if term in wanted or (is_float(term.dtype) and any(a in active for a in term.args)):
-            active.add(term)
-    pending = {}
-    for out, cotangent in zip(outputs, cotangents):
-        if out in active:
-            pending.setdefault(out, []).append(cotangent)
-    adjoints = {}
-    for term in reversed(order):
-        parts = pending.pop(term, None)
-        if parts is None:
-            continue
-        adjoint = sum(parts[1:], start=parts[0])
-        if term in wanted:
-            adjoints[term] = adjoint
-        for position, arg in enumerate(term.args):
-            if arg in active:
-                share = rules.share(term, position, adjoint, trace)
-                if share is not None:
-                    pending.setdefault(arg, []).append(_fitted(share, arg, term))
-    return adjoints
-
-
-def _fitted(share, arg, term):
-    """``share`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype."""
-    if share.shape != arg.shape:
-        lead = share.ndim - arg.ndim
-        if lead < 0 or any(arg.shape[i - lead] not in (1, share.shape[i]) for i in range(lead, share.ndim)):
-            raise ShapeError(f"the derivative rule of {term.op.name} gave a share of shape {share.shape} "
-                             f"for the input {arg!r} of {term!r}; it cannot be summed to {arg.shape}")
-        axes = tuple(i for i in range(share.ndim) if share.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
-        if axes:
-            share = ct.sum(share, axis=axes)
-        if share.shape != arg.shape:
-            share = ct.reshape(share, arg.shape)
-    if share.dtype != arg.dtype:
-        share = ct.cast(share, arg.dtype)
-    return share
 
 
 def _zeros(variable):

@@ -49,6 +49,8 @@ NOT_DRAWN = {
     "param": "it stands for an operand in a fused body, which only fusion builds",
     "stop_gradient": "its derivative is 0 by definition, which finite differences contradict (a program "
                      "computes it as its operand; tests/test_quantization.py tests it)",
+    "attention": "the rules build it from the softmax and products drawn here (tests/test_attention.py tests it)",
+    "attention_grad": "the derivative rules build it, from attention",
 }
 
 

@@ -26,6 +26,7 @@ __all__ = [
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d",
+    "attention", "attention_grad",
 ]
 
 
@@ -296,6 +297,21 @@ def take_along_axis(x, indices, axis):
         return _call("take_along_axis", _flattened(x), indices, axis=0)
     return _call("take_along_axis", x, indices, axis=axis)
 
+
+
+# -- attention (built by the rules that recognise it, not by users) --------------------------
+
+
+def attention(q, k, v, scale, causal):
+    """``softmax(q @ k^T * scale, axis=-1) @ v``, the scores past each query's own position ``-inf`` where ``causal``;
+    one op, so no kernel stores the scores (``ops.attention``)."""
+    return _call("attention", q, k, v, scale=scale, causal=causal)
+
+
+def attention_grad(q, k, v, out, dout, scale, causal, result):
+    """Result ``result`` (0: ``dq``, 1: ``dk``, 2: ``dv``) of the gradient of ``attention`` from its result ``out``
+    and that result's adjoint ``dout``."""
+    return _call("attention_grad", q, k, v, out, dout, scale=scale, causal=causal, result=result)
 
 # -- convolution and pooling -----------------------------------------------------------------
 

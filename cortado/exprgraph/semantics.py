@@ -8,15 +8,15 @@ term's dtype by the caller.
 Some ops take float16 and bfloat16 in float32 and round their result once (``IN_FLOAT32``, which
 every backend follows). NumPy adds float16 in float16 along any axis but a contiguous last one
 (3000 times 0.1 sums to 256), and a softmax's sum over 100,000 ones overflows it; ml_dtypes'
-bfloat16 adds in bfloat16 everywhere and its einsum fails. So sums, means, the softmax family and
-products of both are computed in float32, as PyTorch, JAX and cuBLAS do; so are ``gelu`` and
-``gelu_grad``, as NumPy computes float16's exp. gelu's constants and the softmax family's shift
-are every backend's, so they are defined in ``numerics``.
+bfloat16 adds in bfloat16 everywhere and its einsum fails. So sums, means, the softmax family,
+products of both and attention (a softmax between two products) are computed in float32, as
+PyTorch, JAX and cuBLAS do; so are ``gelu`` and ``gelu_grad``, as NumPy computes float16's exp.
+gelu's constants and the softmax family's shift are every backend's, so they are defined in ``numerics``.
 """
 
 import numpy as np
 
-from . import gathering, windowing
+from . import attending, gathering, windowing
 from .dtypes import is_float, is_narrow_float
 from .numerics import gelu_argument, gelu_slope, shifted
 from .ops import UFUNC_OPS, ufunc_loop
@@ -28,7 +28,8 @@ def _narrow_once_floating(dtype):
 
 
 IN_FLOAT32 = {  # op name -> which operand dtypes it computes in float32
-    **dict.fromkeys(("sum", "mean", "matmul", "einsum", "conv", "overlap_add", "gelu", "gelu_grad"), is_narrow_float),
+    **dict.fromkeys(("sum", "mean", "matmul", "einsum", "conv", "overlap_add", "gelu", "gelu_grad", "attention",
+                     "attention_grad"), is_narrow_float),
     **dict.fromkeys(("logsumexp", "softmax", "log_softmax"), _narrow_once_floating),
 }
 
@@ -116,6 +117,8 @@ IMPLEMENTATIONS.update({
     "flip": lambda xs, axes: np.flip(xs[0], axes),
     "take": lambda xs, axis: gathering.take(*xs, axis),
     "take_along_axis": lambda xs, axis: gathering.take_along_axis(*xs, axis),
+    "attention": lambda xs, scale, causal: attending.attention(*xs, scale, causal),
+    "attention_grad": lambda xs, *attrs: attending.attention_grad(*xs, *attrs),
 })
 IMPLEMENTATIONS.update({name: _in_float32(IMPLEMENTATIONS[name], narrow) for name, narrow in IN_FLOAT32.items()})
 

@@ -31,6 +31,7 @@ from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slo
 from ..exprgraph.ops import OPS
 from ..exprgraph.semantics import IN_FLOAT32
 from ..exprgraph.term import Term
+from .attention_shares import attention_grad_share, attention_share
 from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
 from .engine import Rewrite
 from .matching import Bindings, instantiate, match
@@ -392,4 +393,10 @@ derivatives = Derivatives([
     Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_share),
     Derivative("take", "take(_x, _z, axis=_a)", _x=_take_share, _z="0"),
     Derivative("take_along_axis", "take_along_axis(_x, _z, axis=_a)", _x=_take_along_axis_share, _z="0"),
+    Derivative("attention", "attention(_q, _k, _v, scale=_s, causal=_c)",
+               _q=attention_share(0), _k=attention_share(1), _v=attention_share(2)),
+    Derivative("attention_grad", "attention_grad(_q, _k, _v, _o, _g, scale=_s, causal=_c, result=_r)",
+               _q=attention_grad_share(0, lambda: derivatives), _k=attention_grad_share(1, lambda: derivatives),
+               _v=attention_grad_share(2, lambda: derivatives), _o="0",
+               _g=attention_grad_share(3, lambda: derivatives)),
 ], name="derivatives")

@@ -10,9 +10,11 @@ apply to floating ``x`` only: integers wrap around.
 
 ``stabiliser`` applies the set everywhere until nothing changes, as ``compile`` does; the
 reverse-mode driver runs it on a model before differentiating it, so a gradient is that of the
-stable form, finite where the stable form is.
+stable form, finite where the stable form is. It applies the ``attention`` rule too (``rules.attention``):
+what is recognised as one op before differentiation has its gradient as one op.
 """
 
+from .attention import attention
 from .engine import Fixpoint, Postwalk, Rule, RuleSet
 from .guards import floating
 
@@ -35,4 +37,4 @@ stability = RuleSet([
     Rule("log1p-negative-sigmoid", "log1p(-sigmoid(_x))", "-softplus(_x)"),
 ], name="stability")
 
-stabiliser = Fixpoint(Postwalk(stability))
+stabiliser = Fixpoint(Postwalk(stability + attention))

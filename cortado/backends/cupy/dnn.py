@@ -41,7 +41,7 @@ from .window_gemm import window_gemm
 CANDIDATES = 8  # the plans timed when a program is built, cuDNN's best guesses first
 MARGIN = 0.03  # how much faster than cuDNN's first choice another plan must be to replace it
 WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not considered
-_DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
+DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
 GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
 WINDOWS = "windows"  # the choice of im2col and GEMMs (``window_gemm``)
 SPLIT = "split"  # the choice of our weight-gradient kernel (``split_wgrad``)
@@ -55,7 +55,7 @@ _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its o
 _tuned = {}  # a call's description -> (its choice, (cuDNN's best time or None, {other candidate: its time}))
 
 
-def _cudnn():
+def cudnn_module():
     try:
         import cudnn
     except ImportError as error:
@@ -68,7 +68,7 @@ def handle():
     """The process's cuDNN handle, made on first use."""
     global _handle
     if _handle is None:
-        _handle = _cudnn().create_handle()
+        _handle = cudnn_module().create_handle()
     return _handle
 
 
@@ -100,8 +100,8 @@ class Conv:
 
     def __init__(self, term, layouts, tf32=False, deterministic=True):
         dtype = term.dtype
-        if dtype.name not in _DATA_TYPES:
-            raise BackendError(f"{term!r}: cuDNN convolves {', '.join(_DATA_TYPES)}, not {dtype}")
+        if dtype.name not in DATA_TYPES:
+            raise BackendError(f"{term!r}: cuDNN convolves {', '.join(DATA_TYPES)}, not {dtype}")
         self.epilogue = term.attr("epilogue")
         described = [_four_dimensional(x.shape, layouts[x]) for x in term.args[:2] + (term,)]
         described += [_four_dimensional(*(_bias(x, layouts[term]) if x.ndim == 1 else (x.shape, layouts[x])))
@@ -140,8 +140,8 @@ class Conv:
 
     def _build(self, term, described, tf32, deterministic):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
-        cudnn = _cudnn()
-        data_type = getattr(cudnn.data_type, _DATA_TYPES[term.dtype.name])
+        cudnn = cudnn_module()
+        data_type = getattr(cudnn.data_type, DATA_TYPES[term.dtype.name])
         compute = cudnn.data_type.DOUBLE if term.dtype == np.float64 else cudnn.data_type.FLOAT
         graph = cudnn.pygraph(io_data_type=data_type, intermediate_data_type=compute, compute_data_type=compute,
                               handle=handle())
@@ -298,7 +298,7 @@ class Conv:
             self.unfused.call(a, b, out, workspace, (), stream)
             self.epilogue_kernel(out, extras)
             return
-        cudnn = _cudnn()
+        cudnn = cudnn_module()
         cudnn.set_stream(handle(), stream)
         pack = {**dict(zip(self.inputs, (a, b, *extras))), self.output: out}
         self.graph.execute_plan_at_index(pack, workspace, self.choice, handle=handle())

@@ -34,6 +34,7 @@ from .codegen import Operand, channels_last_strides, contiguous_strides, copy_so
 from .device import require_gpu
 from .kernels import compiled, launcher
 from .dnn import Conv
+from .dnn_attention import Attention, attention_copies
 from .mma.runner import Int8Gemm
 from .layout import (
     ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
@@ -147,6 +148,9 @@ class Executor(interface.Executor):
             elif t.op.name == "int8_gemm":
                 self.makers.append(self._int8_gemm(t, scratch))
                 self.labels.append(f"k{i}.int8_gemm {t.shape}")
+            elif t.op.name in ("dnn_attention", "dnn_attention_grad"):
+                self.makers.append(self._attention(kernel.terms, scratch, deterministic))
+                self.labels.append(f"k{i}.{t.op.name} {t.args[0].shape}")
             elif t.op.name == "all_reduce":
                 self.makers.append(self._all_reduce(kernel.terms, done[i]))
                 self.labels.append(f"k{i}.all_reduce bucket {t.attr('bucket')} ({len(kernel.terms)} values)")
@@ -303,6 +307,22 @@ class Executor(interface.Executor):
         return self._library_call(runner, [], lambda pointers: (pointers[a], pointers[b],
                                                                 tuple(pointers[e] for e in extras), pointers[t],
                                                                 workspace))
+
+    def _attention(self, terms, workspace, deterministic):
+        """A maker of the cuDNN call computing the results ``terms`` of a flash attention, forward or backward, after
+        copies of the operands it cannot read where they are."""
+        t = terms[0]
+        copies, strides, top = self._staged(attention_copies(t, self.strides), workspace)
+        runner = Attention(t, strides, deterministic)
+        self.choices[t] = runner
+
+        def make(pointers):
+            calls = [copy(pointers) for _, _, copy in copies]
+            placed = {**pointers, **{x: at for x, at, _ in copies}}
+            addresses = [placed[x] for x in runner.values]
+            return lambda: [call() for call in calls] + [runner.call(addresses, top, self.stream.ptr)]
+
+        return make
 
     def _all_reduce(self, terms, done):
         """A maker of the call averaging a bucket's gradients over the ranks, into ``terms`` (its results, side by

@@ -19,6 +19,7 @@ from .lowering.gemm import gemm_operands
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
 from .dnn import Conv, packed
+from .dnn_attention import Attention, attention_copies
 from .mma.runner import Int8Gemm
 from .codegen import REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout
 from .device import require_gpu
@@ -229,6 +230,9 @@ RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' s
              lambda t, strides, options: Gemm(t, strides, options["tf32"])),
     "dnn_conv": (dnn_copies, lambda t, strides, options: Conv(t, strides, options["tf32"], options["deterministic"])),
     "int8_gemm": (lambda t, strides, last: (), lambda t, strides, options: Int8Gemm(t, strides)),
+    **dict.fromkeys(("dnn_attention", "dnn_attention_grad"), (
+        lambda t, strides, last: attention_copies(t, strides),
+        lambda t, strides, options: Attention(t, strides, options["deterministic"]))),
 }
 
 

@@ -125,7 +125,8 @@ class Executor(interface.Executor):
                 if not _same_memory(arrays[result], arg):
                     em.call(np.copyto, arrays[result], arg)
         else:
-            emit(em, t, args, arrays[t])
+            outs = tuple(arrays[d] for d in kernel.terms)
+            emit(em, t, args, outs if len(outs) > 1 else outs[0])
 
     def _staging(self):
         """Update sources that share memory with a state buffer another update writes: copied aside first.

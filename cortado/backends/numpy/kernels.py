@@ -18,7 +18,7 @@ import math
 
 import numpy as np
 
-from ...exprgraph import gathering, windowing
+from ...exprgraph import attending, gathering, windowing
 from ...exprgraph.dtypes import is_float
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
@@ -310,6 +310,30 @@ def _take_along_axis(em, attrs, args, out):
     em.call(gathering.take_along_axis_into, out, *args, *attrs)
 
 
+def _attention_scratch(em, q, k, v, dtype, count):
+    return [em.scratch((n,), dtype) for n in attending.scratch_sizes(q, k, v)[:count]]
+
+
+def _released(em, arrays):
+    for a in arrays:
+        em.release(a)
+
+
+def _attention(em, attrs, args, out):
+    scratch = _attention_scratch(em, *args, out.dtype, 1)
+    em.call(attending.attention_into, out, *args, *attrs, *scratch)
+    _released(em, scratch)
+
+
+def _attention_grad(em, attrs, args, out):
+    """``out``: the three results, ``(dq, dk, dv)``; the forward's result (``args[3]``) is not read."""
+    q, k, v, _, dout = args
+    scale, causal, _ = attrs
+    scratch = _attention_scratch(em, q, k, v, out[0].dtype, 3)
+    em.call(attending.attention_grad_into, *out, q, k, v, dout, scale, causal, *scratch)
+    _released(em, scratch)
+
+
 def _float32_copy(em, x):
     wide = em.scratch(x.shape, np.float32)
     em.call(np.copyto, wide, x, casting="unsafe")
@@ -318,17 +342,19 @@ def _float32_copy(em, x):
 
 def _in_float32(emitter, narrow):
     """``emitter`` with its operands and result of the dtypes ``narrow`` accepts in float32 scratch,
-    rounded once into ``out``."""
+    rounded once into ``out`` (a tuple of arrays for an op of several results)."""
 
     def emit(em, attrs, args, out):
-        if not any(narrow(a.dtype) for a in (*args, out)):
+        outs = out if isinstance(out, tuple) else (out,)
+        if not any(narrow(a.dtype) for a in (*args, *outs)):
             return emitter(em, attrs, args, out)
         wide_args = [_float32_copy(em, a) if narrow(a.dtype) else a for a in args]
-        wide_out = em.scratch(out.shape, np.float32) if narrow(out.dtype) else out
-        emitter(em, attrs, wide_args, wide_out)
-        if wide_out is not out:
-            em.call(np.copyto, out, wide_out, casting="unsafe")
-            em.release(wide_out)
+        wide_outs = tuple(em.scratch(o.shape, np.float32) if narrow(o.dtype) else o for o in outs)
+        emitter(em, attrs, wide_args, wide_outs if isinstance(out, tuple) else wide_outs[0])
+        for wide, o in zip(wide_outs, outs):
+            if wide is not o:
+                em.call(np.copyto, o, wide, casting="unsafe")
+                em.release(wide)
         for wide, arg in zip(wide_args, args):
             if wide is not arg:
                 em.release(wide)
@@ -343,6 +369,7 @@ EMITTERS.update({
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
     "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
     "conv": _conv, "pad": _pad, "overlap_add": _overlap_add, "take": _take, "take_along_axis": _take_along_axis,
+    "attention": _attention, "attention_grad": _attention_grad,
 })
 EMITTERS.update({name: _in_float32(EMITTERS[name], narrow) for name, narrow in IN_FLOAT32.items() if name in EMITTERS})
 
@@ -351,4 +378,5 @@ INPLACE.update({"sigmoid": (0,), "relu": (0,), "softplus": (0,), "where": (2,)})
 
 
 def emit(em, term, args, out):
+    """``out``: the result's array, or a tuple of them for an op of several results."""
     EMITTERS[term.op.name](em, term.attrs, args, out)

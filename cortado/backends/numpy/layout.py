@@ -8,10 +8,11 @@ from .kernels import EMITTERS, INPLACE, Emitter, c_strided
 ALWAYS_VIEWS = ("transpose", "broadcast_to", "flip", "windows")
 
 
-def _workspace(op, attrs, arg_types, shape, dtype):
+def _workspace(op, attrs, arg_types, result_types):
     """The scratch bytes of one op on operands of ``arg_types``, measured by a dry run of its emitter."""
     em = Emitter()
-    EMITTERS[op](em, attrs, [c_strided(s, d) for s, d in arg_types], c_strided(shape, dtype))
+    outs = tuple(c_strided(s, d) for s, d in result_types)
+    EMITTERS[op](em, attrs, [c_strided(s, d) for s, d in arg_types], outs if len(outs) > 1 else outs[0])
     return em.top
 
 
@@ -64,7 +65,8 @@ def steps(kernels, options):
             if name not in EMITTERS:
                 raise BackendError(f"{t!r}: the numpy backend has no kernel for {name}, which only GPU lowering makes")
             arg_types = tuple((a.shape, a.dtype) for a in t.args)
-            workspace, inplace, costs = workspace_of(name, t.attrs, arg_types, t.shape, t.dtype), _inplace(t), ()
+            result_types = tuple((d.shape, d.dtype) for d in k.terms)
+            workspace, inplace, costs = workspace_of(name, t.attrs, arg_types, result_types), _inplace(t), ()
         found.append(Step(k.terms, k.reads, inplace=inplace, workspace=workspace, costs=costs, label=name))
         contiguous.update({d: True for d in k.terms})
     return found

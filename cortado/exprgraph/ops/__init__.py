@@ -11,14 +11,15 @@ before a term is built, so the rules here only ever see concrete dtypes. bfloat1
 follows the same rules, which ml_dtypes alone does not: see ``weak_scalars_as_bfloat16``.
 
 The ops are defined by family, one module each: leaves, elementwise, reductions, contractions,
-layout, convolution (with the window ops of pooling), indexing (gathers by index terms), and the ops
+layout, convolution (with the window ops of pooling), indexing (gathers by index terms), attention (a softmax
+of products, recognised by the rules, never built by users), and the ops
 that fusion builds (``fused``, ``param``). A backend's own lowered ops (the GPU's ``gemm``) are not in
 the table: they live with the lowering that builds them. ``base`` holds the ``Op`` record and the helpers the families share.
 This module assembles ``OPS`` from the families and names what the rest of cortado takes from the
 table.
 """
 
-from . import contractions, convolution, elementwise, indexing, layout, leaves, reductions
+from . import attention, contractions, convolution, elementwise, indexing, layout, leaves, reductions
 from .base import (
     CONTRACTION, ELEMENTWISE, FUSED, LAYOUT, LEAF, LOWERED, REDUCTION, Op, dtype_attr, ufunc_loop,
     weak_scalars_as_bfloat16,
@@ -34,4 +35,5 @@ __all__ = [
 ]
 
 OPS = {op.name: op for op in (*leaves.FAMILY, *elementwise.FAMILY, *reductions.FAMILY, *contractions.FAMILY,
-                              *layout.FAMILY, *convolution.FAMILY, *indexing.FAMILY, FUSED_OP, PARAM)}
+                              *layout.FAMILY, *convolution.FAMILY, *indexing.FAMILY, *attention.FAMILY, FUSED_OP,
+                              PARAM)}

@@ -1,0 +1,114 @@
+"""``dnn_attention`` and ``dnn_attention_grad`` terms as cuDNN's flash attention (``sdpa``, ``sdpa_backward``),
+through nvidia-cudnn-frontend's graph API, into planned buffers.
+
+cuDNN describes each operand as ``(batch, heads, sequence, head size)`` dims with strides; ours have any number of
+leading axes, which are merged into those two where their strides allow (a transposed ``(batch, time, heads,
+size)`` view of a projection's output merges into nothing more than it is, and is read in place). An operand whose
+leading axes do not merge, or whose strides are not multiples of 8 elements (16 bytes, as cuDNN's loads need), is
+copied first (``attention_copies``). The graph is built once per description when the program is built, with its
+workspace planned in the arena; a call passes pointers only, so it is captured in the step's CUDA graph. The
+backward pass is deterministic unless the program allows otherwise (``deterministic=False``).
+"""
+
+import numpy as np
+
+from ...errors import BackendError
+from .codegen import contiguous_strides
+from .dnn import DATA_TYPES, cudnn_module, handle
+
+ALIGNMENT = 8  # elements: cuDNN's flash attention reads 16-byte vectors of half-precision values
+_graphs = {}  # a call's description -> (cuDNN graph, its tensors in operand-then-result order)
+
+
+def four_dims(shape, strides):
+    """``(dims, strides)`` of ``(batch, heads, sequence, size)`` for a value of ``shape`` and element ``strides``, its
+    leading axes merged into two; None where they do not merge or the last axis is not contiguous."""
+    if shape[-1] != 1 and strides[-1] != 1:
+        return None
+    lead = [(n, s) for n, s in zip(shape[:-2], strides[:-2]) if n != 1]
+    merged = []
+    for n, s in lead:
+        if merged and merged[-1][1] == n * s:
+            merged[-1] = (merged[-1][0] * n, s)
+        else:
+            merged.append((n, s))
+    if len(merged) > 2:
+        return None
+    outer = shape[-2] * strides[-2] if shape[-2] > 1 else shape[-1] * max(strides[-1], 1)
+    while len(merged) < 2:
+        merged.insert(0, (1, merged[0][0] * merged[0][1] if merged else outer))
+    dims = [merged[0][0], merged[1][0], shape[-2], shape[-1]]
+    return dims, [merged[0][1], merged[1][1], strides[-2], strides[-1]]
+
+
+def _readable(x, strides):
+    described = four_dims(x.shape, strides)
+    return described is not None and all(s % ALIGNMENT == 0 for n, s in zip(described[0][:3], described[1][:3])
+                                         if n > 1)
+
+
+def attention_copies(t, strides):
+    """The operands of ``t`` that cuDNN reads from a C-ordered copy (``(value, its copy's strides)`` pairs)."""
+    return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(t.args)
+                 if x.dtype != np.float32 and not _readable(x, strides[x]))
+
+
+class Attention:
+    """One cuDNN call for the kernel of ``dnn_attention`` (forward: output and statistics) or ``dnn_attention_grad``
+    (``dq``, ``dk``, ``dv``) term ``t``, over fixed pointers."""
+
+    def __init__(self, t, layouts, deterministic=True):
+        self.forward = t.op.name == "dnn_attention"
+        self.scale, self.causal, _ = t.attrs
+        results = t.op.results_of(t)
+        self.values = tuple(t.args) + results
+        described = []
+        for x in self.values:
+            found = four_dims(x.shape, layouts[x])
+            if found is None:
+                raise BackendError(f"{t!r}: cuDNN cannot read {x!r} with strides {layouts[x]}")
+            described.append(found)
+        self.dtype = t.args[0].dtype
+        self.key = (t.op.name, self.scale, self.causal, self.dtype.name, bool(deterministic),
+                    tuple(tuple(map(tuple, d)) for d in described))
+        if self.key not in _graphs:
+            _graphs[self.key] = self._build(t, described, deterministic)
+        self.graph, self.tensors = _graphs[self.key]
+        self.workspace_bytes = self.graph.get_workspace_size()
+
+    def _build(self, t, described, deterministic):
+        cudnn = cudnn_module()
+        io = getattr(cudnn.data_type, DATA_TYPES[self.dtype.name])
+        graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
+                              compute_data_type=cudnn.data_type.FLOAT, handle=handle())
+        inputs = [graph.tensor(dim=dims, stride=strides, data_type=io if x.dtype == self.dtype else cudnn.data_type.FLOAT)
+                  for x, (dims, strides) in zip(t.args, described)]
+        if self.forward:
+            results = graph.sdpa(q=inputs[0], k=inputs[1], v=inputs[2], attn_scale=self.scale, generate_stats=True,
+                                 use_causal_mask=self.causal, name="attention")
+        else:
+            q, k, v, o, dout, stats = inputs
+            results = graph.sdpa_backward(q=q, k=k, v=v, o=o, dO=dout, stats=stats, attn_scale=self.scale,
+                                          use_causal_mask=self.causal, use_deterministic_algorithm=deterministic,
+                                          name="attention_grad")
+        finished = t.op.results_of(t)
+        for tensor, x, (dims, strides) in zip(results, finished, described[len(t.args):]):
+            data_type = io if x.dtype == self.dtype else cudnn.data_type.FLOAT
+            tensor.set_output(True).set_dim(dims).set_stride(strides).set_data_type(data_type)
+        try:
+            graph.validate()
+            graph.build_operation_graph()
+            graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            graph.check_support()
+            graph.build_plans()
+        except Exception as error:  # cuDNN's own exception types differ between its engines
+            raise BackendError(f"{t!r}: cuDNN's flash attention cannot run it: {error}") from None
+        return graph, tuple(inputs) + tuple(results)
+
+    def describe(self):
+        return f"cuDNN flash attention, {'forward' if self.forward else 'backward'}"
+
+    def call(self, pointers, workspace, stream):
+        """Run on device ``pointers`` (the operands, then the results) on ``stream`` (a pointer)."""
+        cudnn_module().set_stream(handle(), stream)
+        self.graph.execute(dict(zip(self.tensors, pointers)), workspace, handle=handle())

@@ -1,0 +1,104 @@
+"""What ``attention`` and ``attention_grad`` compute, with NumPy, for the reference interpreter and the CPU backend
+alike: blockwise over the queries, so that at most ``BLOCK_ELEMENTS`` scores exist at a time, never all
+``Tq x Tk``. A causal block reads only the keys up to its last query. The gradient recomputes each block's
+probabilities (as flash attention's backward pass does) and takes a row's ``sum(dP * P)`` from them, not from the
+forward's stored result, so it is as exact as the plain expressions' gradient.
+
+The ``_into`` forms write into given arrays and take their scratch as flat arrays of the computing dtype, sized by
+``scratch_sizes``; they compute in the dtype of their outputs.
+"""
+
+import math
+
+import numpy as np
+
+BLOCK_ELEMENTS = 1 << 20  # scores held at once: 4 MiB of float32
+
+
+def block_rows(q, k):
+    """How many queries one block takes: as many as keep the block's scores within ``BLOCK_ELEMENTS``."""
+    lead, keys = math.prod(q.shape[:-2]), k.shape[-2]
+    return max(1, min(q.shape[-2], BLOCK_ELEMENTS // max(1, lead * keys)))
+
+
+def scratch_sizes(q, k, v):
+    """The elements of each flat scratch array: the block's scores (twice for the gradient: probabilities and their
+    adjoint), and a block's share of a key's or value's gradient."""
+    lead = math.prod(q.shape[:-2])
+    scores = lead * block_rows(q, k) * k.shape[-2]
+    return scores, scores, lead * k.shape[-2] * max(q.shape[-1], v.shape[-1])
+
+
+def _carved(flat, shape):
+    """A C-ordered array of ``shape`` from the start of the flat scratch ``flat``."""
+    return flat[:math.prod(shape)].reshape(shape)
+
+
+def _blocks(q, k, causal, rows):
+    """``(first query, last query + 1, keys read)`` of each block: a causal block reads the keys up to its last
+    query (the mask is aligned at the top left)."""
+    queries, keys = q.shape[-2], k.shape[-2]
+    for start in range(0, queries, rows):
+        stop = min(start + rows, queries)
+        yield start, stop, min(stop, keys) if causal else keys
+
+
+def _probabilities(flat, q, k, scale, causal, start, stop, keys):
+    """The block's softmax of ``q @ k^T * scale`` over the keys, masked where causal, in ``flat``."""
+    s = _carved(flat, q.shape[:-2] + (stop - start, keys))
+    np.matmul(q[..., start:stop, :], np.swapaxes(k[..., :keys, :], -1, -2), out=s)
+    s *= scale
+    if causal:
+        np.copyto(s, -np.inf, where=np.arange(keys) > np.arange(start, stop)[:, None])
+    s -= np.max(s, axis=-1, keepdims=True)
+    np.exp(s, out=s)
+    s /= np.sum(s, axis=-1, keepdims=True)
+    return s
+
+
+def attention_into(out, q, k, v, scale, causal, scores):
+    if k.shape[-2] == 0:
+        out[...] = 0
+        return
+    for start, stop, keys in _blocks(q, k, causal, block_rows(q, k)):
+        p = _probabilities(scores, q, k, scale, causal, start, stop, keys)
+        np.matmul(p, v[..., :keys, :], out=out[..., start:stop, :])
+
+
+def attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial):
+    dq[...], dk[...], dv[...] = 0, 0, 0
+    if k.shape[-2] == 0:
+        return
+    lead = q.shape[:-2]
+    for start, stop, keys in _blocks(q, k, causal, block_rows(q, k)):
+        p = _probabilities(scores, q, k, scale, causal, start, stop, keys)
+        g, rows = dout[..., start:stop, :], q[..., start:stop, :]
+        part = _carved(partial, lead + (keys, v.shape[-1]))
+        np.matmul(np.swapaxes(p, -1, -2), g, out=part)
+        dv[..., :keys, :] += part
+        ds = _carved(adjoints, lead + (stop - start, keys))
+        np.matmul(g, np.swapaxes(v[..., :keys, :], -1, -2), out=ds)  # dP
+        ds -= np.einsum("...ij,...ij->...i", ds, p)[..., None]
+        ds *= p
+        ds *= scale
+        np.matmul(ds, k[..., :keys, :], out=dq[..., start:stop, :])
+        part = _carved(partial, lead + (keys, q.shape[-1]))
+        np.matmul(np.swapaxes(ds, -1, -2), rows, out=part)
+        dk[..., :keys, :] += part
+
+
+def _scratch(q, k, v, dtype):
+    return [np.empty(n, dtype) for n in scratch_sizes(q, k, v)]
+
+
+def attention(q, k, v, scale, causal):
+    out = np.empty(q.shape[:-1] + v.shape[-1:], np.result_type(q, k, v))
+    attention_into(out, q, k, v, scale, causal, _scratch(q, k, v, out.dtype)[0])
+    return out
+
+
+def attention_grad(q, k, v, out, dout, scale, causal, result):
+    dtype = np.result_type(q, k, v, dout)
+    grads = [np.empty(x.shape, dtype) for x in (q, k, v)]
+    attention_grad_into(*grads, q, k, v, dout, scale, causal, *_scratch(q, k, v, dtype))
+    return grads[result]

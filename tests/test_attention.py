@@ -1,0 +1,249 @@
+"""Attention recognised by the rules: the plain ``softmax(q @ k^T * scale + mask) @ v`` becomes one ``attention`` op
+in each form it is written in, and in no form that means something else; the op equals the plain expressions (the
+reference, the CPU backend blockwise, and on a GPU cuDNN's flash attention in float16 and bfloat16, the plain
+expressions in float32), its gradients too, to second order; and a compiled training step stores no score matrix.
+"""
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends import gpu_visible
+from cortado.exprgraph.dtypes import BFLOAT16
+from cortado.exprgraph.graph import schedule
+from cortado.gradcheck import check_grads
+from cortado.rules.stability import stabiliser
+
+
+def _swap(t):
+    return ct.transpose(t, tuple(range(t.ndim - 2)) + (t.ndim - 1, t.ndim - 2))
+
+
+def _tril(tq, tk):
+    return np.tril(np.ones((tq, tk), bool))
+
+
+def _operands(lead, tq, tk, d, dv, dtype="float64"):
+    return (ct.var("q", lead + (tq, d), dtype), ct.var("k", lead + (tk, d), dtype), ct.var("v", lead + (tk, dv), dtype))
+
+
+def _feeds(rng, *terms):
+    return {t.name: rng.standard_normal(t.shape).astype(np.float32).astype(t.dtype) for t in terms}
+
+
+def _ops(outputs):
+    return [t.op.name for t in schedule(stabiliser.run(list(outputs)))]
+
+
+# the forms a user writes causal attention in: each takes (q, k, v, scale) and returns the plain expression
+def _where_after_scaling(q, k, v, c):
+    return ct.softmax(ct.where(_tril(q.shape[-2], k.shape[-2]), q @ _swap(k) * c, -np.inf), axis=-1) @ v
+
+
+def _where_before_scaling(q, k, v, c):
+    return ct.softmax(ct.where(_tril(q.shape[-2], k.shape[-2]), q @ _swap(k), -np.inf) * c, axis=-1) @ v
+
+
+def _complement_mask_divided(q, k, v, c):
+    above = np.triu(np.ones((q.shape[-2], k.shape[-2]), bool), 1)
+    return ct.softmax(ct.where(above, -np.inf, (q @ _swap(k)) / (1 / c)), axis=-1) @ v
+
+
+def _added_mask_scale_first(q, k, v, c):
+    mask = np.where(_tril(q.shape[-2], k.shape[-2]), 0, -np.inf).astype(q.dtype)
+    return ct.softmax(mask + c * (q @ _swap(k)), axis=-1) @ v
+
+
+def _unmasked(q, k, v, c):
+    return ct.softmax(q @ _swap(k) * c, axis=-1) @ v
+
+
+CAUSAL_FORMS = [_where_after_scaling, _where_before_scaling, _complement_mask_divided, _added_mask_scale_first]
+
+shapes = st.tuples(st.lists(st.integers(1, 3), max_size=2).map(tuple), st.integers(1, 6), st.integers(1, 6),
+                   st.integers(1, 5), st.integers(1, 5))
+
+
+@settings(max_examples=60, deadline=None)
+@given(shapes, st.sampled_from(CAUSAL_FORMS + ["plain", "keys-given-transposed"]), st.sampled_from([0.125, 0.7, 2.0]))
+def test_attention_is_recognised_in_each_form_and_equals_the_plain_expressions(shape, form, scale):
+    lead, tq, tk, d, dv = shape
+    q, k, v = _operands(lead, tq, tk, d, dv)
+    if form == "plain":
+        plain = _unmasked(q, k, v, scale)
+    elif form == "keys-given-transposed":  # k^T is itself a variable: attention reads its transpose
+        kt = ct.var("k", lead + (d, tk), "float64")
+        plain = ct.softmax(q @ kt * scale, axis=-1) @ v
+        k = kt
+    else:
+        plain = form(q, k, v, scale)
+    (recognised,) = stabiliser.run([plain])
+    assert recognised.op.name == "attention"
+    assert recognised.attr("causal") == (form in CAUSAL_FORMS)
+    assert math.isclose(recognised.attr("scale"), scale)
+    feeds = _feeds(np.random.default_rng(tq * 7 + tk), q, k, v)
+    np.testing.assert_allclose(ct.evaluate(recognised, feeds), ct.evaluate(plain, feeds), rtol=1e-12, atol=1e-12)
+
+
+def _padding_mask(q, k, v):
+    keep = np.ones((q.shape[-2], k.shape[-2]), bool)
+    keep[:, -1] = False
+    return ct.softmax(ct.where(keep, q @ _swap(k), -np.inf), axis=-1) @ v
+
+
+def _bottom_right_mask(q, k, v):
+    keep = np.tril(np.ones((q.shape[-2], k.shape[-2]), bool), k.shape[-2] - q.shape[-2])
+    return ct.softmax(ct.where(keep, q @ _swap(k), -np.inf), axis=-1) @ v
+
+
+def _finite_mask(q, k, v):
+    mask = np.where(_tril(q.shape[-2], k.shape[-2]), 0, -1e9)
+    return ct.softmax(q @ _swap(k) + mask, axis=-1) @ v
+
+
+def _probabilities_read_elsewhere(q, k, v):
+    p = ct.softmax(q @ _swap(k), axis=-1)
+    return p @ v + ct.sum(p)
+
+
+def _softmax_over_queries(q, k, v):
+    return ct.softmax(q @ _swap(k), axis=-2) @ v
+
+
+def _negative_scale(q, k, v):
+    return ct.softmax(q @ _swap(k) * -0.5, axis=-1) @ v
+
+
+def _keys_shared_by_heads(q, k, v):
+    shared = ct.const(np.random.default_rng(2).standard_normal(k.shape[-2:]))
+    return ct.softmax(q @ _swap(shared), axis=-1) @ v
+
+
+def _scores_cast(q, k, v):
+    return ct.softmax(ct.cast(ct.cast(q @ _swap(k), "float32"), "float64"), axis=-1) @ v
+
+
+@pytest.mark.parametrize("form", [_padding_mask, _bottom_right_mask, _finite_mask, _probabilities_read_elsewhere,
+                                  _softmax_over_queries, _negative_scale, _keys_shared_by_heads, _scores_cast])
+def test_what_is_not_attention_stays_plain_and_correct(form):
+    """Masks that are not causal, a softmax over another axis, probabilities also read elsewhere (they are stored
+    anyway), a negative scale, broadcast keys, a rounding cast: the plain expressions run as written."""
+    q, k, v = _operands((2,), 5, 7, 3, 4)
+    plain = form(q, k, v)
+    assert "attention" not in _ops([plain])
+    feeds = _feeds(np.random.default_rng(0), q, k, v)
+    read = [x for x in (q, k, v) if x in schedule([plain])]
+    got = ct.compile([plain], inputs=read, backend="numpy")(**{x.name: feeds[x.name] for x in read})[0]
+    np.testing.assert_allclose(got, ct.evaluate(plain, {x.name: feeds[x.name] for x in read}), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("order", [1, 2])
+def test_gradients_agree_with_finite_differences(causal, order):
+    """The attention op's gradient (``attention_grad``) and, to second order, that gradient's own, from its meaning
+    spelled out in plain ops."""
+    q, k, v = _operands((2,), 4, 5, 3, 2)
+    out = (_where_after_scaling if causal else _unmasked)(
+        q, k, v, 0.6)
+    check_grads(out, [q, k, v], _feeds(np.random.default_rng(order), q, k, v), order=order)
+
+
+def test_self_attention_on_one_tensor_gives_each_use_its_share():
+    """``q``, ``k`` and ``v`` one term: the gradient sums the three shares, to second order."""
+    x = ct.var("x", (2, 5, 3), "float64")
+    out = ct.softmax(ct.where(_tril(5, 5), x @ _swap(x) * 0.5, -np.inf), axis=-1) @ x
+    assert "attention" in _ops([out])
+    check_grads(out, [x], _feeds(np.random.default_rng(1), x), order=2)
+
+
+def _training_step(dtype, tq, d, backend, causal=True, lead=(2, 3)):
+    """A step of attention between projections of ``x``, with its gradient and an SGD update of the projection."""
+    x = ct.var("x", lead + (tq, d), dtype)
+    w = ct.var("w", (d, 3 * d), "float32")
+    qkv = x @ (ct.cast(w, dtype) if dtype != "float32" else w)
+    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+    out = (_where_after_scaling if causal else _unmasked)(
+        q, k, v, 1 / math.sqrt(d))
+    loss = ct.sum(ct.cast(out, "float32") ** 2)
+    (gradient,) = ct.grad(loss, [w])
+    rng = np.random.default_rng(5)
+    step = ct.compile([loss, out, gradient], inputs=[x], state={w: rng.standard_normal((d, 3 * d)).astype(np.float32)
+                                                                / math.sqrt(d)}, backend=backend)
+    return step, _feeds(rng, x)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
+def test_the_cpu_step_equals_the_reference_and_stores_no_score_matrix(dtype):
+    if dtype == "bfloat16" and BFLOAT16 is None:
+        pytest.skip("ml_dtypes is not installed")
+    step, feeds = _training_step(dtype, 48, 8, "numpy")
+    names = [k.term.op.name for k in step.kernels]
+    assert names.count("attention") == 1 and names.count("attention_grad") == 1
+    assert not [t for k in step.kernels for t in k.terms if t.shape[-2:] == (48, 48)]
+    tolerance = 2e-2 if dtype == "bfloat16" else 1e-5
+    for got, want in zip(step(**feeds), _reference_step(dtype, 48, 8, feeds, step)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tolerance,
+                                   atol=tolerance)
+
+
+def _reference_step(dtype, tq, d, feeds, step, causal=True):
+    """The step's outputs from the reference interpreter on the plain expressions (the forward as written; the
+    gradient is ``ct.grad``'s)."""
+    x = ct.var("x", (2, 3, tq, d), dtype)
+    w = ct.var("w", (d, 3 * d), "float32")
+    qkv = x @ (ct.cast(w, dtype) if dtype != "float32" else w)
+    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
+    out = (_where_after_scaling if causal else _unmasked)(
+        q, k, v, 1 / math.sqrt(d))
+    loss = ct.sum(ct.cast(out, "float32") ** 2)
+    (gradient,) = ct.grad(loss, [w])
+    return ct.evaluate([loss, out, gradient], {**feeds, "w": step.state["w"]})
+
+
+def _host(value):
+    return np.asarray(value.get() if hasattr(value, "get") else value, np.float64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_on_the_gpu_fused_attention_equals_the_plain_expressions(dtype, causal):
+    """float16 and bfloat16: cuDNN's flash attention, forward and backward, and no score matrix in the plan;
+    float32: the plain expressions, as GEMMs and a softmax. Both against the CPU's step and the reference's plain
+    expressions, relative to the largest value."""
+    step, feeds = _training_step(dtype, 128, 64, "cupy", causal)
+    names = [k.term.op.name for k in step.kernels]
+    stored = [t for k in step.kernels for t in k.terms if t.shape[-2:] == (128, 128)]
+    if dtype == "float32":
+        assert "dnn_attention" not in names and stored
+    else:
+        assert names.count("dnn_attention") == 1 and names.count("dnn_attention_grad") == 1 and not stored
+    cpu, _ = _training_step(dtype, 128, 64, "numpy", causal)
+    tolerance = 1e-4 if dtype == "float32" else 3e-2
+    for got, want, plain in zip(step(**feeds), cpu(**feeds), _reference_step(dtype, 128, 64, feeds, cpu, causal)):
+        scale = max(np.abs(_host(want)).max(), 1e-6)
+        np.testing.assert_allclose(_host(got) / scale, _host(want) / scale, atol=tolerance, rtol=0)
+        np.testing.assert_allclose(_host(got) / scale, _host(plain) / scale, atol=tolerance, rtol=0)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+@pytest.mark.parametrize("head", [64, 12])
+def test_on_the_gpu_cross_attention_of_any_head_size_is_right(head):
+    """Queries and keys of different lengths, fed directly (cuDNN reads them in place); a head size cuDNN does not
+    take (12) runs as the plain expressions."""
+    q, k, v = _operands((2, 4), 100, 77, head, head, "bfloat16")
+    out = _where_after_scaling(q, k, v, 0.3)
+    gradients = ct.vjp(out, [q, k, v], ct.const(np.ones(out.shape, BFLOAT16)))
+    feeds = _feeds(np.random.default_rng(4), q, k, v)
+    gpu = ct.compile([out, *gradients], inputs=[q, k, v], backend="cupy")
+    assert ("dnn_attention" in [k.term.op.name for k in gpu.kernels]) == (head == 64)
+    cpu = ct.compile([out, *gradients], inputs=[q, k, v], backend="numpy")
+    for got, want in zip(gpu(**feeds), cpu(**feeds)):
+        scale = max(np.abs(_host(want)).max(), 1e-6)
+        np.testing.assert_allclose(_host(got) / scale, _host(want) / scale, atol=3e-2, rtol=0)
