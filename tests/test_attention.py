@@ -160,20 +160,40 @@ def test_self_attention_on_one_tensor_gives_each_use_its_share():
     check_grads(out, [x], _feeds(np.random.default_rng(1), x), order=2)
 
 
-def _training_step(dtype, tq, d, backend, causal=True, lead=(2, 3)):
-    """A step of attention between projections of ``x``, with its gradient and an SGD update of the projection."""
-    x = ct.var("x", lead + (tq, d), dtype)
-    w = ct.var("w", (d, 3 * d), "float32")
-    qkv = x @ (ct.cast(w, dtype) if dtype != "float32" else w)
-    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
-    out = (_where_after_scaling if causal else _unmasked)(
-        q, k, v, 1 / math.sqrt(d))
+HEADS = 2
+
+
+def _model(dtype, tq, d, causal):
+    """``(x, w, [loss, out, gradient])``: causal or unmasked self-attention of ``HEADS`` heads of size ``d`` over a
+    projection of ``x`` (2, ``tq``, width), heads split as a GPT splits them (a transposed view), and the loss's
+    gradient for ``w`` (float32, read in ``dtype``)."""
+    width = HEADS * d
+    x = ct.var("x", (2, tq, width), dtype)
+    w = ct.var("w", (width, 3 * width), "float32")
+    projected = x @ (ct.cast(w, dtype) if dtype != "float32" else w)
+
+    def heads(t):
+        return ct.transpose(ct.reshape(t, (2, tq, HEADS, d)), (0, 2, 1, 3))
+
+    q, k, v = map(heads, ct.split(projected, 3, axis=-1))
+    out = (_where_after_scaling if causal else _unmasked)(q, k, v, 1 / math.sqrt(d))
     loss = ct.sum(ct.cast(out, "float32") ** 2)
-    (gradient,) = ct.grad(loss, [w])
+    return x, w, [loss, out, ct.grad(loss, [w])[0]]
+
+
+def _training_step(dtype, tq, d, backend, causal=True):
+    """``_model`` compiled, and feeds for it."""
+    x, w, outputs = _model(dtype, tq, d, causal)
     rng = np.random.default_rng(5)
-    step = ct.compile([loss, out, gradient], inputs=[x], state={w: rng.standard_normal((d, 3 * d)).astype(np.float32)
-                                                                / math.sqrt(d)}, backend=backend)
-    return step, _feeds(rng, x)
+    weights = rng.standard_normal(w.shape).astype(np.float32) / math.sqrt(w.shape[0])
+    return ct.compile(outputs, inputs=[x], state={w: weights}, backend=backend), _feeds(rng, x)
+
+
+def _reference_step(dtype, tq, d, feeds, step, causal=True):
+    """``_model``'s outputs from the reference interpreter: the forward as written, the gradient as ``ct.grad`` wrote
+    it."""
+    _, _, outputs = _model(dtype, tq, d, causal)
+    return ct.evaluate(outputs, {**feeds, "w": step.state["w"]})
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
@@ -183,25 +203,11 @@ def test_the_cpu_step_equals_the_reference_and_stores_no_score_matrix(dtype):
     step, feeds = _training_step(dtype, 48, 8, "numpy")
     names = [k.term.op.name for k in step.kernels]
     assert names.count("attention") == 1 and names.count("attention_grad") == 1
-    assert not [t for k in step.kernels for t in k.terms if t.shape[-2:] == (48, 48)]
+    assert not [t for k in step.kernels for t in k.terms if t.ndim == 4 and t.shape[-2:] == (48, 48)]
     tolerance = 2e-2 if dtype == "bfloat16" else 1e-5
     for got, want in zip(step(**feeds), _reference_step(dtype, 48, 8, feeds, step)):
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tolerance,
                                    atol=tolerance)
-
-
-def _reference_step(dtype, tq, d, feeds, step, causal=True):
-    """The step's outputs from the reference interpreter on the plain expressions (the forward as written; the
-    gradient is ``ct.grad``'s)."""
-    x = ct.var("x", (2, 3, tq, d), dtype)
-    w = ct.var("w", (d, 3 * d), "float32")
-    qkv = x @ (ct.cast(w, dtype) if dtype != "float32" else w)
-    q, k, v = qkv[..., :d], qkv[..., d:2 * d], qkv[..., 2 * d:]
-    out = (_where_after_scaling if causal else _unmasked)(
-        q, k, v, 1 / math.sqrt(d))
-    loss = ct.sum(ct.cast(out, "float32") ** 2)
-    (gradient,) = ct.grad(loss, [w])
-    return ct.evaluate([loss, out, gradient], {**feeds, "w": step.state["w"]})
 
 
 def _host(value):
@@ -218,7 +224,7 @@ def test_on_the_gpu_fused_attention_equals_the_plain_expressions(dtype, causal):
     expressions, relative to the largest value."""
     step, feeds = _training_step(dtype, 128, 64, "cupy", causal)
     names = [k.term.op.name for k in step.kernels]
-    stored = [t for k in step.kernels for t in k.terms if t.shape[-2:] == (128, 128)]
+    stored = [t for k in step.kernels for t in k.terms if t.ndim == 4 and t.shape[-2:] == (128, 128)]
     if dtype == "float32":
         assert "dnn_attention" not in names and stored
     else:
@@ -247,3 +253,16 @@ def test_on_the_gpu_cross_attention_of_any_head_size_is_right(head):
     for got, want in zip(gpu(**feeds), cpu(**feeds)):
         scale = max(np.abs(_host(want)).max(), 1e-6)
         np.testing.assert_allclose(_host(got) / scale, _host(want) / scale, atol=3e-2, rtol=0)
+
+
+def test_cudnn_reads_every_operand_with_the_same_dims_in_place():
+    """The heads of a projection (a transposed view), the results (packed) and the statistics describe alike; a
+    batch whose axes do not merge is copied."""
+    from cortado.backends.cupy.dnn_attention import four_dims
+
+    view = four_dims((8, 12, 1024, 64), (1024 * 3 * 768, 64, 3 * 768, 1))
+    packed = four_dims((8, 12, 1024, 64), (12 * 1024 * 64, 1024 * 64, 64, 1))
+    statistics = four_dims((8, 12, 1024, 1), (12 * 1024, 1024, 1, 1))
+    assert view[0] == packed[0] == statistics[0][:3] + [64] and view[1] == [1024 * 3 * 768, 64, 3 * 768, 1]
+    assert four_dims((2, 3, 5, 16, 64), (5 * 16 * 64 * 3, 64 * 16, 3 * 16 * 64, 64, 1)) is None
+    assert four_dims((16, 64), (64, 1)) == ([1, 1, 16, 64], [1024, 1024, 64, 1])

@@ -37,6 +37,10 @@ from .launch import WAIT_PRIOR_GRIDS
 THREADS = 256
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
 COLUMN_TILE = (32, 8)  # outputs across a block, threads down each reduced column
+# a column reduction of fewer tiles than this splits its columns into parts, summed by a second kernel in order
+# (so the result does not depend on timing): 12 tiles of 32 bias gradients over 16384 rows took 165 us unsplit
+COLUMN_BLOCKS_WANTED = 264  # two blocks per multiprocessor of an H100
+SPLIT_ROWS_MIN = 256  # rows each part of a split column sums at least
 
 STORAGE = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
@@ -454,10 +458,11 @@ def kernel_name(text):
     return "ct_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def finished_source(kind, body_text, outputs, operands, aliased, blocks, block):
+def finished_source(kind, body_text, outputs, operands, aliased, blocks, block, extra=None):
     """The kernel ``kind`` named by the hash of its text, with the prelude; ``outputs`` are what it writes (their
-    ``dtype`` is read)."""
-    text = (f'extern "C" __global__ void {kind}({_signature(operands, outputs, aliased)}) {{\n'
+    ``dtype`` is read); ``extra``: a last parameter's declaration."""
+    signature = _signature(operands, outputs, aliased) + (f", {extra}" if extra else "")
+    text = (f'extern "C" __global__ void {kind}({signature}) {{\n'
             f'  {WAIT_PRIOR_GRIDS}\n{body_text}}}\n')
     name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
@@ -547,68 +552,151 @@ def _combine(reduction, acc, a, b):
     return f"ct_max<{acc}>({a}, {b})" if reduction.op.name == "max" else f"({a} + {b})"
 
 
-def reduction_source(body, operands, aliased=()):
-    """A fused reduction: the prologue for each element read, the reduction, the epilogue per output."""
+@dataclass(frozen=True)
+class _Reduction:
+    """What every form of a fused reduction's kernel shares: its prologue (per element read), fold, and the lines
+    that apply the epilogue and store each output."""
+
+    red: object
+    outputs_n: int
+    k_total: int
+    acc: str
+    index: str
+    prologue: object
+    fold: str
+    finish: list
+
+    @property
+    def identity(self):
+        return _identity(self.red, self.acc)
+
+    def combine(self, a, b):
+        return _combine(self.red, self.acc, a, b)
+
+
+def _reduction_parts(body, operands):
     red = _reduction_of(body)
     source_shape, axes = red.args[0].shape, red.attr("axes")
-    outputs_n = math.prod(red.shape)
     k_total = math.prod(source_shape[a] for a in axes)
     acc = _accumulator(red)
-    index = _index_type(body, operands)
     prologue = _Writer(_reduction_space(source_shape, axes), operands, "p")
     element = prologue.value(red.args[0])
-    fold = f"acc = {_combine(red, acc, 'acc', f'(({acc}){element})')};"
     epilogue = _Writer(_space(body[0].shape, "o"), operands, "e")
     total = "acc" if red.op.name != "mean" else f"(acc / ({acc}){k_total})"
     epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
     results = [epilogue.value(t) for t in body]
     finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"
                                for k, (t, v) in enumerate(zip(body, results))]
-    inner_axis_reduced = (len(source_shape) - 1) in axes
-    if inner_axis_reduced or outputs_n == 1:
-        width = 32 if k_total <= ROW_WARP_LIMIT else THREADS
-        per_block = THREADS // width
-        lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
-                 f"  const unsigned lane = threadIdx.x % {width};",
-                 f"  {acc} acc = {_identity(red, acc)};",
-                 f"  if (o < {outputs_n}) {{",
-                 f"    for ({index} r = lane; r < {k_total}; r += {width}) {{"]
-        lines += ["      " + s for s in prologue.lines] + ["      " + fold, "    }", "  }"]
-        lines += ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-                  f"    acc = {_combine(red, acc, 'acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
-        if width > 32:
-            lines += [f"  __shared__ {acc} partial[{THREADS // 32}];",
-                      "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;", "  __syncthreads();",
-                      "  if (threadIdx.x >= 32) return;",
-                      f"  acc = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {_identity(red, acc)};",
-                      "  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-                      f"    acc = {_combine(red, acc, 'acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
-        lines += [f"  if (lane != 0 || o >= {outputs_n}) return;"]
-        lines += ["  " + s for s in finish]
-        blocks = -(-outputs_n // per_block)
-        block = (THREADS, 1, 1)
-    else:
-        across, down = COLUMN_TILE
-        lines = [f"  const {index} o = ({index})blockIdx.x * {across} + threadIdx.x;",
-                 f"  {acc} acc = {_identity(red, acc)};",
-                 f"  if (o < {outputs_n}) {{",
-                 f"    for ({index} r = threadIdx.y; r < {k_total}; r += {down}) {{"]
-        lines += ["      " + s for s in prologue.lines] + ["      " + fold, "    }", "  }"]
-        lines += [f"  __shared__ {acc} partial[{down}][{across}];", "  partial[threadIdx.y][threadIdx.x] = acc;",
-                  "  __syncthreads();", f"  if (threadIdx.y != 0 || o >= {outputs_n}) return;",
-                  f"  for (int y = 1; y < {down}; ++y) acc = {_combine(red, acc, 'acc', 'partial[y][threadIdx.x]')};"]
-        lines += ["  " + s for s in finish]
-        blocks = -(-outputs_n // across)
-        block = (across, down, 1)
-    return finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)
+    return _Reduction(red, math.prod(red.shape), k_total, acc, _index_type(body, operands), prologue,
+                      f"acc = {_combine(red, acc, 'acc', f'(({acc}){element})')};", finish)
+
+
+def _columns(body):
+    """Whether ``body``'s reduction sums columns (its innermost axis is kept) of more than one output."""
+    red = _reduction_of(body)
+    return (red.args[0].ndim - 1) not in red.attr("axes") and math.prod(red.shape) > 1
+
+
+def column_splits(body):
+    """How many parts the reduced columns of ``body`` are split into (1: none): enough for ``COLUMN_BLOCKS_WANTED``
+    blocks, each part ``SPLIT_ROWS_MIN`` rows at least."""
+    if not _columns(body):
+        return 1
+    red = _reduction_of(body)
+    tiles = -(-math.prod(red.shape) // COLUMN_TILE[0])
+    rows = math.prod(red.args[0].shape[a] for a in red.attr("axes"))
+    return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), rows // SPLIT_ROWS_MIN))
+
+
+def reduction_scratch_bytes(body):
+    """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split)."""
+    splits = column_splits(body)
+    if splits == 1:
+        return 0
+    red = _reduction_of(body)
+    return splits * math.prod(red.shape) * np.dtype(np.int32 if kind_of(red.dtype) == "b" else
+                                                    np.float64 if compute_type(red.dtype) == "double" else
+                                                    np.float32).itemsize
+
+
+def _row_lines(r):
+    """Each output a warp (short reductions) or a block, its threads striding along the row."""
+    width = 32 if r.k_total <= ROW_WARP_LIMIT else THREADS
+    per_block = THREADS // width
+    index, acc = r.index, r.acc
+    lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+             f"  const unsigned lane = threadIdx.x % {width};",
+             f"  {acc} acc = {r.identity};",
+             f"  if (o < {r.outputs_n}) {{",
+             f"    for ({index} r = lane; r < {r.k_total}; r += {width}) {{"]
+    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold, "    }", "  }"]
+    lines += ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+              f"    acc = {r.combine('acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
+    if width > 32:
+        lines += [f"  __shared__ {acc} partial[{THREADS // 32}];",
+                  "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;", "  __syncthreads();",
+                  "  if (threadIdx.x >= 32) return;",
+                  f"  acc = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {r.identity};",
+                  "  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+                  f"    acc = {r.combine('acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
+    lines += [f"  if (lane != 0 || o >= {r.outputs_n}) return;"] + ["  " + s for s in r.finish]
+    return lines, -(-r.outputs_n // per_block), (THREADS, 1, 1)
+
+
+def _column_lines(r, first="0", last=None, store=None):
+    """A tile of ``COLUMN_TILE[0]`` outputs a block, ``COLUMN_TILE[1]`` threads down each column, over the rows from
+    ``first`` to ``last``; the block's sums go to ``store`` (lines) or, by default, through the epilogue."""
+    across, down = COLUMN_TILE
+    index, acc = r.index, r.acc
+    lines = [f"  const {index} o = ({index})blockIdx.x * {across} + threadIdx.x;",
+             f"  {acc} acc = {r.identity};",
+             f"  if (o < {r.outputs_n}) {{",
+             f"    for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{"]
+    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold, "    }", "  }"]
+    lines += [f"  __shared__ {acc} partial[{down}][{across}];", "  partial[threadIdx.y][threadIdx.x] = acc;",
+              "  __syncthreads();", f"  if (threadIdx.y != 0 || o >= {r.outputs_n}) return;",
+              f"  for (int y = 1; y < {down}; ++y) acc = {r.combine('acc', 'partial[y][threadIdx.x]')};"]
+    return lines + ["  " + s for s in (store or r.finish)], -(-r.outputs_n // across), (across, down, 1)
+
+
+def reduction_sources(body, operands, aliased=()):
+    """A fused reduction: the prologue for each element read, the reduction, the epilogue per output. One kernel,
+    or, for columns split into parts (``column_splits``), two: the parts' sums into a scratch array (the kernels'
+    last parameter), then each output's parts added in order and the epilogue."""
+    r = _reduction_parts(body, operands)
+    splits = column_splits(body)
+    if splits == 1:
+        lines, blocks, block = (_column_lines if _columns(body) else _row_lines)(r)
+        return [finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)]
+    rows = -(-r.k_total // splits)
+    lines, tiles, block = _column_lines(r, f"({r.index})blockIdx.y * {rows}",
+                                        f"min(({r.index})(blockIdx.y + 1) * {rows}, ({r.index}){r.k_total})",
+                                        [f"partials[({r.index})blockIdx.y * {r.outputs_n} + o] = acc;"])
+    parts = finished_source("reduction_parts", "\n".join(lines) + "\n", body, operands, aliased, (tiles, splits, 1),
+                            block, f"{r.acc}* __restrict__ partials")
+    lines = [f"  const {r.index} o = ({r.index})blockIdx.x * {THREADS} + threadIdx.x;",
+             f"  if (o >= {r.outputs_n}) return;",
+             f"  {r.acc} acc = partials[o];",
+             f"  for (int s = 1; s < {splits}; ++s) acc = {r.combine('acc', f'partials[s * {r.outputs_n} + o]')};"]
+    lines += ["  " + s for s in r.finish]
+    total = finished_source("reduction_total", "\n".join(lines) + "\n", body, operands, aliased,
+                            -(-r.outputs_n // THREADS), (THREADS, 1, 1), f"const {r.acc}* __restrict__ partials")
+    return [parts, total]
+
+
+def kernel_sources(body, operands, aliased=(), order=None):
+    """The kernels computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``), in order (two for a
+    split column reduction, whose last parameter is its scratch); ``order``, for an elementwise body, as
+    ``elementwise_source``'s."""
+    if any(t.op.name in REDUCTIONS for t in post_order(body)):
+        return reduction_sources(body, operands, aliased)
+    return [elementwise_source(body, operands, aliased, order)]
 
 
 def kernel_source(body, operands, aliased=(), order=None):
-    """The kernel computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``); ``order``, for an
-    elementwise body, as ``elementwise_source``'s."""
-    if any(t.op.name in REDUCTIONS for t in post_order(body)):
-        return reduction_source(body, operands, aliased)
-    return elementwise_source(body, operands, aliased, order)
+    """The one kernel computing ``body`` where it needs no scratch (every body but a split column reduction's)."""
+    (source,) = kernel_sources(body, operands, aliased, order)
+    return source
 
 
 def copy_source(operand, order=None):

@@ -1,14 +1,16 @@
 """``dnn_attention`` and ``dnn_attention_grad`` terms as cuDNN's flash attention (``sdpa``, ``sdpa_backward``),
 through nvidia-cudnn-frontend's graph API, into planned buffers.
 
-cuDNN describes each operand as ``(batch, heads, sequence, head size)`` dims with strides; ours have any number of
-leading axes, which are merged into those two where their strides allow (a transposed ``(batch, time, heads,
-size)`` view of a projection's output merges into nothing more than it is, and is read in place). An operand whose
-leading axes do not merge, or whose strides are not multiples of 8 elements (16 bytes, as cuDNN's loads need), is
-copied first (``attention_copies``). The graph is built once per description when the program is built, with its
-workspace planned in the arena; a call passes pointers only, so it is captured in the step's CUDA graph. The
-backward pass is deterministic unless the program allows otherwise (``deterministic=False``).
+cuDNN describes each operand as ``(batch, heads, sequence, head size)`` dims with strides, the same dims for all;
+ours have any number of leading axes: the last is the heads, the others are merged into the batch where their
+strides allow (a ``(batch, heads, time, size)`` view of a projection's ``(batch, time, heads, size)`` output is read
+in place). An operand whose batch axes do not merge, or whose strides are not multiples of 8 elements (16 bytes,
+as cuDNN's loads need), is copied first (``attention_copies``). The graph is built once per description when the
+program is built, with its workspace planned in the arena; a call passes pointers only, so it is captured in the
+step's CUDA graph. The backward pass is deterministic unless the program allows otherwise (``deterministic=False``).
 """
+
+import math
 
 import numpy as np
 
@@ -21,24 +23,19 @@ _graphs = {}  # a call's description -> (cuDNN graph, its tensors in operand-the
 
 
 def four_dims(shape, strides):
-    """``(dims, strides)`` of ``(batch, heads, sequence, size)`` for a value of ``shape`` and element ``strides``, its
-    leading axes merged into two; None where they do not merge or the last axis is not contiguous."""
+    """``(dims, strides)`` of ``(batch, heads, sequence, size)`` for a value of ``shape`` and element ``strides``: its
+    last leading axis is the heads, the others merged into the batch (the same dims for every operand and result,
+    as cuDNN wants); None where those do not merge or the last axis is not contiguous."""
     if shape[-1] != 1 and strides[-1] != 1:
         return None
-    lead = [(n, s) for n, s in zip(shape[:-2], strides[:-2]) if n != 1]
-    merged = []
-    for n, s in lead:
-        if merged and merged[-1][1] == n * s:
-            merged[-1] = (merged[-1][0] * n, s)
-        else:
-            merged.append((n, s))
-    if len(merged) > 2:
+    lead, lead_strides = shape[:-2], strides[:-2]
+    batch = [(n, s) for n, s in zip(lead[:-1], lead_strides[:-1]) if n != 1]
+    if any(outer != n * inner for (_, outer), (n, inner) in zip(batch, batch[1:])):
         return None
-    outer = shape[-2] * strides[-2] if shape[-2] > 1 else shape[-1] * max(strides[-1], 1)
-    while len(merged) < 2:
-        merged.insert(0, (1, merged[0][0] * merged[0][1] if merged else outer))
-    dims = [merged[0][0], merged[1][0], shape[-2], shape[-1]]
-    return dims, [merged[0][1], merged[1][1], strides[-2], strides[-1]]
+    heads, head_stride = (lead[-1], lead_strides[-1]) if lead else (1, shape[-2] * strides[-2])
+    batch_count = math.prod(n for n, _ in batch)
+    batch_stride = batch[-1][1] if batch else heads * head_stride
+    return [batch_count, heads, shape[-2], shape[-1]], [batch_stride, head_stride, strides[-2], strides[-1]]
 
 
 def _readable(x, strides):

@@ -30,7 +30,7 @@ from .lowering.gemm import gemm_operands
 from ...memplan import aligned, joins, unallocatable
 from .. import interface
 from .blas import Gemm
-from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_source, memory_order
+from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_sources, memory_order
 from .device import require_gpu
 from .kernels import compiled, launcher
 from .dnn import Conv
@@ -155,7 +155,7 @@ class Executor(interface.Executor):
                 self.makers.append(self._all_reduce(kernel.terms, done[i]))
                 self.labels.append(f"k{i}.all_reduce bucket {t.attr('bucket')} ({len(kernel.terms)} values)")
             else:
-                self.makers.append(self._kernel(t, kernel.terms))
+                self.makers.append(self._kernel(t, kernel.terms, scratch))
                 self.labels.append(f"k{i}.{t.op.name} {t.shape}")
         if len(steps) in waits:
             self.makers.append(self._join(waits[len(steps)]))
@@ -216,8 +216,9 @@ class Executor(interface.Executor):
 
         return make
 
-    def _kernel(self, t, defined):
-        """A maker of calls of a generated kernel computing the terms ``defined`` (all outputs of ``t``'s region)."""
+    def _kernel(self, t, defined, workspace):
+        """A maker of calls of the generated kernels computing the terms ``defined`` (all outputs of ``t``'s region);
+        ``workspace``: the address of their scratch, where they need some."""
         if t.op.name not in ("fused", "reshape", *WINDOW_KERNELS, *INDEX_KERNELS):
             raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
         if t.size == 0:
@@ -232,8 +233,17 @@ class Executor(interface.Executor):
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
         order = memory_order(t.shape, self.strides[defined[0]])
-        source = kernel_source(body, [self._operand(a) for a in inputs], aliased, order)
-        return self._launch(source, list(inputs) + list(defined))
+        sources = kernel_sources(body, [self._operand(a) for a in inputs], aliased, order)
+        places = list(inputs) + list(defined) + ([workspace] if len(sources) > 1 else [])
+        makers = [self._launch(source, places) for source in sources]
+        if len(makers) == 1:
+            return makers[0]
+
+        def make(pointers):
+            calls = [maker(pointers) for maker in makers]
+            return lambda: [call() for call in calls]
+
+        return make
 
     def _memcpy(self, destination, source, nbytes):
         """A call copying ``nbytes`` contiguous bytes on the device, on the program's stream."""

@@ -21,7 +21,9 @@ from .blas import Gemm, matrix
 from .dnn import Conv, packed
 from .dnn_attention import Attention, attention_copies
 from .mma.runner import Int8Gemm
-from .codegen import REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout
+from .codegen import (
+    REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, reduction_scratch_bytes, same_layout,
+)
 from .device import require_gpu
 
 ALIGNMENT = 256
@@ -237,7 +239,8 @@ RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' s
 
 
 def steps(kernels, options):
-    """One ``memplan.Step`` per kernel. A library call's workspace (a gemm's, a cuDNN convolution's) holds the
+    """One ``memplan.Step`` per kernel. A split column reduction's workspace holds its parts' sums
+    (``codegen.column_splits``); a library call's workspace (a gemm's, a cuDNN convolution's) holds the
     copies of its operands it cannot read where they are and what the neediest of its candidates asks for
     (``options["tf32"]`` and ``options["deterministic"]`` change them)."""
     require_gpu()
@@ -252,6 +255,8 @@ def steps(kernels, options):
             found.append(Step((t,), (t.args[0],), view_of=t.args[0], label=t.op.name))
         else:
             workspace = 0
+            if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
+                workspace = reduction_scratch_bytes(t.attr("outputs"))
             if t.op.name in RUNNERS:
                 copies_of, runner = RUNNERS[t.op.name]
                 copies = copies_of(t, strides, last)
