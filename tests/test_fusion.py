@@ -5,6 +5,7 @@ from hypothesis import given
 
 import cortado as ct
 from cortado.rules.fusion import fuse
+from cortado.rules.stability import stabiliser
 from cortado.testing import graphs_with_feeds
 
 
@@ -43,12 +44,42 @@ def test_a_reduction_fuses_with_its_prologue_and_epilogue():
     assert [t.op.name for t in ct.schedule(fused.attrs[0][0]) if t.args] == ["exp", "sum", "log", "add"]
 
 
-def test_a_reduction_that_broadcasts_back_up_stays_its_own_region():
+def test_a_reduction_that_broadcasts_back_down_its_columns_stays_its_own_region():
     x = ct.var("x", (8, 4))
-    out = ct.exp(x - ct.max(x, axis=1, keepdims=True))  # the max must be finished before any subtract
+    out = ct.exp(x - ct.max(x, axis=0, keepdims=True))  # the max must be finished before any subtract
     (fused,), _ = fuse([out])
     assert fused.op.name == "fused"
     assert any(a.op.name == "max" for a in fused.args)
+
+
+def test_reductions_of_rows_broadcast_back_over_them_make_one_row_kernel():
+    """A softmax spelled out, a layer norm: each row reduced as often as needed, then the row computed."""
+    x, g, b = ct.var("x", (8, 4)), ct.var("g", (4,)), ct.var("b", (4,))
+    softmax = ct.exp(x - ct.max(x, axis=1, keepdims=True))
+    softmax = softmax / ct.sum(softmax, axis=1, keepdims=True)
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    norm = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g + b
+    for out, reductions in ((softmax, ["max", "sum"]), (norm, ["mean", "mean"])):
+        (fused,), trace = fuse([out])
+        assert trace.counts() == {"fuse-rows": 1} and fused.args[0] is x
+        assert [t.op.name for t in ct.schedule(fused.attrs[0][0]) if t.op.name in reductions] == reductions
+        rng = np.random.default_rng(0)
+        feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, g, b) if v in ct.schedule(out)}
+        np.testing.assert_array_equal(ct.evaluate(fused, feeds), ct.evaluate(out, feeds))
+
+
+def test_a_layer_norm_is_one_row_kernel_forward_and_one_for_its_inputs_gradient():
+    """The forward pass writes the normalized rows and what the backward pass reads (per-row statistics among them);
+    the input's gradient is one row kernel; the gain's and the bias's are column sums."""
+    x, g, b, w = ct.var("x", (8, 4)), ct.var("g", (4,)), ct.var("b", (4,)), ct.var("w", (8, 4))
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    y = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g + b
+    gradients = ct.grad(ct.sum(y * w), [x, g, b])
+    roots, _ = fuse(stabiliser.run([y, *gradients]))
+    bodies = list(dict.fromkeys(t.attrs[0] for t in _fused_terms(roots)))
+    rows = [body for body in bodies if sum(s.op.name in ("mean", "sum") for s in ct.schedule(body)) == 2]
+    assert len(rows) == 2 and roots[0].attrs[0] in rows and roots[1].attrs[0] in rows
+    assert {o.shape for o in roots[0].attrs[0]} == {(8, 4), (8, 1)}
 
 
 def test_values_used_later_become_extra_outputs_of_one_kernel():

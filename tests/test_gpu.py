@@ -14,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cortado as ct
+from cortado.backends.cupy import codegen
 from cortado.backends.cupy.lowering import gemm as gemm_target
 from cortado.backends import gpu_visible
 from cortado.exprgraph.dtypes import finfo, is_float
@@ -85,6 +86,30 @@ def test_fused_reductions_over_every_subset_of_axes(shape, dtype):
     program = ct.compile(outputs, inputs=[x, y], backend="cupy")
     expected = ct.evaluate(outputs, feeds, precision="float64")
     for ours, theirs in zip(program(**feeds), expected):
+        assert_close(ours, theirs, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+@pytest.mark.parametrize("shape", [(2, 5, 384), (33, 7), (9, 3000)])
+def test_row_kernels_normalize_rows_and_take_their_gradients(shape, dtype):
+    """A layer norm forward and its gradients, and a masked softmax: each row kernel (a warp to a row, or a block for
+    rows of 3000) against the reference in float64."""
+    x, w = ct.var("x", shape, dtype), ct.var("w", shape, dtype)
+    g, b = ct.var("g", shape[-1:], dtype), ct.var("b", shape[-1:], dtype)
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    y = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g + b
+    gradients = ct.grad(ct.sum(ct.cast(y * w, "float32")), [x, g, b])
+    keep = np.random.default_rng(1).random(shape) < 0.8
+    keep[..., 0] = True
+    softmax = ct.softmax(ct.where(keep, x, -np.inf), axis=-1)
+    outputs = [y, softmax, *gradients]
+    program = ct.compile(outputs, inputs=[x, w, g, b], backend="cupy")
+    rows = {k.term.attr("outputs") for k in program.kernels
+            if k.term.op.name == "fused" and codegen.row_shape(k.term.attr("outputs")) is not None}
+    assert len(rows) >= 3  # the forward, the input's gradient, the softmax
+    rng = np.random.default_rng(0)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w, g, b)}
+    for ours, theirs in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
         assert_close(ours, theirs, dtype)
 
 

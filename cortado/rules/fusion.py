@@ -10,7 +10,12 @@ terms it reads, taking:
   kernel (an Adam update writes the parameter and both moments in one pass this way);
 - one reduction (``sum``, ``mean``, ``max``, ``logsumexp``) of the root's shape used only inside
   the region: the region becomes a fused reduction, the ops below it its prologue (which must be
-  internal) and the ops above it its epilogue.
+  internal) and the ops above it its epilogue;
+- or, for a root of row shape ``(..., n)``, any number of reductions of that shape over its last
+  axis that keep it (``mean(x, axis=-1, keepdims=True)``), and elementwise ops of the reduced shape
+  ``(..., 1)``: the region becomes a row kernel, which reduces each row as often as it needs and
+  then computes its outputs of either shape (a layer norm forward, its input's gradient, a
+  softmax). Any member may then be an output, as an extra one is.
 
 The schedule condition is what keeps regions acyclic: a term that comes after the root cannot
 feed the region. A region of one term stays as it was, unless ``alone=True``: a backend that
@@ -31,6 +36,7 @@ from .engine import Rewrite, Trace
 
 AXIS_REDUCTIONS = frozenset({"sum", "mean", "max", "logsumexp"})
 ROW_REDUCTIONS = frozenset({"softmax", "log_softmax"})  # reductions that keep the shape: roots only
+ROW_KERNEL_REDUCTIONS = frozenset({"sum", "mean", "max"})  # what a row kernel reduces each row with
 
 
 def _elementwise(term):
@@ -42,11 +48,19 @@ def inlined(term):
     return term.op.name == "const" and (term.ndim == 0 or term.attr("value").scalar is not None)
 
 
-class _Region:
-    """The terms of one region as it grows from ``root``."""
+def row_reduction(term, shape):
+    """Whether ``term`` reduces the last axis of a value of row ``shape``, keeping it: a row kernel's reduction."""
+    return (term.op.name in ROW_KERNEL_REDUCTIONS and term.args[0].shape == shape and len(shape) >= 1
+            and shape[-1] > 1 and term.attr("axes") == (len(shape) - 1,) and term.shape == shape[:-1] + (1,))
 
-    def __init__(self, root):
+
+class _Region:
+    """The terms of one region as it grows from ``root``; ``rows``: whether it may become a row kernel."""
+
+    def __init__(self, root, rows=False):
         self.root = root
+        self.rows = rows
+        self.row_reductions = 0
         self.members = {root}
         self.prologue = set()  # members at or below the reduction
         self.reduction = None
@@ -80,6 +94,10 @@ class _Fuser:
             return None
         below = any(u in region.prologue for u in self.users[term])
         outside = self._outside_uses(term, region)
+        row_shape = region.root.shape
+        per_row = region.rows and term.shape == row_shape[:-1] + (1,)
+        if region.rows and row_reduction(term, row_shape):
+            return "row reduction" if not outside or min(outside) > self.position[region.root] else None
         if term.op.name in AXIS_REDUCTIONS:
             ok = region.reduction is None and not below and not outside and term.shape == region.root.shape
             return "reduction" if ok else None
@@ -88,12 +106,21 @@ class _Fuser:
         if not outside:
             return "internal"
         later = min(outside) > self.position[region.root]
-        if not below and later and term.shape == region.root.shape and term.op.name != "broadcast_to":
+        if not below and later and (term.shape == region.root.shape or per_row) and term.op.name != "broadcast_to":
             return "extra"
         return None
 
     def grow(self, root):
-        region = _Region(root)
+        """The region grown from ``root``: a row kernel's where the root has a row shape and one reduces its rows,
+        else an elementwise region or a fused reduction."""
+        if root.op.kind == ELEMENTWISE and root.ndim and root.shape[-1] > 1:
+            region = self._grown(_Region(root, rows=True))
+            if region.row_reductions:
+                return region
+        return self._grown(_Region(root))
+
+    def _grown(self, region):
+        root = region.root
         pending = []  # candidates, latest first: when one is decided, all its users in the region are known
         seen = set()
 
@@ -113,6 +140,10 @@ class _Fuser:
                 region.reduction = term
             if how == "reduction" or any(u in region.prologue for u in self.users[term]):
                 region.prologue.add(term)
+            if how == "row reduction":
+                region.row_reductions += 1
+                if self._outside_uses(term, region):
+                    region.extras.append(term)
             if how == "extra":
                 region.extras.append(term)
             region.members.add(term)
@@ -178,7 +209,7 @@ def fuse(roots, trace=None, alone=False):
 def _replace_region(region, position, replaced, trace):
     inputs, produced, outputs = _body(region, position)
     inputs = tuple(replaced.get(a, a) for a in inputs)
-    rule = "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
+    rule = "fuse-rows" if region.row_reductions else "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
     if len(region.members) == 1:
         rule = "one-op-kernel"
     for index, term in zip(itertools.count(), produced):

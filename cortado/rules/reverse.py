@@ -47,8 +47,8 @@ def _fitted(share, arg, term):
             raise ShapeError(f"the derivative rule of {term.op.name} gave a share of shape {share.shape} "
                              f"for the input {arg!r} of {term!r}; it cannot be summed to {arg.shape}")
         axes = tuple(i for i in range(share.ndim) if share.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
-        if axes:
-            share = ct.sum(share, axis=axes)
+        if axes:  # kept where the input has them, so a row's sum broadcasts back without a reshape (a row kernel)
+            share = ct.sum(share, axis=axes, keepdims=not lead)
         if share.shape != arg.shape:
             share = ct.reshape(share, arg.shape)
     if share.dtype != arg.dtype:

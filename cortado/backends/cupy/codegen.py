@@ -11,8 +11,11 @@ An elementwise kernel gives each thread ``VEC`` consecutive elements, read and w
 offset fits. Its grid covers the whole range, a thread to a vector: on the H200 that streamed
 4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70.
 A reduction kernel gives each output a warp (short reductions) or a block, or, when the reduced
-axes are not the innermost, a column of a 32-output tile; its prologue is computed
-for each element as it is read, its epilogue once per output. float16 and bfloat16 values
+axes are not the innermost, a column of a 32-output tile (columns too long for the tiles to fill the
+GPU are split into parts, added in order by a second kernel); its prologue is computed
+for each element as it is read, its epilogue once per output. A row kernel (``rules.fusion``: a
+layer norm, a softmax, their gradients) gives each row a warp or a block, which reduces the row
+once per reduction in the body, every thread keeping each total, then writes the outputs. float16 and bfloat16 values
 (``is_narrow_float``) are computed and accumulated in float32, as the reference computes their
 sums; the lowering spells the softmax family out in float32 for them (``rules.decompositions``).
 Each elementwise op's C expression is its entry of ``C_EXPRESSIONS``.
@@ -32,10 +35,12 @@ from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import ELEMENTWISE, may_fail, parameter
+from ...rules.fusion import row_reduction
 from .launch import WAIT_PRIOR_GRIDS
 
 THREADS = 256
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
+ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
 COLUMN_TILE = (32, 8)  # outputs across a block, threads down each reduced column
 # a column reduction of fewer tiles than this splits its columns into parts, summed by a second kernel in order
 # (so the result does not depend on timing): 12 tiles of 32 bias gradients over 16384 rows took 165 us unsplit
@@ -610,6 +615,8 @@ def column_splits(body):
 
 def reduction_scratch_bytes(body):
     """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split)."""
+    if row_shape(body) is not None:
+        return 0
     splits = column_splits(body)
     if splits == 1:
         return 0
@@ -684,10 +691,84 @@ def reduction_sources(body, operands, aliased=()):
     return [parts, total]
 
 
+def row_shape(body):
+    """The row shape ``(..., n)`` of a row kernel's body (``rules.fusion``): every reduction reduces the last axis of
+    a value of that shape, keeping it, and there are several or an output of the row shape; else None."""
+    reductions = [t for t in post_order(body) if t.op.name in REDUCTIONS]
+    if not reductions:
+        return None
+    shape = reductions[0].args[0].shape
+    if not all(row_reduction(t, shape) for t in reductions):
+        return None
+    return shape if len(reductions) > 1 or any(t.shape == shape for t in body) else None
+
+
+def _all_reduced(r, acc, width):
+    """Lines leaving every thread of a row's ``width`` with the row's total in ``acc``."""
+    lines = ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+             f"    {acc} = {r.combine(acc, f'__shfl_xor_sync(0xffffffffu, {acc}, s)')};", "  }"]
+    if width > 32:
+        lines += [f"  __shared__ {r.acc} {acc}_warps[{width // 32}];",
+                  f"  if (threadIdx.x % 32 == 0) {acc}_warps[threadIdx.x / 32] = {acc};", "  __syncthreads();",
+                  f"  {acc} = {acc}_warps[0];",
+                  f"  for (int w = 1; w < {width // 32}; ++w) {acc} = {r.combine(acc, f'{acc}_warps[w]')};"]
+    return lines
+
+
+def row_source(body, operands, aliased, shape):
+    """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``) or a block to each row, which reduces the row
+    once for each reduction of the body in order, every thread holding each total, then computes the outputs: those
+    of the row shape element by element, those of the reduced shape once. A pass reads the row again (from cache);
+    nothing between the passes is stored."""
+    n, rows = shape[-1], math.prod(shape[:-1])
+    width = 32 if n <= ROW_KERNEL_WARP_LIMIT else THREADS
+    per_block = THREADS // width
+    index = _index_type(body, operands)
+    last = (len(shape) - 1,)
+    elements, row = _reduction_space(shape, last), _reduction_space(shape[:-1] + (1,), last)
+    lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+             f"  const unsigned lane = threadIdx.x % {width};",
+             f"  if (o >= {rows}) return;"]
+    totals = {}
+    for j, red in enumerate(t for t in post_order(body) if t.op.name in REDUCTIONS):
+        r = _Reduction(red, rows, n, _accumulator(red), index, None, "", [])
+        writer = _Writer(elements, operands, f"a{j}_")
+        writer.names.update(totals)
+        element = writer.value(red.args[0])
+        lines += [f"  {r.acc} acc{j} = {r.identity};", f"  for ({index} r = lane; r < {n}; r += {width}) {{"]
+        lines += ["    " + s for s in writer.lines]
+        lines += [f"    acc{j} = {r.combine(f'acc{j}', f'(({r.acc}){element})')};", "  }"]
+        lines += _all_reduced(r, f"acc{j}", width)
+        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({r.acc}){n})"
+        lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
+        totals[red] = f"total{j}"
+    full = [(k, t) for k, t in enumerate(body) if t.shape == shape]
+    if full:
+        writer = _Writer(elements, operands, "e")
+        writer.names.update(totals)
+        values = [writer.value(t) for _, t in full]
+        lines += [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines]
+        lines += [f"    out{k}[o * {n} + r] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+        lines.append("  }")
+    reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
+    if reduced:
+        writer = _Writer(row, operands, "w")
+        writer.names.update(totals)
+        values = [writer.value(t) for _, t in reduced]
+        lines += ["  if (lane == 0) {"] + ["    " + s for s in writer.lines]
+        lines += [f"    out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(reduced, values)]
+        lines.append("  }")
+    return finished_source("rows", "\n".join(lines) + "\n", body, operands, aliased, -(-rows // per_block),
+                           (THREADS, 1, 1))
+
+
 def kernel_sources(body, operands, aliased=(), order=None):
     """The kernels computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``), in order (two for a
     split column reduction, whose last parameter is its scratch); ``order``, for an elementwise body, as
     ``elementwise_source``'s."""
+    shape = row_shape(body)
+    if shape is not None:
+        return [row_source(body, operands, aliased, shape)]
     if any(t.op.name in REDUCTIONS for t in post_order(body)):
         return reduction_sources(body, operands, aliased)
     return [elementwise_source(body, operands, aliased, order)]
