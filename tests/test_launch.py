@@ -47,6 +47,30 @@ def _sources():
     yield codegen.kernel_source((ct.max(x, axis=0),), [_operand()])
     yield codegen.copy_source(_operand(), (1, 0))
     yield from _int8_sources()
+    yield from _split_and_row_sources()
+
+
+def _split_and_row_sources():
+    """A column sum too long for its one tile (two kernels), and a softmax spelled out (one row kernel)."""
+    tall = Operand((4096, 8), np.dtype(np.float32), (8, 1))
+    y = parameter(0, tall)
+    yield from codegen.kernel_sources((ct.sum(y, axis=0),), [tall])
+    e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
+    yield from codegen.kernel_sources((e / ct.sum(e, axis=1, keepdims=True),), [tall])
+
+
+def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
+    tall = Operand((4096, 8), np.dtype(np.float32), (8, 1))
+    y = parameter(0, tall)
+    column = (ct.sum(y, axis=0),)
+    assert codegen.column_splits(column) == 16 and codegen.reduction_scratch_bytes(column) == 16 * 8 * 4
+    parts, total = codegen.kernel_sources(column, [tall])
+    assert parts.blocks == (1, 16, 1) and "partials[" in parts.text and "partials[s * 8 + o]" in total.text
+    assert codegen.column_splits((ct.sum(parameter(0, _operand()), axis=0),)) == 1  # too few rows to split
+    e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
+    assert codegen.row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
+    assert codegen.row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
+    assert codegen.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),)) == 0
 
 
 @pytest.mark.parametrize("source", list(_sources()), ids=lambda s: s.name)
