@@ -266,3 +266,18 @@ def test_cudnn_reads_every_operand_with_the_same_dims_in_place():
     assert view[0] == packed[0] == statistics[0][:3] + [64] and view[1] == [1024 * 3 * 768, 64, 3 * 768, 1]
     assert four_dims((2, 3, 5, 16, 64), (5 * 16 * 64 * 3, 64 * 16, 3 * 16 * 64, 64, 1)) is None
     assert four_dims((16, 64), (64, 1)) == ([1, 1, 16, 64], [1024, 1024, 64, 1])
+
+
+def test_a_value_that_is_not_finite_reaches_the_rows_it_reaches_in_the_plain_expressions(monkeypatch):
+    """Every block reads every key: an infinite value of a key that only later queries see makes the rows before
+    them NaN (0 * inf) and theirs infinite, as the plain expressions do, whatever the blocks (here of 3 queries)."""
+    from cortado.exprgraph import attending
+
+    monkeypatch.setattr(attending, "BLOCK_ELEMENTS", 3 * 10)
+    q, k, v = _operands((), 10, 10, 2, 2)
+    plain = _where_after_scaling(q, k, v, 0.5)
+    feeds = _feeds(np.random.default_rng(0), q, k, v)
+    feeds["v"][7, 0] = np.inf
+    compiled = ct.compile([plain], inputs=[q, k, v], backend="numpy")(**feeds)[0]
+    np.testing.assert_array_equal(np.isnan(compiled), np.isnan(ct.evaluate(plain, feeds)))
+    assert np.isnan(compiled[:7, 0]).all() and np.isinf(compiled[7:, 0]).all()

@@ -1,6 +1,7 @@
 """What ``attention`` and ``attention_grad`` compute, with NumPy, for the reference interpreter and the CPU backend
 alike: blockwise over the queries, so that at most ``BLOCK_ELEMENTS`` scores exist at a time, never all
-``Tq x Tk``. A causal block reads only the keys up to its last query. The gradient recomputes each block's
+``Tq x Tk``. Every block reads every key, masked or not, so a value that is not finite reaches the rows it reaches in
+the plain expressions (``0 * inf`` is NaN there too), whatever the blocks. The gradient recomputes each block's
 probabilities (as flash attention's backward pass does) and takes a row's ``sum(dP * P)`` from them, not from the
 forward's stored result, so it is as exact as the plain expressions' gradient.
 
@@ -34,19 +35,18 @@ def _carved(flat, shape):
     return flat[:math.prod(shape)].reshape(shape)
 
 
-def _blocks(q, k, causal, rows):
-    """``(first query, last query + 1, keys read)`` of each block: a causal block reads the keys up to its last
-    query (the mask is aligned at the top left)."""
-    queries, keys = q.shape[-2], k.shape[-2]
+def _blocks(q, k):
+    """``(first query, last query + 1)`` of each block."""
+    queries, rows = q.shape[-2], block_rows(q, k)
     for start in range(0, queries, rows):
-        stop = min(start + rows, queries)
-        yield start, stop, min(stop, keys) if causal else keys
+        yield start, min(start + rows, queries)
 
 
-def _probabilities(flat, q, k, scale, causal, start, stop, keys):
+def _probabilities(flat, q, k, scale, causal, start, stop):
     """The block's softmax of ``q @ k^T * scale`` over the keys, masked where causal, in ``flat``."""
+    keys = k.shape[-2]
     s = _carved(flat, q.shape[:-2] + (stop - start, keys))
-    np.matmul(q[..., start:stop, :], np.swapaxes(k[..., :keys, :], -1, -2), out=s)
+    np.matmul(q[..., start:stop, :], np.swapaxes(k, -1, -2), out=s)
     s *= scale
     if causal:
         np.copyto(s, -np.inf, where=np.arange(keys) > np.arange(start, stop)[:, None])
@@ -60,31 +60,31 @@ def attention_into(out, q, k, v, scale, causal, scores):
     if k.shape[-2] == 0:
         out[...] = 0
         return
-    for start, stop, keys in _blocks(q, k, causal, block_rows(q, k)):
-        p = _probabilities(scores, q, k, scale, causal, start, stop, keys)
-        np.matmul(p, v[..., :keys, :], out=out[..., start:stop, :])
+    for start, stop in _blocks(q, k):
+        p = _probabilities(scores, q, k, scale, causal, start, stop)
+        np.matmul(p, v, out=out[..., start:stop, :])
 
 
 def attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial):
     dq[...], dk[...], dv[...] = 0, 0, 0
     if k.shape[-2] == 0:
         return
-    lead = q.shape[:-2]
-    for start, stop, keys in _blocks(q, k, causal, block_rows(q, k)):
-        p = _probabilities(scores, q, k, scale, causal, start, stop, keys)
+    lead, keys = q.shape[:-2], k.shape[-2]
+    for start, stop in _blocks(q, k):
+        p = _probabilities(scores, q, k, scale, causal, start, stop)
         g, rows = dout[..., start:stop, :], q[..., start:stop, :]
         part = _carved(partial, lead + (keys, v.shape[-1]))
         np.matmul(np.swapaxes(p, -1, -2), g, out=part)
-        dv[..., :keys, :] += part
+        dv += part
         ds = _carved(adjoints, lead + (stop - start, keys))
-        np.matmul(g, np.swapaxes(v[..., :keys, :], -1, -2), out=ds)  # dP
+        np.matmul(g, np.swapaxes(v, -1, -2), out=ds)  # dP
         ds -= np.einsum("...ij,...ij->...i", ds, p)[..., None]
         ds *= p
         ds *= scale
-        np.matmul(ds, k[..., :keys, :], out=dq[..., start:stop, :])
+        np.matmul(ds, k, out=dq[..., start:stop, :])
         part = _carved(partial, lead + (keys, q.shape[-1]))
         np.matmul(np.swapaxes(ds, -1, -2), rows, out=part)
-        dk[..., :keys, :] += part
+        dk += part
 
 
 def _scratch(q, k, v, dtype):

@@ -26,7 +26,6 @@ __all__ = [
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d",
-    "attention", "attention_grad",
 ]
 
 

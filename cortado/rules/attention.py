@@ -13,6 +13,11 @@ constant of zeros on and below the diagonal and ``-inf`` above it. The mask is a
 have another reader (they would be stored anyway), the softmax is over another axis, the operands broadcast
 against each other or differ in dtype, or a mask has any other shape (a padding mask, a bottom-right causal mask):
 those are not attention's meaning.
+
+The op computes as flash attention does, which differs from the plain expressions only where they are not finite:
+a masked score is dropped, so a NaN or infinite score there (a key holding one) leaves the rows that mask it finite,
+where an added mask's ``-inf`` meets it as NaN; and float16 and bfloat16 attention computes in float32 with one
+rounding (``IN_FLOAT32``), so scores past float16's range do not overflow as the rounded plain scores would.
 """
 
 import numpy as np
@@ -55,7 +60,7 @@ def _is_negative_infinity(t):
     return _constant(t) and t.attr("value").scalar is not None and t.attr("value").scalar[()] == -np.inf
 
 
-def _causal(kept, shape):
+def _causal_or_none(kept, shape):
     """Whether the constant boolean array ``kept`` says which scores of ``shape`` the top-left causal mask keeps
     (True), keeps all (False), or something else (None)."""
     if kept.ndim > len(shape):
@@ -76,7 +81,7 @@ def _unmasked(s):
         if _is_negative_infinity(kept) and dropped.shape == s.shape:
             kept, dropped, array = dropped, kept, ~array
         if _is_negative_infinity(dropped) and kept.shape == s.shape:
-            causal = _causal(array, s.shape)
+            causal = _causal_or_none(array, s.shape)
             return None if causal is None else (kept, causal)
     if s.op.name == "add":
         for x, mask in (s.args, reversed(s.args)):
@@ -84,7 +89,7 @@ def _unmasked(s):
                 array = mask.attr("value").array
                 if not np.all((array == 0) | (array == -np.inf)):
                     return None
-                causal = _causal(array == 0, s.shape)
+                causal = _causal_or_none(array == 0, s.shape)
                 return None if causal is None else (x, causal)
     return s, False
 
@@ -122,7 +127,7 @@ def _attention(b):
     if found is None:
         return None
     q, kt, scale, causal = found
-    if q.ndim < 2 or kt.ndim < 2 or not is_float(term.dtype):
+    if min(q.ndim, kt.ndim, v.ndim) < 2 or not is_float(term.dtype) or not 0 < scale < np.inf:
         return None
     k = _keys(kt)
     if not (q.shape[:-2] == k.shape[:-2] == v.shape[:-2] and q.dtype == k.dtype == v.dtype == p.dtype == term.dtype):

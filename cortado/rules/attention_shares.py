@@ -2,7 +2,7 @@
 
 ``attention``'s share of each operand is a result of ``attention_grad`` (one kernel makes all three). The shares of
 ``attention_grad`` itself (a second derivative: a Hessian-vector product, a gradient penalty) are found by
-differentiating its meaning spelled out in plain ops (``spelled_out_grad``) with the reverse walk, with stand-ins
+differentiating its meaning spelled out in plain ops (``plain_attention_grad``) with the reverse walk, with stand-ins
 (fused-body parameters) for the operands so that ``q`` and ``k`` being one term (self-attention on one tensor) still
 gives each position its own share. The spelled-out gradient reads ``q``, ``k``, ``v`` and the adjoint only: the
 forward's result ``out`` that ``attention_grad`` also reads is ``attention(q, k, v)`` by construction, so its share
@@ -36,13 +36,13 @@ def probabilities(q, k, scale, causal):
     return ct.softmax(scores, axis=-1)
 
 
-def spelled_out(q, k, v, scale, causal):
+def plain_attention(q, k, v, scale, causal):
     """``attention(q, k, v)`` as plain ops, computed as the op computes it."""
     result = probabilities(_computed(q), _computed(k), scale, causal) @ _computed(v)
     return ct.cast(result, q.dtype) if result.dtype != q.dtype else result
 
 
-def spelled_out_grad(q, k, v, dout, scale, causal):
+def plain_attention_grad(q, k, v, dout, scale, causal):
     """``(dq, dk, dv)`` of ``attention(q, k, v)`` for the adjoint ``dout``, as plain ops: with ``P`` the probabilities,
     ``dv = P^T dout``, ``dS = P * (dP - sum(dP * P))`` for ``dP = dout v^T``, ``dq = scale dS k``, ``dk = scale dS^T q``."""
     q32, k32, v32, g32 = map(_computed, (q, k, v, dout))
@@ -58,21 +58,21 @@ def attention_share(position):
 
     def share(b):
         term = b.term
-        return ct.attention_grad(*term.args, b["_y"], b["_dy"], *term.attrs, result=position)
+        return ct.attention_grad(*term.args, b["_y"], b["_dy"], term.attr("scale"), term.attr("causal"), result=position)
 
     return share
 
 
 def attention_grad_share(operand, rules):
     """The share of ``(q, k, v, dout)[operand]`` in an ``attention_grad`` term, by the reverse walk through
-    ``spelled_out_grad`` with the derivative rules ``rules()`` (a function: the rules include this one)."""
+    ``plain_attention_grad`` with the derivative rules ``rules()`` (a function: the rules include this one)."""
 
     def share(b):
         term = b.term
         q, k, v, _, dout = term.args
-        scale, causal, result = term.attrs
+        scale, causal, result = (term.attr(name) for name in ("scale", "causal", "result"))
         stand_ins = [parameter(i, x) for i, x in enumerate((q, k, v, dout))]
-        spelled = spelled_out_grad(*stand_ins, scale, causal)[result]
+        spelled = plain_attention_grad(*stand_ins, scale, causal)[result]
         wanted = stand_ins[operand]
         adjoints = backpropagate(schedule([spelled]), [spelled], [b["_dy"]], [wanted], rules())
         if wanted not in adjoints:

@@ -89,7 +89,8 @@ class _Fuser:
         return uses + [self.end] * (term in self.roots)
 
     def _admit(self, term, region):
-        """How ``term`` may join ``region``: "internal", "extra", "reduction" or None."""
+        """How ``term`` may join ``region``: "internal", "extra", "reduction", "row reduction" (of a row kernel) or
+        None."""
         if term in self.region_of or term.op.kind == "leaf":
             return None
         below = any(u in region.prologue for u in self.users[term])

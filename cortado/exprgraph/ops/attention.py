@@ -55,9 +55,12 @@ def _grad_normalize(args, scale, causal, result):
     q, k, v, out, dout = args
     _operands(q, k, v)
     expected = _attention_shape((q, k, v), scale, causal)
-    if out.shape != expected or dout.shape != expected or not q.dtype == out.dtype == dout.dtype:
-        raise shape_violation(f"attention_grad needs the forward's result and its adjoint as {expected} {q.dtype}, "
-                              f"not {out.shape} {out.dtype} and {dout.shape} {dout.dtype}")
+    if out.shape != expected or dout.shape != expected:
+        raise shape_violation(f"attention_grad needs the forward's result and its adjoint of shape {expected}, "
+                              f"not {out.shape} and {dout.shape}")
+    if not q.dtype == out.dtype == dout.dtype:
+        raise dtype_violation(f"attention_grad needs the forward's result and its adjoint in {q.dtype}, "
+                              f"not {out.dtype} and {dout.dtype}")
     if result not in (0, 1, 2):
         raise shape_violation(f"attention_grad has 3 results (dq, dk, dv), not a result {result!r}")
     return _scale_and_mask(scale, causal) + (result,)

@@ -16,7 +16,7 @@ from ....exprgraph.dtypes import BFLOAT16
 from ....exprgraph.ops import LOWERED, Op
 from ....exprgraph.semantics import IMPLEMENTATIONS
 from ....exprgraph.term import make
-from ....rules.attention_shares import spelled_out, spelled_out_grad
+from ....rules.attention_shares import plain_attention, plain_attention_grad
 from ....rules.engine import Rule, RuleSet
 
 FLASH_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
@@ -70,7 +70,7 @@ def _attention(b):
     scale, causal = b.term.attrs
     if flash_fits(q, k, v):
         return dnn_attention(q, k, v, scale, causal, 0)
-    return spelled_out(q, k, v, scale, causal)
+    return plain_attention(q, k, v, scale, causal)
 
 
 def _attention_grad(b):
@@ -79,7 +79,7 @@ def _attention_grad(b):
     if flash_fits(q, k, v):
         stats = dnn_attention(q, k, v, scale, causal, 1)
         return make(DNN_ATTENTION_GRAD, (q, k, v, out, dout, stats), (scale, causal, result))
-    return spelled_out_grad(q, k, v, dout, scale, causal)[result]
+    return plain_attention_grad(q, k, v, dout, scale, causal)[result]
 
 
 rules = RuleSet([
