@@ -614,8 +614,9 @@ def column_splits(body):
 
 
 def reduction_scratch_bytes(body):
-    """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split)."""
-    if row_shape(body) is not None:
+    """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split, or no
+    reduction at all)."""
+    if row_shape(body) is not None or not any(t.op.name in REDUCTIONS for t in post_order(body)):
         return 0
     splits = column_splits(body)
     if splits == 1:
@@ -703,15 +704,15 @@ def row_shape(body):
     return shape if len(reductions) > 1 or any(t.shape == shape for t in body) else None
 
 
-def _all_reduced(r, acc, width):
-    """Lines leaving every thread of a row's ``width`` with the row's total in ``acc``."""
+def _all_reduced(red, acc_type, acc, width):
+    """Lines leaving every thread of a row's ``width`` with the row's total of reduction ``red`` in ``acc``."""
     lines = ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-             f"    {acc} = {r.combine(acc, f'__shfl_xor_sync(0xffffffffu, {acc}, s)')};", "  }"]
+             f"    {acc} = {_combine(red, acc_type, acc, f'__shfl_xor_sync(0xffffffffu, {acc}, s)')};", "  }"]
     if width > 32:
-        lines += [f"  __shared__ {r.acc} {acc}_warps[{width // 32}];",
+        lines += [f"  __shared__ {acc_type} {acc}_warps[{width // 32}];",
                   f"  if (threadIdx.x % 32 == 0) {acc}_warps[threadIdx.x / 32] = {acc};", "  __syncthreads();",
                   f"  {acc} = {acc}_warps[0];",
-                  f"  for (int w = 1; w < {width // 32}; ++w) {acc} = {r.combine(acc, f'{acc}_warps[w]')};"]
+                  f"  for (int w = 1; w < {width // 32}; ++w) {acc} = {_combine(red, acc_type, acc, f'{acc}_warps[w]')};"]
     return lines
 
 
@@ -731,15 +732,15 @@ def row_source(body, operands, aliased, shape):
              f"  if (o >= {rows}) return;"]
     totals = {}
     for j, red in enumerate(t for t in post_order(body) if t.op.name in REDUCTIONS):
-        r = _Reduction(red, rows, n, _accumulator(red), index, None, "", [])
+        acc = _accumulator(red)
         writer = _Writer(elements, operands, f"a{j}_")
         writer.names.update(totals)
         element = writer.value(red.args[0])
-        lines += [f"  {r.acc} acc{j} = {r.identity};", f"  for ({index} r = lane; r < {n}; r += {width}) {{"]
+        lines += [f"  {acc} acc{j} = {_identity(red, acc)};", f"  for ({index} r = lane; r < {n}; r += {width}) {{"]
         lines += ["    " + s for s in writer.lines]
-        lines += [f"    acc{j} = {r.combine(f'acc{j}', f'(({r.acc}){element})')};", "  }"]
-        lines += _all_reduced(r, f"acc{j}", width)
-        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({r.acc}){n})"
+        lines += [f"    acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};", "  }"]
+        lines += _all_reduced(red, acc, f"acc{j}", width)
+        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){n})"
         lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
         totals[red] = f"total{j}"
     full = [(k, t) for k, t in enumerate(body) if t.shape == shape]

@@ -57,8 +57,7 @@ class Attention:
     def __init__(self, t, layouts, deterministic=True):
         self.forward = t.op.name == "dnn_attention"
         self.scale, self.causal, _ = t.attrs
-        results = t.op.results_of(t)
-        self.values = tuple(t.args) + results
+        self.values = tuple(t.args) + t.op.results_of(t)
         described = []
         for x in self.values:
             found = four_dims(x.shape, layouts[x])
@@ -88,8 +87,7 @@ class Attention:
             results = graph.sdpa_backward(q=q, k=k, v=v, o=o, dO=dout, stats=stats, attn_scale=self.scale,
                                           use_causal_mask=self.causal, use_deterministic_algorithm=deterministic,
                                           name="attention_grad")
-        finished = t.op.results_of(t)
-        for tensor, x, (dims, strides) in zip(results, finished, described[len(t.args):]):
+        for tensor, x, (dims, strides) in zip(results, self.values[len(t.args):], described[len(t.args):]):
             data_type = io if x.dtype == self.dtype else cudnn.data_type.FLOAT
             tensor.set_output(True).set_dim(dims).set_stride(strides).set_data_type(data_type)
         try:

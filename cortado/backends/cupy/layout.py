@@ -255,7 +255,7 @@ def steps(kernels, options):
             found.append(Step((t,), (t.args[0],), view_of=t.args[0], label=t.op.name))
         else:
             workspace = 0
-            if t.op.name == "fused" and any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
+            if t.op.name == "fused":
                 workspace = reduction_scratch_bytes(t.attr("outputs"))
             if t.op.name in RUNNERS:
                 copies_of, runner = RUNNERS[t.op.name]
