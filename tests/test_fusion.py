@@ -106,6 +106,41 @@ def test_a_value_read_before_the_root_by_an_outside_term_is_not_fused_into_it():
                                                                   "W": np.ones((4, 4), np.float32)}))
 
 
+def test_a_concatenation_is_one_kernel_reading_each_part_once():
+    parts = [ct.var(name, (4, 3, size)) for name, size in (("a", 2), ("b", 5), ("c", 1))]
+    (fused,), trace = fuse([ct.concatenate(parts, axis=-1) * 2.0])
+    body = fused.attr("outputs")
+    assert fused.args == tuple(parts) and trace.counts() == {"fuse-elementwise": 1}
+    assert sum(t.op.name == "pad" for t in ct.schedule(list(body))) == 3
+    feeds = {p.name: np.random.default_rng(i).standard_normal(p.shape).astype(np.float32) for i, p in enumerate(parts)}
+    np.testing.assert_array_equal(ct.evaluate([fused], feeds)[0], 2.0 * np.concatenate(list(feeds.values()), axis=-1))
+
+
+def test_the_gradient_of_a_split_joins_its_parts_in_one_kernel_with_no_pad_of_its_own():
+    qkv = ct.var("qkv", (2, 5, 12))
+    q, k, v = ct.split(qkv, 3, axis=-1)
+    (gradient,) = ct.grad(ct.sum(ct.tanh(q) * k * v), [qkv])
+    roots, _ = fuse([gradient])
+    assert not [t for t in ct.schedule(list(roots)) if t.op.name == "pad"]  # each is read inside a kernel
+    feeds = {"qkv": np.random.default_rng(0).standard_normal(qkv.shape).astype(np.float32)}
+    np.testing.assert_array_equal(*ct.evaluate([roots[0], gradient], feeds))
+
+
+def test_a_pad_is_no_member_of_a_reduction_and_its_operand_no_member_of_its_region():
+    x, y = ct.var("x", (4, 3)), ct.var("y", (4, 5))
+    padded = ct.pad(ct.exp(x), ((0, 0), (1, 1)), constant_values=1.5)
+    total = ct.sum(padded * y, axis=1)
+    shifted = ct.exp(x) + ct.pad(ct.exp(x), ((0, 0), (1, -1)))  # exp(x) is read at two indices: an operand
+    roots, _ = fuse([total, shifted])
+    pads = [t for t in ct.schedule(list(roots)) if t.op.name == "pad"]
+    assert [p.shape for p in pads] == [(4, 5)]  # the reduction's stays a term of its own
+    second = roots[1]
+    assert second.op.name == "fused" and [a.op.name for a in second.args] == ["exp"]
+    feeds = {"x": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3), "y": np.ones((4, 5), np.float32)}
+    for ours, expected in zip(ct.evaluate(list(roots), feeds), ct.evaluate([total, shifted], feeds)):
+        np.testing.assert_array_equal(ours, expected)
+
+
 def test_a_region_of_one_term_is_left_alone():
     x, W = ct.var("x", (4, 4)), ct.var("W", (4, 4))
     roots, trace = fuse([ct.exp(x @ W)])

@@ -298,3 +298,29 @@ def test_slices_concatenate_and_split_on_the_gpu_match_the_numpy_backend():
         for ours, expected in zip(gpu(**feeds), on_cpu):
             ours = ours.get() if hasattr(ours, "get") else ours
             np.testing.assert_allclose(ours, expected, rtol=1e-12, atol=1e-9)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_pads_read_inside_fused_kernels_on_the_gpu_match_the_numpy_backend(dtype):
+    """A concatenation, a split's gradient, a padding value, a crop on both sides and a shift of one value read
+    beside the value itself (which no output may overwrite in place), each inside a generated kernel."""
+    qkv, x = ct.var("qkv", (3, 7, 24), dtype), ct.var("x", (5, 9), dtype)
+    q, k, v = ct.split(qkv, 3, axis=-1)
+    h = ct.exp(x)
+    shifted = h * 2.0 + ct.pad(h, ((0, 0), (1, -1)))
+    framed = ct.pad(x[1:-1, 2:-3], ((2, 1), (0, 3)), constant_values=1.5) - 1.0
+    joined = ct.concatenate([ct.tanh(x), x[:2], h[::2]], axis=0)
+    loss = ct.sum(ct.cast(ct.tanh(q) * k * v, "float32")) + ct.sum(ct.cast(shifted, "float32"))
+    outputs = [shifted, framed, joined, *ct.grad(loss, [qkv, x])]
+    feeds = {"qkv": values(qkv.shape, dtype, 0), "x": values(x.shape, dtype, 1) / 4}
+    on_cpu = ct.compile(outputs, inputs=[qkv, x], backend="numpy")(**feeds)
+    gpu = ct.compile(outputs, inputs=[qkv, x], backend="cupy")
+    assert not [k for k in gpu.kernels if k.term.op.name == "pad"]
+    tolerance = 1e-4 if dtype == "float32" else 2e-2  # values near 10, fused products contracted into FMAs
+    for _ in range(2):  # eager, then captured
+        for ours, expected in zip(gpu(**feeds), on_cpu):
+            ours = ours.get() if hasattr(ours, "get") else ours
+            np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(expected, np.float32),
+                                       rtol=tolerance, atol=tolerance)

@@ -15,7 +15,11 @@ terms it reads, taking:
   axis that keep it (``mean(x, axis=-1, keepdims=True)``), and elementwise ops of the reduced shape
   ``(..., 1)``: the region becomes a row kernel, which reduces each row as often as it needs and
   then computes its outputs of either shape (a layer norm forward, its input's gradient, a
-  softmax). Any member may then be an output, as an extra one is.
+  softmax). Any member may then be an output, as an extra one is;
+- in a region with no reduction, a ``pad`` (or crop) of a value computed outside it: a read of that
+  value at shifted indices, the padding value outside them. ``concatenate`` is a sum of pads, and
+  the gradient of a slice (of ``split(qkv, 3)``) is one too: the region reads each part once and
+  writes the whole, with no zeros stored between.
 
 The schedule condition is what keeps regions acyclic: a term that comes after the root cannot
 feed the region. A region of one term stays as it was, unless ``alone=True``: a backend that
@@ -48,6 +52,11 @@ def inlined(term):
     return term.op.name == "const" and (term.ndim == 0 or term.attr("value").scalar is not None)
 
 
+def shifted_read(term):
+    """Whether ``term`` is a ``pad`` a region may take: of a value it reads as an operand (not an inlined constant)."""
+    return term.op.name == "pad" and term.args[0].op.name != "const"
+
+
 def row_reduction(term, shape):
     """Whether ``term`` reduces the last axis of a value of row ``shape``, keeping it: a row kernel's reduction."""
     return (term.op.name in ROW_KERNEL_REDUCTIONS and term.args[0].shape == shape and len(shape) >= 1
@@ -68,6 +77,7 @@ class _Region:
             self.reduction = root
             self.prologue.add(root)
         self.extras = []
+        self.pads = 0
 
 
 class _Fuser:
@@ -93,16 +103,23 @@ class _Fuser:
         None."""
         if term in self.region_of or term.op.kind == "leaf":
             return None
+        if any(shifted_read(u) for u in self.users[term] if u in region.members):
+            return None  # a pad reads its operand at other indices: an operand of the region's kernel
         below = any(u in region.prologue for u in self.users[term])
         outside = self._outside_uses(term, region)
         row_shape = region.root.shape
         per_row = region.rows and term.shape == row_shape[:-1] + (1,)
+        reduces = region.reduction is not None or region.row_reductions
         if region.rows and row_reduction(term, row_shape):
-            return "row reduction" if not outside or min(outside) > self.position[region.root] else None
+            ok = not region.pads and (not outside or min(outside) > self.position[region.root])
+            return "row reduction" if ok else None
         if term.op.name in AXIS_REDUCTIONS:
-            ok = region.reduction is None and not below and not outside and term.shape == region.root.shape
+            ok = region.reduction is None and not region.pads and not below and not outside \
+                and term.shape == region.root.shape
             return "reduction" if ok else None
-        if not _elementwise(term):
+        if shifted_read(term) and (reduces or term.shape != region.root.shape):
+            return None
+        if not (_elementwise(term) or shifted_read(term)):
             return None
         if not outside:
             return "internal"
@@ -126,6 +143,9 @@ class _Fuser:
         seen = set()
 
         def push_args(member):
+            if shifted_read(member):
+                region.pads += 1
+                return
             for a in member.args:
                 if a not in seen and a not in region.members:
                     seen.add(a)
@@ -154,7 +174,8 @@ class _Fuser:
     def regions(self):
         found = []
         for term in reversed(self.order):
-            fusible = term.op.kind == ELEMENTWISE or term.op.name in AXIS_REDUCTIONS or term.op.name in ROW_REDUCTIONS
+            fusible = (term.op.kind == ELEMENTWISE or term.op.name in AXIS_REDUCTIONS or term.op.name in ROW_REDUCTIONS
+                       or shifted_read(term))
             if term in self.region_of or not fusible:  # a broadcast is no root: alone it is a free view
                 continue
             region = self.grow(term)

@@ -413,24 +413,67 @@ def is_identity(space, operand):
 # -- bodies ------------------------------------------------------------------------------------
 
 
-class _Writer:
-    """Statements computing body terms at one point of one space, each term once."""
+def _digit(dim):
+    """The C expression of one dimension's coordinate: its digit of its linear index."""
+    if dim.size == 1:
+        return "0"
+    digit = dim.var if dim.inner == 1 else f"({dim.var} / {dim.inner})"
+    return digit if dim.inner * dim.size == dim.total else f"({digit} % {dim.size})"
 
-    def __init__(self, space, operands, prefix, loads=None):
+
+def shifted_operands(body):
+    """The indices of the parameters that a ``pad`` in ``body`` reads: at other indices than the outputs'."""
+    return {t.args[0].attr("index") for t in post_order(body) if t.op.name == "pad"}
+
+
+class _Writer:
+    """Statements computing body terms at one point of one space, each term once. ``order``: the axes of the
+    outputs in the order ``space`` walks them (None: as they are)."""
+
+    def __init__(self, space, operands, prefix, loads=None, order=None):
         self.space, self.operands, self.prefix = space, operands, prefix
         self.loads = loads or {}  # parameter index -> an expression already holding its element
+        self.order = tuple(range(len(space))) if order is None else tuple(order)
         self.names, self.lines = {}, []
 
     def bind(self, term, expression_text):
         self.names[term] = expression_text
 
+    def _padded_read(self, t):
+        """A ``pad`` of an operand: the operand's element ``lows`` before this point along each axis where the
+        point is inside it, the padding value elsewhere (a negative low crops)."""
+        k = t.args[0].attr("index")
+        operand = self.operands[k]
+        lead, operand_lead = len(self.space) - t.ndim, len(self.space) - len(operand.shape)
+        inside, terms = [], []
+        for j, dim in enumerate(self.space):
+            axis, operand_axis = self.order[j] - lead, j - operand_lead
+            if axis < 0 or operand_axis < 0:
+                continue
+            low, n, stride = t.attr("pad_width")[axis][0], operand.shape[operand_axis], operand.strides[operand_axis]
+            source = f"(long long){_digit(dim)}"
+            if low:
+                source = f"({source} {'-' if low > 0 else '+'} {abs(low)})"
+            if low > 0 or low + n < dim.size:
+                inside.append(f"{source} >= 0 && {source} < {n}")
+            if stride and n > 1:
+                terms.append(f"{source} * {stride}")
+        read = f"ct_load(in{k}[{' + '.join(terms) or '0'}])"
+        if not inside:
+            return read
+        fill = literal(t.attr("constant_values"), t.dtype)
+        return f"({' && '.join(inside)}) ? {read} : ({compute_type(t.dtype)})({fill})"
+
     def value(self, t):
         if t in self.names:
             return self.names[t]
-        for a in t.args:
-            self.value(a)
+        if t.op.name != "pad":  # a pad reads its operand itself, at its own indices
+            for a in t.args:
+                self.value(a)
         name = f"{self.prefix}{len(self.lines)}"
-        if t.op.name == "param":
+        if t.op.name == "pad" and t.args[0].op.name == "param":
+            text = self._padded_read(t)
+        elif t.op.name == "param":
             k = t.attr("index")
             source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
             text = f"ct_load({source})"
@@ -504,10 +547,11 @@ def elementwise_source(body, operands, aliased=(), order=None):
     space = _space(shape, "i")
     vec = _vector_width(body, operands, space)
     index = _index_type(body, operands)
-    identity = {k for k, o in enumerate(operands) if is_identity(space, o)}
+    shifted = shifted_operands(body)
+    identity = {k for k, o in enumerate(operands) if k not in shifted and is_identity(space, o)}
 
     def element(loads, store):
-        w = _Writer(space, operands, "v", loads)
+        w = _Writer(space, operands, "v", loads, order)
         values = [w.value(t) for t in body]
         return w.lines + [store(k, t, v) for k, (t, v) in enumerate(zip(body, values))]
 

@@ -23,11 +23,13 @@ from .dnn_attention import Attention, attention_copies
 from .mma.runner import Int8Gemm
 from .codegen import (
     REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, reduction_scratch_bytes, same_layout,
+    shifted_operands, strides_in_order,
 )
 from .device import require_gpu
 
 ALIGNMENT = 256
 VIEWS = ("transpose", "broadcast_to", "windows")
+ATTENTION = ("dnn_attention", "dnn_attention_grad")
 TENSOR_CORE_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
 
 
@@ -118,6 +120,7 @@ def layouts(kernels, options):
     of the dtypes ``channels_last_for`` names, and the elementwise regions that follow them, store their images
     channels last."""
     dtypes = channels_last_for(kernels, options)
+    merged = _heads_merged(kernels)
     strides, views = {}, set()
     for k in kernels:
         for a in k.reads:
@@ -136,6 +139,10 @@ def layouts(kernels, options):
         elif k.is_load:
             strides[t] = io_strides(t, options)
             continue
+        elif name in ATTENTION:
+            strides.update({d: time_major_strides(d.shape) if d in merged else contiguous_strides(d.shape)
+                            for d in k.terms})
+            continue
         elif name == "all_reduce":  # each average as its gradient lies, where that is one dense block
             strides.update({d: strides[a] if dense(a.shape, strides[a]) else contiguous_strides(d.shape)
                             for d, a in zip(k.terms, t.args)})
@@ -147,6 +154,27 @@ def layouts(kernels, options):
             continue
         views.add(t)
     return strides, views
+
+
+def _swaps_heads_and_time(t):
+    axes = t.attr("axes")
+    n = len(axes)
+    return n >= 3 and axes[n - 3:] == (n - 2, n - 3, n - 1)
+
+
+def _heads_merged(kernels):
+    """The results of attention that a transpose of heads and time reads: the heads of each position are merged
+    back into one row (``(batch, heads, time, size) -> (batch, time, heads * size)``)."""
+    return {k.term.args[0] for k in kernels if k.term.op.name == "transpose" and _swaps_heads_and_time(k.term)
+            and k.term.args[0].op.name in ATTENTION}
+
+
+def time_major_strides(shape):
+    """Packed strides of ``(..., heads, time, size)`` stored ``(..., time, heads, size)``: cuDNN writes an attention's
+    output (or a gradient) so, and the transpose that merges the heads back is a contiguous view, its reshape too,
+    instead of a copy."""
+    n = len(shape)
+    return strides_in_order(shape, tuple(range(n - 3)) + (n - 2, n - 3, n - 1))
 
 
 def dense(shape, strides):
@@ -201,7 +229,8 @@ def _inplace(k, strides, views):
         return ((t, c),) if plain and c.dtype == t.dtype else ()
     if t.op.name != "fused":  # the window kernels and cuDNN read elements at other indices than they write
         return ()
-    readers = t.args
+    shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
+    readers = [a for j, a in enumerate(t.args) if j not in shifted]
     if any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
     return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
@@ -232,7 +261,7 @@ RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' s
              lambda t, strides, options: Gemm(t, strides, options["tf32"])),
     "dnn_conv": (dnn_copies, lambda t, strides, options: Conv(t, strides, options["tf32"], options["deterministic"])),
     "int8_gemm": (lambda t, strides, last: (), lambda t, strides, options: Int8Gemm(t, strides)),
-    **dict.fromkeys(("dnn_attention", "dnn_attention_grad"), (
+    **dict.fromkeys(ATTENTION, (
         lambda t, strides, last: attention_copies(t, strides),
         lambda t, strides, options: Attention(t, strides, options["deterministic"]))),
 }
