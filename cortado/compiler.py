@@ -12,7 +12,8 @@ The pipeline, each stage a pass over values that returns new values:
    workspace they need; an update that can be computed straight into its state buffer is. Where the
    backend proposes other variants of its lowering for the planned step (the GPU's: bias gradients
    that a GEMM would hold at the arena's peak computed apart), each is planned too and the smallest
-   arena kept;
+   arena kept; then the elementwise values held across the peak that are cheap to make again are
+   recomputed where their late readers need them (``memplan.recompute``), while that shrinks the arena;
 5. build the backend's executor over one arena.
 
 With ``data_parallel=True`` the signature's updates are first rewritten to average every gradient
@@ -31,9 +32,10 @@ from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule
 from .exprgraph.ops import FUSED, may_fail
 from .exprgraph.term import Term
+from .memplan.recompute import choices, recomputed
 from .memplan import intervals, joins, memory_order, overlapped, owners, plan_memory, read_through_view, verify
 from .rules.api import simplifier
-from .rules.engine import Trace
+from .rules.engine import Rewrite, Trace
 from .rules.fusion import fuse
 from .rules.stability import stabiliser
 
@@ -174,11 +176,12 @@ def _sinks(kernels, steps, updates, live_out):
     return sinks
 
 
-def _ordered(kernels, steps, nbytes, kept, live_out, updates):
+def _ordered(kernels, steps, nbytes, kept, live_out, updates, copies):
     """The kernels and their steps in ``memplan.memory_order``. An update its kernel may write over its
     state variable (see ``_sinks``) costs no buffer and waits for every other reader of the variable,
     unless a reader must wait for it (through data, or an earlier update's wait): then it is computed into
-    a buffer of its own and copied in after the step."""
+    a buffer of its own and copied in after the step. A recomputed value's copy (``copies``: the value ->
+    its readers) waits for everything else its readers read, so that it is made where they need it."""
     defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
     owner = owners(steps)
     users, readers = {}, {}  # step -> the steps reading what it defines; stored value -> the steps reading it
@@ -198,6 +201,12 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates):
         external.add(value)
         after += [(i, j) for i in sorted(others)]
         for i in others:
+            users.setdefault(i, set()).add(j)
+    for copy, copy_readers in copies.items():
+        j = defined_at[copy]
+        waiting = _downstream(j, users) | {j}  # what the copy's result flows into cannot go before it
+        for i in {defined_at[a] for reader in copy_readers for a in reader.args if a in defined_at} - waiting:
+            after.append((i, j))
             users.setdefault(i, set()).add(j)
     order = memory_order(steps, nbytes, external, live_out, after)
     order = overlapped(order, steps, _issue_order(kernels), after)
@@ -240,7 +249,7 @@ def _downstream(j, users):
 
 
 def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, data_parallel=False,
-            **options):
+            recompute=True, **options):
     """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
 
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
@@ -259,13 +268,15 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     data-parallel job (``cortado.distributed``): each rank feeds its own shard of the batch, every gradient an
     update reads is averaged over the ranks in buckets, each one all-reduce that runs beside the rest of the
     backward pass, and the state starts as rank 0's; a dict instead of True sets the buckets' byte caps
-    (``{"bucket_bytes": 25 << 20, "first_bucket_bytes": 1 << 20}``, DDP's defaults).
+    (``{"bucket_bytes": 25 << 20, "first_bucket_bytes": 1 << 20}``, DDP's defaults). ``recompute=False`` keeps
+    every value the backward pass reads from the forward pass, instead of making again the elementwise ones that
+    are cheap to make where that shrinks the arena (``memplan.recompute``: a gelu's output, a layer norm's rows).
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
         (loss_value,) = step(x=xv, y=yv)
     """
     with collector_paused():  # a collection during compile would rescan every live term, again and again
-        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, options)
+        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, options)
 
 
 def _options(engine, given):
@@ -282,18 +293,29 @@ class _Built:
     """A step rewritten, scheduled and planned: what an executor is made from."""
 
     traces: dict
+    roots: list
     outputs: list
     updates: dict
     kernels: list
     steps: list
     sinks: dict
     plan: object
+    nbytes: dict
+    kept: list
+    live_out: list
 
 
 def _built(signature, engine, options, variant=None):
     """The rule pipeline, the kernels, their memory-aware order and the memory plan of one step."""
     traces = {}
     roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant)
+    return _planned(roots, signature, engine, options, traces)
+
+
+def _planned(roots, signature, engine, options, traces, copies=None):
+    """The kernels of the rewritten ``roots``, their memory-aware order and the memory plan; ``copies``:
+    ``{recomputed value: its readers}`` (``memplan.recompute``), each copy ordered after its readers' other
+    operands."""
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
     kernels = _kernels(roots, signature)
@@ -303,7 +325,7 @@ def _built(signature, engine, options, variant=None):
     kept = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state]
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
-    kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates)
+    kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates, copies or {})
     sinks = _sinks(kernels, steps, updates, live_out)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
@@ -311,7 +333,25 @@ def _built(signature, engine, options, variant=None):
     plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
                        engine.alignment, labels,
                        shared=sinks.items(), in_place_groups=_groups(kernels), held=_held(kernels, steps))
-    return _Built(traces, outputs, updates, kernels, steps, sinks, plan)
+    return _Built(traces, roots, outputs, updates, kernels, steps, sinks, plan, nbytes, kept, live_out)
+
+
+def _recomputing(built, signature, engine, options, rounds=3):
+    """``built``, or the program that makes again what the backward pass reads of the forward pass's elementwise
+    values where that plans a smaller arena (``memplan.recompute``), a few rounds over (the peak moves)."""
+    for _ in range(rounds):
+        chosen = choices(built.kernels, built.steps, built.plan, built.nbytes, built.kept, built.live_out)
+        if not chosen:
+            break
+        roots, copies, made = recomputed(built.roots, chosen)
+        other = _planned(roots, signature, engine, options, built.traces, copies)
+        if other.plan.peak_bytes >= built.plan.peak_bytes:
+            break
+        trace = built.traces.setdefault("recompute", Trace())
+        for value, copy in made.items():
+            trace.append(Rewrite("recompute-after-the-peak", value, copy))
+        built = other
+    return built
 
 
 def _sizes(kernels):
@@ -324,7 +364,7 @@ def _sizes(kernels):
     return nbytes
 
 
-def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, options):
+def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, options):
     from .backends import backend_named
     from .program import Program
 
@@ -339,6 +379,8 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, opt
         other = _built(signature, engine, options, variant)
         if other.plan.peak_bytes < built.plan.peak_bytes:
             built = other
+    if recompute:
+        built = _recomputing(built, signature, engine, options)
     if debug:
         verify(built.plan)
     executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,

@@ -1,0 +1,182 @@
+"""Recomputation: an elementwise value the backward pass reads long after the forward pass made it is made
+again, by a copy of its kernel, just before it is read, instead of being held across the memory peak.
+
+A training step's peak is where the forward pass ends: every activation the backward pass will read is
+live there. Some are cheap to make again from values that are live there anyway: a gelu's output from its
+input (which its gradient reads), a layer norm's normalized rows and output from its centered rows and
+statistics. ``choices`` finds, for each fused kernel with outputs live across the peak step, the set of
+them whose recomputation frees the most bytes: each output made again must be elementwise over what is
+kept (the kernel's other outputs and its operands), and every kept value that would not be live at the
+peak anyway costs its bytes. ``recomputed`` rewrites the program: the later readers (after the peak)
+read the copy's outputs. The compiler plans the result and keeps it where its arena is smaller
+(``compiler._recomputing``); the copy waits for its readers' other operands, so it runs where they do.
+
+    chosen = choices(kernels, steps, plan, nbytes, external, live_out)
+    roots, copies, made = recomputed(roots, chosen)   # copies: {copy's term: the terms that read it}
+"""
+
+import itertools
+from dataclasses import dataclass
+
+from ..exprgraph.graph import post_order
+from ..exprgraph.ops import ELEMENTWISE, FUSED_OP, parameter
+from ..exprgraph.term import make
+from .liveness import intervals, owners
+
+MOST_OUTPUTS = 6  # kernels with more outputs than this are not searched (2**n subsets)
+LEAST_GAIN = 1 / 200  # of the arena: a copy freeing less is not worth its kernel
+
+
+@dataclass(frozen=True)
+class Choice:
+    """Recompute outputs ``again`` (indices) of the kernel whose terms are ``terms``, from ``leaves``, for the
+    ``late`` readers (terms) of each."""
+
+    terms: tuple
+    again: tuple
+    leaves: tuple  # what the copy reads: kept outputs and operands
+    late: dict  # output index -> the reader terms after the peak
+
+
+def peak_step(plan):
+    """The step at which the most bytes are placed (the first of equals)."""
+    usage = [0] * (plan.steps + 1)
+    for buffer in plan.buffers:
+        for p in buffer.placements:
+            for s in range(p.start, p.end + 1):
+                usage[s] += p.nbytes
+    return max(range(len(usage)), key=usage.__getitem__)
+
+
+def _elementwise_over(body_terms, kept):
+    """Whether the body terms compute elementwise from ``kept`` body terms and parameters: no reduction between."""
+    stack, seen = list(body_terms), set()
+    while stack:
+        t = stack.pop()
+        if t in seen or t in kept or t.op.name in ("param", "const"):
+            continue
+        seen.add(t)
+        if not (t.op.kind == ELEMENTWISE or t.op.name == "broadcast_to"):
+            return False
+        stack.extend(t.args)
+    return True
+
+
+def _leaves(body, again, kept, args, terms):
+    """The values a copy computing outputs ``again`` reads: the kept outputs it uses and the operands left."""
+    replaced = {body[j]: terms[j] for j in kept}
+    found, stack, seen = [], [body[i] for i in again], set()
+    while stack:
+        t = stack.pop()
+        if t in seen:
+            continue
+        seen.add(t)
+        if t in replaced:
+            found.append(replaced[t])
+        elif t.op.name == "param":
+            found.append(args[t.attr("index")])
+        else:
+            stack.extend(t.args)
+    return list(dict.fromkeys(found))
+
+
+def choices(kernels, steps, plan, nbytes, external, live_out):
+    """The recomputations worth planning: per fused kernel, the outputs to make again that free the most bytes at
+    the peak step, net of what their copy keeps alive that would not be anyway (the fewest outputs among equals)."""
+    peak = peak_step(plan)
+    owner = owners(steps)
+    lives = intervals(steps, live_out)
+    external = set(external)
+    readers = {}  # owner -> the steps reading it or a view of it
+    for j, step in enumerate(steps):
+        if step.view_of is None:
+            for key in step.reads:
+                readers.setdefault(owner.get(key, key), set()).add(j)
+
+    def held(v):  # across the peak, but read there only by steps after it: a copy could take those
+        life, read = lives.get(v), readers.get(v, ())
+        return (v not in external and life is not None and life.start < peak < life.end
+                and all(r != peak for r in read) and max(read, default=-1) == life.end)  # not a result, nor viewed by one
+
+    free = {v for v, life in lives.items() if v in external or life.start < peak < life.end}
+    found = []
+    for kernel in kernels[:peak]:
+        t, terms = kernel.term, kernel.terms
+        if t.op.name != "fused" or len(terms) > MOST_OUTPUTS:
+            continue
+        body, best = t.attr("outputs"), None
+        candidates = [j for j, v in enumerate(terms) if held(v)]
+        for size in range(1, len(candidates) + 1):
+            for again in itertools.combinations(candidates, size):
+                kept = [j for j in range(len(terms)) if j not in again]
+                if not _elementwise_over([body[j] for j in again], {body[j] for j in kept}):
+                    continue
+                leaves = _leaves(body, again, kept, t.args, terms)
+                gain = sum(nbytes[terms[j]] for j in again) - sum(nbytes.get(v, 0) for v in leaves if v not in free)
+                if gain >= LEAST_GAIN * plan.peak_bytes and (best is None or gain > best[0]):
+                    best = (gain, again, leaves)
+        if best is not None:
+            _, again, leaves = best
+            free.update(leaves)
+            late = {j: tuple(kernels[r].term for r in sorted(readers[terms[j]]) if r > peak) for j in again}
+            found.append(Choice(terms, again, tuple(leaves), late))
+    return found
+
+
+def _copy(choice):
+    """``{output term: the copy's term computing it}`` for the outputs ``choice`` makes again, from its leaves."""
+    terms, again = choice.terms, choice.again
+    body, args = terms[0].attr("outputs"), terms[0].args
+    places = {v: parameter(k, v) for k, v in enumerate(choice.leaves)}
+    rebuilt = {body[j]: places[terms[j]] for j in range(len(terms)) if j not in again and terms[j] in places}
+
+    def rebuild(s):
+        if s not in rebuilt:
+            if s.op.name == "param":
+                rebuilt[s] = places[args[s.attr("index")]]
+            else:
+                rebuilt[s] = s.rebuild([rebuild(a) for a in s.args]) if s.args else s
+        return rebuilt[s]
+
+    outputs = tuple(rebuild(body[j]) for j in again)
+    return {terms[j]: make(FUSED_OP, choice.leaves, (outputs, k)) for k, j in enumerate(again)}
+
+
+def _rebased(a, value, copy):
+    """``a`` (``value`` or a chain of views of it) over ``copy`` instead."""
+    if a is value:
+        return copy
+    return a.rebuild([_rebased(a.args[0], value, copy)] + list(a.args[1:]))
+
+
+def _views_of(a, value):
+    while a is not value and a.args and a.op.name in ("reshape", "transpose", "broadcast_to", "windows"):
+        a = a.args[0]
+    return a is value
+
+
+def recomputed(roots, chosen):
+    """``(roots, copies, made)``: ``roots`` with each choice's late readers reading its copy's outputs; ``copies``:
+    ``{copy's output term: the rewritten terms reading it}``; ``made``: ``{value: its copy}``."""
+    swaps, made = {}, {}  # reader term -> [(value, copy)]
+    for choice in chosen:
+        made.update(_copy(choice))
+        for j in choice.again:
+            value = choice.terms[j]
+            for reader in choice.late[j]:
+                for r in reader.op.results_of(reader):
+                    swaps.setdefault(r, []).append((value, made[value]))
+    replaced, copies = {}, {}
+    for t in post_order(roots):
+        args = []
+        for a in t.args:
+            new = replaced.get(a, a)
+            for value, copy in swaps.get(t, ()):
+                if _views_of(a, value):
+                    new = _rebased(a, value, copy)
+            args.append(new)
+        if any(n is not o for n, o in zip(args, t.args)):
+            replaced[t] = t.rebuild(args)
+            for _, copy in swaps.get(t, ()):
+                copies.setdefault(copy, []).append(replaced[t])
+    return [replaced.get(r, r) for r in roots], {c: tuple(rs) for c, rs in copies.items()}, made

@@ -1,0 +1,79 @@
+"""Recomputation: elementwise values the backward pass reads are made again where they are read, instead of
+being held across the memory peak, only where that shrinks the arena, and never changing a value."""
+
+import numpy as np
+
+import cortado as ct
+from cortado.memplan.recompute import choices, peak_step
+
+
+def _block(batch=32, width=16):
+    """A pre-norm MLP block's training step: layer norm, a gelu MLP, a residual, SGD on its weights."""
+    x = ct.var("x", (batch, width))
+    gain, bias = ct.var("gain", (width,)), ct.var("bias", (width,))
+    w1, w2 = ct.var("w1", (width, 4 * width)), ct.var("w2", (4 * width, width))
+    mean = ct.mean(x, axis=-1, keepdims=True)
+    centered = x - mean
+    normed = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * gain + bias
+    h = x + ct.gelu(ct.tanh(normed @ w1)) @ w2
+    loss = ct.mean(h * h)
+    params = [gain, bias, w1, w2]
+    grads = ct.grad(loss, params)
+    rng = np.random.default_rng(0)
+    state = {p: rng.standard_normal(p.shape).astype(np.float32) * 0.3 for p in params}
+    return loss, x, state, {p: p - 0.1 * g for p, g in zip(params, grads)}
+
+
+def _compiled(recompute):
+    loss, x, state, updates = _block()
+    return ct.compile([loss], inputs=[x], state=state, updates=updates, recompute=recompute, debug=True)
+
+
+def test_recomputing_shrinks_the_arena_and_changes_no_value():
+    kept, again = _compiled(False), _compiled(True)
+    assert again.memory.peak_bytes < kept.memory.peak_bytes
+    assert len(again.kernels) > len(kept.kernels)  # the copies
+    feed = np.random.default_rng(1).standard_normal((32, 16)).astype(np.float32)
+    for _ in range(3):  # the updated state too
+        np.testing.assert_array_equal(again(x=feed)[0], kept(x=feed)[0])
+    for name in ("gain", "bias", "w1", "w2"):
+        np.testing.assert_array_equal(again.state[name], kept.state[name])
+
+
+def test_the_copies_run_after_the_peak_just_before_their_readers():
+    program = _compiled(True)
+    before = {t for k in _compiled(False).kernels for t in k.terms}
+    copies = [i for i, k in enumerate(program.kernels) if k.term.op.name == "fused" and k.term not in before
+              and all(a in before or a.op.name == "var" for a in k.term.args)]
+    assert copies
+    peak = peak_step(program.memory)
+    for i in copies:
+        readers = [j for j, k in enumerate(program.kernels) if set(program.kernels[i].terms) & set(k.term.args)]
+        assert i > peak and readers and min(readers) - i <= 3
+
+
+def test_what_is_chosen_is_made_from_what_is_held_anyway():
+    """The gelu's output again from its input, which gelu's gradient holds anyway, costs nothing extra: chosen."""
+    from cortado import compiler
+    from cortado.backends import backend_named
+
+    loss, x, state, updates = _block()
+    signature = compiler._signature([loss], [x], state, updates)
+    engine = backend_named("numpy")
+    built = compiler._built(signature, engine, compiler._options(engine, {}))
+    chosen = choices(built.kernels, built.steps, built.plan, built.nbytes, built.kept, built.live_out)
+    assert chosen
+    for choice in chosen:
+        again = [choice.terms[j] for j in choice.again]
+        assert all(v.op.name == "fused" for v in again)
+        assert not set(again) & set(choice.leaves)
+        assert all(choice.late[j] for j in choice.again)
+        assert not set(again) & set(built.live_out)
+
+
+def test_a_program_without_a_backward_pass_is_left_as_it_was():
+    x = ct.var("x", (64, 64))
+    y = ct.gelu(x * 2.0)
+    program = ct.compile([ct.sum(y @ y.T), y], inputs=[x])
+    assert [k.term.op.name for k in program.kernels].count("fused") == len(
+        [k for k in ct.compile([ct.sum(y @ y.T), y], inputs=[x], recompute=False).kernels if k.term.op.name == "fused"])
