@@ -435,6 +435,7 @@ class _Writer:
         self.loads = loads or {}  # parameter index -> an expression already holding its element
         self.order = tuple(range(len(space))) if order is None else tuple(order)
         self.names, self.lines = {}, []
+        self.read = set()  # the parameters read
 
     def bind(self, term, expression_text):
         self.names[term] = expression_text
@@ -475,6 +476,7 @@ class _Writer:
             text = self._padded_read(t)
         elif t.op.name == "param":
             k = t.attr("index")
+            self.read.add(t)
             source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
             text = f"ct_load({source})"
         elif t.op.name == "const":
@@ -760,41 +762,75 @@ def _all_reduced(red, acc_type, acc, width):
     return lines
 
 
+def _row_vector(shape, operands, elements, body):
+    """``(width, operands)``: how many elements of a row each thread takes at a time, and the operands it then loads
+    as one vector (those laid out as the rows themselves): 16 bytes of the narrowest type where the row divides."""
+    n = shape[-1]
+    rows = {k for k, o in enumerate(operands) if offset(elements, o) == f"o * {n} + r"}
+    sizes = [operands[k].dtype.itemsize for k in rows] + [t.dtype.itemsize for t in body if t.shape == shape]
+    vec = 16 // min(sizes, default=16)
+    while vec > 1 and n % vec:
+        vec //= 2
+    return (vec, rows) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set())
+
+
+def _row_pass(writer, index, n, width, vec, rows, prefix, inner):
+    """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors), running
+    ``writer``'s lines and then ``inner`` for each element ``r``."""
+    if vec == 1:
+        return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
+    used = sorted({t.attr("index") for t in writer.read} & rows)
+    lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
+    lines += [f"    const ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}> {prefix}{k} = reinterpret_cast<const "
+              f"ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}>*>(in{k})[o * {n // vec} + c];" for k in used]
+    lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
+    return lines + ["      " + s for s in writer.lines + inner] + ["    }", "  }"]
+
+
 def row_source(body, operands, aliased, shape):
     """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``) or a block to each row, which reduces the row
     once for each reduction of the body in order, every thread holding each total, then computes the outputs: those
     of the row shape element by element, those of the reduced shape once. A pass reads the row again (from cache);
-    nothing between the passes is stored."""
+    nothing between the passes is stored. Each thread takes 16 bytes of a row at a time where the row divides, the
+    operands laid out as the rows loaded and the outputs stored as vectors."""
     n, rows = shape[-1], math.prod(shape[:-1])
     width = 32 if n <= ROW_KERNEL_WARP_LIMIT else THREADS
     per_block = THREADS // width
     index = _index_type(body, operands)
     last = (len(shape) - 1,)
     elements, row = _reduction_space(shape, last), _reduction_space(shape[:-1] + (1,), last)
+    vec, vectors = _row_vector(shape, operands, elements, body)
     lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
              f"  const unsigned lane = threadIdx.x % {width};",
              f"  if (o >= {rows}) return;"]
     totals = {}
     for j, red in enumerate(t for t in post_order(body) if t.op.name in REDUCTIONS):
         acc = _accumulator(red)
-        writer = _Writer(elements, operands, f"a{j}_")
+        writer = _Writer(elements, operands, f"a{j}_", {k: f"p{j}_{k}.v[u]" for k in vectors})
         writer.names.update(totals)
         element = writer.value(red.args[0])
-        lines += [f"  {acc} acc{j} = {_identity(red, acc)};", f"  for ({index} r = lane; r < {n}; r += {width}) {{"]
-        lines += ["    " + s for s in writer.lines]
-        lines += [f"    acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};", "  }"]
+        lines.append(f"  {acc} acc{j} = {_identity(red, acc)};")
+        lines += _row_pass(writer, index, n, width, vec, vectors, f"p{j}_",
+                           [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"])
         lines += _all_reduced(red, acc, f"acc{j}", width)
         total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){n})"
         lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
         totals[red] = f"total{j}"
     full = [(k, t) for k, t in enumerate(body) if t.shape == shape]
     if full:
-        writer = _Writer(elements, operands, "e")
+        writer = _Writer(elements, operands, "e", {k: f"q{k}.v[u]" for k in vectors})
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
-        lines += [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines]
-        lines += [f"    out{k}[o * {n} + r] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
-        lines.append("  }")
+        if vec == 1:
+            stores = [f"out{k}[o * {n} + r] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+            lines += _row_pass(writer, index, n, width, vec, vectors, "q", stores)
+        else:
+            stores = [f"s{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+            loop = _row_pass(writer, index, n, width, vec, vectors, "q", stores)
+            declared = [f"    ct_vec<{storage_type(t.dtype)}, {vec}> s{k};" for k, t in full]
+            written = [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[o * {n // vec} + c] = s{k};"
+                       for k, t in full]
+            lines += loop[:1] + declared + loop[1:-1] + written + loop[-1:]
     reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
     if reduced:
         writer = _Writer(row, operands, "w")
