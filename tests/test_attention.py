@@ -281,3 +281,30 @@ def test_a_value_that_is_not_finite_reaches_the_rows_it_reaches_in_the_plain_exp
     compiled = ct.compile([plain], inputs=[q, k, v], backend="numpy")(**feeds)[0]
     np.testing.assert_array_equal(np.isnan(compiled), np.isnan(ct.evaluate(plain, feeds)))
     assert np.isnan(compiled[:7, 0]).all() and np.isinf(compiled[7:, 0]).all()
+
+
+def test_merging_the_heads_back_reads_the_attention_in_place_on_the_gpu_plan():
+    """Where a transpose merges the heads back, cuDNN writes the output and the gradients time-major, so the
+    transposes and their reshapes are views, not copies (the plan is made on the CPU: no GPU is asked)."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as engine
+    from cortado.backends.cupy.layout import layouts, time_major_strides
+
+    batch, time, heads, size = 2, 16, 4, 8
+    x = ct.var("x", (batch, time, heads * size), "bfloat16")
+    w = ct.var("w", (heads * size, 3 * heads * size), "bfloat16")
+    q, k, v = ct.split(x @ w, 3, axis=-1)
+    split = [ct.transpose(ct.reshape(t, (batch, time, heads, size)), (0, 2, 1, 3)) for t in (q, k, v)]
+    mixed = ct.softmax(split[0] @ ct.transpose(split[1], (0, 1, 3, 2)) * 0.35, axis=-1) @ split[2]
+    merged = ct.reshape(ct.transpose(mixed, (0, 2, 1, 3)), (batch, time, heads * size))
+    loss = ct.sum(ct.cast(merged * merged, "float32"))
+    roots = compiler._rewrite([loss, *ct.grad(loss, [x, w])], engine, {})
+    kernels = compiler._kernels(roots, compiler._signature(roots, [x, w], None, None))
+    strides, views = layouts(kernels, compiler._options(engine, {}))
+    results = [t for kernel in kernels if kernel.term.op.name.startswith("dnn_attention") for t in kernel.terms
+               if t.shape[-1] == size]
+    assert len(results) == 4  # the output, dq, dk, dv
+    assert all(strides[t] == time_major_strides(t.shape) for t in results)
+    merges = [kernel.term for kernel in kernels if kernel.term.op.name == "reshape" and kernel.term.args[0].op.name
+              == "transpose" and kernel.term.args[0].args[0] in results]
+    assert merges and all(t in views for t in merges)
