@@ -76,12 +76,17 @@ def _both_ways(out, inputs, feeds):
     return ct.evaluate(out, feeds), program(**feeds)[0]
 
 
+def gathers():
+    """``(name, *case)`` of ``take`` and ``take_along_axis`` cases alike."""
+    return st.one_of(takes().map(lambda case: ("take", *case)), along_axis().map(lambda case: ("take_along_axis", *case)))
+
+
 GATHERS = {"take": (ct.take, lambda a, indices, axis: np.take(a, indices.astype(np.int64), axis=axis)),
            "take_along_axis": (ct.take_along_axis, _numpy_take_along_axis)}
 
 
 @settings(max_examples=160, deadline=None)
-@given(st.one_of(takes().map(lambda case: ("take", *case)), along_axis().map(lambda case: ("take_along_axis", *case))))
+@given(gathers())
 def test_gathers_are_numpys(case):
     name, shape, axis, index_shape, dtype, index_dtype, seed = case
     ours, numpys = GATHERS[name]
@@ -164,7 +169,7 @@ def test_an_empty_axis_gives_an_empty_result_and_a_gradient_checks_its_indices_t
 
 
 @settings(max_examples=80, deadline=None)
-@given(st.one_of(takes().map(lambda case: ("take", *case)), along_axis().map(lambda case: ("take_along_axis", *case))))
+@given(gathers())
 def test_gradients_add_the_adjoint_back_where_it_was_taken(case):
     """Repeated indices summed, negative ones counted from the end."""
     name, shape, axis, index_shape, _, index_dtype, seed = case

@@ -22,6 +22,7 @@ from ..exprgraph.graph import post_order
 from ..exprgraph.ops import ELEMENTWISE, FUSED_OP, parameter
 from ..exprgraph.term import make
 from .liveness import intervals, owners
+from .offsets import Request, live_bytes
 
 MOST_OUTPUTS = 6  # kernels with more outputs than this are not searched (2**n subsets)
 LEAST_GAIN = 1 / 200  # of the arena: a copy freeing less is not worth its kernel
@@ -40,11 +41,8 @@ class Choice:
 
 def peak_step(plan):
     """The step at which the most bytes are placed (the first of equals)."""
-    usage = [0] * (plan.steps + 1)
-    for buffer in plan.buffers:
-        for p in buffer.placements:
-            for s in range(p.start, p.end + 1):
-                usage[s] += p.nbytes
+    usage = live_bytes([Request(p.key, p.nbytes, p.start, p.end) for b in plan.buffers for p in b.placements],
+                       plan.steps)
     return max(range(len(usage)), key=usage.__getitem__)
 
 

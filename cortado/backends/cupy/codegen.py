@@ -381,6 +381,15 @@ def _reduction_space(shape, axes):
     return tuple(digits["r" if i in axes else "o"].pop(0) for i in range(len(shape)))
 
 
+def _digit(var, inner, size, total):
+    """The C expression of the digit of linear index ``var`` that counts ``size`` steps of ``inner``
+    (``total``: the index's whole range)."""
+    if size == 1:
+        return "0"
+    digit = var if inner == 1 else f"({var} / {inner})"
+    return digit if inner * size == total else f"({digit} % {size})"
+
+
 def offset(space, operand):
     """The C expression of ``operand``'s element offset at a point of ``space`` (right-aligned)."""
     lead = len(space) - len(operand.shape)
@@ -397,10 +406,7 @@ def offset(space, operand):
         groups.append((dim.var, dim.inner, dim.size, stride))
     terms = []
     for var, inner, size, stride in groups:
-        digit = var if inner == 1 else f"({var} / {inner})"
-        total = next(dim.total for dim in space if dim.var == var)
-        if inner * size != total:
-            digit = f"({digit} % {size})"
+        digit = _digit(var, inner, size, next(dim.total for dim in space if dim.var == var))
         terms.append(digit if stride == 1 else f"{digit} * {stride}")
     return " + ".join(terms) or "0"
 
@@ -411,14 +417,6 @@ def is_identity(space, operand):
 
 
 # -- bodies ------------------------------------------------------------------------------------
-
-
-def _digit(dim):
-    """The C expression of one dimension's coordinate: its digit of its linear index."""
-    if dim.size == 1:
-        return "0"
-    digit = dim.var if dim.inner == 1 else f"({dim.var} / {dim.inner})"
-    return digit if dim.inner * dim.size == dim.total else f"({digit} % {dim.size})"
 
 
 def shifted_operands(body):
@@ -435,7 +433,7 @@ class _Writer:
         self.loads = loads or {}  # parameter index -> an expression already holding its element
         self.order = tuple(range(len(space))) if order is None else tuple(order)
         self.names, self.lines = {}, []
-        self.read = set()  # the parameters read
+        self.read = set()  # the indices of the parameters read
 
     def bind(self, term, expression_text):
         self.names[term] = expression_text
@@ -452,7 +450,7 @@ class _Writer:
             if axis < 0 or operand_axis < 0:
                 continue
             low, n, stride = t.attr("pad_width")[axis][0], operand.shape[operand_axis], operand.strides[operand_axis]
-            source = f"(long long){_digit(dim)}"
+            source = f"(long long){_digit(dim.var, dim.inner, dim.size, dim.total)}"
             if low:
                 source = f"({source} {'-' if low > 0 else '+'} {abs(low)})"
             if low > 0 or low + n < dim.size:
@@ -476,7 +474,7 @@ class _Writer:
             text = self._padded_read(t)
         elif t.op.name == "param":
             k = t.attr("index")
-            self.read.add(t)
+            self.read.add(k)
             source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
             text = f"ct_load({source})"
         elif t.op.name == "const":
@@ -774,17 +772,22 @@ def _row_vector(shape, operands, elements, body):
     return (vec, rows) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set())
 
 
-def _row_pass(writer, index, n, width, vec, rows, prefix, inner):
+def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=()):
     """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors), running
-    ``writer``'s lines and then ``inner`` for each element ``r``."""
+    ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype)`` of the outputs ``inner``
+    puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself)."""
     if vec == 1:
         return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
-    used = sorted({t.attr("index") for t in writer.read} & rows)
     lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
     lines += [f"    const ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}> {prefix}{k} = reinterpret_cast<const "
-              f"ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}>*>(in{k})[o * {n // vec} + c];" for k in used]
+              f"ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}>*>(in{k})[o * {n // vec} + c];"
+              for k in sorted(writer.read & rows)]
+    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in stores]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
-    return lines + ["      " + s for s in writer.lines + inner] + ["    }", "  }"]
+    lines += ["      " + s for s in writer.lines + inner] + ["    }"]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(out{k})[o * {n // vec} + c] = s{k};"
+              for k, dtype in stores]
+    return lines + ["  }"]
 
 
 def row_source(body, operands, aliased, shape):
@@ -821,16 +824,10 @@ def row_source(body, operands, aliased, shape):
         writer = _Writer(elements, operands, "e", {k: f"q{k}.v[u]" for k in vectors})
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
-        if vec == 1:
-            stores = [f"out{k}[o * {n} + r] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
-            lines += _row_pass(writer, index, n, width, vec, vectors, "q", stores)
-        else:
-            stores = [f"s{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
-            loop = _row_pass(writer, index, n, width, vec, vectors, "q", stores)
-            declared = [f"    ct_vec<{storage_type(t.dtype)}, {vec}> s{k};" for k, t in full]
-            written = [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[o * {n // vec} + c] = s{k};"
-                       for k, t in full]
-            lines += loop[:1] + declared + loop[1:-1] + written + loop[-1:]
+        place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
+        inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+        lines += _row_pass(writer, index, n, width, vec, vectors, "q", inner,
+                           [(k, t.dtype) for k, t in full] if vec > 1 else ())
     reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
     if reduced:
         writer = _Writer(row, operands, "w")
