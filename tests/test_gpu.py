@@ -90,10 +90,11 @@ def test_fused_reductions_over_every_subset_of_axes(shape, dtype):
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
-@pytest.mark.parametrize("shape", [(2, 5, 384), (33, 7), (9, 3000)])
+@pytest.mark.parametrize("shape", [(2, 5, 384), (33, 7), (6, 768), (3, 2048), (9, 3000)])
 def test_row_kernels_normalize_rows_and_take_their_gradients(shape, dtype):
     """A layer norm forward and its gradients, and a masked softmax: each row kernel (a warp to a row, or a block for
-    rows of 3000) against the reference in float64."""
+    rows of 3000; its rows held in registers, a whole or a ragged number of vectors a thread, or read again in each
+    pass) against the reference in float64."""
     x, w = ct.var("x", shape, dtype), ct.var("w", shape, dtype)
     g, b = ct.var("g", shape[-1:], dtype), ct.var("b", shape[-1:], dtype)
     centered = x - ct.mean(x, axis=-1, keepdims=True)
@@ -206,15 +207,56 @@ def test_bias_gradients_come_out_of_the_gemm_that_reads_them(dtype):
 
 
 @pytest.mark.parametrize("batch_b", [False, True])
-def test_batched_matmul_is_one_strided_batched_gemm(batch_b):
+def test_batched_matmul_is_one_gemm(batch_b):
+    """A batch of matrices times a batch of matrices is one strided batched gemm; times one matrix, the batch is
+    folded into the rows of one plain gemm (reshapes that are views)."""
     a = ct.var("a", (6, 20, 30))
     b = ct.var("b", (6, 30, 10) if batch_b else (30, 10))
     out = ct.matmul(a, b) * 2.0
     rng = np.random.default_rng(2)
     feeds = {"a": rng.standard_normal(a.shape).astype("float32"), "b": rng.standard_normal(b.shape).astype("float32")}
     program = ct.compile(out, inputs=[a, b], backend="cupy")
-    assert [k.term.op.name for k in program.kernels if not k.is_load] == ["gemm"]
+    assert [k.term.op.name for k in program.kernels if not k.is_load and k.term.op.name != "reshape"] == ["gemm"]
+    assert all(k.term not in program.memory for k in program.kernels if k.term.op.name == "reshape")  # views
     assert_close(program(**feeds), ct.evaluate(out, feeds, precision="float64"))
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_linear_layer_over_sequences_keeps_its_gemm_epilogues(dtype):
+    """``x @ W + b`` over (batch, time, width) is one gemm over batch * time rows: the bias is its epilogue, gelu's
+    backward the dgelu epilogue, and the biases' gradients (sums over batch and time) come out of gemms too."""
+    x, y = ct.var("x", (4, 24, 32), dtype), ct.var("y", (4, 24, 16), dtype)
+    W1, b1, W2, b2 = (ct.var(n, s, dtype) for n, s in (("W1", (32, 64)), ("b1", (64,)), ("W2", (64, 16)), ("b2", (16,))))
+    variables = [x, y, W1, b1, W2, b2]
+    h = ct.gelu(x @ W1 + b1) @ W2 + b2
+    outputs = [h, *ct.grad(ct.sum(ct.cast(h * y, "float32")), [x, W1, b1, W2, b2])]
+    program = ct.compile(outputs, inputs=variables, backend="cupy")
+    epilogues = {k.term.attr("epilogue") for k in program.kernels if k.term.op.name == "gemm"}
+    assert {"bias", "dgelu_bgrad", "bgrad_b"} <= epilogues, program.explain()
+    rng = np.random.default_rng(7)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in variables}
+    for ours, expected in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+        scale = max(1.0, float(np.abs(expected).max()))  # sums of 96 rows: errors relative to the largest
+        assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_slices_that_a_library_call_reads_are_views(dtype):
+    """Splitting a projection in three (attention's q, k and v) costs no copy: each third is a view of the
+    projection, its pointer moved to its first element, that the next gemm reads in place, as does the
+    program's output copy."""
+    a, w, w2 = ct.var("a", (2, 16, 128), dtype), ct.var("w", (128, 384), dtype), ct.var("w2", (128, 32), dtype)
+    q, k, v = ct.split(a @ w, 3, axis=-1)
+    outputs = [q @ w2, k @ w2, v]
+    program = ct.compile(outputs, inputs=[a, w, w2], backend="cupy")
+    crops = [k.term for k in program.kernels if k.term.op.name == "fused"]
+    assert len(crops) == 3 and all(t not in program.memory for t in crops), program.explain()
+    rng = np.random.default_rng(8)
+    feeds = {x.name: rng.standard_normal(x.shape).astype(dtype) for x in (a, w, w2)}
+    for _ in range(2):  # captured, then replayed
+        for ours, expected in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+            scale = max(1.0, float(np.abs(expected).max()))
+            assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
 
 
 def _mlp_program(cuda_graph, batch=64, sizes=(20, 64, 64, 5), dtype="float32", **options):

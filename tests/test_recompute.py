@@ -4,7 +4,8 @@ being held across the memory peak, only where that shrinks the arena, and never 
 import numpy as np
 
 import cortado as ct
-from cortado.memplan.recompute import choices, peak_step
+from cortado.memplan.recompute import Choice, choices, peak_step, recomputed
+from cortado.rules.fusion import fuse
 
 
 def _block(batch=32, width=16):
@@ -77,3 +78,34 @@ def test_a_program_without_a_backward_pass_is_left_as_it_was():
     program = ct.compile([ct.sum(y @ y.T), y], inputs=[x])
     assert [k.term.op.name for k in program.kernels].count("fused") == len(
         [k for k in ct.compile([ct.sum(y @ y.T), y], inputs=[x], recompute=False).kernels if k.term.op.name == "fused"])
+
+
+def test_a_kernel_made_again_from_its_own_operand_is_a_kernel_of_its_own():
+    """gelu's output again from gelu's input (which its gradient holds): the copy reads what the kernel read and
+    computes what it computed, and is still a second kernel (``again``), not the first one found twice."""
+    x = ct.var("x", (8, 8))
+    (gelu,), _ = fuse([ct.gelu(x)], alone=True)
+    late = ct.sum(gelu)
+    (rewritten,), copies, made = recomputed([late], [Choice((gelu,), (0,), (x,), {0: (late,)})])
+    copy = made[gelu]
+    assert copy is not gelu and copy.args == gelu.args and copy.attr("again") and not gelu.attr("again")
+    assert rewritten.args == (copy,) and copies == {copy: (rewritten,)}
+
+
+def test_a_kernel_stops_computing_what_only_its_copy_is_read_for():
+    """A layer norm's normalized rows, read after the peak alone, made again there from the centered rows and their
+    spread: the first kernel no longer computes them, and its other outputs are renumbered for their readers."""
+    x = ct.var("x", (8, 8))
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    spread = ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True))
+    (normed, kept_centered, kept_spread), _ = fuse([centered / spread, centered, spread], alone=True)
+    early, late = ct.exp(kept_centered) + kept_spread, ct.sum(normed)
+    choice = Choice((normed, kept_centered, kept_spread), (0,), (kept_centered, kept_spread), {0: (late,)}, (0,))
+    (early_again, late_again), copies, made = recomputed([early, late], [choice])
+    slim = early_again.args[0].args[0]  # exp's operand: the kernel's centered rows
+    assert len(slim.attr("outputs")) == 2 and slim.attr("index") == 0
+    assert late_again.args == (made[normed],) and made[normed].args == (slim, early_again.args[1])
+    x_value = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
+    for ours, theirs in zip(ct.evaluate([early_again, late_again], {"x": x_value}),
+                            ct.evaluate([early, late], {"x": x_value})):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-6)

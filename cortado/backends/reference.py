@@ -52,7 +52,7 @@ def _value(term, values, variable, widen):
 
 def _fused(term, args, widen):
     """Output ``index`` of a fused region: its body evaluated with the operands as parameters."""
-    outputs, index = term.attrs
+    outputs, index = term.attr("outputs"), term.attr("index")
     values = {}
     for t in schedule(outputs[index]):
         values[t] = _value(t, values, lambda p: args[p.attr("index")], widen)

@@ -14,9 +14,9 @@ def _is_inline_const(term):
 
 def body_text(term):
     """A fused term's body as one line: its outputs over the parameters ``in0, in1, ...``."""
-    outputs, index = term.attrs
+    outputs, index = term.attr("outputs"), term.attr("index")
     shown = "; ".join(inline(o, depth=6) for o in outputs)
-    return f"{{{shown}}}" + (f"[{index}]" if len(outputs) > 1 else "")
+    return f"{{{shown}}}" + (f"[{index}]" if len(outputs) > 1 else "") + (" made again" if term.attr("again") else "")
 
 
 def _attr_text(term):

@@ -31,12 +31,14 @@ LEAST_GAIN = 1 / 200  # of the arena: a copy freeing less is not worth its kerne
 @dataclass(frozen=True)
 class Choice:
     """Recompute outputs ``again`` (indices) of the kernel whose terms are ``terms``, from ``leaves``, for the
-    ``late`` readers (terms) of each."""
+    ``late`` readers (terms) of each; the kernel stops computing those of them it makes for late readers alone
+    (``dropped``)."""
 
     terms: tuple
     again: tuple
     leaves: tuple  # what the copy reads: kept outputs and operands
     late: dict  # output index -> the reader terms after the peak
+    dropped: tuple = ()
 
 
 def peak_step(plan):
@@ -110,19 +112,22 @@ def choices(kernels, steps, plan, nbytes, external, live_out):
                 if not _elementwise_over([body[j] for j in again], {body[j] for j in kept}):
                     continue
                 leaves = _leaves(body, again, kept, t.args, terms)
-                gain = sum(nbytes[terms[j]] for j in again) - sum(nbytes.get(v, 0) for v in leaves if v not in free)
+                gain = sum(nbytes[terms[j]] for j in again) - sum(  # a view of a free value is free
+                    nbytes.get(v, 0) for v in leaves if owner.get(v, v) not in free)
                 if gain >= LEAST_GAIN * plan.peak_bytes and (best is None or gain > best[0]):
                     best = (gain, again, leaves)
         if best is not None:
             _, again, leaves = best
-            free.update(leaves)
+            free.update(owner.get(v, v) for v in leaves)
             late = {j: tuple(kernels[r].term for r in sorted(readers[terms[j]]) if r > peak) for j in again}
-            found.append(Choice(terms, again, tuple(leaves), late))
+            dropped = tuple(j for j in again if min(readers[terms[j]]) > peak)
+            found.append(Choice(terms, again, tuple(leaves), late, dropped if len(dropped) < len(terms) else ()))
     return found
 
 
-def _copy(choice):
-    """``{output term: the copy's term computing it}`` for the outputs ``choice`` makes again, from its leaves."""
+def _copy(choice, leaves):
+    """``{output term: the copy's term computing it}`` for the outputs ``choice`` makes again, from ``leaves`` (its
+    leaves, as the rewritten program has them)."""
     terms, again = choice.terms, choice.again
     body, args = terms[0].attr("outputs"), terms[0].args
     places = {v: parameter(k, v) for k, v in enumerate(choice.leaves)}
@@ -137,7 +142,14 @@ def _copy(choice):
         return rebuilt[s]
 
     outputs = tuple(rebuild(body[j]) for j in again)
-    return {terms[j]: make(FUSED_OP, choice.leaves, (outputs, k)) for k, j in enumerate(again)}
+    return {terms[j]: make(FUSED_OP, leaves, (outputs, k, True)) for k, j in enumerate(again)}
+
+
+def _slimmed(choice):
+    """``{term: (body, index)}``: the outputs the kernel of ``choice`` keeps, in its body without those it drops."""
+    body = choice.terms[0].attr("outputs")
+    kept = [j for j in range(len(body)) if j not in choice.dropped]
+    return {choice.terms[j]: (tuple(body[j] for j in kept), k) for k, j in enumerate(kept)} if choice.dropped else {}
 
 
 def _rebased(a, value, copy):
@@ -154,27 +166,37 @@ def _views_of(a, value):
 
 
 def recomputed(roots, chosen):
-    """``(roots, copies, made)``: ``roots`` with each choice's late readers reading its copy's outputs; ``copies``:
-    ``{copy's output term: the rewritten terms reading it}``; ``made``: ``{value: its copy}``."""
-    swaps, made = {}, {}  # reader term -> [(value, copy)]
+    """``(roots, copies, made)``: ``roots`` with each choice's late readers reading its copy's outputs, and its
+    kernel without the outputs only they read; ``copies``: ``{copy's output term: the rewritten terms reading it}``;
+    ``made``: ``{value: its copy}``."""
+    swaps, slimmed = {}, {}  # reader term -> [(value, choice)]; kept output -> (its kernel's new body, its index)
     for choice in chosen:
-        made.update(_copy(choice))
+        slimmed.update(_slimmed(choice))
         for j in choice.again:
-            value = choice.terms[j]
             for reader in choice.late[j]:
                 for r in reader.op.results_of(reader):
-                    swaps.setdefault(r, []).append((value, made[value]))
-    replaced, copies = {}, {}
+                    swaps.setdefault(r, []).append((choice.terms[j], choice))
+    replaced, copies, made = {}, {}, {}
+
+    def copy_of(value, choice):
+        if value not in made:
+            made.update(_copy(choice, [replaced.get(v, v) for v in choice.leaves]))
+        return made[value]
+
     for t in post_order(roots):
-        args = []
+        args, reading = [], []
         for a in t.args:
             new = replaced.get(a, a)
-            for value, copy in swaps.get(t, ()):
+            for value, choice in swaps.get(t, ()):
                 if _views_of(a, value):
-                    new = _rebased(a, value, copy)
+                    new = _rebased(a, value, copy_of(value, choice))
+                    reading.append(made[value])
             args.append(new)
-        if any(n is not o for n, o in zip(args, t.args)):
+        if t in slimmed:
+            body, index = slimmed[t]
+            replaced[t] = make(FUSED_OP, args, (body, index, t.attr("again")))
+        elif any(n is not o for n, o in zip(args, t.args)):
             replaced[t] = t.rebuild(args)
-            for _, copy in swaps.get(t, ()):
-                copies.setdefault(copy, []).append(replaced[t])
+        for copy in reading:
+            copies.setdefault(copy, []).append(replaced[t])
     return [replaced.get(r, r) for r in roots], {c: tuple(rs) for c, rs in copies.items()}, made

@@ -235,6 +235,6 @@ def _replace_region(region, position, replaced, trace):
     if len(region.members) == 1:
         rule = "one-op-kernel"
     for index, term in zip(itertools.count(), produced):
-        fused = make(FUSED_OP, inputs, (outputs, index))
+        fused = make(FUSED_OP, inputs, (outputs, index, False))
         replaced[term] = fused
         trace.append(Rewrite(rule, term, fused))

@@ -41,6 +41,7 @@ from .launch import WAIT_PRIOR_GRIDS
 THREADS = 256
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
+ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row kernel's thread holds in registers (more spill)
 COLUMN_TILE = (32, 8)  # outputs across a block, threads down each reduced column
 # a column reduction of fewer tiles than this splits its columns into parts, summed by a second kernel in order
 # (so the result does not depend on timing): 12 tiles of 32 bias gradients over 16384 rows took 165 us unsplit
@@ -772,16 +773,21 @@ def _row_vector(shape, operands, elements, body):
     return (vec, rows) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set())
 
 
-def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=()):
-    """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors), running
-    ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype)`` of the outputs ``inner``
-    puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself)."""
+def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=(), cached=0):
+    """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, or taken from
+    the thread's ``cached`` vectors of them), running ``writer``'s lines and then ``inner`` for each element ``r``;
+    ``stores``: ``(k, dtype)`` of the outputs ``inner`` puts in ``s{k}.v[u]``, stored as vectors (one element at a
+    time where ``vec`` is 1, by ``inner`` itself)."""
     if vec == 1:
         return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
-    lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
-    lines += [f"    const ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}> {prefix}{k} = reinterpret_cast<const "
-              f"ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}>*>(in{k})[o * {n // vec} + c];"
-              for k in sorted(writer.read & rows)]
+    if cached:
+        lines = ["  #pragma unroll", f"  for (int i = 0; i < {cached}; ++i) {{", f"    const {index} c = lane + i * {width};"]
+        lines += [f"    if (c >= {n // vec}) break;"] if (n // vec) % width else []
+    else:
+        lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
+        lines += [f"    const ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}> {prefix}{k} = reinterpret_cast<const "
+                  f"ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}>*>(in{k})[o * {n // vec} + c];"
+                  for k in sorted(writer.read & rows)]
     lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in stores]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
     lines += ["      " + s for s in writer.lines + inner] + ["    }"]
@@ -790,12 +796,26 @@ def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=()):
     return lines + ["  }"]
 
 
+def _row_cache(operands, read, index, n, width, vec, count):
+    """Lines loading each thread's ``count`` vectors of the row of each operand in ``read`` into registers
+    (``row{k}[i]``), once, for every pass to use."""
+    lines = []
+    for k in sorted(read):
+        vector = f"ct_vec<{storage_type(operands[k].dtype)}, {vec}>"
+        lines += [f"  {vector} row{k}[{count}];", "  #pragma unroll", f"  for (int i = 0; i < {count}; ++i) {{",
+                  f"    const {index} c = lane + i * {width};",
+                  f"    if (c < {n // vec}) row{k}[i] = reinterpret_cast<const {vector}*>(in{k})[o * {n // vec} + c];",
+                  "  }"]
+    return lines
+
+
 def row_source(body, operands, aliased, shape):
     """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``) or a block to each row, which reduces the row
     once for each reduction of the body in order, every thread holding each total, then computes the outputs: those
-    of the row shape element by element, those of the reduced shape once. A pass reads the row again (from cache);
-    nothing between the passes is stored. Each thread takes 16 bytes of a row at a time where the row divides, the
-    operands laid out as the rows loaded and the outputs stored as vectors."""
+    of the row shape element by element, those of the reduced shape once. Nothing between the passes is stored.
+    Each thread takes 16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded
+    and the outputs stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads
+    them into registers once, before the first pass, instead of reading the row again (from cache) in each."""
     n, rows = shape[-1], math.prod(shape[:-1])
     width = 32 if n <= ROW_KERNEL_WARP_LIMIT else THREADS
     per_block = THREADS // width
@@ -803,31 +823,36 @@ def row_source(body, operands, aliased, shape):
     last = (len(shape) - 1,)
     elements, row = _reduction_space(shape, last), _reduction_space(shape[:-1] + (1,), last)
     vec, vectors = _row_vector(shape, operands, elements, body)
-    lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
-             f"  const unsigned lane = threadIdx.x % {width};",
-             f"  if (o >= {rows}) return;"]
-    totals = {}
+    count = -(-(n // vec) // width) if vec > 1 else 0
+    cached = count if vectors and count * len(vectors) <= ROW_CACHE_VECTORS else 0
+
+    def loads(prefix):
+        return {k: f"row{k}[i].v[u]" if cached else f"{prefix}{k}.v[u]" for k in vectors}
+
+    lines, read, totals = [], set(), {}
     for j, red in enumerate(t for t in post_order(body) if t.op.name in REDUCTIONS):
         acc = _accumulator(red)
-        writer = _Writer(elements, operands, f"a{j}_", {k: f"p{j}_{k}.v[u]" for k in vectors})
+        writer = _Writer(elements, operands, f"a{j}_", loads(f"p{j}_"))
         writer.names.update(totals)
         element = writer.value(red.args[0])
         lines.append(f"  {acc} acc{j} = {_identity(red, acc)};")
         lines += _row_pass(writer, index, n, width, vec, vectors, f"p{j}_",
-                           [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"])
+                           [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"], cached=cached)
         lines += _all_reduced(red, acc, f"acc{j}", width)
         total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){n})"
         lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
         totals[red] = f"total{j}"
+        read |= writer.read
     full = [(k, t) for k, t in enumerate(body) if t.shape == shape]
     if full:
-        writer = _Writer(elements, operands, "e", {k: f"q{k}.v[u]" for k in vectors})
+        writer = _Writer(elements, operands, "e", loads("q"))
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
         place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
         lines += _row_pass(writer, index, n, width, vec, vectors, "q", inner,
-                           [(k, t.dtype) for k, t in full] if vec > 1 else ())
+                           [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached)
+        read |= writer.read
     reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
     if reduced:
         writer = _Writer(row, operands, "w")
@@ -836,7 +861,12 @@ def row_source(body, operands, aliased, shape):
         lines += ["  if (lane == 0) {"] + ["    " + s for s in writer.lines]
         lines += [f"    out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(reduced, values)]
         lines.append("  }")
-    return finished_source("rows", "\n".join(lines) + "\n", body, operands, aliased, -(-rows // per_block),
+    head = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+            f"  const unsigned lane = threadIdx.x % {width};",
+            f"  if (o >= {rows}) return;"]
+    if cached:
+        head += _row_cache(operands, read & vectors, index, n, width, vec, cached)
+    return finished_source("rows", "\n".join(head + lines) + "\n", body, operands, aliased, -(-rows // per_block),
                            (THREADS, 1, 1))
 
 

@@ -99,7 +99,8 @@ class Executor(interface.Executor):
         self.device = cupy.cuda.Device().id
         self.stream = cupy.cuda.Stream(non_blocking=True)
         layout_options = {"nhwc": nhwc, "tf32": tf32, "channels_last_io": channels_last_io}
-        self.strides, _ = layouts(kernels, layout_options)
+        self.strides, views = layouts(kernels, layout_options)
+        self.view_bytes = {t: offset * t.dtype.itemsize for t, offset in views.items() if offset}  # crops
         self.channels_last_for = channels_last_for(kernels, layout_options)
         for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
             self.strides.setdefault(t, stored_strides(t))
@@ -419,10 +420,11 @@ class Executor(interface.Executor):
         self.feed_block = None
 
     def _resolved(self, feed_pointers):
-        """Every value's pointer when the feeds are at ``feed_pointers``: views follow what they view."""
+        """Every value's pointer when the feeds are at ``feed_pointers``: views follow what they view (a crop its
+        first element)."""
         pointers = {**self.pointers, **dict(zip(self.feeds, feed_pointers))}
         for t, source in self.views:
-            pointers[t] = pointers[source]
+            pointers[t] = None if pointers[source] is None else pointers[source] + self.view_bytes.get(t, 0)
         return pointers
 
     @property

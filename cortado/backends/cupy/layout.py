@@ -2,12 +2,15 @@
 
 A value is a pointer and element strides. Transposes and broadcasts are views (their strides are
 permuted or zero), as are the windows of a value (strides that step by the window's stride and
-dilation, so windows overlap) and a reshape of a contiguous value; generated kernels, cuBLASLt
-and cuDNN read any of these directly, so a view costs nothing. A kernel may write an output over an input of
-the same type that it reads at the output's own index (a contiguous input of an elementwise
-kernel, the ``c`` of a gemm); a gemm's workspace holds cuBLASLt's scratch and copies of operands
-it cannot read in place.
+dilation, so windows overlap), a reshape that only splits or merges axes its strides allow, and a crop
+(a slice: the value's strides, its pointer moved to the first element kept, where that keeps the arena's
+alignment); generated kernels, cuBLASLt and cuDNN read any of these directly, so a view costs nothing.
+A kernel may write an output over an input of the same type that it reads at the output's own index
+(a contiguous input of an elementwise kernel, the ``c`` of a gemm); a gemm's workspace holds
+cuBLASLt's scratch and copies of operands it cannot read in place.
 """
+
+import math
 
 import numpy as np
 
@@ -74,6 +77,56 @@ def _window_strides(source_strides, window_shape, steps, dilation):
     return lead + tuple(s * step for s, step in zip(spatial, steps)) + tuple(s * d for s, d in zip(spatial, dilation))
 
 
+def reshaped_strides(shape, strides, new_shape):
+    """The strides of ``new_shape`` over the elements a value of ``shape`` has at ``strides``, where a reshape
+    can be a view (each run of axes merged or split is itself evenly strided); else None."""
+    if in_c_order(shape, strides):
+        return contiguous_strides(new_shape)
+    old = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    new = [n for n in new_shape if n != 1]
+    if math.prod(shape) == 0 or not old:
+        return None
+    found, i, j = [], 0, 0
+    while i < len(old):
+        first_i, first_j, size, new_size = i, j, old[i][0], new[j]
+        i, j = i + 1, j + 1
+        while size != new_size:
+            if size < new_size:
+                size, i = size * old[i][0], i + 1
+            else:
+                new_size, j = new_size * new[j], j + 1
+        if any(old[k][1] != old[k + 1][0] * old[k + 1][1] for k in range(first_i, i - 1)):
+            return None
+        step = old[i - 1][1]
+        run = []
+        for n in reversed(new[first_j:j]):
+            run.append(step)
+            step *= n
+        found += reversed(run)
+    inner = iter(reversed(found))
+    result, step = [], 1
+    for n in reversed(new_shape):
+        step = step if n == 1 else next(inner)
+        result.append(step)
+        step = step * n
+    return tuple(reversed(result))
+
+
+def crop_offset(t, strides):
+    """The element offset in its operand of fused kernel ``t`` where ``t`` only crops it (a pad of no positive width:
+    a slice) and can be a view of it: its first element lies ``ALIGNMENT`` bytes apart from the operand's; else None."""
+    if t.op.name != "fused" or len(t.args) != 1 or len(t.attr("outputs")) != 1:
+        return None
+    (crop,) = t.attr("outputs")
+    if crop.op.name != "pad" or crop.args[0].op.name != "param" or crop.shape == crop.args[0].shape:
+        return None
+    widths = crop.attr("pad_width")
+    if any(low > 0 or high > 0 for low, high in widths) or len(widths) != len(strides[t.args[0]]):
+        return None
+    offset = sum(-low * stride for (low, _), stride in zip(widths, strides[t.args[0]]))
+    return offset if offset * t.dtype.itemsize % ALIGNMENT == 0 else None
+
+
 def one_value(t):
     """Whether ``t`` is a constant array of one repeated value, which the program stores as one element."""
     return t.op.name == "const" and t.ndim > 0 and t.attr("value").scalar is not None
@@ -116,12 +169,13 @@ def _channels_last_kernel(k, strides, dtypes, weights_too):
 
 
 def layouts(kernels, options):
-    """``{term: element strides}`` for every value the kernels define or read, and the set of views. Convolutions
+    """``{term: element strides}`` for every value the kernels define or read, and the views (``{view: its element
+    offset in the value it views}``). Convolutions
     of the dtypes ``channels_last_for`` names, and the elementwise regions that follow them, store their images
     channels last."""
     dtypes = channels_last_for(kernels, options)
     merged = _heads_merged(kernels)
-    strides, views = {}, set()
+    strides, views = {}, {}
     for k in kernels:
         for a in k.reads:
             strides.setdefault(a, stored_strides(a))
@@ -134,8 +188,12 @@ def layouts(kernels, options):
             strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
         elif name == "windows":
             strides[t] = _window_strides(strides[source], *t.attrs)
-        elif name == "reshape" and in_c_order(source.shape, strides[source]):
-            strides[t] = contiguous_strides(t.shape)
+        elif name == "reshape" and reshaped_strides(source.shape, strides[source], t.shape) is not None:
+            strides[t] = reshaped_strides(source.shape, strides[source], t.shape)
+        elif crop_offset(t, strides) is not None:
+            strides[t] = strides[source]
+            views[t] = crop_offset(t, strides)
+            continue
         elif k.is_load:
             strides[t] = io_strides(t, options)
             continue
@@ -152,7 +210,7 @@ def layouts(kernels, options):
             strides.update({d: channels_last_strides(d.shape) if last else contiguous_strides(d.shape)
                             for d in k.terms})
             continue
-        views.add(t)
+        views[t] = 0
     return strides, views
 
 
