@@ -5,7 +5,8 @@
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|gpt|dp|profile|all]    (conv, int8: those benchmarks alone;
-#     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py);
+#     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), and layer
+#     norm and cross-entropy against torch's (bench_norms_gpu.py);
 #     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are)
 set -o pipefail
 what=${1:-all}
@@ -39,6 +40,7 @@ if [ "$what" = bench ] || [ "$what" = int8 ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1
+    python3 benchmarks/bench_norms_gpu.py --out "$out/norms_gpu.json" 2>&1 | tee "$out/bench_norms.log" || status=1
 fi
 gpus=$(nvidia-smi -L | wc -l)
 if [ "$what" = dp ] || { [ "$what" = all ] && [ "$gpus" -ge 2 ]; }; then
