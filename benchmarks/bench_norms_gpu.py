@@ -16,7 +16,8 @@ Ours is one compiled program a case (cuda graphs, the cupy backend's defaults); 
 (views aside) and timed alone (``Program.profile``, the least of 5: "their us"), apart from the call, which adds
 the graph's launch and the waits between the caller's stream and the program's. torch runs eagerly, its
 forward under ``no_grad``. Every result is checked against torch's before timing; each call is then timed alone
-between CUDA events after a warm-up (``bench_fused_gpu.time_calls``), the median kept. A contestant missing here (torch) is reported as not measured.
+between CUDA events after a warm-up (``bench_fused_gpu.time_calls``), the median kept. A contestant missing here
+(torch) is reported as not measured.
 """
 
 import argparse
