@@ -308,3 +308,30 @@ def test_merging_the_heads_back_reads_the_attention_in_place_on_the_gpu_plan():
     merges = [kernel.term for kernel in kernels if kernel.term.op.name == "reshape" and kernel.term.args[0].op.name
               == "transpose" and kernel.term.args[0].args[0] in results]
     assert merges and all(t in views for t in merges)
+
+
+def test_the_gradients_of_q_k_and_v_are_written_into_their_columns_of_the_projections_gradient():
+    """Where each third of a projection's gradient (the split's gradient, a concatenation) lies 256 bytes apart,
+    cuDNN writes dq, dk and dv straight into their columns: the concatenation writes nothing, and the forward's
+    q, k and v are views of the projection (the plan is made on the CPU: no GPU is asked)."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as engine
+    from cortado.backends.cupy.layout import concatenated_in_place, layouts
+
+    batch, time, heads, size = 2, 16, 2, 64
+    x = ct.var("x", (batch, time, heads * size), "bfloat16")
+    w = ct.var("w", (heads * size, 3 * heads * size), "bfloat16")
+    q, k, v = (ct.transpose(ct.reshape(t, (batch, time, heads, size)), (0, 2, 1, 3)) for t in ct.split(x @ w, 3, -1))
+    mixed = ct.softmax(q @ ct.transpose(k, (0, 1, 3, 2)) * 0.125, axis=-1) @ v
+    loss = ct.sum(ct.cast(mixed * mixed, "float32"))
+    roots = compiler._rewrite([loss, *ct.grad(loss, [x, w])], engine, {})
+    kernels = compiler._kernels(roots, compiler._signature(roots, [x, w], None, None))
+    parts, wholes = concatenated_in_place(kernels)
+    (whole,) = wholes
+    assert whole.shape == (batch, time, 3 * heads * size) and whole.op.name == "fused"
+    assert sorted(offset for _, offset in parts.values()) == [0, heads * size, 2 * heads * size]
+    strides, views = layouts(kernels, compiler._options(engine, {}))
+    assert all(strides[d] == (time * 3 * heads * size, size, 3 * heads * size, 1) for d in parts)
+    crops = [kernel.term for kernel in kernels if kernel.term.op.name == "fused" and kernel.term.shape == x.shape
+             and kernel.term.attr("outputs")[0].op.name == "pad"]
+    assert len(crops) == 3 and sorted(views[t] for t in crops) == [0, heads * size, 2 * heads * size]

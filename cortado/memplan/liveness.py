@@ -17,6 +17,8 @@ class Step:
     step writes nothing and its one defined value is a view of this one. ``inplace``: pairs
     ``(defined, read)`` where the step may write ``defined`` over ``read`` (an elementwise op
     reads each element before it writes it). ``workspace``: scratch bytes needed during the step.
+    ``within``: pairs ``(part, whole)`` of defined values where the step writes ``part`` inside ``whole``'s
+    storage (a slice of it), so that ``part`` owns none.
     """
 
     defines: tuple
@@ -26,6 +28,7 @@ class Step:
     workspace: int = 0
     costs: tuple = ()
     label: str = ""
+    within: tuple = ()
 
     def workspace_with(self, taken):
         """The workspace when the in-place pairs in ``taken`` are taken."""
@@ -47,6 +50,7 @@ def owners(steps):
     for step in steps:
         for key in step.defines:
             owner[key] = owner.get(step.view_of, step.view_of) if step.view_of is not None else key
+        owner.update(step.within)
     return owner
 
 

@@ -136,7 +136,8 @@ def _greedy(steps, nbytes, external, live_out, after):
             unblocks[i].append(j)
     pending = {root: set(rs) for root, rs in readers.items()}
     reads_of = [{owner.get(key, key) for key in s.reads if owner.get(key, key) in pending} for s in steps]
-    allocates = [sum(nbytes.get(key, 0) for key in s.defines if s.view_of is None and key not in external)
+    allocates = [sum(nbytes.get(key, 0) for key in s.defines if s.view_of is None and key not in external
+                     and key not in dict(s.within))
                  for s in steps]
 
     def gain(j):

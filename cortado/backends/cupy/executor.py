@@ -37,7 +37,7 @@ from .dnn import Conv
 from .dnn_attention import Attention, attention_copies
 from .mma.runner import Int8Gemm
 from .layout import (
-    ALIGNMENT, channels_last_for, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
+    ALIGNMENT, channels_last_for, concatenated_in_place, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
     stored_strides,
 )
 from .index_kernels import take_along_axis_source, take_source
@@ -121,6 +121,8 @@ class Executor(interface.Executor):
                   for t in direct_outputs(kernels, steps, outputs, sinks, layout_options)}
         self.pointers.update(direct)
         self.direct_outputs = frozenset(direct)
+        parts, _ = concatenated_in_place(kernels)  # written straight into their columns of a concatenation
+        self.pointers.update({d: self.pointers[whole] + offset * d.dtype.itemsize for d, (whole, offset) in parts.items()})
         self.feeds = [k.term for k in kernels if k.is_load]
         self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
@@ -134,7 +136,7 @@ class Executor(interface.Executor):
             waits.setdefault(j, []).append(done[i])
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             t = kernel.term
-            if step.view_of is not None or kernel.is_load:
+            if step.view_of is not None or kernel.is_load or not step.defines:  # no defines: concatenated in place
                 continue
             if i in waits:
                 self.makers.append(self._join(waits[i]))

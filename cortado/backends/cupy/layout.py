@@ -175,6 +175,7 @@ def layouts(kernels, options):
     channels last."""
     dtypes = channels_last_for(kernels, options)
     merged = _heads_merged(kernels)
+    parts, _ = concatenated_in_place(kernels)
     strides, views = {}, {}
     for k in kernels:
         for a in k.reads:
@@ -198,8 +199,8 @@ def layouts(kernels, options):
             strides[t] = io_strides(t, options)
             continue
         elif name in ATTENTION:
-            strides.update({d: time_major_strides(d.shape) if d in merged else contiguous_strides(d.shape)
-                            for d in k.terms})
+            strides.update({d: _part_strides(d, parts[d][0]) if d in parts else time_major_strides(d.shape)
+                            if d in merged else contiguous_strides(d.shape) for d in k.terms})
             continue
         elif name == "all_reduce":  # each average as its gradient lies, where that is one dense block
             strides.update({d: strides[a] if dense(a.shape, strides[a]) else contiguous_strides(d.shape)
@@ -233,6 +234,73 @@ def time_major_strides(shape):
     instead of a copy."""
     n = len(shape)
     return strides_in_order(shape, tuple(range(n - 3)) + (n - 2, n - 3, n - 1))
+
+
+def _summed_pads(body):
+    """``{parameter index: its first column}`` where ``body`` is one output, a sum of zero pads of parameters along
+    the last axis only that tile it (a ``concatenate`` of them); else None."""
+    if len(body) != 1:
+        return None
+    parts, stack = [], [body[0]]
+    while stack:
+        t = stack.pop()
+        if t.op.name == "add":
+            stack.extend(t.args)
+        elif t.op.name == "pad" and t.args[0].op.name == "param" and t.attr("constant_values") == 0 \
+                and all(w == (0, 0) for w in t.attr("pad_width")[:-1]) and min(t.attr("pad_width")[-1]) >= 0:
+            parts.append((t.attr("pad_width")[-1][0], t.args[0].shape[-1], t.args[0].attr("index")))
+        else:
+            return None
+    columns = sorted(parts)
+    if [low for low, _, _ in columns] != [sum(n for _, n, _ in columns[:i]) for i in range(len(columns))] \
+            or sum(n for _, n, _ in columns) != body[0].shape[-1] or len({k for _, _, k in parts}) != len(parts):
+        return None
+    return {k: low for low, _, k in parts}
+
+
+def concatenated_in_place(kernels):
+    """``({attention result: (the concatenation, its element offset there)}, {the concatenations})``: where the
+    gradients of an attention's q, k and v, each only merged back to ``(batch, time, heads * size)`` by views,
+    are only concatenated along that last axis (the gradient of a projection split in three), cuDNN writes each
+    straight into its columns of the concatenation, and the concatenation kernel has nothing left to do."""
+    readers = {}
+    for k in kernels:
+        for a in dict.fromkeys(k.term.args):
+            readers.setdefault(a, []).append(k.term)
+
+    def only_reader(t, name):
+        found = readers.get(t, [])
+        return found[0] if len(found) == 1 and found[0].op.name == name else None
+
+    parts, wholes = {}, set()
+    for k in kernels:
+        if k.term.op.name != "dnn_attention_grad":
+            continue
+        merged = {}
+        for result in k.terms:
+            swap = only_reader(result, "transpose")
+            rows = only_reader(swap, "reshape") if swap is not None and _swaps_heads_and_time(swap) else None
+            whole = only_reader(rows, "fused") if rows is not None and rows.shape[-1] == math.prod(swap.shape[-2:]) \
+                and rows.shape[:-1] == swap.shape[:-2] else None
+            if whole is not None and whole.args.count(rows) == 1:
+                merged[result] = (whole, whole.args.index(rows))
+        wholes_found = {whole for whole, _ in merged.values()}
+        if len(merged) != len(k.terms) or len(wholes_found) != 1:
+            continue
+        (whole,) = wholes_found
+        columns = _summed_pads(whole.attr("outputs"))
+        if columns is None or len(whole.args) != len(k.terms) or whole.dtype != k.term.dtype \
+                or any(columns[i] * whole.dtype.itemsize % ALIGNMENT for _, i in merged.values()):
+            continue
+        parts.update({result: (whole, columns[i]) for result, (_, i) in merged.items()})
+        wholes.add(whole)
+    return parts, wholes
+
+
+def _part_strides(result, whole):
+    """The strides of attention result ``(..., heads, time, size)`` as columns of ``whole``, ``(..., time, width)``."""
+    outer = contiguous_strides(whole.shape)
+    return outer[:-2] + (result.shape[-1], outer[-2], 1)
 
 
 def dense(shape, strides):
@@ -306,9 +374,10 @@ def _epilogue_operands(t):
 
 def direct_outputs(kernels, steps, outputs, sinks, options):
     """The outputs a kernel computes in their ``io_strides`` (not views, loads, state or constants): written straight
-    into the output block, so calls need no copy out of the arena. Each term once."""
+    into the output block, so calls need no copy out of the arena (nor columns of a concatenation). Each term once."""
     strides, _ = layouts(kernels, options)
-    computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms}
+    parts, _ = concatenated_in_place(kernels)
+    computed = {t for k, s in zip(kernels, steps) if s.view_of is None and not k.is_load for t in k.terms} - set(parts)
     return [t for t in dict.fromkeys(outputs)
             if t in computed and t not in sinks and same_layout(t.shape, strides[t], io_strides(t, options))]
 
@@ -329,10 +398,13 @@ def steps(kernels, options):
     """One ``memplan.Step`` per kernel. A split column reduction's workspace holds its parts' sums
     (``codegen.column_splits``); a library call's workspace (a gemm's, a cuDNN convolution's) holds the
     copies of its operands it cannot read where they are and what the neediest of its candidates asks for
-    (``options["tf32"]`` and ``options["deterministic"]`` change them)."""
+    (``options["tf32"]`` and ``options["deterministic"]`` change them). An attention's backward pass whose
+    results are concatenated in place (``concatenated_in_place``) defines the concatenation, its results
+    within it; the concatenation's own step writes nothing (it still reads them: it runs after)."""
     require_gpu()
     strides, views = layouts(kernels, options)
     last = channels_last_for(kernels, options)
+    parts, wholes = concatenated_in_place(kernels)
     found = []
     for k in kernels:
         t = k.term
@@ -340,6 +412,8 @@ def steps(kernels, options):
             found.append(Step((t,), label=t.name))
         elif t in views:
             found.append(Step((t,), (t.args[0],), view_of=t.args[0], label=t.op.name))
+        elif t in wholes:
+            found.append(Step((), k.reads, label="concatenate (written in place)"))
         else:
             workspace = 0
             if t.op.name == "fused":
@@ -349,5 +423,7 @@ def steps(kernels, options):
                 copies = copies_of(t, strides, last)
                 workspace = runner(t, {**strides, **dict(copies)}, options).workspace_bytes
                 workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x, _ in copies)
-            found.append(Step(k.terms, k.reads, inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name))
+            within = tuple((d, parts[d][0]) for d in k.terms if d in parts)
+            found.append(Step(tuple(dict.fromkeys(whole for _, whole in within)) + k.terms, k.reads,
+                              inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name, within=within))
     return found
