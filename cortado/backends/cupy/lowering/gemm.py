@@ -157,8 +157,9 @@ def _matmul_to_gemm(b):
         if rows.ndim > 2 or cols.ndim > 2:
             return None
         return ct.reshape(gemm(rows, cols), b.term.shape)
-    if y.ndim == 2 and x.ndim > 2 and not _swaps_last_two(x) and x.op.name != "broadcast_to":
-        # the batch folded into the rows: one matrix product, whose row epilogues (a bias, dgelu) apply
+    if y.ndim == 2 and x.ndim > 2 and x.op.name not in ("transpose", "broadcast_to"):
+        # the batch folded into the rows: one matrix product, whose row epilogues (a bias, dgelu) apply (a permuted
+        # or broadcast batch stays a strided batch, which cuBLASLt reads in place and a reshape would copy)
         rows = ct.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
         return ct.reshape(gemm(rows, y), b.term.shape)
     batch = b.term.shape[:-2]
