@@ -407,6 +407,21 @@ def test_swapped_updates_and_outputs_of_state_on_the_gpu():
         assert np.array_equal(v, sign * np.arange(5)) and np.array_equal(w, -sign * np.arange(5))
 
 
+def test_an_update_that_slices_another_states_old_value_reads_it_before_it_changes():
+    """``a`` takes the second half of ``b`` as it was, while ``b`` is updated: the half is a view inside ``b``'s
+    buffer, so it is staged before ``b``'s new value is copied in (the CPU's program says what is right)."""
+    a, b, x = ct.var("a", (64,)), ct.var("b", (128,)), ct.var("x", (128,))
+    state = {a: np.zeros(64, np.float32), b: np.arange(128, dtype=np.float32)}
+    updates = {b: b + x, a: ct.split(b, 2, axis=0)[1]}
+    gpu, cpu = (ct.compile([ct.sum(x)], inputs=[x], state=state, updates=updates, backend=name)
+                for name in ("cupy", "numpy"))
+    feed = np.linspace(-1, 1, 128, dtype=np.float32)
+    for _ in range(3):
+        gpu(x=feed), cpu(x=feed)
+        for name in ("a", "b"):
+            np.testing.assert_array_equal(host(gpu.state[name]), cpu.state[name])
+
+
 @pytest.mark.parametrize("cuda_graph", [False, True])
 def test_coupled_updates_on_the_gpu_each_read_the_old_values(cuda_graph):
     a, b = ct.var("a", (6,)), ct.var("b", (6,))
@@ -512,6 +527,9 @@ def test_feeds_that_cannot_be_read_in_place_are_staged():
     value = rng.standard_normal((32, 64)).astype(np.float32)
     strided = cupy.asarray(value).T  # not contiguous: copied into the feed block
     assert_close(program(x=strided), ct.evaluate(out, {"x": value.T}, precision="float64"))
+    flat = rng.standard_normal(64 * 32 + 1).astype(np.float32)
+    shifted = cupy.asarray(flat)[1:].reshape(64, 32)  # contiguous, 4 bytes past an alignment: copied too
+    assert_close(program(x=shifted), ct.evaluate(out, {"x": flat[1:].reshape(64, 32)}, precision="float64"))
     fed_back = program(x=rng.standard_normal((64, 32)).astype(np.float32))
     expected = ct.evaluate(out, {"x": host(fed_back)}, precision="float64")
     for _ in range(2):  # the program's own output as its input: staged, else written while it is read

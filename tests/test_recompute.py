@@ -2,9 +2,11 @@
 being held across the memory peak, only where that shrinks the arena, and never changing a value."""
 
 import numpy as np
+import pytest
 
 import cortado as ct
 from cortado.memplan.recompute import Choice, choices, peak_step, recomputed
+from cortado.exprgraph.graph import post_order
 from cortado.rules.fusion import fuse
 
 
@@ -92,19 +94,26 @@ def test_a_kernel_made_again_from_its_own_operand_is_a_kernel_of_its_own():
     assert rewritten.args == (copy,) and copies == {copy: (rewritten,)}
 
 
-def test_a_kernel_stops_computing_what_only_its_copy_is_read_for():
+@pytest.mark.parametrize("late_first", [False, True])
+def test_a_kernel_stops_computing_what_only_its_copy_is_read_for(late_first):
     """A layer norm's normalized rows, read after the peak alone, made again there from the centered rows and their
-    spread: the first kernel no longer computes them, and its other outputs are renumbered for their readers."""
+    spread: the first kernel no longer computes them, and its other outputs are renumbered for their readers and
+    for the copy, whichever of them the program reaches first."""
     x = ct.var("x", (8, 8))
     centered = x - ct.mean(x, axis=-1, keepdims=True)
     spread = ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True))
     (normed, kept_centered, kept_spread), _ = fuse([centered / spread, centered, spread], alone=True)
     early, late = ct.exp(kept_centered) + kept_spread, ct.sum(normed)
     choice = Choice((normed, kept_centered, kept_spread), (0,), (kept_centered, kept_spread), {0: (late,)}, (0,))
-    (early_again, late_again), copies, made = recomputed([early, late], [choice])
+    roots = [late, early] if late_first else [early, late]
+    rewritten = dict(zip(roots, recomputed(roots, [choice])[0]))
+    made = recomputed(roots, [choice])[2]
+    early_again, late_again = rewritten[early], rewritten[late]
     slim = early_again.args[0].args[0]  # exp's operand: the kernel's centered rows
     assert len(slim.attr("outputs")) == 2 and slim.attr("index") == 0
     assert late_again.args == (made[normed],) and made[normed].args == (slim, early_again.args[1])
+    bodies = {t.attr("outputs") for t in post_order([early_again, late_again]) if t.op.name == "fused"}
+    assert len(bodies) == 2  # the slim kernel and the copy: the first kernel is gone
     x_value = np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)
     for ours, theirs in zip(ct.evaluate([early_again, late_again], {"x": x_value}),
                             ct.evaluate([early, late], {"x": x_value})):

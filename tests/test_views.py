@@ -62,3 +62,43 @@ def test_a_crop_is_a_view_at_its_first_element_where_that_keeps_the_alignment():
     assert (384 + 128) * 2 % ALIGNMENT == 0
     assert crop_offset(_crop((2, 8, 384), ((0, 0), (0, 0), (-64, -64))), strides) is None  # 128 bytes in
     assert crop_offset(_crop((2, 8, 384), ((0, 0), (0, 0), (1, -1))), strides) is None  # pads too
+
+
+def _gpu_plan(outputs, inputs):
+    """The cupy backend's kernels, strides and views of ``outputs``, planned on the CPU (no GPU is asked)."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as engine
+    from cortado.backends.cupy.layout import layouts
+
+    roots = compiler._rewrite(outputs, engine, {})
+    kernels = compiler._kernels(roots, compiler._signature(roots, inputs, None, None))
+    return kernels, *layouts(kernels, compiler._options(engine, {}))
+
+
+def test_a_linear_layer_over_sequences_writes_over_its_residual():
+    """``h + x @ w`` with x of (batch, time, width) is one gemm whose c reshapes the residual h: the gemm may write its
+    result over h's buffer, as it does over a matrix's."""
+    from cortado.backends.cupy.layout import _inplace
+
+    x, h0, w = ct.var("x", (4, 64, 256), "bfloat16"), ct.var("h", (4, 64, 256), "bfloat16"), ct.var("w", (256, 256), "bfloat16")
+    residual = ct.gelu(h0 * 2.0)  # computed: an arena buffer the gemm may take
+    kernels, strides, views = _gpu_plan([ct.sum(ct.cast((residual + x @ w) ** 2, "float32"))], [x, h0, w])
+    (gemm,) = [k for k in kernels if k.term.op.name == "gemm"]
+    assert gemm.term.args[2] in views  # c: the residual's rows, a view
+    assert _inplace(gemm, strides, views) == ((gemm.term, gemm.term.args[2].args[0]),)
+
+
+def test_attention_gradients_are_not_concatenated_in_place_across_permuted_batch_axes():
+    """Heads split from a projection whose batch axes the transpose also swaps: dq, dk and dv do not lie in the
+    concatenation's columns in the concatenation's order, so each is written apart and concatenated by a kernel."""
+    from cortado.backends.cupy.layout import concatenated_in_place
+
+    outer, inner, time, heads, size = 3, 2, 16, 2, 64
+    x = ct.var("x", (outer, inner, time, heads * size), "bfloat16")
+    w = ct.var("w", (heads * size, 3 * heads * size), "bfloat16")
+    for axes, found in (((0, 1, 3, 2, 4), 3), ((1, 0, 3, 2, 4), 0)):
+        q, k, v = (ct.transpose(ct.reshape(t, (outer, inner, time, heads, size)), axes) for t in ct.split(x @ w, 3, -1))
+        mixed = ct.softmax(q @ ct.transpose(k, (0, 1, 2, 4, 3)) * 0.125, axis=-1) @ v
+        loss = ct.sum(ct.cast(mixed * mixed, "float32"))
+        kernels, _, _ = _gpu_plan([loss, *ct.grad(loss, [x, w])], [x, w])
+        assert len(concatenated_in_place(kernels)[0]) == found

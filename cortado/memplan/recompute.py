@@ -146,10 +146,23 @@ def _copy(choice, leaves):
 
 
 def _slimmed(choice):
-    """``{term: (body, index)}``: the outputs the kernel of ``choice`` keeps, in its body without those it drops."""
+    """``{term: (body, index, operands kept)}``: the outputs the kernel of ``choice`` keeps, in its body without those
+    it drops, over the operands that body still reads (renumbered)."""
+    if not choice.dropped:
+        return {}
     body = choice.terms[0].attr("outputs")
     kept = [j for j in range(len(body)) if j not in choice.dropped]
-    return {choice.terms[j]: (tuple(body[j] for j in kept), k) for k, j in enumerate(kept)} if choice.dropped else {}
+    read = sorted({t.attr("index") for j in kept for t in post_order([body[j]]) if t.op.name == "param"})
+    places, rebuilt = {k: parameter(n, choice.terms[0].args[k]) for n, k in enumerate(read)}, {}
+
+    def rebuild(t):
+        if t not in rebuilt:
+            rebuilt[t] = places[t.attr("index")] if t.op.name == "param" else \
+                t.rebuild([rebuild(a) for a in t.args]) if t.args else t
+        return rebuilt[t]
+
+    slim = tuple(rebuild(body[j]) for j in kept)
+    return {choice.terms[j]: (slim, k, tuple(read)) for k, j in enumerate(kept)}
 
 
 def _rebased(a, value, copy):
@@ -169,7 +182,7 @@ def recomputed(roots, chosen):
     """``(roots, copies, made)``: ``roots`` with each choice's late readers reading its copy's outputs, and its
     kernel without the outputs only they read; ``copies``: ``{copy's output term: the rewritten terms reading it}``;
     ``made``: ``{value: its copy}``."""
-    swaps, slimmed = {}, {}  # reader term -> [(value, choice)]; kept output -> (its kernel's new body, its index)
+    swaps, slimmed = {}, {}  # reader term -> [(value, choice)]; kept output -> (new body, its index, operands)
     for choice in chosen:
         slimmed.update(_slimmed(choice))
         for j in choice.again:
@@ -183,7 +196,7 @@ def recomputed(roots, chosen):
             made.update(_copy(choice, [replaced.get(v, v) for v in choice.leaves]))
         return made[value]
 
-    for t in post_order(roots):
+    for t in post_order([v for choice in chosen for v in choice.leaves] + list(roots)):  # a copy's leaves first
         args, reading = [], []
         for a in t.args:
             new = replaced.get(a, a)
@@ -193,8 +206,8 @@ def recomputed(roots, chosen):
                     reading.append(made[value])
             args.append(new)
         if t in slimmed:
-            body, index = slimmed[t]
-            replaced[t] = make(FUSED_OP, args, (body, index, t.attr("again")))
+            body, index, read = slimmed[t]
+            replaced[t] = make(FUSED_OP, [args[k] for k in read], (body, index, t.attr("again")))
         elif any(n is not o for n, o in zip(args, t.args)):
             replaced[t] = t.rebuild(args)
         for copy in reading:

@@ -386,10 +386,17 @@ class Executor(interface.Executor):
         return make
 
     def _updates(self, final):
-        """Makers of the copies of update values into the state; sources that another update overwrites go
-        through a stage."""
+        """Makers of the copies of update values into the state; sources that another update overwrites (a state
+        variable, or a view of one: a slice starts inside it) go through a stage."""
         destinations = {self.pointers[var] for var, _ in final}
-        staged = [value for _, value in final if self.pointers.get(value) in destinations]
+        viewed = dict(self.views)
+
+        def owner(t):
+            while t in viewed:
+                t = viewed[t]
+            return t
+
+        staged = [value for _, value in final if {self.pointers.get(value), self.pointers.get(owner(value))} & destinations]
         self.stage_block = _Block([v.size * v.dtype.itemsize for v in staged])
         makers, stage = [], {}
         for k, value in enumerate(staged):
@@ -438,10 +445,11 @@ class Executor(interface.Executor):
 
     def _readable_in_place(self, t, value):
         """Whether CuPy feed ``value`` of ``t`` can be read where it is: packed as the program reads ``t`` (C order,
-        or channels last with ``channels_last_io``), on this GPU, apart from the program's buffers (a program's own
+        or channels last with ``channels_last_io``), on this GPU, aligned as the arena's buffers are (kernels load
+        16-byte vectors; a slice ``x[1:]`` may start anywhere), apart from the program's buffers (a program's own
         output fed back in would be written while it is read)."""
         expected = self.io_strides[t]
-        if value.device.id != self.device or not all(
+        if value.device.id != self.device or value.data.ptr % ALIGNMENT or not all(
                 n == 1 or s == e * value.itemsize for n, s, e in zip(value.shape, value.strides, expected)):
             return False
         low, high = value.data.ptr, value.data.ptr + value.nbytes

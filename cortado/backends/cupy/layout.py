@@ -279,7 +279,8 @@ def concatenated_in_place(kernels):
         merged = {}
         for result in k.terms:
             swap = only_reader(result, "transpose")
-            rows = only_reader(swap, "reshape") if swap is not None and _swaps_heads_and_time(swap) else None
+            batch_kept = swap is not None and swap.attr("axes")[:-3] == tuple(range(swap.ndim - 3))
+            rows = only_reader(swap, "reshape") if batch_kept and _swaps_heads_and_time(swap) else None
             whole = only_reader(rows, "fused") if rows is not None and rows.shape[-1] == math.prod(swap.shape[-2:]) \
                 and rows.shape[:-1] == swap.shape[:-2] else None
             if whole is not None and whole.args.count(rows) == 1:
@@ -345,14 +346,28 @@ def gemm_copies(t, strides):
     return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(copies))
 
 
+def _flat_source(t, strides, views):
+    """The value ``t`` is, or reshapes in C order (a view reading its elements in their own order); else None."""
+    while t in views and t.op.name == "reshape" and in_c_order(t.args[0].shape, strides[t.args[0]]):
+        t = t.args[0]
+    return None if t in views else t
+
+
+def _gemm_c(t, strides, views):
+    """The value whose buffer gemm ``t`` may write over: its ``c``, or what ``c`` reshapes (the residual of a
+    linear layer over sequences, whose rows the gemm reads as a matrix); else None."""
+    c = _flat_source(t.args[2], strides, views) if t.attr("beta") else None
+    plain = c is not None and in_c_order(c.shape, strides[c]) and (c.size, c.dtype) == (t.size, t.dtype)
+    return c if plain else None
+
+
 def _inplace(k, strides, views):
     """Pairs ``(output, input)``: an input of the output's type read at the output's own index (the ``c`` of a
-    gemm, an input of a fused region)."""
+    gemm, or what it reshapes; an input of a fused region)."""
     t = k.term
     if t.op.name == "gemm":
-        c = t.args[2] if t.attr("beta") else None
-        plain = c is not None and c not in views and in_c_order(c.shape, strides[c])
-        return ((t, c),) if plain and c.dtype == t.dtype else ()
+        c = _gemm_c(t, strides, views)
+        return ((t, c),) if c is not None else ()
     if t.op.name != "fused":  # the window kernels and cuDNN read elements at other indices than they write
         return ()
     shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
@@ -424,6 +439,9 @@ def steps(kernels, options):
                 workspace = runner(t, {**strides, **dict(copies)}, options).workspace_bytes
                 workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x, _ in copies)
             within = tuple((d, parts[d][0]) for d in k.terms if d in parts)
-            found.append(Step(tuple(dict.fromkeys(whole for _, whole in within)) + k.terms, k.reads,
+            reads = k.reads
+            if t.op.name == "gemm" and _gemm_c(t, strides, views) is not None:  # c read as the value it reshapes
+                reads = tuple(_gemm_c(t, strides, views) if r is t.args[2] else r for r in reads)
+            found.append(Step(tuple(dict.fromkeys(whole for _, whole in within)) + k.terms, reads,
                               inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name, within=within))
     return found
