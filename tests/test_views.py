@@ -102,3 +102,103 @@ def test_attention_gradients_are_not_concatenated_in_place_across_permuted_batch
         loss = ct.sum(ct.cast(mixed * mixed, "float32"))
         kernels, _, _ = _gpu_plan([loss, *ct.grad(loss, [x, w])], [x, w])
         assert len(concatenated_in_place(kernels)[0]) == found
+
+
+def _array_of(t, source):
+    """View ``t`` of the array ``source`` (its operand's values), as the reference computes it."""
+    from cortado.exprgraph.windowing import window_view
+
+    name = t.op.name
+    if name == "transpose":
+        return np.transpose(source, t.attr("axes"))
+    if name == "broadcast_to":
+        return np.broadcast_to(source, t.shape)
+    if name == "reshape":
+        return source.reshape(t.shape)
+    if name == "windows":
+        return window_view(source, *t.attrs)
+    (crop,) = t.attr("outputs")  # a fused crop
+    return source[tuple(slice(-low, n + high) for (low, high), n in zip(crop.attr("pad_width"), source.shape))]
+
+
+def _check_views_address_their_elements(kernels, strides, views):
+    """Every view (a transpose, reshape, broadcast, window or crop, with its element offset) reads, at its strides,
+    the elements the reference gives it from the value it views; every column of a concatenation written in place
+    holds the element the concatenation puts there."""
+    from cortado.backends.cupy.layout import concatenated_in_place
+
+    owners = {}
+    for k in kernels:
+        t = k.term
+        if t in views:
+            base, offset = owners[t.args[0]] if t.args[0] in owners else (t.args[0], 0)
+            owners[t] = (base, offset + views[t])
+    for t, (base, offset) in owners.items():
+        labels = np.arange(base.size).reshape(base.shape)
+        memory = np.zeros(offset + sum((n - 1) * s for n, s in zip(t.shape, strides[t])) + base.size + 1, np.int64)
+        placed = np.lib.stride_tricks.as_strided(memory, base.shape, tuple(s * 8 for s in strides[base]))
+        placed[...] = labels
+        expected = labels
+        for step in _chain(t, base):
+            expected = _array_of(step, expected)
+        read = np.lib.stride_tricks.as_strided(memory[offset:], t.shape, tuple(s * 8 for s in strides[t]))
+        np.testing.assert_array_equal(read, expected)
+    parts, wholes = concatenated_in_place(kernels)
+    for whole in wholes:
+        labels = np.arange(whole.size).reshape(whole.shape)  # the whole is stored in C order
+        for d, (outer, offset) in parts.items():
+            if outer is not whole:
+                continue
+            read = np.lib.stride_tricks.as_strided(labels.reshape(-1)[offset:], d.shape, tuple(s * 8 for s in strides[d]))
+            rows = read.transpose(_only_reader_axes(kernels, d)).reshape(d.shape[:-3] + (d.shape[-2], -1))
+            np.testing.assert_array_equal(rows, labels[..., offset % whole.shape[-1]:][..., :rows.shape[-1]])
+
+
+def _chain(t, base):
+    steps = []
+    while t is not base:
+        steps.append(t)
+        t = t.args[0]
+    return reversed(steps)
+
+
+def _only_reader_axes(kernels, d):
+    (swap,) = [k.term for k in kernels if k.term.op.name == "transpose" and k.term.args[0] is d]
+    return swap.attr("axes")
+
+
+def test_every_view_of_a_gpt_step_reads_the_elements_the_reference_gives_it():
+    """The GPT's step as the GPU plans it (on the CPU): the heads split from the qkv projection (crops at an offset,
+    reshapes of them, transposes), the heads merged back, the gradients written into their columns."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    import gpt
+
+    config = gpt.Config(11, context=16, width=128, heads=2, layers=1)
+    params = gpt.parameters(config)
+    loss, _, tokens, labels = gpt.gpt(config, 2, params, "bfloat16")
+    kernels, strides, views = _gpu_plan([loss, *ct.grad(loss, list(params.values()))],
+                                        [tokens, labels, *params.values()])
+    assert any(views.get(k.term) for k in kernels)  # some crop at an offset
+    _check_views_address_their_elements(kernels, strides, views)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_every_view_of_a_sliced_value_reads_the_elements_the_reference_gives_it(data):
+    """A computed value sliced along every axis, returned and read by a product: where the GPU plans the slice (and
+    what reshapes it) as views, each view's strides and offset address the elements NumPy's indexing gives."""
+    shape = (data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4)), 64 * data.draw(st.integers(1, 3)))
+    key = []
+    for n in shape:
+        start = data.draw(st.integers(0, n - 1) | st.sampled_from([0, 64, 128][: (n - 1) // 64 + 1]))
+        key.append(slice(start, data.draw(st.integers(start + 1, n))))
+    x = ct.var("x", shape, "float32")
+    sliced = ct.exp(x)[tuple(key)]
+    outputs = [sliced]
+    if sliced.ndim >= 2 and sliced.size:
+        outputs.append(ct.reshape(sliced, (-1, sliced.shape[-1])) @ ct.const(np.ones((sliced.shape[-1], 2), np.float32)))
+    kernels, strides, views = _gpu_plan(outputs, [x])
+    _check_views_address_their_elements(kernels, strides, views)
