@@ -189,3 +189,22 @@ def test_fusing_ops_alone_never_changes_a_value(case):
     assert not any(t.op.kind in ("elementwise", "reduction") for t in ct.schedule(list(fused)))
     for got, expected in zip(ct.evaluate(list(fused), feeds), ct.evaluate(list(graph.outputs), feeds)):
         np.testing.assert_array_equal(got, expected)
+
+
+def test_a_row_kernel_takes_no_reduction_but_of_its_rows():
+    """``exp(sum(y, -1) + x - mean(x, -1))``: the row kernel of x's rows takes the mean, and the sum over y's last
+    axis is a kernel of its own (a row kernel's body holding a reduction of other rows has no kernel form)."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as engine
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_sources
+
+    x, y = ct.var("x", (8, 5)), ct.var("y", (8, 5, 3))
+    r = ct.exp(ct.sum(y, axis=-1) + x - ct.mean(x, axis=-1, keepdims=True))
+    roots = compiler._rewrite([r], engine, {})
+    kernels = compiler._kernels(roots, compiler._signature(roots, [x, y], None, None))
+    fused = [k.term for k in kernels if k.term.op.name == "fused"]
+    assert len(fused) == 2
+    for t in fused:
+        kernel_sources(t.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in t.args])
+    feeds = {"x": np.arange(40, dtype=np.float32).reshape(8, 5) / 9, "y": np.ones((8, 5, 3), np.float32)}
+    np.testing.assert_allclose(ct.evaluate(roots, feeds)[0], ct.evaluate([r], feeds)[0], rtol=1e-6)

@@ -113,8 +113,8 @@ class _Fuser:
         if region.rows and row_reduction(term, row_shape):
             ok = not region.pads and (not outside or min(outside) > self.position[region.root])
             return "row reduction" if ok else None
-        if term.op.name in AXIS_REDUCTIONS:
-            ok = region.reduction is None and not region.pads and not below and not outside \
+        if term.op.name in AXIS_REDUCTIONS:  # one of a row kernel's is a row reduction, above
+            ok = not region.rows and region.reduction is None and not region.pads and not below and not outside \
                 and term.shape == region.root.shape
             return "reduction" if ok else None
         if shifted_read(term) and (reduces or term.shape != region.root.shape):
