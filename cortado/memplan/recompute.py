@@ -125,23 +125,28 @@ def choices(kernels, steps, plan, nbytes, external, live_out):
     return found
 
 
+def _rebuilt(outputs, known, param):
+    """Body terms ``outputs`` rebuilt bottom-up over new parameters: a term in ``known`` as it maps there, a
+    parameter of index ``k`` as ``param(k)``."""
+    rebuilt = dict(known)
+
+    def rebuild(t):
+        if t not in rebuilt:
+            rebuilt[t] = param(t.attr("index")) if t.op.name == "param" else \
+                t.rebuild([rebuild(a) for a in t.args]) if t.args else t
+        return rebuilt[t]
+
+    return tuple(rebuild(t) for t in outputs)
+
+
 def _copy(choice, leaves):
     """``{output term: the copy's term computing it}`` for the outputs ``choice`` makes again, from ``leaves`` (its
     leaves, as the rewritten program has them)."""
     terms, again = choice.terms, choice.again
     body, args = terms[0].attr("outputs"), terms[0].args
     places = {v: parameter(k, v) for k, v in enumerate(choice.leaves)}
-    rebuilt = {body[j]: places[terms[j]] for j in range(len(terms)) if j not in again and terms[j] in places}
-
-    def rebuild(s):
-        if s not in rebuilt:
-            if s.op.name == "param":
-                rebuilt[s] = places[args[s.attr("index")]]
-            else:
-                rebuilt[s] = s.rebuild([rebuild(a) for a in s.args]) if s.args else s
-        return rebuilt[s]
-
-    outputs = tuple(rebuild(body[j]) for j in again)
+    kept = {body[j]: places[terms[j]] for j in range(len(terms)) if j not in again and terms[j] in places}
+    outputs = _rebuilt([body[j] for j in again], kept, lambda k: places[args[k]])
     return {terms[j]: make(FUSED_OP, leaves, (outputs, k, True)) for k, j in enumerate(again)}
 
 
@@ -153,15 +158,8 @@ def _slimmed(choice):
     body = choice.terms[0].attr("outputs")
     kept = [j for j in range(len(body)) if j not in choice.dropped]
     read = sorted({t.attr("index") for j in kept for t in post_order([body[j]]) if t.op.name == "param"})
-    places, rebuilt = {k: parameter(n, choice.terms[0].args[k]) for n, k in enumerate(read)}, {}
-
-    def rebuild(t):
-        if t not in rebuilt:
-            rebuilt[t] = places[t.attr("index")] if t.op.name == "param" else \
-                t.rebuild([rebuild(a) for a in t.args]) if t.args else t
-        return rebuilt[t]
-
-    slim = tuple(rebuild(body[j]) for j in kept)
+    places = {k: parameter(n, choice.terms[0].args[k]) for n, k in enumerate(read)}
+    slim = _rebuilt([body[j] for j in kept], {}, places.__getitem__)
     return {choice.terms[j]: (slim, k, tuple(read)) for k, j in enumerate(kept)}
 
 

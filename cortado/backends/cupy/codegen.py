@@ -785,8 +785,7 @@ def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=(), cach
         lines += [f"    if (c >= {n // vec}) break;"] if (n // vec) % width else []
     else:
         lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
-        lines += [f"    const ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}> {prefix}{k} = reinterpret_cast<const "
-                  f"ct_vec<{storage_type(writer.operands[k].dtype)}, {vec}>*>(in{k})[o * {n // vec} + c];"
+        lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, n, vec)};"
                   for k in sorted(writer.read & rows)]
     lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in stores]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
@@ -796,16 +795,23 @@ def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=(), cach
     return lines + ["  }"]
 
 
+def _vector(operand, vec):
+    return f"ct_vec<{storage_type(operand.dtype)}, {vec}>"
+
+
+def _row_vector_read(operand, k, n, vec):
+    """The ``c``-th vector of ``vec`` elements of row ``o`` of operand ``k`` (rows of ``n``)."""
+    return f"reinterpret_cast<const {_vector(operand, vec)}*>(in{k})[o * {n // vec} + c]"
+
+
 def _row_cache(operands, read, index, n, width, vec, count):
     """Lines loading each thread's ``count`` vectors of the row of each operand in ``read`` into registers
     (``row{k}[i]``), once, for every pass to use."""
     lines = []
     for k in sorted(read):
-        vector = f"ct_vec<{storage_type(operands[k].dtype)}, {vec}>"
-        lines += [f"  {vector} row{k}[{count}];", "  #pragma unroll", f"  for (int i = 0; i < {count}; ++i) {{",
-                  f"    const {index} c = lane + i * {width};",
-                  f"    if (c < {n // vec}) row{k}[i] = reinterpret_cast<const {vector}*>(in{k})[o * {n // vec} + c];",
-                  "  }"]
+        lines += [f"  {_vector(operands[k], vec)} row{k}[{count}];", "  #pragma unroll",
+                  f"  for (int i = 0; i < {count}; ++i) {{", f"    const {index} c = lane + i * {width};",
+                  f"    if (c < {n // vec}) row{k}[i] = {_row_vector_read(operands[k], k, n, vec)};", "  }"]
     return lines
 
 

@@ -199,12 +199,16 @@ class Executor(interface.Executor):
             self.pointers[c] = self.constant_block.pointer(k)
             self.strides[c] = stored_strides(c)
 
-    def _constant(self, t):
-        """Whether ``t`` is a constant of the program or a view of one: no kernel writes it."""
+    def _viewed(self, t):
+        """The value ``t`` is a view of (through views of views), or ``t``."""
         viewed = dict(self.views)
         while t in viewed:
             t = viewed[t]
-        return t.op.name == "const"
+        return t
+
+    def _constant(self, t):
+        """Whether ``t`` is a constant of the program or a view of one: no kernel writes it."""
+        return self._viewed(t).op.name == "const"
 
     def _operand(self, t):
         return Operand(t.shape, t.dtype, self.strides[t])
@@ -389,14 +393,8 @@ class Executor(interface.Executor):
         """Makers of the copies of update values into the state; sources that another update overwrites (a state
         variable, or a view of one: a slice starts inside it) go through a stage."""
         destinations = {self.pointers[var] for var, _ in final}
-        viewed = dict(self.views)
-
-        def owner(t):
-            while t in viewed:
-                t = viewed[t]
-            return t
-
-        staged = [value for _, value in final if {self.pointers.get(value), self.pointers.get(owner(value))} & destinations]
+        staged = [value for _, value in final
+                  if {self.pointers.get(value), self.pointers.get(self._viewed(value))} & destinations]
         self.stage_block = _Block([v.size * v.dtype.itemsize for v in staged])
         makers, stage = [], {}
         for k, value in enumerate(staged):

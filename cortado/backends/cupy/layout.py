@@ -189,11 +189,11 @@ def layouts(kernels, options):
             strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
         elif name == "windows":
             strides[t] = _window_strides(strides[source], *t.attrs)
-        elif name == "reshape" and reshaped_strides(source.shape, strides[source], t.shape) is not None:
-            strides[t] = reshaped_strides(source.shape, strides[source], t.shape)
-        elif crop_offset(t, strides) is not None:
+        elif name == "reshape" and (reshaped := reshaped_strides(source.shape, strides[source], t.shape)) is not None:
+            strides[t] = reshaped
+        elif (offset := crop_offset(t, strides)) is not None:
             strides[t] = strides[source]
-            views[t] = crop_offset(t, strides)
+            views[t] = offset
             continue
         elif k.is_load:
             strides[t] = io_strides(t, options)
@@ -439,9 +439,8 @@ def steps(kernels, options):
                 workspace = runner(t, {**strides, **dict(copies)}, options).workspace_bytes
                 workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x, _ in copies)
             within = tuple((d, parts[d][0]) for d in k.terms if d in parts)
-            reads = k.reads
-            if t.op.name == "gemm" and _gemm_c(t, strides, views) is not None:  # c read as the value it reshapes
-                reads = tuple(_gemm_c(t, strides, views) if r is t.args[2] else r for r in reads)
+            c = _gemm_c(t, strides, views) if t.op.name == "gemm" else None
+            reads = k.reads if c is None else tuple(c if r is t.args[2] else r for r in k.reads)  # as what c reshapes
             found.append(Step(tuple(dict.fromkeys(whole for _, whole in within)) + k.terms, reads,
                               inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name, within=within))
     return found
