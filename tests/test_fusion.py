@@ -208,3 +208,43 @@ def test_a_row_kernel_takes_no_reduction_but_of_its_rows():
         kernel_sources(t.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in t.args])
     feeds = {"x": np.arange(40, dtype=np.float32).reshape(8, 5) / 9, "y": np.ones((8, 5, 3), np.float32)}
     np.testing.assert_allclose(ct.evaluate(roots, feeds)[0], ct.evaluate([r], feeds)[0], rtol=1e-6)
+def _gpu_kernels(outputs, inputs):
+    """The cupy backend's rewritten roots and kernels of ``outputs``, built on the CPU (no GPU is asked)."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as engine
+
+    roots = compiler._rewrite(outputs, engine, {})
+    return roots, compiler._kernels(roots, compiler._signature(roots, inputs, None, None))
+
+
+def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_the_gpu():
+    """``logsumexp(logits) - take_along_axis(logits, labels)`` as the GPU plans it: each row's max, its sum of
+    exponentials and its label's logit are reductions of one row kernel, which also writes what the backward pass
+    reads; the backward pass is one kernel; around them, the labels' places (a gather of one index a row) and the
+    mean. Every value as the plain expressions give it, labels counted from the end included."""
+    from cortado.backends.cupy.codegen import row_shape
+
+    rows, classes = 16, 37
+    logits, labels = ct.var("logits", (rows, classes), "bfloat16"), ct.var("labels", (rows,), "int32")
+    wide = ct.cast(logits, "float32")
+    picked = ct.take_along_axis(wide, labels[:, None], axis=-1)[:, 0]
+    loss = ct.mean(ct.logsumexp(wide, axis=-1) - picked)
+    outputs = [loss, ct.grad(loss, [logits])[0]]
+    roots, kernels = _gpu_kernels(outputs, [logits, labels])
+    fused = [k.term for k in kernels if k.term.op.name == "fused"]
+    rows_kernels = [t for t in fused if row_shape(t.attr("outputs")) == (rows, classes)]
+    assert len(rows_kernels) == 1 and {s.op.name for s in _reductions(rows_kernels[0])} == {"max", "sum"}
+    assert len(_reductions(rows_kernels[0])) == 3
+    assert len(fused) == 3  # the row kernel, the mean, the backward pass
+    assert [k.term.op.name for k in kernels if k.term.op.name in ("take", "take_along_axis")] == ["take"]
+    rng = np.random.default_rng(4)
+    feeds = {"logits": (3 * rng.standard_normal((rows, classes))).astype("float32").astype(logits.dtype),
+             "labels": rng.integers(-classes, classes, rows).astype(np.int32)}
+    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_allclose(np.asarray(ours, np.float64), np.asarray(theirs, np.float64), rtol=1e-6, atol=1e-7)
+
+
+def _reductions(t):
+    from cortado.exprgraph.graph import post_order
+
+    return [s for s in post_order(t.attr("outputs")) if s.op.name in ("sum", "mean", "max")]

@@ -80,6 +80,49 @@ composites = RuleSet([
     Rule("matmul-as-reduction", "matmul(_a, _b)", _matmul_as_reduction),
 ], name="composites")
 
+# -- gathers of one place a row ----------------------------------------------------------------
+
+
+def taken_places(indices, size):
+    """The places along an axis of ``size`` that ``indices`` name, found as a gather finds them: by a ``take`` from
+    ``0 .. size - 1``. So a negative index counts from the end, one out of range is the same error on the CPU, and
+    the GPU clamps it to the place its gathers read."""
+    dtype = np.int32 if size <= np.iinfo(np.int32).max else np.int64
+    return ct.take(places(size, dtype), indices, axis=0)
+
+
+def places(size, dtype, trailing=0):
+    """The places ``0 .. size - 1`` of an axis, as a constant of ``dtype`` with ``trailing`` axes of size 1 after."""
+    return ct.const(np.arange(size, dtype=dtype).reshape((size,) + (1,) * trailing))
+
+
+def _row_pick(b):
+    """``take_along_axis(x, i, axis=-1)`` with one index a row, as the row's sum of ``x`` where its place is the
+    index's: a reduction of the row, which a row kernel computes beside the row's others (a cross-entropy's label
+    logit beside its logsumexp) instead of a gather reading the row back from memory."""
+    x, indices, axis = b["_x"], b["_z"], b.term.attr("axis")
+    if x.ndim == 0 or axis != x.ndim - 1 or indices.shape != x.shape[:-1] + (1,) or x.shape[-1] < 2:
+        return None
+    spread = taken_places(indices, x.shape[-1])
+    kept = ct.where(ct.equal(spread, places(x.shape[-1], spread.dtype)), x, ct.const(0, x.dtype))
+    return ct.sum(kept, axis=-1, keepdims=True)
+
+
+def _reshape_after(b):
+    """``f(reshape(a), reshape(b))`` of ``a`` and ``b`` of one shape as ``reshape(f(a, b))``: the two values meet
+    in the shape they were computed in, so one kernel can compute both and ``f`` (a per-row loss, each row's
+    logsumexp less its label's logit)."""
+    x, y = b["_x"], b["_y"]
+    if not (x.op.name == y.op.name == "reshape" and x.args[0].shape == y.args[0].shape and x.shape == y.shape):
+        return None
+    return ct.reshape(b.term.rebuild([x.args[0], y.args[0]]), b.term.shape)
+
+
+row_gathers = RuleSet([
+    Rule("pick-by-row", "take_along_axis(_x, _z, axis=_a)", _row_pick),
+    *(Rule(f"{name}-before-reshape", f"{name}(_x, _y)", _reshape_after) for name in ("add", "subtract")),
+], name="row gathers")
+
 # -- einsum ---------------------------------------------------------------------------------
 
 

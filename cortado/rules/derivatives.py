@@ -33,6 +33,7 @@ from ..exprgraph.semantics import IN_FLOAT32
 from ..exprgraph.term import Term
 from .attention_shares import attention_grad_share, attention_share
 from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
+from .decompositions import places, taken_places
 from .engine import Rewrite
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable
@@ -284,28 +285,14 @@ def _einsum_share(b):
     return ct.einsum(",".join(labels for labels, _ in terms) + "->" + result, *(x for _, x in terms))
 
 
-def _taken_places(indices, size):
-    """The places along an axis of ``size`` that ``indices`` name, found as the forward pass finds them: by a
-    ``take`` from ``0 .. size - 1``. So a negative index counts from the end, one out of range is the same error on
-    the CPU (the gradient of a gather whose values nobody reads still checks its indices), and the GPU clamps it to
-    the place its forward pass read."""
-    dtype = np.int32 if size <= np.iinfo(np.int32).max else np.int64
-    return ct.take(_places(size, dtype), indices, axis=0)
-
-
-def _places(size, dtype, trailing=0):
-    """The places ``0 .. size - 1`` of an axis, as a constant of ``dtype`` with ``trailing`` axes of size 1 after."""
-    return ct.const(np.arange(size, dtype=dtype).reshape((size,) + (1,) * trailing))
-
-
 def _take_share(b):
     """The adjoint's rows added back where ``take`` took them, as a product with the indices' one-hot matrix:
     ``share[p, v, q] = sum_i [index_i == v] dy[p, i, q]``. A GEMM, so deterministic on the GPU, with no scatter;
     its cost, (number of indices) x (axis size) x (the rest), is that of a tied output head's."""
     x, indices, axis, dy = b["_x"], b["_z"], b["_a"], b["_dy"]
     size, count = x.shape[axis], indices.size
-    flat = _taken_places(reshaped(indices, (count, 1)), size)
-    one_hot = ct.cast(ct.equal(flat, _places(size, flat.dtype)), dy.dtype)
+    flat = taken_places(reshaped(indices, (count, 1)), size)
+    one_hot = ct.cast(ct.equal(flat, places(size, flat.dtype)), dy.dtype)
     rows = (math.prod(x.shape[:axis]), count, math.prod(x.shape[axis + 1:]))
     return reshaped(ct.einsum("iv,piq->pvq", one_hot, reshaped(dy, rows)), x.shape)
 
@@ -319,10 +306,10 @@ def _take_along_axis_share(b):
     size, trailing = x.shape[axis], x.ndim - axis - 1
     zero = ct.const(0, dy.dtype)
     if indices.shape[axis] == 1:
-        spread = _taken_places(indices, size)
-        return ct.where(ct.equal(spread, _places(size, spread.dtype, trailing)), dy, zero)
-    spread = _taken_places(_with_axis_after(indices, axis), size)
-    kept_dy = ct.where(ct.equal(spread, _places(size, spread.dtype, trailing)), _with_axis_after(dy, axis), zero)
+        spread = taken_places(indices, size)
+        return ct.where(ct.equal(spread, places(size, spread.dtype, trailing)), dy, zero)
+    spread = taken_places(_with_axis_after(indices, axis), size)
+    kept_dy = ct.where(ct.equal(spread, places(size, spread.dtype, trailing)), _with_axis_after(dy, axis), zero)
     return ct.sum(kept_dy, axis=axis)
 
 

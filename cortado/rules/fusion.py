@@ -69,6 +69,8 @@ class _Region:
     def __init__(self, root, rows=False):
         self.root = root
         self.rows = rows
+        # a row kernel's rows: the root's shape, or, from a root of one value a row, the first reduction's operand's
+        self.row_shape = root.shape if rows and root.shape[-1] > 1 else None
         self.row_reductions = 0
         self.members = {root}
         self.prologue = set()  # members at or below the reduction
@@ -107,10 +109,12 @@ class _Fuser:
             return None  # a pad reads its operand at other indices: an operand of the region's kernel
         below = any(u in region.prologue for u in self.users[term])
         outside = self._outside_uses(term, region)
-        row_shape = region.root.shape
-        per_row = region.rows and term.shape == row_shape[:-1] + (1,)
+        row_shape = region.row_shape
+        if region.rows and row_shape is None and term.op.name in ROW_KERNEL_REDUCTIONS and term.shape == region.root.shape:
+            row_shape = term.args[0].shape  # a root of one value a row: the rows are those its first reduction reduces
+        per_row = region.rows and row_shape is not None and term.shape == row_shape[:-1] + (1,)
         reduces = region.reduction is not None or region.row_reductions
-        if region.rows and row_reduction(term, row_shape):
+        if region.rows and row_shape is not None and row_reduction(term, row_shape):
             ok = not region.pads and (not outside or min(outside) > self.position[region.root])
             return "row reduction" if ok else None
         if term.op.name in AXIS_REDUCTIONS:  # one of a row kernel's is a row reduction, above
@@ -124,16 +128,18 @@ class _Fuser:
         if not outside:
             return "internal"
         later = min(outside) > self.position[region.root]
-        if not below and later and (term.shape == region.root.shape or per_row) and term.op.name != "broadcast_to":
+        full = term.shape == region.root.shape or region.row_reductions and term.shape == region.row_shape
+        if not below and later and (full or per_row) and term.op.name != "broadcast_to":
             return "extra"
         return None
 
     def grow(self, root):
-        """The region grown from ``root``: a row kernel's where the root has a row shape and one reduces its rows,
-        else an elementwise region or a fused reduction."""
-        if root.op.kind == ELEMENTWISE and root.ndim and root.shape[-1] > 1:
+        """The region grown from ``root``: a row kernel's where the root has a row shape, or one value a row, and
+        its rows are reduced (two reductions or more for one value a row: one is a fused reduction), else an
+        elementwise region or a fused reduction."""
+        if root.op.kind == ELEMENTWISE and root.ndim:
             region = self._grown(_Region(root, rows=True))
-            if region.row_reductions:
+            if region.row_reductions > (root.shape[-1] == 1):
                 return region
         return self._grown(_Region(root))
 
@@ -163,6 +169,7 @@ class _Fuser:
                 region.prologue.add(term)
             if how == "row reduction":
                 region.row_reductions += 1
+                region.row_shape = region.row_shape or term.args[0].shape
                 if self._outside_uses(term, region):
                     region.extras.append(term)
             if how == "extra":

@@ -9,7 +9,7 @@ in ``TARGETS``.
     lowered = lowering.run(roots, trace)
 """
 
-from ....rules.decompositions import composites, einsum_lowering
+from ....rules.decompositions import composites, einsum_lowering, row_gathers
 from ....rules.engine import Chain, Fixpoint, Postwalk
 from . import attention, conv, gemm, int8
 
@@ -26,7 +26,7 @@ class GpuLowering:
     def __init__(self, targets):
         self.targets = targets
         rules = [Fixpoint(Postwalk(target.rules)) for target in targets]
-        self.local = Chain(Postwalk(einsum_lowering), *rules, Postwalk(composites))
+        self.local = Chain(Postwalk(einsum_lowering), *rules, Postwalk(composites), Postwalk(row_gathers))
 
     def run(self, roots, trace=None, variant=None):
         roots = self.local.run(list(roots), trace)
