@@ -221,7 +221,8 @@ def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_t
     """``logsumexp(logits) - take_along_axis(logits, labels)`` as the GPU plans it: each row's max, its sum of
     exponentials and its label's logit are reductions of one row kernel, which also writes what the backward pass
     reads; the backward pass is one kernel; around them, the labels' places (a gather of one index a row) and the
-    mean. Every value as the plain expressions give it, labels counted from the end included."""
+    mean. The label mask (each row's label against every place) is computed again where it is read, not stored.
+    Every value as the plain expressions give it, labels counted from the end included."""
     from cortado.backends.cupy.codegen import row_shape
 
     rows, classes = 16, 37
@@ -236,6 +237,8 @@ def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_t
     assert len(rows_kernels) == 1 and {s.op.name for s in _reductions(rows_kernels[0])} == {"max", "sum"}
     assert len(_reductions(rows_kernels[0])) == 3
     assert len(fused) == 3  # the row kernel, the mean, the backward pass
+    stored = [t for k in kernels if k.term.op.name == "fused" for t in k.terms]
+    assert not [t for t in stored if t.dtype == bool]  # the label mask is computed in each kernel that reads it
     assert [k.term.op.name for k in kernels if k.term.op.name in ("take", "take_along_axis")] == ["take"]
     rng = np.random.default_rng(4)
     feeds = {"logits": (3 * rng.standard_normal((rows, classes))).astype("float32").astype(logits.dtype),
@@ -248,3 +251,21 @@ def _reductions(t):
     from cortado.exprgraph.graph import post_order
 
     return [s for s in post_order(t.attr("outputs")) if s.op.name in ("sum", "mean", "max")]
+
+
+def test_a_value_spread_from_narrower_ones_is_computed_in_each_kernel_that_reads_it():
+    """``equal(labels, places)`` compares each row's label with every place: two regions reading it each compute it
+    rather than one storing it for the other."""
+    labels = ct.var("labels", (8, 1), "int32")
+    x, y = ct.var("x", (8, 5)), ct.var("y", (8, 5))
+    mask = ct.equal(labels, ct.const(np.arange(5, dtype=np.int32)))
+    first, second = ct.where(mask, ct.exp(x), 0.0), ct.where(mask, ct.tanh(y), 1.0)
+    fused = _fused_terms(fuse([first, second])[0])
+    assert len(fused) == 2 and all(t.op.name != "equal" for t in fuse([first, second])[0])
+    assert all("equal" in {s.op.name for s in _body_terms(t)} for t in fused)
+
+
+def _body_terms(t):
+    from cortado.exprgraph.graph import post_order
+
+    return post_order(t.attr("outputs"))

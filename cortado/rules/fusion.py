@@ -15,7 +15,11 @@ terms it reads, taking:
   axis that keep it (``mean(x, axis=-1, keepdims=True)``), and elementwise ops of the reduced shape
   ``(..., 1)``: the region becomes a row kernel, which reduces each row as often as it needs and
   then computes its outputs of either shape (a layer norm forward, its input's gradient, a
-  softmax). Any member may then be an output, as an extra one is;
+  softmax). Any member may then be an output, as an extra one is. A root of one value a row
+  (``(..., 1)``) grows a row kernel too where it reduces rows twice or more (a cross-entropy's
+  logsumexp less its label's logit), its rows those its first reduction reduces;
+- a term that only spreads narrower values over its shape (``spread``: each row's label compared
+  with every place) joins every region that reads it, computed in each, never stored;
 - in a region with no reduction, a ``pad`` (or crop) of a value computed outside it: a read of that
   value at shifted indices, the padding value outside them. ``concatenate`` is a sum of pads, and
   the gradient of a slice (of ``split(qkv, 3)``) is one too: the region reads each part once and
@@ -52,6 +56,12 @@ def inlined(term):
     return term.op.name == "const" and (term.ndim == 0 or term.attr("value").scalar is not None)
 
 
+def spread(term):
+    """Whether elementwise ``term`` only spreads narrower values over its shape (each row's label compared with every
+    place of the row): cheaper to compute again in each kernel that reads it than to store once and read back."""
+    return term.op.kind == ELEMENTWISE and term.ndim > 0 and all(inlined(a) or a.size < term.size for a in term.args)
+
+
 def shifted_read(term):
     """Whether ``term`` is a ``pad`` a region may take: of a value it reads as an operand (not an inlined constant)."""
     return term.op.name == "pad" and term.args[0].op.name != "const"
@@ -80,6 +90,7 @@ class _Region:
             self.prologue.add(root)
         self.extras = []
         self.pads = 0
+        self.copied = set()  # members computed here that other regions may compute too (``spread``)
 
 
 class _Fuser:
@@ -101,9 +112,13 @@ class _Fuser:
         return uses + [self.end] * (term in self.roots)
 
     def _admit(self, term, region):
-        """How ``term`` may join ``region``: "internal", "extra", "reduction", "row reduction" (of a row kernel) or
-        None."""
-        if term in self.region_of or term.op.kind == "leaf":
+        """How ``term`` may join ``region``: "internal", "extra", "reduction", "row reduction" (of a row kernel),
+        "copied" (a ``spread`` term, computed in every region that reads it) or None."""
+        if term.op.kind == "leaf":
+            return None
+        if spread(term) and not any(shifted_read(u) for u in self.users[term] if u in region.members):
+            return "copied"
+        if term in self.region_of:
             return None
         if any(shifted_read(u) for u in self.users[term] if u in region.members):
             return None  # a pad reads its operand at other indices: an operand of the region's kernel
@@ -174,6 +189,8 @@ class _Fuser:
                     region.extras.append(term)
             if how == "extra":
                 region.extras.append(term)
+            if how == "copied":
+                region.copied.add(term)
             region.members.add(term)
             push_args(term)
         return region
@@ -187,7 +204,7 @@ class _Fuser:
                 continue
             region = self.grow(term)
             if len(region.members) > 1 or self.alone:
-                for m in region.members:
+                for m in region.members - region.copied:
                     self.region_of[m] = region
                 found.append(region)
         return found
