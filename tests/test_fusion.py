@@ -269,3 +269,34 @@ def _body_terms(t):
     from cortado.exprgraph.graph import post_order
 
     return post_order(t.attr("outputs"))
+
+
+def test_what_a_spread_term_reads_is_stored_once_for_every_region_computing_it():
+    """``rstd * g`` spreads a value a row and a value a column over the rows: each region reading it computes it,
+    so ``rstd`` (and what it is made of) is a region's output, not hidden inside the first region that took it.
+    Every term the GPU runs is a fused kernel or a library call."""
+    x, g, b = ct.var("x", (8, 16)), ct.var("g", (16,)), ct.var("b", (16,))
+    mean = ct.mean(x, axis=-1, keepdims=True)
+    rstd = 1.0 / ct.sqrt(ct.mean((x - mean) ** 2, axis=-1, keepdims=True) + 1e-5)
+    loss = ct.sum(ct.tanh((x - mean) * (rstd * g) + b))
+    outputs = [loss, *ct.grad(loss, [x, g, b])]
+    roots, kernels = _gpu_kernels(outputs, [x, g, b])
+    assert {k.term.op.name for k in kernels} <= {"var", "const", "fused", "reshape", "transpose", "broadcast_to"}
+    feeds = {v.name: np.random.default_rng(6).standard_normal(v.shape).astype(np.float32) for v in (x, g, b)}
+    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-6)
+
+
+def test_a_row_kernel_takes_no_reduction_of_rows_of_another_width():
+    """A value a row from two reductions of one width and one of another: the row kernel takes the first two, the
+    third is a kernel of its own (every fused body has a kernel the GPU can generate)."""
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_sources
+
+    x, y = ct.var("x", (8, 5)), ct.var("y", (8, 7))
+    r = ct.sum(ct.exp(y), axis=-1, keepdims=True) + (ct.mean(x, axis=-1, keepdims=True) + ct.max(x, axis=-1, keepdims=True))
+    roots, kernels = _gpu_kernels([r], [x, y])
+    for k in kernels:
+        if k.term.op.name == "fused":
+            kernel_sources(k.term.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in k.term.args])
+    feeds = {"x": np.arange(40, dtype=np.float32).reshape(8, 5) / 7, "y": np.ones((8, 7), np.float32)}
+    np.testing.assert_allclose(ct.evaluate(roots, feeds)[0], ct.evaluate([r], feeds)[0], rtol=1e-6)

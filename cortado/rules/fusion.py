@@ -120,6 +120,8 @@ class _Fuser:
             return "copied"
         if term in self.region_of:
             return None
+        if any(spread(u) for u in self.users[term] if u in region.members):
+            return None  # what a spread term reads: an operand of each region computing it, so stored once
         if any(shifted_read(u) for u in self.users[term] if u in region.members):
             return None  # a pad reads its operand at other indices: an operand of the region's kernel
         below = any(u in region.prologue for u in self.users[term])
