@@ -300,3 +300,10 @@ def test_a_row_kernel_takes_no_reduction_of_rows_of_another_width():
             kernel_sources(k.term.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in k.term.args])
     feeds = {"x": np.arange(40, dtype=np.float32).reshape(8, 5) / 7, "y": np.ones((8, 7), np.float32)}
     np.testing.assert_allclose(ct.evaluate(roots, feeds)[0], ct.evaluate([r], feeds)[0], rtol=1e-6)
+
+
+def test_a_lone_pick_of_one_place_a_row_stays_a_gather_on_the_gpu():
+    """Where nothing else reads the rows, picking each row's label reads one element a row, not the whole row."""
+    x, labels = ct.var("x", (16, 300)), ct.var("labels", (16, 1), "int32")
+    _, kernels = _gpu_kernels([ct.take_along_axis(ct.exp(x), labels, axis=-1)], [x, labels])
+    assert "take_along_axis" in [k.term.op.name for k in kernels]

@@ -97,11 +97,13 @@ def places(size, dtype, trailing=0):
 
 
 def _row_pick(b):
-    """``take_along_axis(x, i, axis=-1)`` with one index a row, as the row's sum of ``x`` where its place is the
-    index's: a reduction of the row, which a row kernel computes beside the row's others (a cross-entropy's label
-    logit beside its logsumexp) instead of a gather reading the row back from memory."""
+    """``take_along_axis(x, i, axis=-1)`` with one index a row, where ``x`` is read elsewhere too, as the row's sum
+    of ``x`` where its place is the index's: a reduction of the row, which a row kernel computes beside the row's
+    others (a cross-entropy's label logit beside its logsumexp) instead of a gather reading the row back."""
     x, indices, axis = b["_x"], b["_z"], b.term.attr("axis")
     if x.ndim == 0 or axis != x.ndim - 1 or indices.shape != x.shape[:-1] + (1,) or x.shape[-1] < 2:
+        return None
+    if not b.shared(x):  # read by nothing else: a gather reads one element a row, a reduction the whole row
         return None
     spread = taken_places(indices, x.shape[-1])
     kept = ct.where(ct.equal(spread, places(x.shape[-1], spread.dtype)), x, ct.const(0, x.dtype))
