@@ -220,9 +220,9 @@ def _gpu_kernels(outputs, inputs):
 def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_the_gpu():
     """``logsumexp(logits) - take_along_axis(logits, labels)`` as the GPU plans it: each row's max, its sum of
     exponentials and its label's logit are reductions of one row kernel, which also writes what the backward pass
-    reads; the backward pass is one kernel; around them, the labels' places (a gather of one index a row) and the
-    mean. The label mask (each row's label against every place) is computed again where it is read, not stored.
-    Every value as the plain expressions give it, labels counted from the end included."""
+    reads; the backward pass is one kernel; beside them, the mean. The labels' places (a negative label counted from
+    the end) and the label mask (each row's label against every place) are computed again in each kernel that
+    reads them, not stored. Every value as the plain expressions give it, labels counted from the end included."""
     from cortado.backends.cupy.codegen import row_shape
 
     rows, classes = 16, 37
@@ -238,13 +238,24 @@ def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_t
     assert len(_reductions(rows_kernels[0])) == 3
     assert len(fused) == 3  # the row kernel, the mean, the backward pass
     stored = [t for k in kernels if k.term.op.name == "fused" for t in k.terms]
-    assert not [t for t in stored if t.dtype == bool]  # the label mask is computed in each kernel that reads it
-    assert [k.term.op.name for k in kernels if k.term.op.name in ("take", "take_along_axis")] == ["take"]
+    assert not [t for t in stored if t.dtype in (bool, labels.dtype)]  # places and mask: computed where read
+    assert not [k for k in kernels if k.term.op.name in ("take", "take_along_axis")]
     rng = np.random.default_rng(4)
     feeds = {"logits": (3 * rng.standard_normal((rows, classes))).astype("float32").astype(logits.dtype),
              "labels": rng.integers(-classes, classes, rows).astype(np.int32)}
     for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(outputs, feeds)):
         np.testing.assert_allclose(np.asarray(ours, np.float64), np.asarray(theirs, np.float64), rtol=1e-6, atol=1e-7)
+
+
+def test_the_gpus_places_of_indices_are_those_its_gathers_read():
+    """``taken_places`` on the GPU is elementwise: a negative index counts from the end and one still out of range is
+    clamped into the axis, as the GPU's gather kernels read (``index_kernels``), where the CPU's take raises."""
+    from cortado.rules.decompositions import wrapped_places
+
+    size = 7
+    indices = np.arange(-3 * size, 3 * size, dtype=np.int32)
+    (ours,) = ct.evaluate([wrapped_places(ct.var("i", indices.shape, "int32"), size)], {"i": indices})
+    np.testing.assert_array_equal(ours, np.clip(np.where(indices < 0, indices + size, indices), 0, size - 1))
 
 
 def _reductions(t):

@@ -91,6 +91,27 @@ def taken_places(indices, size):
     return ct.take(places(size, dtype), indices, axis=0)
 
 
+def wrapped_places(indices, size):
+    """The places along an axis of ``size`` that the GPU's gathers read for ``indices``: a negative index counts from
+    the end, one still out of range is clamped into the axis. Elementwise, so a kernel computes them from the
+    indices it reads instead of a gather kernel storing them (``taken_places`` on the GPU, where a gather never
+    raises)."""
+    zero, last = ct.const(0, indices.dtype), ct.const(size - 1, indices.dtype)
+    wrapped = ct.where(ct.less(indices, zero), indices + ct.const(size, indices.dtype), indices)
+    return ct.minimum(ct.maximum(wrapped, zero), last)
+
+
+def _places_wrapped(b):
+    """``take(places(n), i, axis=0)``, ``taken_places``, as ``wrapped_places``: a cross-entropy's gradient kernel
+    compares each label with its row's places itself."""
+    table, indices = b["_t"], b["_z"]
+    if table.op.name != "const" or table.ndim != 1 or b.term.attr("axis") != 0 or indices.dtype != table.dtype:
+        return None
+    if not np.array_equal(table.attr("value").array, np.arange(table.shape[0])):
+        return None
+    return wrapped_places(indices, table.shape[0])
+
+
 def places(size, dtype, trailing=0):
     """The places ``0 .. size - 1`` of an axis, as a constant of ``dtype`` with ``trailing`` axes of size 1 after."""
     return ct.const(np.arange(size, dtype=dtype).reshape((size,) + (1,) * trailing))
@@ -105,7 +126,7 @@ def _row_pick(b):
         return None
     if not b.shared(x):  # read by nothing else: a gather reads one element a row, a reduction the whole row
         return None
-    spread = taken_places(indices, x.shape[-1])
+    spread = wrapped_places(indices, x.shape[-1])
     kept = ct.where(ct.equal(spread, places(x.shape[-1], spread.dtype)), x, ct.const(0, x.dtype))
     return ct.sum(kept, axis=-1, keepdims=True)
 
@@ -122,6 +143,7 @@ def _reshape_after(b):
 
 row_gathers = RuleSet([
     Rule("pick-by-row", "take_along_axis(_x, _z, axis=_a)", _row_pick),
+    Rule("places-wrapped", "take(_t, _z, axis=_a)", _places_wrapped),
     *(Rule(f"{name}-before-reshape", f"{name}(_x, _y)", _reshape_after) for name in ("add", "subtract")),
 ], name="row gathers")
 

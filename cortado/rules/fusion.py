@@ -105,6 +105,21 @@ class _Fuser:
         self.roots = set(roots)
         self.alone = alone  # a region of one term is one too
         self.region_of = {}
+        self.spreading = self._spreading()
+
+    def _spreading(self):
+        """The ``spread`` terms and the elementwise terms read only by them that read nothing wider than themselves
+        (a label's place wrapped and clamped into its row): computed in each region that reads them, as cheap to
+        compute again as to read back, never stored."""
+        found = set()
+        for term in reversed(self.order):  # a term's users before it
+            if spread(term):
+                found.add(term)
+            elif (term.op.kind == ELEMENTWISE and term.ndim > 0 and term not in self.roots and self.users[term]
+                  and all(u in found for u in self.users[term])
+                  and all(inlined(a) or a.size <= term.size for a in term.args)):
+                found.add(term)
+        return found
 
     def _outside_uses(self, term, region):
         """Schedule positions of the uses of ``term`` outside ``region``."""
@@ -116,11 +131,11 @@ class _Fuser:
         "copied" (a ``spread`` term, computed in every region that reads it) or None."""
         if term.op.kind == "leaf":
             return None
-        if spread(term) and not any(shifted_read(u) for u in self.users[term] if u in region.members):
+        if term in self.spreading and not any(shifted_read(u) for u in self.users[term] if u in region.members):
             return "copied"
         if term in self.region_of:
             return None
-        if any(spread(u) for u in self.users[term] if u in region.members):
+        if any(u in self.spreading for u in self.users[term] if u in region.members):
             return None  # what a spread term reads: an operand of each region computing it, so stored once
         if any(shifted_read(u) for u in self.users[term] if u in region.members):
             return None  # a pad reads its operand at other indices: an operand of the region's kernel
