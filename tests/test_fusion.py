@@ -247,6 +247,27 @@ def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_t
         np.testing.assert_allclose(np.asarray(ours, np.float64), np.asarray(theirs, np.float64), rtol=1e-6, atol=1e-7)
 
 
+def test_a_small_value_of_leaves_is_computed_in_each_wider_kernel_that_reads_it():
+    """A layer norm's float32 gain cast to bfloat16 is read by its forward and its backward kernels: each casts it
+    itself (no kernel of its own, whose launch costs more than the cast), and the values are the plain expressions'."""
+    x = ct.var("x", (16, 64), "bfloat16")
+    g, b = ct.var("g", (64,), "float32"), ct.var("b", (64,), "float32")
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    y = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * ct.cast(g, "bfloat16") \
+        + ct.cast(b, "bfloat16")
+    w = ct.var("w", (64, 32), "bfloat16")
+    outputs = ct.grad(ct.sum(ct.cast((y @ w) ** 2, "float32")), [x])  # a gemm between the forward and the backward
+    roots, kernels = _gpu_kernels(outputs, [x, g, b, w])
+    rows = [k.term for k in kernels if k.term.op.name == "fused" and k.term.shape == x.shape]
+    assert len(rows) == 2 and all(g in t.args for t in rows)  # each reads the gain itself
+    assert not [k for k in kernels if k.term.op.name == "fused" and k.term.shape == g.shape]
+    rng = np.random.default_rng(3)
+    feeds = {"x": rng.standard_normal((16, 64)).astype(x.dtype), "g": rng.standard_normal(64).astype(np.float32),
+             "b": rng.standard_normal(64).astype(np.float32), "w": rng.standard_normal((64, 32)).astype(w.dtype)}
+    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float64), np.asarray(theirs, np.float64))
+
+
 def test_the_gpus_places_of_indices_are_those_its_gathers_read():
     """``taken_places`` on the GPU is elementwise: a negative index counts from the end and one still out of range is
     clamped into the axis, as the GPU's gather kernels read (``index_kernels``), where the CPU's take raises."""

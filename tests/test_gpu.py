@@ -71,7 +71,7 @@ def _least_precise(out):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape", [(33, 65, 17), (2, 3, 1030), (4096, 3)])
+@pytest.mark.parametrize("shape", [(33, 65, 17), (2, 3, 1030), (4096, 3), (1030, 129)])
 def test_fused_reductions_over_every_subset_of_axes(shape, dtype):
     x = ct.var("x", shape, dtype)
     y = ct.var("y", shape[-1:], dtype)

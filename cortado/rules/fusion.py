@@ -19,7 +19,9 @@ terms it reads, taking:
   (``(..., 1)``) grows a row kernel too where it reduces rows twice or more (a cross-entropy's
   logsumexp less its label's logit), its rows those its first reduction reduces;
 - a term that only spreads narrower values over its shape (``spread``: each row's label compared
-  with every place) joins every region that reads it, computed in each, never stored;
+  with every place), what only such terms read where it reads nothing wider, and a small value
+  computed from leaves that only wider elementwise terms read (a gain cast to bfloat16) join every
+  region that reads them, computed in each, never stored;
 - in a region with no reduction, a ``pad`` (or crop) of a value computed outside it: a read of that
   value at shifted indices, the padding value outside them. ``concatenate`` is a sum of pads, and
   the gradient of a slice (of ``split(qkv, 3)``) is one too: the region reads each part once and
@@ -108,16 +110,17 @@ class _Fuser:
         self.spreading = self._spreading()
 
     def _spreading(self):
-        """The ``spread`` terms and the elementwise terms read only by them that read nothing wider than themselves
-        (a label's place wrapped and clamped into its row): computed in each region that reads them, as cheap to
-        compute again as to read back, never stored."""
+        """The terms computed in each region that reads them, as cheap to compute again as to read back, never
+        stored: the ``spread`` terms; the elementwise terms read only by them that read nothing wider than themselves
+        (a label's place wrapped and clamped into its row); and the elementwise terms of leaves read only by wider
+        elementwise terms (a layer norm's gain cast to bfloat16: a kernel of its own costs a launch)."""
         found = set()
         for term in reversed(self.order):  # a term's users before it
-            if spread(term):
-                found.add(term)
-            elif (term.op.kind == ELEMENTWISE and term.ndim > 0 and term not in self.roots and self.users[term]
-                  and all(u in found for u in self.users[term])
-                  and all(inlined(a) or a.size <= term.size for a in term.args)):
+            users = self.users[term]
+            if term.op.kind != ELEMENTWISE or term.ndim == 0 or term in self.roots or not users:
+                continue
+            if spread(term) or (all(u in found for u in users) and all(inlined(a) or a.size <= term.size for a in term.args)) \
+                    or (all(a.op.kind == "leaf" for a in term.args) and all(_elementwise(u) and u.size > term.size for u in users)):
                 found.add(term)
         return found
 
