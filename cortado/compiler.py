@@ -127,7 +127,7 @@ def _rewrite(roots, backend, traces, variant=None):
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)
-    roots, _ = fuse(roots, traces["fusion"], alone=backend.fuse_single_ops)
+    roots, _ = fuse(roots, traces["fusion"], alone=backend.fuse_single_ops, siblings=backend.fuse_sibling_reductions)
     return list(roots)
 
 

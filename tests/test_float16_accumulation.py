@@ -200,4 +200,4 @@ def test_gpu_reductions_of_float16_accumulate_in_float():
     operand = Operand(x.shape, np.dtype(np.float16), contiguous_strides(x.shape))
     for axis in (0, 1):  # columns split into parts (two kernels), a row of a block
         for source in kernel_sources((ct.sum(parameter(0, x), axis=axis),), [operand]):
-            assert "float acc = " in source.text and "__half acc" not in source.text
+            assert "float acc0 = " in source.text and "__half acc" not in source.text and "__half sums" not in source.text

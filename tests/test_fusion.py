@@ -268,6 +268,41 @@ def test_a_small_value_of_leaves_is_computed_in_each_wider_kernel_that_reads_it(
         np.testing.assert_array_equal(np.asarray(ours, np.float64), np.asarray(theirs, np.float64))
 
 
+def test_a_layer_norms_gain_and_bias_gradients_are_one_column_kernel_on_the_gpu():
+    """The gain's and the bias's gradients both sum the output's gradient over the rows: the GPU's fusion makes them
+    one kernel (each with its update as epilogue), which reads that gradient once. The values are the plain
+    expressions'."""
+    x, dy = ct.var("x", (64, 48), "float32"), ct.var("dy", (64, 48), "float32")
+    g, b = ct.var("g", (48,), "float32"), ct.var("b", (48,), "float32")
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    y = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g + b
+    dx, dg, db = ct.grad(ct.sum(y * dy), [x, g, b])
+    outputs = [dx, g - 0.1 * dg, b - 0.1 * db]
+    roots, kernels = _gpu_kernels(outputs, [x, dy, g, b])
+    columns = [k.term for k in kernels if k.term.op.name == "fused" and k.term.shape == g.shape]
+    assert len({t.args for t in columns}) == 1 and len(columns[0].attr("outputs")) == 2
+    assert len(_reductions(columns[0])) == 2 and dy in columns[0].args
+    rng = np.random.default_rng(5)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, dy, g, b)}
+    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-5, atol=1e-5)
+
+
+def test_column_sums_merge_only_where_neither_reads_the_other_and_they_share_a_value():
+    """``sum(x * sum(x, 0), 0)`` reads the first sum: two kernels. Sums over the same rows of values that share
+    nothing stay apart too (a merged kernel would read no less)."""
+    x, z = ct.var("x", (64, 48)), ct.var("z", (64, 48))
+    first = ct.sum(x, axis=0)
+    dependent = [first, ct.sum(x * first, axis=0)]
+    _, kernels = _gpu_kernels(dependent, [x])
+    assert len([k for k in kernels if k.term.op.name == "fused"]) == 2
+    _, kernels = _gpu_kernels([ct.sum(x, axis=0), ct.sum(ct.exp(z), axis=0)], [x, z])
+    assert len([k for k in kernels if k.term.op.name == "fused"]) == 2
+    _, kernels = _gpu_kernels([ct.sum(x, axis=0), ct.sum(ct.exp(x), axis=0)], [x])
+    (merged,) = {k.term.attr("outputs") for k in kernels if k.term.op.name == "fused"}
+    assert len(merged) == 2
+
+
 def test_the_gpus_places_of_indices_are_those_its_gathers_read():
     """``taken_places`` on the GPU is elementwise: a negative index counts from the end and one still out of range is
     clamped into the axis, as the GPU's gather kernels read (``index_kernels``), where the CPU's take raises."""

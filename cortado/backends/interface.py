@@ -19,6 +19,7 @@ class Backend:
     feeds_in_place = False  # its executor reads feeds where the caller keeps them: the arena holds none
     lowering = None  # a rewriter: ``lowering.run(roots, trace, variant)`` gives the lowered roots
     fuse_single_ops = False  # fusion makes a fused term of an op alone too: the backend builds kernels of bodies only
+    fuse_sibling_reductions = False  # its column reductions take several sums of one shape in one pass
     collectives = False  # its all-reduces reach the other ranks of a job (``cortado.distributed``); else a world of one
 
     def require(self):

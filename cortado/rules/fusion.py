@@ -27,6 +27,11 @@ terms it reads, taking:
   the gradient of a slice (of ``split(qkv, 3)``) is one too: the region reads each part once and
   writes the whole, with no zeros stored between.
 
+With ``siblings`` (a backend whose column reductions take several sums a pass), two regions reducing
+the columns of values of one shape over the same rows, reading a value in common and neither reading
+the other, become one (a layer norm's gain and bias gradients, both sums over its output's
+gradient): one kernel reads what they share once.
+
 The schedule condition is what keeps regions acyclic: a term that comes after the root cannot
 feed the region. A region of one term stays as it was, unless ``alone=True``: a backend that
 generates every kernel (the GPU's) gets a fused term of one op for it too, so it builds kernels
@@ -93,10 +98,27 @@ class _Region:
         self.extras = []
         self.pads = 0
         self.copied = set()  # members computed here that other regions may compute too (``spread``)
+        self.siblings = False  # two column reductions merged (``_Fuser.siblings``)
+
+    def operands(self):
+        """What the region reads from outside it."""
+        return {a for m in self.members for a in m.args if a not in self.members and not inlined(a)}
+
+    def column_key(self):
+        """What a sibling must share with this region to merge with it (the reduced values' shape, the axes, the
+        reduction's shape and type, the outputs' shape), or None where this is no column reduction."""
+        red = self.reduction
+        if red is None or self.rows or self.row_reductions or self.pads or red.op.name not in ROW_KERNEL_REDUCTIONS:
+            return None
+        if red.args[0].ndim - 1 in red.attr("axes") or red.size <= 1 or red.shape != self.root.shape:
+            return None
+        if any(t.shape != self.root.shape for t in self.extras):
+            return None
+        return red.args[0].shape, red.attr("axes"), red.shape, red.dtype
 
 
 class _Fuser:
-    def __init__(self, roots, alone):
+    def __init__(self, roots, alone, siblings=False):
         self.order = post_order(roots)
         self.position = {t: i for i, t in enumerate(self.order)}
         self.users = {t: [] for t in self.order}
@@ -106,6 +128,7 @@ class _Fuser:
         self.end = len(self.order)  # the program's own use of its roots comes after every term
         self.roots = set(roots)
         self.alone = alone  # a region of one term is one too
+        self.siblings = siblings  # column reductions of one shape reading a value in common merge
         self.region_of = {}
         self.spreading = self._spreading()
 
@@ -119,8 +142,10 @@ class _Fuser:
             users = self.users[term]
             if term.op.kind != ELEMENTWISE or term.ndim == 0 or term in self.roots or not users:
                 continue
-            if spread(term) or (all(u in found for u in users) and all(inlined(a) or a.size <= term.size for a in term.args)) \
-                    or (all(a.op.kind == "leaf" for a in term.args) and all(_elementwise(u) and u.size > term.size for u in users)):
+            feeds_spread = all(u in found for u in users) and all(inlined(a) or a.size <= term.size for a in term.args)
+            of_leaves = all(a.op.kind == "leaf" for a in term.args) and all(_elementwise(u) and u.size > term.size
+                                                                              for u in users)
+            if spread(term) or feeds_spread or of_leaves:
                 found.add(term)
         return found
 
@@ -227,7 +252,45 @@ class _Fuser:
                 for m in region.members - region.copied:
                     self.region_of[m] = region
                 found.append(region)
-        return found
+        return self._merged_siblings(found) if self.siblings else found
+
+    def _merged_siblings(self, found):
+        """``found`` with each pair of sibling column reductions (``_siblings``) merged into one region, rooted at
+        the later root."""
+        kept, waiting = [], {}
+        for region in sorted(found, key=lambda r: self.position[r.root]):
+            key = region.column_key()
+            partner = next((other for other in waiting.get(key, ()) if self._siblings(other, region)), None)
+            if partner is None:
+                kept.append(region)
+                if key is not None:
+                    waiting.setdefault(key, []).append(region)
+                continue
+            waiting[key].remove(partner)
+            kept.remove(partner)
+            merged = _Region(region.root)
+            merged.members = partner.members | region.members
+            merged.prologue = partner.prologue | region.prologue
+            merged.reduction = region.reduction
+            merged.extras = region.extras + [partner.root] + partner.extras
+            merged.copied = partner.copied | region.copied
+            merged.siblings = True
+            for m in merged.members - merged.copied:
+                self.region_of[m] = merged
+            kept.append(merged)
+        return kept
+
+    def _siblings(self, first, second):
+        """Whether column reductions ``first`` and ``second`` (rooted later) may be one kernel: they read a value in
+        common, neither reads what the other computes, and nothing outside reads ``first``'s outputs before
+        ``second``'s root, where the merged kernel runs."""
+        if not first.operands() & second.operands():
+            return False
+        own = [(first.members - first.copied, second), (second.members - second.copied, first)]
+        if any(a in members for members, other in own for m in other.members for a in m.args):
+            return False
+        after = self.position[second.root]
+        return all(use > after for t in [first.root, *first.extras] for use in self._outside_uses(t, first))
 
 
 def _body(region, position):
@@ -251,12 +314,13 @@ def _body(region, position):
     return inputs, produced, tuple(body[t] for t in produced)
 
 
-def fuse(roots, trace=None, alone=False):
+def fuse(roots, trace=None, alone=False, siblings=False):
     """``(new_roots, trace)``: ``roots`` with every fusible region replaced by fused terms (with ``alone``,
-    every elementwise op and reduction outside a larger region too)."""
+    every elementwise op and reduction outside a larger region too; with ``siblings``, sibling column reductions
+    as one)."""
     roots = tuple(roots)
     trace = Trace() if trace is None else trace
-    fuser = _Fuser(roots, alone)
+    fuser = _Fuser(roots, alone, siblings)
     replaced = {}
     fuser.regions()
     for term in fuser.order:
@@ -275,7 +339,8 @@ def fuse(roots, trace=None, alone=False):
 def _replace_region(region, position, replaced, trace):
     inputs, produced, outputs = _body(region, position)
     inputs = tuple(replaced.get(a, a) for a in inputs)
-    rule = "fuse-rows" if region.row_reductions else "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
+    rule = "fuse-rows" if region.row_reductions else "fuse-sibling-reductions" if region.siblings \
+        else "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
     if len(region.members) == 1:
         rule = "one-op-kernel"
     for index, term in zip(itertools.count(), produced):

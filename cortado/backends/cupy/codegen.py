@@ -580,11 +580,18 @@ def elementwise_source(body, operands, aliased=(), order=None):
     return finished_source("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
 
 
-def _reduction_of(body):
+def _reductions_of(body):
+    """The reductions of a fused reduction's body: one, or several of values of one shape over the same axes into
+    one accumulator type (sibling column sums, ``rules.fusion``), each summed beside the others in one pass."""
     found = [t for t in post_order(body) if t.op.name in REDUCTIONS]
-    if len(found) != 1:
-        raise BackendError(f"a fused reduction needs exactly one reduction in its body, found {len(found)}")
-    return found[0]
+    if not found:
+        raise BackendError("a fused reduction needs a reduction in its body, found none")
+    first = found[0]
+    if any(t.args[0].shape != first.args[0].shape or t.attr("axes") != first.attr("axes")
+           or _accumulator(t) != _accumulator(first) for t in found[1:]):
+        raise BackendError("the reductions of one fused reduction must reduce the same axes of values of one shape "
+                           "into one accumulator type")
+    return found
 
 
 def _accumulator(reduction):
@@ -609,49 +616,51 @@ def _combine(reduction, acc, a, b):
 
 @dataclass(frozen=True)
 class _Reduction:
-    """What every form of a fused reduction's kernel shares: its prologue (per element read), fold, and the lines
-    that apply the epilogue and store each output."""
+    """What every form of a fused reduction's kernel shares: its prologue (per element read), the element each
+    reduction folds (``acc0``, ``acc1``, ... in the epilogue), and the lines that apply the epilogue and store each
+    output."""
 
-    red: object
+    reds: tuple
     outputs_n: int
     k_total: int
     acc: str
     index: str
     prologue: object
-    element: str
+    elements: tuple
     finish: list
 
-    @property
-    def identity(self):
-        return _identity(self.red, self.acc)
+    def identity(self, j=0):
+        return _identity(self.reds[j], self.acc)
 
-    def combine(self, a, b):
-        return _combine(self.red, self.acc, a, b)
+    def combine(self, j, a, b):
+        return _combine(self.reds[j], self.acc, a, b)
 
-    def fold(self, acc="acc"):
-        """The line adding the prologue's element to ``acc``."""
-        return f"{acc} = {self.combine(acc, f'(({self.acc}){self.element})')};"
+    def fold(self, j, acc):
+        """The line adding reduction ``j``'s element to ``acc``."""
+        return f"{acc} = {self.combine(j, acc, f'(({self.acc}){self.elements[j]})')};"
 
 
 def _reduction_parts(body, operands):
-    red = _reduction_of(body)
-    source_shape, axes = red.args[0].shape, red.attr("axes")
+    reds = _reductions_of(body)
+    source_shape, axes = reds[0].args[0].shape, reds[0].attr("axes")
     k_total = math.prod(source_shape[a] for a in axes)
-    acc = _accumulator(red)
+    acc = _accumulator(reds[0])
     prologue = _Writer(_reduction_space(source_shape, axes), operands, "p")
-    element = prologue.value(red.args[0])
+    elements = tuple(prologue.value(red.args[0]) for red in reds)
     epilogue = _Writer(_space(body[0].shape, "o"), operands, "e")
-    total = "acc" if red.op.name != "mean" else f"(acc / ({acc}){k_total})"
-    epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
+    for j, red in enumerate(reds):
+        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){k_total})"
+        epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
     results = [epilogue.value(t) for t in body]
     finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"
                                for k, (t, v) in enumerate(zip(body, results))]
-    return _Reduction(red, math.prod(red.shape), k_total, acc, _index_type(body, operands), prologue, element, finish)
+    return _Reduction(tuple(reds), math.prod(reds[0].shape), k_total, acc, _index_type(body, operands), prologue,
+                      elements, finish)
 
 
 def _columns(body):
     """Whether ``body``'s reduction sums columns (its innermost axis is kept) of more than one output."""
-    red = _reduction_of(body)
+    red = _reductions_of(body)[0]
     return (red.args[0].ndim - 1) not in red.attr("axes") and math.prod(red.shape) > 1
 
 
@@ -660,7 +669,7 @@ def column_splits(body):
     blocks, each part ``SPLIT_ROWS_MIN`` rows at least."""
     if not _columns(body):
         return 1
-    red = _reduction_of(body)
+    red = _reductions_of(body)[0]
     tiles = -(-math.prod(red.shape) // _column_tile(math.prod(red.shape)))
     rows = math.prod(red.args[0].shape[a] for a in red.attr("axes"))
     return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), rows // SPLIT_ROWS_MIN))
@@ -674,32 +683,33 @@ def reduction_scratch_bytes(body):
     splits = column_splits(body)
     if splits == 1:
         return 0
-    red = _reduction_of(body)
-    return splits * math.prod(red.shape) * np.dtype(np.int32 if kind_of(red.dtype) == "b" else
-                                                    np.float64 if compute_type(red.dtype) == "double" else
-                                                    np.float32).itemsize
+    reds = _reductions_of(body)
+    itemsize = {c: np.dtype(name).itemsize for name, c in STORAGE.items()}[_accumulator(reds[0])]
+    return splits * len(reds) * math.prod(reds[0].shape) * itemsize
 
 
 def _row_lines(r):
     """Each output a warp (short reductions) or a block, its threads striding along the row."""
+    if len(r.reds) != 1:
+        raise BackendError("a fused reduction along rows takes one reduction")
     width = 32 if r.k_total <= ROW_WARP_LIMIT else THREADS
     per_block = THREADS // width
     index, acc = r.index, r.acc
     lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
              f"  const unsigned lane = threadIdx.x % {width};",
-             f"  {acc} acc = {r.identity};",
+             f"  {acc} acc0 = {r.identity()};",
              f"  if (o < {r.outputs_n}) {{",
              f"    for ({index} r = lane; r < {r.k_total}; r += {width}) {{"]
-    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold(), "    }", "  }"]
+    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold(0, "acc0"), "    }", "  }"]
     lines += ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-              f"    acc = {r.combine('acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
+              f"    acc0 = {r.combine(0, 'acc0', '__shfl_down_sync(0xffffffffu, acc0, s)')};", "  }"]
     if width > 32:
         lines += [f"  __shared__ {acc} partial[{THREADS // 32}];",
-                  "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc;", "  __syncthreads();",
+                  "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc0;", "  __syncthreads();",
                   "  if (threadIdx.x >= 32) return;",
-                  f"  acc = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {r.identity};",
+                  f"  acc0 = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {r.identity()};",
                   "  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-                  f"    acc = {r.combine('acc', '__shfl_down_sync(0xffffffffu, acc, s)')};", "  }"]
+                  f"    acc0 = {r.combine(0, 'acc0', '__shfl_down_sync(0xffffffffu, acc0, s)')};", "  }"]
     lines += [f"  if (lane != 0 || o >= {r.outputs_n}) return;"] + ["  " + s for s in r.finish]
     return lines, -(-r.outputs_n // per_block), (THREADS, 1, 1)
 
@@ -711,56 +721,63 @@ def _column_tile(outputs):
 
 def _column_lines(r, first="0", last=None, store=None):
     """A tile of ``_column_tile`` outputs a block, ``COLUMN_TILE[1]`` threads down each column, over the rows from
-    ``first`` to ``last``; the block's sums go to ``store`` (lines) or, by default, through the epilogue. Each
-    thread sums several columns a warp's width apart: each of its loads is one contiguous segment of a row across
-    the warp, and its loads of one row are independent, so they are in flight together."""
+    ``first`` to ``last``, each reduction of the body beside the others; the block's sums (``acc0``, ``acc1``, ...)
+    go to ``store`` (lines) or, by default, through the epilogue. Each thread sums several columns a warp's width
+    apart: each of its loads is one contiguous segment of a row across the warp, and its loads of one row are
+    independent, so they are in flight together."""
     across, down = COLUMN_TILE
     tile = _column_tile(r.outputs_n)
-    index, acc, n = r.index, r.acc, r.outputs_n
+    index, acc, n, count = r.index, r.acc, r.outputs_n, len(r.reds)
     lines = [f"  const {index} column = ({index})blockIdx.x * {tile} + threadIdx.x;",
-             f"  {acc} sums[{tile // across}];",
-             "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) sums[u] = {r.identity};",
-             f"  #pragma unroll {COLUMN_ROW_UNROLL}",
-             f"  for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{",
-             "    #pragma unroll", f"    for (int u = 0; u < {tile // across}; ++u) {{",
-             f"      const {index} o = column + u * {across};",
-             f"      if (o < {n}) {{"]
-    lines += ["        " + s for s in r.prologue.lines] + ["        " + r.fold("sums[u]"), "      }", "    }", "  }"]
-    lines += [f"  __shared__ {acc} partial[{down}][{tile}];",
-              "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) "
-              f"partial[threadIdx.y][u * {across} + threadIdx.x] = sums[u];",
-              "  __syncthreads();", "  if (threadIdx.y != 0) return;",
+             f"  {acc} sums[{count}][{tile // across}];",
+             "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
+    lines += [f"    sums[{j}][u] = {r.identity(j)};" for j in range(count)] + ["  }"]
+    lines += [f"  #pragma unroll {COLUMN_ROW_UNROLL}",
+              f"  for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{",
+              "    #pragma unroll", f"    for (int u = 0; u < {tile // across}; ++u) {{",
+              f"      const {index} o = column + u * {across};",
+              f"      if (o < {n}) {{"]
+    lines += ["        " + s for s in r.prologue.lines]
+    lines += ["        " + r.fold(j, f"sums[{j}][u]") for j in range(count)] + ["      }", "    }", "  }"]
+    lines += [f"  __shared__ {acc} partial[{count}][{down}][{tile}];",
+              "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
+    lines += [f"    partial[{j}][threadIdx.y][u * {across} + threadIdx.x] = sums[{j}][u];" for j in range(count)]
+    lines += ["  }", "  __syncthreads();", "  if (threadIdx.y != 0) return;",
               f"  for (int u = 0; u < {tile // across}; ++u) {{",
               f"    const {index} o = column + u * {across};",
-              f"    if (o >= {n}) break;",
-              f"    {acc} acc = partial[0][u * {across} + threadIdx.x];",
-              f"    for (int y = 1; y < {down}; ++y) acc = {r.combine('acc', f'partial[y][u * {across} + threadIdx.x]')};"]
+              f"    if (o >= {n}) break;"]
+    for j in range(count):
+        lines += [f"    {acc} acc{j} = partial[{j}][0][u * {across} + threadIdx.x];",
+                  f"    for (int y = 1; y < {down}; ++y) "
+                  f"acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][u * {across} + threadIdx.x]')};"]
     return lines + ["    " + s for s in (store or r.finish)] + ["  }"], -(-n // tile), (across, down, 1)
 
 
 def reduction_sources(body, operands, aliased=()):
     """A fused reduction: the prologue for each element read, the reduction, the epilogue per output. One kernel,
     or, for columns split into parts (``column_splits``), two: the parts' sums into a scratch array (the kernels'
-    last parameter), then each output's parts added in order and the epilogue."""
+    last parameter: each reduction's parts, then the next's), then each output's parts added in order and the
+    epilogue."""
     r = _reduction_parts(body, operands)
     splits = column_splits(body)
     if splits == 1:
         lines, blocks, block = (_column_lines if _columns(body) else _row_lines)(r)
         return [finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)]
-    rows = -(-r.k_total // splits)
-    lines, tiles, block = _column_lines(r, f"({r.index})blockIdx.y * {rows}",
-                                        f"min(({r.index})(blockIdx.y + 1) * {rows}, ({r.index}){r.k_total})",
-                                        [f"partials[({r.index})blockIdx.y * {r.outputs_n} + o] = acc;"])
+    rows, n, index = -(-r.k_total // splits), r.outputs_n, r.index
+    stores = [f"partials[({index})({j * splits} + blockIdx.y) * {n} + o] = acc{j};" for j in range(len(r.reds))]
+    lines, tiles, block = _column_lines(r, f"({index})blockIdx.y * {rows}",
+                                        f"min(({index})(blockIdx.y + 1) * {rows}, ({index}){r.k_total})", stores)
     parts = finished_source("reduction_parts", "\n".join(lines) + "\n", body, operands, aliased, (tiles, splits, 1),
                             block, f"{r.acc}* __restrict__ partials")
-    lines = [f"  const {r.index} o = ({r.index})blockIdx.x * {THREADS} + threadIdx.x;",
-             f"  if (o >= {r.outputs_n}) return;",
-             f"  {r.acc} acc = partials[o];",
-             "  #pragma unroll",  # the parts' loads all in flight at once; their sum still in order
-             f"  for (int s = 1; s < {splits}; ++s) acc = {r.combine('acc', f'partials[s * {r.outputs_n} + o]')};"]
+    lines = [f"  const {index} o = ({index})blockIdx.x * {THREADS} + threadIdx.x;", f"  if (o >= {n}) return;"]
+    for j in range(len(r.reds)):
+        lines += [f"  {r.acc} acc{j} = partials[{j * splits * n} + o];",
+                  "  #pragma unroll",  # the parts' loads all in flight at once; their sum still in order
+                  f"  for (int s = 1; s < {splits}; ++s) "
+                  f"acc{j} = {r.combine(j, f'acc{j}', f'partials[({j * splits} + s) * {n} + o]')};"]
     lines += ["  " + s for s in r.finish]
     total = finished_source("reduction_total", "\n".join(lines) + "\n", body, operands, aliased,
-                            -(-r.outputs_n // THREADS), (THREADS, 1, 1), f"const {r.acc}* __restrict__ partials")
+                            -(-n // THREADS), (THREADS, 1, 1), f"const {r.acc}* __restrict__ partials")
     return [parts, total]
 
 
