@@ -67,6 +67,12 @@ def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
     parts, total = codegen.kernel_sources(column, [tall])
     assert parts.blocks == (1, 32, 1) and "partials[" in parts.text and "partials[(0 + s) * 8 + o]" in total.text
     assert codegen.column_splits((ct.sum(parameter(0, _operand()), axis=0),)) == 1  # too few rows to split
+    wide = Operand((4096, 8), np.dtype(np.int64), (8, 1))  # an int64 sum keeps 8 bytes a part
+    assert codegen.reduction_scratch_bytes((ct.sum(parameter(0, wide), axis=0),)) == 32 * 8 * 8
+    both = (ct.sum(y, axis=0), ct.max(y, axis=0))  # sibling reductions: each its own parts
+    assert codegen.reduction_scratch_bytes(both) == 2 * 32 * 8 * 4
+    parts, total = codegen.kernel_sources(both, [tall])
+    assert "partials[(unsigned int)(32 + blockIdx.y) * 8 + o] = acc1;" in parts.text and "acc1 = ct_max" in total.text
     e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
     assert codegen.row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
     assert codegen.row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
