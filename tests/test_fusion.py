@@ -1,6 +1,7 @@
 """Fusion: which regions become one fused term, and that fusing never changes a value."""
 
 import numpy as np
+import pytest
 from hypothesis import given
 
 import cortado as ct
@@ -301,6 +302,16 @@ def test_column_sums_merge_only_where_neither_reads_the_other_and_they_share_a_v
     _, kernels = _gpu_kernels([ct.sum(x, axis=0), ct.sum(ct.exp(x), axis=0)], [x])
     (merged,) = {k.term.attr("outputs") for k in kernels if k.term.op.name == "fused"}
     assert len(merged) == 2
+
+
+@pytest.mark.parametrize("dtype, classes", [("uint64", 37), ("int8", 300)])
+def test_labels_the_wrap_cannot_spell_stay_a_gather(dtype, classes):
+    """A uint64 label past 2**63 is read by the GPU's gather as negative (counted from the end), and an int8 label
+    cannot hold the 300 places of its row: both keep the gather instead of a reduction of the row."""
+    logits, labels = ct.var("logits", (16, classes), "float32"), ct.var("labels", (16,), dtype)
+    picked = ct.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
+    _, kernels = _gpu_kernels([ct.logsumexp(logits, axis=-1) - picked], [logits, labels])
+    assert [k for k in kernels if k.term.op.name == "take_along_axis"]
 
 
 def test_the_gpus_places_of_indices_are_those_its_gathers_read():

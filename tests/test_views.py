@@ -88,6 +88,20 @@ def test_a_linear_layer_over_sequences_writes_over_its_residual():
     assert _inplace(gemm, strides, views) == ((gemm.term, gemm.term.args[2].args[0]),)
 
 
+def test_sibling_sums_write_over_nothing_either_reads_along_the_reduced_axis():
+    """Two column sums merged into one kernel: ``w`` is read by the first's prologue at ``(r, b)`` (broadcast along
+    the reduced axis, with as many rows as the outputs), so other blocks' outputs must not land in its buffer while
+    it is read. Only what the epilogue alone reads may be written over."""
+    from cortado.backends.cupy.layout import _inplace
+
+    x, q = ct.var("x", (64, 64, 48)), ct.var("q", (64, 48))
+    w = ct.softmax(q * 3.0, axis=-1)
+    first, second = ct.sum(x * w, axis=1), ct.sum(ct.exp(x), axis=1)
+    kernels, strides, views = _gpu_plan([ct.sum(first * second, axis=0)], [x, q])
+    (merged,) = [k for k in kernels if len(k.terms) == 2]
+    assert not _inplace(merged, strides, views)
+
+
 def test_attention_gradients_are_not_concatenated_in_place_across_permuted_batch_axes():
     """Heads split from a projection whose batch axes the transpose also swaps: dq, dk and dv do not lie in the
     concatenation's columns in the concatenation's order, so each is written apart and concatenated by a kernel."""

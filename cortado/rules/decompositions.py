@@ -126,6 +126,8 @@ def _row_pick(b):
         return None
     if not b.shared(x):  # read by nothing else: a gather reads one element a row, a reduction the whole row
         return None
+    if indices.dtype == np.uint64 or x.shape[-1] > np.iinfo(indices.dtype).max:
+        return None  # the gather reads a uint64 past 2**63 as negative; a row longer than the index type counts
     spread = wrapped_places(indices, x.shape[-1])
     kept = ct.where(ct.equal(spread, places(x.shape[-1], spread.dtype)), x, ct.const(0, x.dtype))
     return ct.sum(kept, axis=-1, keepdims=True)

@@ -381,9 +381,11 @@ def _inplace(k, strides, views):
 
 def _epilogue_operands(t):
     """The arguments of fused reduction ``t`` that only its epilogue reads: read once, at the output's index, by
-    the thread that writes the output there, after the reduction (an SGD step on a bias gradient, say)."""
-    reduction = next(s for s in post_order(t.attr("outputs")) if s.op.name in REDUCTIONS)
-    prologue = {s.attr("index") for s in post_order([reduction]) if s.op.name == "param"}
+    the thread that writes the output there, after the reductions (an SGD step on a bias gradient, say). What any
+    of its reductions reads is read by other threads while outputs are written (sibling sums: the second's may
+    broadcast along the reduced axis)."""
+    reductions = [s for s in post_order(t.attr("outputs")) if s.op.name in REDUCTIONS]
+    prologue = {s.attr("index") for s in post_order(reductions) if s.op.name == "param"}
     return [a for k, a in enumerate(t.args) if k not in prologue]
 
 
