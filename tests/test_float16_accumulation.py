@@ -15,7 +15,8 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.backends import gpu_visible
-from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_sources
+from cortado.backends.cupy.codegen import Operand, contiguous_strides
+from cortado.backends.cupy.sources import kernel_sources
 from cortado.exprgraph.graph import schedule
 from cortado.exprgraph.ops import parameter
 from cortado.backends.cupy.lowering import lowering as gpu_lowering

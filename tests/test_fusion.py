@@ -197,7 +197,8 @@ def test_a_row_kernel_takes_no_reduction_but_of_its_rows():
     axis is a kernel of its own (a row kernel's body holding a reduction of other rows has no kernel form)."""
     from cortado import compiler
     from cortado.backends.cupy import backend as engine
-    from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_sources
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides
+    from cortado.backends.cupy.sources import kernel_sources
 
     x, y = ct.var("x", (8, 5)), ct.var("y", (8, 5, 3))
     r = ct.exp(ct.sum(y, axis=-1) + x - ct.mean(x, axis=-1, keepdims=True))
@@ -224,7 +225,7 @@ def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_t
     reads; the backward pass is one kernel; beside them, the mean. The labels' places (a negative label counted from
     the end) and the label mask (each row's label against every place) are computed again in each kernel that
     reads them, not stored. Every value as the plain expressions give it, labels counted from the end included."""
-    from cortado.backends.cupy.codegen import row_shape
+    from cortado.backends.cupy.row_kernels import row_shape
 
     rows, classes = 16, 37
     logits, labels = ct.var("logits", (rows, classes), "bfloat16"), ct.var("labels", (rows,), "int32")
@@ -368,7 +369,8 @@ def test_what_a_spread_term_reads_is_stored_once_for_every_region_computing_it()
 def test_a_row_kernel_takes_no_reduction_of_rows_of_another_width():
     """A value a row from two reductions of one width and one of another: the row kernel takes the first two, the
     third is a kernel of its own (every fused body has a kernel the GPU can generate)."""
-    from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_sources
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides
+    from cortado.backends.cupy.sources import kernel_sources
 
     x, y = ct.var("x", (8, 5)), ct.var("y", (8, 7))
     r = ct.sum(ct.exp(y), axis=-1, keepdims=True) + (ct.mean(x, axis=-1, keepdims=True) + ct.max(x, axis=-1, keepdims=True))

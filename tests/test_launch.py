@@ -10,7 +10,7 @@ import pytest
 
 import cortado as ct
 from cortado.backends import gpu_visible
-from cortado.backends.cupy import codegen, launch
+from cortado.backends.cupy import launch, reduction_kernels, row_kernels, sources
 from cortado.backends.cupy.codegen import Operand, Source, contiguous_strides
 from cortado.backends.cupy.kernels import compiled
 from cortado.errors import BackendError
@@ -42,10 +42,10 @@ def _int8_sources():
 
 def _sources():
     x = parameter(0, ct.var("x", SHAPE, "float32"))
-    yield codegen.kernel_source((ct.exp(x) * 2.0,), [_operand()])
-    yield codegen.kernel_source((ct.sum(x, axis=1),), [_operand()])
-    yield codegen.kernel_source((ct.max(x, axis=0),), [_operand()])
-    yield codegen.copy_source(_operand(), (1, 0))
+    yield sources.kernel_source((ct.exp(x) * 2.0,), [_operand()])
+    yield sources.kernel_source((ct.sum(x, axis=1),), [_operand()])
+    yield sources.kernel_source((ct.max(x, axis=0),), [_operand()])
+    yield sources.copy_source(_operand(), (1, 0))
     yield from _int8_sources()
     yield from _split_and_row_sources()
 
@@ -54,29 +54,29 @@ def _split_and_row_sources():
     """A column sum too long for its one tile (two kernels), and a softmax spelled out (one row kernel)."""
     tall = Operand((4096, 8), np.dtype(np.float32), (8, 1))
     y = parameter(0, tall)
-    yield from codegen.kernel_sources((ct.sum(y, axis=0),), [tall])
+    yield from sources.kernel_sources((ct.sum(y, axis=0),), [tall])
     e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
-    yield from codegen.kernel_sources((e / ct.sum(e, axis=1, keepdims=True),), [tall])
+    yield from sources.kernel_sources((e / ct.sum(e, axis=1, keepdims=True),), [tall])
 
 
 def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
     tall = Operand((4096, 8), np.dtype(np.float32), (8, 1))
     y = parameter(0, tall)
     column = (ct.sum(y, axis=0),)
-    assert codegen.column_splits(column) == 32 and codegen.reduction_scratch_bytes(column) == 32 * 8 * 4
-    parts, total = codegen.kernel_sources(column, [tall])
+    assert reduction_kernels.column_splits(column) == 32 and sources.reduction_scratch_bytes(column) == 32 * 8 * 4
+    parts, total = sources.kernel_sources(column, [tall])
     assert parts.blocks == (1, 32, 1) and "partials[" in parts.text and "partials[(0 + s) * 8 + o]" in total.text
-    assert codegen.column_splits((ct.sum(parameter(0, _operand()), axis=0),)) == 1  # too few rows to split
+    assert reduction_kernels.column_splits((ct.sum(parameter(0, _operand()), axis=0),)) == 1  # too few rows to split
     wide = Operand((4096, 8), np.dtype(np.int64), (8, 1))  # an int64 sum keeps 8 bytes a part
-    assert codegen.reduction_scratch_bytes((ct.sum(parameter(0, wide), axis=0),)) == 32 * 8 * 8
+    assert sources.reduction_scratch_bytes((ct.sum(parameter(0, wide), axis=0),)) == 32 * 8 * 8
     both = (ct.sum(y, axis=0), ct.max(y, axis=0))  # sibling reductions: each its own parts
-    assert codegen.reduction_scratch_bytes(both) == 2 * 32 * 8 * 4
-    parts, total = codegen.kernel_sources(both, [tall])
+    assert sources.reduction_scratch_bytes(both) == 2 * 32 * 8 * 4
+    parts, total = sources.kernel_sources(both, [tall])
     assert "partials[(unsigned int)(32 + blockIdx.y) * 8 + o] = acc1;" in parts.text and "acc1 = ct_max" in total.text
     e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
-    assert codegen.row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
-    assert codegen.row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
-    assert codegen.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),)) == 0
+    assert row_kernels.row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
+    assert row_kernels.row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
+    assert sources.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),)) == 0
 
 
 @pytest.mark.parametrize("source", list(_sources()), ids=lambda s: s.name)
@@ -117,7 +117,7 @@ def test_chained_overlapping_launches_each_see_the_whole_result_before_them(capt
         assert launch.overlapping()
     n, steps = 2048, 40
     x = parameter(0, ct.var("x", (n, n), "float32"))
-    source = codegen.kernel_source((x + 1.0,), [Operand((n, n), np.dtype(np.float32), (1, n))])
+    source = sources.kernel_source((x + 1.0,), [Operand((n, n), np.dtype(np.float32), (1, n))])
     buffers = [cupy.zeros((n, n), np.float32), cupy.zeros((n, n), np.float32)]
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:

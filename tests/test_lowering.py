@@ -6,7 +6,8 @@ import pytest
 from hypothesis import given
 
 import cortado as ct
-from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_source, kernel_sources
+from cortado.backends.cupy.codegen import Operand, contiguous_strides
+from cortado.backends.cupy.sources import kernel_source, kernel_sources
 from cortado.exprgraph.graph import schedule
 from cortado.exprgraph.ops import parameter
 from cortado.rules.engine import Trace

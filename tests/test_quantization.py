@@ -162,7 +162,8 @@ def test_quantize_multiplies_by_the_float32_reciprocal_of_the_scale_as_pytorch_d
 
 
 def _gpu_source(term, *inputs):
-    from cortado.backends.cupy.codegen import Operand, contiguous_strides, kernel_source
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides
+    from cortado.backends.cupy.sources import kernel_source
     from cortado.exprgraph.ops import parameter
     from cortado.rules.api import simplify, subs
 

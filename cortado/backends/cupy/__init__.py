@@ -21,7 +21,7 @@ class CupyBackend(Backend):
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
     fuse_single_ops = True  # codegen makes every kernel from a fused body
-    fuse_sibling_reductions = True  # codegen._column_lines sums several reductions a pass
+    fuse_sibling_reductions = True  # reduction_kernels._column_lines sums several reductions a pass
     collectives = True  # all-reduces through NCCL (cortado.distributed)
 
     def require(self):

@@ -10,7 +10,8 @@ channels-last images (``channels_last_io``) stores its convolutions' images so i
 import numpy as np
 
 from ...memplan import aligned
-from .codegen import Operand, contiguous_strides, copy_source, in_c_order, memory_order
+from .codegen import Operand, contiguous_strides, in_c_order, memory_order
+from .sources import copy_source
 from .kernels import launcher
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))

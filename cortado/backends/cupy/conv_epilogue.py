@@ -8,7 +8,8 @@ convolution runs alone and this kernel follows it: the one elementwise pass fusi
 
 from ...exprgraph import constructors as ct
 from ...exprgraph.ops import parameter
-from .codegen import Operand, kernel_source, memory_order
+from .codegen import Operand, memory_order
+from .sources import kernel_source
 from .kernels import launcher
 from .lowering.conv import epilogue_parts
 

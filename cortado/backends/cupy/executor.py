@@ -30,7 +30,7 @@ from .lowering.gemm import gemm_operands
 from ...memplan import aligned, joins, unallocatable
 from .. import interface
 from .blas import Gemm
-from .codegen import Operand, channels_last_strides, contiguous_strides, copy_source, kernel_sources, memory_order
+from .codegen import Operand, channels_last_strides, contiguous_strides, memory_order
 from .device import require_gpu
 from .kernels import compiled, launcher
 from .dnn import Conv
@@ -41,6 +41,7 @@ from .layout import (
     stored_strides,
 )
 from .index_kernels import take_along_axis_source, take_source
+from .sources import copy_source, kernel_sources
 from .window_kernels import flip_source, overlap_add_source, pad_source
 
 

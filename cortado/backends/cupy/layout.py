@@ -25,9 +25,9 @@ from .dnn import Conv, packed
 from .dnn_attention import Attention, attention_copies
 from .mma.runner import Int8Gemm
 from .codegen import (
-    REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, reduction_scratch_bytes, same_layout,
-    shifted_operands, strides_in_order,
+    REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands, strides_in_order,
 )
+from .sources import reduction_scratch_bytes
 from .device import require_gpu
 
 ALIGNMENT = 256
@@ -413,7 +413,7 @@ RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' s
 
 def steps(kernels, options):
     """One ``memplan.Step`` per kernel. A split column reduction's workspace holds its parts' sums
-    (``codegen.column_splits``); a library call's workspace (a gemm's, a cuDNN convolution's) holds the
+    (``reduction_kernels.column_splits``); a library call's workspace (a gemm's, a cuDNN convolution's) holds the
     copies of its operands it cannot read where they are and what the neediest of its candidates asks for
     (``options["tf32"]`` and ``options["deterministic"]`` change them). An attention's backward pass whose
     results are concatenated in place (``concatenated_in_place``) defines the concatenation, its results

@@ -17,7 +17,8 @@ import numpy as np
 from ....errors import BackendError
 from ....memplan import aligned
 from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
-from ..codegen import Operand, contiguous_strides, kernel_source
+from ..codegen import Operand, contiguous_strides
+from ..sources import kernel_source
 from ..kernels import launcher
 from ..timing import time_graph
 from .epilogue import OPTIONS

@@ -1,0 +1,198 @@
+"""CUDA C for a fused reduction: a region whose body reduces some axes of one shape (its prologue computed for
+each element as it is read, its epilogue once per output).
+
+Each output takes a warp (short reductions) or a block, or, when the reduced axes are not the innermost, a column
+of a tile (columns too long for the tiles to fill the GPU are split into parts, added in order by a second
+kernel). Several reductions of one shape over the same axes (sibling column sums, ``rules.fusion``) are summed
+beside each other in one pass.
+"""
+
+import math
+from dataclasses import dataclass
+
+from ...errors import BackendError
+from ...exprgraph.graph import post_order
+from .codegen import (
+    REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _space, _Writer,
+    compute_type, finished_source, storage_type,
+)
+
+ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
+COLUMN_TILE = (32, 8)  # threads across a block, threads down each reduced column
+COLUMN_VECTORS = 2  # the columns each thread of a column reduction sums, a warp's width apart
+COLUMN_ROW_UNROLL = 4  # rows a column reduction's thread loads before it adds them
+# a column reduction of fewer tiles than this splits its columns into parts, summed by a second kernel in order
+# (so the result does not depend on timing): a column sum is latency-bound, the more loads in flight the faster.
+# Measured on an H200 (16 sums of x * y in one graph, 8192 x 768 bfloat16): 264 blocks of one column a thread and
+# no unrolling, 18-22 us a sum; 1056 blocks of two columns a thread, four rows unrolled, 15.5 us (8192 x 3072: 55
+# against 46 us). Four columns a thread or 2112 blocks were slower
+COLUMN_BLOCKS_WANTED = 1056  # eight blocks per multiprocessor of an H100
+SPLIT_ROWS_MIN = 128  # rows each part of a split column sums at least
+
+
+def _reductions_of(body):
+    """The reductions of a fused reduction's body: one, or several of values of one shape over the same axes into
+    one accumulator type (sibling column sums, ``rules.fusion``), each summed beside the others in one pass."""
+    found = [t for t in post_order(body) if t.op.name in REDUCTIONS]
+    if not found:
+        raise BackendError("a fused reduction needs a reduction in its body, found none")
+    first = found[0]
+    if any(t.args[0].shape != first.args[0].shape or t.attr("axes") != first.attr("axes")
+           or _accumulator(t) != _accumulator(first) for t in found[1:]):
+        raise BackendError("the reductions of one fused reduction must reduce the same axes of values of one shape "
+                           "into one accumulator type")
+    return found
+
+
+@dataclass(frozen=True)
+class _Reduction:
+    """What every form of a fused reduction's kernel shares: its prologue (per element read), the element each
+    reduction folds (``acc0``, ``acc1``, ... in the epilogue), and the lines that apply the epilogue and store each
+    output."""
+
+    reds: tuple
+    outputs_n: int
+    k_total: int
+    acc: str
+    index: str
+    prologue: object
+    elements: tuple
+    finish: list
+
+    def identity(self, j=0):
+        return _identity(self.reds[j], self.acc)
+
+    def combine(self, j, a, b):
+        return _combine(self.reds[j], self.acc, a, b)
+
+    def fold(self, j, acc):
+        """The line adding reduction ``j``'s element to ``acc``."""
+        return f"{acc} = {self.combine(j, acc, f'(({self.acc}){self.elements[j]})')};"
+
+
+def _reduction_parts(body, operands):
+    reds = _reductions_of(body)
+    source_shape, axes = reds[0].args[0].shape, reds[0].attr("axes")
+    k_total = math.prod(source_shape[a] for a in axes)
+    acc = _accumulator(reds[0])
+    prologue = _Writer(_reduction_space(source_shape, axes), operands, "p")
+    elements = tuple(prologue.value(red.args[0]) for red in reds)
+    epilogue = _Writer(_space(body[0].shape, "o"), operands, "e")
+    for j, red in enumerate(reds):
+        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){k_total})"
+        epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
+    results = [epilogue.value(t) for t in body]
+    finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"
+                               for k, (t, v) in enumerate(zip(body, results))]
+    return _Reduction(tuple(reds), math.prod(reds[0].shape), k_total, acc, _index_type(body, operands), prologue,
+                      elements, finish)
+
+
+def _columns(body):
+    """Whether ``body``'s reduction sums columns (its innermost axis is kept) of more than one output."""
+    red = _reductions_of(body)[0]
+    return (red.args[0].ndim - 1) not in red.attr("axes") and math.prod(red.shape) > 1
+
+
+def column_splits(body):
+    """How many parts the reduced columns of ``body`` are split into (1: none): enough for ``COLUMN_BLOCKS_WANTED``
+    blocks, each part ``SPLIT_ROWS_MIN`` rows at least."""
+    if not _columns(body):
+        return 1
+    red = _reductions_of(body)[0]
+    tiles = -(-math.prod(red.shape) // _column_tile(math.prod(red.shape)))
+    rows = math.prod(red.args[0].shape[a] for a in red.attr("axes"))
+    return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), rows // SPLIT_ROWS_MIN))
+
+
+def _row_lines(r):
+    """Each output a warp (short reductions) or a block, its threads striding along the row."""
+    if len(r.reds) != 1:
+        raise BackendError("a fused reduction along rows takes one reduction")
+    width = 32 if r.k_total <= ROW_WARP_LIMIT else THREADS
+    per_block = THREADS // width
+    index, acc = r.index, r.acc
+    lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+             f"  const unsigned lane = threadIdx.x % {width};",
+             f"  {acc} acc0 = {r.identity()};",
+             f"  if (o < {r.outputs_n}) {{",
+             f"    for ({index} r = lane; r < {r.k_total}; r += {width}) {{"]
+    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold(0, "acc0"), "    }", "  }"]
+    lines += ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+              f"    acc0 = {r.combine(0, 'acc0', '__shfl_down_sync(0xffffffffu, acc0, s)')};", "  }"]
+    if width > 32:
+        lines += [f"  __shared__ {acc} partial[{THREADS // 32}];",
+                  "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc0;", "  __syncthreads();",
+                  "  if (threadIdx.x >= 32) return;",
+                  f"  acc0 = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {r.identity()};",
+                  "  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+                  f"    acc0 = {r.combine(0, 'acc0', '__shfl_down_sync(0xffffffffu, acc0, s)')};", "  }"]
+    lines += [f"  if (lane != 0 || o >= {r.outputs_n}) return;"] + ["  " + s for s in r.finish]
+    return lines, -(-r.outputs_n // per_block), (THREADS, 1, 1)
+
+
+def _column_tile(outputs):
+    """The outputs of a column reduction one block sums: ``COLUMN_VECTORS`` a thread where there are that many."""
+    return COLUMN_TILE[0] * max(1, min(COLUMN_VECTORS, -(-outputs // COLUMN_TILE[0])))
+
+
+def _column_lines(r, first="0", last=None, store=None):
+    """A tile of ``_column_tile`` outputs a block, ``COLUMN_TILE[1]`` threads down each column, over the rows from
+    ``first`` to ``last``, each reduction of the body beside the others; the block's sums (``acc0``, ``acc1``, ...)
+    go to ``store`` (lines) or, by default, through the epilogue. Each thread sums several columns a warp's width
+    apart: each of its loads is one contiguous segment of a row across the warp, and its loads of one row are
+    independent, so they are in flight together."""
+    across, down = COLUMN_TILE
+    tile = _column_tile(r.outputs_n)
+    index, acc, n, count = r.index, r.acc, r.outputs_n, len(r.reds)
+    lines = [f"  const {index} column = ({index})blockIdx.x * {tile} + threadIdx.x;",
+             f"  {acc} sums[{count}][{tile // across}];",
+             "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
+    lines += [f"    sums[{j}][u] = {r.identity(j)};" for j in range(count)] + ["  }"]
+    lines += [f"  #pragma unroll {COLUMN_ROW_UNROLL}",
+              f"  for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{",
+              "    #pragma unroll", f"    for (int u = 0; u < {tile // across}; ++u) {{",
+              f"      const {index} o = column + u * {across};",
+              f"      if (o < {n}) {{"]
+    lines += ["        " + s for s in r.prologue.lines]
+    lines += ["        " + r.fold(j, f"sums[{j}][u]") for j in range(count)] + ["      }", "    }", "  }"]
+    lines += [f"  __shared__ {acc} partial[{count}][{down}][{tile}];",
+              "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
+    lines += [f"    partial[{j}][threadIdx.y][u * {across} + threadIdx.x] = sums[{j}][u];" for j in range(count)]
+    lines += ["  }", "  __syncthreads();", "  if (threadIdx.y != 0) return;",
+              f"  for (int u = 0; u < {tile // across}; ++u) {{",
+              f"    const {index} o = column + u * {across};",
+              f"    if (o >= {n}) break;"]
+    for j in range(count):
+        lines += [f"    {acc} acc{j} = partial[{j}][0][u * {across} + threadIdx.x];",
+                  f"    for (int y = 1; y < {down}; ++y) "
+                  f"acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][u * {across} + threadIdx.x]')};"]
+    return lines + ["    " + s for s in (store or r.finish)] + ["  }"], -(-n // tile), (across, down, 1)
+
+
+def reduction_sources(body, operands, aliased=()):
+    """A fused reduction: the prologue for each element read, the reduction, the epilogue per output. One kernel,
+    or, for columns split into parts (``column_splits``), two: the parts' sums into a scratch array (the kernels'
+    last parameter: each reduction's parts, then the next's), then each output's parts added in order and the
+    epilogue."""
+    r = _reduction_parts(body, operands)
+    splits = column_splits(body)
+    if splits == 1:
+        lines, blocks, block = (_column_lines if _columns(body) else _row_lines)(r)
+        return [finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)]
+    rows, n, index = -(-r.k_total // splits), r.outputs_n, r.index
+    stores = [f"partials[({index})({j * splits} + blockIdx.y) * {n} + o] = acc{j};" for j in range(len(r.reds))]
+    lines, tiles, block = _column_lines(r, f"({index})blockIdx.y * {rows}",
+                                        f"min(({index})(blockIdx.y + 1) * {rows}, ({index}){r.k_total})", stores)
+    parts = finished_source("reduction_parts", "\n".join(lines) + "\n", body, operands, aliased, (tiles, splits, 1),
+                            block, f"{r.acc}* __restrict__ partials")
+    lines = [f"  const {index} o = ({index})blockIdx.x * {THREADS} + threadIdx.x;", f"  if (o >= {n}) return;"]
+    for j in range(len(r.reds)):
+        lines += [f"  {r.acc} acc{j} = partials[{j * splits * n} + o];",
+                  "  #pragma unroll",  # the parts' loads all in flight at once; their sum still in order
+                  f"  for (int s = 1; s < {splits}; ++s) "
+                  f"acc{j} = {r.combine(j, f'acc{j}', f'partials[({j * splits} + s) * {n} + o]')};"]
+    lines += ["  " + s for s in r.finish]
+    total = finished_source("reduction_total", "\n".join(lines) + "\n", body, operands, aliased,
+                            -(-n // THREADS), (THREADS, 1, 1), f"const {r.acc}* __restrict__ partials")
+    return [parts, total]

@@ -1,0 +1,155 @@
+"""CUDA C for a row kernel (``rules.fusion``: a layer norm, a softmax, their gradients): each row a warp or a
+block, which reduces the row once per reduction in the body, every thread keeping each total, then writes the
+outputs.
+"""
+
+import math
+
+from ...exprgraph.graph import post_order
+from ...rules.fusion import row_reduction
+from .codegen import (
+    REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
+    finished_source, offset, storage_type,
+)
+
+ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
+ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row kernel's thread holds in registers (more spill)
+
+
+def row_shape(body):
+    """The row shape ``(..., n)`` of a row kernel's body (``rules.fusion``): every reduction reduces the last axis of
+    a value of that shape, keeping it, and there are several or an output of the row shape; else None."""
+    reductions = [t for t in post_order(body) if t.op.name in REDUCTIONS]
+    if not reductions:
+        return None
+    shape = reductions[0].args[0].shape
+    if not all(row_reduction(t, shape) for t in reductions):
+        return None
+    return shape if len(reductions) > 1 or any(t.shape == shape for t in body) else None
+
+
+def _all_reduced(red, acc_type, acc, width):
+    """Lines leaving every thread of a row's ``width`` with the row's total of reduction ``red`` in ``acc``."""
+    lines = ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
+             f"    {acc} = {_combine(red, acc_type, acc, f'__shfl_xor_sync(0xffffffffu, {acc}, s)')};", "  }"]
+    if width > 32:
+        lines += [f"  __shared__ {acc_type} {acc}_warps[{width // 32}];",
+                  f"  if (threadIdx.x % 32 == 0) {acc}_warps[threadIdx.x / 32] = {acc};", "  __syncthreads();",
+                  f"  {acc} = {acc}_warps[0];",
+                  f"  for (int w = 1; w < {width // 32}; ++w) {acc} = {_combine(red, acc_type, acc, f'{acc}_warps[w]')};"]
+    return lines
+
+
+def _row_vector(shape, operands, elements, body):
+    """``(width, operands)``: how many elements of a row each thread takes at a time, and the operands it then loads
+    as one vector (those laid out as the rows themselves): 16 bytes of the narrowest type where the row divides."""
+    n = shape[-1]
+    rows = {k for k, o in enumerate(operands) if offset(elements, o) == f"o * {n} + r"}
+    sizes = [operands[k].dtype.itemsize for k in rows] + [t.dtype.itemsize for t in body if t.shape == shape]
+    vec = 16 // min(sizes, default=16)
+    while vec > 1 and n % vec:
+        vec //= 2
+    return (vec, rows) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set())
+
+
+def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=(), cached=0):
+    """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, or taken from
+    the thread's ``cached`` vectors of them), running ``writer``'s lines and then ``inner`` for each element ``r``;
+    ``stores``: ``(k, dtype)`` of the outputs ``inner`` puts in ``s{k}.v[u]``, stored as vectors (one element at a
+    time where ``vec`` is 1, by ``inner`` itself)."""
+    if vec == 1:
+        return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
+    if cached:
+        lines = ["  #pragma unroll", f"  for (int i = 0; i < {cached}; ++i) {{", f"    const {index} c = lane + i * {width};"]
+        lines += [f"    if (c >= {n // vec}) break;"] if (n // vec) % width else []
+    else:
+        lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
+        lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, n, vec)};"
+                  for k in sorted(writer.read & rows)]
+    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in stores]
+    lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
+    lines += ["      " + s for s in writer.lines + inner] + ["    }"]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(out{k})[o * {n // vec} + c] = s{k};"
+              for k, dtype in stores]
+    return lines + ["  }"]
+
+
+def _vector(operand, vec):
+    return f"ct_vec<{storage_type(operand.dtype)}, {vec}>"
+
+
+def _row_vector_read(operand, k, n, vec):
+    """The ``c``-th vector of ``vec`` elements of row ``o`` of operand ``k`` (rows of ``n``)."""
+    return f"reinterpret_cast<const {_vector(operand, vec)}*>(in{k})[o * {n // vec} + c]"
+
+
+def _row_cache(operands, read, index, n, width, vec, count):
+    """Lines loading each thread's ``count`` vectors of the row of each operand in ``read`` into registers
+    (``row{k}[i]``), once, for every pass to use."""
+    lines = []
+    for k in sorted(read):
+        lines += [f"  {_vector(operands[k], vec)} row{k}[{count}];", "  #pragma unroll",
+                  f"  for (int i = 0; i < {count}; ++i) {{", f"    const {index} c = lane + i * {width};",
+                  f"    if (c < {n // vec}) row{k}[i] = {_row_vector_read(operands[k], k, n, vec)};", "  }"]
+    return lines
+
+
+def row_source(body, operands, aliased, shape):
+    """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``) or a block to each row, which reduces the row
+    once for each reduction of the body in order, every thread holding each total, then computes the outputs: those
+    of the row shape element by element, those of the reduced shape once. Nothing between the passes is stored.
+    Each thread takes 16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded
+    and the outputs stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads
+    them into registers once, before the first pass, instead of reading the row again (from cache) in each."""
+    n, rows = shape[-1], math.prod(shape[:-1])
+    width = 32 if n <= ROW_KERNEL_WARP_LIMIT else THREADS
+    per_block = THREADS // width
+    index = _index_type(body, operands)
+    last = (len(shape) - 1,)
+    elements, row = _reduction_space(shape, last), _reduction_space(shape[:-1] + (1,), last)
+    vec, vectors = _row_vector(shape, operands, elements, body)
+    count = -(-(n // vec) // width) if vec > 1 else 0
+    cached = count if vectors and count * len(vectors) <= ROW_CACHE_VECTORS else 0
+
+    def loads(prefix):
+        return {k: f"row{k}[i].v[u]" if cached else f"{prefix}{k}.v[u]" for k in vectors}
+
+    lines, read, totals = [], set(), {}
+    for j, red in enumerate(t for t in post_order(body) if t.op.name in REDUCTIONS):
+        acc = _accumulator(red)
+        writer = _Writer(elements, operands, f"a{j}_", loads(f"p{j}_"))
+        writer.names.update(totals)
+        element = writer.value(red.args[0])
+        lines.append(f"  {acc} acc{j} = {_identity(red, acc)};")
+        lines += _row_pass(writer, index, n, width, vec, vectors, f"p{j}_",
+                           [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"], cached=cached)
+        lines += _all_reduced(red, acc, f"acc{j}", width)
+        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){n})"
+        lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
+        totals[red] = f"total{j}"
+        read |= writer.read
+    full = [(k, t) for k, t in enumerate(body) if t.shape == shape]
+    if full:
+        writer = _Writer(elements, operands, "e", loads("q"))
+        writer.names.update(totals)
+        values = [writer.value(t) for _, t in full]
+        place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
+        inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+        lines += _row_pass(writer, index, n, width, vec, vectors, "q", inner,
+                           [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached)
+        read |= writer.read
+    reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
+    if reduced:
+        writer = _Writer(row, operands, "w")
+        writer.names.update(totals)
+        values = [writer.value(t) for _, t in reduced]
+        lines += ["  if (lane == 0) {"] + ["    " + s for s in writer.lines]
+        lines += [f"    out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(reduced, values)]
+        lines.append("  }")
+    head = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+            f"  const unsigned lane = threadIdx.x % {width};",
+            f"  if (o >= {rows}) return;"]
+    if cached:
+        head += _row_cache(operands, read & vectors, index, n, width, vec, cached)
+    return finished_source("rows", "\n".join(head + lines) + "\n", body, operands, aliased, -(-rows // per_block),
+                           (THREADS, 1, 1))
