@@ -100,6 +100,18 @@ class _Region:
         self.copied = set()  # members computed here that other regions may compute too (``spread``)
         self.siblings = False  # two column reductions merged (``_Fuser.siblings``)
 
+    def merged(self, earlier):
+        """This column reduction and sibling ``earlier`` as one region, rooted at this one's root; ``earlier``'s root
+        and extras become extras."""
+        merged = _Region(self.root)
+        merged.members = earlier.members | self.members
+        merged.prologue = earlier.prologue | self.prologue
+        merged.reduction = self.reduction
+        merged.extras = self.extras + [earlier.root] + earlier.extras
+        merged.copied = earlier.copied | self.copied
+        merged.siblings = True
+        return merged
+
     def operands(self):
         """What the region reads from outside it."""
         return {a for m in self.members for a in m.args if a not in self.members and not inlined(a)}
@@ -268,13 +280,7 @@ class _Fuser:
                 continue
             waiting[key].remove(partner)
             kept.remove(partner)
-            merged = _Region(region.root)
-            merged.members = partner.members | region.members
-            merged.prologue = partner.prologue | region.prologue
-            merged.reduction = region.reduction
-            merged.extras = region.extras + [partner.root] + partner.extras
-            merged.copied = partner.copied | region.copied
-            merged.siblings = True
+            merged = region.merged(partner)
             for m in merged.members - merged.copied:
                 self.region_of[m] = merged
             kept.append(merged)

@@ -10,10 +10,12 @@ beside each other in one pass.
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
 from .codegen import (
-    REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _space, _Writer,
+    REDUCTIONS, STORAGE, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _space, _Writer,
     compute_type, finished_source, storage_type,
 )
 
@@ -28,6 +30,7 @@ COLUMN_ROW_UNROLL = 4  # rows a column reduction's thread loads before it adds t
 # against 46 us). Four columns a thread or 2112 blocks were slower
 COLUMN_BLOCKS_WANTED = 1056  # eight blocks per multiprocessor of an H100
 SPLIT_ROWS_MIN = 128  # rows each part of a split column sums at least
+ACCUMULATOR_BYTES = {c: np.dtype(name).itemsize for name, c in STORAGE.items()}  # a C type's bytes
 
 
 def _reductions_of(body):
@@ -103,6 +106,16 @@ def column_splits(body):
     tiles = -(-math.prod(red.shape) // _column_tile(math.prod(red.shape)))
     rows = math.prod(red.args[0].shape[a] for a in red.attr("axes"))
     return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), rows // SPLIT_ROWS_MIN))
+
+
+def partials_bytes(body):
+    """The bytes of the parts a split column reduction of ``body`` keeps between its two kernels (0: not split):
+    each reduction's parts, laid out as ``reduction_sources`` writes them, in the accumulator's type."""
+    splits = column_splits(body)
+    if splits == 1:
+        return 0
+    reds = _reductions_of(body)
+    return splits * len(reds) * math.prod(reds[0].shape) * ACCUMULATOR_BYTES[_accumulator(reds[0])]
 
 
 def _row_lines(r):

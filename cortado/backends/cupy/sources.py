@@ -4,14 +4,10 @@ the scratch between them) or an elementwise kernel; and the copy kernel.
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """
 
-import math
-
-import numpy as np
-
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import parameter
-from .codegen import REDUCTIONS, STORAGE, _accumulator, elementwise_source
-from .reduction_kernels import _reductions_of, column_splits, reduction_sources
+from .codegen import REDUCTIONS, elementwise_source
+from .reduction_kernels import partials_bytes, reduction_sources
 from .row_kernels import row_shape, row_source
 
 
@@ -44,9 +40,4 @@ def reduction_scratch_bytes(body):
     reduction at all)."""
     if row_shape(body) is not None or not any(t.op.name in REDUCTIONS for t in post_order(body)):
         return 0
-    splits = column_splits(body)
-    if splits == 1:
-        return 0
-    reds = _reductions_of(body)
-    itemsize = {c: np.dtype(name).itemsize for name, c in STORAGE.items()}[_accumulator(reds[0])]
-    return splits * len(reds) * math.prod(reds[0].shape) * itemsize
+    return partials_bytes(body)
