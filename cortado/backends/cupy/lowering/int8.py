@@ -8,9 +8,13 @@ rules that find quantized products written as plain expressions.
 - ``dequantize(qa, sa) @ dequantize(qw, sw)``, symmetric (no zero points), is that product times
   ``sa * sw``: one scale for the activations or one per row, one for the weights or one per output
   column. A scale along the contracted axis cannot be taken out of the sum, and a zero point adds
-  a term the kernel does not compute: those products stay as they are (in float).
+  a term the kernel does not compute: those products stay as they are (in float). So does one whose
+  int32 sums could overflow (``exact_in_int32``): the float product does not wrap, and the int8 path is
+  only a faster way to its value.
 - ``conv`` of such operands (integer casts, or dequantized with per-output-channel weight scales) is
-  the same product over the convolution's windows; a 1x1 convolution's windows are its pixels.
+  the same product over the convolution's windows; a 1x1 convolution's windows are its pixels. A
+  written int32 product or convolution wraps as its int32 sums wrap (in NumPy too), and ``int8_gemm``
+  wraps alike: that rewrite needs no bound.
 - An elementwise op of an ``int8_gemm`` that nothing else reads (but a widening cast), with operands
   that are one value, a row or a column of the product's shape, or a matrix of it, folds into the gemm's ``epilogue``: a
   body over ``param(0)``, the int32 sums, and ``param(k)``, the gemm's ``k + 1``-th argument (as a
@@ -21,6 +25,7 @@ rules that find quantized products written as plain expressions.
 epilogue, whichever is faster; every candidate computes the same bits.
 """
 
+import math
 from types import SimpleNamespace
 
 import numpy as np
@@ -35,6 +40,7 @@ from ....rules.engine import Rule, RuleSet
 from .conv import as_matmul_over_windows
 
 NARROW = (np.dtype(np.int8), np.dtype(np.uint8))
+INT32_MAX = int(np.iinfo(np.int32).max)
 LAYOUT_OPS = ("reshape", "transpose", "windows", "broadcast_to")
 
 
@@ -145,6 +151,19 @@ def _k_major(w):
     return ct.transpose(ct.const(np.ascontiguousarray(w.attr("value").array.T)))
 
 
+def _largest_magnitude(dtype):
+    """The largest ``|v|`` of a ``dtype`` value: 128 for int8, 255 for uint8."""
+    info = np.iinfo(dtype)
+    return max(-int(info.min), int(info.max))
+
+
+def exact_in_int32(k, a_dtype, b_dtype):
+    """Whether every sum of ``k`` products of an ``a_dtype`` and a ``b_dtype`` value fits in int32, so that an integer
+    product stands exactly for a float one: ``|sum| <= k * max|a| * max|b|`` (int8 x int8: ``k <= 131071``, uint8 x
+    uint8: ``k <= 33025``, int8 x uint8: ``k <= 65793``). Past it int32 sums wrap where float ones do not."""
+    return k * _largest_magnitude(a_dtype) * _largest_magnitude(b_dtype) <= INT32_MAX
+
+
 def _dequantized(t):
     """``(q, scale)`` of ``cast(q, float32) * scale`` with ``q`` narrow, else None."""
     if t.op.name != "multiply" or t.dtype != np.float32:
@@ -174,11 +193,13 @@ def _scale_product(sa, sw):
 
 def _dequantized_product(b):
     """``(cast(qa) * sa) @ (cast(qw) * sw)`` with scales that leave the contracted axis alone, as the exact integer
-    product times ``sa * sw``."""
+    product times ``sa * sw``, where its int32 sums cannot overflow."""
     x, y = _dequantized(b["_a"]), _dequantized(b["_b"])
     if x is None or y is None or b.term.ndim != 2 or x[0].ndim != 2 or y[0].ndim != 2:
         return None
     (qa, sa), (qw, sw) = x, y
+    if not exact_in_int32(qa.shape[1], qa.dtype, qw.dtype):
+        return None
     sa, sw = _factored(sa, 0, qa.shape[1]), _factored(sw, 1, qw.shape[0])
     if sa is None or sw is None:
         return None
@@ -199,12 +220,14 @@ def _integer_conv(b):
 
 def _dequantized_conv(b):
     """A convolution of dequantized images (one scale) and weights (one scale, or one per output channel) as the
-    integer convolution times the scales' product."""
+    integer convolution times the scales' product, where its int32 sums cannot overflow."""
     x, w = _dequantized(b["_x"]), _dequantized(b["_w"])
     if x is None or w is None or b["_g"] != 1:
         return None
     (qx, sx), (qw, sw) = x, w
     if sx.size != 1 or not (sw.size == 1 or sw.shape == (qw.shape[0],) + (1,) * (qw.ndim - 1)):
+        return None
+    if not exact_in_int32(math.prod(qw.shape[1:]), qx.dtype, qw.dtype):  # C_in / groups * R * S a sum
         return None
     spatial = (1,) * (qx.ndim - 2)
     sw = _reshaped(sw, ()) if sw.size == 1 else _reshaped(sw, (qw.shape[0],) + spatial)
