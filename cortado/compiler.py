@@ -29,12 +29,12 @@ import numpy as np
 
 from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks
-from .exprgraph.graph import as_outputs, collector_paused, schedule
+from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
 from .exprgraph.ops import FUSED, may_fail
 from .exprgraph.term import Term
 from .memplan.recompute import choices, recomputed
 from .memplan import intervals, joins, memory_order, overlapped, owners, plan_memory, read_through_view, verify
-from .rules.api import simplifier
+from .rules.api import fast_simplifier, simplifier
 from .rules.engine import Rewrite, Trace
 from .rules.fusion import fuse
 from .rules.stability import stabiliser
@@ -93,9 +93,11 @@ def _signature(outputs, inputs, state, updates):
     updates = _mapping(updates, "updates", "each state variable to its new value ({W: W - 0.1 * gW})")
     names = {}
     for v in list(inputs) + [_variable(v, "state keys") for v in state]:
+        if v.name in names and names[v.name] is not v:
+            raise FeedError(f"compile: {two_variables_named(names[v.name], v)}")
         if v.name in names:
-            how = "both an input and state, or an input twice" if names[v.name] is v else "the name of two variables"
-            raise FeedError(f"compile: {v.name!r} is {how}; each variable is fed or kept, once, under its own name")
+            raise FeedError(f"compile: {v.name!r} is both an input and state, or an input twice; "
+                            f"each variable is fed or kept, once, under its own name")
         names[v.name] = v
     values = feed_checks.bind({v.name: v for v in state}, {v.name: value for v, value in state.items()})
     state = {v: np.array(values[v], copy=True) for v in state}
@@ -112,18 +114,21 @@ def _signature(outputs, inputs, state, updates):
                              f"use ct.cast(..., {v.dtype.name!r})")
     read = [t for t in schedule(list(outputs) + list(updates.values())) if t.op.name == "var"]
     for v in read:
-        if names.get(v.name) is not v:
-            what = "a different variable of that name is" if v.name in names else "it is neither an input nor state"
-            raise FeedError(f"compile: the graph reads variable {v.name!r} (declared at {v.where_built}), but {what}")
+        if v.name in names and names[v.name] is not v:
+            raise FeedError(f"compile: {two_variables_named(names[v.name], v)}")
+        if v.name not in names:
+            raise FeedError(f"compile: the graph reads variable {v.name!r} ({v.attr('declaration')!r}), "
+                            f"but it is neither an input nor state")
+        names[v.name] = v
     return Signature(outputs, inputs, state, updates, single)
 
 
-def _rewrite(roots, backend, traces, variant=None):
+def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     """The rule pipeline over all roots at once, so they keep sharing their subterms; ``variant``: of the
     backend's lowering (one of its ``alternatives``)."""
     roots = list(roots)
     traces.update({stage: Trace() for stage in PIPELINE})
-    roots = simplifier.run(roots, traces["simplify"])
+    roots = (fast_simplifier if fast_math else simplifier).run(roots, traces["simplify"])
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)
@@ -249,7 +254,7 @@ def _downstream(j, users):
 
 
 def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, data_parallel=False,
-            recompute=True, **options):
+            recompute=True, fast_math=False, **options):
     """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
 
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
@@ -271,12 +276,16 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     (``{"bucket_bytes": 25 << 20, "first_bucket_bytes": 1 << 20}``, DDP's defaults). ``recompute=False`` keeps
     every value the backward pass reads from the forward pass, instead of making again the elementwise ones that
     are cheap to make where that shrinks the arena (``memplan.recompute``: a gelu's output, a layer norm's rows).
+    By default the program computes what the expressions say, each result within rounding of the written
+    operations; ``fast_math=True`` adds the ``rules.fast_math`` rewrites, which may change a float result by
+    more: ``x - x`` is 0 even for inf and nan, and constants are collected across sums and products whatever
+    the grouping (``(x + 1e8) - 1e8`` becomes ``x``; ``(x * 1e30) * 1e-30`` no longer overflows).
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
         (loss_value,) = step(x=xv, y=yv)
     """
     with collector_paused():  # a collection during compile would rescan every live term, again and again
-        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, options)
+        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, fast_math, options)
 
 
 def _options(engine, given):
@@ -305,10 +314,10 @@ class _Built:
     live_out: list
 
 
-def _built(signature, engine, options, variant=None):
+def _built(signature, engine, options, variant=None, fast_math=False):
     """The rule pipeline, the kernels, their memory-aware order and the memory plan of one step."""
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant)
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant, fast_math)
     return _planned(roots, signature, engine, options, traces)
 
 
@@ -364,7 +373,7 @@ def _sizes(kernels):
     return nbytes
 
 
-def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, options):
+def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, fast_math, options):
     from .backends import backend_named
     from .program import Program
 
@@ -374,9 +383,9 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
     buckets = ()
     if data_parallel:
         signature, buckets = _data_parallel(signature, engine, {} if data_parallel is True else data_parallel)
-    built = _built(signature, engine, options)
+    built = _built(signature, engine, options, fast_math=fast_math)
     for variant in engine.alternatives(built):
-        other = _built(signature, engine, options, variant)
+        other = _built(signature, engine, options, variant, fast_math)
         if other.plan.peak_bytes < built.plan.peak_bytes:
             built = other
     if recompute:

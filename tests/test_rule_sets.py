@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.rules import Fixpoint, Postwalk, Rule, algebra, simplify, stability
+from cortado.rules.api import fast_simplifier
 from cortado.testing import feeds, graphs, graphs_with_feeds
 
 
@@ -59,28 +60,45 @@ def test_every_rule_set_keeps_values(name, case):
 
 
 def _redundant_forms(term, draw):
-    """Forms with ``term``'s value, shape and dtype that simplify should undo."""
-    forms = [term + 0, 1 * term, term * 1, ct.negative(ct.negative(term)), 2.0 * (0.5 * term), term - term + term,
+    """Forms with ``term``'s value, shape and dtype, for every value, that simplify should undo."""
+    forms = [term + 0, 1 * term, term * 1, ct.negative(ct.negative(term)),
              ct.cast(term, term.dtype), ct.reshape(ct.reshape(term, (-1,)), term.shape)]
     if term.ndim:
         perm = draw(st.permutations(range(term.ndim)))
         forms.append(ct.transpose(ct.transpose(term, perm), np.argsort(perm).tolist()))
+        forms.append(ct.sum(ct.broadcast_to(term, (1,) + term.shape), axis=0))
+    return forms
+
+
+def _fast_math_forms(term, draw):
+    """Forms with ``term``'s value for finite values of moderate size, which only fast_math undoes."""
+    forms = [2.0 * (0.5 * term), term - term + term, (term + 1.0) + (-1.0)]
+    if term.ndim:
         forms.append(0.5 * ct.sum(ct.broadcast_to(term, (2,) + term.shape), axis=0))
     return forms
 
 
-@given(st.data(), graphs(dtypes=("float64",), ops=["add", "multiply", "exp", "tanh", "sum", "matmul", "transpose"]))
-def test_simplify_takes_out_redundancy_put_in(data, graph):
+def _obfuscated(data, graph, forms_of):
     def obfuscate(b):
         if not data.draw(st.booleans(), label=f"obfuscate {b.term!r}"):
             return None
-        forms = _redundant_forms(b.term, data.draw)
+        forms = forms_of(b.term, data.draw)
         return forms[data.draw(st.integers(0, len(forms) - 1))]
 
-    obfuscated = Postwalk(Rule("obfuscate", "_t", obfuscate)).run(list(graph.outputs))
-    feed = data.draw(feeds(graph))
-    simplified = simplify(obfuscated)
-    _values_kept(graph, feed, simplified, 1e-9)
+    return Postwalk(Rule("obfuscate", "_t", obfuscate)).run(list(graph.outputs))
+
+
+@given(st.data(), graphs(dtypes=("float64",), ops=["add", "multiply", "exp", "tanh", "sum", "matmul", "transpose"]))
+def test_simplify_takes_out_redundancy_put_in(data, graph):
+    simplified = simplify(_obfuscated(data, graph, _redundant_forms))
+    _values_kept(graph, data.draw(feeds(graph)), simplified, 1e-9)
+    assert operation_count(simplified) <= operation_count(graph.outputs)
+
+
+@given(st.data(), graphs(dtypes=("float64",), ops=["add", "multiply", "tanh", "sum", "matmul", "transpose"]))
+def test_fast_math_takes_out_what_only_rounding_tells_apart(data, graph):
+    simplified = fast_simplifier.run(_obfuscated(data, graph, _fast_math_forms))
+    _values_kept(graph, data.draw(feeds(graph)), simplified, 1e-9)
     assert operation_count(simplified) <= operation_count(graph.outputs)
 
 

@@ -9,7 +9,7 @@ The same engine rewrites tensor expressions and Python-syntax text (text in, tex
 (``algebra``, ``stability``) are ordered values composed with ``+``.
 """
 
-from .algebra import algebra
+from .algebra import algebra, fast_math
 from .api import findex, matchex, matchingex, rewrite, rewrite_all, simplifier, simplify, subs, tryrewrite
 from .derivatives import Derivative, Derivatives, derivatives
 from .engine import Chain, Fixpoint, Postwalk, Prewalk, Rewrite, Rewriter, Rule, RuleSet, Run, Trace, explain
@@ -23,6 +23,6 @@ __all__ = [
     "matchex", "matchingex", "rewrite", "tryrewrite", "rewrite_all", "subs", "findex", "simplify", "simplifier",
     "Rule", "RuleSet", "Rewriter", "Chain", "Fixpoint", "Postwalk", "Prewalk", "Run", "Trace", "Rewrite", "explain",
     "placeholders", "Pattern", "Placeholder", "Splat", "Bindings", "constants", "not_constant", "same_type", "floating",
-    "TextTerm", "parse", "unparse", "algebra", "stability",
+    "TextTerm", "parse", "unparse", "algebra", "fast_math", "stability",
     "derivatives", "Derivative", "Derivatives",
 ]

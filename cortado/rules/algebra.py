@@ -1,11 +1,17 @@
 """``algebra``: the identities of + - * / **, constant folding and collecting, layout algebra.
 
-Every rule holds for every input it applies to, exactly, with these stated exceptions, which
-PyTensor and XLA make too:
+Every rule gives every input the value the written form gives, with these stated exceptions:
 
-- ``x - x`` becomes zeros: with an infinite or nan ``x`` the unsimplified form is nan;
-- collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place;
+- collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place. It fires
+  only where no value can change: integers and booleans (their arithmetic wraps, so any grouping
+  gives the same bits), and float products whose folded constant is exact and whose two constants
+  scale the same way (both at least 1 in magnitude, or both at most 1), so that neither form
+  overflows or underflows where the other does not. Float sums are never regrouped;
 - ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``.
+
+``x - x`` becomes zeros for integers and booleans only (an infinite or nan float gives nan).
+``fast_math``, a separate rule set that ``compile(..., fast_math=True)`` adds, regroups float sums
+and products and takes ``x - x`` as 0 whatever ``x`` holds, as PyTensor and XLA do by default.
 
 A constant of one value broadcast against other operands is written as that one value (a 0-d
 constant). An identity whose operand must be broadcast or cast to stand for the term (``1 * s``
@@ -26,6 +32,9 @@ attributes. They apply to text too, so ``simplify("2 * (3 * x) + 0")`` is ``"6 *
 """
 
 import math
+from fractions import Fraction
+
+import numpy as np
 
 from ..exprgraph import constructors as ct
 from ..exprgraph.term import Term
@@ -81,10 +90,11 @@ def _scalar_splats(b):
     return term.rebuild(args)
 
 
-def _collect(op):
+def _collect(op, regroups=lambda op, a, c, folded: True):
     """``a op (b op x)`` as ``c op x``, ``c`` being ``a op b`` folded now, where that is safe: the
-    constants already have the result's dtype (so the fold computes as the original would), and
-    ``c`` is finite (an overflow that the original's order avoids is not baked in)."""
+    constants already have the result's dtype (so the fold computes as the original would), ``c``
+    is finite (an overflow that the original's order avoids is not baked in), and ``regroups``
+    says the new grouping gives every ``x`` the value the written one gives."""
 
     def replace(b):
         a, c, x = b["_a"], b["_b"], b["_x"]
@@ -93,9 +103,43 @@ def _collect(op):
         folded = b.world.fold(b.world.build(op, [a, c], {}))
         if folded is None or not b.world.is_finite(folded):
             return None
+        if isinstance(x, Term) and not regroups(op, a, c, folded):
+            return None
         return b.world.build(op, [folded, x], {})
 
     return replace
+
+
+def _regroups_exactly(op, a, c, folded):
+    """Whether ``a op (c op x)`` and ``folded op x`` are the same value for every ``x``, the
+    rounding of each product aside: integer and boolean arithmetic wraps, so it regroups exactly;
+    a float sum never does (``(x + 1e8) - 1e8`` is not ``x``); a float product does where
+    ``folded`` is ``a * c`` exactly and ``a`` and ``c`` scale the same way (both at least 1 in
+    magnitude, or both at most 1), so ``c * x`` overflows or underflows only where
+    ``folded * x`` does too (``(x * 1e30) * 1e-30`` overflows, ``x`` does not)."""
+    if folded.dtype.kind in "biu":
+        return True
+    if op != "*":
+        return False
+    a, c = (t.attr("value").array for t in (a, c))
+    if not _exact_product(a, c, folded.attr("value").array):
+        return False
+    a, c = np.abs(a.astype(np.float64)), np.abs(c.astype(np.float64))
+    return bool((((a >= 1) & (c >= 1)) | ((a <= 1) & (c <= 1))).all())
+
+
+def _exact_product(a, c, folded):
+    """Whether every element of ``folded`` is the exact product of ``a``'s and ``c``'s: in float64
+    for the narrower floats (their products fit 53 bits), as fractions for float64."""
+    if folded.dtype.itemsize <= 4:
+        return bool((a.astype(np.float64) * c.astype(np.float64) == folded.astype(np.float64)).all())
+    if folded.size > _EXACT_CHECK_LIMIT:
+        return False
+    pairs = zip(*(np.broadcast_to(v, folded.shape).ravel().tolist() for v in (a, c, folded)))
+    return all(Fraction(x) * Fraction(y) == Fraction(z) for x, y, z in pairs)
+
+
+_EXACT_CHECK_LIMIT = 4096  # float64 constants checked element by element as fractions, at most this many
 
 
 def _permutation(value):
@@ -207,10 +251,10 @@ algebra = RuleSet([
     Rule("negative-plus", "(-_x) + _y", "_y - _x"),
     Rule("negate-difference", "-(_x - _y)", "_y - _x"),
     Rule("negative-product", "(-_x) * (-_y)", "_x * _y"),
-    Rule("self-difference", "_x - _x", "0"),
+    Rule("self-difference", "_x - _x", "0", guard=exact_for_every_input),
     Rule("self-sum", "_x + _x", "2 * _x"),
-    Rule("collect-sums", "_a + (_b + _x)", _collect("+"), guard=constants("_a", "_b")),
-    Rule("collect-products", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),
+    Rule("collect-sums", "_a + (_b + _x)", _collect("+", _regroups_exactly), guard=constants("_a", "_b")),
+    Rule("collect-products", "_a * (_b * _x)", _collect("*", _regroups_exactly), guard=constants("_a", "_b")),
     Rule("log-exp", "log(exp(_x))", "_x"),
     Rule("log1p-expm1", "log1p(expm1(_x))", "_x"),
     Rule("where-same", "where(_c, _x, _x)", _identity("_x")),
@@ -226,3 +270,13 @@ algebra = RuleSet([
     Rule("einsum-ones", "einsum(*_xs, subscripts=_s)", _einsum_without_ones),
     Rule("einsum-transpose", "einsum(*_xs, subscripts=_s)", _einsum_as_transpose),
 ], name="algebra")
+
+fast_math = RuleSet([
+    Rule("self-difference-fast", "_x - _x", "0"),
+    Rule("collect-sums-fast", "_a + (_b + _x)", _collect("+"), guard=constants("_a", "_b")),
+    Rule("collect-products-fast", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),
+], name="fast_math")
+"""What ``compile(..., fast_math=True)`` adds to ``algebra``: rewrites that can change a float
+result by more than rounding. ``x - x`` is 0 even where ``x`` is inf or nan; constants are
+collected across float sums and products whatever the grouping did (``(x + 1e8) - 1e8`` becomes
+``x``, ``(x * 1e30) * 1e-30`` no longer overflows), as ``-ffast-math`` lets a C compiler."""

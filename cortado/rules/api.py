@@ -13,7 +13,7 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.term import Term
 from . import text as textforms
-from .algebra import algebra
+from .algebra import algebra, fast_math
 from .engine import Fixpoint, Postwalk, Rule, RuleSet, substitute, subterms
 from .matching import match
 from .patterns import as_pattern, matchable
@@ -89,6 +89,7 @@ def rewrite_all(ex, rules, trace=None):
 
 
 simplifier = Fixpoint(Postwalk(Fixpoint(algebra)))
+fast_simplifier = Fixpoint(Postwalk(Fixpoint(algebra + fast_math)))
 
 
 def simplify(ex, trace=None, keep=()):
