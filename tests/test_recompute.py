@@ -27,8 +27,8 @@ def _block(batch=32, width=16):
     return loss, x, state, {p: p - 0.1 * g for p, g in zip(params, grads)}
 
 
-def _compiled(recompute):
-    loss, x, state, updates = _block()
+def _compiled(recompute, block=None):
+    loss, x, state, updates = block or _block()
     return ct.compile([loss], inputs=[x], state=state, updates=updates, recompute=recompute, debug=True)
 
 
@@ -44,8 +44,9 @@ def test_recomputing_shrinks_the_arena_and_changes_no_value():
 
 
 def test_the_copies_run_after_the_peak_just_before_their_readers():
-    program = _compiled(True)
-    before = {t for k in _compiled(False).kernels for t in k.terms}
+    block = _block()
+    program = _compiled(True, block)
+    before = {t for k in _compiled(False, block).kernels for t in k.terms}
     copies = [i for i, k in enumerate(program.kernels) if k.term.op.name == "fused" and k.term not in before
               and all(a in before or a.op.name == "var" for a in k.term.args)]
     assert copies

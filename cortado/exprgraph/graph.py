@@ -99,10 +99,7 @@ class Graph:
         for v in self.variables:
             other = found.setdefault(v.name, v)
             if other is not v:
-                raise FeedError(
-                    f"two different variables are both named {v.name!r}: {other!r} built at "
-                    f"{other.where_built} and {v!r} built at {v.where_built}; feeds could not tell them apart"
-                )
+                raise FeedError(two_variables_named(other, v))
         return found
 
     def __len__(self):
@@ -117,3 +114,11 @@ class Graph:
         from .printing import to_dot
 
         return to_dot(self)
+
+
+def two_variables_named(first, second):
+    """The error for two variables of one name in one graph: each ``ct.var`` call declares a variable of its
+    own, and feeds, state and updates know variables by name."""
+    return (f"two variables are both named {first.name!r}: {first!r} {first.attr('declaration')!r} and "
+            f"{second!r} {second.attr('declaration')!r}. Each ct.var call declares a new variable: to use one "
+            f"variable in two places, declare it once and pass that term to both; to have two, give them two names")

@@ -6,8 +6,10 @@ not the line of cortado that happened to build the term on their behalf.
 
 import os
 import sys
+import sysconfig
 
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_LIBRARY_DIRS = tuple({os.path.abspath(sysconfig.get_paths()[key]) + os.sep for key in ("stdlib", "purelib", "platlib")})
 
 
 def user_location():
@@ -18,6 +20,22 @@ def user_location():
     if frame is None:
         return None
     return (frame.f_code.co_filename, frame.f_lineno)
+
+
+def user_call_chain(depth=2):
+    """``file:line`` of the nearest caller outside cortado and, up to ``depth`` in all, of the user code that
+    called it (not Python's or an installed library's, such as a test runner's): a helper's line alone
+    cannot tell its two calls apart."""
+    frame = sys._getframe(1)
+    lines = []
+    while frame is not None and len(lines) < depth:
+        filename = frame.f_code.co_filename
+        if not filename.startswith(_PACKAGE_DIR) and not (lines and filename.startswith(_LIBRARY_DIRS)):
+            lines.append(format_location((filename, frame.f_lineno)))
+        frame = frame.f_back
+    if not lines:
+        return "<unknown>"
+    return lines[0] + "".join(f" (called from {line})" for line in lines[1:])
 
 
 def format_location(location):

@@ -4,6 +4,7 @@ holds as its value.
 
 import numpy as np
 
+from ..location import user_call_chain
 from ..term import shape_violation
 from .base import LEAF, Op, as_shape, dtype_attr
 
@@ -59,15 +60,30 @@ def _splat_element(array):
     return first
 
 
+class Declaration:
+    """What makes the variable of one ``ct.var`` call its own: compared by identity, so two calls are
+    two variables even with one name, shape and dtype (as two ``torch.nn.Parameter``s are), and a helper
+    that declares its weight and is called twice cannot tie two layers by accident. A variable used in
+    two places is the one term passed to both. ``where`` is the call's line and its caller's, for errors."""
+
+    __slots__ = ("where",)
+
+    def __init__(self, where):
+        self.where = where
+
+    def __repr__(self):
+        return f"declared at {self.where}"
+
+
 def _var_normalize(args, name, shape, dtype):
     if not isinstance(name, str) or not name:
         raise shape_violation(f"a variable's name must be a non-empty string, not {name!r}")
-    return (name, as_shape(shape), dtype_attr(dtype, f"variable {name!r}"))
+    return (name, as_shape(shape), dtype_attr(dtype, f"variable {name!r}"), Declaration(user_call_chain()))
 
 
-VAR = Op("var", 0, ("name", "shape", "dtype"),
-         lambda args, name, shape, dtype: shape,
-         lambda args, name, shape, dtype: dtype,
+VAR = Op("var", 0, ("name", "shape", "dtype", "declaration"),
+         lambda args, name, shape, dtype, declaration: shape,
+         lambda args, name, shape, dtype, declaration: dtype,
          LEAF, _var_normalize)
 CONST = Op("const", 0, ("value",),
            lambda args, value: value.array.shape,
