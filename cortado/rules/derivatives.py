@@ -14,6 +14,11 @@ Where a function has no derivative, the rules choose what PyTorch and JAX choose
 - ``maximum`` and ``minimum`` split a tie evenly: each input gets half (so ``maximum(x, x)``
   has derivative 1, as ``x`` has), and ``max`` over axes splits the adjoint evenly among the
   elements that attain the maximum;
+- a NaN is not swallowed, as in PyTorch: ``max`` over a slice holding a NaN (whose maximum is
+  NaN, equal to nothing) splits the adjoint evenly among its NaNs, as ``torch.max(x)`` does, so
+  ``max_pool2d`` routes a window's adjoint to its NaN; ``maximum`` and ``minimum`` give each input
+  the whole adjoint where either is NaN (no comparison holds, so neither loses), and ``relu`` gives
+  a NaN the adjoint. (``torch.amax`` differs: its ``0 * inf`` makes a NaN slice's shares all NaN.)
 - ``sign``, ``rint``, the comparisons and ``where``'s condition are piecewise constant: derivative 0
   (``stop_gradient``'s is 0 by definition);
 - ``sqrt`` at 0 and ``log`` at 0 have infinite derivatives, as in every framework, and
@@ -169,11 +174,18 @@ def _mean_share(b):
     return ct.broadcast_to(kept(b["_dy"] * (1 / max(count, 1)), x.shape, b["_a"]), x.shape)
 
 
+def _max_winners(x, peak):
+    """Where ``x`` attains ``peak``, the maximum of its slice. A NaN wins: the maximum of a slice
+    holding one is NaN, which equals nothing, so ``x != x`` (true at a NaN alone) must find it."""
+    return ct.where(ct.not_equal(x, x), True, ct.equal(x, peak))
+
+
 def _max_share(b):
-    """The adjoint split evenly among the elements equal to the maximum, counted in float32 at
-    least (float16 counts stop at 65504); the driver casts the share back."""
+    """The adjoint split evenly among the elements equal to the maximum (or among the NaNs, as
+    PyTorch's ``max`` splits it), counted in float32 at least (float16 counts stop at 65504); the
+    driver casts the share back."""
     x, axes = b["_x"], b["_a"]
-    winners = ct.equal(x, kept(b["_y"], x.shape, axes))
+    winners = _max_winners(x, kept(b["_y"], x.shape, axes))
     count = ct.sum(ct.cast(winners, np.promote_types(x.dtype, np.float32)), axis=axes, keepdims=True)
     return ct.where(winners, kept(b["_dy"], x.shape, axes) / count, 0)
 
@@ -337,12 +349,13 @@ derivatives = Derivatives([
     Derivative("multiply", "_x * _z", _x="_dy * _z", _z="_dy * _x"),
     Derivative("divide", "_x / _z", _x="_dy / _z", _z="-(_dy * _y) / _z"),
     Derivative("power", "_x ** _z", _x="where(_z == 0, 0, _dy * _z * _x ** (_z - 1))", _z=_power_exponent_share),
+    # a NaN makes every comparison false, so neither input loses and each gets the whole adjoint (PyTorch's rule)
     Derivative("maximum", "maximum(_x, _z)",
-               _x="where(_x > _z, _dy, where(_x == _z, _dy / 2, 0))",
-               _z="where(_z > _x, _dy, where(_x == _z, _dy / 2, 0))"),
+               _x="where(_x < _z, 0, where(_x == _z, _dy / 2, _dy))",
+               _z="where(_z < _x, 0, where(_x == _z, _dy / 2, _dy))"),
     Derivative("minimum", "minimum(_x, _z)",
-               _x="where(_x < _z, _dy, where(_x == _z, _dy / 2, 0))",
-               _z="where(_z < _x, _dy, where(_x == _z, _dy / 2, 0))"),
+               _x="where(_x > _z, 0, where(_x == _z, _dy / 2, _dy))",
+               _z="where(_z > _x, 0, where(_x == _z, _dy / 2, _dy))"),
     Derivative("exp", "exp(_x)", _x="_dy * _y"),
     Derivative("log", "log(_x)", _x="_dy / _x"),
     Derivative("log1p", "log1p(_x)", _x="_dy / (1 + _x)"),
@@ -353,9 +366,10 @@ derivatives = Derivatives([
     Derivative("softplus", "softplus(_x)", _x="_dy * sigmoid(_x)"),
     Derivative("gelu", "gelu(_x)", _x="_dy * gelu_grad(_x)"),
     Derivative("gelu_grad", "gelu_grad(_x)", _x=_gelu_grad_share),
-    # where the output is positive, not the input (the same elements): a training step then keeps the activation
-    # alone, and its pre-activation can die inside the product that makes it (a GEMM's relu epilogue)
-    Derivative("relu", "relu(_x)", _x="where(_y > 0, _dy, 0)"),
+    # read from the output, not the input (both are positive at the same elements): a training step then keeps the
+    # activation alone, and its pre-activation can die inside the product that makes it (a GEMM's relu epilogue);
+    # zero where the output is <= 0, so a NaN output gets the adjoint, as in PyTorch
+    Derivative("relu", "relu(_x)", _x="where(_y <= 0, 0, _dy)"),
     Derivative("abs", "abs(_x)", _x="_dy * sign(_x)"),
     Derivative("where", "where(_c, _x, _z)", _c="0", _x="where(_c, _dy, 0)", _z="where(_c, 0, _dy)"),
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
