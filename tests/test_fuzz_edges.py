@@ -1,0 +1,251 @@
+"""A fuzzer at the edges: random programs, compiled on every backend, against the reference interpreter, fed
+NaN, infinities, the dtype's extremes, signed zeros and subnormals, and shapes with empty axes.
+
+A compiled program must compute what its expressions say. Each value is compared with the reference in the
+declared dtypes and with the reference in float64 (a rewrite that computes more accurately, a stable form, may
+match only that one); either will do, but a NaN must stay a NaN, an infinity that same infinity, and a finite
+value finite and close. Gradients are taken of every float input, so the backward rules meet the same values.
+"""
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends import gpu_visible, names
+from cortado.exprgraph.dtypes import finfo, is_float
+from cortado.testing import ALL_OPS, feeds, graphs
+
+BACKENDS = [pytest.param(name, marks=pytest.mark.gpu) if name == "cupy" else name for name in names()]
+RTOL = {"bfloat16": 5e-2, "float16": 1e-2, "float32": 1e-4, "float64": 1e-9}
+FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+
+
+def _skip_without_device(backend):
+    if backend == "cupy" and not gpu_visible():
+        pytest.skip("no NVIDIA GPU is visible")
+
+
+def _host(array):
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def _edges(dtype):
+    """The values at which rewrites and kernels go wrong: non-finite, the largest and smallest, signed zeros."""
+    info = finfo(dtype)
+    return [np.nan, np.inf, -np.inf, float(info.max), -float(info.max), float(info.tiny), -float(info.tiny),
+            float(info.smallest_subnormal), 0.0, -0.0, 1.0, -1.0]
+
+
+@st.composite
+def _at_edges(draw, arrays):
+    """``arrays`` with some elements of each float array replaced by edge values."""
+    edged = {}
+    for name, array in arrays.items():
+        array = np.array(array, copy=True)
+        if is_float(array.dtype) and array.size:
+            flat = array.reshape(-1)
+            for index in draw(st.lists(st.integers(0, array.size - 1), max_size=min(array.size, 3), unique=True)):
+                flat[index] = array.dtype.type(draw(st.sampled_from(_edges(array.dtype))))
+        edged[name] = array
+    return edged
+
+
+def _as_dtype(value, dtype):
+    with np.errstate(all="ignore"):
+        return np.asarray(value).astype(dtype)
+
+
+def _agrees(ours, reference, dtype):
+    """Elementwise: the same NaNs, the same infinities, finite values within the dtype's tolerance of the output's
+    scale (a normwise bound: cancellation inside a program loses digits relative to its largest value)."""
+    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
+    same_nan = np.isnan(ours) == np.isnan(reference)
+    same_inf = np.where(np.isinf(ours) | np.isinf(reference), ours == reference, True)
+    finite = np.isfinite(ours) & np.isfinite(reference)
+    scale = np.max(np.abs(reference[np.isfinite(reference)]), initial=0.0)
+    rtol = RTOL[np.dtype(dtype).name]
+    close = np.where(finite, np.abs(ours - reference) <= rtol * scale + rtol * np.abs(reference) + float(finfo(dtype).tiny),
+                     True)
+    huge = float(finfo(dtype).max) * (1 - rtol)
+    near_overflow = (np.sign(ours) == np.sign(reference)) & (np.minimum(np.abs(ours), np.abs(reference)) >= huge)
+    return same_nan & (same_inf | near_overflow) & close
+
+
+def assert_computes_what_it_says(terms, values, feed, backend_results):
+    """Each of ``backend_results`` agrees, element by element, with the reference in the declared dtypes or with
+    the float64 reference rounded to them."""
+    declared = ct.evaluate(terms, feed)
+    exact = ct.evaluate(terms, feed, precision="float64")
+    for term, ours, said, precise in zip(terms, backend_results, declared, exact):
+        ours = _host(ours)
+        assert ours.shape == term.shape and ours.dtype == term.dtype, term
+        if not is_float(term.dtype):
+            np.testing.assert_array_equal(ours, said, err_msg=repr(term))
+            continue
+        ok = _agrees(ours, said, term.dtype) | _agrees(ours, _as_dtype(precise, term.dtype), term.dtype)
+        assert ok.all(), (f"{term!r} differs from the reference at {np.argwhere(~ok)[:4].tolist()}:\n"
+                          f"ours {ours.reshape(-1)[:8]}\nreference {np.asarray(said).reshape(-1)[:8]}\n"
+                          f"float64 {np.asarray(precise).reshape(-1)[:8]}\nfeeds {feed}")
+
+
+def _with_gradients(outputs, inputs):
+    """``outputs`` and the gradient of the sum of their float elements with respect to each float input."""
+    floats = [o for o in outputs if is_float(o.dtype)]
+    wrt = [v for v in inputs if is_float(v.dtype)]
+    if not floats or not wrt:
+        return list(outputs)
+    total = sum(ct.sum(ct.cast(o, "float64")) for o in floats)
+    return list(outputs) + list(ct.grad(total, wrt))
+
+
+def _run(terms, inputs, feed, backend, **options):
+    program = ct.compile(terms, inputs=inputs, backend=backend, **options)
+    return [_host(r) for r in program(**feed)]
+
+
+def _check(terms, inputs, feed, backend, **options):
+    with np.errstate(all="ignore"):
+        assert_computes_what_it_says(terms, inputs, feed, _run(terms, inputs, feed, backend, **options))
+
+
+@st.composite
+def _graph_at_edges(draw, dtypes):
+    graph = draw(graphs(ops=ALL_OPS, dtypes=dtypes))
+    return graph, draw(_at_edges(draw(feeds(graph))))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@FUZZ
+@given(case=_graph_at_edges(("float32", "float64")))
+def test_random_programs_at_edge_values(backend, case):
+    _skip_without_device(backend)
+    graph, feed = case
+    _check(_with_gradients(graph.outputs, graph.inputs), graph.inputs, feed, backend)
+
+
+@pytest.mark.gpu
+@FUZZ
+@given(case=_graph_at_edges(("bfloat16", "float16")))
+def test_random_half_precision_programs_at_edge_values_on_the_gpu(case):
+    _skip_without_device("cupy")
+    graph, feed = case
+    _check(list(graph.outputs), graph.inputs, feed, "cupy")
+
+
+def _images(draw, shape, dtype):
+    values = draw(st.lists(st.floats(-3, 3, width=32), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    return draw(_at_edges({"v": np.array(values, dtype).reshape(shape)}))["v"]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@FUZZ
+@given(data=st.data())
+def test_convolution_and_pooling_at_edge_values(backend, data):
+    """A conv layer with bias and relu, max and average pooling, and every gradient, fed NaN and infinities."""
+    _skip_without_device(backend)
+    n, c, k, side = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4)), 6
+    stride, padding = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 1))
+    x, w, b = ct.var("x", (n, c, side, side)), ct.var("w", (k, c, 3, 3)), ct.var("b", (k,))
+    h = ct.relu(ct.conv2d(x, w, stride=stride, padding=padding) + ct.reshape(b, (-1, 1, 1)))
+    pooled = ct.max_pool2d(h, 2) + ct.avg_pool2d(h, 2)
+    feed = {"x": _images(data.draw, x.shape, np.float32), "w": _images(data.draw, w.shape, np.float32),
+            "b": _images(data.draw, b.shape, np.float32)}
+    _check(_with_gradients([pooled], [x, w, b]), [x, w, b], feed, backend)
+
+
+_INT8 = {"int8": (-128, 127), "uint8": (0, 255)}
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_int8_products_at_their_extremes(backend, data):
+    """Dequantized products whose operands sit at their dtype's extremes, with contractions up to past the bound
+    where an int32 sum would overflow: the product computes what the float product says."""
+    _skip_without_device(backend)
+    a_dtype, w_dtype = data.draw(st.sampled_from(sorted(_INT8))), data.draw(st.sampled_from(sorted(_INT8)))
+    k = data.draw(st.sampled_from([1, 31, 256, 33025, 33026, 65794]))
+    a, w = ct.var("a", (4, k), a_dtype), ct.var("w", (k, 8), w_dtype)
+    product = ct.dequantize(a, 0.01) @ ct.dequantize(w, 0.02)
+    extreme = st.sampled_from(["low", "high", "mixed"])
+
+    def filled(dtype, shape, how):
+        lo, hi = _INT8[dtype]
+        if how == "mixed":
+            return np.random.default_rng(k).choice([lo, hi], size=shape).astype(dtype)
+        return np.full(shape, lo if how == "low" else hi, dtype)
+
+    feed = {"a": filled(a_dtype, a.shape, data.draw(extreme)), "w": filled(w_dtype, w.shape, data.draw(extreme))}
+    (ours,) = _run([product], [a, w], feed, backend)
+    scale = np.float64(np.float32(0.01)) * np.float64(np.float32(0.02))
+    exact = feed["a"].astype(np.float64) @ feed["w"].astype(np.float64) * scale
+    magnitude = np.abs(feed["a"].astype(np.float64)) @ np.abs(feed["w"].astype(np.float64)) * scale  # float32 sums
+    assert (np.abs(ours - exact) <= 1e-5 * magnitude + 1e-6).all()  # round within this; a wrapped sum is far off
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@FUZZ
+@given(data=st.data(), dtype=st.sampled_from(["float32", "bfloat16", "float16"]))
+def test_attention_at_edge_values(backend, data, dtype):
+    """Causal softmax attention as users write it (which the GPU runs as one fused attention call), its logits
+    large, infinite or NaN where the edges land."""
+    _skip_without_device(backend)
+    b, t, d = 2, data.draw(st.sampled_from([4, 8])), 16
+    q, k, v = (ct.var(name, (b, t, d), dtype) for name in "qkv")
+    scores = (q @ ct.transpose(k, (0, 2, 1))) * (1 / np.sqrt(d))
+    causal = np.tril(np.ones((t, t), bool))
+    masked = ct.where(causal, scores, -np.inf)
+    out = ct.softmax(masked, axis=-1) @ v
+    feed = {name: _images(data.draw, (b, t, d), np.dtype(dtype) if dtype != "bfloat16" else np.float32).astype(
+        q.dtype) for name in "qkv"}
+    _check(_with_gradients([out], [q, k, v]), [q, k, v], feed, backend)
+
+
+EMPTY = [
+    ("sum", lambda x: ct.sum(x, axis=1)),
+    ("mean", lambda x: ct.mean(x, axis=1)),
+    ("softmax", lambda x: ct.softmax(x, axis=0)),
+    ("matmul", lambda x: x @ ct.transpose(x)),
+    ("slice", lambda x: ct.exp(x[:, ::2]) + 1),
+    ("concatenate", lambda x: ct.concatenate([x, x * 2], axis=1)),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name, build", EMPTY, ids=[name for name, _ in EMPTY])
+def test_empty_axes(backend, name, build):
+    _skip_without_device(backend)
+    x = ct.var("x", (3, 0))
+    term = build(x)
+    _check(_with_gradients([term], [x]), [x], {"x": np.zeros((3, 0), np.float32)}, backend)
+
+
+VIEWS = [
+    ("crop and flip", lambda x: x[1:, ::-1] * 2),
+    ("strided window", lambda x: ct.exp(x[::2, 1::2])),
+    ("transpose of a slice", lambda x: ct.transpose(x[:, 1:3]) @ x),
+    ("reshape of a transpose", lambda x: ct.reshape(ct.transpose(x), (-1,)) + 1),
+    ("split and concatenate", lambda x: ct.concatenate(ct.split(x, 2, axis=1)[::-1], axis=1) - x),
+    ("broadcast", lambda x: ct.broadcast_to(ct.max(x, axis=0, keepdims=True), x.shape) - x),
+]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("name, build", VIEWS, ids=[name for name, _ in VIEWS])
+@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@given(data=st.data())
+def test_views_at_edge_values(backend, name, build, data):
+    _skip_without_device(backend)
+    x = ct.var("x", (4, 4))
+    feed = {"x": _images(data.draw, (4, 4), np.float32)}
+    _check(_with_gradients([build(x)], [x]), [x], feed, backend)
+
+
+def test_the_comparison_catches_what_it_must():
+    """The fuzzer's own check: a NaN turned into a number, an infinity into a finite value and a wrong value fail."""
+    ref = np.array([np.nan, np.inf, 1.0, 2.0], np.float32)
+    assert _agrees(ref.copy(), ref, np.float32).all()
+    for wrong in ([0.0, np.inf, 1.0, 2.0], [np.nan, 3.0, 1.0, 2.0], [np.nan, np.inf, 1.0, 2.5], [np.nan, -np.inf, 1, 2]):
+        assert not _agrees(np.array(wrong, np.float32), ref, np.float32).all()
