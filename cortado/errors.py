@@ -25,7 +25,12 @@ class FeedError(CortadoError, KeyError):
 
 
 class IndexRangeError(CortadoError, IndexError):
-    """An index tensor holding a value outside the axis it indexes, found when the values are known."""
+    """An index tensor holding a value outside the axis it indexes, found when the values are known. ``index`` and
+    ``size`` (where known) are that value and the axis' length, so that a caller can say it in the user's terms."""
+
+    def __init__(self, message, index=None, size=None):
+        super().__init__(message)
+        self.index, self.size = index, size
 
 
 class RewriteError(CortadoError):

@@ -2,7 +2,8 @@
 
     step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
     (loss_value,) = step(x=xv, y=yv)
-    step.state["W"]        # the current value (a read-only view; assign to replace it)
+    step(xv, yv)           # the same: values in the order of ``inputs``
+    step.state["W"]        # the current value (a read-only view; assign to replace it); step.state[W] too
     step.memory            # the MemoryPlan: peak_bytes, lower_bound_bytes, naive_bytes, plot()
     print(step.explain())  # the rules that fired, the kernels, the plan
 """
@@ -16,12 +17,14 @@ from .errors import FeedError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.dtypes import type_string
 from .exprgraph.printing import body_text, inline
+from .exprgraph.term import Term
 from .memplan import aligned
 
 
 class State(Mapping):
     """A program's state by variable name: views of the live buffers (read-only where NumPy can say so;
-    on the GPU, CuPy arrays that the next call updates).
+    on the GPU, CuPy arrays that the next call updates). A state variable indexes it as its name does
+    (``state[W]`` is ``state["W"]``), as it keys ``state=`` and ``updates=`` in ``compile``.
 
     ``state["W"] = value`` replaces a value (checked like a feed, copied in), never in the middle of a call.
     """
@@ -30,17 +33,26 @@ class State(Mapping):
         self._arrays = {v.name: (v, a) for v, a in arrays.items()}
         self._write = write
 
-    def __getitem__(self, name):
+    def _name(self, key):
+        """The name of the state variable ``key`` is or names; a FeedError for anything else."""
+        name = key.name if isinstance(key, Term) else key
         if name not in self._arrays:
-            raise FeedError(f"no state variable {name!r}; the state is {sorted(self._arrays) or 'empty'}")
-        array = self._arrays[name][1]
+            raise FeedError(f"no state variable {key!r}; the state is {sorted(self._arrays) or 'empty'}")
+        var = self._arrays[name][0]
+        if isinstance(key, Term) and key is not var:
+            raise FeedError(f"{key!r}, declared at {key.where_built}, is not the state variable {var!r} of that "
+                            f"name, declared at {var.where_built}")
+        return name
+
+    def __getitem__(self, key):
+        array = self._arrays[self._name(key)][1]
         if isinstance(array, np.ndarray):
             array = array.view()
             array.flags.writeable = False
         return array
 
-    def __setitem__(self, name, value):
-        self[name]  # noqa: B018  (an unknown name is refused first)
+    def __setitem__(self, key, value):
+        name = self._name(key)
         var, _ = self._arrays[name]
         self._write(var, feed_checks.bind({name: var}, {name: value})[var])
 
@@ -90,27 +102,26 @@ class Program:
     def inputs(self):
         return self.signature.inputs
 
-    def __call__(self, feeds=None, /, **named):
-        """The outputs for these feeds (``program(x=xv)`` or ``program({"x": xv})``), then the updates.
+    def __call__(self, *values, **named):
+        """The outputs for these feeds, then the updates. Feeds are values in the order of ``inputs``
+        (``program(xv, yv)``, as a JAX or PyTorch function is called), by name (``program(x=xv, y=yv)``), both
+        (each input once), or one mapping by name or variable (``program({"x": xv})``).
 
         Every feed is checked before anything runs, so a rejected call changes no state.
         """
-        if feeds is not None and named:
-            raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
-        bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named))
         with self._running:
             results = self._executor.run({v.name: value for v, value in bound.items()})
         return results[0] if self.signature.single else results
 
-    def profile(self, feeds=None, /, **named):
-        """The device time of each kernel of one step on these feeds (GPU programs): a table, slowest first.
+    def profile(self, *values, **named):
+        """The device time of each kernel of one step on these feeds (given as to a call; GPU programs): a table,
+        slowest first.
 
         The step runs eagerly (no CUDA graph) with an event around each kernel; it updates the state as a
         call does.
         """
-        if feeds is not None and named:
-            raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
-        bound = feed_checks.bind(self._inputs, named if feeds is None else feeds)
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named))
         with self._running:
             times = self._executor.profile({v.name: value for v, value in bound.items()})
         total = sum(ms for _, ms in times) or 1.0
@@ -118,9 +129,26 @@ class Program:
         lines += [f"  {ms:9.3f} ms {ms / total:6.1%}  {label}" for label, ms in sorted(times, key=lambda x: -x[1])]
         return "\n".join(lines)
 
+    def _feeds(self, values, named):
+        """The feeds of a call as one mapping: values by position feed the inputs in order."""
+        if len(values) == 1 and isinstance(values[0], Mapping):
+            if named:
+                raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")
+            return values[0]
+        if len(values) > len(self.inputs):
+            raise FeedError(f"{len(values)} feeds given by position, but the program has {len(self.inputs)} "
+                            f"input(s), in this order: ({self._inputs_text()})")
+        positional = {v.name: value for v, value in zip(self.inputs, values)}
+        twice = [name for name in positional if name in named]
+        if twice:
+            raise FeedError(f"{twice} fed both by position and by name (inputs in order: {self._inputs_text()})")
+        return {**positional, **named}
+
+    def _inputs_text(self):
+        return ", ".join(f"{v.name}: {type_string(v.shape, v.dtype)}" for v in self.inputs)
+
     def __repr__(self):
-        inputs = ", ".join(f"{v.name}: {type_string(v.shape, v.dtype)}" for v in self.inputs)
-        return (f"<Program ({inputs}) -> {len(self.outputs)} outputs, {len(self.updates)} updates; "
+        return (f"<Program ({self._inputs_text()}) -> {len(self.outputs)} outputs, {len(self.updates)} updates; "
                 f"{len(self.kernels)} kernels on {self.backend}; arena {self.memory.peak_bytes} bytes>")
 
     def explain(self, examples=3):

@@ -131,7 +131,8 @@ def test_an_index_out_of_range_is_an_error_on_the_cpu(backend):
     feeds = {"x": np.zeros((5, 3), np.float32), "i": np.array([[1], [-6]], np.int8)}
     run = (lambda: ct.evaluate(out, feeds)) if backend == "reference" else \
         (lambda: ct.compile([out], inputs=[x, i], backend="numpy")(**feeds))
-    with pytest.raises(ct.IndexRangeError, match=r"take_along_axis: index -6 is out of range for axis 0 of size 5"):
+    with pytest.raises(ct.IndexRangeError, match=r"take_along_axis\(float32\[5,3\], int8\[2,1\], axis=0\): index -6 is out "
+                                                 r"of range for axis 0 of size 5"):
         run()
     with pytest.raises(ct.IndexRangeError, match=r"index 9 is out of range for axis 0 of size 5"):
         ct.take(x, [0, 9], axis=0)  # constant indices are checked when the term is folded

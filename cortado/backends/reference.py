@@ -7,8 +7,8 @@ results can be computed in float64 throughout (``precision="float64"``).
 
 import numpy as np
 
-from ..errors import BackendError, DTypeError
-from ..exprgraph import feeds as feed_checks
+from ..errors import BackendError, DTypeError, IndexRangeError
+from ..exprgraph import feeds as feed_checks, gathering
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.graph import Graph, schedule
 from ..exprgraph.semantics import implementation
@@ -36,6 +36,8 @@ def _apply(term, args, widen):
         return implementation(term.op)(args, *attrs)
     except (ArithmeticError, ValueError) as error:  # e.g. integers fed negative integer powers
         raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
+    except IndexRangeError as error:  # only gathers raise it
+        raise gathering.out_of_range(term, error) from None
 
 
 def _value(term, values, variable, widen):

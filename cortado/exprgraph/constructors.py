@@ -15,7 +15,9 @@ from .operands import WEAK_TYPES, Scalar, at_default_dtypes, const_array, materi
 from .ops import OPS, UFUNC_OPS, Constant, dtype_attr, ufunc_loop, weak_scalars_as_bfloat16
 from ..errors import ShapeError
 from .dtypes import is_float
-from .term import RuleViolation, Term, apply, dtype_violation, make, rejection
+from . import gathering
+from .location import called_by_user
+from .term import RuleViolation, Term, apply, describe_operands, dtype_violation, make, rejection, shape_violation
 
 __all__ = [
     "var", "const", "as_term",
@@ -279,9 +281,7 @@ def take(x, indices, axis=None):
     indices count from the end. One outside the axis is an ``IndexRangeError`` on the CPU; the GPU clamps it into
     the axis (it never reads out of bounds). The gradient adds the adjoint's rows back where they were taken, a
     repeated index's rows summed."""
-    if axis is None:
-        return _call("take", _flattened(x), indices, axis=0)
-    return _call("take", x, indices, axis=axis)
+    return _gather("take", x, indices, axis)
 
 
 def take_along_axis(x, indices, axis):
@@ -289,12 +289,22 @@ def take_along_axis(x, indices, axis):
     off ``axis``, and each index picks an element along ``axis`` (None: of both flattened). The usual use picks
     each row's label: ``take_along_axis(logits, labels[:, None], axis=1)``. Indices as ``take``'s; with
     ``axis=None`` they are 1-d and index ``x`` flattened."""
-    if axis is None:
-        if as_term(indices).ndim != 1:
-            raise ShapeError(f"take_along_axis: with axis=None the indices must have one dimension (as in NumPy), "
-                             f"not shape {as_term(indices).shape}")
-        return _call("take_along_axis", _flattened(x), indices, axis=0)
-    return _call("take_along_axis", x, indices, axis=axis)
+    if axis is None and as_term(indices).ndim != 1:
+        raise ShapeError(f"take_along_axis: with axis=None the indices must have one dimension (as in NumPy), "
+                         f"not shape {as_term(indices).shape}")
+    return _gather("take_along_axis", x, indices, axis)
+
+
+def _gather(name, x, indices, axis):
+    """The gather ``name`` along ``axis`` (None: of ``x`` flattened), remembered where the user wrote it: an index
+    found out of range when a program runs is reported as this call, whichever gather rewriting made of it."""
+    flat = axis is None
+    term = _call(name, _flattened(x) if flat else x, indices, axis=0 if flat else axis)
+    if called_by_user():
+        indices, along = term.args[1], term.attr("axis")
+        call = f"{name}({describe_operands((as_term(x), indices))}, axis={axis!r})"
+        gathering.written_gather(call, indices, None if flat else along, term.args[0].shape[along])
+    return term
 
 
 
@@ -388,6 +398,7 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
 
 def _pooled_windows(name, x, kernel_size, stride, padding, fill):
     _four_dimensional(name, x)
+    call = _pool_call(name, x, kernel_size, stride, padding)
     kernel = _pair(kernel_size, f"{name}'s kernel_size")
     stride = kernel if stride is None else _pair(stride, f"{name}'s stride")
     padding = _pair(padding, f"{name}'s padding")
@@ -396,9 +407,31 @@ def _pooled_windows(name, x, kernel_size, stride, padding, fill):
             raise ShapeError(f"{name}'s {what} must be positive, not {pair}")
     if any(p < 0 or 2 * p > k for p, k in zip(padding, kernel)):
         raise ShapeError(f"{name}: padding {padding} must be between 0 and half the kernel {kernel} (as in PyTorch)")
+    _window_fits(call, x.shape[2:], kernel, padding)
     if any(padding):
         x = pad(x, ((0, 0), (0, 0)) + tuple((p, p) for p in padding), constant_values=fill)
     return windows(x, kernel, strides=stride)
+
+
+def _pool_call(name, x, kernel_size, stride, padding):
+    """The pooling call as the user wrote it, for its errors: ``max_pool2d(float32[1,3,2,2], kernel_size=3)``."""
+    given = [f"kernel_size={kernel_size!r}"] + ([f"stride={stride!r}"] if stride is not None else [])
+    given += [f"padding={padding!r}"] if padding != 0 else []
+    return f"{name}({describe_operands((x,))}, {', '.join(given)})"
+
+
+def _window_fits(call, spatial, kernel, padding):
+    """A window larger than the (padded) input is refused as the user's call, not as the ``windows`` it builds."""
+    padded = tuple(n + 2 * p for n, p in zip(spatial, padding))
+    if all(k <= n for k, n in zip(kernel, padded)):
+        return
+    size = _dims(spatial) + (f" padded by {padding} on each side to {_dims(padded)}" if any(padding) else "")
+    raise rejection(call, (), shape_violation(f"the {_dims(kernel)} window is larger than the input's {size}, "
+                                              f"so no window fits"))
+
+
+def _dims(sizes):
+    return "x".join(map(str, sizes))
 
 
 def max_pool2d(x, kernel_size, stride=None, padding=0):

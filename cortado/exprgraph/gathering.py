@@ -1,11 +1,25 @@
 """What ``take`` and ``take_along_axis`` compute, with NumPy, for the reference interpreter, constant folding and
 the CPU backend alike: NumPy's ``take`` and ``take_along_axis``, whose indices may count from the end (``-1`` is the
 last element), and an index outside ``[-n, n)`` refused with an error that names the op, the index and the axis
-(NumPy's ``take_along_axis`` would wrap some silently, and its ``IndexError`` names neither)."""
+(NumPy's ``take_along_axis`` would wrap some silently, and its ``IndexError`` names neither).
+
+An index out of range found when a program runs is reported as the gather the user wrote (``written_gather``),
+even when the gather that found it is one that rewriting built: a gradient picks places along the user's axis
+with the user's indices, and its own ``take`` from ``0 .. n - 1`` along axis 0 is nothing the user wrote."""
+
+import weakref
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import IndexRangeError
+from .location import format_location, user_location
+from .term import describe_operands
+
+
+def _outside(index, axis, size):
+    where = f"axis {axis} of size {size}" if axis is not None else f"the flattened operand of size {size}"
+    return f"index {index} is out of range for {where} (indices must lie in [{-size}, {size}))"
 
 
 def checked(indices, size, op, axis):
@@ -18,9 +32,50 @@ def checked(indices, size, op, axis):
         indices = indices.astype(np.int64)  # an int8's -1 + 1000 must not wrap
         outside = (indices < -size) | (indices >= size)
     if outside.any():
-        raise IndexRangeError(f"{op + ': ' if op else ''}index {indices[outside].flat[0]} is out of range for axis "
-                              f"{axis} of size {size} (indices must lie in [{-size}, {size}))")
+        index = indices[outside].flat[0]
+        raise IndexRangeError(f"{op + ': ' if op else ''}{_outside(index, axis, size)}", index, size)
     return indices if indices.dtype.kind == "u" else np.where(indices < 0, indices + size, indices)
+
+
+@dataclass(frozen=True)
+class _Written:
+    """A gather as the user wrote it: the call's text, its axis (None: of the operand flattened) and its size."""
+
+    call: str
+    axis: object
+    size: int
+    location: tuple
+
+
+_written = weakref.WeakKeyDictionary()  # index term -> {(axis, size): _Written}, the first call of each kept
+_SAME_VALUES = ("reshape", "broadcast_to", "transpose")  # ops whose result holds its operand's indices as they were
+
+
+def written_gather(call, indices, axis, size):
+    """Remember ``call`` (its text), a gather the user wrote by the term ``indices`` along ``axis`` of ``size``, and
+    the user's line, for ``out_of_range``."""
+    _written.setdefault(indices, {}).setdefault((axis, size), _Written(call, axis, size, user_location()))
+
+
+def _written_for(indices, size):
+    """The first gather written with ``indices``, or with the indices they were reshaped from, of an axis of ``size``."""
+    while True:
+        found = next((w for w in _written.get(indices, {}).values() if w.size == size), None)
+        if found is not None or indices.op.name not in _SAME_VALUES:
+            return found
+        indices = indices.args[0]
+
+
+def out_of_range(term, error):
+    """``error``, an index out of range found running the gather ``term``, as the gather the user wrote says it:
+    the call, the index, the valid range and the user's line."""
+    written = _written_for(term.args[1], error.size)
+    if written is None:  # built by cortado alone: the gather itself is all there is to name
+        axis = term.attr("axis")
+        written = _Written(f"{term.op.name}({describe_operands(term.args)}, axis={axis})", axis, error.size,
+                           term.location)
+    return IndexRangeError(f"{written.call}: {_outside(error.index, written.axis, error.size)}\n"
+                           f"  built at {format_location(written.location)}", error.index, error.size)
 
 
 def take(a, indices, axis):

@@ -22,6 +22,16 @@ def user_location():
     return (frame.f_code.co_filename, frame.f_lineno)
 
 
+def called_by_user():
+    """Whether the calling function was called by the user, not by cortado building terms for the user (a rule's
+    ``ct.take``): the first frame outside the caller's own module (a public function and its wrappers) is the user's."""
+    frame = sys._getframe(1)
+    module = frame.f_code.co_filename
+    while frame is not None and frame.f_code.co_filename == module:
+        frame = frame.f_back
+    return frame is None or not frame.f_code.co_filename.startswith(_PACKAGE_DIR)
+
+
 def user_call_chain(depth=2):
     """``file:line`` of the nearest caller outside cortado and, up to ``depth`` in all, of the user code that
     called it (not Python's or an installed library's, such as a test runner's): a helper's line alone

@@ -8,8 +8,8 @@ in, runs the calls, copies the outputs out and writes the updates.
 
 import numpy as np
 
-from ...errors import BackendError
-from ...exprgraph import windowing
+from ...errors import BackendError, IndexRangeError
+from ...exprgraph import gathering, windowing
 from ...memplan import aligned, unallocatable
 from .. import interface
 from .fused import emit_fused
@@ -158,6 +158,8 @@ class Executor(interface.Executor):
         except (ArithmeticError, ValueError) as error:
             term = self.call_kernel[done].term
             raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
+        except IndexRangeError as error:  # only gathers raise it
+            raise gathering.out_of_range(self.call_kernel[done].term, error) from None
         finally:
             self.feeds.clear()  # the caller's arrays are not kept
             np.setbufsize(buffer)
