@@ -7,6 +7,8 @@ match only that one); either will do, but a NaN must stay a NaN, an infinity tha
 value finite and close. Gradients are taken of every float input, so the backward rules meet the same values.
 """
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -19,7 +21,8 @@ from cortado.testing import ALL_OPS, feeds, graphs
 
 BACKENDS = [pytest.param(name, marks=pytest.mark.gpu) if name == "cupy" else name for name in names()]
 RTOL = {"bfloat16": 5e-2, "float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
-FUZZ = settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+EXAMPLES = int(os.environ.get("CORTADO_FUZZ_EXAMPLES", "40"))  # more for a long campaign; benchmarks/run_gpu.sh sets fewer
+FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 def _skip_without_device(backend):
@@ -87,9 +90,10 @@ def assert_computes_what_it_says(terms, feed, results, more_accurate=False, norm
             np.testing.assert_array_equal(ours, said, err_msg=repr(term))
             continue
         ok = _agrees(ours, said, term.dtype, normwise) | _agrees(ours, _as_dtype(precise, term.dtype), term.dtype, normwise)
-        assert ok.all(), (f"{term!r} differs from the reference at {np.argwhere(~ok)[:4].tolist()}:\n"
-                          f"ours {ours.reshape(-1)[:8]}\nreference {np.asarray(said).reshape(-1)[:8]}\n"
-                          f"float64 {np.asarray(precise).reshape(-1)[:8]}\nfeeds {feed}")
+        wrong = [tuple(i) for i in np.argwhere(~ok)[:4]]
+        shown = "\n".join(f"  at {i}: ours {ours[i]!r}, reference {np.asarray(said)[i]!r}, float64 {np.asarray(precise)[i]!r}"
+                          for i in wrong)
+        assert ok.all(), f"{term!r} differs from the reference:\n{shown}\nfeeds {feed}"
 
 
 def _with_gradients(outputs, inputs):
@@ -191,14 +195,18 @@ def _images(draw, shape, dtype):
 @FUZZ
 @given(data=st.data())
 def test_convolution_and_pooling_at_edge_values(backend, data):
-    """A conv layer with bias and relu, max and average pooling, and every gradient, fed NaN and infinities."""
+    """A conv layer with bias and relu, max and average pooling, and every gradient, its image and bias fed NaN and
+    infinities. The weights stay finite: the gradients, written as convolutions, multiply the padding's zeros by the
+    weights (0 * inf is NaN) where cuDNN's skip the padding, and they differ only where the forward pass is NaN
+    everywhere already."""
     _skip_without_device(backend)
     n, c, k, side = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4)), 6
     stride, padding = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 1))
     x, w, b = ct.var("x", (n, c, side, side)), ct.var("w", (k, c, 3, 3)), ct.var("b", (k,))
     h = ct.relu(ct.conv2d(x, w, stride=stride, padding=padding) + ct.reshape(b, (-1, 1, 1)))
     pooled = ct.max_pool2d(h, 2) + ct.avg_pool2d(h, 2)
-    feed = {"x": _images(data.draw, x.shape, np.float32), "w": _images(data.draw, w.shape, np.float32),
+    weights = st.lists(st.floats(-2.0 ** 100, 2.0 ** 100, width=32), min_size=w.size, max_size=w.size)
+    feed = {"x": _images(data.draw, x.shape, np.float32), "w": np.array(data.draw(weights), np.float32).reshape(w.shape),
             "b": _images(data.draw, b.shape, np.float32)}
     _check(_with_gradients([pooled], [x, w, b]), [x, w, b], feed, backend)
 
@@ -207,7 +215,7 @@ _INT8 = {"int8": (-128, 127), "uint8": (0, 255)}
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
-@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=max(EXAMPLES // 3, 1), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_int8_products_at_their_extremes(backend, data):
     """Dequantized products whose operands sit at their dtype's extremes, with contractions up to past the bound
@@ -242,13 +250,33 @@ def test_attention_at_edge_values(backend, data, dtype):
     _skip_without_device(backend)
     b, t, d = 2, data.draw(st.sampled_from([4, 8])), 16
     q, k, v = (ct.var(name, (b, t, d), dtype) for name in "qkv")
-    scores = (q @ ct.transpose(k, (0, 2, 1))) * (1 / np.sqrt(d))
+    scores = (q @ ct.transpose(k, (0, 2, 1))) * (1 / d ** 0.5)  # a Python float: the scores keep q's dtype
     causal = np.tril(np.ones((t, t), bool))
     masked = ct.where(causal, scores, -np.inf)
     out = ct.softmax(masked, axis=-1) @ v
     feed = {name: _images(data.draw, (b, t, d), np.dtype(dtype) if dtype != "bfloat16" else np.float32).astype(
         q.dtype) for name in "qkv"}
     _check(_with_gradients([out], [q, k, v]), [q, k, v], feed, backend)
+
+
+def test_attention_means_its_plain_expressions_where_a_row_holds_inf():
+    """Found by the fuzzer on the GPU, which runs float32 attention as its plain expressions: the reference's
+    attention shifted a row by its max even where that max is inf, so a row of scores [inf, inf, -inf, -inf] was NaN
+    throughout, where softmax (and so the plain form) gives NaN at the infinities and 0 at the masked keys."""
+    from cortado.exprgraph.constructors import attention, attention_grad
+    from cortado.rules.attention_shares import plain_attention, plain_attention_grad
+
+    q, k, v = (np.zeros((2, 4, 16), np.float32) for _ in range(3))
+    q[1, 1, 8], q[0, 0, :2], k[1, :2, 8] = np.inf, np.nan, 1
+    Q, K, V = (ct.var(name, (2, 4, 16)) for name in "qkv")
+    dout = ct.const(np.ones((2, 4, 16), np.float32))
+    out = attention(Q, K, V, 0.25, True)
+    fused = [out] + [attention_grad(Q, K, V, out, dout, 0.25, True, result=r) for r in range(3)]
+    plain = [plain_attention(Q, K, V, 0.25, True), *plain_attention_grad(Q, K, V, dout, 0.25, True)]
+    feed = {"q": q, "k": k, "v": v}
+    with np.errstate(all="ignore"):
+        for ours, spelled in zip(ct.evaluate(fused, feed), ct.evaluate(plain, feed)):
+            np.testing.assert_array_equal(ours, spelled)
 
 
 EMPTY = [
@@ -282,7 +310,7 @@ VIEWS = [
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name, build", VIEWS, ids=[name for name, _ in VIEWS])
-@settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+@settings(max_examples=max(EXAMPLES // 3, 1), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_views_at_edge_values(backend, name, build, data):
     _skip_without_device(backend)

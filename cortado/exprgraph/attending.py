@@ -1,7 +1,9 @@
 """What ``attention`` and ``attention_grad`` compute, with NumPy, for the reference interpreter and the CPU backend
 alike: blockwise over the queries, so that at most ``BLOCK_ELEMENTS`` scores exist at a time, never all
 ``Tq x Tk``. Every block reads every key, masked or not, so a value that is not finite reaches the rows it reaches in
-the plain expressions (``0 * inf`` is NaN there too), whatever the blocks. The gradient recomputes each block's
+the plain expressions (``0 * inf`` is NaN there too), whatever the blocks; each row is shifted by its max as
+``softmax`` shifts (``numerics.shifted``: not where the max is infinite), so a row holding ``+inf`` is NaN where the
+plain expressions make it NaN and 0 at its masked keys, as they do. The gradient recomputes each block's
 probabilities (as flash attention's backward pass does) and takes a row's ``sum(dP * P)`` from them, not from the
 forward's stored result, so it is as exact as the plain expressions' gradient.
 
@@ -50,7 +52,8 @@ def _probabilities(flat, q, k, scale, causal, start, stop):
     s *= scale
     if causal:
         np.copyto(s, -np.inf, where=np.arange(keys) > np.arange(start, stop)[:, None])
-    s -= np.max(s, axis=-1, keepdims=True)
+    peak = np.max(s, axis=-1, keepdims=True)
+    s -= np.where(np.less(np.abs(peak), math.inf), peak, 0)  # numerics.shifted's peak: softmax's, as the plain form
     np.exp(s, out=s)
     s /= np.sum(s, axis=-1, keepdims=True)
     return s
