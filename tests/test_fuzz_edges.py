@@ -41,16 +41,22 @@ def _edges(dtype):
             float(info.smallest_subnormal), 0.0, -0.0, 1.0, -1.0]
 
 
+def _finite_edges(dtype):
+    """The edges that keep a product of a few of them finite: signed zeros, the smallest, large but not the largest."""
+    info = finfo(dtype)
+    return [float(info.tiny), -float(info.tiny), float(info.smallest_subnormal), 0.0, -0.0, 100.0, -100.0]
+
+
 @st.composite
-def _at_edges(draw, arrays):
-    """``arrays`` with some elements of each float array replaced by edge values."""
+def _at_edges(draw, arrays, edges=_edges):
+    """``arrays`` with some elements of each float array replaced by ``edges`` of its dtype."""
     edged = {}
     for name, array in arrays.items():
         array = np.array(array, copy=True)
         if is_float(array.dtype) and array.size:
             flat = array.reshape(-1)
             for index in draw(st.lists(st.integers(0, array.size - 1), max_size=min(array.size, 3), unique=True)):
-                flat[index] = array.dtype.type(draw(st.sampled_from(_edges(array.dtype))))
+                flat[index] = array.dtype.type(draw(st.sampled_from(edges(array.dtype))))
         edged[name] = array
     return edged
 
@@ -77,19 +83,25 @@ def _agrees(ours, reference, dtype, normwise=False):
     return same_nan & (same_inf | near_overflow) & close
 
 
-def assert_computes_what_it_says(terms, feed, results, more_accurate=False, normwise=False):
+def assert_computes_what_it_says(terms, feed, results, more_accurate=False, normwise=False, also=None,
+                                 non_finite_alike=False):
     """Each of ``results`` agrees, element by element, with the reference in the declared dtypes; with
     ``more_accurate``, the float64 reference rounded to them will do too (a stable form, or half precision kept in
-    float32 inside a kernel, gives the finite answer where the written form overflows)."""
+    float32 inside a kernel, gives the finite answer where the written form overflows); ``also``: other values
+    each result may have instead, element by element; ``non_finite_alike``: a NaN and an infinity agree."""
     declared = ct.evaluate(terms, feed)
     exact = ct.evaluate(terms, feed, precision="float64") if more_accurate else declared
-    for term, ours, said, precise in zip(terms, results, declared, exact):
+    for n, (term, ours, said, precise) in enumerate(zip(terms, results, declared, exact)):
         ours = _host(ours)
         assert ours.shape == term.shape and ours.dtype == term.dtype, term
         if not is_float(term.dtype):
             np.testing.assert_array_equal(ours, said, err_msg=repr(term))
             continue
         ok = _agrees(ours, said, term.dtype, normwise) | _agrees(ours, _as_dtype(precise, term.dtype), term.dtype, normwise)
+        if also is not None:
+            ok |= _agrees(ours, _as_dtype(also[n], term.dtype), term.dtype, normwise)
+        if non_finite_alike:
+            ok |= ~np.isfinite(ours.astype(np.float64)) & ~np.isfinite(np.asarray(said, np.float64))
         wrong = [tuple(i) for i in np.argwhere(~ok)[:4]]
         shown = "\n".join(f"  at {i}: ours {ours[i]!r}, reference {np.asarray(said)[i]!r}, float64 {np.asarray(precise)[i]!r}"
                           for i in wrong)
@@ -111,14 +123,15 @@ def _run(terms, inputs, feed, backend, **options):
     return program, [_host(r) for r in program(**feed)]
 
 
-def _check(terms, inputs, feed, backend, **options):
+def _check(terms, inputs, feed, backend, also=None, non_finite_alike=False, **options):
     """``terms`` compiled on ``backend`` compute what they say at ``feed``: as the reference does in their dtypes,
     or more accurately only where a stability rule rewrote them or the GPU computes half precision in float32."""
     with np.errstate(all="ignore"):
         program, results = _run(terms, inputs, feed, backend, **options)
         half = any(t.dtype.itemsize == 2 and is_float(t.dtype) for t in ct.Graph(terms).schedule)
         more_accurate = bool(program.traces["stability"]) or (backend == "cupy" and half)
-        assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=backend != "numpy")
+        assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=backend != "numpy", also=also,
+                                     non_finite_alike=non_finite_alike)
 
 
 @st.composite
@@ -186,9 +199,9 @@ def test_the_fuzzer_finds_what_fast_math_changes():
         _check([_chain(x, steps)], [x], feed, "numpy")
 
 
-def _images(draw, shape, dtype):
+def _images(draw, shape, dtype, edges=_edges):
     values = draw(st.lists(st.floats(-3, 3, width=32), min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
-    return draw(_at_edges({"v": np.array(values, dtype).reshape(shape)}))["v"]
+    return draw(_at_edges({"v": np.array(values, dtype).reshape(shape)}, edges))["v"]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
@@ -245,8 +258,13 @@ def test_int8_products_at_their_extremes(backend, data):
 @FUZZ
 @given(data=st.data(), dtype=st.sampled_from(["float32", "bfloat16", "float16"]))
 def test_attention_at_edge_values(backend, data, dtype):
-    """Causal softmax attention as users write it (which the GPU runs as one fused attention call), its logits
-    large, infinite or NaN where the edges land."""
+    """Causal softmax attention as users write it (which the GPU runs as one fused attention call in half
+    precision), its values NaN, infinite or extreme where the edges land, its queries and keys at edges that keep
+    each row of scores finite. A row of scores that is NaN is NaN at every key in the written form, masked keys too
+    (0 over a NaN sum), and so in the values' gradient of every key; cuDNN's flash attention, as torch's
+    scaled_dot_product_attention, gives the keys it masks no share of such a row (``_attention_excluding_masked``).
+    Where a value is infinite, cuDNN's backward pass forms its row sums from the output it stored in half precision
+    and may give -inf where the written form gives NaN: a NaN and an infinity agree here, a number and either never."""
     _skip_without_device(backend)
     b, t, d = 2, data.draw(st.sampled_from([4, 8])), 16
     q, k, v = (ct.var(name, (b, t, d), dtype) for name in "qkv")
@@ -254,9 +272,39 @@ def test_attention_at_edge_values(backend, data, dtype):
     causal = np.tril(np.ones((t, t), bool))
     masked = ct.where(causal, scores, -np.inf)
     out = ct.softmax(masked, axis=-1) @ v
-    feed = {name: _images(data.draw, (b, t, d), np.dtype(dtype) if dtype != "bfloat16" else np.float32).astype(
-        q.dtype) for name in "qkv"}
-    _check(_with_gradients([out], [q, k, v]), [q, k, v], feed, backend)
+    drawn = np.dtype(dtype) if dtype != "bfloat16" else np.float32  # then rounded to bfloat16
+    feed = {name: _images(data.draw, (b, t, d), drawn, _edges if name == "v" else _finite_edges).astype(q.dtype)
+            for name in "qkv"}
+    with np.errstate(all="ignore"):
+        flash = _attention_excluding_masked(*(feed[name] for name in "qkv"), 1 / d ** 0.5)
+    _check(_with_gradients([out], [q, k, v]), [q, k, v], feed, backend, also=flash, non_finite_alike=True)
+
+
+def _masked_sum(mask, products, axis):
+    """The sum over ``axis`` of ``products`` where ``mask`` holds, the rest left out (not added as 0 * x)."""
+    return np.sum(np.where(mask, products, 0.0), axis=axis)
+
+
+def _attention_excluding_masked(q, k, v, scale):
+    """``[out, dq, dk, dv]`` of causal attention (the adjoint of ``out`` all ones) with each query's masked keys
+    left out of every sum, as flash attention leaves them, where the written form weights them by 0 (and so a NaN
+    or infinity there reaches it): in float64 NumPy."""
+    q, k, v = (np.asarray(a, np.float64) for a in (q, k, v))
+    t = q.shape[-2]
+    mask = np.tril(np.ones((t, t), bool))
+    s = np.where(mask, q @ np.swapaxes(k, -1, -2) * scale, -np.inf)
+    peak = np.max(s, axis=-1, keepdims=True)
+    e = np.where(mask, np.exp(s - np.where(np.abs(peak) < np.inf, peak, 0)), 0.0)
+    p = e / np.sum(e, axis=-1, keepdims=True)
+    pairs = mask[..., None]  # (query, key, feature)
+    out = _masked_sum(pairs, p[..., None] * v[..., None, :, :], axis=-2)
+    g = np.ones_like(out)
+    dv = _masked_sum(pairs, p[..., None] * g[..., :, None, :], axis=-3)
+    dp = _masked_sum(pairs, g[..., :, None, :] * v[..., None, :, :], axis=-1)
+    ds = np.where(mask, p * (dp - _masked_sum(mask, p * dp, axis=-1)[..., None]), 0.0) * scale
+    dq = _masked_sum(pairs, ds[..., None] * k[..., None, :, :], axis=-2)
+    dk = _masked_sum(pairs, ds[..., None] * q[..., :, None, :], axis=-3)
+    return [out, dq, dk, dv]
 
 
 def test_attention_means_its_plain_expressions_where_a_row_holds_inf():
