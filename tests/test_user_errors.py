@@ -41,6 +41,33 @@ def test_a_pooling_window_that_fits_is_built():
     assert ct.max_pool2d(ct.var("x", (1, 3, 2, 2)), 2).shape == (1, 3, 1, 1)
 
 
+# -- convolution and pooling arguments: the call, never the conv or windows built from it ----------------------
+
+_X = (1, 3, 8, 8)
+BAD_CALLS = {
+    "channels": (lambda x: ct.conv2d(x, ct.var("w", (4, 2, 3, 3))), "conv2d(float32[1,3,8,8], float32[4,2,3,3]): "),
+    "stride": (lambda x: ct.conv2d(x, ct.var("w", (4, 3, 3, 3)), stride=0),
+               "conv2d(float32[1,3,8,8], float32[4,3,3,3], stride=0): "),
+    "same and stride": (lambda x: ct.conv2d(x, ct.var("w", (4, 3, 3, 3)), stride=2, padding="same"),
+                        "conv2d(float32[1,3,8,8], float32[4,3,3,3], stride=2, padding='same'): "),
+    "kernel too large": (lambda x: ct.conv2d(x, ct.var("w", (4, 3, 9, 9))), "conv2d(float32[1,3,8,8], float32[4,3,9,9]): "),
+    "pool stride": (lambda x: ct.max_pool2d(x, 2, stride=0), "max_pool2d(float32[1,3,8,8], kernel_size=2, stride=0): "),
+    "pool padding": (lambda x: ct.avg_pool2d(x, 2, padding=3), "avg_pool2d(float32[1,3,8,8], kernel_size=2, padding=3): "),
+    "pool kernel": (lambda x: ct.max_pool2d(x, (2, 2, 2)), "max_pool2d(float32[1,3,8,8], kernel_size=(2, 2, 2)): "),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CALLS))
+def test_a_bad_convolution_or_pooling_names_the_call_and_its_line(case):
+    build, call = BAD_CALLS[case]
+    x = ct.var("x", _X)
+    with pytest.raises(ct.ShapeError) as error:
+        build(x)
+    message = str(error.value)
+    assert message.startswith(call) and f"test_user_errors.py:{build.__code__.co_firstlineno}" in message, message
+    assert "windows(" not in message and "conv(" not in message
+
+
 # -- gathers: an index out of range when the step runs --------------------------------------------
 
 

@@ -17,7 +17,9 @@ from ..errors import ShapeError
 from .dtypes import is_float
 from . import gathering
 from .location import called_by_user
-from .term import RuleViolation, Term, apply, describe_operands, dtype_violation, make, rejection, shape_violation
+from .term import (
+    RuleViolation, Term, apply, describe_operands, dtype_violation, make, rejection, shape_violation, user_call,
+)
 
 __all__ = [
     "var", "const", "as_term",
@@ -353,6 +355,33 @@ def pad(x, pad_width, constant_values=0):
     return _call("pad", x, pad_width=pad_width, constant_values=constant_values)
 
 
+def _as_written(function):
+    """``function``, a constructor that builds its call out of other ops, reporting whatever they reject as the call
+    the user wrote (``term.user_call``): its name, its operands' types and the parameters not at their defaults."""
+    signature = inspect.signature(function)
+
+    @functools.wraps(function)
+    def call(*args, **kwargs):
+        given = signature.bind(*args, **kwargs).arguments
+        shown = [describe_operands([v]) if isinstance(v, Term) else f"{k}={v!r}" for k, v in given.items()
+                 if isinstance(v, Term) or not _same(v, signature.parameters[k].default)]
+        with user_call(f"{function.__name__}({', '.join(shown)})"):
+            return function(*args, **kwargs)
+
+    return call
+
+
+def _same(value, default):
+    """Whether a parameter was given its default (plain Python values only; anything else counts as given)."""
+    return type(value) is type(default) and value == default if isinstance(value, (int, float, str, type(None))) \
+        else False
+
+
+def _refused(what):
+    """A ShapeError for a bad argument of a composite call, reported as the user's call (``user_call``)."""
+    return rejection("argument", (), shape_violation(what))
+
+
 def _pair(value, what):
     """PyTorch's 2-d argument: an int for both spatial axes, or a pair."""
     try:
@@ -360,14 +389,14 @@ def _pair(value, what):
     except TypeError:
         pair = (value,)
     if len(pair) != 2 or not all(isinstance(v, int) and not isinstance(v, bool) for v in pair):
-        raise ShapeError(f"{what} must be an int or a pair of ints, not {value!r}")
+        raise _refused(f"{what} must be an int or a pair of ints, not {value!r}")
     return pair
 
 
 def _four_dimensional(name, x, what="input", layout="(N, C, H, W)"):
     if not isinstance(x, Term) or x.ndim != 4:
         shape = getattr(x, "shape", None)
-        raise ShapeError(f"{name} needs a 4-d {what} {layout}, not {shape if shape is not None else repr(x)}")
+        raise _refused(f"{name} needs a 4-d {what} {layout}, not {shape if shape is not None else repr(x)}")
 
 
 def _conv2d_padding(padding, w, stride, dilation):
@@ -377,15 +406,16 @@ def _conv2d_padding(padding, w, stride, dilation):
         return 0
     if padding == "same":
         if stride != (1, 1):
-            raise ShapeError(f"conv2d: padding='same' needs stride 1, not {stride} (as in PyTorch)")
+            raise _refused(f"padding='same' needs stride 1, not {stride} (as in PyTorch)")
         totals = [d * (k - 1) for d, k in zip(dilation, w.shape[2:])]
         return tuple((t // 2, t - t // 2) for t in totals)
     pair = _pair(padding, "conv2d's padding (or 'same' or 'valid')")
     if min(pair) < 0:
-        raise ShapeError(f"conv2d's padding must not be negative, not {padding!r}")
+        raise _refused(f"conv2d's padding must not be negative, not {padding!r}")
     return pair
 
 
+@_as_written
 def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
     """PyTorch's ``conv2d`` without bias (add one as ``b.reshape(-1, 1, 1)``): ``x`` is ``(N, C, H, W)``,
     ``w`` is ``(O, C/groups, kH, kW)``; ``padding`` an int, a pair, ``"same"`` or ``"valid"``."""
@@ -398,42 +428,35 @@ def conv2d(x, w, stride=1, padding=0, dilation=1, groups=1):
 
 def _pooled_windows(name, x, kernel_size, stride, padding, fill):
     _four_dimensional(name, x)
-    call = _pool_call(name, x, kernel_size, stride, padding)
     kernel = _pair(kernel_size, f"{name}'s kernel_size")
     stride = kernel if stride is None else _pair(stride, f"{name}'s stride")
     padding = _pair(padding, f"{name}'s padding")
     for what, pair in (("kernel_size", kernel), ("stride", stride)):
         if min(pair) < 1:
-            raise ShapeError(f"{name}'s {what} must be positive, not {pair}")
+            raise _refused(f"{name}'s {what} must be positive, not {pair}")
     if any(p < 0 or 2 * p > k for p, k in zip(padding, kernel)):
-        raise ShapeError(f"{name}: padding {padding} must be between 0 and half the kernel {kernel} (as in PyTorch)")
-    _window_fits(call, x.shape[2:], kernel, padding)
+        raise _refused(f"padding {padding} must be between 0 and half the kernel {kernel} (as in PyTorch)")
+    _window_fits(x.shape[2:], kernel, padding)
     if any(padding):
         x = pad(x, ((0, 0), (0, 0)) + tuple((p, p) for p in padding), constant_values=fill)
     return windows(x, kernel, strides=stride)
 
 
-def _pool_call(name, x, kernel_size, stride, padding):
-    """The pooling call as the user wrote it, for its errors: ``max_pool2d(float32[1,3,2,2], kernel_size=3)``."""
-    given = [f"kernel_size={kernel_size!r}"] + ([f"stride={stride!r}"] if stride is not None else [])
-    given += [f"padding={padding!r}"] if padding != 0 else []
-    return f"{name}({describe_operands((x,))}, {', '.join(given)})"
-
-
-def _window_fits(call, spatial, kernel, padding):
-    """A window larger than the (padded) input is refused as the user's call, not as the ``windows`` it builds."""
+def _window_fits(spatial, kernel, padding):
+    """A window larger than the (padded) input is refused before ``windows`` would refuse it, in the user's sizes."""
     padded = tuple(n + 2 * p for n, p in zip(spatial, padding))
     if all(k <= n for k, n in zip(kernel, padded)):
         return
     size = _dims(spatial) + (f" padded by {padding} on each side to {_dims(padded)}" if any(padding) else "")
-    raise rejection(call, (), shape_violation(f"the {_dims(kernel)} window is larger than the input's {size}, "
-                                              f"so no window fits"))
+    raise _refused(f"the {_dims(kernel)} window is larger than the input's {size}, "
+                   f"so no window fits")
 
 
 def _dims(sizes):
     return "x".join(map(str, sizes))
 
 
+@_as_written
 def max_pool2d(x, kernel_size, stride=None, padding=0):
     """PyTorch's ``max_pool2d``: the maximum of each window (``stride`` defaults to ``kernel_size``;
     padding counts as -inf). Its gradient splits a tie evenly, as ``max``'s does."""
@@ -442,6 +465,7 @@ def max_pool2d(x, kernel_size, stride=None, padding=0):
     return max(_pooled_windows("max_pool2d", x, kernel_size, stride, padding, fill), axis=(-2, -1))
 
 
+@_as_written
 def avg_pool2d(x, kernel_size, stride=None, padding=0):
     """PyTorch's ``avg_pool2d``: the mean of each window, padding counted as zeros (PyTorch's default
     ``count_include_pad=True``)."""

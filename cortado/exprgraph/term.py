@@ -12,6 +12,7 @@ functions of constructors.py, which installs them on ``Term``: this module, whic
 functions build on, knows nothing of them.
 """
 
+import contextlib
 import threading
 import weakref
 
@@ -56,9 +57,26 @@ def describe_operands(args):
     return ", ".join(_describe(a) for a in args)
 
 
+_calls = threading.local()  # the call the user made that the terms being built carry out, for their errors
+
+
+@contextlib.contextmanager
+def user_call(text):
+    """While a constructor builds a call the user made out of other ops (``conv2d`` out of a ``conv``, pooling out of
+    ``windows``), what those ops reject is reported as that call, ``text``, which the user wrote, not as the inner
+    op, which they did not. The outermost call is the one the user made."""
+    outer = getattr(_calls, "text", None)
+    _calls.text = outer or text
+    try:
+        yield
+    finally:
+        _calls.text = outer
+
+
 def rejection(op_name, args, violation):
-    """The user-facing error for a rule violation: op, operand types, and the user's line."""
-    where = f"{op_name}({describe_operands(args)})" if args else op_name
+    """The user-facing error for a rule violation: the user's call (or the op) with its operand types, and the user's
+    line."""
+    where = getattr(_calls, "text", None) or (f"{op_name}({describe_operands(args)})" if args else op_name)
     return violation.kind(
         f"{where}: {violation}\n"
         f"  built at {format_location(user_location())}"
