@@ -15,24 +15,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import cortado as ct
-from cortado.backends import gpu_visible, names
 from cortado.exprgraph.dtypes import finfo, is_float
-from cortado.rules.stability import stabiliser
 from cortado.testing import ALL_OPS, feeds, graphs
+from reference_checks import BACKENDS, agrees, check, run, skip_without_device, with_gradients
 
-BACKENDS = [pytest.param(name, marks=pytest.mark.gpu) if name == "cupy" else name for name in names()]
-RTOL = {"bfloat16": 5e-2, "float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
 EXAMPLES = int(os.environ.get("CORTADO_FUZZ_EXAMPLES", "40"))  # more for a long campaign; benchmarks/run_gpu.sh sets fewer
 FUZZ = settings(max_examples=EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck))
-
-
-def _skip_without_device(backend):
-    if backend == "cupy" and not gpu_visible():
-        pytest.skip("no NVIDIA GPU is visible")
-
-
-def _host(array):
-    return array.get() if hasattr(array, "get") else np.asarray(array)
 
 
 def _edges(dtype):
@@ -62,84 +50,6 @@ def _at_edges(draw, arrays, edges=_edges):
     return edged
 
 
-def _as_dtype(value, dtype):
-    with np.errstate(all="ignore"):
-        return np.asarray(value).astype(dtype)
-
-
-def _agrees(ours, reference, dtype, normwise=False):
-    """Elementwise: the same NaNs, the same infinities, finite values within the dtype's tolerance; ``normwise``
-    scales the tolerance by the output's largest value, as rounding in another order (the GPU's kernels, its
-    fast intrinsics) loses digits to cancellation relative to that."""
-    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
-    same_nan = np.isnan(ours) == np.isnan(reference)
-    same_inf = np.where(np.isinf(ours) | np.isinf(reference), ours == reference, True)
-    finite = np.isfinite(ours) & np.isfinite(reference)
-    rtol = RTOL[np.dtype(dtype).name]
-    scale = np.max(np.abs(reference[np.isfinite(reference)]), initial=0.0) if normwise else 0.0
-    bound = rtol * scale + rtol * np.abs(reference) + 4 * float(finfo(dtype).smallest_subnormal)
-    close = np.where(finite, np.abs(ours - reference) <= bound, True)
-    huge = float(finfo(dtype).max) * (1 - rtol)
-    near_overflow = (np.sign(ours) == np.sign(reference)) & (np.minimum(np.abs(ours), np.abs(reference)) >= huge)
-    return same_nan & (same_inf | near_overflow) & close
-
-
-def assert_computes_what_it_says(terms, feed, results, more_accurate=False, normwise=False, also=None,
-                                 non_finite_alike=False):
-    """Each of ``results`` agrees, element by element, with the reference in the declared dtypes; with
-    ``more_accurate``, the float64 reference rounded to them will do too (a stable form, or half precision kept in
-    float32 inside a kernel, gives the finite answer where the written form overflows); ``also``: lists of other
-    values the results may have instead, element by element; ``non_finite_alike``: a NaN and an infinity agree."""
-    declared = ct.evaluate(terms, feed)
-    exact = ct.evaluate(terms, feed, precision="float64") if more_accurate else declared
-    for n, (term, ours, said, precise) in enumerate(zip(terms, results, declared, exact)):
-        ours = _host(ours)
-        assert ours.shape == term.shape and ours.dtype == term.dtype, term
-        if not is_float(term.dtype):
-            np.testing.assert_array_equal(ours, said, err_msg=repr(term))
-            continue
-        ok = _agrees(ours, said, term.dtype, normwise) | _agrees(ours, _as_dtype(precise, term.dtype), term.dtype, normwise)
-        for values in also or ():
-            ok |= _agrees(ours, _as_dtype(values[n], term.dtype), term.dtype, normwise)
-        if non_finite_alike:
-            ok |= ~np.isfinite(ours.astype(np.float64)) & ~np.isfinite(np.asarray(said, np.float64))
-        wrong = [tuple(i) for i in np.argwhere(~ok)[:4]]
-        shown = "\n".join(f"  at {i}: ours {ours[i]!r}, reference {np.asarray(said)[i]!r}, float64 {np.asarray(precise)[i]!r}"
-                          for i in wrong)
-        assert ok.all(), f"{term!r} differs from the reference:\n{shown}\nfeeds {feed}"
-
-
-def _with_gradients(outputs, inputs):
-    """``outputs`` and the gradient of the sum of their float elements with respect to each float input."""
-    floats = [o for o in outputs if is_float(o.dtype)]
-    wrt = [v for v in inputs if is_float(v.dtype)]
-    if not floats or not wrt:
-        return list(outputs)
-    total = sum(ct.sum(ct.cast(o, "float64")) for o in floats)
-    return list(outputs) + list(ct.grad(total, wrt))
-
-
-def _run(terms, inputs, feed, backend, **options):
-    program = ct.compile(terms, inputs=inputs, backend=backend, **options)
-    return program, [_host(r) for r in program(**feed)]
-
-
-def _check(terms, inputs, feed, backend, also=(), non_finite_alike=False, **options):
-    """``terms`` compiled on ``backend`` compute what they say at ``feed``: as the reference does in their dtypes,
-    or more accurately only where a stability rule rewrote them (then as the reference computes the stable forms:
-    ``-1 + exp(x)`` is ``expm1(x)``, 1.5e-49 where the written form gives 0) or the GPU computes half precision
-    in float32."""
-    with np.errstate(all="ignore"):
-        program, results = _run(terms, inputs, feed, backend, **options)
-        half = any(t.dtype.itemsize == 2 and is_float(t.dtype) for t in ct.Graph(terms).schedule)
-        stabilised = bool(program.traces["stability"])
-        if stabilised:
-            also = [*also, ct.evaluate(stabiliser.run(list(terms)), feed)]
-        more_accurate = stabilised or (backend == "cupy" and half)
-        assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=backend != "numpy", also=also,
-                                     non_finite_alike=non_finite_alike)
-
-
 @st.composite
 def _graph_at_edges(draw, dtypes):
     graph = draw(graphs(ops=ALL_OPS, dtypes=dtypes))
@@ -150,18 +60,18 @@ def _graph_at_edges(draw, dtypes):
 @FUZZ
 @given(case=_graph_at_edges(("float32", "float64")))
 def test_random_programs_at_edge_values(backend, case):
-    _skip_without_device(backend)
+    skip_without_device(backend)
     graph, feed = case
-    _check(_with_gradients(graph.outputs, graph.inputs), graph.inputs, feed, backend)
+    check(with_gradients(graph.outputs, graph.inputs), graph.inputs, feed, backend)
 
 
 @pytest.mark.gpu
 @FUZZ
 @given(case=_graph_at_edges(("bfloat16", "float16")))
 def test_random_half_precision_programs_at_edge_values_on_the_gpu(case):
-    _skip_without_device("cupy")
+    skip_without_device("cupy")
     graph, feed = case
-    _check(list(graph.outputs), graph.inputs, feed, "cupy")
+    check(list(graph.outputs), graph.inputs, feed, "cupy")
 
 
 _CHAIN_CONSTANTS = [2.0, 0.5, 3.0, -1.5, 1e8, -1e8, 1e30, 1e-30, 2.0 ** 100, 2.0 ** -100, 0.1]
@@ -188,10 +98,10 @@ def _chain(x, steps):
 @FUZZ
 @given(case=_constant_chains())
 def test_constant_chains_at_edge_values(backend, case):
-    _skip_without_device(backend)
+    skip_without_device(backend)
     steps, values = case
     x = ct.var("x", (4,))
-    _check(_with_gradients([_chain(x, steps)], [x]), [x], {"x": values}, backend)
+    check(with_gradients([_chain(x, steps)], [x]), [x], {"x": values}, backend)
 
 
 def test_the_fuzzer_finds_what_fast_math_changes():
@@ -201,8 +111,8 @@ def test_the_fuzzer_finds_what_fast_math_changes():
     for steps in ([("+", 1e8), ("+", -1e8)], [("*", 1e30), ("*", 1e-30)], [("-self", 0.0)]):
         feed = {"x": values if steps[0][0] != "-self" else np.array([np.inf, 1, 2, 3], np.float32)}
         with pytest.raises(AssertionError, match="differs from the reference"):
-            _check([_chain(x, steps)], [x], feed, "numpy", fast_math=True)
-        _check([_chain(x, steps)], [x], feed, "numpy")
+            check([_chain(x, steps)], [x], feed, "numpy", fast_math=True)
+        check([_chain(x, steps)], [x], feed, "numpy")
 
 
 def _images(draw, shape, dtype, edges=_edges):
@@ -218,7 +128,7 @@ def test_convolution_and_pooling_at_edge_values(backend, data):
     infinities. The weights stay finite: the gradients, written as convolutions, multiply the padding's zeros by the
     weights (0 * inf is NaN) where cuDNN's skip the padding, and they differ only where the forward pass is NaN
     everywhere already."""
-    _skip_without_device(backend)
+    skip_without_device(backend)
     n, c, k, side = data.draw(st.integers(1, 2)), data.draw(st.integers(1, 3)), data.draw(st.integers(1, 4)), 6
     stride, padding = data.draw(st.integers(1, 2)), data.draw(st.integers(0, 1))
     x, w, b = ct.var("x", (n, c, side, side)), ct.var("w", (k, c, 3, 3)), ct.var("b", (k,))
@@ -227,7 +137,7 @@ def test_convolution_and_pooling_at_edge_values(backend, data):
     weights = st.lists(st.floats(-2.0 ** 100, 2.0 ** 100, width=32), min_size=w.size, max_size=w.size)
     feed = {"x": _images(data.draw, x.shape, np.float32), "w": np.array(data.draw(weights), np.float32).reshape(w.shape),
             "b": _images(data.draw, b.shape, np.float32)}
-    _check(_with_gradients([pooled], [x, w, b]), [x, w, b], feed, backend)
+    check(with_gradients([pooled], [x, w, b]), [x, w, b], feed, backend)
 
 
 _INT8 = {"int8": (-128, 127), "uint8": (0, 255)}
@@ -239,7 +149,7 @@ _INT8 = {"int8": (-128, 127), "uint8": (0, 255)}
 def test_int8_products_at_their_extremes(backend, data):
     """Dequantized products whose operands sit at their dtype's extremes, with contractions up to past the bound
     where an int32 sum would overflow: the product computes what the float product says."""
-    _skip_without_device(backend)
+    skip_without_device(backend)
     a_dtype, w_dtype = data.draw(st.sampled_from(sorted(_INT8))), data.draw(st.sampled_from(sorted(_INT8)))
     k = data.draw(st.sampled_from([1, 31, 256, 33025, 33026, 65794]))
     a, w = ct.var("a", (4, k), a_dtype), ct.var("w", (k, 8), w_dtype)
@@ -253,7 +163,7 @@ def test_int8_products_at_their_extremes(backend, data):
         return np.full(shape, lo if how == "low" else hi, dtype)
 
     feed = {"a": filled(a_dtype, a.shape, data.draw(extreme)), "w": filled(w_dtype, w.shape, data.draw(extreme))}
-    _, (ours,) = _run([product], [a, w], feed, backend)
+    _, (ours,) = run([product], [a, w], feed, backend)
     scale = np.float64(np.float32(0.01)) * np.float64(np.float32(0.02))
     exact = feed["a"].astype(np.float64) @ feed["w"].astype(np.float64) * scale
     magnitude = np.abs(feed["a"].astype(np.float64)) @ np.abs(feed["w"].astype(np.float64)) * scale  # float32 sums
@@ -271,7 +181,7 @@ def test_attention_at_edge_values(backend, data, dtype):
     scaled_dot_product_attention, gives the keys it masks no share of such a row (``_attention_excluding_masked``).
     Where a value is infinite, cuDNN's backward pass forms its row sums from the output it stored in half precision
     and may give -inf where the written form gives NaN: a NaN and an infinity agree here, a number and either never."""
-    _skip_without_device(backend)
+    skip_without_device(backend)
     b, t, d = 2, data.draw(st.sampled_from([4, 8])), 16
     q, k, v = (ct.var(name, (b, t, d), dtype) for name in "qkv")
     scores = (q @ ct.transpose(k, (0, 2, 1))) * (1 / d ** 0.5)  # a Python float: the scores keep q's dtype
@@ -283,7 +193,7 @@ def test_attention_at_edge_values(backend, data, dtype):
             for name in "qkv"}
     with np.errstate(all="ignore"):
         flash = _attention_excluding_masked(*(feed[name] for name in "qkv"), 1 / d ** 0.5)
-    _check(_with_gradients([out], [q, k, v]), [q, k, v], feed, backend, also=[flash], non_finite_alike=True)
+    check(with_gradients([out], [q, k, v]), [q, k, v], feed, backend, also=[flash], non_finite_alike=True)
 
 
 def _masked_sum(mask, products, axis):
@@ -346,10 +256,10 @@ EMPTY = [
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("name, build", EMPTY, ids=[name for name, _ in EMPTY])
 def test_empty_axes(backend, name, build):
-    _skip_without_device(backend)
+    skip_without_device(backend)
     x = ct.var("x", (3, 0))
     term = build(x)
-    _check(_with_gradients([term], [x]), [x], {"x": np.zeros((3, 0), np.float32)}, backend)
+    check(with_gradients([term], [x]), [x], {"x": np.zeros((3, 0), np.float32)}, backend)
 
 
 VIEWS = [
@@ -367,15 +277,15 @@ VIEWS = [
 @settings(max_examples=max(EXAMPLES // 3, 1), deadline=None, suppress_health_check=list(HealthCheck))
 @given(data=st.data())
 def test_views_at_edge_values(backend, name, build, data):
-    _skip_without_device(backend)
+    skip_without_device(backend)
     x = ct.var("x", (4, 4))
     feed = {"x": _images(data.draw, (4, 4), np.float32)}
-    _check(_with_gradients([build(x)], [x]), [x], feed, backend)
+    check(with_gradients([build(x)], [x]), [x], feed, backend)
 
 
 def test_the_comparison_catches_what_it_must():
     """The fuzzer's own check: a NaN turned into a number, an infinity into a finite value and a wrong value fail."""
     ref = np.array([np.nan, np.inf, 1.0, 2.0], np.float32)
-    assert _agrees(ref.copy(), ref, np.float32).all()
+    assert agrees(ref.copy(), ref, np.float32).all()
     for wrong in ([0.0, np.inf, 1.0, 2.0], [np.nan, 3.0, 1.0, 2.0], [np.nan, np.inf, 1.0, 2.5], [np.nan, -np.inf, 1, 2]):
-        assert not _agrees(np.array(wrong, np.float32), ref, np.float32).all()
+        assert not agrees(np.array(wrong, np.float32), ref, np.float32).all()

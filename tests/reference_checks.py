@@ -1,0 +1,100 @@
+"""The check every backend test shares: a compiled program computes what its expressions say, as the reference
+interpreter does, element by element: the same NaNs, the same infinities, finite values close."""
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado.backends import gpu_visible, names
+from cortado.exprgraph.dtypes import finfo, is_float
+from cortado.rules.stability import stabiliser
+
+BACKENDS = [pytest.param(name, marks=pytest.mark.gpu) if name == "cupy" else name for name in names()]
+RTOL = {"bfloat16": 5e-2, "float16": 1e-2, "float32": 1e-5, "float64": 1e-12}
+
+
+def skip_without_device(backend):
+    if backend == "cupy" and not gpu_visible():
+        pytest.skip("no NVIDIA GPU is visible")
+
+
+def host(array):
+    return array.get() if hasattr(array, "get") else np.asarray(array)
+
+
+def as_dtype(value, dtype):
+    with np.errstate(all="ignore"):
+        return np.asarray(value).astype(dtype)
+
+
+def agrees(ours, reference, dtype, normwise=False):
+    """Elementwise: the same NaNs, the same infinities, finite values within the dtype's tolerance; ``normwise``
+    scales the tolerance by the output's largest value, as rounding in another order (the GPU's kernels, its
+    fast intrinsics) loses digits to cancellation relative to that."""
+    ours, reference = ours.astype(np.float64), reference.astype(np.float64)
+    same_nan = np.isnan(ours) == np.isnan(reference)
+    same_inf = np.where(np.isinf(ours) | np.isinf(reference), ours == reference, True)
+    finite = np.isfinite(ours) & np.isfinite(reference)
+    rtol = RTOL[np.dtype(dtype).name]
+    scale = np.max(np.abs(reference[np.isfinite(reference)]), initial=0.0) if normwise else 0.0
+    bound = rtol * scale + rtol * np.abs(reference) + 4 * float(finfo(dtype).smallest_subnormal)
+    close = np.where(finite, np.abs(ours - reference) <= bound, True)
+    huge = float(finfo(dtype).max) * (1 - rtol)
+    near_overflow = (np.sign(ours) == np.sign(reference)) & (np.minimum(np.abs(ours), np.abs(reference)) >= huge)
+    return same_nan & (same_inf | near_overflow) & close
+
+
+def assert_computes_what_it_says(terms, feed, results, more_accurate=False, normwise=False, also=None,
+                                 non_finite_alike=False):
+    """Each of ``results`` agrees, element by element, with the reference in the declared dtypes; with
+    ``more_accurate``, the float64 reference rounded to them will do too (a stable form, or half precision kept in
+    float32 inside a kernel, gives the finite answer where the written form overflows); ``also``: lists of other
+    values the results may have instead, element by element; ``non_finite_alike``: a NaN and an infinity agree."""
+    declared = ct.evaluate(terms, feed)
+    exact = ct.evaluate(terms, feed, precision="float64") if more_accurate else declared
+    for n, (term, ours, said, precise) in enumerate(zip(terms, results, declared, exact)):
+        ours = host(ours)
+        assert ours.shape == term.shape and ours.dtype == term.dtype, term
+        if not is_float(term.dtype):
+            np.testing.assert_array_equal(ours, said, err_msg=repr(term))
+            continue
+        ok = agrees(ours, said, term.dtype, normwise) | agrees(ours, as_dtype(precise, term.dtype), term.dtype, normwise)
+        for values in also or ():
+            ok |= agrees(ours, as_dtype(values[n], term.dtype), term.dtype, normwise)
+        if non_finite_alike:
+            ok |= ~np.isfinite(ours.astype(np.float64)) & ~np.isfinite(np.asarray(said, np.float64))
+        wrong = [tuple(i) for i in np.argwhere(~ok)[:4]]
+        shown = "\n".join(f"  at {i}: ours {ours[i]!r}, reference {np.asarray(said)[i]!r}, float64 {np.asarray(precise)[i]!r}"
+                          for i in wrong)
+        assert ok.all(), f"{term!r} differs from the reference:\n{shown}\nfeeds {feed}"
+
+
+def with_gradients(outputs, inputs):
+    """``outputs`` and the gradient of the sum of their float elements with respect to each float input."""
+    floats = [o for o in outputs if is_float(o.dtype)]
+    wrt = [v for v in inputs if is_float(v.dtype)]
+    if not floats or not wrt:
+        return list(outputs)
+    total = sum(ct.sum(ct.cast(o, "float64")) for o in floats)
+    return list(outputs) + list(ct.grad(total, wrt))
+
+
+def run(terms, inputs, feed, backend, **options):
+    program = ct.compile(terms, inputs=inputs, backend=backend, **options)
+    return program, [host(r) for r in program(**feed)]
+
+
+def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, **options):
+    """``terms`` compiled on ``backend`` compute what they say at ``feed``: as the reference does in their dtypes,
+    or more accurately only where a stability rule rewrote them (then as the reference computes the stable forms:
+    ``-1 + exp(x)`` is ``expm1(x)``, 1.5e-49 where the written form gives 0) or the GPU computes half precision
+    in float32."""
+    with np.errstate(all="ignore"):
+        program, results = run(terms, inputs, feed, backend, **options)
+        half = any(t.dtype.itemsize == 2 and is_float(t.dtype) for t in ct.Graph(terms).schedule)
+        stabilised = bool(program.traces["stability"])
+        if stabilised:
+            also = [*also, ct.evaluate(stabiliser.run(list(terms)), feed)]
+        more_accurate = stabilised or (backend == "cupy" and half)
+        assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=backend != "numpy", also=also,
+                                     non_finite_alike=non_finite_alike)
