@@ -130,7 +130,10 @@ class Program:
         return "\n".join(lines)
 
     def _feeds(self, values, named):
-        """The feeds of a call as one mapping: values by position feed the inputs in order."""
+        """The feeds of a call as one mapping: values by position feed the inputs in order (``None`` alone, as
+        ``program(None)`` was once written for no feeds, is no feeds)."""
+        if len(values) == 1 and values[0] is None:
+            values = ()
         if len(values) == 1 and isinstance(values[0], Mapping):
             if named:
                 raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")

@@ -53,3 +53,15 @@ def test_two_declarations_are_distinct_terms_but_each_is_hash_consed():
     a, b = ct.var("a", (3,)), ct.var("a", (3,))
     assert a is not b and ct.exp(a) is not ct.exp(b)
     assert ct.exp(a) * 2 is ct.exp(a) * 2
+
+
+def test_subs_by_a_name_two_variables_share_is_refused():
+    """Found by a review: subs replaced one of the two silently; the variable itself says which."""
+    x = ct.var("x", (16,))
+    first = x @ ct.var("W", (16, 16))
+    loss = ct.sum(_linear(first))
+    with pytest.raises(ct.RewriteError, match="two variables are both named 'W'"):
+        ct.rules.subs(loss, W=np.eye(16, dtype=np.float32))
+    W = first.args[1]
+    assert ct.rules.subs(loss, {W: ct.const(np.eye(16, dtype=np.float32))}) is not loss
+

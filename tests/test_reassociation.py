@@ -63,9 +63,9 @@ def test_the_issue_values():
 
 
 @pytest.mark.parametrize("written, collected", [
-    (lambda x: 2 * (3 * x), lambda x: 6 * x),              # both at least 1, 6 exact
-    (lambda x: 0.5 * (0.25 * x), lambda x: 0.125 * x),     # both at most 1, exact
-    (lambda x: 3 * (5 * x), lambda x: 15 * x),
+    (lambda x: 3 * (2 * x), lambda x: 6 * x),              # both at least 1, the inner a power of two, 6 exact
+    (lambda x: 0.3 * (0.25 * x), lambda x: 0.075 * x),     # both at most 1 (0.075 is 0.3 * 0.25 exactly in float32)
+    (lambda x: 5 * (8 * x), lambda x: 40 * x),
 ])
 def test_exact_products_of_one_direction_are_still_collected(written, collected):
     x = ct.var("x", (3,))
@@ -77,6 +77,8 @@ def test_exact_products_of_one_direction_are_still_collected(written, collected)
     lambda x: 0.1 * (0.1 * x),          # 0.01 is not 0.1 * 0.1 in float32
     lambda x: 2.0 ** 100 * (2.0 ** -100 * x),
     lambda x: 3 + (4 + x),              # float sums never regroup
+    lambda x: 2 * (3 * x),              # 3 * x of a subnormal x loses bits that 2 * would magnify
+    lambda x: 1e5 * (1.5 * x),
 ])
 def test_inexact_or_opposite_products_and_float_sums_stay(written):
     x = ct.var("x", (3,))
@@ -99,7 +101,7 @@ def test_text_is_regrouped_symbolically():
 
 def test_float64_products_are_checked_exactly():
     x = ct.var("x", (2,), "float64")
-    assert ct.rules.simplify(3 * (5 * x)) is 15 * x
+    assert ct.rules.simplify(3 * (4 * x)) is 12 * x
     assert ct.rules.simplify(0.1 * (0.1 * x)) is 0.1 * (0.1 * x)
 
 
@@ -134,3 +136,22 @@ def test_regrouped_constants_change_no_value(a, b, values, op):
     finite = np.isfinite(expected)
     tiny = np.finfo(np.float32).smallest_subnormal
     np.testing.assert_allclose(ours[finite], expected[finite], rtol=4 * 2.0 ** -24, atol=4 * tiny)
+
+
+def test_subnormal_inputs_keep_their_value_through_collected_products():
+    """Found by a review: with both constants at least 1 but the inner one no power of two, the written form rounds
+    a subnormal ``1.5 * x`` and magnifies the error, where the folded form does not (2.8e-40 against 2.1e-40)."""
+    x = ct.var("x", (3,))
+    tiny = np.finfo(np.float32).smallest_subnormal
+    xv = np.array([tiny, 3 * tiny, 1e-39], np.float32)
+    for written in (1e5 * (1.5 * x), 3 * (2 * x), 0.5 * (0.25 * x), 0.3 * (0.25 * x)):
+        np.testing.assert_allclose(_compiled(written, x, xv, "numpy"), ct.evaluate(written, {"x": xv}),
+                                   rtol=0, atol=2 * tiny)
+
+
+def test_a_constant_of_one_value_is_checked_as_that_value():
+    """Found by a review: a full-shape constant of one value was expanded into float64 arrays to check it."""
+    n = 100_000
+    x = ct.var("x", (n,))
+    written = ct.broadcast_to(ct.const(np.float32(3.0)), (n, n)) * (ct.const(np.float32(2.0)) * x)
+    assert ct.rules.simplify(written).op.name == "multiply"

@@ -184,3 +184,22 @@ def test_another_variable_of_the_state_name_is_refused():
         step.state[ct.var("W", (4,))]
     with pytest.raises(ct.FeedError, match="no state variable"):
         step.state[ct.var("V", (3, 4))]
+
+
+def test_indices_shared_by_two_gathers_report_the_gather_that_ran():
+    """Found by a review: the first gather written with the indices was named, even one the program never ran."""
+    a, b, i = ct.var("a", (5, 5)), ct.var("b", (5, 5)), ct.var("i", (2,), "int64")
+    ct.take(a, i, axis=0)  # written, never compiled
+    where = _line()
+    y = ct.take(b, i, axis=1) * 2.0
+    step = ct.compile([y], inputs=[b, i])
+    with pytest.raises(ct.IndexRangeError) as error:
+        step(np.zeros((5, 5), np.float32), np.array([0, 7]))
+    message = str(error.value)
+    assert "axis=1" in message and "axis 1 of size 5" in message and where in message
+
+
+def test_a_program_of_no_inputs_takes_none_as_no_feeds():
+    step = ct.compile([ct.const(np.float32(2.0)) * 3])
+    assert step(None)[0] == step()[0] == 6
+

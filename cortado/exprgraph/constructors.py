@@ -305,7 +305,7 @@ def _gather(name, x, indices, axis):
     if called_by_user():
         indices, along = term.args[1], term.attr("axis")
         call = f"{name}({describe_operands((as_term(x), indices))}, axis={axis!r})"
-        gathering.written_gather(call, indices, None if flat else along, term.args[0].shape[along])
+        gathering.written_gather(call, term, None if flat else along, term.args[0].shape[along])
     return term
 
 

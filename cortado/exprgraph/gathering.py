@@ -39,7 +39,7 @@ def checked(indices, size, op, axis):
 
 @dataclass(frozen=True)
 class _Written:
-    """A gather as the user wrote it: the call's text, its axis (None: of the operand flattened) and its size."""
+    """A gather as the user wrote it: the call's text, its axis (None: of the operand flattened), its size, its line."""
 
     call: str
     axis: object
@@ -47,30 +47,38 @@ class _Written:
     location: tuple
 
 
-_written = weakref.WeakKeyDictionary()  # index term -> {(axis, size): _Written}, the first call of each kept
+_by_gather = weakref.WeakKeyDictionary()  # gather term the user built -> _Written
+_by_indices = weakref.WeakKeyDictionary()  # index term -> {gather term: _Written}, every gather written with it
 _SAME_VALUES = ("reshape", "broadcast_to", "transpose")  # ops whose result holds its operand's indices as they were
 
 
-def written_gather(call, indices, axis, size):
-    """Remember ``call`` (its text), a gather the user wrote by the term ``indices`` along ``axis`` of ``size``, and
-    the user's line, for ``out_of_range``."""
-    _written.setdefault(indices, {}).setdefault((axis, size), _Written(call, axis, size, user_location()))
+def written_gather(call, gather, axis, size):
+    """Remember ``call`` (its text), the user's gather ``gather`` along ``axis`` of ``size``, and the user's line, for
+    ``out_of_range``."""
+    written = _Written(call, axis, size, user_location())
+    _by_gather.setdefault(gather, written)
+    _by_indices.setdefault(gather.args[1], weakref.WeakKeyDictionary()).setdefault(gather, written)
 
 
-def _written_for(indices, size):
-    """The first gather written with ``indices``, or with the indices they were reshaped from, of an axis of ``size``."""
+def _written_for(term, size):
+    """The user's gather that ``term`` is, or else the one gather of an axis of ``size`` written with ``term``'s
+    indices (or the indices they were reshaped from): a gradient's gather picks along the user's axis with the
+    user's indices. None where there is none, or several that could be meant."""
+    if term in _by_gather:
+        return _by_gather[term]
+    indices = term.args[1]
     while True:
-        found = next((w for w in _written.get(indices, {}).values() if w.size == size), None)
-        if found is not None or indices.op.name not in _SAME_VALUES:
-            return found
+        found = {w for w in _by_indices.get(indices, {}).values() if w.size == size}
+        if found or indices.op.name not in _SAME_VALUES:
+            return found.pop() if len(found) == 1 else None
         indices = indices.args[0]
 
 
 def out_of_range(term, error):
     """``error``, an index out of range found running the gather ``term``, as the gather the user wrote says it:
     the call, the index, the valid range and the user's line."""
-    written = _written_for(term.args[1], error.size)
-    if written is None:  # built by cortado alone: the gather itself is all there is to name
+    written = _written_for(term, error.size)
+    if written is None:  # built by cortado alone, or ambiguous: the gather itself is all there is to name
         axis = term.attr("axis")
         written = _Written(f"{term.op.name}({describe_operands(term.args)}, axis={axis})", axis, error.size,
                            term.location)

@@ -2,7 +2,7 @@
 
     import cortado as ct
     ct.rules.rewrite("a + 2*b", "_x + 2*_y", "_x * _y")          # "a * b"
-    ct.rules.simplify(2 * (3 * x) + 0)                            # 6 * x, as a term
+    ct.rules.simplify(3 * (2 * x) + 0)                            # 6 * x, as a term
     ct.rules.rewrite_all(loss, ct.rules.stability)                # log(1 + x) -> log1p(x), ...
 
 The same engine rewrites tensor expressions and Python-syntax text (text in, text out). Rule sets

@@ -2,11 +2,12 @@
 
 Every rule gives every input the value the written form gives, with these stated exceptions:
 
-- collecting constants (``2*(3*x)`` to ``6*x``) may round differently in the last place. It fires
-  only where no value can change: integers and booleans (their arithmetic wraps, so any grouping
-  gives the same bits), and float products whose folded constant is exact and whose two constants
-  scale the same way (both at least 1 in magnitude, or both at most 1), so that neither form
-  overflows or underflows where the other does not. Float sums are never regrouped;
+- collecting constants (``3*(2*x)`` to ``6*x``) fires only where no value can change: integers and
+  booleans (their arithmetic wraps, so any grouping gives the same bits), and float products whose
+  folded constant is exact, whose inner constant is a power of two and whose two constants scale
+  the same way (both at least 1 in magnitude, or both at most 1): both forms then round the one
+  exact product once (or, all at most 1, differ by a unit in the subnormals' last place), and
+  neither overflows where the other does not. Float sums are never regrouped;
 - ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``.
 
 ``x - x`` becomes zeros for integers and booleans only (an infinite or nan float gives nan).
@@ -111,21 +112,32 @@ def _collect(op, regroups=lambda op, a, c, folded: True):
 
 
 def _regroups_exactly(op, a, c, folded):
-    """Whether ``a op (c op x)`` and ``folded op x`` are the same value for every ``x``, the
-    rounding of each product aside: integer and boolean arithmetic wraps, so it regroups exactly;
-    a float sum never does (``(x + 1e8) - 1e8`` is not ``x``); a float product does where
-    ``folded`` is ``a * c`` exactly and ``a`` and ``c`` scale the same way (both at least 1 in
-    magnitude, or both at most 1), so ``c * x`` overflows or underflows only where
-    ``folded * x`` does too (``(x * 1e30) * 1e-30`` overflows, ``x`` does not)."""
+    """Whether ``a op (c op x)`` and ``folded op x`` give every ``x`` the same value: integer and
+    boolean arithmetic wraps, so it regroups exactly; a float sum never does (``(x + 1e8) - 1e8``
+    is not ``x``); a float product does where ``folded`` is ``a * c`` exactly, the inner ``c`` is a
+    power of two (or 0), so that ``c * x`` is exact but where it overflows or lands among the
+    subnormals, and ``a`` scales the same way as ``c`` (both at least 1 in magnitude, or both at
+    most 1), so that ``c * x`` overflows only where ``folded * x`` does too (``(x * 1e30) * 1e-30``
+    overflows, ``x`` does not). Then both forms round the one exact product once, the same way,
+    or (all at most 1) differ by a unit of the subnormals' last place."""
     if folded.dtype.kind in "biu":
         return True
     if op != "*":
         return False
-    a, c = (t.attr("value").array for t in (a, c))
-    if not _exact_product(a, c, folded.attr("value").array):
+    a, c, folded = (_values(t) for t in (a, c, folded))
+    if not _exact_product(a, c, folded):
         return False
+    mantissas, _ = np.frexp(c.astype(np.float64))
     a, c = np.abs(a.astype(np.float64)), np.abs(c.astype(np.float64))
-    return bool((((a >= 1) & (c >= 1)) | ((a <= 1) & (c <= 1))).all())
+    powers_of_two = (np.abs(mantissas) == 0.5) | (c == 0)
+    return bool((powers_of_two & (((a >= 1) & (c >= 1)) | ((a <= 1) & (c <= 1)))).all())
+
+
+def _values(constant):
+    """A constant's elements as an array: its one element where all are equal (a constant of one
+    value stands for any shape; its broadcast array is not expanded)."""
+    value = constant.attr("value")
+    return value.scalar if value.scalar is not None else value.array
 
 
 def _exact_product(a, c, folded):
@@ -133,9 +145,10 @@ def _exact_product(a, c, folded):
     for the narrower floats (their products fit 53 bits), as fractions for float64."""
     if folded.dtype.itemsize <= 4:
         return bool((a.astype(np.float64) * c.astype(np.float64) == folded.astype(np.float64)).all())
-    if folded.size > _EXACT_CHECK_LIMIT:
+    shape = np.broadcast_shapes(a.shape, c.shape, folded.shape)
+    if math.prod(shape) > _EXACT_CHECK_LIMIT:
         return False
-    pairs = zip(*(np.broadcast_to(v, folded.shape).ravel().tolist() for v in (a, c, folded)))
+    pairs = zip(*(np.broadcast_to(v, shape).ravel().tolist() for v in (a, c, folded)))
     return all(Fraction(x) * Fraction(y) == Fraction(z) for x, y, z in pairs)
 
 

@@ -11,6 +11,7 @@ import numpy as np
 from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
+from ..exprgraph.graph import two_variables_named
 from ..exprgraph.term import Term
 from . import text as textforms
 from .algebra import algebra, fast_math
@@ -126,7 +127,7 @@ def subs(ex, mapping=None, /, **names):
     for key, value in pairs:
         if isinstance(term, Term):
             if isinstance(key, str):
-                variables = variables or {t.name: t for t in subterms(term) if t.op.name == "var"}
+                variables = variables or _variables_by_name(term)
                 if key not in variables:
                     raise RewriteError(f"subs: the expression has no variable named {key!r} "
                                        f"(it has {', '.join(sorted(variables)) or 'none'})")
@@ -136,6 +137,16 @@ def subs(ex, mapping=None, /, **names):
             key = textforms.parse(key) if isinstance(key, str) else key
             substitution[key] = textforms.parse(value) if isinstance(value, str) else textforms.from_value(value)
     return _write(substitute(term, substitution), as_text)
+
+
+def _variables_by_name(term):
+    """``{name: variable}`` of ``term``'s variables; a RewriteError where two variables share a name, since a name
+    would then say which to replace no more than feeds can (each ``ct.var`` call declares its own variable)."""
+    found = {}
+    for t in subterms(term):
+        if t.op.name == "var" and found.setdefault(t.name, t) is not t:
+            raise RewriteError(f"subs: {two_variables_named(found[t.name], t)}; or pass the variable itself as the key")
+    return found
 
 
 def _tensor_value(key, value):
