@@ -52,7 +52,7 @@ def _viewed(t):
 def _reads_in_place(t, value):
     """Whether ``t`` reads ``value`` only where its output may alias the operand: directly (a broadcast
     of ``value`` reads each element many times, after earlier elements of the output are written)."""
-    return all(a is value and position in INPLACE.get(t.op.name, ()) and value.shape == t.shape
+    return all(a is value and position in INPLACE.get(t.op, ()) and value.shape == t.shape
                for position, a in enumerate(t.args) if _viewed(a) is value)
 
 
@@ -89,7 +89,7 @@ class _Run:
     def _out0_free_for(self, t, i):
         """Whether ``t`` may be computed into the root's output, to be overwritten by the root later."""
         root = self.body.outputs[0]
-        if self.out0_blocked or root.op.name not in INPLACE or (t.shape, t.dtype) != (root.shape, root.dtype):
+        if self.out0_blocked or root.op not in INPLACE or (t.shape, t.dtype) != (root.shape, root.dtype):
             return False
         if self.body.last_read.get(t) == self.body.position[root] and not _reads_in_place(root, t):
             return False  # the root would overwrite it while still reading it elsewhere

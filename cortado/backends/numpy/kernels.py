@@ -1,7 +1,8 @@
 """Each op as NumPy calls that write into given arrays: what the CPU executor runs, allocation-free.
 
 ``emit(emitter, term, args, out)`` appends to ``emitter`` the calls that compute ``term`` from the
-arrays ``args`` into ``out`` (``EMITTERS[op](emitter, attributes, args, out)`` underneath).
+arrays ``args`` into ``out`` (``EMITTERS[op](emitter, attributes, args, out)`` underneath, keyed by
+the op itself, the attributes read by name: ``attrs.axes``).
 Temporaries come from ``emitter.scratch``, views of the step's workspace in the arena; an
 ``Emitter`` without a workspace only measures how much it would need. The calls mirror the
 reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
@@ -15,13 +16,14 @@ before writing the same element of ``out``.
 
 import functools
 import math
+from types import SimpleNamespace
 
 import numpy as np
 
 from ...exprgraph import attending, gathering, windowing
 from ...exprgraph.dtypes import is_float
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
-from ...exprgraph.ops import UFUNC_OPS, ufunc_loop
+from ...exprgraph.ops import OPS, UFUNC_OPS, ufunc_loop
 from ...exprgraph.ops.convolution import dilated_size
 from ...exprgraph.semantics import IN_FLOAT32
 from ...errors import PlanError
@@ -184,19 +186,17 @@ def _cast(em, attrs, args, out):
 
 
 def _sum(em, attrs, args, out):
-    axes, keepdims = attrs
-    em.call(np.add.reduce, args[0], axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
+    em.call(np.add.reduce, args[0], axis=attrs.axes, dtype=out.dtype, out=out, keepdims=attrs.keepdims)
 
 
 def _max(em, attrs, args, out):
-    axes, keepdims = attrs
-    em.call(np.maximum.reduce, args[0], axis=axes, out=out, keepdims=keepdims)
+    em.call(np.maximum.reduce, args[0], axis=attrs.axes, out=out, keepdims=attrs.keepdims)
 
 
 def _mean(em, attrs, args, out):
     # as numpy's mean: the sum in the result's dtype (float64 for integers; float16 comes in float32),
     # divided by the count
-    axes, keepdims = attrs
+    axes, keepdims = attrs.axes, attrs.keepdims
     x = args[0]
     count = np.intp(math.prod(x.shape[a] for a in axes))
     em.call(np.add.reduce, x, axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
@@ -229,7 +229,7 @@ def _log_total(em, shifted, axes, total, exponentials):
 
 
 def _logsumexp(em, attrs, args, out):
-    axes, keepdims = attrs
+    axes = attrs.axes
     x, converted = _floating(em, args[0])
     shifted = em.scratch(x.shape, out.dtype)
     peak = _shifted(em, x, axes, out.dtype, shifted)
@@ -241,7 +241,7 @@ def _logsumexp(em, attrs, args, out):
 
 
 def _softmax(em, attrs, args, out):
-    (axes,) = attrs
+    axes = attrs.axes
     x, converted = _floating(em, args[0])
     peak = _shifted(em, x, axes, out.dtype, out)
     em.call(np.exp, out, out=out)
@@ -252,7 +252,7 @@ def _softmax(em, attrs, args, out):
 
 
 def _log_softmax(em, attrs, args, out):
-    (axes,) = attrs
+    axes = attrs.axes
     x, converted = _floating(em, args[0])
     peak = _shifted(em, x, axes, out.dtype, out)
     exponentials = em.scratch(x.shape, out.dtype)
@@ -267,7 +267,7 @@ def _matmul(em, attrs, args, out):
 
 
 def _einsum(em, attrs, args, out):
-    em.call(np.einsum, attrs[0], *args, out=out)
+    em.call(np.einsum, attrs.subscripts, *args, out=out)
 
 
 def _reshape_copy(em, attrs, args, out):
@@ -277,7 +277,7 @@ def _reshape_copy(em, attrs, args, out):
 def _conv(em, attrs, args, out):
     # the input padded and dilated into scratch when it must be, the weights copied contiguous in the
     # result's dtype, the windows copied into columns, then one batched matrix product per group
-    strides, padding, lhs_dilation, rhs_dilation, groups = attrs
+    padding, lhs_dilation, groups = attrs.padding, attrs.lhs_dilation, attrs.groups
     x, w = args
     spatial = tuple(dilated_size(n, d) + low + high for n, d, (low, high) in zip(x.shape[2:], lhs_dilation, padding))
     xp = x
@@ -287,27 +287,26 @@ def _conv(em, attrs, args, out):
     weights = em.scratch(w.shape, out.dtype)
     em.call(np.copyto, weights, w, casting="unsafe")
     columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
-    em.call(windowing.conv_into, out, xp, weights, strides, rhs_dilation, groups, columns)
+    em.call(windowing.conv_into, out, xp, weights, attrs.strides, attrs.rhs_dilation, groups, columns)
     for array in (columns, weights) + ((xp,) if xp is not x else ()):
         em.release(array)
 
 
 def _pad(em, attrs, args, out):
-    widths, value = attrs
-    em.call(windowing.place_into, out, args[0], tuple(low for low, _ in widths), (1,) * out.ndim, value)
+    lows = tuple(low for low, _ in attrs.pad_width)
+    em.call(windowing.place_into, out, args[0], lows, (1,) * out.ndim, attrs.constant_values)
 
 
 def _overlap_add(em, attrs, args, out):
-    _, strides, dilation = attrs
-    em.call(windowing.overlap_add_into, out, args[0], strides, dilation)
+    em.call(windowing.overlap_add_into, out, args[0], attrs.strides, attrs.dilation)
 
 
 def _take(em, attrs, args, out):
-    em.call(gathering.take_into, out, *args, *attrs)
+    em.call(gathering.take_into, out, *args, attrs.axis)
 
 
 def _take_along_axis(em, attrs, args, out):
-    em.call(gathering.take_along_axis_into, out, *args, *attrs)
+    em.call(gathering.take_along_axis_into, out, *args, attrs.axis)
 
 
 def _attention_scratch(em, q, k, v, dtype, count):
@@ -321,16 +320,15 @@ def _released(em, arrays):
 
 def _attention(em, attrs, args, out):
     scratch = _attention_scratch(em, *args, out.dtype, 1)
-    em.call(attending.attention_into, out, *args, *attrs, *scratch)
+    em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, *scratch)
     _released(em, scratch)
 
 
 def _attention_grad(em, attrs, args, out):
     """``out``: the three results, ``(dq, dk, dv)``; the forward's result (``args[3]``) is not read."""
     q, k, v, _, dout = args
-    scale, causal, _ = attrs
     scratch = _attention_scratch(em, q, k, v, out[0].dtype, 3)
-    em.call(attending.attention_grad_into, *out, q, k, v, dout, scale, causal, *scratch)
+    em.call(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal, *scratch)
     _released(em, scratch)
 
 
@@ -362,8 +360,8 @@ def _in_float32(emitter, narrow):
     return emit
 
 
-EMITTERS = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
-EMITTERS.update({
+_BY_NAME = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
+_BY_NAME.update({
     "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "gelu": _gelu, "gelu_grad": _gelu_grad,
     "where": _where, "cast": _cast, "stop_gradient": _cast,  # (simplify takes stop_gradient out before this)
     "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
@@ -371,12 +369,19 @@ EMITTERS.update({
     "conv": _conv, "pad": _pad, "overlap_add": _overlap_add, "take": _take, "take_along_axis": _take_along_axis,
     "attention": _attention, "attention_grad": _attention_grad,
 })
-EMITTERS.update({name: _in_float32(EMITTERS[name], narrow) for name, narrow in IN_FLOAT32.items() if name in EMITTERS})
+_BY_NAME.update({name: _in_float32(_BY_NAME[name], narrow) for name, narrow in IN_FLOAT32.items() if name in _BY_NAME})
+EMITTERS = {OPS[name]: emitter for name, emitter in _BY_NAME.items()}
 
-INPLACE = {name: tuple(range(ufunc.nin)) for name, ufunc in UFUNC_OPS.items()}
-INPLACE.update({"sigmoid": (0,), "relu": (0,), "softplus": (0,), "where": (2,)})
+INPLACE = {OPS[name]: tuple(range(ufunc.nin)) for name, ufunc in UFUNC_OPS.items()}
+INPLACE.update({OPS[name]: (0,) for name in ("sigmoid", "relu", "softplus")})
+INPLACE[OPS["where"]] = (2,)
+
+
+def fields(op, attrs):
+    """``op``'s attribute values ``attrs`` readable by name (``fields(op, attrs).axes``), as the emitters read them."""
+    return SimpleNamespace(**dict(zip(op.attr_names, attrs)))
 
 
 def emit(em, term, args, out):
     """``out``: the result's array, or a tuple of them for an op of several results."""
-    EMITTERS[term.op.name](em, term.attrs, args, out)
+    EMITTERS[term.op](em, fields(term.op, term.attrs), args, out)

@@ -3,7 +3,7 @@
 from ...errors import BackendError
 from ...memplan import Step
 from .fused import plan_fused
-from .kernels import EMITTERS, INPLACE, Emitter, c_strided
+from .kernels import EMITTERS, INPLACE, Emitter, c_strided, fields
 
 ALWAYS_VIEWS = ("transpose", "broadcast_to", "flip", "windows")
 
@@ -12,7 +12,7 @@ def _workspace(op, attrs, arg_types, result_types):
     """The scratch bytes of one op on operands of ``arg_types``, measured by a dry run of its emitter."""
     em = Emitter()
     outs = tuple(c_strided(s, d) for s, d in result_types)
-    EMITTERS[op](em, attrs, [c_strided(s, d) for s, d in arg_types], outs if len(outs) > 1 else outs[0])
+    EMITTERS[op](em, fields(op, attrs), [c_strided(s, d) for s, d in arg_types], outs if len(outs) > 1 else outs[0])
     return em.top
 
 
@@ -30,7 +30,7 @@ def _memoized(function):
 
 def _inplace(t):
     """``(t, operand)`` pairs: operands of ``t``'s type that its op reads before writing over them."""
-    positions = INPLACE.get(t.op.name, ())
+    positions = INPLACE.get(t.op, ())
     return tuple((t, a) for p, a in enumerate(t.args) if p in positions and (a.shape, a.dtype) == (t.shape, t.dtype))
 
 
@@ -62,11 +62,11 @@ def steps(kernels, options):
             inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
         else:
-            if name not in EMITTERS:
+            if t.op not in EMITTERS:
                 raise BackendError(f"{t!r}: the numpy backend has no kernel for {name}, which only GPU lowering makes")
             arg_types = tuple((a.shape, a.dtype) for a in t.args)
             result_types = tuple((d.shape, d.dtype) for d in k.terms)
-            workspace, inplace, costs = workspace_of(name, t.attrs, arg_types, result_types), _inplace(t), ()
+            workspace, inplace, costs = workspace_of(t.op, t.attrs, arg_types, result_types), _inplace(t), ()
         found.append(Step(k.terms, k.reads, inplace=inplace, workspace=workspace, costs=costs, label=name))
         contiguous.update({d: True for d in k.terms})
     return found
