@@ -2,8 +2,9 @@
 
 A term is an op applied to argument terms with some attributes. Building the same term twice
 returns the same object, so structural equality is identity, common subexpressions are shared
-for free, and passes can memoise by identity. The interning table holds its terms weakly: a term
-that nobody references any more is freed, and its entry goes with it.
+for free, and passes can memoise by identity. A variable's attributes include its declaration
+(``ops.leaves.Declaration``), so each ``ct.var`` call is a term of its own. The interning table
+holds its terms weakly: a term that nobody references any more is freed, and its entry goes with it.
 
 ``==`` and ``!=`` on terms are therefore identity (terms are dict keys: ``state={W: value}``);
 the elementwise comparisons are ``ct.equal`` and ``ct.not_equal``. ``< <= > >=`` build terms.
