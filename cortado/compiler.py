@@ -119,7 +119,6 @@ def _signature(outputs, inputs, state, updates):
         if v.name not in names:
             raise FeedError(f"compile: the graph reads variable {v.name!r} ({v.attr('declaration')!r}), "
                             f"but it is neither an input nor state")
-        names[v.name] = v
     return Signature(outputs, inputs, state, updates, single)
 
 

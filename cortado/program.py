@@ -16,6 +16,7 @@ import numpy as np
 from .errors import FeedError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.dtypes import type_string
+from .exprgraph.graph import two_variables_named
 from .exprgraph.printing import body_text, inline
 from .exprgraph.term import Term
 from .memplan import aligned
@@ -40,8 +41,7 @@ class State(Mapping):
             raise FeedError(f"no state variable {key!r}; the state is {sorted(self._arrays) or 'empty'}")
         var = self._arrays[name][0]
         if isinstance(key, Term) and key is not var:
-            raise FeedError(f"{key!r}, declared at {key.where_built}, is not the state variable {var!r} of that "
-                            f"name, declared at {var.where_built}")
+            raise FeedError(f"state: {two_variables_named(var, key)}")
         return name
 
     def __getitem__(self, key):

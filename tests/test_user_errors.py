@@ -180,7 +180,7 @@ def test_the_state_is_indexed_by_variable_or_name():
 
 def test_another_variable_of_the_state_name_is_refused():
     step, _, _, _ = _step()
-    with pytest.raises(ct.FeedError, match="is not the state variable"):
+    with pytest.raises(ct.FeedError, match="state: two variables are both named 'W'"):
         step.state[ct.var("W", (4,))]
     with pytest.raises(ct.FeedError, match="no state variable"):
         step.state[ct.var("V", (3, 4))]

@@ -15,6 +15,8 @@ import math
 
 import numpy as np
 
+from .numerics import finite_peak
+
 BLOCK_ELEMENTS = 1 << 20  # scores held at once: 4 MiB of float32
 
 
@@ -52,8 +54,7 @@ def _probabilities(flat, q, k, scale, causal, start, stop):
     s *= scale
     if causal:
         np.copyto(s, -np.inf, where=np.arange(keys) > np.arange(start, stop)[:, None])
-    peak = np.max(s, axis=-1, keepdims=True)
-    s -= np.where(np.less(np.abs(peak), math.inf), peak, 0)  # numerics.shifted's peak: softmax's, as the plain form
+    s -= finite_peak(np.max(s, axis=-1, keepdims=True), np)  # softmax's shift, as in the plain form
     np.exp(s, out=s)
     s /= np.sum(s, axis=-1, keepdims=True)
     return s

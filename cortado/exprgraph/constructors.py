@@ -373,8 +373,7 @@ def _as_written(function):
 
 def _same(value, default):
     """Whether a parameter was given its default (plain Python values only; anything else counts as given)."""
-    return type(value) is type(default) and value == default if isinstance(value, (int, float, str, type(None))) \
-        else False
+    return isinstance(value, (int, float, str, type(None))) and type(value) is type(default) and value == default
 
 
 def _refused(what):

@@ -32,6 +32,10 @@ def shifted(x, axes, xp):
     overflow; an infinite max is left unsubtracted, so the logsumexp of a row of ``-inf`` is
     ``-inf``, not NaN. ``xp`` is the namespace of ``max``, ``where``, ``less``, ``abs`` and
     ``subtract``: ``numpy`` for arrays, cortado's constructors for terms."""
-    peak = xp.max(x, axis=axes, keepdims=True)
-    peak = xp.where(xp.less(xp.abs(peak), math.inf), peak, 0)
+    peak = finite_peak(xp.max(x, axis=axes, keepdims=True), xp)
     return xp.subtract(x, peak), peak
+
+
+def finite_peak(peak, xp):
+    """``peak`` where finite, else 0: the shift of ``shifted``, for one that shifts in place (attention)."""
+    return xp.where(xp.less(xp.abs(peak), math.inf), peak, 0)

@@ -127,9 +127,8 @@ def _regroups_exactly(op, a, c, folded):
     a, c, folded = (_values(t) for t in (a, c, folded))
     if not _exact_product(a, c, folded):
         return False
-    mantissas, _ = np.frexp(c.astype(np.float64))
-    a, c = np.abs(a.astype(np.float64)), np.abs(c.astype(np.float64))
-    powers_of_two = (np.abs(mantissas) == 0.5) | (c == 0)
+    a, c = (np.abs(np.asarray(v, np.float64)) for v in (a, c))
+    powers_of_two = (np.frexp(c)[0] == 0.5) | (c == 0)
     return bool((powers_of_two & (((a >= 1) & (c >= 1)) | ((a <= 1) & (c <= 1)))).all())
 
 
