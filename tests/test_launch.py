@@ -130,3 +130,37 @@ def test_chained_overlapping_launches_each_see_the_whole_result_before_them(capt
             stream.end_capture().launch(stream)
         stream.synchronize()
     np.testing.assert_array_equal(buffers[steps % 2].get(), np.full((n, n), steps, np.float32))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+def test_kernels_keep_subnormals_and_a_second_run_reads_them_from_disk(tmp_path, monkeypatch):
+    """A generated kernel halving the smallest float32 normal gives NumPy's subnormal, not a flushed 0; its image is
+    written to the cache folder, and a process that has not compiled it (the memory cache emptied) loads it from
+    there without calling NVRTC."""
+    import cupy
+    from cupy.cuda import compiler
+
+    from cortado.backends.cupy import kernels
+
+    monkeypatch.setenv("CORTADO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_cache", {})
+    x = parameter(0, ct.var("x", SHAPE, "float32"))
+    source = sources.kernel_source((x * 0.5,), [_operand()])
+    tiny = np.full(SHAPE, np.finfo(np.float32).tiny, np.float32)
+
+    def halved():
+        given, result = cupy.asarray(tiny), cupy.zeros(SHAPE, np.float32)
+        kernels.launcher(source, (given.data.ptr, result.data.ptr))()
+        return result.get()
+
+    np.testing.assert_array_equal(halved(), tiny * np.float32(0.5))
+    assert len(list((tmp_path / "kernels").glob("*.cubin"))) == 1
+    monkeypatch.setattr(kernels, "_cache", {})
+    kernels._launch.cache_clear()
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("compiled again although the image was on disk")
+
+    monkeypatch.setattr(compiler, "compile_using_nvrtc", refuse)
+    np.testing.assert_array_equal(halved(), tiny * np.float32(0.5))

@@ -1,5 +1,7 @@
 """Generated kernels compiled by NVRTC through CuPy, once per source: the cache is keyed by the
-source's hash, which is also the kernel's name, so two programs with the same region share it.
+source's hash, which is also the kernel's name, so two programs with the same region share it. Compiled
+images are kept on disk too (``$CORTADO_CACHE_DIR/kernels``, by default ``~/.cache/cortado/kernels``), keyed by
+the source, the options, the GPU's architecture and NVRTC's version, so a second run starts without compiling.
 
 Kernels keep float32 subnormals (``-ftz=false``, NVRTC's default): a product of the smallest normal
 and 0.5 is the subnormal NumPy gives, not 0. CuPy's ``RawModule(code=...)`` appends ``-ftz=true``
@@ -7,6 +9,7 @@ after the caller's options, which flushes them, so the source is compiled by CuP
 the include paths ``RawModule`` would give it, and the image loaded by ``RawModule(path=...)``."""
 
 import functools
+import hashlib
 import os
 import tempfile
 
@@ -33,17 +36,40 @@ def compiled(source):
 
 def _function(text, options, name):
     """Kernel ``name`` of ``text`` compiled by NVRTC for this GPU with ``options`` as given (nothing appended after
-    them), loaded (RawModule loads its file when a function is first asked of it: before the file goes)."""
+    them), or read from the disk cache, loaded (RawModule reads its file when a function is first asked of it)."""
     import cupy
     from cupy._core.core import assemble_cupy_compiler_options
     from cupy.cuda import compiler
 
-    image, _ = compiler.compile_using_nvrtc(text, assemble_cupy_compiler_options(options), arch=compiler._get_arch())
-    with tempfile.TemporaryDirectory() as folder:
-        path = os.path.join(folder, "kernel.cubin")
-        with open(path, "wb") as file:
-            file.write(image)
-        return cupy.RawModule(path=path).get_function(name)
+    options = assemble_cupy_compiler_options(options)
+    arch = compiler._get_arch()
+    path = _cached_image_path(text, options, arch)
+    if not os.path.exists(path):
+        image, _ = compiler.compile_using_nvrtc(text, options, arch=arch)
+        _write_atomically(path, image)
+    return cupy.RawModule(path=path).get_function(name)
+
+
+def cache_folder():
+    """Where compiled kernel images are kept between runs."""
+    root = os.environ.get("CORTADO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cortado")
+    return os.path.join(root, "kernels")
+
+
+def _cached_image_path(text, options, arch):
+    from cupy.cuda import nvrtc
+
+    key = repr((text, tuple(options), arch, nvrtc.getVersion())).encode()
+    return os.path.join(cache_folder(), hashlib.sha256(key).hexdigest() + ".cubin")
+
+
+def _write_atomically(path, image):
+    """Write ``image`` so that another process never reads half of it: into a file beside ``path``, then renamed."""
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    descriptor, partial = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".partial")
+    with os.fdopen(descriptor, "wb") as file:
+        file.write(image)
+    os.replace(partial, path)
 
 
 def launcher(source, pointers, grid=None, block=None):
