@@ -46,7 +46,7 @@ def is_float(dtype):
 def is_narrow_float(dtype):
     """Whether ``dtype`` is float16 or bfloat16: too few digits to add many values in (ones summed
     in float16 stop at 2048, in bfloat16 at 256), so sums and products of them accumulate in
-    float32 and round once (``semantics.IN_FLOAT32``)."""
+    float32 and round once (``Op.computes_in_float32``)."""
     return is_float(dtype) and dtype.itemsize == 2
 
 

@@ -15,6 +15,32 @@ GELU_SCALE = math.sqrt(2 / math.pi)
 GELU_CUBIC = 0.044715
 
 
+def sigmoid(x, xp):
+    """``1 / (1 + exp(-x))`` from ``e = exp(-|x|)``, which never overflows: ``1 / (1 + e)`` where ``x >= 0``, else
+    ``e / (1 + e)``."""
+    e = xp.exp(xp.negative(xp.abs(x)))
+    return xp.where(xp.greater_equal(x, 0), 1 / (1 + e), e / (1 + e))
+
+
+def softplus(x, xp):
+    """``log(1 + exp(x))`` as ``max(x, 0) + log1p(exp(-|x|))``, which neither overflows nor loses the small values."""
+    return xp.maximum(x, 0) + xp.log1p(xp.exp(xp.negative(xp.abs(x))))
+
+
+def gelu(x, xp):
+    """gelu in its tanh form, as ``x sigmoid(z)`` (``gelu_argument``)."""
+    return x * sigmoid(gelu_argument(x), xp)
+
+
+def gelu_grad(x, xp):
+    """``sigmoid(z) + x sigmoid(z) sigmoid(-z) z'``, the sigmoids' product as ``e / (1 + e)^2`` with ``e = exp(-|z|)``,
+    which neither overflows nor cancels; it is 0 far out, where it multiplies ``x`` before ``z'`` does, so the result
+    is finite wherever ``x * x`` is."""
+    z = gelu_argument(x)
+    e = xp.exp(xp.negative(xp.abs(z)))
+    return sigmoid(z, xp) + x * (e / ((1 + e) * (1 + e))) * gelu_slope(x)
+
+
 def gelu_argument(x):
     """``z = 2 GELU_SCALE (x + GELU_CUBIC x^3)``: as ``1 + tanh(z / 2) = 2 sigmoid(z)``, gelu is
     ``x sigmoid(z)``, which loses nothing where tanh is near -1 (``1 + tanh`` would cancel)."""

@@ -100,7 +100,10 @@ def make(op, args, attrs=()):
     ShapeError or DTypeError naming the op, the operands and the user's line.
     """
     args = tuple(args)
-    attrs = tuple(attrs)
+    try:
+        attrs = op.attributes._make(attrs)
+    except TypeError:
+        raise TypeError(f"{op.name} takes the attributes {op.attr_names}, got {tuple(attrs)!r}") from None
     key = (op, args, attrs)
     term = _interned.get(key)
     if term is not None:
@@ -166,12 +169,12 @@ class Term:
         return self.attr("name") if self.op.name == "var" else None
 
     def attr(self, name):
-        """The value of the attribute ``name`` of this term's op."""
-        return self.attrs[self.op.attr_names.index(name)]
+        """The value of the attribute ``name`` of this term's op (``term.attrs.name`` where the name is known)."""
+        return getattr(self.attrs, name)
 
     @property
     def attr_dict(self):
-        return dict(zip(self.op.attr_names, self.attrs))
+        return self.attrs._asdict()
 
     def rebuild(self, args):
         """The same op with the same attributes applied to ``args`` (the rewrite interface)."""

@@ -8,7 +8,20 @@ window.
 
 import numpy as np
 
-from .ops.convolution import dilated_size, window_extent, windowed_size
+
+def window_extent(size, dilation):
+    """How many elements a window of ``size`` taps spans with ``dilation``."""
+    return (size - 1) * dilation + 1
+
+
+def windowed_size(size, extent, stride):
+    """How many windows of ``extent`` fit ``size`` elements, ``stride`` apart (negative: none fit)."""
+    return (size - extent) // stride + 1
+
+
+def dilated_size(size, dilation):
+    """The length of ``size`` elements with ``dilation - 1`` zeros between neighbours."""
+    return (size - 1) * dilation + 1 if size else 0
 
 
 def _placement(size, low, dilation, target):

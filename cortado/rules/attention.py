@@ -17,7 +17,7 @@ those are not attention's meaning.
 The op computes as flash attention does, which differs from the plain expressions only where they are not finite:
 a masked score is dropped, so a NaN or infinite score there (a key holding one) leaves the rows that mask it finite,
 where an added mask's ``-inf`` meets it as NaN; and float16 and bfloat16 attention computes in float32 with one
-rounding (``IN_FLOAT32``), so scores past float16's range do not overflow as the rounded plain scores would.
+rounding (``Op.computes_in_float32``), so scores past float16's range do not overflow as the rounded plain scores would.
 """
 
 import numpy as np

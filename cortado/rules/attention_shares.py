@@ -13,8 +13,7 @@ import numpy as np
 
 from ..exprgraph import constructors as ct
 from ..exprgraph.graph import schedule
-from ..exprgraph.ops import parameter
-from ..exprgraph.semantics import IN_FLOAT32
+from ..exprgraph.ops import ATTENTION, parameter
 from .engine import substitute
 from .reverse import backpropagate
 
@@ -24,8 +23,8 @@ def _swap_last(t):
 
 
 def _computed(x):
-    """``x`` in the dtype attention computes in: float32 for float16 and bfloat16 (``IN_FLOAT32``)."""
-    return ct.cast(x, "float32") if IN_FLOAT32["attention"](x.dtype) else x
+    """``x`` in the dtype attention computes in: float32 for float16 and bfloat16 (``Op.computes_in_float32``)."""
+    return ct.cast(x, "float32") if ATTENTION.computes_in_float32(x.dtype) else x
 
 
 def probabilities(q, k, scale, causal):

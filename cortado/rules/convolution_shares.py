@@ -12,7 +12,7 @@ Every share is again a plain convolution or window op, so gradients of gradients
 """
 
 from ..exprgraph import constructors as ct
-from ..exprgraph.ops.convolution import dilated_size, window_extent
+from ..exprgraph.windowing import dilated_size, window_extent
 
 
 def _regrouped(t, groups, shape, axes):

@@ -19,8 +19,8 @@ import numpy as np
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.einsum import LABELS, spelled_out
+from ..exprgraph.ops import SOFTMAX
 from ..exprgraph.numerics import shifted
-from ..exprgraph.semantics import IN_FLOAT32
 from .engine import Rule, RuleSet
 
 
@@ -32,9 +32,9 @@ def _as(x, dtype):
 
 
 def _computed(x):
-    """``x`` in the dtype the softmax family computes in: float32 where ``IN_FLOAT32`` says so, else
+    """``x`` in the dtype the softmax family computes in: float32 where ``Op.computes_in_float32`` says so, else
     the float exp computes in."""
-    if IN_FLOAT32["softmax"](x.dtype):
+    if SOFTMAX.computes_in_float32(x.dtype):
         return ct.cast(x, "float32")
     return x if is_float(x.dtype) else ct.cast(x, ct.exp(x).dtype)
 

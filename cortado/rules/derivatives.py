@@ -33,8 +33,7 @@ from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
-from ..exprgraph.ops import OPS
-from ..exprgraph.semantics import IN_FLOAT32
+from ..exprgraph.ops import GELU_GRAD, OPS
 from ..exprgraph.term import Term
 from .attention_shares import attention_grad_share, attention_share
 from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
@@ -244,7 +243,7 @@ def _gelu_grad_share(b):
     float16 or bfloat16 ``x`` is taken in float32, as ``gelu_grad`` takes it (the driver casts back).
     """
     x = b["_x"]
-    if IN_FLOAT32["gelu_grad"](x.dtype):
+    if GELU_GRAD.computes_in_float32(x.dtype):
         x = ct.cast(x, "float32")
     z, slope = gelu_argument(x), gelu_slope(x)
     s, t = ct.sigmoid(z), ct.sigmoid(-z)

@@ -7,7 +7,7 @@ Temporaries come from ``emitter.scratch``, views of the step's workspace in the 
 ``Emitter`` without a workspace only measures how much it would need. The calls mirror the
 reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
 dtypes, so results agree with it to the last bit wherever NumPy's own kernels do. As there, the
-ops of ``IN_FLOAT32`` take float16 and bfloat16 in float32 scratch and round their result once,
+ops that compute in float32 (``Op.computes_in_float32``) take float16 and bfloat16 in float32 scratch and round their result once,
 in a fused region too (it emits through ``emit``).
 
 ``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
@@ -16,16 +16,18 @@ before writing the same element of ``out``.
 
 import functools
 import math
-from types import SimpleNamespace
 
 import numpy as np
 
 from ...exprgraph import attending, gathering, windowing
 from ...exprgraph.dtypes import is_float
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
-from ...exprgraph.ops import OPS, UFUNC_OPS, ufunc_loop
-from ...exprgraph.ops.convolution import dilated_size
-from ...exprgraph.semantics import IN_FLOAT32
+from ...exprgraph.ops import (
+    ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, GELU, GELU_GRAD, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
+    OVERLAP_ADD, PAD, RELU, RESHAPE, SIGMOID, SOFTMAX, SOFTPLUS, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS,
+    WHERE, ufunc_loop,
+)
+from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
 
@@ -360,28 +362,22 @@ def _in_float32(emitter, narrow):
     return emit
 
 
-_BY_NAME = {name: _ufunc(ufunc) for name, ufunc in UFUNC_OPS.items()}
-_BY_NAME.update({
-    "sigmoid": _sigmoid, "relu": _relu, "softplus": _softplus, "gelu": _gelu, "gelu_grad": _gelu_grad,
-    "where": _where, "cast": _cast, "stop_gradient": _cast,  # (simplify takes stop_gradient out before this)
-    "sum": _sum, "mean": _mean, "max": _max, "logsumexp": _logsumexp, "softmax": _softmax,
-    "log_softmax": _log_softmax, "matmul": _matmul, "einsum": _einsum, "reshape": _reshape_copy,
-    "conv": _conv, "pad": _pad, "overlap_add": _overlap_add, "take": _take, "take_along_axis": _take_along_axis,
-    "attention": _attention, "attention_grad": _attention_grad,
+EMITTERS = {op: _ufunc(ufunc) for op, ufunc in UFUNCS.items()}
+EMITTERS.update({
+    SIGMOID: _sigmoid, RELU: _relu, SOFTPLUS: _softplus, GELU: _gelu, GELU_GRAD: _gelu_grad,
+    WHERE: _where, CAST: _cast, STOP_GRADIENT: _cast,  # (simplify takes stop_gradient out before this)
+    SUM: _sum, MEAN: _mean, MAX: _max, LOGSUMEXP: _logsumexp, SOFTMAX: _softmax, LOG_SOFTMAX: _log_softmax,
+    MATMUL: _matmul, EINSUM: _einsum, RESHAPE: _reshape_copy, CONV: _conv, PAD: _pad, OVERLAP_ADD: _overlap_add,
+    TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,
 })
-_BY_NAME.update({name: _in_float32(_BY_NAME[name], narrow) for name, narrow in IN_FLOAT32.items() if name in _BY_NAME})
-EMITTERS = {OPS[name]: emitter for name, emitter in _BY_NAME.items()}
+EMITTERS.update({op: _in_float32(emitter, op.computes_in_float32)
+                 for op, emitter in EMITTERS.items() if op.computes_in_float32 is not None})
 
-INPLACE = {OPS[name]: tuple(range(ufunc.nin)) for name, ufunc in UFUNC_OPS.items()}
-INPLACE.update({OPS[name]: (0,) for name in ("sigmoid", "relu", "softplus")})
-INPLACE[OPS["where"]] = (2,)
-
-
-def fields(op, attrs):
-    """``op``'s attribute values ``attrs`` readable by name (``fields(op, attrs).axes``), as the emitters read them."""
-    return SimpleNamespace(**dict(zip(op.attr_names, attrs)))
+INPLACE = {op: tuple(range(ufunc.nin)) for op, ufunc in UFUNCS.items()}
+INPLACE.update(dict.fromkeys((SIGMOID, RELU, SOFTPLUS), (0,)))
+INPLACE[WHERE] = (2,)
 
 
 def emit(em, term, args, out):
     """``out``: the result's array, or a tuple of them for an op of several results."""
-    EMITTERS[term.op](em, fields(term.op, term.attrs), args, out)
+    EMITTERS[term.op](em, term.attrs, args, out)

@@ -3,7 +3,7 @@
 from ...errors import BackendError
 from ...memplan import Step
 from .fused import plan_fused
-from .kernels import EMITTERS, INPLACE, Emitter, c_strided, fields
+from .kernels import EMITTERS, INPLACE, Emitter, c_strided
 
 ALWAYS_VIEWS = ("transpose", "broadcast_to", "flip", "windows")
 
@@ -12,7 +12,7 @@ def _workspace(op, attrs, arg_types, result_types):
     """The scratch bytes of one op on operands of ``arg_types``, measured by a dry run of its emitter."""
     em = Emitter()
     outs = tuple(c_strided(s, d) for s, d in result_types)
-    EMITTERS[op](em, fields(op, attrs), [c_strided(s, d) for s, d in arg_types], outs if len(outs) > 1 else outs[0])
+    EMITTERS[op](em, op.attributes._make(attrs), [c_strided(s, d) for s, d in arg_types], outs if len(outs) > 1 else outs[0])
     return em.top
 
 

@@ -1,8 +1,10 @@
 """The op table: for every op, its arity, attributes, shape rule, dtype rule and kind.
 
-This is the single source of what an op *is*. Later stages (rules, backends) look ops up here by
-name and add what they need (a NumPy implementation, a derivative, a kernel) in tables of their
-own. Rules raise ``RuleViolation`` with a short reason; ``term.make`` adds the op name, operand
+This is the single source of what an op *is*: each op is one ``Op`` record, exported here by its
+name in capitals (``MATMUL``, ``CONV``, ...), carrying its attribute names, shape and dtype rules and
+reference semantics (``evaluate``). Later stages dispatch on these records (``term.op is MATMUL``,
+tables keyed by the op) and add what they need (a derivative, a kernel) in tables of their own;
+``OPS`` finds a record by its name, for the constructors and the text rules. Rules raise ``RuleViolation`` with a short reason; ``term.make`` adds the op name, operand
 types and the user's line.
 
 Dtype rules of the elementwise ops ask NumPy's own ufuncs (``resolve_dtypes``), so promotion is
@@ -20,18 +22,36 @@ table.
 """
 
 from . import attention, contractions, convolution, elementwise, indexing, layout, leaves, reductions
+from .attention import ATTENTION, ATTENTION_GRAD
 from .base import (
     CONTRACTION, ELEMENTWISE, FUSED, LAYOUT, LEAF, LOWERED, REDUCTION, Op, dtype_attr, ufunc_loop,
     weak_scalars_as_bfloat16,
 )
-from .elementwise import UFUNC_OPS, may_fail
-from .leaves import Constant
+from .contractions import EINSUM, MATMUL
+from .convolution import CONV, FLIP, OVERLAP_ADD, PAD, WINDOWS
+from .elementwise import (
+    ABS, ADD, CAST, DIVIDE, EQUAL, EXP, EXPM1, GELU, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, LOG, LOG1P,
+    MAXIMUM, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, POWER, RELU, RINT, SIGMOID, SIGN, SOFTPLUS, SQRT, STOP_GRADIENT,
+    SUBTRACT, TANH, UFUNC_OPS, UFUNCS, WHERE, may_fail,
+)
+from .indexing import TAKE, TAKE_ALONG_AXIS
+from .layout import BROADCAST_TO, RESHAPE, TRANSPOSE
+from .leaves import CONST, VAR, Constant
 from .lowered import FUSED_OP, PARAM, parameter
+from .reductions import LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, SOFTMAX, SUM
 
 __all__ = [
     "OPS", "Op", "CONTRACTION", "ELEMENTWISE", "FUSED", "LAYOUT", "LEAF", "LOWERED", "REDUCTION",
-    "Constant", "dtype_attr", "ufunc_loop", "weak_scalars_as_bfloat16", "UFUNC_OPS", "may_fail",
-    "FUSED_OP", "parameter",
+    "Constant", "dtype_attr", "ufunc_loop", "weak_scalars_as_bfloat16", "UFUNC_OPS", "UFUNCS", "may_fail",
+    "parameter",
+    # the ops
+    "VAR", "CONST", "PARAM", "FUSED_OP",
+    "NEGATIVE", "EXP", "LOG", "LOG1P", "EXPM1", "SQRT", "TANH", "ABS", "SIGN", "RINT", "ADD", "SUBTRACT", "MULTIPLY",
+    "DIVIDE", "POWER", "MAXIMUM", "MINIMUM", "LESS", "LESS_EQUAL", "GREATER", "GREATER_EQUAL", "EQUAL", "NOT_EQUAL",
+    "SIGMOID", "RELU", "SOFTPLUS", "GELU", "GELU_GRAD", "WHERE", "STOP_GRADIENT", "CAST",
+    "SUM", "MEAN", "MAX", "LOGSUMEXP", "SOFTMAX", "LOG_SOFTMAX", "MATMUL", "EINSUM", "TRANSPOSE", "RESHAPE",
+    "BROADCAST_TO", "CONV", "WINDOWS", "OVERLAP_ADD", "PAD", "FLIP", "TAKE", "TAKE_ALONG_AXIS", "ATTENTION",
+    "ATTENTION_GRAD",
 ]
 
 OPS = {op.name: op for op in (*leaves.FAMILY, *elementwise.FAMILY, *reductions.FAMILY, *contractions.FAMILY,

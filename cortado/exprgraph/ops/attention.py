@@ -12,12 +12,13 @@ of ``attention(q, k, v)``, whatever ``out`` holds.
 
 import math
 
-from ..dtypes import is_float
+from .. import attending
+from ..dtypes import is_float, is_narrow_float
 from ..term import dtype_violation, shape_violation
 from .layout import same_dtype
 from .base import Op
 
-ATTENTION = "attention"  # a softmax of products, multiplied out, that no kernel needs to store
+ATTENTION_KIND = "attention"  # a softmax of products, multiplied out, that no kernel needs to store
 
 
 def _operands(q, k, v):
@@ -66,8 +67,12 @@ def _grad_normalize(args, scale, causal, result):
     return _scale_and_mask(scale, causal) + (result,)
 
 
-FAMILY = (
-    Op("attention", 3, ("scale", "causal"), _attention_shape, same_dtype, ATTENTION, _attention_normalize),
-    Op("attention_grad", 5, ("scale", "causal", "result"), lambda args, scale, causal, result: args[result].shape,
-       same_dtype, ATTENTION, _grad_normalize, results=lambda scale, causal, result: 3, result_attr="result"),
-)
+ATTENTION = Op("attention", 3, ("scale", "causal"), _attention_shape, same_dtype, ATTENTION_KIND, _attention_normalize,
+                  evaluate=lambda xs, *attrs: attending.attention(*xs, *attrs), computes_in_float32=is_narrow_float)
+ATTENTION_GRAD = Op("attention_grad", 5, ("scale", "causal", "result"),
+                    lambda args, scale, causal, result: args[result].shape, same_dtype, ATTENTION_KIND, _grad_normalize,
+                    results=lambda scale, causal, result: 3, result_attr="result",
+                    evaluate=lambda xs, *attrs: attending.attention_grad(*xs, *attrs),
+                    computes_in_float32=is_narrow_float)
+
+FAMILY = (ATTENTION, ATTENTION_GRAD)

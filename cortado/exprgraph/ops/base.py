@@ -3,6 +3,7 @@ helpers that the families' rules are written with.
 """
 
 import functools
+from collections import namedtuple
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -23,7 +24,9 @@ LOWERED = "lowered"  # built only by a backend's lowering rules, after different
 
 @dataclass(frozen=True, eq=False)
 class Op:
-    """An op: its name, arity (None: any number), attribute names, rules and kind."""
+    """An op: its name, arity (None: any number), attribute names, rules, kind and meaning. Stages dispatch on the
+    record itself (``term.op is MATMUL``, dicts keyed by it), never on its name, and read a term's attributes by
+    name (``term.attrs.strides``): ``attributes`` is the named tuple they are kept in."""
 
     name: str
     arity: int | None
@@ -34,11 +37,15 @@ class Op:
     normalize: Callable | None = None  # user parameters -> attribute tuple; may raise RuleViolation
     results: Callable | None = None  # attributes -> how many results one kernel of it makes (None: one)
     result_attr: str | None = None  # with ``results``: the attribute that says which result a term is
-    evaluate: Callable | None = None  # the reference semantics of an op outside the table (a backend's own)
+    evaluate: Callable | None = None  # the reference semantics: (operand arrays, *attributes) -> array
+    computes_in_float32: Callable | None = None  # operand dtype -> whether it is computed in float32, rounded once
     grouped: bool = False  # one kernel of it reads its operands as one piece of memory, and writes its results so
     asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result;
     # such kernels are issued in the order of their attributes, the same on every rank of a job
     positions: tuple = ()  # the operands read as places (indices), not as numbers: never converted to a float
+
+    def __post_init__(self):
+        object.__setattr__(self, "attributes", namedtuple(f"{self.name}_attributes", self.attr_names))
 
     @property
     def elementwise(self):
@@ -49,8 +56,7 @@ class Op:
         terms that differ from ``term`` only in ``result_attr``."""
         if self.result_count(term) == 1:
             return (term,)
-        at = self.attr_names.index(self.result_attr)
-        return tuple(make(self, term.args, term.attrs[:at] + (k,) + term.attrs[at + 1:])
+        return tuple(make(self, term.args, term.attrs._replace(**{self.result_attr: k}))
                      for k in range(self.result_count(term)))
 
     def result_count(self, term):

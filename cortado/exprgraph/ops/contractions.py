@@ -3,7 +3,7 @@
 
 import numpy as np
 
-from ..dtypes import BFLOAT16, is_bfloat16
+from ..dtypes import BFLOAT16, is_bfloat16, is_narrow_float
 from ..einsum import parse as parse_einsum
 from ..term import shape_violation
 from .base import CONTRACTION, Op, broadcast_shapes, no_attributes, promoted, ufunc_loop
@@ -42,9 +42,10 @@ def matmul_dtype(args):
     return ufunc_loop(np.matmul, dtypes)[-1]
 
 
-FAMILY = (
-    Op("matmul", 2, (), _matmul_shape, matmul_dtype, CONTRACTION, no_attributes),
-    Op("einsum", None, ("subscripts",),
-       lambda args, subscripts: parse_einsum(subscripts, [a.shape for a in args])[1],
-       _einsum_dtype, CONTRACTION, _einsum_normalize),
-)
+MATMUL = Op("matmul", 2, (), _matmul_shape, matmul_dtype, CONTRACTION, no_attributes,
+            evaluate=lambda xs: np.matmul(*xs), computes_in_float32=is_narrow_float)
+EINSUM = Op("einsum", None, ("subscripts",), lambda args, subscripts: parse_einsum(subscripts, [a.shape for a in args])[1],
+            _einsum_dtype, CONTRACTION, _einsum_normalize,
+            evaluate=lambda xs, subscripts: np.einsum(subscripts, *xs), computes_in_float32=is_narrow_float)
+
+FAMILY = (MATMUL, EINSUM)

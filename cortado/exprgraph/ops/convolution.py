@@ -13,28 +13,18 @@ crop), and ``overlap_add`` (col2im) adds windows back into the tensor they came 
 gradient is again made of these ops. ``flip`` is NumPy's.
 """
 
+import numpy as np
+
+from .. import windowing
+from ..dtypes import is_narrow_float
 from ..term import shape_violation
+from ..windowing import dilated_size, window_extent, windowed_size
 from .base import LAYOUT, Op, int_tuple
 from .contractions import matmul_dtype
 from .layout import same_dtype
 
 WINDOW = "window"  # moves elements between a tensor and its windows or border, adding or repeating some
 CONVOLUTION = "convolution"
-
-
-def window_extent(size, dilation):
-    """How many elements a window of ``size`` taps spans with ``dilation``."""
-    return (size - 1) * dilation + 1
-
-
-def windowed_size(size, extent, stride):
-    """How many windows of ``extent`` fit ``size`` elements, ``stride`` apart (negative: none fit)."""
-    return (size - extent) // stride + 1
-
-
-def dilated_size(size, dilation):
-    """The length of ``size`` elements with ``dilation - 1`` zeros between neighbours."""
-    return (size - 1) * dilation + 1 if size else 0
 
 
 def conv_output_size(size, kernel, stride, padding, lhs_dilation, rhs_dilation):
@@ -155,13 +145,17 @@ def _flip_normalize(args, axis=None):
     return (normalize_axes(axis, args[0].ndim),)
 
 
-FAMILY = (
-    Op("conv", 2, ("strides", "padding", "lhs_dilation", "rhs_dilation", "groups"), _conv_shape,
-       lambda args, *attrs: matmul_dtype(args), CONVOLUTION, _conv_normalize),
-    Op("windows", 1, ("window_shape", "strides", "dilation"), _windows_shape, same_dtype, LAYOUT,
-       _windows_normalize),
-    Op("overlap_add", 1, ("shape", "strides", "dilation"), _overlap_add_shape, same_dtype, WINDOW,
-       _overlap_add_normalize),
-    Op("pad", 1, ("pad_width", "constant_values"), _pad_shape, same_dtype, WINDOW, _pad_normalize),
-    Op("flip", 1, ("axes",), lambda args, axes: args[0].shape, same_dtype, LAYOUT, _flip_normalize),
-)
+CONV = Op("conv", 2, ("strides", "padding", "lhs_dilation", "rhs_dilation", "groups"), _conv_shape,
+          lambda args, *attrs: matmul_dtype(args), CONVOLUTION, _conv_normalize,
+          evaluate=lambda xs, *attrs: windowing.conv(*xs, *attrs), computes_in_float32=is_narrow_float)
+WINDOWS = Op("windows", 1, ("window_shape", "strides", "dilation"), _windows_shape, same_dtype, LAYOUT,
+             _windows_normalize, evaluate=lambda xs, *attrs: windowing.window_view(xs[0], *attrs))
+OVERLAP_ADD = Op("overlap_add", 1, ("shape", "strides", "dilation"), _overlap_add_shape, same_dtype, WINDOW,
+                 _overlap_add_normalize, evaluate=lambda xs, *attrs: windowing.overlapped_add(xs[0], *attrs),
+                 computes_in_float32=is_narrow_float)
+PAD = Op("pad", 1, ("pad_width", "constant_values"), _pad_shape, same_dtype, WINDOW, _pad_normalize,
+         evaluate=lambda xs, widths, value: windowing.padded(xs[0], widths, value))
+FLIP = Op("flip", 1, ("axes",), lambda args, axes: args[0].shape, same_dtype, LAYOUT, _flip_normalize,
+          evaluate=lambda xs, axes: np.flip(xs[0], axes))
+
+FAMILY = (CONV, WINDOWS, OVERLAP_ADD, PAD, FLIP)

@@ -5,8 +5,10 @@ their results have the broadcast shape.
 
 import numpy as np
 
-from ..dtypes import is_float, kind_of
+from .. import numerics
+from ..dtypes import is_float, is_narrow_float, kind_of
 from ..term import dtype_violation
+from .leaves import CONST
 from .base import ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, no_attributes, promoted, ufunc_loop
 
 
@@ -19,10 +21,6 @@ def ufunc_dtype(ufunc):
 
 def _broadcast_rule(args, *attrs):
     return broadcast_shapes(*(a.shape for a in args))
-
-
-def _elementwise(name, arity, dtype_rule):
-    return Op(name, arity, (), _broadcast_rule, dtype_rule, ELEMENTWISE, no_attributes)
 
 
 def _relu_dtype(args):
@@ -46,34 +44,68 @@ def _where_dtype(args):
     return promoted((args[1].dtype, args[2].dtype))
 
 
-UFUNC_OPS = {
-    "negative": np.negative, "exp": np.exp, "log": np.log, "log1p": np.log1p, "expm1": np.expm1,
-    "sqrt": np.sqrt, "tanh": np.tanh, "abs": np.absolute, "sign": np.sign, "rint": np.rint,
-    "add": np.add, "subtract": np.subtract, "multiply": np.multiply, "divide": np.true_divide,
-    "power": np.power, "maximum": np.maximum, "minimum": np.minimum,
-    "less": np.less, "less_equal": np.less_equal, "greater": np.greater,
-    "greater_equal": np.greater_equal, "equal": np.equal, "not_equal": np.not_equal,
-}
+UFUNCS = {}  # op -> the NumPy ufunc it is
 
 
+def _ufunc(name, ufunc):
+    op = Op(name, ufunc.nin, (), _broadcast_rule, ufunc_dtype(ufunc), ELEMENTWISE, no_attributes,
+            evaluate=lambda xs: ufunc(*xs))
+    UFUNCS[op] = ufunc
+    return op
+
+
+NEGATIVE = _ufunc("negative", np.negative)
+EXP = _ufunc("exp", np.exp)
+LOG = _ufunc("log", np.log)
+LOG1P = _ufunc("log1p", np.log1p)
+EXPM1 = _ufunc("expm1", np.expm1)
+SQRT = _ufunc("sqrt", np.sqrt)
+TANH = _ufunc("tanh", np.tanh)
+ABS = _ufunc("abs", np.absolute)
+SIGN = _ufunc("sign", np.sign)
+RINT = _ufunc("rint", np.rint)
+ADD = _ufunc("add", np.add)
+SUBTRACT = _ufunc("subtract", np.subtract)
+MULTIPLY = _ufunc("multiply", np.multiply)
+DIVIDE = _ufunc("divide", np.true_divide)
+POWER = _ufunc("power", np.power)
+MAXIMUM = _ufunc("maximum", np.maximum)
+MINIMUM = _ufunc("minimum", np.minimum)
+LESS = _ufunc("less", np.less)
+LESS_EQUAL = _ufunc("less_equal", np.less_equal)
+GREATER = _ufunc("greater", np.greater)
+GREATER_EQUAL = _ufunc("greater_equal", np.greater_equal)
+EQUAL = _ufunc("equal", np.equal)
+NOT_EQUAL = _ufunc("not_equal", np.not_equal)
+UFUNC_OPS = {op.name: ufunc for op, ufunc in UFUNCS.items()}  # by name, for the constructors of the same names
 def may_fail(t):
     """Whether term ``t`` can fail on its values: an integer power whose exponent may be negative (NumPy raises
     there). An unsigned exponent cannot, nor a constant of one value, not negative (which a fused body inlines)."""
-    if t.op.name != "power" or t.dtype.kind not in "iu":
+    if t.op is not POWER or t.dtype.kind not in "iu":
         return False
     exponent = t.args[1]
-    known = exponent.op.name == "const" and exponent.attr("value").scalar is not None and exponent.attr("value").scalar >= 0
+    known = exponent.op is CONST and exponent.attrs.value.scalar is not None and exponent.attrs.value.scalar >= 0
     return not (exponent.dtype.kind in "ub" or known)
 
 
-FAMILY = (
-    *(_elementwise(name, ufunc.nin, ufunc_dtype(ufunc)) for name, ufunc in UFUNC_OPS.items()),
-    _elementwise("sigmoid", 1, float_result),
-    _elementwise("relu", 1, _relu_dtype),
-    _elementwise("softplus", 1, float_result),
-    _elementwise("gelu", 1, _float_operand),
-    _elementwise("gelu_grad", 1, _float_operand),
-    _elementwise("where", 3, _where_dtype),
-    _elementwise("stop_gradient", 1, lambda args: args[0].dtype),
-    Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize),
-)
+def _floating(x):
+    """``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
+    return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
+
+
+def _elementwise(name, dtype_rule, evaluate, computes_in_float32=None):
+    return Op(name, 1, (), _broadcast_rule, dtype_rule, ELEMENTWISE, no_attributes, evaluate=evaluate,
+              computes_in_float32=computes_in_float32)
+
+
+SIGMOID = _elementwise("sigmoid", float_result, lambda xs: numerics.sigmoid(_floating(xs[0]), np))
+RELU = _elementwise("relu", _relu_dtype, lambda xs: np.maximum(xs[0], 0))
+SOFTPLUS = _elementwise("softplus", float_result, lambda xs: numerics.softplus(_floating(xs[0]), np))
+GELU = _elementwise("gelu", _float_operand, lambda xs: numerics.gelu(xs[0], np), is_narrow_float)
+GELU_GRAD = _elementwise("gelu_grad", _float_operand, lambda xs: numerics.gelu_grad(xs[0], np), is_narrow_float)
+WHERE = Op("where", 3, (), _broadcast_rule, _where_dtype, ELEMENTWISE, no_attributes, evaluate=lambda xs: np.where(*xs))
+STOP_GRADIENT = _elementwise("stop_gradient", lambda args: args[0].dtype, lambda xs: np.array(xs[0], copy=True))
+CAST = Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize,
+          evaluate=lambda xs, dtype: xs[0].astype(dtype))
+
+FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, WHERE, STOP_GRADIENT, CAST)

@@ -7,10 +7,12 @@ reads out of bounds. Slicing, ``concatenate`` and ``split`` need no ops of their
 import math
 
 from ...errors import IndexRangeError
+from .. import gathering
 from ..gathering import checked
 from ..term import RuleViolation, dtype_violation, shape_violation
 from .base import Op, broadcast_shapes
 from .layout import same_dtype
+from .leaves import CONST
 from .reductions import one_axis
 
 INDEXING = "indexing"  # reads elements of one operand at the places another one holds
@@ -26,9 +28,9 @@ def _integer_indices(args, op):
 def _constant_indices_in_range(args, axis):
     """Indices known now (a constant) are checked now, where the user built the term."""
     indices = args[1]
-    if indices.op.name == "const":
+    if indices.op is CONST:
         try:
-            checked(indices.attr("value").array, args[0].shape[axis], None, axis)
+            checked(indices.attrs.value.array, args[0].shape[axis], None, axis)
         except IndexRangeError as error:
             raise RuleViolation(str(error), IndexRangeError) from None
 
@@ -74,8 +76,9 @@ def _along_axis_shape(args, axis):
     return off[:axis] + (indices.shape[axis],) + off[axis + 1:]
 
 
-FAMILY = (
-    Op("take", 2, ("axis",), _take_shape, same_dtype, INDEXING, _take_normalize, positions=(1,)),
-    Op("take_along_axis", 2, ("axis",), _along_axis_shape, same_dtype, INDEXING, _along_axis_normalize,
-       positions=(1,)),
-)
+TAKE = Op("take", 2, ("axis",), _take_shape, same_dtype, INDEXING, _take_normalize, positions=(1,),
+          evaluate=lambda xs, axis: gathering.take(*xs, axis))
+TAKE_ALONG_AXIS = Op("take_along_axis", 2, ("axis",), _along_axis_shape, same_dtype, INDEXING, _along_axis_normalize,
+                     positions=(1,), evaluate=lambda xs, axis: gathering.take_along_axis(*xs, axis))
+
+FAMILY = (TAKE, TAKE_ALONG_AXIS)

@@ -5,6 +5,8 @@ without computing new ones.
 import functools
 import operator
 
+import numpy as np
+
 from ..term import shape_violation
 from .base import LAYOUT, Op, as_shape, int_tuple
 
@@ -53,10 +55,11 @@ def _broadcast_to_normalize(args, shape):
     return (shape,)
 
 
-FAMILY = (
-    Op("transpose", 1, ("axes",), lambda args, axes: tuple(args[0].shape[a] for a in axes),
-       same_dtype, LAYOUT, _transpose_normalize),
-    Op("reshape", 1, ("shape",), lambda args, shape: shape, same_dtype, LAYOUT, _reshape_normalize),
-    Op("broadcast_to", 1, ("shape",), lambda args, shape: shape, same_dtype, LAYOUT,
-       _broadcast_to_normalize),
-)
+TRANSPOSE = Op("transpose", 1, ("axes",), lambda args, axes: tuple(args[0].shape[a] for a in axes), same_dtype, LAYOUT,
+               _transpose_normalize, evaluate=lambda xs, axes: np.transpose(xs[0], axes))
+RESHAPE = Op("reshape", 1, ("shape",), lambda args, shape: shape, same_dtype, LAYOUT, _reshape_normalize,
+             evaluate=lambda xs, shape: np.reshape(xs[0], shape))
+BROADCAST_TO = Op("broadcast_to", 1, ("shape",), lambda args, shape: shape, same_dtype, LAYOUT, _broadcast_to_normalize,
+                  evaluate=lambda xs, shape: np.broadcast_to(xs[0], shape))
+
+FAMILY = (TRANSPOSE, RESHAPE, BROADCAST_TO)

@@ -84,7 +84,7 @@ def _var_normalize(args, name, shape, dtype):
 VAR = Op("var", 0, ("name", "shape", "dtype", "declaration"),
          lambda args, name, shape, dtype, declaration: shape,
          lambda args, name, shape, dtype, declaration: dtype,
-         LEAF, _var_normalize)
+         LEAF, _var_normalize)  # evaluated from the feeds and state, never from its operands
 CONST = Op("const", 0, ("value",),
            lambda args, value: value.array.shape,
            lambda args, value: value.array.dtype,

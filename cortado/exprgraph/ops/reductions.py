@@ -6,8 +6,10 @@ import functools
 
 import numpy as np
 
+from .. import numerics
+from ..dtypes import is_float, is_narrow_float
 from ..term import shape_violation
-from .base import REDUCTION, Op, float_result, int_tuple
+from .base import REDUCTION, Op, float_result, int_tuple, ufunc_loop
 
 
 def normalize_axes(axis, ndim):
@@ -64,17 +66,50 @@ def _softmax_shape(args, axes):
     return args[0].shape
 
 
-FAMILY = (
-    Op("sum", 1, ("axes", "keepdims"), _reduce_shape,
-       lambda args, axes, keepdims: _reduced_dtype("sum", args[0].dtype), REDUCTION, _reduce_normalize),
-    Op("mean", 1, ("axes", "keepdims"), _reduce_shape,
-       lambda args, axes, keepdims: _reduced_dtype("mean", args[0].dtype), REDUCTION, _reduce_normalize),
-    Op("max", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
-       lambda args, axes, keepdims: args[0].dtype, REDUCTION, _reduce_normalize),
-    Op("logsumexp", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
-       lambda args, axes, keepdims: float_result(args), REDUCTION, _reduce_normalize),
-    Op("softmax", 1, ("axes",), _softmax_shape,
-       lambda args, axes: float_result(args), REDUCTION, _softmax_normalize),
-    Op("log_softmax", 1, ("axes",), _softmax_shape,
-       lambda args, axes: float_result(args), REDUCTION, _softmax_normalize),
-)
+def _floating(x):
+    """``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
+    return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
+
+
+def _narrow_once_floating(dtype):
+    """Whether ``dtype`` is narrow in the float exp computes it in (int8, uint8 and bool: float16)."""
+    return is_narrow_float(dtype if is_float(dtype) else ufunc_loop(np.exp, (dtype,))[-1])
+
+
+def _logsumexp(xs, axes, keepdims):
+    shifted, peak = numerics.shifted(_floating(xs[0]), axes, np)
+    result = np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True)) + peak
+    return result if keepdims else np.squeeze(result, axis=axes)
+
+
+def _softmax(xs, axes):
+    shifted, _ = numerics.shifted(_floating(xs[0]), axes, np)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axes, keepdims=True)
+
+
+def _log_softmax(xs, axes):
+    shifted, _ = numerics.shifted(_floating(xs[0]), axes, np)
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
+
+
+SUM = Op("sum", 1, ("axes", "keepdims"), _reduce_shape,
+         lambda args, axes, keepdims: _reduced_dtype("sum", args[0].dtype), REDUCTION, _reduce_normalize,
+         evaluate=lambda xs, axes, keepdims: np.sum(xs[0], axis=axes, keepdims=keepdims),
+         computes_in_float32=is_narrow_float)
+MEAN = Op("mean", 1, ("axes", "keepdims"), _reduce_shape,
+          lambda args, axes, keepdims: _reduced_dtype("mean", args[0].dtype), REDUCTION, _reduce_normalize,
+          evaluate=lambda xs, axes, keepdims: np.mean(xs[0], axis=axes, keepdims=keepdims),
+          computes_in_float32=is_narrow_float)
+MAX = Op("max", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
+         lambda args, axes, keepdims: args[0].dtype, REDUCTION, _reduce_normalize,
+         evaluate=lambda xs, axes, keepdims: np.max(xs[0], axis=axes, keepdims=keepdims))
+LOGSUMEXP = Op("logsumexp", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
+               lambda args, axes, keepdims: float_result(args), REDUCTION, _reduce_normalize, evaluate=_logsumexp,
+               computes_in_float32=_narrow_once_floating)
+SOFTMAX = Op("softmax", 1, ("axes",), _softmax_shape, lambda args, axes: float_result(args), REDUCTION,
+             _softmax_normalize, evaluate=_softmax, computes_in_float32=_narrow_once_floating)
+LOG_SOFTMAX = Op("log_softmax", 1, ("axes",), _softmax_shape, lambda args, axes: float_result(args), REDUCTION,
+                 _softmax_normalize, evaluate=_log_softmax, computes_in_float32=_narrow_once_floating)
+
+FAMILY = (SUM, MEAN, MAX, LOGSUMEXP, SOFTMAX, LOG_SOFTMAX)

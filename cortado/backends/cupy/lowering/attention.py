@@ -13,8 +13,8 @@ other targets then lower (its products become GEMMs). ``dnn`` (``attention_runne
 import numpy as np
 
 from ....exprgraph.dtypes import BFLOAT16
-from ....exprgraph.ops import LOWERED, Op
-from ....exprgraph.semantics import IMPLEMENTATIONS
+from ....exprgraph.ops import ATTENTION, ATTENTION_GRAD, LOWERED, Op
+from ....exprgraph.semantics import implementation
 from ....exprgraph.term import make
 from ....rules.attention_shares import plain_attention, plain_attention_grad
 from ....rules.engine import Rule, RuleSet
@@ -46,7 +46,7 @@ def _forward_shape(args, scale, causal, result):
 
 def _forward_evaluate(xs, scale, causal, result):
     if result == 0:
-        return IMPLEMENTATIONS["attention"](xs, scale, causal)
+        return implementation(ATTENTION)(xs, scale, causal)
     return statistics(*xs[:2], scale, causal)
 
 
@@ -58,7 +58,7 @@ DNN_ATTENTION_GRAD = Op("dnn_attention_grad", 6, ("scale", "causal", "result"),
                         lambda args, scale, causal, result: args[result].shape,
                         lambda args, scale, causal, result: args[0].dtype, LOWERED,
                         results=lambda scale, causal, result: 3, result_attr="result",
-                        evaluate=lambda xs, *attrs: IMPLEMENTATIONS["attention_grad"](xs[:5], *attrs))
+                        evaluate=lambda xs, *attrs: implementation(ATTENTION_GRAD)(xs[:5], *attrs))
 
 
 def dnn_attention(q, k, v, scale, causal, result):

@@ -34,7 +34,7 @@ from ....exprgraph import constructors as ct
 from ....exprgraph.dtypes import BFLOAT16
 from ....exprgraph.graph import post_order
 from ....exprgraph.ops import LOWERED, Op
-from ....exprgraph.ops.convolution import window_extent
+from ....exprgraph.windowing import window_extent
 from ....exprgraph.term import make, shape_violation
 from ....rules.algebra import algebra
 from ....rules.convolution_shares import conv_input_share, conv_weight_share

@@ -18,9 +18,9 @@ import numpy as np
 from ....exprgraph import constructors as ct
 from ....exprgraph.dtypes import BFLOAT16, is_float, is_narrow_float
 from ....exprgraph.graph import post_order
-from ....exprgraph.ops import LOWERED, Op
+from ....exprgraph.ops import GELU, GELU_GRAD, LOWERED, Op
 from ....exprgraph.ops.base import broadcast_shapes
-from ....exprgraph.semantics import IMPLEMENTATIONS
+from ....exprgraph.semantics import implementation
 from ....exprgraph.term import dtype_violation, make, shape_violation
 from ....memplan import live_bytes
 from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
@@ -106,8 +106,8 @@ def _reference(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
         out = out + bias
     if "gelu" in epilogue:  # in float32 for float16 and bfloat16, as the gelu ops (and cuBLASLt's epilogues) take them
         if epilogue.startswith("dgelu"):
-            return out * IMPLEMENTATIONS["gelu_grad"]([aux.astype(out.dtype)])
-        return IMPLEMENTATIONS["gelu"]([out])
+            return out * implementation(GELU_GRAD)([aux.astype(out.dtype)])
+        return implementation(GELU)([out])
     return np.maximum(out, dtype(0)) if "relu" in epilogue else out
 
 
