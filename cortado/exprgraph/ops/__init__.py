@@ -4,8 +4,9 @@ This is the single source of what an op *is*: each op is one ``Op`` record, expo
 name in capitals (``MATMUL``, ``CONV``, ...), carrying its attribute names, shape and dtype rules and
 reference semantics (``evaluate``). Later stages dispatch on these records (``term.op is MATMUL``,
 tables keyed by the op) and add what they need (a derivative, a kernel) in tables of their own;
-``OPS`` finds a record by its name, for the constructors and the text rules. Rules raise ``RuleViolation`` with a short reason; ``term.make`` adds the op name, operand
-types and the user's line.
+``OPS`` finds a record by its name, for the constructors and the text rules. Shape and dtype rules
+raise ``RuleViolation`` with a short reason; ``term.make`` adds the op name, operand types and the
+user's line.
 
 Dtype rules of the elementwise ops ask NumPy's own ufuncs (``resolve_dtypes``), so promotion is
 exactly NumPy 2's; Python scalars are weak (NEP 50) and are materialised by the constructors
