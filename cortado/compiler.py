@@ -3,7 +3,8 @@
 The pipeline, each stage a pass over values that returns new values:
 
 1. check the signature: every variable the outputs and updates read is an input or state;
-2. rules: ``simplify`` (algebra), ``stability``, the backend's lowering, then ``fuse``;
+2. rules: ``simplify`` (algebra), ``stability``, the backend's lowering, the composite ops spelled out in
+   primitives (``rules.primitives``: no backend emits sigmoid, softplus or gelu), then ``fuse``;
 3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
    order that keeps the fewest bytes live (``memplan.memory_order``); asynchronous kernels (an
    all-reduce) as early as they can run, what waits for them last (``memplan.overlapped``), and
@@ -30,16 +31,17 @@ import numpy as np
 from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
-from .exprgraph.ops import FUSED, may_fail
+from .exprgraph.ops import CONST, FUSED, VAR, may_fail
 from .exprgraph.term import Term
 from .memplan.recompute import choices, recomputed
 from .memplan import intervals, joins, memory_order, overlapped, owners, plan_memory, read_through_view, verify
 from .rules.api import fast_simplifier, simplifier
 from .rules.engine import Rewrite, Trace
 from .rules.fusion import fuse
+from .rules.primitives import primitives
 from .rules.stability import stabiliser
 
-PIPELINE = ("simplify", "stability", "lowering", "fusion")
+PIPELINE = ("simplify", "stability", "lowering", "primitives", "fusion")
 
 
 @dataclass(frozen=True)
@@ -66,11 +68,11 @@ class Kernel:
 
     @property
     def is_load(self):
-        return self.term.op.name == "var"
+        return self.term.op is VAR
 
 
 def _variable(v, what):
-    if not isinstance(v, Term) or v.op.name != "var":
+    if not isinstance(v, Term) or v.op is not VAR:
         raise FeedError(f"compile: {what} must be variables (ct.var), not {v!r}")
     return v
 
@@ -112,7 +114,7 @@ def _signature(outputs, inputs, state, updates):
         if new.dtype != v.dtype:
             raise DTypeError(f"compile: the update of {v.name!r} has dtype {new.dtype}, the variable {v.dtype}; "
                              f"use ct.cast(..., {v.dtype.name!r})")
-    read = [t for t in schedule(list(outputs) + list(updates.values())) if t.op.name == "var"]
+    read = [t for t in schedule(list(outputs) + list(updates.values())) if t.op is VAR]
     for v in read:
         if v.name in names and names[v.name] is not v:
             raise FeedError(f"compile: {two_variables_named(names[v.name], v)}")
@@ -131,6 +133,7 @@ def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)
+    roots = primitives.run(roots, traces["primitives"])
     roots, _ = fuse(roots, traces["fusion"], alone=backend.fuse_single_ops, siblings=backend.fuse_sibling_reductions)
     return list(roots)
 
@@ -141,7 +144,7 @@ def _kernels(roots, signature):
     kernels, made = [], set()
     state = set(signature.state)
     for t in schedule(roots):
-        if t.op.name == "const" or t in state:
+        if t.op is CONST or t in state:
             continue
         terms = t.op.results_of(t)
         if terms in made:
@@ -330,7 +333,7 @@ def _planned(roots, signature, engine, options, traces, copies=None):
     nbytes = _sizes(kernels)
     steps = engine.steps(kernels, options)
     live_out = list(outputs) + list(values)
-    kept = [t for t in schedule(roots) if t.op.name == "const" or t in signature.state]
+    kept = [t for t in schedule(roots) if t.op is CONST or t in signature.state]
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates, copies or {})
@@ -416,7 +419,7 @@ def _data_parallel(signature, engine, caps):
 
 
 def _label(t, i):
-    if t.op.name == "var":
+    if t.op is VAR:
         return t.name
     several = t.op.result_count(t) > 1
     return f"k{i}.{t.op.name}" + (f"[{t.attr(t.op.result_attr)}]" if several else "")

@@ -25,6 +25,7 @@ from .errors import DTypeError, GradError, ShapeError
 from .exprgraph.dtypes import is_float, kind_of, type_string
 from .exprgraph.graph import as_outputs, schedule
 from .exprgraph.operands import strong_const
+from .exprgraph.ops import VAR
 from .exprgraph.term import Term
 from .rules import derivatives, simplify
 from .rules.derivatives import Derivatives
@@ -119,7 +120,7 @@ def variables_of(wrt):
     items = [wrt] if isinstance(wrt, Term) else _sequence(wrt, "wrt")
     for i, v in enumerate(items):
         where = "wrt" if isinstance(wrt, Term) else f"wrt[{i}]"
-        if not isinstance(v, Term) or v.op.name != "var":
+        if not isinstance(v, Term) or v.op is not VAR:
             built = f" (built at {v.where_built})" if isinstance(v, Term) else ""
             raise GradError(f"{where} is {v!r}{built}, which is not a variable; gradients are taken with "
                             f"respect to variables (ct.var): make it one and substitute its expression in")

@@ -17,6 +17,8 @@ from .errors import FeedError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.dtypes import type_string
 from .exprgraph.graph import two_variables_named
+from .exprgraph.ops import FUSED_OP, VAR
+from .exprgraph.ops.collectives import ALL_REDUCE
 from .exprgraph.printing import body_text, inline
 from .exprgraph.term import Term
 from .memplan import aligned
@@ -174,9 +176,9 @@ class Program:
         lines = [f"kernels ({len(self.kernels)}, in order):"]
         for i, kernel in enumerate(self.kernels):
             t = kernel.term
-            if t.op.name == "var":
+            if t.op is VAR:
                 what = f"load {t.name}"
-            elif t.op.name == "fused":
+            elif t.op is FUSED_OP:
                 args = ", ".join(inline(a, 1) for a in t.args)
                 what = f"fused({args}) {body_text(t)}"
             else:
@@ -196,7 +198,7 @@ class Program:
             return []
         lines = ["", f"data parallel: {len(self.buckets)} all-reduce bucket(s), averaged over the ranks"]
         for i, k in enumerate(self.kernels):
-            if k.term.op.name != "all_reduce":
+            if k.term.op is not ALL_REDUCE:
                 continue
             readers = [j for j in range(i + 1, len(self.kernels)) if any(r in k.terms for r in self.kernels[j].reads)]
             joined = readers[0] if readers else len(self.kernels)
@@ -229,6 +231,6 @@ class Program:
             return f"{typ} in state {self._sinks[t].name}"
         if t in self._executor.direct_outputs:
             return f"{typ} in output {self.outputs.index(t)}"
-        if t.op.name == "var":
+        if t.op is VAR:
             return f"{typ} fed, read where the caller keeps it"
         return f"{typ} (a view)"

@@ -70,7 +70,9 @@ UNARY = [op.name for op in _DRAWN if _plain_elementwise(op, 1)]
 BINARY = [op.name for op in _DRAWN if _plain_elementwise(op, 2) and not _gives_bool(op)]
 COMPARISONS = [op.name for op in _DRAWN if _plain_elementwise(op, 2) and _gives_bool(op)]
 REDUCTIONS = [op.name for op in _DRAWN if op.kind == REDUCTION]
-STRUCTURAL = [op.name for op in _DRAWN if op.name not in UNARY + BINARY + COMPARISONS + REDUCTIONS]  # a builder each
+# the ops of none of those groups: a builder each
+STRUCTURAL = [op.name for op in _DRAWN
+              if not (_plain_elementwise(op, 1) or _plain_elementwise(op, 2) or op.kind == REDUCTION)]
 ALL_OPS = UNARY + BINARY + COMPARISONS + REDUCTIONS + STRUCTURAL
 
 LIMIT = 1e4  # no value may be bounded by more than this

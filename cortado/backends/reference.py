@@ -11,6 +11,7 @@ from ..errors import BackendError, DTypeError, IndexRangeError
 from ..exprgraph import feeds as feed_checks, gathering
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.graph import Graph, schedule
+from ..exprgraph.ops import CAST, CONST, FUSED_OP, PARAM, VAR
 from ..exprgraph.semantics import implementation
 from ..exprgraph.term import Term
 
@@ -25,13 +26,13 @@ def _result_dtype(term, widen):
 
 def _apply(term, args, widen):
     """One op with NumPy; in float64 mode a floating result is computed from float64 operands."""
-    if term.op.name == "fused":
+    if term.op is FUSED_OP:
         return _fused(term, args, widen)
     attrs = term.attrs
     if widen and is_float(term.dtype):
         args = [a if is_float(a.dtype) or k in term.op.positions else a.astype(np.float64) for k, a in enumerate(args)]
-        if term.op.name == "cast":
-            attrs = (np.dtype(np.float64),)  # in exact arithmetic a float cast is the identity
+        if term.op is CAST:
+            attrs = attrs._replace(dtype=np.dtype(np.float64))  # in exact arithmetic a float cast is the identity
     try:
         return implementation(term.op)(args, *attrs)
     except (ArithmeticError, ValueError) as error:  # e.g. integers fed negative integer powers
@@ -43,9 +44,9 @@ def _apply(term, args, widen):
 def _value(term, values, variable, widen):
     """``term``'s value, its arguments' values in ``values``; ``variable(term)`` for a variable (or a fused
     body's parameter)."""
-    if term.op.name in ("var", "param"):
+    if term.op in (VAR, PARAM):
         value = variable(term)
-    elif term.op.name == "const":
+    elif term.op is CONST:
         value = term.attr("value").array
     else:
         value = _apply(term, [values[a] for a in term.args], widen)

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from ..errors import FeedError
 from ..exprgraph.graph import schedule
-from ..exprgraph.ops.collectives import all_reduce
+from ..exprgraph.ops.collectives import ALL_REDUCE, all_reduce
 from ..grad import is_gradient
 from ..rules.engine import substitute
 
@@ -121,7 +121,7 @@ def _fed_outside_averages(value, fed):
     leaked, seen, stack = set(), set(), [value]
     while stack:
         t = stack.pop()
-        if t in seen or t.op.name == "all_reduce":
+        if t in seen or t.op is ALL_REDUCE:
             continue
         seen.add(t)
         if t in fed:

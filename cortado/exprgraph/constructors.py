@@ -12,7 +12,10 @@ import itertools
 import numpy as np
 
 from .operands import WEAK_TYPES, Scalar, at_default_dtypes, const_array, materialise, operands, strong_const
-from .ops import OPS, UFUNC_OPS, Constant, dtype_attr, ufunc_loop, weak_scalars_as_bfloat16
+from .ops import (
+    CONST, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, OPS, UFUNC_OPS, VAR, WHERE, Constant, dtype_attr, ufunc_loop,
+    weak_scalars_as_bfloat16,
+)
 from ..errors import ShapeError
 from .dtypes import is_float
 from . import gathering
@@ -35,7 +38,7 @@ __all__ = [
 
 def var(name, shape, dtype="float32"):
     """A named input of the expression: a feed, a parameter or any other value given at run time."""
-    return apply(OPS["var"], (), name=name, shape=shape, dtype=dtype)
+    return apply(VAR, (), name=name, shape=shape, dtype=dtype)
 
 
 def const(value, dtype=None):
@@ -46,7 +49,7 @@ def const(value, dtype=None):
         if dtype is not None:
             return strong_const(value, dtype_attr(dtype, "dtype"))
         array = const_array(value)
-        return make(OPS["const"], (), (Constant(array, weak=type(value) in WEAK_TYPES),))
+        return make(CONST, (), (Constant(array, weak=type(value) in WEAK_TYPES),))
     except RuleViolation as violation:
         raise rejection("const", (), violation) from None
 
@@ -60,12 +63,12 @@ def as_term(value):
 # x OP' bound (bound: the dtype's max or min) has that same answer and keeps x's shape. So NumPy 2's
 # exact comparison with out-of-range ints needs no wider dtype (none is exact past int64).
 _BEYOND = {  # name: ((op, bound) for v above the range, (op, bound) for v below it)
-    "less": (("less_equal", "max"), ("less", "min")),
-    "less_equal": (("less_equal", "max"), ("less", "min")),
-    "greater": (("greater", "max"), ("greater_equal", "min")),
-    "greater_equal": (("greater", "max"), ("greater_equal", "min")),
-    "equal": (("greater", "max"), ("less", "min")),
-    "not_equal": (("less_equal", "max"), ("greater_equal", "min")),
+    "less": ((LESS_EQUAL, "max"), (LESS, "min")),
+    "less_equal": ((LESS_EQUAL, "max"), (LESS, "min")),
+    "greater": ((GREATER, "max"), (GREATER_EQUAL, "min")),
+    "greater_equal": ((GREATER, "max"), (GREATER_EQUAL, "min")),
+    "equal": ((GREATER, "max"), (LESS, "min")),
+    "not_equal": ((LESS_EQUAL, "max"), (GREATER_EQUAL, "min")),
 }
 _MIRRORED = {"less": "greater", "less_equal": "greater_equal", "greater": "less",
              "greater_equal": "less_equal", "equal": "equal", "not_equal": "not_equal"}
@@ -82,7 +85,7 @@ def _out_of_range_comparison(name, terms):
     if info.min <= v.value <= info.max:
         return None
     op, bound = _BEYOND[name][0 if v.value > info.max else 1]
-    return apply(OPS[op], [x, strong_const(getattr(info, bound), x.dtype)])
+    return apply(op, [x, strong_const(getattr(info, bound), x.dtype)])
 
 
 def _ufunc_call(name, *values):
@@ -179,7 +182,7 @@ def power(x, y):
     """``x ** y``; an integer base with a negative constant integer exponent is refused, as in NumPy."""
     result = _ufunc_call("power", x, y)
     exponent = result.args[1]
-    if result.dtype.kind in "iu" and exponent.op is OPS["const"] and (exponent.attr("value").array < 0).any():
+    if result.dtype.kind in "iu" and exponent.op is CONST and (exponent.attr("value").array < 0).any():
         raise rejection("power", result.args, dtype_violation("integers to negative integer powers are not allowed"))
     return result
 
@@ -195,7 +198,7 @@ def where(condition, x, y):
             reason = f"NumPy cannot promote {terms[1]!r} with {terms[2]!r}: {error}"
             raise rejection("where", terms, dtype_violation(reason)) from None
         terms[1:] = [materialise(t, dtype, "where", terms) for t in terms[1:]]
-    return apply(OPS["where"], at_default_dtypes("where", terms))
+    return apply(WHERE, at_default_dtypes("where", terms))
 
 
 def cast(x, dtype):

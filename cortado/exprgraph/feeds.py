@@ -8,6 +8,7 @@ import numpy as np
 
 from ..errors import DTypeError, FeedError, ShapeError
 from .dtypes import is_float, kind_of, type_string
+from .ops import VAR
 from .term import Term
 
 
@@ -19,7 +20,7 @@ def _by_name(feeds, variables_by_name):
     named = {}
     for key, value in feeds.items():
         if isinstance(key, Term):
-            if key.op.name != "var":
+            if key.op is not VAR:
                 raise FeedError(f"feeds are keyed by variable or name; {key!r} is not a variable")
             own = variables_by_name.get(key.name)
             if own is not None and own is not key:

@@ -49,7 +49,6 @@ class _Written:
 
 _by_gather = weakref.WeakKeyDictionary()  # gather term the user built -> _Written
 _by_indices = weakref.WeakKeyDictionary()  # index term -> {gather term: _Written}, every gather written with it
-_SAME_VALUES = ("reshape", "broadcast_to", "transpose")  # ops whose result holds its operand's indices as they were
 
 
 def written_gather(call, gather, axis, size):
@@ -64,12 +63,15 @@ def _written_for(term, size):
     """The user's gather that ``term`` is, or else the one gather of an axis of ``size`` written with ``term``'s
     indices (or the indices they were reshaped from): a gradient's gather picks along the user's axis with the
     user's indices. None where there is none, or several that could be meant."""
+    from .ops import BROADCAST_TO, RESHAPE, TRANSPOSE  # here, not above: the op table imports this module
+
     if term in _by_gather:
         return _by_gather[term]
+    same_values = (RESHAPE, BROADCAST_TO, TRANSPOSE)  # ops whose result holds its operand's indices as they were
     indices = term.args[1]
     while True:
         found = {w for w in _by_indices.get(indices, {}).values() if w.size == size}
-        if found or indices.op.name not in _SAME_VALUES:
+        if found or indices.op not in same_values:
             return found.pop() if len(found) == 1 else None
         indices = indices.args[0]
 

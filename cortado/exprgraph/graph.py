@@ -7,6 +7,7 @@ import contextlib
 import gc
 
 from ..errors import DTypeError, FeedError
+from .ops import VAR
 from .term import Term
 
 
@@ -91,7 +92,7 @@ class Graph:
 
     @property
     def variables(self):
-        return [t for t in self.schedule if t.op.name == "var"]
+        return [t for t in self.schedule if t.op is VAR]
 
     def variables_by_name(self):
         """``{name: var}``; two different variables with one name are an error, named."""

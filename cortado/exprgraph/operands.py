@@ -9,7 +9,7 @@ scalars and lists are strong, as in NumPy.
 import numpy as np
 
 from .dtypes import SUPPORTED
-from .ops import OPS, Constant
+from .ops import CONST, Constant
 from .term import RuleViolation, Term, dtype_violation, make, rejection
 
 WEAK_TYPES = (int, float)
@@ -33,7 +33,7 @@ class Scalar:
 
 
 def is_weak_const(term):
-    return term.op is OPS["const"] and term.attr("value").weak
+    return term.op is CONST and term.attr("value").weak
 
 
 def const_array(value, dtype=None):
@@ -58,7 +58,7 @@ def const_array(value, dtype=None):
 
 
 def strong_const(value, dtype=None):
-    return make(OPS["const"], (), (Constant(const_array(value, dtype)),))
+    return make(CONST, (), (Constant(const_array(value, dtype)),))
 
 
 def operand(value):

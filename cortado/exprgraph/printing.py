@@ -2,6 +2,7 @@
 
 from .dtypes import type_string
 from .graph import Graph
+from .ops import CONST, FUSED_OP, PARAM, VAR
 
 
 def _as_graph(outputs):
@@ -9,7 +10,7 @@ def _as_graph(outputs):
 
 
 def _is_inline_const(term):
-    return term.op.name == "const" and term.attr("value").array.ndim == 0
+    return term.op is CONST and term.attr("value").array.ndim == 0
 
 
 def body_text(term):
@@ -20,11 +21,11 @@ def body_text(term):
 
 
 def _attr_text(term):
-    if term.op.name == "fused":
+    if term.op is FUSED_OP:
         return [body_text(term)]
     shown = []
-    for name, value in zip(term.op.attr_names, term.attrs):
-        if term.op.name in ("var", "const") or value is False:
+    for name, value in term.attr_dict.items():
+        if term.op in (VAR, CONST) or value is False:
             continue
         if name == "dtype":
             value = value.name
@@ -34,13 +35,13 @@ def _attr_text(term):
 
 def inline(term, depth=3):
     """``add(matmul(x, W), b)``: a term as one expression, cut to ``...`` below ``depth``."""
-    if term.op.name == "var":
+    if term.op is VAR:
         return term.name
-    if term.op.name == "param":
+    if term.op is PARAM:
         return f"in{term.attr('index')}"
     if _is_inline_const(term):
         return repr(term.attr("value"))
-    if term.op.name == "const":
+    if term.op is CONST:
         splat = term.attr("value").scalar is not None
         return repr(term.attr("value")) if splat else f"const({type_string(term.shape, term.dtype)})"
     if depth == 0:
@@ -55,7 +56,7 @@ def _names(graph):
     taken = set()
     counter = 0
     for term in graph.schedule:
-        if term.op.name == "var":
+        if term.op is VAR:
             name, k = term.name, 1
             while name in taken:
                 k += 1
@@ -85,9 +86,9 @@ def format_graph(outputs):
     body = []
     for term in graph.schedule:
         typ = type_string(term.shape, term.dtype)
-        if term.op.name == "var":
+        if term.op is VAR:
             lines.append(f"var {names[term]} : {typ}")
-        elif term.op.name == "const":
+        elif term.op is CONST:
             if not _is_inline_const(term):
                 body.append((f"{names[term]} = const {term.attr('value')!r}", typ))
         else:
@@ -112,9 +113,9 @@ def to_dot(outputs):
     lines = ["digraph cortado {", '  node [shape=box, fontname="monospace"];']
     for term in graph.schedule:
         typ = type_string(term.shape, term.dtype)
-        if term.op.name == "var":
+        if term.op is VAR:
             label, shape = f"{names[term]}\n{typ}", "ellipse"
-        elif term.op.name == "const":
+        elif term.op is CONST:
             label, shape = f"{term.attr('value')!r}\n{typ}", "plaintext"
         else:
             attrs = ", ".join(_attr_text(term))

@@ -49,7 +49,9 @@ def dtype_violation(reason):
 def _describe(operand):
     if not isinstance(operand, Term):
         return repr(operand)  # a Python scalar or other value: show what the user wrote
-    if operand.op.name == "const" and operand.attr("value").weak:
+    from .ops import CONST  # here, not above: the op table imports this module
+
+    if operand.op is CONST and operand.attr("value").weak:
         return repr(operand.attr("value"))
     return type_string(operand.shape, operand.dtype)
 
@@ -166,7 +168,9 @@ class Term:
     @property
     def name(self):
         """The variable's name for a ``var``, otherwise None."""
-        return self.attr("name") if self.op.name == "var" else None
+        from .ops import VAR  # here, not above: the op table imports this module
+
+        return self.attr("name") if self.op is VAR else None
 
     def attr(self, name):
         """The value of the attribute ``name`` of this term's op (``term.attrs.name`` where the name is known)."""

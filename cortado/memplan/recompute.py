@@ -19,7 +19,7 @@ import itertools
 from dataclasses import dataclass
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import ELEMENTWISE, FUSED_OP, parameter
+from ..exprgraph.ops import BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, PARAM, RESHAPE, TRANSPOSE, WINDOWS, parameter
 from ..exprgraph.term import make
 from .liveness import intervals, owners
 from .offsets import Request, live_bytes
@@ -53,10 +53,10 @@ def _elementwise_over(body_terms, kept):
     stack, seen = list(body_terms), set()
     while stack:
         t = stack.pop()
-        if t in seen or t in kept or t.op.name in ("param", "const"):
+        if t in seen or t in kept or t.op in (PARAM, CONST):
             continue
         seen.add(t)
-        if not (t.op.kind == ELEMENTWISE or t.op.name == "broadcast_to"):
+        if not (t.op.kind == ELEMENTWISE or t.op is BROADCAST_TO):
             return False
         stack.extend(t.args)
     return True
@@ -73,7 +73,7 @@ def _leaves(body, again, kept, args, terms):
         seen.add(t)
         if t in replaced:
             found.append(replaced[t])
-        elif t.op.name == "param":
+        elif t.op is PARAM:
             found.append(args[t.attr("index")])
         else:
             stack.extend(t.args)
@@ -102,7 +102,7 @@ def choices(kernels, steps, plan, nbytes, external, live_out):
     found = []
     for kernel in kernels[:peak]:
         t, terms = kernel.term, kernel.terms
-        if t.op.name != "fused" or len(terms) > MOST_OUTPUTS:
+        if t.op is not FUSED_OP or len(terms) > MOST_OUTPUTS:
             continue
         body, best = t.attr("outputs"), None
         candidates = [j for j, v in enumerate(terms) if held(v)]
@@ -132,7 +132,7 @@ def _rebuilt(outputs, known, param):
 
     def rebuild(t):
         if t not in rebuilt:
-            rebuilt[t] = param(t.attr("index")) if t.op.name == "param" else \
+            rebuilt[t] = param(t.attr("index")) if t.op is PARAM else \
                 t.rebuild([rebuild(a) for a in t.args]) if t.args else t
         return rebuilt[t]
 
@@ -157,7 +157,7 @@ def _slimmed(choice):
         return {}
     body = choice.terms[0].attr("outputs")
     kept = [j for j in range(len(body)) if j not in choice.dropped]
-    read = sorted({t.attr("index") for j in kept for t in post_order([body[j]]) if t.op.name == "param"})
+    read = sorted({t.attr("index") for j in kept for t in post_order([body[j]]) if t.op is PARAM})
     places = {k: parameter(n, choice.terms[0].args[k]) for n, k in enumerate(read)}
     slim = _rebuilt([body[j] for j in kept], {}, places.__getitem__)
     return {choice.terms[j]: (slim, k, tuple(read)) for k, j in enumerate(kept)}
@@ -171,7 +171,7 @@ def _rebased(a, value, copy):
 
 
 def _views_of(a, value):
-    while a is not value and a.args and a.op.name in ("reshape", "transpose", "broadcast_to", "windows"):
+    while a is not value and a.args and a.op in (RESHAPE, TRANSPOSE, BROADCAST_TO, WINDOWS):
         a = a.args[0]
     return a is value
 

@@ -38,6 +38,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..exprgraph import constructors as ct
+from ..exprgraph.ops import CONST
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
 from .guards import all_of, constants, exact_for_every_input, not_constant, same_type
@@ -84,7 +85,7 @@ def _scalar_splats(b):
     term = b.term
     if not isinstance(term, Term) or not term.op.elementwise:
         return None
-    splats = [a.op.name == "const" and a.ndim > 0 and a.attr("value").scalar is not None for a in term.args]
+    splats = [a.op is CONST and a.ndim > 0 and a.attr("value").scalar is not None for a in term.args]
     if not any(splats) or all(splats):
         return None
     args = [ct.const(a.attr("value").scalar) if splat else a for a, splat in zip(term.args, splats)]
@@ -218,7 +219,7 @@ def _einsum_without_ones(b):
         return None
     inputs = subscripts.split("->")[0].split(",")
     for k, x in enumerate(operands):
-        if x.op.name != "const" or x.attr("value").scalar != 1 or "." in inputs[k]:
+        if x.op is not CONST or x.attr("value").scalar != 1 or "." in inputs[k]:
             continue
         others = [(labels, y) for j, (labels, y) in enumerate(zip(inputs, operands)) if j != k]
         carried = {label: size for labels, y in others if "." not in labels for label, size in zip(labels, y.shape)}

@@ -12,6 +12,7 @@ from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.graph import two_variables_named
+from ..exprgraph.ops import VAR
 from ..exprgraph.term import Term
 from . import text as textforms
 from .algebra import algebra, fast_math
@@ -144,7 +145,7 @@ def _variables_by_name(term):
     would then say which to replace no more than feeds can (each ``ct.var`` call declares its own variable)."""
     found = {}
     for t in subterms(term):
-        if t.op.name == "var" and found.setdefault(t.name, t) is not t:
+        if t.op is VAR and found.setdefault(t.name, t) is not t:
             raise RewriteError(f"subs: {two_variables_named(found[t.name], t)}; or pass the variable itself as the key")
     return found
 

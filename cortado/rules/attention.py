@@ -24,12 +24,13 @@ import numpy as np
 
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
+from ..exprgraph.ops import ADD, CONST, DIVIDE, MATMUL, MULTIPLY, SOFTMAX, TRANSPOSE, WHERE
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
 
 
 def _constant(t):
-    return t.op.name == "const"
+    return t.op is CONST
 
 
 def _positive_scalar(t):
@@ -44,12 +45,12 @@ def _positive_scalar(t):
 def _unscaled(s):
     """``(x, c)`` for ``s`` = ``x * c``, ``c * x`` or ``x / c`` with a positive constant ``c`` (``c`` as a factor);
     ``(s, 1.0)`` otherwise."""
-    if s.op.name == "multiply":
+    if s.op is MULTIPLY:
         for x, c in (s.args, reversed(s.args)):
             value = _positive_scalar(c)
             if value is not None and x.shape == s.shape:
                 return x, value
-    if s.op.name == "divide" and s.args[0].shape == s.shape:
+    if s.op is DIVIDE and s.args[0].shape == s.shape:
         value = _positive_scalar(s.args[1])
         if value is not None:
             return s.args[0], 1 / value
@@ -75,7 +76,7 @@ def _causal_or_none(kept, shape):
 def _unmasked(s):
     """``(x, causal)`` for ``s`` the scores ``x`` under a mask (causal: True; all kept: False); ``(s, False)`` where
     ``s`` is no mask; None for a mask that is not causal."""
-    if s.op.name == "where" and _constant(s.args[0]):
+    if s.op is WHERE and _constant(s.args[0]):
         condition, kept, dropped = s.args
         array = condition.attr("value").array.astype(bool)
         if _is_negative_infinity(kept) and dropped.shape == s.shape:
@@ -83,7 +84,7 @@ def _unmasked(s):
         if _is_negative_infinity(dropped) and kept.shape == s.shape:
             causal = _causal_or_none(array, s.shape)
             return None if causal is None else (kept, causal)
-    if s.op.name == "add":
+    if s.op is ADD:
         for x, mask in (s.args, reversed(s.args)):
             if _constant(mask) and x.shape == s.shape and x.dtype == s.dtype:
                 array = mask.attr("value").array
@@ -103,7 +104,7 @@ def _scores(s):
         return None
     s, causal = found
     s, inner = _unscaled(s)
-    if s.op.name != "matmul":
+    if s.op is not MATMUL:
         return None
     q, kt = s.args
     return q, kt, outer * inner, causal
@@ -113,7 +114,7 @@ def _keys(kt):
     """``k`` of ``k^T``: ``kt`` with its last two axes swapped back, one transpose composed with the one that made
     ``kt`` (simplify merges ``transpose(transpose(x))``, so the gradient's ``k`` and the compiled model's agree)."""
     swap = tuple(range(kt.ndim - 2)) + (kt.ndim - 1, kt.ndim - 2)
-    if kt.op.name != "transpose":
+    if kt.op is not TRANSPOSE:
         return ct.transpose(kt, swap)
     axes = tuple(kt.attr("axes")[i] for i in swap)
     return kt.args[0] if axes == tuple(range(kt.ndim)) else ct.transpose(kt.args[0], axes)
@@ -121,7 +122,7 @@ def _keys(kt):
 
 def _attention(b):
     p, v, term = b["_p"], b["_v"], b.term
-    if not isinstance(term, Term) or p.op.name != "softmax" or b.shared(p) or p.attr("axes") != (p.ndim - 1,):
+    if not isinstance(term, Term) or p.op is not SOFTMAX or b.shared(p) or p.attr("axes") != (p.ndim - 1,):
         return None
     found = _scores(p.args[0])
     if found is None:

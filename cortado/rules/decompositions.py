@@ -19,7 +19,7 @@ import numpy as np
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.einsum import LABELS, spelled_out
-from ..exprgraph.ops import SOFTMAX
+from ..exprgraph.ops import CONST, RESHAPE, SOFTMAX
 from ..exprgraph.numerics import shifted
 from .engine import Rule, RuleSet
 
@@ -105,7 +105,7 @@ def _places_wrapped(b):
     """``take(places(n), i, axis=0)``, ``taken_places``, as ``wrapped_places``: a cross-entropy's gradient kernel
     compares each label with its row's places itself."""
     table, indices = b["_t"], b["_z"]
-    if table.op.name != "const" or table.ndim != 1 or b.term.attr("axis") != 0 or indices.dtype != table.dtype:
+    if table.op is not CONST or table.ndim != 1 or b.term.attr("axis") != 0 or indices.dtype != table.dtype:
         return None
     if not np.array_equal(table.attr("value").array, np.arange(table.shape[0])):
         return None
@@ -138,7 +138,7 @@ def _reshape_after(b):
     in the shape they were computed in, so one kernel can compute both and ``f`` (a per-row loss, each row's
     logsumexp less its label's logit)."""
     x, y = b["_x"], b["_y"]
-    if not (x.op.name == y.op.name == "reshape" and x.args[0].shape == y.args[0].shape and x.shape == y.shape):
+    if not (x.op is RESHAPE and y.op is RESHAPE and x.args[0].shape == y.args[0].shape and x.shape == y.shape):
         return None
     return ct.reshape(b.term.rebuild([x.args[0], y.args[0]]), b.term.shape)
 

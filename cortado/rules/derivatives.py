@@ -33,7 +33,9 @@ from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
-from ..exprgraph.ops import GELU_GRAD, OPS
+from ..exprgraph.ops import (
+    EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
+)
 from ..exprgraph.term import Term
 from .attention_shares import attention_grad_share, attention_share
 from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
@@ -63,7 +65,7 @@ class Derivative:
         if not all(isinstance(v, Placeholder) for v in self.pattern.params.values()):
             raise RewriteError(f"derivative {name!r}: the attributes in {self.pattern!r} must be placeholders; "
                                f"the rule of an op covers every use of it (a share can look at their values)")
-        self.op = op_name(self.pattern.head, len(self.pattern.args))
+        self.op = op_name(self.pattern.head, len(self.pattern.args))  # its name; ``Derivatives`` keys by its record
         if self.op not in OPS or OPS[self.op].kind == "leaf":
             raise RewriteError(f"derivative {name!r}: {self.pattern.head!r} is no cortado op with inputs")
         self.inputs = tuple(a.name for a in self.pattern.args)
@@ -115,7 +117,7 @@ class Derivatives:
             if not isinstance(rule, Derivative):
                 raise RewriteError(f"a set of derivative rules holds Derivative rules, not {type(rule).__name__} {rule!r}")
         self.name = name
-        self._by_op = {rule.op: rule for rule in self.rules}
+        self._by_op = {OPS[rule.op]: rule for rule in self.rules}  # by op record: ``share`` looks up a term's op
 
     def __add__(self, other):
         other = Derivatives([other]) if isinstance(other, Derivative) else other
@@ -132,20 +134,21 @@ class Derivatives:
     def __getitem__(self, op):
         """The rule of the op named ``op`` (a KeyError naming the ops that have one, if none)."""
         try:
-            return self._by_op[op]
+            return self._by_op[OPS[op]]
         except KeyError:
-            raise KeyError(f"no derivative rule for {op!r}; rules exist for {', '.join(sorted(self._by_op))}") from None
+            names = sorted(rule.op for rule in self._by_op.values())
+            raise KeyError(f"no derivative rule for {op!r}; rules exist for {', '.join(names)}") from None
 
     def share(self, term, position, adjoint, trace=None):
         try:
-            rule = self._by_op[term.op.name]
+            rule = self._by_op[term.op]
         except KeyError:
             raise RewriteError(f"no derivative rule for {term.op.name!r}, so {term!r} (built at "
                                f"{term.where_built}) cannot be differentiated") from None
         return rule.share(term, position, adjoint, trace)
 
     def __repr__(self):
-        return f"Derivatives({self.name or ''}: {', '.join(self._by_op)})"
+        return f"Derivatives({self.name or ''}: {', '.join(rule.op for rule in self._by_op.values())})"
 
 
 # -- shares that need arithmetic on shapes and attributes ------------------------------------
@@ -331,14 +334,13 @@ def _with_axis_after(t, axis):
 
 # -- the rules -------------------------------------------------------------------------------
 
-NOT_DIFFERENTIABLE = ("sign", "rint", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal")
+NOT_DIFFERENTIABLE = (SIGN, RINT, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL, NOT_EQUAL)
 
 
-def _constant_rule(name):
-    """``name``'s output is piecewise constant in its inputs: every share is 0."""
-    arity = OPS[name].arity
-    names = ["_x", "_z"][:arity]
-    return Derivative(name, f"{name}({', '.join(names)})", **dict.fromkeys(names, "0"))
+def _constant_rule(op):
+    """``op``'s output is piecewise constant in its inputs: every share is 0."""
+    names = ["_x", "_z"][:op.arity]
+    return Derivative(op.name, f"{op.name}({', '.join(names)})", **dict.fromkeys(names, "0"))
 
 
 derivatives = Derivatives([
@@ -372,7 +374,7 @@ derivatives = Derivatives([
     Derivative("abs", "abs(_x)", _x="_dy * sign(_x)"),
     Derivative("where", "where(_c, _x, _z)", _c="0", _x="where(_c, _dy, 0)", _z="where(_c, 0, _dy)"),
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
-    *[_constant_rule(name) for name in NOT_DIFFERENTIABLE],
+    *[_constant_rule(op) for op in NOT_DIFFERENTIABLE],
     Derivative("stop_gradient", "stop_gradient(_x)", _x="0"),  # by definition
     Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_share),
     Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_share),

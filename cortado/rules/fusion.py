@@ -45,22 +45,24 @@ import heapq
 import itertools
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import ELEMENTWISE, FUSED_OP, parameter
+from ..exprgraph.ops import (
+    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, SOFTMAX, SUM, parameter,
+)
 from ..exprgraph.term import make
 from .engine import Rewrite, Trace
 
-AXIS_REDUCTIONS = frozenset({"sum", "mean", "max", "logsumexp"})
-ROW_REDUCTIONS = frozenset({"softmax", "log_softmax"})  # reductions that keep the shape: roots only
-ROW_KERNEL_REDUCTIONS = frozenset({"sum", "mean", "max"})  # what a row kernel reduces each row with
+AXIS_REDUCTIONS = frozenset({SUM, MEAN, MAX, LOGSUMEXP})
+ROW_REDUCTIONS = frozenset({SOFTMAX, LOG_SOFTMAX})  # reductions that keep the shape: roots only
+ROW_KERNEL_REDUCTIONS = frozenset({SUM, MEAN, MAX})  # what a row kernel reduces each row with
 
 
 def _elementwise(term):
-    return term.op.kind == ELEMENTWISE or term.op.name == "broadcast_to"
+    return term.op.kind == ELEMENTWISE or term.op is BROADCAST_TO
 
 
 def inlined(term):
     """A constant of one value, which a body carries itself instead of reading it."""
-    return term.op.name == "const" and (term.ndim == 0 or term.attr("value").scalar is not None)
+    return term.op is CONST and (term.ndim == 0 or term.attr("value").scalar is not None)
 
 
 def spread(term):
@@ -71,12 +73,12 @@ def spread(term):
 
 def shifted_read(term):
     """Whether ``term`` is a ``pad`` a region may take: of a value it reads as an operand (not an inlined constant)."""
-    return term.op.name == "pad" and term.args[0].op.name != "const"
+    return term.op is PAD and term.args[0].op is not CONST
 
 
 def row_reduction(term, shape):
     """Whether ``term`` reduces the last axis of a value of row ``shape``, keeping it: a row kernel's reduction."""
-    return (term.op.name in ROW_KERNEL_REDUCTIONS and term.args[0].shape == shape and len(shape) >= 1
+    return (term.op in ROW_KERNEL_REDUCTIONS and term.args[0].shape == shape and len(shape) >= 1
             and shape[-1] > 1 and term.attr("axes") == (len(shape) - 1,) and term.shape == shape[:-1] + (1,))
 
 
@@ -92,7 +94,7 @@ class _Region:
         self.members = {root}
         self.prologue = set()  # members at or below the reduction
         self.reduction = None
-        if root.op.name in AXIS_REDUCTIONS or root.op.name in ROW_REDUCTIONS:
+        if root.op in AXIS_REDUCTIONS or root.op in ROW_REDUCTIONS:
             self.reduction = root
             self.prologue.add(root)
         self.extras = []
@@ -120,7 +122,7 @@ class _Region:
         """What a sibling must share with this region to merge with it (the reduced values' shape, the axes, the
         reduction's shape and type, the outputs' shape), or None where this is no column reduction."""
         red = self.reduction
-        if red is None or self.rows or self.row_reductions or self.pads or red.op.name not in ROW_KERNEL_REDUCTIONS:
+        if red is None or self.rows or self.row_reductions or self.pads or red.op not in ROW_KERNEL_REDUCTIONS:
             return None
         if red.args[0].ndim - 1 in red.attr("axes") or red.size <= 1 or red.shape != self.root.shape:
             return None
@@ -182,14 +184,14 @@ class _Fuser:
         below = any(u in region.prologue for u in self.users[term])
         outside = self._outside_uses(term, region)
         row_shape = region.row_shape
-        if region.rows and row_shape is None and term.op.name in ROW_KERNEL_REDUCTIONS and term.shape == region.root.shape:
+        if region.rows and row_shape is None and term.op in ROW_KERNEL_REDUCTIONS and term.shape == region.root.shape:
             row_shape = term.args[0].shape  # a root of one value a row: the rows are those its first reduction reduces
         per_row = region.rows and row_shape is not None and term.shape == row_shape[:-1] + (1,)
         reduces = region.reduction is not None or region.row_reductions
         if region.rows and row_shape is not None and row_reduction(term, row_shape):
             ok = not region.pads and (not outside or min(outside) > self.position[region.root])
             return "row reduction" if ok else None
-        if term.op.name in AXIS_REDUCTIONS:  # one of a row kernel's is a row reduction, above
+        if term.op in AXIS_REDUCTIONS:  # one of a row kernel's is a row reduction, above
             ok = not region.rows and region.reduction is None and not region.pads and not below and not outside \
                 and term.shape == region.root.shape
             return "reduction" if ok else None
@@ -201,7 +203,7 @@ class _Fuser:
             return "internal"
         later = min(outside) > self.position[region.root]
         full = term.shape == region.root.shape or region.row_reductions and term.shape == region.row_shape
-        if not below and later and (full or per_row) and term.op.name != "broadcast_to":
+        if not below and later and (full or per_row) and term.op is not BROADCAST_TO:
             return "extra"
         return None
 
@@ -255,7 +257,7 @@ class _Fuser:
     def regions(self):
         found = []
         for term in reversed(self.order):
-            fusible = (term.op.kind == ELEMENTWISE or term.op.name in AXIS_REDUCTIONS or term.op.name in ROW_REDUCTIONS
+            fusible = (term.op.kind == ELEMENTWISE or term.op in AXIS_REDUCTIONS or term.op in ROW_REDUCTIONS
                        or shifted_read(term))
             if term in self.region_of or not fusible:  # a broadcast is no root: alone it is a free view
                 continue

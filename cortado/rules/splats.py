@@ -11,29 +11,30 @@ import math
 import numpy as np
 
 from ..exprgraph.dtypes import is_float
+from ..exprgraph.ops import LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, SOFTMAX, SUM
 
-REDUCTIONS = frozenset({"sum", "mean", "max", "logsumexp", "softmax", "log_softmax"})
+REDUCTIONS = frozenset({SUM, MEAN, MAX, LOGSUMEXP, SOFTMAX, LOG_SOFTMAX})
 
 
 def splat_reduction(term, value):
     """``term``, a reduction of a constant whose every element is ``value`` (a 0-d array), as a 0-d array of
     the result's dtype (its one value); None where ``term`` is no such reduction."""
-    if term.op.name not in REDUCTIONS:
+    op = term.op
+    if op not in REDUCTIONS:
         return None
-    count = math.prod(term.args[0].shape[a] for a in term.attr_dict["axes"])
-    name = term.op.name
-    if name in ("max", "mean") and count:
+    count = math.prod(term.args[0].shape[a] for a in term.attrs.axes)
+    if op in (MAX, MEAN) and count:
         return np.asarray(value).astype(term.dtype)
-    if name == "sum":
+    if op is SUM:
         return _sum(value, count, term.dtype)
     if not is_float(term.dtype) or not count:
         return None  # on no elements the reference's own rules decide (a mean of nothing is NaN)
     wide = float(value)
     closed = {
-        "logsumexp": wide + math.log(count) if math.isfinite(wide) else wide,
-        "softmax": 1.0 / count if math.isfinite(wide) else math.nan,
-        "log_softmax": -math.log(count) if math.isfinite(wide) else math.nan,
-    }[name]
+        LOGSUMEXP: wide + math.log(count) if math.isfinite(wide) else wide,
+        SOFTMAX: 1.0 / count if math.isfinite(wide) else math.nan,
+        LOG_SOFTMAX: -math.log(count) if math.isfinite(wide) else math.nan,
+    }[op]
     return np.asarray(closed).astype(term.dtype)
 
 

@@ -15,7 +15,7 @@ import numpy as np
 from ..errors import DTypeError, RewriteError, ShapeError
 from ..exprgraph import constructors
 from ..exprgraph.dtypes import is_float, kind_of
-from ..exprgraph.ops import LAYOUT, OPS, Constant
+from ..exprgraph.ops import CAST, CONST, LAYOUT, VAR, Constant
 from ..exprgraph.printing import inline
 from ..exprgraph.semantics import implementation
 from ..exprgraph.term import RuleViolation, Term, make
@@ -96,10 +96,10 @@ class TensorWorld:
             return False
 
     def is_constant(self, term):
-        return term.op.name == "const"
+        return term.op is CONST
 
     def literal_matches(self, value, term):
-        if term.op.name != "const" or isinstance(value, str) or value is None:
+        if term.op is not CONST or isinstance(value, str) or value is None:
             return False
         if (term.dtype.kind == "b") != isinstance(value, bool):
             return False  # 1 is no boolean True: True + x is a logical or
@@ -107,10 +107,10 @@ class TensorWorld:
         return scalar is not None and bool(scalar == value)
 
     def named_matches(self, name, term):
-        return term.op.name == "var" and term.name == name
+        return term.op is VAR and term.name == name
 
     def satisfies(self, placeholder, term):
-        if placeholder.const and term.op.name != "const":
+        if placeholder.const and term.op is not CONST:
             return False
         if placeholder.rank is not None and term.ndim != placeholder.rank:
             return False
@@ -157,7 +157,7 @@ class TensorWorld:
         exact = element.item() == value or (is_float(element.dtype) and np.isnan(element) and np.isnan(value))
         if not exact:  # compared in Python: a float16 inf is not 70000
             return None
-        return make(OPS["const"], (), (Constant(np.broadcast_to(element, term.shape)),))
+        return make(CONST, (), (Constant(np.broadcast_to(element, term.shape)),))
 
     def is_finite(self, term):
         value = term.attr("value")
@@ -172,7 +172,7 @@ class TensorWorld:
         array (int8 weights take a quarter of float32's bytes), and a quantized weight stays
         recognisable as one (``cast(q, float32) * scale``).
         """
-        if not term.args or any(a.op.name != "const" for a in term.args):
+        if not term.args or any(a.op is not CONST for a in term.args):
             return None
         values = [a.attr("value") for a in term.args]
         splats = all(v.scalar is not None for v in values)
@@ -182,7 +182,7 @@ class TensorWorld:
         if closed is not None:
             return _splat(closed, term.shape)
         pointwise = term.op.elementwise and splats
-        if term.op.name == "cast" and not splats and term.dtype.itemsize > term.args[0].dtype.itemsize:
+        if term.op is CAST and not splats and term.dtype.itemsize > term.args[0].dtype.itemsize:
             return None
         if not pointwise and term.size > FOLD_LIMIT:
             return None
@@ -192,7 +192,7 @@ class TensorWorld:
                 result = np.asarray(implementation(term.op)(arrays, *term.attrs)).astype(term.dtype)
         except (ArithmeticError, ValueError):
             return None
-        return _splat(result, term.shape) if pointwise else make(OPS["const"], (), (Constant(result),))
+        return _splat(result, term.shape) if pointwise else make(CONST, (), (Constant(result),))
 
     def describe(self, term):
         return inline(term, depth=4)
@@ -202,7 +202,7 @@ def _splat(value, shape):
     """A constant of ``shape`` whose every element is ``value``; None where its bytes would overflow NumPy's
     sizes, so such a term stays unfolded."""
     try:
-        return make(OPS["const"], (), (Constant(np.broadcast_to(value, shape)),))
+        return make(CONST, (), (Constant(np.broadcast_to(value, shape)),))
     except ValueError:  # "array is too big"
         return None
 

@@ -10,6 +10,8 @@ import numpy as np
 
 from ...errors import BackendError, IndexRangeError
 from ...exprgraph import gathering, windowing
+from ...exprgraph.ops import BROADCAST_TO, CONST, FLIP, FUSED_OP, TRANSPOSE, VAR, WINDOWS
+from ...exprgraph.ops.collectives import ALL_REDUCE
 from ...memplan import aligned, unallocatable
 from .. import interface
 from .fused import emit_fused
@@ -41,15 +43,15 @@ def _view(block, offset, shape, dtype):
 def _derived(t, source):
     """The array of a view kernel: a transpose, a broadcast, a flip, the windows or a copy-free reshape
     of ``source``."""
-    if t.op.name == "transpose":
+    if t.op is TRANSPOSE:
         return np.transpose(source, t.attr("axes"))
-    if t.op.name == "broadcast_to":
+    if t.op is BROADCAST_TO:
         return np.broadcast_to(source, t.shape)
-    if t.op.name == "flip":  # indexed with an ellipsis so that a 0-d source gives a view, not a copy
+    if t.op is FLIP:  # indexed with an ellipsis so that a 0-d source gives a view, not a copy
         axes = t.attr("axes")
         return source[tuple(slice(None, None, -1) if a in axes else slice(None) for a in range(t.ndim)) + (...,)]
-    if t.op.name == "windows":
-        return windowing.window_view(source, *t.attrs)
+    if t.op is WINDOWS:
+        return windowing.window_view(source, t.attrs.window_shape, t.attrs.strides, t.attrs.dilation)
     return np.reshape(source, t.shape, copy=False)
 
 
@@ -76,7 +78,7 @@ class Executor(interface.Executor):
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             for t in kernel.terms:
                 for a in t.args:
-                    if a not in arrays and a.op.name == "const":
+                    if a not in arrays and a.op is CONST:
                         arrays[a] = a.attr("value").array
                 if t in plan and t not in arrays:
                     arrays[t] = _view(self.arena, plan[t].offset, t.shape, t.dtype)
@@ -90,7 +92,7 @@ class Executor(interface.Executor):
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
         for t in list(outputs) + list(updates.values()):
-            if t not in arrays and t.op.name == "const":
+            if t not in arrays and t.op is CONST:
                 arrays[t] = t.attr("value").array
         self.outputs = [arrays[t] for t in outputs]
         self.final = [(self.state[var], arrays[value]) for var, value in updates.items()
@@ -112,15 +114,15 @@ class Executor(interface.Executor):
 
     def _emit(self, em, kernel, arrays):
         t = kernel.term
-        if t.op.name == "var":
+        if t.op is VAR:
             em.call(_load, arrays[t], self.feeds, t.name)
             return
         args = [arrays[a] for a in t.args]
-        if t.op.name == "fused":
+        if t.op is FUSED_OP:
             outs = [arrays[d] for d in kernel.terms]
             alias = {k: j for k, out in enumerate(outs) for j, arg in enumerate(args) if _same_memory(out, arg)}
             emit_fused(em, t.attr("outputs"), args, outs, alias)
-        elif t.op.name == "all_reduce":  # the mean over a world of one rank: a copy, unless written in place
+        elif t.op is ALL_REDUCE:  # the mean over a world of one rank: a copy, unless written in place
             for result, arg in zip(kernel.terms, args):
                 if not _same_memory(arrays[result], arg):
                     em.call(np.copyto, arrays[result], arg)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...exprgraph.graph import post_order
+from ...exprgraph.ops import BROADCAST_TO, CONST, PARAM
 from .kernels import INPLACE, Emitter, c_strided, emit
 
 
@@ -32,7 +33,7 @@ def _body(outputs):
         for a in t.args:
             last_read[a] = i
     for t in reversed(order):  # a broadcast is a view: its source is read wherever the view is
-        if t.op.name == "broadcast_to" and t in last_read:
+        if t.op is BROADCAST_TO and t in last_read:
             source = t.args[0]
             last_read[source] = max(last_read[source], last_read[t])
     return _Body(outputs, order, {t: i for i, t in enumerate(order)}, last_read,
@@ -44,7 +45,7 @@ BLOCKED = -1  # an ``alias`` of the root's output for measuring: as if it held a
 
 def _viewed(t):
     """The value a chain of broadcasts ``t`` reads (``t`` itself if it is no broadcast)."""
-    while t.op.name == "broadcast_to":
+    while t.op is BROADCAST_TO:
         t = t.args[0]
     return t
 
@@ -63,7 +64,7 @@ class _Run:
         self.em, self.body, self.outs = em, body, outs
         self.values, self.owned = {}, {}
         self.out0_blocked = alias.get(0) == BLOCKED
-        self.out0_holder = next((p for p in body.order if p.op.name == "param" and p.attr("index") == alias.get(0)),
+        self.out0_holder = next((p for p in body.order if p.op is PARAM and p.attr("index") == alias.get(0)),
                                 None)
         self.args = args
 
@@ -91,7 +92,10 @@ class _Run:
         root = self.body.outputs[0]
         if self.out0_blocked or root.op not in INPLACE or (t.shape, t.dtype) != (root.shape, root.dtype):
             return False
-        if self.body.last_read.get(t) == self.body.position[root] and not _reads_in_place(root, t):
+        written = self.body.position[root]
+        if i > written or self.body.last_read.get(t, -1) > written:
+            return False  # the root is there already (other outputs may read it), or would overwrite it before its last read
+        if self.body.last_read.get(t) == written and not _reads_in_place(root, t):
             return False  # the root would overwrite it while still reading it elsewhere
         holder = self.out0_holder
         return holder is None or self.body.last_read.get(holder, -1) < i or (
@@ -99,11 +103,11 @@ class _Run:
 
     def run(self):
         for i, t in enumerate(self.body.order):
-            if t.op.name == "param":
+            if t.op is PARAM:
                 self.values[t] = self.args[t.attr("index")]
-            elif t.op.name == "const":
+            elif t.op is CONST:
                 self.values[t] = t.attr("value").array
-            elif t.op.name == "broadcast_to":
+            elif t.op is BROADCAST_TO:
                 self.values[t] = np.broadcast_to(self.values[t.args[0]], t.shape)
             else:
                 out = self.destination(t, i)
@@ -140,7 +144,7 @@ def plan_fused(outputs, arg_types):
     body = _body(outputs)
     workspace = _measure(outputs, arg_types, {})
     shared_root = None  # the workspace when the root's output is shared: measured once, for any input
-    parameters = {p.attr("index"): p for p in body.order if p.op.name == "param"}
+    parameters = {p.attr("index"): p for p in body.order if p.op is PARAM}
     pairs, costs = [], {}
     for k, out in enumerate(outputs):
         for j, p in parameters.items():

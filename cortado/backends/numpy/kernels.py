@@ -7,8 +7,10 @@ Temporaries come from ``emitter.scratch``, views of the step's workspace in the 
 ``Emitter`` without a workspace only measures how much it would need. The calls mirror the
 reference interpreter's formulas (``exprgraph.semantics``) operation by operation, in the same
 dtypes, so results agree with it to the last bit wherever NumPy's own kernels do. As there, the
-ops that compute in float32 (``Op.computes_in_float32``) take float16 and bfloat16 in float32 scratch and round their result once,
-in a fused region too (it emits through ``emit``).
+ops that compute in float32 (``Op.computes_in_float32``) take float16 and bfloat16 in float32
+scratch and round their result once, in a fused region too (it emits through ``emit``). Composite
+ops (sigmoid, softplus, gelu) have no emitter: they are spelled out in primitives before any
+backend sees them (``rules.primitives``).
 
 ``INPLACE[op]`` lists the operands that ``out`` may alias: the op reads each element of them
 before writing the same element of ``out``.
@@ -21,10 +23,9 @@ import numpy as np
 
 from ...exprgraph import attending, gathering, windowing
 from ...exprgraph.dtypes import is_float
-from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import (
-    ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, GELU, GELU_GRAD, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
-    OVERLAP_ADD, PAD, RELU, RESHAPE, SIGMOID, SOFTMAX, SOFTPLUS, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS,
+    ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
+    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS,
     WHERE, ufunc_loop,
 )
 from ...exprgraph.windowing import dilated_size
@@ -99,76 +100,8 @@ def _ufunc(ufunc):
     return emit
 
 
-def _sigmoid(em, attrs, args, out):
-    # where(x >= 0, 1 / (1 + e), e / (1 + e)) with e = exp(-|x|); the mask is taken first so out may alias x
-    x, converted = _floating(em, args[0])
-    mask = em.scratch(x.shape, np.bool_)
-    em.call(np.greater_equal, x, 0, out=mask)
-    em.call(np.absolute, x, out=out)
-    em.call(np.negative, out, out=out)
-    em.call(np.exp, out, out=out)
-    denominator = em.scratch(x.shape, out.dtype)
-    em.call(np.add, out, 1, out=denominator)
-    em.call(np.true_divide, out, denominator, out=out)
-    em.call(np.true_divide, 1, denominator, out=denominator)
-    em.call(np.copyto, out, denominator, where=mask)
-    for array in (denominator, mask) + ((x,) if converted else ()):
-        em.release(array)
-
-
 def _relu(em, attrs, args, out):
     em.call(np.maximum, args[0], np.zeros((), args[0].dtype), out=out)
-
-
-def _softplus(em, attrs, args, out):
-    em.call(np.logaddexp, 0, args[0], out=out, dtype=out.dtype)
-
-
-def _gelu_argument(em, x, z):
-    """``z = (x * x * GELU_CUBIC + 1) * x * 2 GELU_SCALE``: ``numerics.gelu_argument``, call by call."""
-    em.call(np.multiply, x, x, out=z)
-    em.call(np.multiply, z, GELU_CUBIC, out=z)
-    em.call(np.add, z, 1, out=z)
-    em.call(np.multiply, z, x, out=z)
-    em.call(np.multiply, z, 2 * GELU_SCALE, out=z)
-
-
-def _gelu_slope(em, x, slope):
-    """``slope = (x * x * 3 GELU_CUBIC + 1) * 2 GELU_SCALE``: ``numerics.gelu_slope``, call by call."""
-    em.call(np.multiply, x, x, out=slope)
-    em.call(np.multiply, slope, 3 * GELU_CUBIC, out=slope)
-    em.call(np.add, slope, 1, out=slope)
-    em.call(np.multiply, slope, 2 * GELU_SCALE, out=slope)
-
-
-def _gelu(em, attrs, args, out):
-    # x * sigmoid(z); out must not alias x, which is read last
-    (x,) = args
-    z = em.scratch(x.shape, x.dtype)
-    _gelu_argument(em, x, z)
-    _sigmoid(em, (), [z], z)
-    em.call(np.multiply, x, z, out=out)
-    em.release(z)
-
-
-def _gelu_grad(em, attrs, args, out):
-    # sigmoid(z) + x * (e / ((1 + e) * (1 + e))) * slope with e = exp(-|z|), as semantics._gelu_grad
-    (x,) = args
-    z, e, other = (em.scratch(x.shape, x.dtype) for _ in range(3))
-    _gelu_argument(em, x, z)
-    em.call(np.absolute, z, out=e)
-    em.call(np.negative, e, out=e)
-    em.call(np.exp, e, out=e)
-    em.call(np.add, e, 1, out=other)
-    em.call(np.multiply, other, other, out=other)
-    em.call(np.true_divide, e, other, out=e)
-    em.call(np.multiply, x, e, out=e)
-    _gelu_slope(em, x, other)
-    em.call(np.multiply, e, other, out=e)
-    _sigmoid(em, (), [z], z)
-    em.call(np.add, z, e, out=out)
-    for array in (z, e, other):
-        em.release(array)
 
 
 def _where(em, attrs, args, out):
@@ -364,8 +297,7 @@ def _in_float32(emitter, narrow):
 
 EMITTERS = {op: _ufunc(ufunc) for op, ufunc in UFUNCS.items()}
 EMITTERS.update({
-    SIGMOID: _sigmoid, RELU: _relu, SOFTPLUS: _softplus, GELU: _gelu, GELU_GRAD: _gelu_grad,
-    WHERE: _where, CAST: _cast, STOP_GRADIENT: _cast,  # (simplify takes stop_gradient out before this)
+    RELU: _relu, WHERE: _where, CAST: _cast, STOP_GRADIENT: _cast,  # (simplify takes stop_gradient out before this)
     SUM: _sum, MEAN: _mean, MAX: _max, LOGSUMEXP: _logsumexp, SOFTMAX: _softmax, LOG_SOFTMAX: _log_softmax,
     MATMUL: _matmul, EINSUM: _einsum, RESHAPE: _reshape_copy, CONV: _conv, PAD: _pad, OVERLAP_ADD: _overlap_add,
     TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,
@@ -374,7 +306,7 @@ EMITTERS.update({op: _in_float32(emitter, op.computes_in_float32)
                  for op, emitter in EMITTERS.items() if op.computes_in_float32 is not None})
 
 INPLACE = {op: tuple(range(ufunc.nin)) for op, ufunc in UFUNCS.items()}
-INPLACE.update(dict.fromkeys((SIGMOID, RELU, SOFTPLUS), (0,)))
+INPLACE[RELU] = (0,)
 INPLACE[WHERE] = (2,)
 
 

@@ -1,11 +1,13 @@
 """What the memory planner needs to know of each kernel on the CPU: views, in-place pairs, workspace."""
 
 from ...errors import BackendError
+from ...exprgraph.ops import BROADCAST_TO, CONST, FLIP, FUSED_OP, RESHAPE, TRANSPOSE, VAR, WINDOWS
+from ...exprgraph.ops.collectives import ALL_REDUCE
 from ...memplan import Step
 from .fused import plan_fused
 from .kernels import EMITTERS, INPLACE, Emitter, c_strided
 
-ALWAYS_VIEWS = ("transpose", "broadcast_to", "flip", "windows")
+ALWAYS_VIEWS = frozenset((TRANSPOSE, BROADCAST_TO, FLIP, WINDOWS))
 
 
 def _workspace(op, attrs, arg_types, result_types):
@@ -43,21 +45,21 @@ def steps(kernels, options):
     for k in kernels:
         t = k.term
         name = t.op.name
-        if name == "var":
+        if t.op is VAR:
             found.append(Step((t,), label=t.name))
             contiguous[t] = True
             continue
         source = t.args[0] if t.args else None
         source_contiguous = contiguous.get(source, source is not None and _stored_contiguously(source))
-        if name in ALWAYS_VIEWS or (name == "reshape" and source_contiguous):
+        if t.op in ALWAYS_VIEWS or (t.op is RESHAPE and source_contiguous):
             found.append(Step((t,), (source,), view_of=source, label=name))
-            contiguous[t] = name == "reshape"
+            contiguous[t] = t.op is RESHAPE
             continue
-        if name == "all_reduce":  # on the CPU a world of one: the averages are copies
+        if t.op is ALL_REDUCE:  # on the CPU a world of one: the averages are copies
             found.append(Step(k.terms, k.reads, label=name))
             contiguous.update({d: True for d in k.terms})
             continue
-        if name == "fused":
+        if t.op is FUSED_OP:
             workspace, pairs, costs = plan_region(t.attr("outputs"), tuple((a.shape, a.dtype) for a in t.args))
             inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
@@ -74,4 +76,4 @@ def steps(kernels, options):
 
 def _stored_contiguously(t):
     """A constant or state variable: constants of one value are broadcasts, all else is C-ordered."""
-    return not (t.op.name == "const" and t.attr("value").array.ndim and not t.attr("value").array.flags.c_contiguous)
+    return not (t.op is CONST and t.attr("value").array.ndim and not t.attr("value").array.flags.c_contiguous)

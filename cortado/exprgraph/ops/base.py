@@ -39,6 +39,9 @@ class Op:
     result_attr: str | None = None  # with ``results``: the attribute that says which result a term is
     evaluate: Callable | None = None  # the reference semantics: (operand arrays, *attributes) -> array
     computes_in_float32: Callable | None = None  # operand dtype -> whether it is computed in float32, rounded once
+    formula: Callable | None = None  # a composite's meaning in primitives, ``(x, xp) -> value`` over the namespace
+    # ``xp`` (NumPy's, or the constructors'): its reference semantics, and what it is spelled out as before any
+    # backend emits a kernel (``rules.primitives``), so that its formula is written once (in ``numerics``)
     grouped: bool = False  # one kernel of it reads its operands as one piece of memory, and writes its results so
     asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result;
     # such kernels are issued in the order of their attributes, the same on every rank of a job

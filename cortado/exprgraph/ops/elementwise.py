@@ -93,18 +93,22 @@ def _floating(x):
     return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
 
 
-def _elementwise(name, dtype_rule, evaluate, computes_in_float32=None):
-    return Op(name, 1, (), _broadcast_rule, dtype_rule, ELEMENTWISE, no_attributes, evaluate=evaluate,
-              computes_in_float32=computes_in_float32)
+def _composite(name, dtype_rule, formula, computes_in_float32=None):
+    """A unary op whose meaning is ``formula`` in primitives, on its operand in the floating dtype it computes in."""
+    return Op(name, 1, (), _broadcast_rule, dtype_rule, ELEMENTWISE, no_attributes,
+              evaluate=lambda xs: formula(_floating(xs[0]), np), computes_in_float32=computes_in_float32,
+              formula=formula)
 
 
-SIGMOID = _elementwise("sigmoid", float_result, lambda xs: numerics.sigmoid(_floating(xs[0]), np))
-RELU = _elementwise("relu", _relu_dtype, lambda xs: np.maximum(xs[0], 0))
-SOFTPLUS = _elementwise("softplus", float_result, lambda xs: numerics.softplus(_floating(xs[0]), np))
-GELU = _elementwise("gelu", _float_operand, lambda xs: numerics.gelu(xs[0], np), is_narrow_float)
-GELU_GRAD = _elementwise("gelu_grad", _float_operand, lambda xs: numerics.gelu_grad(xs[0], np), is_narrow_float)
+SIGMOID = _composite("sigmoid", float_result, numerics.sigmoid)
+SOFTPLUS = _composite("softplus", float_result, numerics.softplus)
+GELU = _composite("gelu", _float_operand, numerics.gelu, is_narrow_float)
+GELU_GRAD = _composite("gelu_grad", _float_operand, numerics.gelu_grad, is_narrow_float)
+RELU = Op("relu", 1, (), _broadcast_rule, _relu_dtype, ELEMENTWISE, no_attributes,
+          evaluate=lambda xs: np.maximum(xs[0], 0))
 WHERE = Op("where", 3, (), _broadcast_rule, _where_dtype, ELEMENTWISE, no_attributes, evaluate=lambda xs: np.where(*xs))
-STOP_GRADIENT = _elementwise("stop_gradient", lambda args: args[0].dtype, lambda xs: np.array(xs[0], copy=True))
+STOP_GRADIENT = Op("stop_gradient", 1, (), _broadcast_rule, lambda args: args[0].dtype, ELEMENTWISE, no_attributes,
+                   evaluate=lambda xs: np.array(xs[0], copy=True))
 CAST = Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize,
           evaluate=lambda xs, dtype: xs[0].astype(dtype))
 

@@ -1,0 +1,34 @@
+"""Composite elementwise ops spelled out in primitives: the last rewrite before fusion, so no backend emits them.
+
+``sigmoid``, ``softplus``, ``gelu`` and ``gelu_grad`` stay whole through differentiation, stabilisation and
+lowering (a GEMM takes gelu as its epilogue, a derivative rule names gelu_grad), then each becomes its record's
+``formula`` over the constructors: the formula the reference evaluates with NumPy, written once in ``numerics``.
+Its operand is first cast to the dtype the op computes in (float32 for float16 and bfloat16 where the op says so,
+a float for an integer), and the result to the op's dtype, as the reference rounds it.
+"""
+
+from ..exprgraph import constructors as ct
+from ..exprgraph.ops import OPS
+from .engine import Postwalk, Rule, RuleSet
+
+COMPOSITES = tuple(op for op in OPS.values() if op.formula is not None)
+
+
+def _computed_in(term):
+    """The dtype ``term``'s op computes in: float32 where it takes narrow floats so, else its result's."""
+    op, x = term.op, term.args[0]
+    return "float32" if op.computes_in_float32 is not None and op.computes_in_float32(x.dtype) else term.dtype
+
+
+def _as(x, dtype):
+    return x if x.dtype == dtype else ct.cast(x, dtype)
+
+
+def _spelled_out(b):
+    term = b.term
+    return _as(term.op.formula(_as(b["_x"], _computed_in(term)), ct), term.dtype)
+
+
+spell_out = RuleSet([Rule(f"spell-out-{op.name}", f"{op.name}(_x)", _spelled_out) for op in COMPOSITES],
+                    name="primitives")
+primitives = Postwalk(spell_out)  # one walk: what a rule writes holds no composite
