@@ -127,7 +127,9 @@ class Gemm:
         lt = _lt()
         from nvmath.bindings.cublas import ComputeType
 
-        transpose_a, transpose_b, alpha, beta, epilogue, _ = term.attrs
+        attrs = term.attrs
+        transpose_a, transpose_b, alpha, beta = attrs.transpose_a, attrs.transpose_b, attrs.alpha, attrs.beta
+        epilogue = attrs.epilogue
         a, b, c, bias, aux = gemm_operands(term.args, beta, epilogue)
         dtype = term.dtype
         if dtype.name not in _DATA_TYPES:

@@ -27,7 +27,11 @@ from ...errors import BackendError
 from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
-from ...exprgraph.ops import ELEMENTWISE, may_fail
+from ...exprgraph.ops import (
+    ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, GELU, GELU_GRAD, GREATER, GREATER_EQUAL,
+    LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
+    RINT, SIGMOID, SIGN, SOFTPLUS, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
+)
 from .launch import WAIT_PRIOR_GRIDS
 
 THREADS = 256
@@ -37,7 +41,7 @@ STORAGE = {
     "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
 }
 HALVES = {"float16": ("__half2float", "__float2half_rn"), "bfloat16": ("__bfloat162float", "__float2bfloat16_rn")}
-REDUCTIONS = ("sum", "mean", "max")
+REDUCTIONS = (SUM, MEAN, MAX)
 
 # The functions kernels call. ct_gelu_argument and ct_gelu_grad spell numerics.gelu_argument and gelu_slope in C,
 # with the constants of numerics.
@@ -264,23 +268,23 @@ SATURATING = ("int8", "uint8", "int16", "uint16")
 
 def _splat(t):
     """The one value of constant ``t`` (through broadcasts), else None."""
-    while t.op.name == "broadcast_to":
+    while t.op is BROADCAST_TO:
         t = t.args[0]
-    return t.attr("value").scalar if t.op.name == "const" else None
+    return t.attr("value").scalar if t.op is CONST else None
 
 
 def _clamped(t, dtype):
     """``v`` where ``t`` is ``v`` clamped into integer ``dtype``'s range by a ``minimum`` and a ``maximum``
     (nested either way, either operand order) with the range's ends as constants; else None."""
     info = np.iinfo(dtype)
-    bounds = {"maximum": info.min, "minimum": info.max}
+    bounds = {MAXIMUM: info.min, MINIMUM: info.max}
     for _ in range(2):
-        if t.op.name not in bounds:
+        if t.op not in bounds:
             return None
-        inner = [a for a, b in (t.args, t.args[::-1]) if _splat(b) is not None and _splat(b) == bounds[t.op.name]]
+        inner = [a for a, b in (t.args, t.args[::-1]) if _splat(b) is not None and _splat(b) == bounds[t.op]]
         if not inner:
             return None
-        del bounds[t.op.name]
+        del bounds[t.op]
         t = inner[0]
     return t
 
@@ -295,43 +299,45 @@ def _saturated_conversion(o):
     value = _clamped(o.term.args[0], o.dtype)
     if value is None or compute_type(value.dtype) != "float":
         return None
-    nearest = value.op.name == "rint"
+    nearest = value.op is RINT
     source = value.args[0] if nearest else value
     if compute_type(source.dtype) != "float":
         return None
     return f"ct_saturated<{STORAGE[o.dtype.name]}, {'true' if nearest else 'false'}>({o.names[source]})"
 
 
-ARITHMETIC = {"add": "+", "subtract": "-", "multiply": "*", "divide": "/"}
-COMPARISONS = {"less": "<", "less_equal": "<=", "greater": ">", "greater_equal": ">=", "equal": "==", "not_equal": "!="}
+ARITHMETIC = {ADD: "+", SUBTRACT: "-", MULTIPLY: "*", DIVIDE: "/"}
+COMPARISONS = {LESS: "<", LESS_EQUAL: "<=", GREATER: ">", GREATER_EQUAL: ">=", EQUAL: "==", NOT_EQUAL: "!="}
 
-C_EXPRESSIONS = {  # op name -> its C expression, a function of the ``_Operands`` of one body term
-    "negative": lambda o: f"(-{o.arg(0)})",
-    **{name: _math_function(name) for name in ("exp", "log", "log1p", "expm1", "sqrt", "tanh", "rint")},
-    "abs": _abs,
-    "sign": lambda o: f"ct_sign<{o.c}>({o.arg(0)})",
-    "relu": _relu,
-    **{name: _prelude_function(f"ct_{name}") for name in ("sigmoid", "softplus", "gelu", "gelu_grad")},
-    **{name: _infix(symbol) for name, symbol in (ARITHMETIC | COMPARISONS).items()},
-    "maximum": lambda o: f"ct_max<{o.c}>({o.arg(0)}, {o.arg(1)})",
-    "minimum": lambda o: f"ct_min<{o.c}>({o.arg(0)}, {o.arg(1)})",
-    "power": _power,
-    "where": lambda o: f"(({o.raw(0)}) ? {o.arg(1)} : {o.arg(2)})",
-    "cast": _cast,
-    "stop_gradient": lambda o: o.raw(0),  # (simplify takes it out of a program before this)
+C_EXPRESSIONS = {  # op -> its C expression, a function of the ``_Operands`` of one body term
+    NEGATIVE: lambda o: f"(-{o.arg(0)})",
+    **{op: _math_function(name) for op, name in ((EXP, "exp"), (LOG, "log"), (LOG1P, "log1p"), (EXPM1, "expm1"),
+                                                 (SQRT, "sqrt"), (TANH, "tanh"), (RINT, "rint"))},
+    ABS: _abs,
+    SIGN: lambda o: f"ct_sign<{o.c}>({o.arg(0)})",
+    RELU: _relu,
+    **{op: _prelude_function(name) for op, name in ((SIGMOID, "ct_sigmoid"), (SOFTPLUS, "ct_softplus"),
+                                                    (GELU, "ct_gelu"), (GELU_GRAD, "ct_gelu_grad"))},
+    **{op: _infix(symbol) for op, symbol in (ARITHMETIC | COMPARISONS).items()},
+    MAXIMUM: lambda o: f"ct_max<{o.c}>({o.arg(0)}, {o.arg(1)})",
+    MINIMUM: lambda o: f"ct_min<{o.c}>({o.arg(0)}, {o.arg(1)})",
+    POWER: _power,
+    WHERE: lambda o: f"(({o.raw(0)}) ? {o.arg(1)} : {o.arg(2)})",
+    CAST: _cast,
+    STOP_GRADIENT: lambda o: o.raw(0),  # (simplify takes it out of a program before this)
 }
 
 
 def _operand_dtype(t):
     """The dtype an op computes in: the result's, except comparisons (their operands')."""
-    if t.op.name in COMPARISONS:
+    if t.op in COMPARISONS:
         return np.result_type(*(a.dtype for a in t.args))
     return t.dtype
 
 
 def expression(t, names):
     """The C expression of body term ``t`` from its operands' variable ``names``."""
-    build = C_EXPRESSIONS.get(t.op.name)
+    build = C_EXPRESSIONS.get(t.op)
     if build is None:
         raise BackendError(f"{t!r}: the cupy backend has no kernel for {t.op.name}")
     return build(_Operands(t, _operand_dtype(t), names))
@@ -405,7 +411,7 @@ def is_identity(space, operand):
 
 def shifted_operands(body):
     """The indices of the parameters that a ``pad`` in ``body`` reads: at other indices than the outputs'."""
-    return {t.args[0].attr("index") for t in post_order(body) if t.op.name == "pad"}
+    return {t.args[0].attr("index") for t in post_order(body) if t.op is PAD}
 
 
 class _Writer:
@@ -450,20 +456,20 @@ class _Writer:
     def value(self, t):
         if t in self.names:
             return self.names[t]
-        if t.op.name != "pad":  # a pad reads its operand itself, at its own indices
+        if t.op is not PAD:  # a pad reads its operand itself, at its own indices
             for a in t.args:
                 self.value(a)
         name = f"{self.prefix}{len(self.lines)}"
-        if t.op.name == "pad" and t.args[0].op.name == "param":
+        if t.op is PAD and t.args[0].op is PARAM:
             text = self._padded_read(t)
-        elif t.op.name == "param":
+        elif t.op is PARAM:
             k = t.attr("index")
             self.read.add(k)
             source = self.loads.get(k) or f"in{k}[{offset(self.space, self.operands[k])}]"
             text = f"ct_load({source})"
-        elif t.op.name == "const":
+        elif t.op is CONST:
             text = literal(t.attr("value").scalar if t.ndim else t.attr("value").array, t.dtype)
-        elif t.op.name == "broadcast_to":
+        elif t.op is BROADCAST_TO:
             self.names[t] = self.names[t.args[0]]
             return self.names[t]
         elif t.op.kind == ELEMENTWISE:
@@ -564,7 +570,7 @@ def _accumulator(reduction):
 
 
 def _identity(reduction, acc):
-    if reduction.op.name != "max":
+    if reduction.op is not MAX:
         return f"({acc})0"
     dtype = reduction.dtype
     if is_float(dtype):
@@ -575,4 +581,4 @@ def _identity(reduction, acc):
 
 
 def _combine(reduction, acc, a, b):
-    return f"ct_max<{acc}>({a}, {b})" if reduction.op.name == "max" else f"({a} + {b})"
+    return f"ct_max<{acc}>({a}, {b})" if reduction.op is MAX else f"({a} + {b})"

@@ -87,7 +87,8 @@ def _four_dimensional(shape, strides):
 
 
 def _geometry(term):
-    mode, strides, padding, dilation, groups, shape, _ = term.attrs
+    attrs = term.attrs
+    mode, strides, padding, dilation = attrs.mode, attrs.strides, attrs.padding, attrs.dilation
     extra = len(term.shape) == 3  # a 1-d convolution gets a height of 1
     lows = [0] * extra + [low for low, _ in padding]
     highs = [0] * extra + [high for _, high in padding]
@@ -113,7 +114,9 @@ class Conv:
         self.unfused = self.epilogue_kernel = None
         self.dropped = set()  # fused plans found to disagree with the unfused result when tuned
         if self.epilogue != "none":
-            plain = dnn_conv(*term.args[:2], *term.attrs[:6])
+            attrs = term.attrs
+            plain = dnn_conv(*term.args[:2], attrs.mode, attrs.strides, attrs.padding, attrs.dilation, attrs.groups,
+                             attrs.shape)
             self.unfused = Conv(plain, {**layouts, plain: layouts[term]}, tf32, deterministic)
             self.epilogue_kernel = EpilogueKernel(term, layouts)
         alone = self.epilogue == "none"  # the other candidates compute the convolution alone
@@ -317,7 +320,8 @@ def _as_gemm(term, layouts, tf32):
     one product per image, ``out[n] = w @ x[n]`` (``(K, C) @ (C, pixels)``; ``dx[n] = w^T @ dy[n]``); in NHWC one over every
     pixel of the batch, ``out = x @ w^T`` (``(N pixels, C) @ (C, K)``; ``dx = dy @ w``). Returns the ``Gemm``
     and whether the image is its first factor."""
-    mode, strides, padding, dilation, groups, shape, _ = term.attrs
+    attrs = term.attrs
+    mode, strides, padding, groups = attrs.mode, attrs.strides, attrs.padding, attrs.groups
     image, weights = term.args
     if mode == "wgrad" or groups != 1 or set(strides) != {1} or any(p != (0, 0) for p in padding) \
             or set(weights.shape[2:]) != {1}:

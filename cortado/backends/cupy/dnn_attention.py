@@ -17,6 +17,7 @@ import numpy as np
 from ...errors import BackendError
 from .codegen import contiguous_strides
 from .dnn import DATA_TYPES, cudnn_module, handle
+from .lowering.attention import DNN_ATTENTION
 
 ALIGNMENT = 8  # elements: cuDNN's flash attention reads 16-byte vectors of half-precision values
 _graphs = {}  # a call's description -> (cuDNN graph, its tensors in operand-then-result order)
@@ -55,8 +56,8 @@ class Attention:
     (``dq``, ``dk``, ``dv``) term ``t``, over fixed pointers."""
 
     def __init__(self, t, layouts, deterministic=True):
-        self.forward = t.op.name == "dnn_attention"
-        self.scale, self.causal, _ = t.attrs
+        self.forward = t.op is DNN_ATTENTION
+        self.scale, self.causal = t.attrs.scale, t.attrs.causal
         self.values = tuple(t.args) + t.op.results_of(t)
         described = []
         for x in self.values:

@@ -26,7 +26,12 @@ import numpy as np
 
 from ... import distributed
 from ...errors import BackendError
-from .lowering.gemm import gemm_operands
+from ...exprgraph.ops import CONST, FLIP, FUSED_OP, OVERLAP_ADD, PAD, RESHAPE, TAKE, TAKE_ALONG_AXIS
+from ...exprgraph.ops.collectives import ALL_REDUCE
+from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
+from .lowering.conv import DNN_CONV
+from .lowering.gemm import GEMM, gemm_operands
+from .lowering.int8 import INT8_GEMM
 from ...memplan import aligned, joins, unallocatable
 from .. import interface
 from .blas import Gemm
@@ -77,13 +82,13 @@ class _Block:
 
 
 WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its term
-    "pad": lambda x, t: pad_source(x, t, [low for low, _ in t.attr("pad_width")], t.attr("constant_values")),
-    "flip": lambda x, t: flip_source(x, t, t.attr("axes")),
-    "overlap_add": lambda x, t: overlap_add_source(x, t, t.attr("strides"), t.attr("dilation")),
+    PAD: lambda x, t: pad_source(x, t, [low for low, _ in t.attr("pad_width")], t.attr("constant_values")),
+    FLIP: lambda x, t: flip_source(x, t, t.attr("axes")),
+    OVERLAP_ADD: lambda x, t: overlap_add_source(x, t, t.attr("strides"), t.attr("dilation")),
 }
 INDEX_KERNELS = {  # op -> the source of its kernel, from its operand, its indices and its term
-    "take": lambda x, indices, t: take_source(x, indices, t, t.attr("axis")),
-    "take_along_axis": lambda x, indices, t: take_along_axis_source(x, indices, t, t.attr("axis")),
+    TAKE: lambda x, indices, t: take_source(x, indices, t, t.attr("axis")),
+    TAKE_ALONG_AXIS: lambda x, indices, t: take_along_axis_source(x, indices, t, t.attr("axis")),
 }
 ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph each) before it stages device feeds
 IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is read from (HOST, DEVICE: staged)
@@ -143,19 +148,19 @@ class Executor(interface.Executor):
                 self.makers.append(self._join(waits[i]))
                 self.labels.append(f"k{i} waits for all-reduce")
             scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
-            if t.op.name == "gemm":
+            if t.op is GEMM:
                 self.makers.append(self._gemm(kernel.terms, scratch, tf32))
                 self.labels.append(f"k{i}.gemm {t.attr('epilogue')} {t.shape}")
-            elif t.op.name == "dnn_conv":
+            elif t.op is DNN_CONV:
                 self.makers.append(self._convolution(t, scratch, tf32, deterministic))
                 self.labels.append(f"k{i}.dnn_conv {t.attr('mode')} {t.shape}")
-            elif t.op.name == "int8_gemm":
+            elif t.op is INT8_GEMM:
                 self.makers.append(self._int8_gemm(t, scratch))
                 self.labels.append(f"k{i}.int8_gemm {t.shape}")
-            elif t.op.name in ("dnn_attention", "dnn_attention_grad"):
+            elif t.op in (DNN_ATTENTION, DNN_ATTENTION_GRAD):
                 self.makers.append(self._attention(kernel.terms, scratch, deterministic))
                 self.labels.append(f"k{i}.{t.op.name} {t.args[0].shape}")
-            elif t.op.name == "all_reduce":
+            elif t.op is ALL_REDUCE:
                 self.makers.append(self._all_reduce(kernel.terms, done[i]))
                 self.labels.append(f"k{i}.all_reduce bucket {t.attr('bucket')} ({len(kernel.terms)} values)")
             else:
@@ -189,8 +194,8 @@ class Executor(interface.Executor):
 
     def _constants(self, kernels, outputs, updates):
         """Every constant a kernel or a copy reads, uploaded once into one block."""
-        found = {a for k in kernels for a in k.reads if a.op.name == "const"}
-        found |= {t for t in list(outputs) + list(updates.values()) if t.op.name == "const"}
+        found = {a for k in kernels for a in k.reads if a.op is CONST}
+        found |= {t for t in list(outputs) + list(updates.values()) if t.op is CONST}
         found = sorted(found, key=id)
         arrays = [np.ascontiguousarray(c.attr("value").array.reshape(-1)[:1] if one_value(c) else c.attr("value").array)
                   for c in found]
@@ -209,7 +214,7 @@ class Executor(interface.Executor):
 
     def _constant(self, t):
         """Whether ``t`` is a constant of the program or a view of one: no kernel writes it."""
-        return self._viewed(t).op.name == "const"
+        return self._viewed(t).op is CONST
 
     def _operand(self, t):
         return Operand(t.shape, t.dtype, self.strides[t])
@@ -227,16 +232,16 @@ class Executor(interface.Executor):
     def _kernel(self, t, defined, workspace):
         """A maker of calls of the generated kernels computing the terms ``defined`` (all outputs of ``t``'s region);
         ``workspace``: the address of their scratch, where they need some."""
-        if t.op.name not in ("fused", "reshape", *WINDOW_KERNELS, *INDEX_KERNELS):
+        if t.op not in (FUSED_OP, RESHAPE, *WINDOW_KERNELS, *INDEX_KERNELS):
             raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
         if t.size == 0:
             return lambda pointers: _nothing
-        if t.op.name == "reshape":  # not a view: the source's elements in order, written contiguously
+        if t.op is RESHAPE:  # not a view: the source's elements in order, written contiguously
             return self._launch(copy_source(self._operand(t.args[0])), [t.args[0], t])
-        if t.op.name in WINDOW_KERNELS:
-            return self._launch(WINDOW_KERNELS[t.op.name](self._operand(t.args[0]), t), [t.args[0], t])
-        if t.op.name in INDEX_KERNELS:
-            return self._launch(INDEX_KERNELS[t.op.name](*map(self._operand, t.args), t), [*t.args, t])
+        if t.op in WINDOW_KERNELS:
+            return self._launch(WINDOW_KERNELS[t.op](self._operand(t.args[0]), t), [t.args[0], t])
+        if t.op in INDEX_KERNELS:
+            return self._launch(INDEX_KERNELS[t.op](*map(self._operand, t.args), t), [*t.args, t])
         body, inputs = t.attr("outputs"), list(t.args)
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours

@@ -17,8 +17,12 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import BFLOAT16
 from ...exprgraph.graph import post_order
-from .lowering.conv import epilogue_parts
-from .lowering.gemm import gemm_operands
+from ...exprgraph.ops import ADD, BROADCAST_TO, CONST, FUSED_OP, PAD, PARAM, RESHAPE, TRANSPOSE, VAR, WINDOWS
+from ...exprgraph.ops.collectives import ALL_REDUCE
+from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
+from .lowering.conv import DNN_CONV, epilogue_parts
+from .lowering.gemm import GEMM, gemm_operands
+from .lowering.int8 import INT8_GEMM
 from ...memplan import Step, aligned
 from .blas import Gemm, matrix
 from .dnn import Conv, packed
@@ -31,8 +35,8 @@ from .sources import reduction_scratch_bytes
 from .device import require_gpu
 
 ALIGNMENT = 256
-VIEWS = ("transpose", "broadcast_to", "windows")
-ATTENTION = ("dnn_attention", "dnn_attention_grad")
+VIEWS = (TRANSPOSE, BROADCAST_TO, WINDOWS)
+ATTENTION = (DNN_ATTENTION, DNN_ATTENTION_GRAD)
 TENSOR_CORE_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
 
 
@@ -60,8 +64,8 @@ def channels_last_for(kernels, options):
     dtypes = channels_last_dtypes(options)
     if options["nhwc"] != "auto":
         return dtypes
-    chained = any(k.term.op.name == "dnn_conv" and k.term.attr("mode") != "wgrad" and k.term.dtype in dtypes
-                  and k.term.args[0].op.name not in ("var", "const") for k in kernels)
+    chained = any(k.term.op is DNN_CONV and k.term.attr("mode") != "wgrad" and k.term.dtype in dtypes
+                  and k.term.args[0].op not in (VAR, CONST) for k in kernels)
     return dtypes if chained else frozenset()
 
 
@@ -115,10 +119,10 @@ def reshaped_strides(shape, strides, new_shape):
 def crop_offset(t, strides):
     """The element offset in its operand of fused kernel ``t`` where ``t`` only crops it (a pad of no positive width:
     a slice) and can be a view of it: its first element lies ``ALIGNMENT`` bytes apart from the operand's; else None."""
-    if t.op.name != "fused" or len(t.args) != 1 or len(t.attr("outputs")) != 1:
+    if t.op is not FUSED_OP or len(t.args) != 1 or len(t.attr("outputs")) != 1:
         return None
     (crop,) = t.attr("outputs")
-    if crop.op.name != "pad" or crop.args[0].op.name != "param" or crop.shape == crop.args[0].shape:
+    if crop.op is not PAD or crop.args[0].op is not PARAM or crop.shape == crop.args[0].shape:
         return None
     widths = crop.attr("pad_width")
     if any(low > 0 or high > 0 for low, high in widths) or len(widths) != len(strides[t.args[0]]):
@@ -129,7 +133,7 @@ def crop_offset(t, strides):
 
 def one_value(t):
     """Whether ``t`` is a constant array of one repeated value, which the program stores as one element."""
-    return t.op.name == "const" and t.ndim > 0 and t.attr("value").scalar is not None
+    return t.op is CONST and t.ndim > 0 and t.attr("value").scalar is not None
 
 
 def stored_strides(t):
@@ -160,9 +164,9 @@ def _channels_last_kernel(k, strides, dtypes, weights_too):
     t = k.term
     if t.ndim < 4:
         return False
-    if t.op.name == "dnn_conv":
+    if t.op is DNN_CONV:
         return (weights_too or t.attr("mode") != "wgrad") and t.dtype in dtypes
-    if t.op.name != "fused" or any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
+    if t.op is not FUSED_OP or any(s.op in REDUCTIONS for s in post_order(t.attr("outputs"))):
         return False
     return all(d.shape == t.shape for d in k.terms) and any(
         a.shape == t.shape and _stored_channels_last(a, strides) for a in t.args)
@@ -181,15 +185,15 @@ def layouts(kernels, options):
         for a in k.reads:
             strides.setdefault(a, stored_strides(a))
         t = k.term
-        name = t.op.name
+        op = t.op
         source = t.args[0] if t.args else None
-        if name == "transpose":
+        if op is TRANSPOSE:
             strides[t] = tuple(strides[source][axis] for axis in t.attr("axes"))
-        elif name == "broadcast_to":
+        elif op is BROADCAST_TO:
             strides[t] = _broadcast_strides(source.shape, strides[source], t.shape)
-        elif name == "windows":
-            strides[t] = _window_strides(strides[source], *t.attrs)
-        elif name == "reshape" and (reshaped := reshaped_strides(source.shape, strides[source], t.shape)) is not None:
+        elif op is WINDOWS:
+            strides[t] = _window_strides(strides[source], t.attrs.window_shape, t.attrs.strides, t.attrs.dilation)
+        elif op is RESHAPE and (reshaped := reshaped_strides(source.shape, strides[source], t.shape)) is not None:
             strides[t] = reshaped
         elif (offset := crop_offset(t, strides)) is not None:
             strides[t] = strides[source]
@@ -198,11 +202,11 @@ def layouts(kernels, options):
         elif k.is_load:
             strides[t] = io_strides(t, options)
             continue
-        elif name in ATTENTION:
+        elif op in ATTENTION:
             strides.update({d: _part_strides(d, parts[d][0]) if d in parts else time_major_strides(d.shape)
                             if d in merged else contiguous_strides(d.shape) for d in k.terms})
             continue
-        elif name == "all_reduce":  # each average as its gradient lies, where that is one dense block
+        elif op is ALL_REDUCE:  # each average as its gradient lies, where that is one dense block
             strides.update({d: strides[a] if dense(a.shape, strides[a]) else contiguous_strides(d.shape)
                             for d, a in zip(k.terms, t.args)})
             continue
@@ -224,8 +228,8 @@ def _swaps_heads_and_time(t):
 def _heads_merged(kernels):
     """The results of attention that a transpose of heads and time reads: the heads of each position are merged
     back into one row (``(batch, heads, time, size) -> (batch, time, heads * size)``)."""
-    return {k.term.args[0] for k in kernels if k.term.op.name == "transpose" and _swaps_heads_and_time(k.term)
-            and k.term.args[0].op.name in ATTENTION}
+    return {k.term.args[0] for k in kernels if k.term.op is TRANSPOSE and _swaps_heads_and_time(k.term)
+            and k.term.args[0].op in ATTENTION}
 
 
 def time_major_strides(shape):
@@ -244,9 +248,9 @@ def _summed_pads(body):
     parts, stack = [], [body[0]]
     while stack:
         t = stack.pop()
-        if t.op.name == "add":
+        if t.op is ADD:
             stack.extend(t.args)
-        elif t.op.name == "pad" and t.args[0].op.name == "param" and t.attr("constant_values") == 0 \
+        elif t.op is PAD and t.args[0].op is PARAM and t.attr("constant_values") == 0 \
                 and all(w == (0, 0) for w in t.attr("pad_width")[:-1]) and min(t.attr("pad_width")[-1]) >= 0:
             parts.append((t.attr("pad_width")[-1][0], t.args[0].shape[-1], t.args[0].attr("index")))
         else:
@@ -268,20 +272,20 @@ def concatenated_in_place(kernels):
         for a in dict.fromkeys(k.term.args):
             readers.setdefault(a, []).append(k.term)
 
-    def only_reader(t, name):
+    def only_reader(t, op):
         found = readers.get(t, [])
-        return found[0] if len(found) == 1 and found[0].op.name == name else None
+        return found[0] if len(found) == 1 and found[0].op is op else None
 
     parts, wholes = {}, set()
     for k in kernels:
-        if k.term.op.name != "dnn_attention_grad":
+        if k.term.op is not DNN_ATTENTION_GRAD:
             continue
         merged = {}
         for result in k.terms:
-            swap = only_reader(result, "transpose")
+            swap = only_reader(result, TRANSPOSE)
             batch_kept = swap is not None and swap.attr("axes")[:-3] == tuple(range(swap.ndim - 3))
-            rows = only_reader(swap, "reshape") if batch_kept and _swaps_heads_and_time(swap) else None
-            whole = only_reader(rows, "fused") if rows is not None and rows.shape[-1] == math.prod(swap.shape[-2:]) \
+            rows = only_reader(swap, RESHAPE) if batch_kept and _swaps_heads_and_time(swap) else None
+            whole = only_reader(rows, FUSED_OP) if rows is not None and rows.shape[-1] == math.prod(swap.shape[-2:]) \
                 and rows.shape[:-1] == swap.shape[:-2] else None
             if whole is not None and whole.args.count(rows) == 1:
                 merged[result] = (whole, whole.args.index(rows))
@@ -348,7 +352,7 @@ def gemm_copies(t, strides):
 
 def _flat_source(t, strides, views):
     """The value ``t`` is, or reshapes in C order (a view reading its elements in their own order); else None."""
-    while t in views and t.op.name == "reshape" and in_c_order(t.args[0].shape, strides[t.args[0]]):
+    while t in views and t.op is RESHAPE and in_c_order(t.args[0].shape, strides[t.args[0]]):
         t = t.args[0]
     return None if t in views else t
 
@@ -365,14 +369,14 @@ def _inplace(k, strides, views):
     """Pairs ``(output, input)``: an input of the output's type read at the output's own index (the ``c`` of a
     gemm, or what it reshapes; an input of a fused region)."""
     t = k.term
-    if t.op.name == "gemm":
+    if t.op is GEMM:
         c = _gemm_c(t, strides, views)
         return ((t, c),) if c is not None else ()
-    if t.op.name != "fused":  # the window kernels and cuDNN read elements at other indices than they write
+    if t.op is not FUSED_OP:  # the window kernels and cuDNN read elements at other indices than they write
         return ()
     shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
     readers = [a for j, a in enumerate(t.args) if j not in shifted]
-    if any(s.op.name in REDUCTIONS for s in post_order(t.attr("outputs"))):
+    if any(s.op in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
     return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype)
@@ -384,8 +388,8 @@ def _epilogue_operands(t):
     the thread that writes the output there, after the reductions (an SGD step on a bias gradient, say). What any
     of its reductions reads is read by other threads while outputs are written (sibling sums: the second's may
     broadcast along the reduced axis)."""
-    reductions = [s for s in post_order(t.attr("outputs")) if s.op.name in REDUCTIONS]
-    prologue = {s.attr("index") for s in post_order(reductions) if s.op.name == "param"}
+    reductions = [s for s in post_order(t.attr("outputs")) if s.op in REDUCTIONS]
+    prologue = {s.attr("index") for s in post_order(reductions) if s.op is PARAM}
     return [a for k, a in enumerate(t.args) if k not in prologue]
 
 
@@ -401,10 +405,10 @@ def direct_outputs(kernels, steps, outputs, sinks, options):
 
 RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' strides and the channels-last dtypes)
     # and its call (from its term, the strides it reads and the options)
-    "gemm": (lambda t, strides, last: gemm_copies(t, strides),
-             lambda t, strides, options: Gemm(t, strides, options["tf32"])),
-    "dnn_conv": (dnn_copies, lambda t, strides, options: Conv(t, strides, options["tf32"], options["deterministic"])),
-    "int8_gemm": (lambda t, strides, last: (), lambda t, strides, options: Int8Gemm(t, strides)),
+    GEMM: (lambda t, strides, last: gemm_copies(t, strides),
+           lambda t, strides, options: Gemm(t, strides, options["tf32"])),
+    DNN_CONV: (dnn_copies, lambda t, strides, options: Conv(t, strides, options["tf32"], options["deterministic"])),
+    INT8_GEMM: (lambda t, strides, last: (), lambda t, strides, options: Int8Gemm(t, strides)),
     **dict.fromkeys(ATTENTION, (
         lambda t, strides, last: attention_copies(t, strides),
         lambda t, strides, options: Attention(t, strides, options["deterministic"]))),
@@ -425,7 +429,7 @@ def steps(kernels, options):
     found = []
     for k in kernels:
         t = k.term
-        if t.op.name == "var":
+        if t.op is VAR:
             found.append(Step((t,), label=t.name))
         elif t in views:
             found.append(Step((t,), (t.args[0],), view_of=t.args[0], label=t.op.name))
@@ -433,15 +437,15 @@ def steps(kernels, options):
             found.append(Step((), k.reads, label="concatenate (written in place)"))
         else:
             workspace = 0
-            if t.op.name == "fused":
+            if t.op is FUSED_OP:
                 workspace = reduction_scratch_bytes(t.attr("outputs"))
-            if t.op.name in RUNNERS:
-                copies_of, runner = RUNNERS[t.op.name]
+            if t.op in RUNNERS:
+                copies_of, runner = RUNNERS[t.op]
                 copies = copies_of(t, strides, last)
                 workspace = runner(t, {**strides, **dict(copies)}, options).workspace_bytes
                 workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x, _ in copies)
             within = tuple((d, parts[d][0]) for d in k.terms if d in parts)
-            c = _gemm_c(t, strides, views) if t.op.name == "gemm" else None
+            c = _gemm_c(t, strides, views) if t.op is GEMM else None
             reads = k.reads if c is None else tuple(c if r is t.args[2] else r for r in k.reads)  # as what c reshapes
             found.append(Step(tuple(dict.fromkeys(whole for _, whole in within)) + k.terms, reads,
                               inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name, within=within))

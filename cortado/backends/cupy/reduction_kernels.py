@@ -14,6 +14,7 @@ import numpy as np
 
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
+from ...exprgraph.ops import MEAN
 from .codegen import (
     REDUCTIONS, STORAGE, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _space, _Writer,
     compute_type, finished_source, storage_type,
@@ -36,7 +37,7 @@ ACCUMULATOR_BYTES = {c: np.dtype(name).itemsize for name, c in STORAGE.items()} 
 def _reductions_of(body):
     """The reductions of a fused reduction's body: one, or several of values of one shape over the same axes into
     one accumulator type (sibling column sums, ``rules.fusion``), each summed beside the others in one pass."""
-    found = [t for t in post_order(body) if t.op.name in REDUCTIONS]
+    found = [t for t in post_order(body) if t.op in REDUCTIONS]
     if not found:
         raise BackendError("a fused reduction needs a reduction in its body, found none")
     first = found[0]
@@ -82,7 +83,7 @@ def _reduction_parts(body, operands):
     elements = tuple(prologue.value(red.args[0]) for red in reds)
     epilogue = _Writer(_space(body[0].shape, "o"), operands, "e")
     for j, red in enumerate(reds):
-        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){k_total})"
+        total = f"acc{j}" if red.op is not MEAN else f"(acc{j} / ({acc}){k_total})"
         epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
     results = [epilogue.value(t) for t in body]
     finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"

@@ -6,6 +6,7 @@ outputs.
 import math
 
 from ...exprgraph.graph import post_order
+from ...exprgraph.ops import MEAN
 from ...rules.fusion import row_reduction
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
@@ -19,7 +20,7 @@ ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row ke
 def row_shape(body):
     """The row shape ``(..., n)`` of a row kernel's body (``rules.fusion``): every reduction reduces the last axis of
     a value of that shape, keeping it, and there are several or an output of the row shape; else None."""
-    reductions = [t for t in post_order(body) if t.op.name in REDUCTIONS]
+    reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
     if not reductions:
         return None
     shape = reductions[0].args[0].shape
@@ -115,7 +116,7 @@ def row_source(body, operands, aliased, shape):
         return {k: f"row{k}[i].v[u]" if cached else f"{prefix}{k}.v[u]" for k in vectors}
 
     lines, read, totals = [], set(), {}
-    for j, red in enumerate(t for t in post_order(body) if t.op.name in REDUCTIONS):
+    for j, red in enumerate(t for t in post_order(body) if t.op in REDUCTIONS):
         acc = _accumulator(red)
         writer = _Writer(elements, operands, f"a{j}_", loads(f"p{j}_"))
         writer.names.update(totals)
@@ -124,7 +125,7 @@ def row_source(body, operands, aliased, shape):
         lines += _row_pass(writer, index, n, width, vec, vectors, f"p{j}_",
                            [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"], cached=cached)
         lines += _all_reduced(red, acc, f"acc{j}", width)
-        total = f"acc{j}" if red.op.name != "mean" else f"(acc{j} / ({acc}){n})"
+        total = f"acc{j}" if red.op is not MEAN else f"(acc{j} / ({acc}){n})"
         lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
         totals[red] = f"total{j}"
         read |= writer.read

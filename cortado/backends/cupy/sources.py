@@ -18,7 +18,7 @@ def kernel_sources(body, operands, aliased=(), order=None):
     shape = row_shape(body)
     if shape is not None:
         return [row_source(body, operands, aliased, shape)]
-    if any(t.op.name in REDUCTIONS for t in post_order(body)):
+    if any(t.op in REDUCTIONS for t in post_order(body)):
         return reduction_sources(body, operands, aliased)
     return [elementwise_source(body, operands, aliased, order)]
 
@@ -38,6 +38,6 @@ def copy_source(operand, order=None):
 def reduction_scratch_bytes(body):
     """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split, or no
     reduction at all)."""
-    if row_shape(body) is not None or not any(t.op.name in REDUCTIONS for t in post_order(body)):
+    if row_shape(body) is not None or not any(t.op in REDUCTIONS for t in post_order(body)):
         return 0
     return partials_bytes(body)

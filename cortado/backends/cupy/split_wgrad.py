@@ -78,7 +78,8 @@ class _Geometry:
     """The weight gradient's sizes as a 2-d one's (a 1-d one gets a height of 1) and the tiling chosen for them."""
 
     def __init__(self, term, layouts):
-        _, strides, padding, dilation, groups, _, _ = term.attrs
+        attrs = term.attrs
+        strides, padding, dilation, groups = attrs.strides, attrs.padding, attrs.dilation, attrs.groups
         x, dy = term.args
         extra = 4 - term.ndim
 

@@ -46,7 +46,7 @@ def window_gemm(term, layouts, tf32):
     """The ``WindowGemm`` of ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or None where it has
     none: a data gradient, groups, a dtype not in ``DTYPES``, weights or a result stored other than the GEMM
     writes them, or images too large for ``COLUMN_BYTES`` one at a time."""
-    mode, _, _, _, groups, _, _ = term.attrs
+    mode, groups = term.attrs.mode, term.attrs.groups
     x, second = term.args
     if mode == "dgrad" or groups != 1 or term.dtype not in DTYPES:
         return None
@@ -72,7 +72,8 @@ class WindowGemm:
     fixed pointers. ``gathered_rows``: a weight gradient's ``dy`` is gathered into rows (it is not NHWC)."""
 
     def __init__(self, term, layouts, tf32, chunk, gathered_rows):
-        mode, strides, padding, dilation, _, _, _ = term.attrs
+        attrs = term.attrs
+        mode, strides, padding, dilation = attrs.mode, attrs.strides, attrs.padding, attrs.dilation
         x, second = term.args
         self.mode, self.chunk, self.batches = mode, chunk, x.shape[0] // chunk
         itemsize = term.dtype.itemsize

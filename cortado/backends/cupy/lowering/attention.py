@@ -67,7 +67,7 @@ def dnn_attention(q, k, v, scale, causal, result):
 
 def _attention(b):
     q, k, v = b["_q"], b["_k"], b["_v"]
-    scale, causal = b.term.attrs
+    scale, causal = b.term.attrs.scale, b.term.attrs.causal
     if flash_fits(q, k, v):
         return dnn_attention(q, k, v, scale, causal, 0)
     return plain_attention(q, k, v, scale, causal)
@@ -75,7 +75,8 @@ def _attention(b):
 
 def _attention_grad(b):
     q, k, v, out, dout = (b[name] for name in ("_q", "_k", "_v", "_o", "_g"))
-    scale, causal, result = b.term.attrs
+    attrs = b.term.attrs
+    scale, causal, result = attrs.scale, attrs.causal, attrs.result
     if flash_fits(q, k, v):
         stats = dnn_attention(q, k, v, scale, causal, 1)
         return make(DNN_ATTENTION_GRAD, (q, k, v, out, dout, stats), (scale, causal, result))

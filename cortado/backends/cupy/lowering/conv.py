@@ -33,7 +33,7 @@ import numpy as np
 from ....exprgraph import constructors as ct
 from ....exprgraph.dtypes import BFLOAT16
 from ....exprgraph.graph import post_order
-from ....exprgraph.ops import LOWERED, Op
+from ....exprgraph.ops import ADD, FLIP, LOWERED, RELU, RESHAPE, TRANSPOSE, Op
 from ....exprgraph.windowing import window_extent
 from ....exprgraph.term import make, shape_violation
 from ....rules.algebra import algebra
@@ -136,7 +136,7 @@ def _spatial(t):
 
 def _flipped(v):
     """Whether ``v`` is weights flipped in space, as a data gradient's are."""
-    return v.op.name == "flip" and v.attr("axes") == _spatial(v)
+    return v.op is FLIP and v.attr("axes") == _spatial(v)
 
 
 def _unflipped(v):
@@ -180,13 +180,13 @@ def _as_dgrad(dy, v, padding, lhs, rhs, groups, shape):
 
 
 def _swaps_leading_axes(t):
-    return t.op.name == "transpose" and t.attr("axes") == (1, 0) + _spatial(t)
+    return t.op is TRANSPOSE and t.attr("axes") == (1, 0) + _spatial(t)
 
 
 def _regrouped_images(t, groups):
     """``x`` where ``t`` is images ``x`` (``(N, G*Cg, ...)``) regrouped to ``(Cg, G*N, ...)`` as the weight gradient
     of a grouped convolution writes them (split, batch and channels swapped, merged); else None."""
-    if t.op.name != "reshape" or t.args[0].op.name != "transpose" or t.args[0].args[0].op.name != "reshape":
+    if t.op is not RESHAPE or t.args[0].op is not TRANSPOSE or t.args[0].args[0].op is not RESHAPE:
         return None
     moved = t.args[0]
     split, x = moved.args[0], moved.args[0].args[0]
@@ -312,14 +312,16 @@ def finish(roots, trace=None, keep=frozenset()):
 
 def _foldable(conv, original, users):
     """Whether ``conv`` (rebuilt from ``original``) is a forward ``dnn_conv`` no other term reads."""
-    return conv.op.name == "dnn_conv" and conv.attr("mode") == "fprop" and users[original] == 1
+    return conv.op is DNN_CONV and conv.attr("mode") == "fprop" and users[original] == 1
 
 
 def _extended(conv, part, extra=None):
     """``conv`` with ``part`` appended to its epilogue (and ``extra`` to its arguments)."""
     epilogue = "_".join(epilogue_parts(conv.attr("epilogue")) + (part,))
     extras = conv.args[2:] + ((extra,) if extra is not None else ())
-    return dnn_conv(*conv.args[:2], *conv.attrs[:6], epilogue=epilogue, extras=extras)
+    attrs = conv.attrs
+    return dnn_conv(*conv.args[:2], attrs.mode, attrs.strides, attrs.padding, attrs.dilation, attrs.groups, attrs.shape,
+                    epilogue=epilogue, extras=extras)
 
 
 def _channel_vector(v, conv):
@@ -327,7 +329,7 @@ def _channel_vector(v, conv):
     shape = (1,) * (conv.ndim - v.ndim) + v.shape
     if v.dtype != conv.dtype or shape != (1, conv.shape[1]) + (1,) * (conv.ndim - 2):
         return None
-    if v.op.name == "reshape" and v.args[0].shape == conv.shape[1:2]:
+    if v.op is RESHAPE and v.args[0].shape == conv.shape[1:2]:
         return v.args[0]
     return ct.reshape(v, conv.shape[1:2])
 
@@ -335,11 +337,11 @@ def _channel_vector(v, conv):
 def _with_epilogue(original, rebuilt, users):
     """``rebuilt`` (a relu, or a sum, of a foldable convolution) as that convolution with a longer epilogue, or None:
     a relu last; a residual (of the result's shape) before it; a per-channel bias first."""
-    if rebuilt.op.name == "relu":
+    if rebuilt.op is RELU:
         conv = rebuilt.args[0]
         if _foldable(conv, original.args[0], users) and "relu" not in epilogue_parts(conv.attr("epilogue")):
             return _extended(conv, "relu")
-    if rebuilt.op.name != "add" or rebuilt.dtype != rebuilt.args[0].dtype:
+    if rebuilt.op is not ADD or rebuilt.dtype != rebuilt.args[0].dtype:
         return None
     for k in (0, 1):
         conv, other = rebuilt.args[k], rebuilt.args[1 - k]

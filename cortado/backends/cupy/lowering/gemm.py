@@ -18,7 +18,7 @@ import numpy as np
 from ....exprgraph import constructors as ct
 from ....exprgraph.dtypes import BFLOAT16, is_float, is_narrow_float
 from ....exprgraph.graph import post_order
-from ....exprgraph.ops import GELU, GELU_GRAD, LOWERED, Op
+from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, GELU_GRAD, LOWERED, RESHAPE, SUM, TRANSPOSE, Op
 from ....exprgraph.ops.base import broadcast_shapes
 from ....exprgraph.semantics import implementation
 from ....exprgraph.term import dtype_violation, make, shape_violation
@@ -157,7 +157,7 @@ def _matmul_to_gemm(b):
         if rows.ndim > 2 or cols.ndim > 2:
             return None
         return ct.reshape(gemm(rows, cols), b.term.shape)
-    if y.ndim == 2 and x.ndim > 2 and x.op.name not in ("transpose", "broadcast_to"):
+    if y.ndim == 2 and x.ndim > 2 and x.op not in (TRANSPOSE, BROADCAST_TO):
         # the batch folded into the rows: one matrix product, whose row epilogues (a bias, dgelu) apply (a permuted
         # or broadcast batch stays a strided batch, which cuBLASLt reads in place and a reshape would copy)
         rows = ct.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
@@ -169,7 +169,7 @@ def _matmul_to_gemm(b):
 
 
 def _swaps_last_two(t):
-    if t.op.name != "transpose":
+    if t.op is not TRANSPOSE:
         return False
     axes = t.attr("axes")
     n = len(axes)
@@ -189,13 +189,13 @@ def _fold_transposes(b):
 
 def _foldable(b, g):
     """A gemm this rule may rewrite: nothing else uses it (and it is a product, not a second result)."""
-    return g.op.name == "gemm" and g.attr("output") == 0 and not b.shared(g)
+    return g.op is GEMM and g.attr("output") == 0 and not b.shared(g)
 
 
 def _product(b, t):
     """``(gemm, wrap)``: the gemm ``t`` is, itself or with its rows reshaped (a batch folded into them), that this
     rule may rewrite, and the function giving a rebuilt gemm ``t``'s shape again; ``(None, None)`` if none."""
-    if t.op.name == "reshape" and t.ndim > 2 and t.args[0].ndim == 2 and t.shape[-1] == t.args[0].shape[-1] \
+    if t.op is RESHAPE and t.ndim > 2 and t.args[0].ndim == 2 and t.shape[-1] == t.args[0].shape[-1] \
             and not b.shared(t):
         g = t.args[0]
         return (g, lambda rebuilt: ct.reshape(rebuilt, t.shape)) if _foldable(b, g) else (None, None)
@@ -204,7 +204,7 @@ def _product(b, t):
 
 def _scalar(t):
     """The value of a constant of one value, else None."""
-    if t.op.name != "const":
+    if t.op is not CONST:
         return None
     scalar = t.attr("value").scalar
     return None if scalar is None else float(scalar)
@@ -272,7 +272,7 @@ def _gelu_backward(b):
     dgelu epilogue, which reads ``z`` as a matrix of the product's layout (``n`` a multiple of 8)."""
     for t, slope in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
         g, wrap = _product(b, t)
-        if not (g is not None and slope.op.name == "gelu_grad" and t.shape == b.term.shape and g.ndim == 2
+        if not (g is not None and slope.op is GELU_GRAD and t.shape == b.term.shape and g.ndim == 2
                 and g.dtype in GELU_EPILOGUE_DTYPES):
             continue
         parts, z = _parts(g), slope.args[0]
@@ -310,7 +310,7 @@ def _bias_gradient_sources(order):
     contracted axis first, as stored: ``b`` not transposed, ``a`` transposed (a weight gradient's ``x^T @ dy``)."""
     sources = {}
     for g in order:
-        if g.op.name != "gemm" or g.ndim != 2 or g.dtype not in BGRAD_DTYPES:
+        if g.op is not GEMM or g.ndim != 2 or g.dtype not in BGRAD_DTYPES:
             continue
         parts = _parts(g)
         if parts["output"] or parts["bias"] is not None:
@@ -328,17 +328,17 @@ def _bias_gradient_sources(order):
 
 def _rows_merged(t):
     """Whether ``t`` is a matrix reshaped from a value of more axes by merging all but the last."""
-    return t.op.name == "reshape" and t.ndim == 2 and t.args[0].ndim > 2 and t.args[0].shape[-1] == t.shape[-1]
+    return t.op is RESHAPE and t.ndim == 2 and t.args[0].ndim > 2 and t.args[0].shape[-1] == t.shape[-1]
 
 
 def _column_sum(s):
     """``(value, axes)`` of sum ``s`` as a sum of a matrix's columns where it is one: over axis 0 of a matrix, the
     rows of a transposed matrix, or all but the last axis of a value (of its matrix where it reshapes one)."""
     summed, axes = s.args[0], s.attr("axes")
-    if summed.op.name == "transpose" and summed.ndim == 2:  # the row sums of x^T are the column sums of x
+    if summed.op is TRANSPOSE and summed.ndim == 2:  # the row sums of x^T are the column sums of x
         return summed.args[0], tuple(1 - axis for axis in axes)
     if summed.ndim > 2 and axes == tuple(range(summed.ndim - 1)):
-        source = summed.args[0] if summed.op.name == "reshape" else None
+        source = summed.args[0] if summed.op is RESHAPE else None
         if source is not None and source.ndim == 2 and source.shape[-1] == summed.shape[-1]:
             return source, (0,)
         return summed, (0,)
@@ -354,7 +354,7 @@ def finish(roots, trace=None, keep=frozenset()):
     sources = _bias_gradient_sources(order)
     epilogue, taken_by = {}, {}
     for s in order:
-        if s.op.name != "sum" or s.ndim != 1 or s.args[0].ndim < 2 or s in keep:
+        if s.op is not SUM or s.ndim != 1 or s.args[0].ndim < 2 or s in keep:
             continue
         summed, axes = _column_sum(s)
         found = sources.get(summed) if axes == (0,) else None

@@ -32,7 +32,9 @@ import numpy as np
 
 from ....exprgraph import constructors as ct
 from ....exprgraph.graph import post_order
-from ....exprgraph.ops import ELEMENTWISE, LOWERED, Op, parameter
+from ....exprgraph.ops import (
+    BROADCAST_TO, CAST, CONST, ELEMENTWISE, LOWERED, MULTIPLY, PAD, PARAM, RESHAPE, TRANSPOSE, WINDOWS, Op, parameter,
+)
 from ....exprgraph.ops.base import broadcast_shapes
 from ....exprgraph.semantics import implementation
 from ....exprgraph.term import dtype_violation, make, shape_violation
@@ -41,7 +43,7 @@ from .conv import as_matmul_over_windows
 
 NARROW = (np.dtype(np.int8), np.dtype(np.uint8))
 INT32_MAX = int(np.iinfo(np.int32).max)
-LAYOUT_OPS = ("reshape", "transpose", "windows", "broadcast_to")
+LAYOUT_OPS = (RESHAPE, TRANSPOSE, WINDOWS, BROADCAST_TO)
 
 
 def _sums(a, b):
@@ -79,9 +81,9 @@ def _evaluate(xs, epilogue):
     sums = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
     operands = [sums, *extras]
     for t in post_order([epilogue]):
-        if t.op.name == "param":
+        if t.op is PARAM:
             value = operands[t.attr("index")]
-        elif t.op.name == "const":
+        elif t.op is CONST:
             value = t.attr("value").array
         else:
             with np.errstate(all="ignore"):
@@ -105,9 +107,9 @@ def int8_gemm(a, b, extras=(), epilogue=None):
 
 def _narrowed(t):
     """``t``, an int32 value, as the same layout ops over the int8 or uint8 value it was cast from, or None."""
-    if t.op.name == "cast" and t.args[0].dtype in NARROW:
+    if t.op is CAST and t.args[0].dtype in NARROW:
         return t.args[0]
-    if t.op.name in LAYOUT_OPS or (t.op.name == "pad" and t.attr("constant_values") == 0):
+    if t.op in LAYOUT_OPS or (t.op is PAD and t.attr("constant_values") == 0):
         inner = _narrowed(t.args[0])
         return None if inner is None else make(t.op, (inner,), t.attrs)
     return None
@@ -117,7 +119,7 @@ def _reshaped(t, shape):
     """``t`` in ``shape``: a constant's array reshaped now, else a reshape (none where the shape is ``t``'s)."""
     if t.shape == shape:
         return t
-    if t.op.name == "const":
+    if t.op is CONST:
         return ct.const(t.attr("value").array.reshape(shape))
     return ct.reshape(t, shape)
 
@@ -146,7 +148,7 @@ def _integer_product(b):
 def _k_major(w):
     """A constant ``k x n`` operand stored ``n x k`` (its transpose, a view), as the tensor cores read it: folded
     now, where a variable's would be a copy every step."""
-    if w.op.name != "const":
+    if w.op is not CONST:
         return w
     return ct.transpose(ct.const(np.ascontiguousarray(w.attr("value").array.T)))
 
@@ -166,10 +168,10 @@ def exact_in_int32(k, a_dtype, b_dtype):
 
 def _dequantized(t):
     """``(q, scale)`` of ``cast(q, float32) * scale`` with ``q`` narrow, else None."""
-    if t.op.name != "multiply" or t.dtype != np.float32:
+    if t.op is not MULTIPLY or t.dtype != np.float32:
         return None
     for cast, scale in ((t.args[0], t.args[1]), (t.args[1], t.args[0])):
-        if cast.op.name == "cast" and cast.args[0].dtype in NARROW and scale.dtype == np.float32:
+        if cast.op is CAST and cast.args[0].dtype in NARROW and scale.dtype == np.float32:
             return cast.args[0], scale
     return None
 
@@ -186,7 +188,7 @@ def _factored(scale, along, other_axis_size):
 
 
 def _scale_product(sa, sw):
-    if sa.op.name == "const" and sw.op.name == "const":
+    if sa.op is CONST and sw.op is CONST:
         return ct.const(sa.attr("value").array * sw.attr("value").array)
     return sa * sw
 
@@ -244,7 +246,7 @@ def _folded(b):
     """An elementwise op of an ``int8_gemm`` nobody else reads, over operands that broadcast to its result, as the
     gemm with the op in its epilogue."""
     t = b.term
-    if t.op.kind != ELEMENTWISE or (t.op.name == "cast" and t.dtype.itemsize > t.args[0].dtype.itemsize):
+    if t.op.kind != ELEMENTWISE or (t.op is CAST and t.dtype.itemsize > t.args[0].dtype.itemsize):
         return None  # a widening cast stays outside: the narrow value is smaller, and what the next product reads
     gemms = [a for a in t.args if a.op is INT8_GEMM and not b.shared(a) and a.shape == t.shape]
     if not gemms or t.ndim != 2:
@@ -255,7 +257,7 @@ def _folded(b):
     for a in t.args:
         if a is g:
             operands.append(body)
-        elif a.op.name == "const" and a.ndim == 0:
+        elif a.op is CONST and a.ndim == 0:
             operands.append(a)
         elif a.ndim <= 2 and broadcast_shapes(a.shape, t.shape) == t.shape:
             if a not in extras:

@@ -15,6 +15,7 @@ from dataclasses import replace
 import numpy as np
 
 from ....errors import BackendError
+from ....exprgraph.ops import PARAM
 from ....memplan import aligned
 from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
 from ..codegen import Operand, contiguous_strides
@@ -97,7 +98,7 @@ class _Library:
         self.choice = choice
         self.scalars = np.array([1, 0], np.int32)
         sums = Operand((p.m, p.n), np.dtype(np.int32), contiguous_strides((p.m, p.n)))
-        self.direct = body.op.name == "param"  # the sums are the result (C order, as they are written)
+        self.direct = body.op is PARAM  # the sums are the result (C order, as they are written)
         self.epilogue = None if self.direct else replace(kernel_source((body,), [sums, *extras]), options=OPTIONS)
         self.sums_bytes = 0 if self.direct else aligned(p.m * p.n * 4, ALIGNMENT)
         self.workspace_bytes = self.sums_bytes + int(self.algorithms["workspace_size"].max())
