@@ -4,10 +4,12 @@
 # them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|gpt|dp|profile|all]    (conv, int8: those benchmarks alone;
+#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|gpt|dp|profile|ours|all]    (conv, int8: those benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), and layer
 #     norm and cross-entropy against torch's (bench_norms_gpu.py);
-#     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are)
+#     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are;
+#     ours: our side alone of the fused, MLP, CNN, GPT and norm benchmarks (no peers: plain CuPy, the copy floor and
+#     torch's norms stay), to hold one tree's figures against another's on one machine)
 set -o pipefail
 what=${1:-all}
 out=${OUT:-benchmarks/results}
@@ -42,6 +44,16 @@ if [ "$what" = bench ] || [ "$what" = int8 ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1
+    python3 benchmarks/bench_norms_gpu.py --out "$out/norms_gpu.json" 2>&1 | tee "$out/bench_norms.log" || status=1
+fi
+if [ "$what" = ours ]; then
+    python3 benchmarks/bench_fused_gpu.py --skip torch,torch.compile,cupy.fuse --out "$out/fused_gpu.json" 2>&1 \
+        | tee "$out/bench_fused.log" || status=1
+    python3 benchmarks/bench_mlp_gpu.py --skip torch,torch.compile,jax --out "$out/mlp_gpu.json" 2>&1 \
+        | tee "$out/bench_mlp.log" || status=1
+    python3 benchmarks/bench_cnn_gpu.py --skip torch,torch.compile,jax --out "$out/cnn_gpu.json" 2>&1 \
+        | tee "$out/bench_cnn.log" || status=1
+    python3 benchmarks/bench_gpt_gpu.py --only cortado --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1
     python3 benchmarks/bench_norms_gpu.py --out "$out/norms_gpu.json" 2>&1 | tee "$out/bench_norms.log" || status=1
 fi
 gpus=$(nvidia-smi -L | wc -l)

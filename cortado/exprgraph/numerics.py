@@ -1,11 +1,10 @@
 """The numbers and formulas every backend must compute alike, defined once.
 
-The reference (``semantics``), the NumPy kernels, the GPU's generated CUDA and the derivative
-rules all compute gelu in its tanh form, and the softmax family shifted by its maximum. Their
-constants live here and nowhere else. The formulas are written with arithmetic operators and an
-array namespace only, so one definition serves Python floats, NumPy arrays and terms alike; a
-backend that must spell a formula in its own language (NumPy calls writing into given arrays,
-CUDA C) takes the constants from here and names the function it spells out.
+gelu (in its tanh form), sigmoid and softplus, gelu's derivative and the softmax family's shift by
+its maximum are written here and nowhere else, with arithmetic operators and an array namespace
+``xp`` only, so one definition serves NumPy arrays (the reference semantics of each op's record)
+and terms (``rules.primitives`` spells the composite ops out in primitives with the constructors,
+before any backend emits a kernel, and the derivative and decomposition rules build with them).
 """
 
 import math

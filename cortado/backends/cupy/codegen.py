@@ -18,7 +18,6 @@ The reduction kernels are ``reduction_kernels`` and ``row_kernels``; ``sources``
 
 import hashlib
 import math
-import string
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,11 +25,10 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
-from ...exprgraph.numerics import GELU_CUBIC, GELU_SCALE
 from ...exprgraph.ops import (
-    ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, GELU, GELU_GRAD, GREATER, GREATER_EQUAL,
+    ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, GREATER, GREATER_EQUAL,
     LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
-    RINT, SIGMOID, SIGN, SOFTPLUS, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
+    RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
 )
 from .launch import WAIT_PRIOR_GRIDS
 
@@ -43,9 +41,9 @@ STORAGE = {
 HALVES = {"float16": ("__half2float", "__float2half_rn"), "bfloat16": ("__bfloat162float", "__float2bfloat16_rn")}
 REDUCTIONS = (SUM, MEAN, MAX)
 
-# The functions kernels call. ct_gelu_argument and ct_gelu_grad spell numerics.gelu_argument and gelu_slope in C,
-# with the constants of numerics.
-PRELUDE = string.Template(r"""#include <cuda_fp16.h>
+# The functions kernels call. Composite ops (sigmoid, softplus, gelu) never reach a kernel: they are spelled out in
+# primitives first (rules.primitives).
+PRELUDE = r"""#include <cuda_fp16.h>
 #include <cuda_bf16.h>
 template <typename T> __device__ __forceinline__ T ct_load(T x) { return x; }
 __device__ __forceinline__ float ct_load(__half x) { return __half2float(x); }
@@ -56,18 +54,6 @@ template <> __device__ __forceinline__ __nv_bfloat16 ct_store<__nv_bfloat16, flo
 template <typename T> __device__ __forceinline__ T ct_max(T a, T b) { return (a != a || a > b) ? a : b; }
 template <typename T> __device__ __forceinline__ T ct_min(T a, T b) { return (a != a || a < b) ? a : b; }
 template <typename T> __device__ __forceinline__ T ct_sign(T a) { return a > T(0) ? T(1) : (a < T(0) ? T(-1) : a); }
-__device__ __forceinline__ float ct_sigmoid(float x) {
-    float e = expf(-fabsf(x)); return x >= 0.f ? 1.f / (1.f + e) : e / (1.f + e); }
-__device__ __forceinline__ double ct_sigmoid(double x) {
-    double e = exp(-fabs(x)); return x >= 0. ? 1. / (1. + e) : e / (1. + e); }
-__device__ __forceinline__ float ct_softplus(float x) { return fmaxf(x, 0.f) + log1pf(expf(-fabsf(x))); }
-__device__ __forceinline__ double ct_softplus(double x) { return fmax(x, 0.) + log1p(exp(-fabs(x))); }
-template <typename T> __device__ __forceinline__ T ct_gelu_argument(T x) {  // z: gelu(x) = x sigmoid(z)
-    return (x * x * T($gelu_cubic) + T(1)) * x * T($gelu_factor); }
-template <typename T> __device__ __forceinline__ T ct_gelu(T x) { return x * ct_sigmoid(ct_gelu_argument(x)); }
-template <typename T> __device__ __forceinline__ T ct_gelu_grad(T x) {
-    const T z = ct_gelu_argument(x), e = exp(-fabs(z));
-    return ct_sigmoid(z) + x * (e / ((T(1) + e) * (T(1) + e))) * ((x * x * T(3 * $gelu_cubic) + T(1)) * T($gelu_factor)); }
 template <typename T> __device__ __forceinline__ T ct_ipow(T base, T exponent) {  // exponent >= 0; wraps as NumPy
     unsigned long long b = (unsigned long long)(long long)base, e = (unsigned long long)exponent, r = 1ULL;
     for (; e; e >>= 1, b *= b) { if (e & 1ULL) r *= b; }
@@ -90,7 +76,7 @@ __device__ __forceinline__ void ct_wait_prior_grids() {
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
 }
-""").substitute(gelu_cubic=repr(GELU_CUBIC), gelu_factor=repr(2 * GELU_SCALE))
+"""
 
 
 @dataclass(frozen=True)
@@ -218,11 +204,6 @@ def _math_function(name):
     return lambda o: f"{_math(name, o.dtype)}({o.arg(0)})"
 
 
-def _prelude_function(name):
-    """A function of ``PRELUDE``, overloaded for float and double."""
-    return lambda o: f"{name}({o.arg(0)})"
-
-
 def _infix(symbol):
     return lambda o: f"({o.arg(0)} {symbol} {o.arg(1)})"
 
@@ -316,8 +297,6 @@ C_EXPRESSIONS = {  # op -> its C expression, a function of the ``_Operands`` of 
     ABS: _abs,
     SIGN: lambda o: f"ct_sign<{o.c}>({o.arg(0)})",
     RELU: _relu,
-    **{op: _prelude_function(name) for op, name in ((SIGMOID, "ct_sigmoid"), (SOFTPLUS, "ct_softplus"),
-                                                    (GELU, "ct_gelu"), (GELU_GRAD, "ct_gelu_grad"))},
     **{op: _infix(symbol) for op, symbol in (ARITHMETIC | COMPARISONS).items()},
     MAXIMUM: lambda o: f"ct_max<{o.c}>({o.arg(0)}, {o.arg(1)})",
     MINIMUM: lambda o: f"ct_min<{o.c}>({o.arg(0)}, {o.arg(1)})",
