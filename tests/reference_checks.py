@@ -27,16 +27,19 @@ def as_dtype(value, dtype):
         return np.asarray(value).astype(dtype)
 
 
-def agrees(ours, reference, dtype, normwise=False):
+def agrees(ours, reference, dtype, normwise=False, magnitude=None):
     """Elementwise: the same NaNs, the same infinities, finite values within the dtype's tolerance; ``normwise``
     scales the tolerance by the output's largest value, as rounding in another order (the GPU's kernels, its
-    fast intrinsics) loses digits to cancellation relative to that."""
+    fast intrinsics) loses digits to cancellation relative to that; ``magnitude`` (an array of the output's shape)
+    by each element's own scale of cancellation: the value computed from the operands' absolute values."""
     ours, reference = ours.astype(np.float64), reference.astype(np.float64)
     same_nan = np.isnan(ours) == np.isnan(reference)
     same_inf = np.where(np.isinf(ours) | np.isinf(reference), ours == reference, True)
     finite = np.isfinite(ours) & np.isfinite(reference)
     rtol = RTOL[np.dtype(dtype).name]
     scale = np.max(np.abs(reference[np.isfinite(reference)]), initial=0.0) if normwise else 0.0
+    if magnitude is not None:
+        scale = np.maximum(scale, np.nan_to_num(np.asarray(magnitude, np.float64), nan=0.0, posinf=0.0))
     bound = rtol * scale + rtol * np.abs(reference) + 4 * float(finfo(dtype).smallest_subnormal)
     close = np.where(finite, np.abs(ours - reference) <= bound, True)
     huge = float(finfo(dtype).max) * (1 - rtol)
@@ -45,11 +48,12 @@ def agrees(ours, reference, dtype, normwise=False):
 
 
 def assert_computes_what_it_says(terms, feed, results, more_accurate=False, normwise=False, also=None,
-                                 non_finite_alike=False):
+                                 non_finite_alike=False, magnitudes=None):
     """Each of ``results`` agrees, element by element, with the reference in the declared dtypes; with
     ``more_accurate``, the float64 reference rounded to them will do too (a stable form, or half precision kept in
     float32 inside a kernel, gives the finite answer where the written form overflows); ``also``: lists of other
-    values the results may have instead, element by element; ``non_finite_alike``: a NaN and an infinity agree."""
+    values the results may have instead, element by element; ``non_finite_alike``: a NaN and an infinity agree;
+    ``magnitudes``: per result, the scale each element's rounding error is relative to (``agrees``)."""
     declared = ct.evaluate(terms, feed)
     exact = ct.evaluate(terms, feed, precision="float64") if more_accurate else declared
     for n, (term, ours, said, precise) in enumerate(zip(terms, results, declared, exact)):
@@ -58,9 +62,11 @@ def assert_computes_what_it_says(terms, feed, results, more_accurate=False, norm
         if not is_float(term.dtype):
             np.testing.assert_array_equal(ours, said, err_msg=repr(term))
             continue
-        ok = agrees(ours, said, term.dtype, normwise) | agrees(ours, as_dtype(precise, term.dtype), term.dtype, normwise)
+        scale = None if magnitudes is None else magnitudes[n]
+        ok = agrees(ours, said, term.dtype, normwise, scale) | agrees(ours, as_dtype(precise, term.dtype), term.dtype,
+                                                                      normwise, scale)
         for values in also or ():
-            ok |= agrees(ours, as_dtype(values[n], term.dtype), term.dtype, normwise)
+            ok |= agrees(ours, as_dtype(values[n], term.dtype), term.dtype, normwise, scale)
         if non_finite_alike:
             ok |= ~np.isfinite(ours.astype(np.float64)) & ~np.isfinite(np.asarray(said, np.float64))
         wrong = [tuple(i) for i in np.argwhere(~ok)[:4]]
@@ -84,7 +90,7 @@ def run(terms, inputs, feed, backend, **options):
     return program, [host(r) for r in program(**feed)]
 
 
-def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, **options):
+def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, magnitudes=None, **options):
     """``terms`` compiled on ``backend`` compute what they say at ``feed``: as the reference does in their dtypes,
     or more accurately only where a stability rule rewrote them (then as the reference computes the stable forms:
     ``-1 + exp(x)`` is ``expm1(x)``, 1.5e-49 where the written form gives 0) or the GPU computes half precision
@@ -97,4 +103,4 @@ def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, **optio
             also = [*also, ct.evaluate(stabiliser.run(list(terms)), feed)]
         more_accurate = stabilised or (backend == "cupy" and half)
         assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=backend != "numpy", also=also,
-                                     non_finite_alike=non_finite_alike)
+                                     non_finite_alike=non_finite_alike, magnitudes=magnitudes)

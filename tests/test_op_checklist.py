@@ -123,3 +123,8 @@ def test_cuda_source_of_a_one_op_body_for_every_dtype_the_op_takes(name):
         assert sources.kernel_source((term,), operands).text
         generated += 1
     assert generated
+
+
+def test_only_a_variable_has_a_name_attribute():
+    """``Term.name`` is the ``name`` attribute where there is one: a variable's, and no other op's."""
+    assert [name for name, op in OPS.items() if "name" in op.attr_names] == ["var"]

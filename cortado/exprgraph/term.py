@@ -167,10 +167,8 @@ class Term:
 
     @property
     def name(self):
-        """The variable's name for a ``var``, otherwise None."""
-        from .ops import VAR  # here, not above: the op table imports this module
-
-        return self.attr("name") if self.op is VAR else None
+        """The variable's name for a ``var`` (the one op with a ``name`` attribute), otherwise None."""
+        return getattr(self.attrs, "name", None)
 
     def attr(self, name):
         """The value of the attribute ``name`` of this term's op (``term.attrs.name`` where the name is known)."""
