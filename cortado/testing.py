@@ -36,7 +36,6 @@ from hypothesis.extra import numpy as hnp
 
 import cortado
 from cortado.exprgraph.dtypes import as_dtype, finfo, is_bfloat16, is_float
-from cortado.exprgraph.numerics import gelu_argument, gelu_slope
 from cortado.exprgraph.ops import OPS, REDUCTION
 from cortado.exprgraph.term import RuleViolation
 
@@ -176,18 +175,10 @@ def _power(a, exponent):
     return min(corners), max(corners)
 
 
-def _sigmoid(x):
-    e = math.exp(-abs(x))  # never overflows, however negative x is
-    return 1 / (1 + e) if x >= 0 else e / (1 + e)
-
-
-def _gelu(x):
-    return x * _sigmoid(gelu_argument(x))
-
-
-def _gelu_grad(x):
-    z = gelu_argument(x)
-    return _sigmoid(z) + x * gelu_slope(x) * _sigmoid(z) * _sigmoid(-z)
+def _meaning(name):
+    """Op ``name`` on one Python float, by its record's reference semantics (in float64)."""
+    evaluate = OPS[name].evaluate
+    return lambda x: float(evaluate([np.float64(x)]))
 
 
 def _turning(f, *points):
@@ -208,14 +199,15 @@ UNARY_BOUNDS = {
     "expm1": _monotone(math.expm1),
     "sqrt": _monotone(math.sqrt),
     "tanh": _monotone(math.tanh),
-    "sigmoid": _monotone(_sigmoid),
+    "sigmoid": _monotone(_meaning("sigmoid")),
     "relu": _monotone(lambda x: max(x, 0.0)),
-    "softplus": _monotone(lambda x: max(x, 0.0) + math.log1p(math.exp(-abs(x)))),
+    "softplus": _monotone(_meaning("softplus")),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
     "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),
     "rint": _monotone(round),  # Python's round, like NumPy's rint, takes ties to even
-    "gelu": _turning(_gelu, -0.7524614220710162),  # its minimum
-    "gelu_grad": _turning(_gelu_grad, -1.4185040087908285, 1.4185040087908285),  # its minimum and maximum
+    "gelu": _turning(_meaning("gelu"), -0.7524614220710162),  # its minimum
+    "gelu_grad": _turning(_meaning("gelu_grad"), -1.4185040087908285, 1.4185040087908285),  # its minimum and maximum
+    "silu": _turning(_meaning("silu"), -1.2784645427610738),  # its minimum
 }
 UNARY_DOMAINS = {
     "exp": lambda lo, hi: hi <= 8,

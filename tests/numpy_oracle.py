@@ -98,6 +98,7 @@ OVERRIDES = {
     "softplus": lambda x: np.maximum(x, 0) + np.log1p(np.exp(-np.abs(x))),
     "gelu": _gelu,
     "gelu_grad": _gelu_grad,
+    "silu": lambda x: x / (1 + np.exp(-x)),
     "logsumexp": _logsumexp,
     "softmax": _softmax,
     "log_softmax": lambda x, axis=-1: x - _logsumexp(x, axis=axis, keepdims=True),

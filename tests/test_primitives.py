@@ -6,7 +6,7 @@ import pytest
 
 import cortado as ct
 from cortado.exprgraph.graph import post_order
-from cortado.exprgraph.ops import GELU, GELU_GRAD, SIGMOID, SOFTPLUS
+from cortado.exprgraph.ops import GELU, GELU_GRAD, OPS, SIGMOID, SOFTPLUS
 from cortado.exprgraph.term import apply
 from cortado.rules.primitives import COMPOSITES, primitives
 
@@ -28,7 +28,7 @@ def _values(dtype):
 
 
 def test_the_composites_are_the_ops_with_a_formula():
-    assert set(COMPOSITES) == {SIGMOID, SOFTPLUS, GELU, GELU_GRAD}
+    assert set(COMPOSITES) == {SIGMOID, SOFTPLUS, GELU, GELU_GRAD, OPS["silu"]}
 
 
 @pytest.mark.parametrize("op", COMPOSITES, ids=lambda op: op.name)
@@ -61,3 +61,30 @@ def test_a_compiled_program_runs_the_spelled_out_form(backend):
     expected = ct.evaluate([y, *ct.grad(y, [x])], {x: value})
     for g, e in zip(got, expected):
         np.testing.assert_allclose(g, e, rtol=1e-6, atol=1e-6)
+
+
+def test_silu_is_its_formula_and_its_gradient_comes_from_it():
+    """``silu`` is declared by its record (a formula) and its constructor only: no derivative rule, no emitter. Its
+    value is ``x * sigmoid(x)``, and its gradient, walked through the formula, is ``s + x s (1 - s)``, finite where
+    torch's is (x = -100, 100, 1e30)."""
+    x = ct.var("x", (7,), "float64")
+    values = np.array([-1e30, -100.0, -1.2784645427610738, -0.5, 0.0, 3.0, 1e30])
+    e = np.exp(-np.abs(values))
+    s = np.where(values >= 0, 1 / (1 + e), e / (1 + e))
+    (value, gradient) = ct.evaluate([ct.silu(x), ct.grad(ct.sum(ct.silu(x)), [x])[0]], {x: values})
+    np.testing.assert_allclose(value, values * s, rtol=1e-15)
+    np.testing.assert_allclose(gradient, s + values * s * (1 - s), rtol=1e-12, atol=1e-300)
+    assert np.isfinite(gradient).all()
+    step = ct.compile([ct.grad(ct.sum(ct.silu(x) * x), [x])[0]], inputs=[x])
+    np.testing.assert_allclose(step(values)[0],
+                               ct.evaluate(ct.grad(ct.sum(ct.silu(x) * x), [x])[0], {x: values}), rtol=1e-12)
+
+
+def test_an_operand_read_twice_by_a_composite_gets_both_shares():
+    """The gradient through a formula puts a stand-in in each operand's place, so ``silu`` of ``x`` read through
+    ``x * x`` and a composite reading one term twice each get every place's share."""
+    x = ct.var("x", (3,), "float64")
+    values = np.array([-2.0, 0.5, 1.5])
+    got = ct.evaluate(ct.grad(ct.sum(ct.silu(x * x)), [x])[0], {x: values})
+    s = 1 / (1 + np.exp(-values ** 2))
+    np.testing.assert_allclose(got, (s + values ** 2 * s * (1 - s)) * 2 * values, rtol=1e-12)

@@ -27,7 +27,7 @@ from .term import (
 __all__ = [
     "var", "const", "as_term",
     "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "rint", "sigmoid", "relu",
-    "softplus", "gelu", "gelu_grad",
+    "softplus", "gelu", "gelu_grad", "silu",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
@@ -170,6 +170,11 @@ def gelu(x):
     """GELU in its tanh form, ``x/2 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x**3)))``: JAX's default,
     PyTorch's ``approximate="tanh"``, cuBLASLt's epilogue. Floating ``x`` only."""
     return _call("gelu", x)
+
+
+def silu(x):
+    """``x * sigmoid(x)`` (swish), PyTorch's ``silu``: computed from the stable sigmoid."""
+    return _call("silu", x)
 
 
 def gelu_grad(x):

@@ -36,13 +36,16 @@ from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slo
 from ..exprgraph.ops import (
     EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
 )
+from ..exprgraph.graph import post_order
 from ..exprgraph.term import Term
 from .attention_shares import attention_grad_share, attention_share
 from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
 from .decompositions import places, taken_places
-from .engine import Rewrite
+from .engine import Rewrite, substitute
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable
+from .primitives import in_primitives
+from .reverse import backpropagate
 from .worlds import TENSOR, NotApplicable, op_name
 
 
@@ -140,12 +143,25 @@ class Derivatives:
             raise KeyError(f"no derivative rule for {op!r}; rules exist for {', '.join(names)}") from None
 
     def share(self, term, position, adjoint, trace=None):
+        rule = self._by_op.get(term.op)
+        if rule is None and term.op.formula is not None:
+            return self._through_formula(term, position, adjoint, trace)
         try:
             rule = self._by_op[term.op]
         except KeyError:
             raise RewriteError(f"no derivative rule for {term.op.name!r}, so {term!r} (built at "
                                f"{term.where_built}) cannot be differentiated") from None
         return rule.share(term, position, adjoint, trace)
+
+    def _through_formula(self, term, position, adjoint, trace):
+        """The share of a composite op with no rule of its own: its formula in primitives (``rules.primitives``) over
+        a stand-in for each operand, walked in reverse, the stand-ins then replaced by the operands (so an operand
+        read in two places gets the share of each place)."""
+        stand_ins = [ct.var(f"_{k}", a.shape, a.dtype) for k, a in enumerate(term.args)]
+        spelled = in_primitives(term, stand_ins)
+        shares = backpropagate(post_order([spelled]), [spelled], [adjoint], [stand_ins[position]], self, trace)
+        share = shares.get(stand_ins[position])
+        return None if share is None else substitute(share, dict(zip(stand_ins, term.args)))
 
     def __repr__(self):
         return f"Derivatives({self.name or ''}: {', '.join(rule.op for rule in self._by_op.values())})"

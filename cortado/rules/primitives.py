@@ -3,8 +3,9 @@
 ``sigmoid``, ``softplus``, ``gelu`` and ``gelu_grad`` stay whole through differentiation, stabilisation and
 lowering (a GEMM takes gelu as its epilogue, a derivative rule names gelu_grad), then each becomes its record's
 ``formula`` over the constructors: the formula the reference evaluates with NumPy, written once in ``numerics``.
-Its operand is first cast to the dtype the op computes in (float32 for float16 and bfloat16 where the op says so,
-a float for an integer), and the result to the op's dtype, as the reference rounds it.
+Its operands are first cast to the dtype the op computes in (float32 for float16 and bfloat16 where the op says so,
+else the op's own: a float for an integer), and the result to the op's dtype, as the reference rounds it. A
+composite with no derivative rule of its own is differentiated through the same spelling (``rules.derivatives``).
 """
 
 from ..exprgraph import constructors as ct
@@ -24,11 +25,18 @@ def _as(x, dtype):
     return x if x.dtype == dtype else ct.cast(x, dtype)
 
 
-def _spelled_out(b):
-    term = b.term
-    return _as(term.op.formula(_as(b["_x"], _computed_in(term)), ct), term.dtype)
+def in_primitives(term, operands=None):
+    """``term``, an op with a formula, written in primitives over its operands (or over ``operands`` in their place),
+    each cast to the dtype the op computes in, the result to the op's dtype."""
+    computed = _computed_in(term)
+    operands = term.args if operands is None else operands
+    return _as(term.op.formula(*(_as(a, computed) for a in operands), ct), term.dtype)
 
 
-spell_out = RuleSet([Rule(f"spell-out-{op.name}", f"{op.name}(_x)", _spelled_out) for op in COMPOSITES],
+def _pattern(op):
+    return f"{op.name}({', '.join(f'_{k}' for k in range(op.arity))})"
+
+
+spell_out = RuleSet([Rule(f"spell-out-{op.name}", _pattern(op), lambda b: in_primitives(b.term)) for op in COMPOSITES],
                     name="primitives")
 primitives = Postwalk(spell_out)  # one walk: what a rule writes holds no composite

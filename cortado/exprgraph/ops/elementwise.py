@@ -104,6 +104,8 @@ SIGMOID = _composite("sigmoid", float_result, numerics.sigmoid)
 SOFTPLUS = _composite("softplus", float_result, numerics.softplus)
 GELU = _composite("gelu", _float_operand, numerics.gelu, is_narrow_float)
 GELU_GRAD = _composite("gelu_grad", _float_operand, numerics.gelu_grad, is_narrow_float)
+# silu (swish): x sigmoid(x), LLaMA's MLP activation; differentiated through its formula, having no rule of its own
+SILU = _composite("silu", float_result, lambda x, xp: x * numerics.sigmoid(x, xp))
 RELU = Op("relu", 1, (), _broadcast_rule, _relu_dtype, ELEMENTWISE, no_attributes,
           evaluate=lambda xs: np.maximum(xs[0], 0))
 WHERE = Op("where", 3, (), _broadcast_rule, _where_dtype, ELEMENTWISE, no_attributes, evaluate=lambda xs: np.where(*xs))
@@ -112,4 +114,4 @@ STOP_GRADIENT = Op("stop_gradient", 1, (), _broadcast_rule, lambda args: args[0]
 CAST = Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize,
           evaluate=lambda xs, dtype: xs[0].astype(dtype))
 
-FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, WHERE, STOP_GRADIENT, CAST)
+FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, SILU, WHERE, STOP_GRADIENT, CAST)
