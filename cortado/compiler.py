@@ -134,7 +134,7 @@ def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)
     roots = primitives.run(roots, traces["primitives"])
-    roots, _ = fuse(roots, traces["fusion"], alone=backend.fuse_single_ops, siblings=backend.fuse_sibling_reductions)
+    roots, _ = fuse(roots, traces["fusion"], backend.kernel_shapes)
     return list(roots)
 
 

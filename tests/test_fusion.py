@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given
 
 import cortado as ct
-from cortado.rules.fusion import fuse
+from cortado.rules.fusion import KernelShapes, fuse
 from cortado.rules.stability import stabiliser
 from cortado.testing import graphs_with_feeds
 
@@ -15,7 +15,7 @@ def _fused_terms(roots):
 
 
 def _regions(roots):
-    return {(t.args, t.attrs[0]) for t in _fused_terms(roots)}
+    return {(t.args, t.attrs.outputs) for t in _fused_terms(roots)}
 
 
 def test_an_elementwise_chain_becomes_one_fused_term():
@@ -77,7 +77,7 @@ def test_a_layer_norm_is_one_row_kernel_forward_and_one_for_its_inputs_gradient(
     y = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g + b
     gradients = ct.grad(ct.sum(y * w), [x, g, b])
     roots, _ = fuse(stabiliser.run([y, *gradients]))
-    bodies = list(dict.fromkeys(t.attrs[0] for t in _fused_terms(roots)))
+    bodies = list(dict.fromkeys(t.attrs.outputs for t in _fused_terms(roots)))
     rows = [body for body in bodies if sum(s.op.name in ("mean", "sum") for s in ct.schedule(body)) == 2]
     assert len(rows) == 2 and roots[0].attrs[0] in rows and roots[1].attrs[0] in rows
     assert {o.shape for o in roots[0].attrs[0]} == {(8, 4), (8, 1)}
@@ -175,18 +175,18 @@ def test_alone_every_elementwise_op_and_reduction_becomes_a_kernel_body_of_its_o
     x, W = ct.var("x", (8, 4)), ct.var("W", (4, 3))
     h = ct.matmul(x, W)  # no fused region takes a matmul: its users are regions of one op each
     out = ct.sum(ct.exp(h), axis=0)
-    roots, trace = fuse([out, ct.transpose(h)], alone=True)
+    roots, trace = fuse([out, ct.transpose(h)], shapes=KernelShapes(one_op=True))
     assert trace.counts() == {"fuse-reduction": 1}
-    (alone,), trace = fuse([ct.negative(h)], alone=True)
+    (alone,), trace = fuse([ct.negative(h)], shapes=KernelShapes(one_op=True))
     assert alone.op.name == "fused" and alone.args == (h,) and trace.counts() == {"one-op-kernel": 1}
     assert fuse([ct.negative(h)])[0] == (ct.negative(h),)  # without alone it stays as it was
-    assert fuse([ct.transpose(h)], alone=True)[0] == (ct.transpose(h),)  # a view is no kernel
+    assert fuse([ct.transpose(h)], shapes=KernelShapes(one_op=True))[0] == (ct.transpose(h),)  # a view is no kernel
 
 
 @given(graphs_with_feeds())
 def test_fusing_ops_alone_never_changes_a_value(case):
     graph, feeds = case
-    fused, _ = fuse(list(graph.outputs), alone=True)
+    fused, _ = fuse(list(graph.outputs), shapes=KernelShapes(one_op=True))
     assert not any(t.op.kind in ("elementwise", "reduction") for t in ct.schedule(list(fused)))
     for got, expected in zip(ct.evaluate(list(fused), feeds), ct.evaluate(list(graph.outputs), feeds)):
         np.testing.assert_array_equal(got, expected)
@@ -225,7 +225,7 @@ def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_t
     reads; the backward pass is one kernel; beside them, the mean. The labels' places (a negative label counted from
     the end) and the label mask (each row's label against every place) are computed again in each kernel that
     reads them, not stored. Every value as the plain expressions give it, labels counted from the end included."""
-    from cortado.backends.cupy.row_kernels import row_shape
+    from cortado.rules.fusion import row_shape
 
     rows, classes = 16, 37
     logits, labels = ct.var("logits", (rows, classes), "bfloat16"), ct.var("labels", (rows,), "int32")
@@ -387,3 +387,23 @@ def test_a_lone_pick_of_one_place_a_row_stays_a_gather_on_the_gpu():
     x, labels = ct.var("x", (16, 300)), ct.var("labels", (16, 1), "int32")
     _, kernels = _gpu_kernels([ct.take_along_axis(ct.exp(x), labels, axis=-1)], [x, labels])
     assert "take_along_axis" in [k.term.op.name for k in kernels]
+
+
+def test_fusion_makes_only_the_kernels_a_backend_declares_and_each_says_which_it_is():
+    """A layer norm's forward pass is one row kernel where the backend takes row kernels, and reductions and
+    elementwise kernels where it does not; each fused term carries the kernel it is, which the backends read."""
+    from cortado.rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, kernel_shape
+
+    x = ct.var("x", (8, 16))
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    normed = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5)
+    kernels = {}
+    for rows in (True, False):
+        (root,), _ = fuse([normed], shapes=KernelShapes(rows=rows))
+        fused = _fused_terms([root])
+        assert all(t.attr("kernel") == kernel_shape(t.attr("outputs")) for t in fused)
+        kernels[rows] = sorted(t.attr("kernel") for t in fused)
+    assert kernels[True] == [ROW_KERNEL]
+    assert ROW_KERNEL not in kernels[False] and REDUCTION_KERNEL in kernels[False]
+    (alone,), _ = fuse([ct.exp(x)])
+    assert alone is ct.exp(x)  # a region of one op stays as it was unless the backend takes one-op kernels

@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import cortado as ct
-from cortado.backends.cupy import row_kernels
 from cortado.backends.cupy.lowering import gemm as gemm_target
 from cortado.backends import gpu_visible
 from cortado.exprgraph.dtypes import finfo, is_float
 from cortado.exprgraph.graph import schedule
+from cortado.exprgraph.ops import FUSED_OP
+from cortado.rules.fusion import ROW_KERNEL
 from cortado.testing import ALL_OPS, graphs_with_feeds
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
@@ -106,7 +107,7 @@ def test_row_kernels_normalize_rows_and_take_their_gradients(shape, dtype):
     outputs = [y, softmax, *gradients]
     program = ct.compile(outputs, inputs=[x, w, g, b], backend="cupy")
     rows = {k.term.attr("outputs") for k in program.kernels
-            if k.term.op.name == "fused" and row_kernels.row_shape(k.term.attr("outputs")) is not None}
+            if k.term.op is FUSED_OP and k.term.attr("kernel") == ROW_KERNEL}
     assert len(rows) >= 3  # the forward, the input's gradient, the softmax
     rng = np.random.default_rng(0)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w, g, b)}

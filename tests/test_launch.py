@@ -10,11 +10,12 @@ import pytest
 
 import cortado as ct
 from cortado.backends import gpu_visible
-from cortado.backends.cupy import launch, reduction_kernels, row_kernels, sources
+from cortado.backends.cupy import launch, reduction_kernels, sources
 from cortado.backends.cupy.codegen import Operand, Source, contiguous_strides
 from cortado.backends.cupy.kernels import compiled
 from cortado.errors import BackendError
 from cortado.exprgraph.ops import parameter
+from cortado.rules.fusion import row_shape
 
 SHAPE = (64, 48)
 
@@ -74,8 +75,8 @@ def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
     parts, total = sources.kernel_sources(both, [tall])
     assert "partials[(unsigned int)(32 + blockIdx.y) * 8 + o] = acc1;" in parts.text and "acc1 = ct_max" in total.text
     e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
-    assert row_kernels.row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
-    assert row_kernels.row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
+    assert row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
+    assert row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
     assert sources.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),)) == 0
 
 

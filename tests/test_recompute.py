@@ -7,7 +7,7 @@ import pytest
 import cortado as ct
 from cortado.memplan.recompute import Choice, choices, peak_step, recomputed
 from cortado.exprgraph.graph import post_order
-from cortado.rules.fusion import fuse
+from cortado.rules.fusion import KernelShapes, fuse
 
 
 def _block(batch=32, width=16):
@@ -87,7 +87,7 @@ def test_a_kernel_made_again_from_its_own_operand_is_a_kernel_of_its_own():
     """gelu's output again from gelu's input (which its gradient holds): the copy reads what the kernel read and
     computes what it computed, and is still a second kernel (``again``), not the first one found twice."""
     x = ct.var("x", (8, 8))
-    (gelu,), _ = fuse([ct.gelu(x)], alone=True)
+    (gelu,), _ = fuse([ct.gelu(x)], shapes=KernelShapes(one_op=True))
     late = ct.sum(gelu)
     (rewritten,), copies, made = recomputed([late], [Choice((gelu,), (0,), (x,), {0: (late,)})])
     copy = made[gelu]
@@ -103,7 +103,7 @@ def test_a_kernel_stops_computing_what_only_its_copy_is_read_for(late_first):
     x = ct.var("x", (8, 8))
     centered = x - ct.mean(x, axis=-1, keepdims=True)
     spread = ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True))
-    (normed, kept_centered, kept_spread), _ = fuse([centered / spread, centered, spread], alone=True)
+    (normed, kept_centered, kept_spread), _ = fuse([centered / spread, centered, spread], shapes=KernelShapes(one_op=True))
     early, late = ct.exp(kept_centered) + kept_spread, ct.sum(normed)
     choice = Choice((normed, kept_centered, kept_spread), (0,), (kept_centered, kept_spread), {0: (late,)}, (0,))
     roots = [late, early] if late_first else [early, late]

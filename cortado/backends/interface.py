@@ -7,6 +7,7 @@ nothing special does: no lowering, no options, feeds copied into the arena, outp
 """
 
 from ..errors import BackendError
+from ..rules.fusion import KernelShapes
 
 
 class Backend:
@@ -18,8 +19,7 @@ class Backend:
     options = {}  # the keyword options of ``compile`` it takes, with their defaults
     feeds_in_place = False  # its executor reads feeds where the caller keeps them: the arena holds none
     lowering = None  # a rewriter: ``lowering.run(roots, trace, variant)`` gives the lowered roots
-    fuse_single_ops = False  # fusion makes a fused term of an op alone too: the backend builds kernels of bodies only
-    fuse_sibling_reductions = False  # its column reductions take several sums of one shape in one pass
+    kernel_shapes = KernelShapes()  # the fused kernels it takes (``rules.fusion``): fusion makes no other
     collectives = False  # its all-reduces reach the other ranks of a job (``cortado.distributed``); else a world of one
 
     def require(self):

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, PARAM, RESHAPE, TRANSPOSE, WINDOWS, parameter
 from ..exprgraph.term import make
+from ..rules.fusion import kernel_shape
 from .liveness import intervals, owners
 from .offsets import Request, live_bytes
 
@@ -147,7 +148,7 @@ def _copy(choice, leaves):
     places = {v: parameter(k, v) for k, v in enumerate(choice.leaves)}
     kept = {body[j]: places[terms[j]] for j in range(len(terms)) if j not in again and terms[j] in places}
     outputs = _rebuilt([body[j] for j in again], kept, lambda k: places[args[k]])
-    return {terms[j]: make(FUSED_OP, leaves, (outputs, k, True)) for k, j in enumerate(again)}
+    return {terms[j]: make(FUSED_OP, leaves, (outputs, k, True, kernel_shape(outputs))) for k, j in enumerate(again)}
 
 
 def _slimmed(choice):
@@ -205,7 +206,7 @@ def recomputed(roots, chosen):
             args.append(new)
         if t in slimmed:
             body, index, read = slimmed[t]
-            replaced[t] = make(FUSED_OP, [args[k] for k in read], (body, index, t.attr("again")))
+            replaced[t] = make(FUSED_OP, [args[k] for k in read], (body, index, t.attr("again"), kernel_shape(body)))
         elif any(n is not o for n, o in zip(args, t.args)):
             replaced[t] = t.rebuild(args)
         for copy in reading:

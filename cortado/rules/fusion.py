@@ -27,29 +27,49 @@ terms it reads, taking:
   the gradient of a slice (of ``split(qkv, 3)``) is one too: the region reads each part once and
   writes the whole, with no zeros stored between.
 
-With ``siblings`` (a backend whose column reductions take several sums a pass), two regions reducing
+With ``sibling_columns`` (a backend whose column reductions take several sums a pass), two regions reducing
 the columns of values of one shape over the same rows, reading a value in common and neither reading
 the other, become one (a layer norm's gain and bias gradients, both sums over its output's
 gradient): one kernel reads what they share once.
 
 The schedule condition is what keeps regions acyclic: a term that comes after the root cannot
-feed the region. A region of one term stays as it was, unless ``alone=True``: a backend that
-generates every kernel (the GPU's) gets a fused term of one op for it too, so it builds kernels
-from fused bodies only. Constants of one value are inlined into the body; every other operand
-becomes a parameter ``in0, in1, ...`` of the body.
+feed the region. A region of one term stays as it was, unless the backend declares ``one_op`` kernels:
+a backend that generates every kernel (the GPU's) gets a fused term of one op for it too, so it builds
+kernels from fused bodies only. What a backend takes it declares in ``KernelShapes``, and each fused
+term says which kernel it is (``kernel_shape``), so no backend works out again what fusion decided.
+Constants of one value are inlined into the body; every other operand becomes a parameter ``in0,
+in1, ...`` of the body.
 
     fused, trace = fuse([loss, *updates])   # same values, fewer terms
 """
 
 import heapq
 import itertools
+from dataclasses import dataclass
 
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import (
-    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, SOFTMAX, SUM, parameter,
+    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, REDUCTION, SOFTMAX, SUM, parameter,
 )
 from ..exprgraph.term import make
 from .engine import Rewrite, Trace
+
+# The kernels a fused term is, as fusion decides and every backend reads (``Op`` attribute ``kernel``): elementwise
+# work, a fused reduction (a prologue, one reduction, an epilogue; or sibling column reductions) or a row kernel
+ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL = "elementwise", "reduction", "row"
+
+
+
+@dataclass(frozen=True)
+class KernelShapes:
+    """The kernels a backend's fused regions may be, as it declares them and fusion makes them: with ``one_op``, a
+    region of one op alone too (a backend that builds every kernel from a fused body); with ``sibling_columns``, one
+    reduction kernel summing the columns of two values of one shape in one pass; with ``rows``, row kernels."""
+
+    one_op: bool = False
+    sibling_columns: bool = False
+    rows: bool = True
+
 
 AXIS_REDUCTIONS = frozenset({SUM, MEAN, MAX, LOGSUMEXP})
 ROW_REDUCTIONS = frozenset({SOFTMAX, LOG_SOFTMAX})  # reductions that keep the shape: roots only
@@ -80,6 +100,27 @@ def row_reduction(term, shape):
     """Whether ``term`` reduces the last axis of a value of row ``shape``, keeping it: a row kernel's reduction."""
     return (term.op in ROW_KERNEL_REDUCTIONS and term.args[0].shape == shape and len(shape) >= 1
             and shape[-1] > 1 and term.attr("axes") == (len(shape) - 1,) and term.shape == shape[:-1] + (1,))
+
+
+def row_shape(body):
+    """The row shape ``(..., n)`` of a row kernel's body: every reduction reduces the last axis of a value of that
+    shape, keeping it, and there are several or an output of the row shape; else None."""
+    reductions = [t for t in post_order(body) if t.op.kind == REDUCTION]
+    if not reductions:
+        return None
+    shape = reductions[0].args[0].shape
+    if not all(row_reduction(t, shape) for t in reductions):
+        return None
+    return shape if len(reductions) > 1 or any(t.shape == shape for t in body) else None
+
+
+def kernel_shape(body):
+    """Which kernel computes the fused ``body`` (a tuple of output terms): a row kernel, a fused reduction or an
+    elementwise kernel. Decided here, once, for fusion's regions and for the regions others make of them (a region
+    made again after the peak, one of fewer outputs), and read by the backends from the fused term."""
+    if row_shape(body) is not None:
+        return ROW_KERNEL
+    return REDUCTION_KERNEL if any(t.op.kind == REDUCTION for t in post_order(body)) else ELEMENTWISE_KERNEL
 
 
 class _Region:
@@ -132,7 +173,7 @@ class _Region:
 
 
 class _Fuser:
-    def __init__(self, roots, alone, siblings=False):
+    def __init__(self, roots, shapes):
         self.order = post_order(roots)
         self.position = {t: i for i, t in enumerate(self.order)}
         self.users = {t: [] for t in self.order}
@@ -141,8 +182,9 @@ class _Fuser:
                 self.users[a].append(t)
         self.end = len(self.order)  # the program's own use of its roots comes after every term
         self.roots = set(roots)
-        self.alone = alone  # a region of one term is one too
-        self.siblings = siblings  # column reductions of one shape reading a value in common merge
+        self.alone = shapes.one_op  # a region of one term is one too
+        self.siblings = shapes.sibling_columns  # column reductions of one shape reading a value in common merge
+        self.rows = shapes.rows  # a region may become a row kernel
         self.region_of = {}
         self.spreading = self._spreading()
 
@@ -212,7 +254,7 @@ class _Fuser:
         its rows are reduced (two reductions or more for one value a row: one is a fused reduction), else an
         elementwise region or a fused reduction."""
         if root.op.kind == ELEMENTWISE and root.ndim:
-            region = self._grown(_Region(root, rows=True))
+            region = self._grown(_Region(root, rows=self.rows))
             if region.row_reductions > (root.shape[-1] == 1):
                 return region
         return self._grown(_Region(root))
@@ -322,13 +364,12 @@ def _body(region, position):
     return inputs, produced, tuple(body[t] for t in produced)
 
 
-def fuse(roots, trace=None, alone=False, siblings=False):
-    """``(new_roots, trace)``: ``roots`` with every fusible region replaced by fused terms (with ``alone``,
-    every elementwise op and reduction outside a larger region too; with ``siblings``, sibling column reductions
-    as one)."""
+def fuse(roots, trace=None, shapes=KernelShapes()):
+    """``(new_roots, trace)``: ``roots`` with every fusible region replaced by fused terms, of the kernel ``shapes``
+    the backend takes."""
     roots = tuple(roots)
     trace = Trace() if trace is None else trace
-    fuser = _Fuser(roots, alone, siblings)
+    fuser = _Fuser(roots, shapes)
     replaced = {}
     fuser.regions()
     for term in fuser.order:
@@ -352,6 +393,6 @@ def _replace_region(region, position, replaced, trace):
     if len(region.members) == 1:
         rule = "one-op-kernel"
     for index, term in zip(itertools.count(), produced):
-        fused = make(FUSED_OP, inputs, (outputs, index, False))
+        fused = make(FUSED_OP, inputs, (outputs, index, False, kernel_shape(outputs)))
         replaced[term] = fused
         trace.append(Rewrite(rule, term, fused))

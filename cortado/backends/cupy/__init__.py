@@ -7,6 +7,7 @@ place; the ``Executor`` runs the plan. CuPy and nvmath-python are imported only 
 """
 
 from ...errors import BackendError
+from ...rules.fusion import KernelShapes
 from ..interface import Backend
 from . import layout
 from .executor import Executor
@@ -20,8 +21,8 @@ class CupyBackend(Backend):
                "channels_last_io": False}
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
-    fuse_single_ops = True  # codegen makes every kernel from a fused body
-    fuse_sibling_reductions = True  # reduction_kernels._column_lines sums several reductions a pass
+    # codegen makes every kernel from a fused body, and reduction_kernels._column_lines sums several columns a pass
+    kernel_shapes = KernelShapes(one_op=True, sibling_columns=True)
     collectives = True  # all-reduces through NCCL (cortado.distributed)
 
     def require(self):

@@ -246,7 +246,7 @@ class Executor(interface.Executor):
         out = [self.pointers[d] for d in defined]
         aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
         order = memory_order(t.shape, self.strides[defined[0]])
-        sources = kernel_sources(body, [self._operand(a) for a in inputs], aliased, order)
+        sources = kernel_sources(body, [self._operand(a) for a in inputs], aliased, order, t.attr("kernel"))
         places = list(inputs) + list(defined) + ([workspace] if len(sources) > 1 else [])
         makers = [self._launch(source, places) for source in sources]
         if len(makers) == 1:

@@ -438,7 +438,7 @@ def steps(kernels, options):
         else:
             workspace = 0
             if t.op is FUSED_OP:
-                workspace = reduction_scratch_bytes(t.attr("outputs"))
+                workspace = reduction_scratch_bytes(t.attr("outputs"), t.attr("kernel"))
             if t.op in RUNNERS:
                 copies_of, runner = RUNNERS[t.op]
                 copies = copies_of(t, strides, last)

@@ -7,7 +7,6 @@ import math
 
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import MEAN
-from ...rules.fusion import row_reduction
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
     finished_source, offset, storage_type,
@@ -15,18 +14,6 @@ from .codegen import (
 
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
 ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row kernel's thread holds in registers (more spill)
-
-
-def row_shape(body):
-    """The row shape ``(..., n)`` of a row kernel's body (``rules.fusion``): every reduction reduces the last axis of
-    a value of that shape, keeping it, and there are several or an output of the row shape; else None."""
-    reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
-    if not reductions:
-        return None
-    shape = reductions[0].args[0].shape
-    if not all(row_reduction(t, shape) for t in reductions):
-        return None
-    return shape if len(reductions) > 1 or any(t.shape == shape for t in body) else None
 
 
 def _all_reduced(red, acc_type, acc, width):

@@ -4,21 +4,22 @@ the scratch between them) or an elementwise kernel; and the copy kernel.
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """
 
-from ...exprgraph.graph import post_order
 from ...exprgraph.ops import parameter
-from .codegen import REDUCTIONS, elementwise_source
+from ...rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, row_shape
+from .codegen import elementwise_source
 from .reduction_kernels import partials_bytes, reduction_sources
-from .row_kernels import row_shape, row_source
+from .row_kernels import row_source
 
 
-def kernel_sources(body, operands, aliased=(), order=None):
+def kernel_sources(body, operands, aliased=(), order=None, kernel=None):
     """The kernels computing the fused ``body`` (a tuple of output terms over ``in0, in1, ...``), in order (two for a
-    split column reduction, whose last parameter is its scratch); ``order``, for an elementwise body, as
-    ``elementwise_source``'s."""
-    shape = row_shape(body)
-    if shape is not None:
-        return [row_source(body, operands, aliased, shape)]
-    if any(t.op in REDUCTIONS for t in post_order(body)):
+    split column reduction, whose last parameter is its scratch), as the ``kernel`` fusion decided (a fused term's
+    attribute; for a body of one's own, ``rules.fusion.kernel_shape`` decides); ``order``, for an elementwise body,
+    as ``elementwise_source``'s."""
+    kernel = kernel_shape(body) if kernel is None else kernel
+    if kernel == ROW_KERNEL:
+        return [row_source(body, operands, aliased, row_shape(body))]
+    if kernel == REDUCTION_KERNEL:
         return reduction_sources(body, operands, aliased)
     return [elementwise_source(body, operands, aliased, order)]
 
@@ -35,9 +36,8 @@ def copy_source(operand, order=None):
     return kernel_source((parameter(0, operand),), [operand], order=order)
 
 
-def reduction_scratch_bytes(body):
+def reduction_scratch_bytes(body, kernel=None):
     """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split, or no
-    reduction at all)."""
-    if row_shape(body) is not None or not any(t.op in REDUCTIONS for t in post_order(body)):
-        return 0
-    return partials_bytes(body)
+    reduction at all); ``kernel`` as ``kernel_sources``'s."""
+    return partials_bytes(body) if (kernel_shape(body) if kernel is None else kernel) == REDUCTION_KERNEL else 0
+

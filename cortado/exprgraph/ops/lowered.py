@@ -20,7 +20,7 @@ def parameter(index, like):
     return make(PARAM, (), (index, like.shape, like.dtype))
 
 
-def _fused_shape(args, outputs, index, again):
+def _fused_shape(args, outputs, index, again, kernel):
     """The body's output ``index``. The parameters' types are fusion's to get right: checking them
     here would walk the whole body once per output, quadratic in a region of many outputs."""
     if not 0 <= index < len(outputs):
@@ -28,10 +28,12 @@ def _fused_shape(args, outputs, index, again):
     return outputs[index].shape
 
 
-# ``fused(*inputs, outputs=body, index=k, again=False)`` is output ``k`` of a fused region: ``body`` is a tuple
-# of terms over the parameters ``param(index=0), param(index=1), ...`` (one per input). The terms of one region share
-# ``inputs`` and ``body`` and differ in ``index``; a backend runs them as one kernel. ``again`` marks a region's copy
-# that recomputes its values later (``memplan.recompute``): a term of its own, even where it reads what the region read.
-FUSED_OP = Op("fused", None, ("outputs", "index", "again"), _fused_shape,
-              lambda args, outputs, index, again: outputs[index].dtype, FUSED,
-              results=lambda outputs, index, again: len(outputs), result_attr="index")
+# ``fused(*inputs, outputs=body, index=k, again=False, kernel=...)`` is output ``k`` of a fused region: ``body`` is a
+# tuple of terms over the parameters ``param(index=0), param(index=1), ...`` (one per input). The terms of one region
+# share ``inputs`` and ``body`` and differ in ``index``; a backend runs them as one kernel, of the shape ``kernel``
+# that fusion decided (``rules.fusion.kernel_shape``: "elementwise", "reduction" or "row"). ``again`` marks a
+# region's copy that recomputes its values later (``memplan.recompute``): a term of its own, even where it reads what
+# the region read.
+FUSED_OP = Op("fused", None, ("outputs", "index", "again", "kernel"), _fused_shape,
+              lambda args, outputs, index, again, kernel: outputs[index].dtype, FUSED,
+              results=lambda outputs, index, again, kernel: len(outputs), result_attr="index")
