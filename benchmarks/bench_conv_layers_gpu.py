@@ -88,7 +88,7 @@ def ours(layer, dtype, backward, values, **options):
 
         return (lambda: start.record(stream)), stop
 
-    choices = [runner.describe() for runner in program._executor.choices.values()]
+    choices = [made.describe() for made in program._executor.choices.values()]
     return results, median_us(lambda: graph.launch(stream), events), choices
 
 

@@ -286,7 +286,7 @@ def mlp_rows(repeats):
             def measure(build=build, feed=feed, batch=batch):
                 program = build(batch)
                 ms = step_time(program, cupy.asarray(feed), 200, repeats)
-                return {"ms": ms, "calls": [runner.describe() for runner in program._executor.choices.values()]}
+                return {"ms": ms, "calls": [made.describe() for made in program._executor.choices.values()]}
             row[name] = attempt(f"MLP batch {batch} {name}", measure)
         if row["int8"].get("ms") and row["bfloat16"].get("ms"):
             row["int8_over_bfloat16"] = row["bfloat16"]["ms"] / row["int8"]["ms"]

@@ -303,13 +303,13 @@ def test_a_bias_gradient_at_the_memory_peak_is_summed_apart():
 
 def test_gemm_algorithms_are_timed_once_for_each_kind_of_call():
     def chosen(program):
-        return [gemm.candidates[gemm.choice].tobytes() for gemm, _ in program._executor.tuned]
+        return [made.library.candidates[made.library.choice].tobytes() for made, _ in program._executor.tuned]
 
     first, reference, data = _mlp_program(cuda_graph=True, sizes=(24, 72, 40, 8))
     second, _, _ = _mlp_program(cuda_graph=False, sizes=(24, 72, 40, 8))
     heuristic, _, _ = _mlp_program(cuda_graph=True, sizes=(24, 72, 40, 8), autotune=False)
     assert len(chosen(first)) == 8 and chosen(first) == chosen(second)
-    assert all(gemm.choice == 0 for gemm, _ in heuristic._executor.tuned)
+    assert all(made.library.choice == 0 for made, _ in heuristic._executor.tuned)
     for feeds in data:
         (expected,) = reference(**feeds)
         for program in (first, heuristic):

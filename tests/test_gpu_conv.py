@@ -16,6 +16,13 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no 
 WINDOW_OPS = ["conv", "windows", "overlap_add", "pad", "flip", "add", "multiply", "relu", "max", "sum"]
 
 
+def _convolutions(program):
+    """The cuDNN convolution calls of ``program``, as its executor tuned them."""
+    from cortado.backends.cupy import dnn
+
+    return [made.library for made, _ in program._executor.tuned if isinstance(made.library, dnn.Conv)]
+
+
 def _modes(program):
     return sorted(k.term.attr("mode") for k in program.kernels if k.term.op.name == "dnn_conv")
 
@@ -71,7 +78,6 @@ def test_each_gradient_is_the_cudnn_call_made_for_it():
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_every_cudnn_plan_computes_the_same_convolution(deterministic):
-    from cortado.backends.cupy import dnn
 
     x, w = ct.var("x", (4, 8, 10, 10)), ct.var("w", (12, 8, 3, 3))
     y = ct.conv2d(x, w, stride=2, padding=1)
@@ -80,7 +86,7 @@ def test_every_cudnn_plan_computes_the_same_convolution(deterministic):
     feeds = {"x": rng.standard_normal(x.shape).astype(np.float32), "w": rng.standard_normal(w.shape).astype(np.float32)}
     expected = ct.evaluate(outputs, feeds, precision="float64")
     program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False, deterministic=deterministic)
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    runners = _convolutions(program)
     assert {r.mode for r in runners} == {"fprop", "dgrad", "wgrad"}
     tried = 0
     for runner in runners:
@@ -144,7 +150,7 @@ def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype, nhwc):
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w)}
     expected = ct.evaluate(outputs, feeds, precision="float64")
     program = ct.compile(outputs, inputs=[x, w], backend="cupy", cuda_graph=False, nhwc=nhwc)
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    runners = _convolutions(program)
     assert sorted(r.mode for r in runners if r.gemm is not None) == ["dgrad", "fprop"]
     assert {r.image_first for r in runners if r.gemm is not None} == {nhwc}
     assert "GEMM" in program.explain() and " us" in program.explain()
@@ -210,7 +216,7 @@ def test_im2col_and_gemms_compute_the_convolution_and_its_weight_gradient(x_shap
     feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w)}
     expected = ct.evaluate(outputs, feeds, precision="float64")
     program = ct.compile(outputs, inputs=[x, w], backend="cupy", nhwc=nhwc)
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    runners = _convolutions(program)
     windowed = [r for r in runners if r.windows is not None]
     if dtype in ("float16", "bfloat16"):  # cuDNN's tensor-core kernels: im2col is not a candidate
         assert not windowed and "im2col" not in program.explain()
@@ -241,7 +247,7 @@ def test_a_residual_blocks_epilogues_run_fused_by_cudnn_or_after_the_convolution
     expected = ct.evaluate(outputs, feeds, precision="float64")
     scale = [max(1.0, float(np.abs(e).max())) for e in expected]
     program = ct.compile(outputs, inputs=variables, backend="cupy", cuda_graph=False, nhwc=nhwc)
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.epilogue != "none"]
+    runners = [r for r in _convolutions(program) if r.epilogue != "none"]
     assert sorted(r.epilogue for r in runners) == ["bias_add_relu", "bias_relu"], program.explain()
     assert "fused" in program.explain() or "generated kernel for its" in program.explain()
     for runner in runners:
@@ -277,7 +283,7 @@ def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape,
     feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w)}
     expected = ct.evaluate(outputs, feeds, precision="float64")[0]
     program = ct.compile(outputs, inputs=[x, w], backend="cupy", nhwc=nhwc)
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.mode == "wgrad"]
+    runners = [r for r in _convolutions(program) if r.mode == "wgrad"]
     if w_shape[2:] == (1, 1):  # a plain GEMM: not a candidate
         assert all(r.split is None for r in runners)
         return
@@ -304,7 +310,7 @@ def test_a_1x1_weight_gradient_is_a_gemm_over_the_pixels_or_per_image_added_in_o
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w)}
     expected = ct.evaluate(outputs, feeds, precision="float64")[0]
     program = ct.compile(outputs, inputs=[x, w], backend="cupy", channels_last_io=channels_last_io)
-    (runner,) = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.mode == "wgrad"]
+    (runner,) = [r for r in _convolutions(program) if r.mode == "wgrad"]
     kind = split_wgrad.PixelGemm if channels_last_io else split_wgrad.ImageGemms
     assert isinstance(runner.split, kind), runner.describe()
     runner.choice = dnn.SPLIT
@@ -318,12 +324,11 @@ def test_a_1x1_weight_gradient_is_a_gemm_over_the_pixels_or_per_image_added_in_o
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_narrow_weight_gradients_are_left_to_cudnn(dtype):
-    from cortado.backends.cupy import dnn
 
     x, w = ct.var("x", (2, 4, 8, 8), dtype), ct.var("w", (4, 4, 3, 3), dtype)
     y = ct.conv2d(x, w, padding=1)
     program = ct.compile(ct.grad(ct.sum(y * y), [w]), inputs=[x, w], backend="cupy")
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv)]
+    runners = _convolutions(program)
     assert "wgrad" in {r.mode for r in runners} and all(r.split is None for r in runners)
 
 
@@ -365,7 +370,7 @@ def test_a_channels_last_convolution_may_run_in_nchw_between_copies(dtype):
     y = ct.conv2d(x, w, stride=2, padding=1)
     outputs = [y] + ct.grad(ct.sum(y * dy), [x, w])
     program = ct.compile(outputs, inputs=[x, w, dy], backend="cupy", channels_last_io=True)
-    runners = [r for r, _ in program._executor.tuned if isinstance(r, dnn.Conv) and r.detour is not None]
+    runners = [r for r in _convolutions(program) if r.detour is not None]
     assert sorted(r.mode for r in runners) == ["dgrad", "fprop", "wgrad"], program.explain()
     for runner in runners:
         runner.choice = dnn.NCHW

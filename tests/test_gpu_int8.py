@@ -194,7 +194,7 @@ def test_a_quantized_layer_is_one_kernel_equal_to_the_cpu(batch, k, n, weights_a
     cpu = ct.compile([out], inputs=inputs, backend="numpy")
     kernels = [k.term for k in gpu.kernels if not k.is_load and k.term.op.name != "transpose"]  # (a view)
     assert len(kernels) == 1 and kernels[0].op.name == "int8_gemm"
-    (runner,) = gpu._executor.choices.values()
+    (runner,) = [made.library for made in gpu._executor.choices.values()]
     assert runner.candidates[0].source.text.count("load_b(s, kt0 + s); }") == 1
     before_wait = runner.candidates[0].source.text.split("ct_wait_prior_grids();")[-2]
     assert ("load_b(s, kt0 + s)" in before_wait) == (weights_as == "constant")

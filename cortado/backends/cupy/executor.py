@@ -25,29 +25,16 @@ average waits for it: in a CUDA graph, a fork and a join. The state starts as ra
 import numpy as np
 
 from ... import distributed
-from ...errors import BackendError
-from ...exprgraph.ops import CONST, FLIP, FUSED_OP, OVERLAP_ADD, PAD, RESHAPE, TAKE, TAKE_ALONG_AXIS
-from ...exprgraph.ops.collectives import ALL_REDUCE
-from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
-from .lowering.conv import DNN_CONV
-from .lowering.gemm import GEMM, gemm_operands
-from .lowering.int8 import INT8_GEMM
+from ...exprgraph.ops import CONST
 from ...memplan import aligned, joins, unallocatable
 from .. import interface
-from .blas import Gemm
-from .codegen import Operand, channels_last_strides, contiguous_strides, memory_order
+from .codegen import channels_last_strides, contiguous_strides
 from .device import require_gpu
-from .kernels import compiled, launcher
-from .dnn import Conv
-from .dnn_attention import Attention, attention_copies
-from .mma.runner import Int8Gemm
 from .layout import (
-    ALIGNMENT, channels_last_for, concatenated_in_place, direct_outputs, dnn_copies, gemm_copies, io_strides, layouts, one_value,
-    stored_strides,
+    ALIGNMENT, channels_last_for, concatenated_in_place, direct_outputs, io_strides, layouts, one_value, stored_strides,
 )
-from .index_kernels import take_along_axis_source, take_source
-from .sources import copy_source, kernel_sources
-from .window_kernels import flip_source, overlap_add_source, pad_source
+from .targets import View, runner
+from .targets.copies import Copy
 
 
 def _cupy():
@@ -81,15 +68,6 @@ class _Block:
         return cupy.ndarray(shape, dtype, memptr=self.memory.data + self.offsets[k], strides=byte_strides)
 
 
-WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its term
-    PAD: lambda x, t: pad_source(x, t, [low for low, _ in t.attr("pad_width")], t.attr("constant_values")),
-    FLIP: lambda x, t: flip_source(x, t, t.attr("axes")),
-    OVERLAP_ADD: lambda x, t: overlap_add_source(x, t, t.attr("strides"), t.attr("dilation")),
-}
-INDEX_KERNELS = {  # op -> the source of its kernel, from its operand, its indices and its term
-    TAKE: lambda x, indices, t: take_source(x, indices, t, t.attr("axis")),
-    TAKE_ALONG_AXIS: lambda x, indices, t: take_along_axis_source(x, indices, t, t.attr("axis")),
-}
 ADDRESS_SETS = 8  # sets of feed addresses a program reads in place (a graph each) before it stages device feeds
 IN_PLACE, HOST, DEVICE = "in place", "host", "device"  # where a call's feed is read from (HOST, DEVICE: staged)
 
@@ -132,42 +110,30 @@ class Executor(interface.Executor):
         self.feeds = [k.term for k in kernels if k.is_load]
         self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
-        self.makers, self.labels, self.tuned, self.choices = [], [], [], {}
         self.world = distributed.world()
-        self.side = cupy.cuda.Stream(non_blocking=True)  # where all-reduces run
+        self.side = cupy.cuda.Stream(non_blocking=True)  # where asynchronous calls (all-reduces) run
+        view = View(self.strides, self.pointers, self._constant, frozenset(self.channels_last_for),
+                    {"tf32": tf32, "deterministic": deterministic}, self.side)
         asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
-        done = {i: [None] for i in asynchronous}  # the event each records when its call is made
         waits = {}
-        for i, j in joins(steps, asynchronous).items():
-            waits.setdefault(j, []).append(done[i])
+        for i, j in joins(steps, asynchronous).items():  # the kernel that first reads an average waits for it
+            waits.setdefault(j, []).append(i)
+        self.makers, self.labels, self.runners, self.tuned = [], [], {}, []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
-            t = kernel.term
+            if i in waits:
+                self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[i]]))
+                self.labels.append(f"k{i} waits for all-reduce")
             if step.view_of is not None or kernel.is_load or not step.defines:  # no defines: concatenated in place
                 continue
-            if i in waits:
-                self.makers.append(self._join(waits[i]))
-                self.labels.append(f"k{i} waits for all-reduce")
             scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
-            if t.op is GEMM:
-                self.makers.append(self._gemm(kernel.terms, scratch, tf32))
-                self.labels.append(f"k{i}.gemm {t.attr('epilogue')} {t.shape}")
-            elif t.op is DNN_CONV:
-                self.makers.append(self._convolution(t, scratch, tf32, deterministic))
-                self.labels.append(f"k{i}.dnn_conv {t.attr('mode')} {t.shape}")
-            elif t.op is INT8_GEMM:
-                self.makers.append(self._int8_gemm(t, scratch))
-                self.labels.append(f"k{i}.int8_gemm {t.shape}")
-            elif t.op in (DNN_ATTENTION, DNN_ATTENTION_GRAD):
-                self.makers.append(self._attention(kernel.terms, scratch, deterministic))
-                self.labels.append(f"k{i}.{t.op.name} {t.args[0].shape}")
-            elif t.op is ALL_REDUCE:
-                self.makers.append(self._all_reduce(kernel.terms, done[i]))
-                self.labels.append(f"k{i}.all_reduce bucket {t.attr('bucket')} ({len(kernel.terms)} values)")
-            else:
-                self.makers.append(self._kernel(t, kernel.terms, scratch))
-                self.labels.append(f"k{i}.{t.op.name} {t.shape}")
+            self.runners[kernel.term] = made = runner(kernel, view)
+            self.makers.append(self._bound(made, scratch))
+            self.labels.append(f"k{i}.{kernel.term.op.name} {kernel.term.shape}")
+            if made.tuned:
+                self.tuned.append((made, scratch))
+        self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
         if len(steps) in waits:
-            self.makers.append(self._join(waits[len(steps)]))
+            self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))
         self.makers += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
                         if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
@@ -216,172 +182,14 @@ class Executor(interface.Executor):
         """Whether ``t`` is a constant of the program or a view of one: no kernel writes it."""
         return self._viewed(t).op is CONST
 
-    def _operand(self, t):
-        return Operand(t.shape, t.dtype, self.strides[t])
-
-    def _launch(self, source, places):
-        """A maker of calls of the kernel ``source`` over ``places`` (inputs, then outputs): values, whose
-        pointers the maker is given, or fixed addresses."""
-        compiled(source)  # now, so that a kernel NVRTC rejects fails the build
-
-        def make(pointers):
-            return launcher(source, [p if isinstance(p, int) else pointers[p] for p in places])
-
-        return make
-
-    def _kernel(self, t, defined, workspace):
-        """A maker of calls of the generated kernels computing the terms ``defined`` (all outputs of ``t``'s region);
-        ``workspace``: the address of their scratch, where they need some."""
-        if t.op not in (FUSED_OP, RESHAPE, *WINDOW_KERNELS, *INDEX_KERNELS):
-            raise BackendError(f"the cupy backend cannot run {t.op.name} yet: {t!r}, built at {t.where_built}")
-        if t.size == 0:
-            return lambda pointers: _nothing
-        if t.op is RESHAPE:  # not a view: the source's elements in order, written contiguously
-            return self._launch(copy_source(self._operand(t.args[0])), [t.args[0], t])
-        if t.op in WINDOW_KERNELS:
-            return self._launch(WINDOW_KERNELS[t.op](self._operand(t.args[0]), t), [t.args[0], t])
-        if t.op in INDEX_KERNELS:
-            return self._launch(INDEX_KERNELS[t.op](*map(self._operand, t.args), t), [*t.args, t])
-        body, inputs = t.attr("outputs"), list(t.args)
-        out = [self.pointers[d] for d in defined]
-        aliased = {j for j, a in enumerate(inputs) if self.pointers.get(a) in out}  # feeds alias nothing of ours
-        order = memory_order(t.shape, self.strides[defined[0]])
-        sources = kernel_sources(body, [self._operand(a) for a in inputs], aliased, order, t.attr("kernel"))
-        places = list(inputs) + list(defined) + ([workspace] if len(sources) > 1 else [])
-        makers = [self._launch(source, places) for source in sources]
-        if len(makers) == 1:
-            return makers[0]
-
-        def make(pointers):
-            calls = [maker(pointers) for maker in makers]
-            return lambda: [call() for call in calls]
-
-        return make
-
-    def _memcpy(self, destination, source, nbytes):
-        """A call copying ``nbytes`` contiguous bytes on the device, on the program's stream."""
-        runtime = _cupy().cuda.runtime
-        return lambda: runtime.memcpyAsync(destination, source, nbytes, runtime.memcpyDeviceToDevice, self.stream.ptr)
+    def _bound(self, made, workspace):
+        """A maker of the calls of runner ``made``: given every value's address, its call at them."""
+        return lambda pointers: made.bind([pointers[v] for v in made.values], workspace, self.stream)
 
     def _copy(self, t, destination, strides=None):
         """A maker of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None)."""
-        nbytes = t.size * t.dtype.itemsize
-        strides = strides or contiguous_strides(t.shape)
-        if nbytes == 0:
-            return lambda pointers: _nothing
-        if self.strides[t] == strides or t.size == 1:
-            return lambda pointers: self._memcpy(destination, pointers[t], nbytes)
-        return self._launch(copy_source(self._operand(t), memory_order(t.shape, strides)), [t, destination])
-
-    def _staged(self, copied, workspace):
-        """Copies of the operands ``copied`` (``(value, strides of its copy)`` pairs) into the workspace at
-        ``workspace`` (a pointer), for a library call that cannot read them where they are, or is slower there:
-        ``(copies, the strides the call reads, the first free byte after the copies)``."""
-        copies, strides, top = [], dict(self.strides), workspace
-        for x, copy_strides in copied:
-            copies.append((x, top, self._copy(x, top, copy_strides)))
-            strides[x] = copy_strides
-            top += aligned(x.size * x.dtype.itemsize, ALIGNMENT)
-        return copies, strides, top
-
-    def _library_call(self, runner, copies, operands):
-        """A maker of calls of ``runner`` (a ``Gemm`` or a ``Conv``) on ``operands(pointers)``, after its ``copies``;
-        the runner is tuned on the program's buffers when the program is built."""
-        def bound(pointers):
-            return operands({**pointers, **{x: at for x, at, _ in copies}})
-
-        def make(pointers):
-            calls, arguments = [copy(pointers) for _, _, copy in copies], bound(pointers)
-            return lambda: [call() for call in calls] + [runner.call(*arguments, self.stream.ptr)]
-
-        self.tuned.append((runner, bound))
-        return make
-
-    def _gemm(self, terms, workspace, tf32):
-        """A maker of the cuBLASLt call computing gemm ``terms`` (the product, and a bias gradient where the epilogue
-        makes one, which cuBLASLt writes through its bias pointer)."""
-        t = terms[0]
-        copies, strides, top = self._staged(gemm_copies(t, self.strides), workspace)
-        gemm = Gemm(t, strides, tf32)
-        a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
-
-        def operands(pointers):
-            bias_pointer = pointers[terms[1]] if len(terms) > 1 else pointers[bias] if bias is not None else None
-            return (pointers[a], pointers[b], pointers[c if c is not None else t], pointers[t], top,
-                    bias_pointer, pointers[aux] if aux is not None else None)
-
-        return self._library_call(gemm, copies, operands)
-
-    def _convolution(self, t, workspace, tf32, deterministic):
-        """A maker of the cuDNN call computing ``dnn_conv`` ``t``."""
-        copies, strides, top = self._staged(dnn_copies(t, self.strides, self.channels_last_for), workspace)
-        conv = Conv(t, strides, tf32, deterministic)
-        self.choices[t] = conv
-        a, b, *extras = t.args
-        return self._library_call(conv, copies, lambda pointers: (pointers[a], pointers[b], pointers[t], top,
-                                                                  tuple(pointers[e] for e in extras)))
-
-    def _int8_gemm(self, t, workspace):
-        """A maker of the call computing ``int8_gemm`` ``t``: our tensor-core kernel or cuBLASLt's, with the
-        epilogue."""
-        a, b, *extras = t.args
-        runner = Int8Gemm(t, self.strides, (self._constant(a), self._constant(b)))
-        self.choices[t] = runner
-        return self._library_call(runner, [], lambda pointers: (pointers[a], pointers[b],
-                                                                tuple(pointers[e] for e in extras), pointers[t],
-                                                                workspace))
-
-    def _attention(self, terms, workspace, deterministic):
-        """A maker of the cuDNN call computing the results ``terms`` of a flash attention, forward or backward, after
-        copies of the operands it cannot read where they are."""
-        t = terms[0]
-        copies, strides, top = self._staged(attention_copies(t, self.strides), workspace)
-        runner = Attention(t, strides, deterministic)
-        self.choices[t] = runner
-
-        def make(pointers):
-            calls = [copy(pointers) for _, _, copy in copies]
-            placed = {**pointers, **{x: at for x, at, _ in copies}}
-            addresses = [placed[x] for x in runner.values]
-            return lambda: [call() for call in calls] + [runner.call(addresses, top, self.stream.ptr)]
-
-        return make
-
-    def _all_reduce(self, terms, done):
-        """A maker of the call averaging a bucket's gradients over the ranks, into ``terms`` (its results, side by
-        side in the arena): one NCCL all-reduce on the side stream, from the gradients where the plan put them side
-        by side as well (in place where the results took their places), else from copies of them packed into the
-        results first. ``done[0]`` is set to the event that the kernels reading the results wait for. In a world of
-        one, the averages are copies, where they are not in the gradients' places already."""
-        gradients = terms[0].args
-        sizes = [g.size * g.dtype.itemsize for g in gradients]
-        offsets = np.cumsum([0] + [aligned(n, ALIGNMENT) for n in sizes[:-1]]).tolist()
-        count = (offsets[-1] + sizes[-1]) // gradients[0].dtype.itemsize
-        nccl = distributed.nccl_module() if self.world.size > 1 else None
-
-        def make(pointers):
-            send, receive = pointers[gradients[0]], pointers[terms[0]]
-            in_place = [pointers[g] == send + at and self.strides[g] == self.strides[r]
-                        for g, r, at in zip(gradients, terms, offsets)]
-            copies = [] if all(in_place) and nccl is not None else [
-                self._copy(g, receive + at, self.strides[r])(pointers) for g, r, at in zip(gradients, terms, offsets)
-                if pointers[g] != receive + at or self.strides[g] != self.strides[r]]
-            source = receive if copies else send
-            if nccl is None:
-                return lambda: [copy() for copy in copies]
-            dtype = _nccl_dtype(nccl, gradients[0].dtype)
-            communicator = self.world.communicator
-
-            def call():
-                for copy in copies:
-                    copy()
-                self.side.wait_event(self.stream.record())
-                communicator.allReduce(source, receive, count, dtype, nccl.NCCL_AVG, self.side.ptr)
-                done[0] = self.side.record()
-
-            return call
-
-        return make
+        copy = Copy(t.shape, t.dtype, self.strides[t], strides)
+        return lambda pointers: copy.bind(pointers[t], destination, self.stream)
 
     def _join(self, events):
         """A maker of the call that makes the program's stream wait for the all-reduces whose ``events`` (each a
@@ -408,8 +216,8 @@ class Executor(interface.Executor):
             makers.append(self._copy(value, stage[value]))
         for var, value in final:
             if value in stage:
-                nbytes = value.size * value.dtype.itemsize
-                makers.append(lambda pointers, d=self.pointers[var], s=stage[value], n=nbytes: self._memcpy(d, s, n))
+                packed = Copy(value.shape, value.dtype, contiguous_strides(value.shape))  # a memcpy
+                makers.append(lambda pointers, d=self.pointers[var], s=stage[value], c=packed: c.bind(s, d, self.stream))
             else:
                 makers.append(self._copy(value, self.pointers[var]))
         return makers
@@ -428,8 +236,8 @@ class Executor(interface.Executor):
         cupy.cuda.Device().synchronize()
         pointers = self._resolved([self.feed_block.pointer(k) for k in range(len(self.feeds))])
         with self.stream:  # the current stream, where a call's own kernels launch
-            for runner, operands in self.tuned:
-                runner.tune(operands(pointers), self.stream)
+            for made, workspace in self.tuned:
+                made.tune([pointers[v] for v in made.values], workspace, self.stream)
         self.feed_block = None
 
     def _resolved(self, feed_pointers):
@@ -560,7 +368,8 @@ class Executor(interface.Executor):
             for k, (t, (kind, _)) in enumerate(zip(self.feeds, sources)):
                 if kind == DEVICE and self.io_strides[t] == contiguous_strides(t.shape):
                     value = cupy.ascontiguousarray(feeds[t.name])  # (a copy between GPUs is one memcpy)
-                    self._memcpy(block.pointer(k), value.data.ptr, value.nbytes)()
+                    cupy.cuda.runtime.memcpyAsync(block.pointer(k), value.data.ptr, value.nbytes,
+                                                  cupy.cuda.runtime.memcpyDeviceToDevice, self.stream.ptr)
                 elif kind == DEVICE:  # channels last, by CuPy's copy on the program's stream
                     value = feeds[t.name]
                     if value.device.id != self.device:  # CuPy's kernels read this GPU's memory only
@@ -591,17 +400,6 @@ class Executor(interface.Executor):
         graph.launch(self.stream)
 
 
-def _nccl_dtype(nccl, dtype):
-    names = {"float32": "NCCL_FLOAT32", "float64": "NCCL_FLOAT64", "float16": "NCCL_FLOAT16", "bfloat16": "NCCL_BFLOAT16"}
-    if dtype.name not in names:
-        raise BackendError(f"compile(data_parallel=True): NCCL averages float gradients, not {dtype.name}")
-    return getattr(nccl, names[dtype.name])
-
-
 def _strided(flat, shape, strides):
     """The elements of 1-d ``flat`` as an array of ``shape`` at element ``strides`` (a view of them)."""
     return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * flat.itemsize for s in strides))
-
-
-def _nothing():
-    """The call of a kernel over no elements."""

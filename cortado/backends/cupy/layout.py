@@ -22,16 +22,12 @@ from ...exprgraph.ops.collectives import ALL_REDUCE
 from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
 from .lowering.gemm import GEMM, gemm_operands
-from .lowering.int8 import INT8_GEMM
-from ...memplan import Step, aligned
-from .blas import Gemm, matrix
-from .dnn import Conv, packed
-from .dnn_attention import Attention, attention_copies
-from .mma.runner import Int8Gemm
+from ...memplan import Step
+from .blas import matrix
+from .dnn import packed
 from .codegen import (
     REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands, strides_in_order,
 )
-from .sources import reduction_scratch_bytes
 from .device import require_gpu
 
 ALIGNMENT = 256
@@ -403,16 +399,11 @@ def direct_outputs(kernels, steps, outputs, sinks, options):
             if t in computed and t not in sinks and same_layout(t.shape, strides[t], io_strides(t, options))]
 
 
-RUNNERS = {  # lowered op -> the copies it reads (from its term, its operands' strides and the channels-last dtypes)
-    # and its call (from its term, the strides it reads and the options)
-    GEMM: (lambda t, strides, last: gemm_copies(t, strides),
-           lambda t, strides, options: Gemm(t, strides, options["tf32"])),
-    DNN_CONV: (dnn_copies, lambda t, strides, options: Conv(t, strides, options["tf32"], options["deterministic"])),
-    INT8_GEMM: (lambda t, strides, last: (), lambda t, strides, options: Int8Gemm(t, strides)),
-    **dict.fromkeys(ATTENTION, (
-        lambda t, strides, last: attention_copies(t, strides),
-        lambda t, strides, options: Attention(t, strides, options["deterministic"]))),
-}
+def _source_of(t, views):
+    """The value view ``t`` reads (through views of views), or ``t``."""
+    while t in views:
+        t = t.args[0]
+    return t
 
 
 def steps(kernels, options):
@@ -422,10 +413,14 @@ def steps(kernels, options):
     (``options["tf32"]`` and ``options["deterministic"]`` change them). An attention's backward pass whose
     results are concatenated in place (``concatenated_in_place``) defines the concatenation, its results
     within it; the concatenation's own step writes nothing (it still reads them: it runs after)."""
+    from .targets import View, workspace_bytes  # (the targets read this module's layout decisions)
+
     require_gpu()
     strides, views = layouts(kernels, options)
     last = channels_last_for(kernels, options)
     parts, wholes = concatenated_in_place(kernels)
+    view = View(strides, {}, lambda t: _source_of(t, views).op is CONST, frozenset(last),
+                {"tf32": options["tf32"], "deterministic": options["deterministic"]})
     found = []
     for k in kernels:
         t = k.term
@@ -436,14 +431,7 @@ def steps(kernels, options):
         elif t in wholes:
             found.append(Step((), k.reads, label="concatenate (written in place)"))
         else:
-            workspace = 0
-            if t.op is FUSED_OP:
-                workspace = reduction_scratch_bytes(t.attr("outputs"), t.attr("kernel"))
-            if t.op in RUNNERS:
-                copies_of, runner = RUNNERS[t.op]
-                copies = copies_of(t, strides, last)
-                workspace = runner(t, {**strides, **dict(copies)}, options).workspace_bytes
-                workspace += sum(aligned(x.size * x.dtype.itemsize, ALIGNMENT) for x, _ in copies)
+            workspace = workspace_bytes(k, view)
             within = tuple((d, parts[d][0]) for d in k.terms if d in parts)
             c = _gemm_c(t, strides, views) if t.op is GEMM else None
             reads = k.reads if c is None else tuple(c if r is t.args[2] else r for r in k.reads)  # as what c reshapes
