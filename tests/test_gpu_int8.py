@@ -161,7 +161,7 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times():
                          backend="cupy")
     expected = a.astype(np.int64) @ b.astype(np.int64)
     executor = program._executor
-    runner, = (r for r in executor.choices.values() if isinstance(r, Int8Gemm))
+    runner, = (made.library for made in executor.choices.values() if isinstance(made.library, Int8Gemm))
     described = []
     for choice, candidate in enumerate(runner.candidates):
         runner.choice = choice
