@@ -519,7 +519,7 @@ def test_cupy_feeds_are_read_where_they_are():
 def test_feeds_that_cannot_be_read_in_place_are_staged():
     import cupy
 
-    from cortado.backends.cupy.executor import ADDRESS_SETS
+    from cortado.backends.cupy.runtime.feeds import ADDRESS_SETS
 
     x = ct.var("x", (64, 32))
     out = ct.tanh(x) * 2.0

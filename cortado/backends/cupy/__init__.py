@@ -10,7 +10,7 @@ from ...errors import BackendError
 from ...rules.fusion import KernelShapes
 from ..interface import Backend
 from . import layout
-from .executor import Executor
+from .runtime.executor import Executor
 from .lowering import lowering
 
 

@@ -89,8 +89,8 @@ def target_of(t):
     return target
 
 
-KEPT = 512  # reusable runners kept between the planner's question and the executor's build (cuBLASLt's, cuDNN's)
-_kept = OrderedDict()
+KEPT = 512  # reusable runners kept between the planner's questions and the executor's build (cuBLASLt's, cuDNN's)
+_kept = OrderedDict()  # emptied by each executor built: runners, tuned for one program, are never another's
 
 
 def runner(kernel, view):
@@ -107,6 +107,13 @@ def runner(kernel, view):
     _kept[key] = made
     while len(_kept) > KEPT:
         _kept.popitem(last=False)
+    return made
+
+
+def built():
+    """The runners kept for reuse, handed over (to the executor of the program being built) and forgotten."""
+    made = list(_kept.values())
+    _kept.clear()
     return made
 
 

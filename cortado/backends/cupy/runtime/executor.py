@@ -1,0 +1,248 @@
+"""The GPU executor: one arena, one state block, one output block; a step as one CUDA graph.
+
+Everything but the feeds' addresses is decided when the program is built: every value's pointer (a place in the
+arena, the state block or the constants, or a view of another value) and every kernel's runner (``targets``: the
+generated kernels' launches, the library calls). The executor walks the plan and calls the runners, naming none;
+a call writes the outputs into the output block and the updates into the state. The calls, and their CUDA graph,
+are made for each set of feed addresses (``feeds``: a CuPy feed packed as the program reads it is read where the
+caller keeps it); from the second call on (the first compiles, loads modules and warms cuBLASLt up) a step is one
+graph launch, and ``cuda_graph=False`` runs the same calls one by one. A data-parallel program's all-reduces run
+on a second stream, each as soon as its gradients exist, until the first kernel that reads an average waits for
+it: in a CUDA graph, a fork and a join. The state starts as rank 0's.
+"""
+
+
+import numpy as np
+
+from .... import distributed
+from ....exprgraph.ops import CONST
+from ....memplan import joins
+from ... import interface
+from ..codegen import channels_last_strides, contiguous_strides
+from ..device import require_gpu
+from ..layout import channels_last_for, concatenated_in_place, direct_outputs, io_strides, layouts, stored_strides
+from ..targets import View, built, runner
+from ..targets.copies import Copy
+from .blocks import Block, captured, constants_block
+from .feeds import Feeds
+from .tuning import tune
+from .updates import staged_updates
+
+
+class Executor(interface.Executor):
+    """Runs one compiled step on the GPU; see the module docstring."""
+
+    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True,
+                 nhwc="auto", deterministic=True, channels_last_io=False):
+        import cupy
+
+        require_gpu()
+        self.use_graph = bool(cuda_graph)
+        self.device = cupy.cuda.Device().id
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        layout_options = {"nhwc": nhwc, "tf32": tf32, "channels_last_io": channels_last_io}
+        self.strides, views = layouts(kernels, layout_options)
+        self.view_bytes = {t: offset * t.dtype.itemsize for t, offset in views.items() if offset}  # crops
+        self.channels_last_for = channels_last_for(kernels, layout_options)
+        for t in list(outputs) + list(updates.values()):  # state read by no kernel, say
+            self.strides.setdefault(t, stored_strides(t))
+        self.arena = Block([plan.peak_bytes], "an arena on the GPU")
+        state = list(signature.state)
+        self.state_block = Block([v.size * v.dtype.itemsize for v in state])
+        self.state = {v: self.state_block.array(i, v.shape, v.dtype) for i, v in enumerate(state)}
+        self.pointers = {v: self.state_block.pointer(i) for i, v in enumerate(state)}
+        self.pointers.update({value: self.pointers[var] for value, var in sinks.items()})
+        found = {a for k in kernels for a in k.reads if a.op is CONST}
+        found |= {t for t in list(outputs) + list(updates.values()) if t.op is CONST}
+        self.constant_block, placed = constants_block(found)
+        self.pointers.update(placed)
+        self.strides.update({c: stored_strides(c) for c in placed})
+        for placed in plan.placements:
+            if not isinstance(placed.key, tuple):  # ("workspace", i) keys are scratch, not values
+                self.pointers.setdefault(placed.key, self.arena.memory.data.ptr + placed.offset)
+        self.output_block = Block([t.size * t.dtype.itemsize for t in outputs])
+        self.io_strides = {t: io_strides(t, layout_options) for t in list(outputs) + [k.term for k in kernels if k.is_load]}
+        self.outputs = [self.output_block.array(k, t.shape, t.dtype, self.io_strides[t]) for k, t in enumerate(outputs)]
+        direct = {t: self.output_block.pointer(outputs.index(t))
+                  for t in direct_outputs(kernels, steps, outputs, sinks, layout_options)}
+        self.pointers.update(direct)
+        self.direct_outputs = frozenset(direct)
+        parts, _ = concatenated_in_place(kernels)  # written straight into their columns of a concatenation
+        self.pointers.update({d: self.pointers[whole] + offset * d.dtype.itemsize for d, (whole, offset) in parts.items()})
+        self.feeds = [k.term for k in kernels if k.is_load]
+        self.staging = Feeds(self.feeds, self.io_strides, self.device, self.stream, self._blocks)
+        self.views = [(k.term, s.view_of) for k, s in zip(kernels, steps) if s.view_of is not None]
+        self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
+        self.world = distributed.world()
+        self.side = cupy.cuda.Stream(non_blocking=True)  # where asynchronous calls (all-reduces) run
+        view = View(self.strides, self.pointers, self._constant, frozenset(self.channels_last_for),
+                    {"tf32": tf32, "deterministic": deterministic}, self.side)
+        asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
+        waits = {}
+        for i, j in joins(steps, asynchronous).items():  # the kernel that first reads an average waits for it
+            waits.setdefault(j, []).append(i)
+        self.makers, self.labels, self.runners, self.tuned = [], [], {}, []
+        for i, (kernel, step) in enumerate(zip(kernels, steps)):
+            if i in waits:
+                self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[i]]))
+                self.labels.append(f"k{i} waits for all-reduce")
+            if step.view_of is not None or kernel.is_load or not step.defines:  # no defines: concatenated in place
+                continue
+            scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
+            self.runners[kernel.term] = made = runner(kernel, view)
+            self.makers.append(self._bound(made, scratch))
+            self.labels.append(f"k{i}.{kernel.term.op.name} {kernel.term.shape}")
+            if made.tuned:
+                self.tuned.append((made, scratch))
+        built()  # the runners the planner asked are this program's now: no other program gets them
+        self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
+        if len(steps) in waits:
+            self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))
+        self.makers += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
+                        if direct.get(t) != self.output_block.pointer(k)]
+        final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
+        self.stage_block, copies = staged_updates(final, self.pointers, self._viewed)
+        self.makers += [self._copy(value, destination, source=source) for value, source, destination in copies]
+        self.prepared, self.graphs = {}, {}
+        if autotune and self.tuned:  # before the state is written: a gemm may write over a parameter in place
+            self._tune()
+        for v, value in signature.state.items():
+            self.state[v].set(np.asarray(value, order="C"))  # (ascontiguousarray makes a 0-d value 1-d)
+        if asynchronous and self.world.size > 1:  # every rank starts from rank 0's parameters
+            nccl = distributed.nccl_module()
+            self.world.communicator.broadcast(self.state_block.memory.data.ptr, self.state_block.memory.data.ptr,
+                                              self.state_block.nbytes, nccl.NCCL_UINT8, 0, self.stream.ptr)
+            self.stream.synchronize()
+
+    def layout(self, t):
+        strides = self.strides.get(t)
+        if strides is None or t.ndim < 3 or strides == contiguous_strides(t.shape):
+            return ""
+        return "channels-last" if strides == channels_last_strides(t.shape) else ""
+
+    # -- building ------------------------------------------------------------------------------
+
+    def _viewed(self, t):
+        """The value ``t`` is a view of (through views of views), or ``t``."""
+        viewed = dict(self.views)
+        while t in viewed:
+            t = viewed[t]
+        return t
+
+    def _constant(self, t):
+        """Whether ``t`` is a constant of the program or a view of one: no kernel writes it."""
+        return self._viewed(t).op is CONST
+
+    def _bound(self, made, workspace):
+        """A maker of the calls of runner ``made``: given every value's address, its call at them."""
+        return lambda pointers: made.bind([pointers[v] for v in made.values], workspace, self.stream)
+
+    def _copy(self, t, destination, strides=None, source=None):
+        """A maker of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None); from
+        ``source``, where given, an address holding it packed."""
+        if source is not None:
+            copy = Copy(t.shape, t.dtype, contiguous_strides(t.shape))
+            return lambda pointers: copy.bind(source, destination, self.stream)
+        copy = Copy(t.shape, t.dtype, self.strides[t], strides)
+        return lambda pointers: copy.bind(pointers[t], destination, self.stream)
+
+    def _join(self, events):
+        """A maker of the call that makes the program's stream wait for the asynchronous calls whose ``events`` (each
+        a one-item list, set by its call) say they are done."""
+        return lambda pointers: lambda: [self.stream.wait_event(e[0]) for e in events if e[0] is not None]
+
+    def _tune(self):
+        feed_block = Block([t.size * t.dtype.itemsize for t in self.feeds])  # freed after
+        pointers = self._resolved([feed_block.pointer(k) for k in range(len(self.feeds))])
+        tune(self.tuned, (self.arena, self.state_block, self.output_block, feed_block), pointers, self.stream)
+
+    def _resolved(self, feed_pointers):
+        """Every value's pointer when the feeds are at ``feed_pointers``: views follow what they view (a crop its
+        first element)."""
+        pointers = {**self.pointers, **dict(zip(self.feeds, feed_pointers))}
+        for t, source in self.views:
+            pointers[t] = None if pointers[source] is None else pointers[source] + self.view_bytes.get(t, 0)
+        return pointers
+
+    def _blocks(self):
+        """The program's own device blocks (a feed read in place must lie apart from them)."""
+        return self.arena, self.state_block, self.output_block, self.constant_block, self.stage_block
+
+    @property
+    def device_bytes(self):
+        return sum(b.nbytes for b in self._blocks()) + self.staging.nbytes
+
+    def _sources(self, feeds):
+        return self.staging.sources(feeds, self.prepared)
+
+    def _calls(self, sources):
+        """The step's calls for feeds read from ``sources``: made once for each, then kept."""
+        calls = self.prepared.get(sources)
+        if calls is None:
+            places, calls = self.staging.places(sources)
+            pointers = self._resolved(places)
+            calls += [make(pointers) for make in self.makers]
+            self.prepared[sources] = calls
+        return calls
+
+    # -- running -------------------------------------------------------------------------------
+
+    def write_state(self, var, value):
+        """Replace a state value (checked by the caller) once the steps in flight are done."""
+        self.stream.synchronize()
+        if isinstance(value, np.ndarray):
+            self.state[var].set(np.asarray(value, order="C"))
+        else:
+            self.state[var][...] = value
+
+    def run(self, feeds):
+        """Run one step on checked ``feeds`` (``{name: NumPy or CuPy array}``); returns the output arrays."""
+        return self._on_stream(feeds, self._run_step)
+
+    def profile(self, feeds):
+        """Run one step eagerly with a device event around each call: ``[(kernel label, milliseconds)]``."""
+        import cupy
+
+        marks = []
+
+        def timed(sources):
+            calls = self._calls(sources)
+            staged = len(calls) - len(self.makers)
+            for call in calls[:staged]:
+                call()
+            for label, call in zip(self.labels, calls[staged:]):
+                start = self.stream.record()
+                call()
+                marks.append((label, start, self.stream.record()))
+            for call in calls[staged + len(self.labels):]:
+                call()
+
+        self._on_stream(feeds, timed)
+        self.stream.synchronize()
+        return [(label, cupy.cuda.get_elapsed_time(start, end)) for label, start, end in marks]
+
+    def _on_stream(self, feeds, step):
+        """Stage the feeds that need it and run ``step(sources)`` on the program's stream, ordered after the
+        caller's work."""
+        import cupy
+
+        sources = self._sources(feeds)
+        caller = cupy.cuda.get_current_stream()
+        self.staging.stage_host(feeds, sources)
+        self.stream.wait_event(caller.record())
+        with self.stream:
+            self.staging.stage_device(feeds, sources)
+            step(sources)
+        caller.wait_event(self.stream.record())
+        return list(self.outputs)
+
+    def _run_step(self, sources):
+        """The step's graph for ``sources`` replayed, or captured (from the second call: the first compiles, loads
+        modules and warms cuBLASLt up) and launched; without CUDA graphs, its calls one by one."""
+        graph = self.graphs.get(sources)
+        if graph is None:
+            first, calls = not self.prepared, self._calls(sources)
+            if not self.use_graph or first:
+                return [call() for call in calls]
+            self.graphs[sources] = graph = captured(calls, self.stream)
+        graph.launch(self.stream)
