@@ -28,6 +28,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from .backends import interface
 from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
@@ -386,7 +387,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
     if data_parallel:
         signature, buckets = _data_parallel(signature, engine, {} if data_parallel is True else data_parallel)
     built = _built(signature, engine, options, fast_math=fast_math)
-    for variant in engine.alternatives(built):
+    for variant in engine.alternatives(interface.PlannedStep(built.plan, built.traces)):
         other = _built(signature, engine, options, variant, fast_math)
         if other.plan.peak_bytes < built.plan.peak_bytes:
             built = other

@@ -6,7 +6,6 @@ Run on the device machine by ``benchmarks/run_gpu.sh`` (the GPU tests, then the 
 import itertools
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -16,6 +15,7 @@ from hypothesis import strategies as st
 import cortado as ct
 from cortado.backends.cupy.lowering import gemm as gemm_target
 from cortado.backends import gpu_visible
+from cortado.backends.interface import PlannedStep
 from cortado.exprgraph.dtypes import finfo, is_float
 from cortado.exprgraph.graph import schedule
 from cortado.exprgraph.ops import FUSED_OP
@@ -290,7 +290,7 @@ def test_a_bias_gradient_at_the_memory_peak_is_summed_apart():
     explained = programs[0].explain()
     assert "fed, read where the caller keeps it" in explained and "in output 0" in explained, explained
     # no bias gradient a GEMM makes is live at the peak of the plan chosen
-    assert not gemm_target.alternatives(SimpleNamespace(traces=programs[0].traces, plan=programs[0].memory)), explained
+    assert not gemm_target.alternatives(PlannedStep(programs[0].memory, programs[0].traces)), explained
     rng = np.random.default_rng(1)
     feeds = {"x": rng.standard_normal((batch, 256)).astype(np.float32),
              "y": np.eye(256, dtype=np.float32)[rng.integers(0, 256, batch)]}

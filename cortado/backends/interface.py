@@ -6,8 +6,30 @@ inside one) touches neither the compiler nor the IR. The defaults say what a bac
 nothing special does: no lowering, no options, feeds copied into the arena, outputs copied out.
 """
 
+from collections.abc import Mapping
+from dataclasses import dataclass
+
 from ..errors import BackendError
+from ..rules.engine import bottom_up
 from ..rules.fusion import KernelShapes
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    """What a backend may read of a step the compiler rewrote, scheduled and planned, to propose other variants of
+    its lowering (``Backend.alternatives``): the memory ``plan``, and the ``rewrites`` of each stage of the rules
+    (``{stage: Trace}``, as ``explain()`` lists them)."""
+
+    plan: object
+    rewrites: Mapping
+
+    def made_by(self, stage, rule):
+        """``{term of the planned step: the term that ``rule`` of ``stage`` rewrote}``: what the rule made, followed
+        through fusion (a term fused into a region is found as the region's fused term)."""
+        made = [r for r in self.rewrites.get(stage, ()) if r.rule == rule]
+        fused = {r.before: r.after for r in self.rewrites.get("fusion", ())}  # interned terms: rebuilt, fusion's own
+        memo = {}
+        return {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
 
 
 class Backend:
@@ -35,9 +57,9 @@ class Backend:
         then leaves out."""
         return []
 
-    def alternatives(self, built):
-        """Other ``variant``s of the lowering worth planning besides the one ``built`` (the compiler's
-        rewritten, scheduled and planned step); the compiler keeps the plan with the smallest arena."""
+    def alternatives(self, planned):
+        """Other ``variant``s of the lowering worth planning besides the one ``planned`` (a ``PlannedStep``); the
+        compiler keeps the plan with the smallest arena."""
         return []
 
     def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):

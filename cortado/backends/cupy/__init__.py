@@ -39,8 +39,8 @@ class CupyBackend(Backend):
     def direct_outputs(self, kernels, steps, outputs, sinks, options):
         return layout.direct_outputs(kernels, steps, outputs, sinks, options)
 
-    def alternatives(self, built):
-        return self.lowering.alternatives(built)
+    def alternatives(self, planned):
+        return self.lowering.alternatives(planned)
 
     def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
         return Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)

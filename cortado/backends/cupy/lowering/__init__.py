@@ -2,7 +2,7 @@
 
 A target (``int8``, ``attention``, ``conv``, ``gemm``) is a module with ``rules`` (a rule
 set, applied bottom-up until nothing changes), ``finish(roots, trace, variant)`` (a pass over all
-roots at once, for what spans the graph) and ``alternatives(built)`` (variants of ``finish`` worth
+roots at once, for what spans the graph) and ``alternatives(planned)`` (variants of ``finish`` worth
 planning too; the compiler keeps the smallest arena). Adding a target is a module here and its name
 in ``TARGETS``.
 
@@ -34,9 +34,9 @@ class GpuLowering:
             roots = target.finish(roots, trace, (variant or {}).get(_name(target), frozenset()))
         return roots
 
-    def alternatives(self, built):
-        """Each variant a target proposes for the step ``built`` (the others' left as they were)."""
-        return [{_name(target): v} for target in self.targets for v in target.alternatives(built)]
+    def alternatives(self, planned):
+        """Each variant a target proposes for the step ``planned`` (the others' left as they were)."""
+        return [{_name(target): v} for target in self.targets for v in target.alternatives(planned)]
 
 
 def _name(target):

@@ -356,5 +356,5 @@ def _with_epilogue(original, rebuilt, users):
     return None
 
 
-def alternatives(built):
+def alternatives(planned):
     return []

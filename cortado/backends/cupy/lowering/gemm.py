@@ -378,17 +378,14 @@ def finish(roots, trace=None, keep=frozenset()):
     return [bottom_up(root, memo, finish) for root in roots]
 
 
-def alternatives(built):
+def alternatives(planned):
     """The sums that gemms compute on the side (bias gradients) whose results are live where the arena holds
     the most (the gemm runs where every other buffer is live too), as the one variant worth planning:
-    computed apart, such a sum can run earlier. ``built`` is the compiler's step, planned."""
-    made = [r for r in built.traces.get("lowering", ()) if r.rule == "gemm-bias-gradient"]
-    if not made:
+    computed apart, such a sum can run earlier. ``planned`` is a ``backends.interface.PlannedStep``."""
+    made_by = planned.made_by("lowering", "gemm-bias-gradient")
+    if not made_by:
         return []
-    fused = {r.before: r.after for r in built.traces["fusion"]}  # terms are interned: rebuilt, they are fusion's own
-    memo = {}
-    made_by = {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
-    plan = built.plan
+    plan = planned.plan
     live = live_bytes(plan.buffers, plan.steps)
     peaks = [i for i, total in enumerate(live) if total == max(live)]
     at_peak = frozenset(made_by[p.key] for p in plan.placements

@@ -284,7 +284,7 @@ def finish(roots, trace=None, keep=frozenset()):
     return list(roots)
 
 
-def alternatives(built):
+def alternatives(planned):
     """No variant of this target is worth planning apart."""
     return []
 
