@@ -257,3 +257,21 @@ def test_an_unaligned_feed_read_in_place_gives_the_same_bits():
     shifted[...] = cupy.asarray(feeds["x"])
     assert shifted.data.ptr % 16
     np.testing.assert_array_equal(gpu(**{**feeds, "x": shifted})[0].get(), gpu(**feeds)[0].get())
+
+
+@pytest.mark.parametrize("activation", ["gelu", "sigmoid", "softplus", "silu"])
+def test_a_composite_activation_folds_into_the_int8_kernel_spelled_out(activation):
+    """A composite after an int8 product is folded into the kernel's epilogue as its formula in primitives (the
+    epilogue is an attribute, which the stage that spells composites out does not reach): one kernel, equal to the
+    CPU's program."""
+    rng = np.random.default_rng(11)
+    x = ct.var("x", (64, 96), "int8")
+    w = ct.const(_ints(rng, (96, 40), "int8"))
+    sums = ct.matmul(ct.cast(x, "int32"), ct.cast(w, "int32"))
+    out = getattr(ct, activation)(ct.cast(sums, "float32") * np.float32(0.01))
+    feeds = {"x": _ints(rng, (64, 96), "int8")}
+    gpu = ct.compile([out], inputs=[x], backend="cupy")
+    kernels = [k.term for k in gpu.kernels if not k.is_load and k.term.op.name != "transpose"]
+    assert [t.op.name for t in kernels] == ["int8_gemm"]
+    expected = ct.compile([out], inputs=[x], backend="numpy")(**feeds)[0]
+    np.testing.assert_allclose(gpu(**feeds)[0].get(), expected, rtol=1e-5, atol=1e-6)

@@ -276,3 +276,22 @@ def test_a_weight_gradient_is_recognised_with_or_without_groups(groups):
     assert not any(t.op.name in ("transpose", "reshape") for t in terms), [t.op.name for t in terms]
     feeds = {v.name: np.random.default_rng(0).standard_normal(v.shape).astype(np.float32) for v in (x, w)}
     np.testing.assert_allclose(ct.evaluate(new, feeds)[0], ct.evaluate(outputs, feeds)[0], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("activation", ["relu", "tanh", "sigmoid", "softplus", "silu"])
+def test_a_planned_step_finds_what_a_lowering_rule_made_through_the_later_stages(activation):
+    """The GPU lowering's bias-gradient sums, followed through the composites spelled out below them and through
+    fusion, are terms of the planned step (``PlannedStep.made_by``), whatever the activation: otherwise the variant
+    that computes them apart would silently never be proposed."""
+    from cortado.backends.cupy import CupyBackend
+    from cortado.backends.interface import PlannedStep
+    from cortado.compiler import _rewrite
+    from cortado.exprgraph.graph import post_order
+
+    x, y = ct.var("x", (256, 64)), ct.var("y", (256, 32))
+    W1, b1, W2, b2 = ct.var("W1", (64, 128)), ct.var("b1", (128,)), ct.var("W2", (128, 32)), ct.var("b2", (32,))
+    loss = ct.mean((getattr(ct, activation)(x @ W1 + b1) @ W2 + b2 - y) ** 2)
+    traces = {}
+    roots = _rewrite([loss, *ct.grad(loss, [W1, b1, W2, b2])], CupyBackend(), traces)
+    made = PlannedStep(None, traces).made_by("lowering", "gemm-bias-gradient")
+    assert len(made) == 2 and set(made) <= set(post_order(roots))

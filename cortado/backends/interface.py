@@ -25,11 +25,17 @@ class PlannedStep:
 
     def made_by(self, stage, rule):
         """``{term of the planned step: the term that ``rule`` of ``stage`` rewrote}``: what the rule made, followed
-        through fusion (a term fused into a region is found as the region's fused term)."""
+        through the stages after it (a composite below it spelled out in primitives, a term fused into a region found
+        as the region's fused term)."""
         made = [r for r in self.rewrites.get(stage, ()) if r.rule == rule]
-        fused = {r.before: r.after for r in self.rewrites.get("fusion", ())}  # interned terms: rebuilt, fusion's own
-        memo = {}
-        return {bottom_up(r.after, memo, lambda term, rebuilt: fused.get(term, rebuilt)): r.before for r in made}
+        spelled = {r.before: r.after for r in self.rewrites.get("primitives", ())}  # before: over spelled operands
+        fused = {r.before: r.after for r in self.rewrites.get("fusion", ())}  # before: the term fusion was given
+        in_primitives, in_regions = {}, {}
+        found = {}
+        for r in made:  # (interned terms: rebuilt over rewritten operands, they are each stage's own)
+            term = bottom_up(r.after, in_primitives, lambda term, rebuilt: spelled.get(rebuilt, rebuilt))
+            found[bottom_up(term, in_regions, lambda term, rebuilt: fused.get(term, rebuilt))] = r.before
+        return found
 
 
 class Backend:

@@ -172,6 +172,8 @@ class Term:
 
     def attr(self, name):
         """The value of the attribute ``name`` of this term's op (``term.attrs.name`` where the name is known)."""
+        if name not in self.op.attr_names:  # (a named tuple's own methods, index and count, are no attributes)
+            raise AttributeError(f"{self.op.name} has no attribute {name!r}; it has {', '.join(self.op.attr_names)}")
         return getattr(self.attrs, name)
 
     @property

@@ -1,6 +1,6 @@
 """Composite elementwise ops spelled out in primitives: the last rewrite before fusion, so no backend emits them.
 
-``sigmoid``, ``softplus``, ``gelu`` and ``gelu_grad`` stay whole through differentiation, stabilisation and
+``sigmoid``, ``softplus``, ``gelu``, ``gelu_grad`` and ``silu`` stay whole through differentiation, stabilisation and
 lowering (a GEMM takes gelu as its epilogue, a derivative rule names gelu_grad), then each becomes its record's
 ``formula`` over the constructors: the formula the reference evaluates with NumPy, written once in ``numerics``.
 Its operands are first cast to the dtype the op computes in (float32 for float16 and bfloat16 where the op says so,
@@ -16,9 +16,9 @@ COMPOSITES = tuple(op for op in OPS.values() if op.formula is not None)
 
 
 def _computed_in(term):
-    """The dtype ``term``'s op computes in: float32 where it takes narrow floats so, else its result's."""
-    op, x = term.op, term.args[0]
-    return "float32" if op.computes_in_float32 is not None and op.computes_in_float32(x.dtype) else term.dtype
+    """The dtype ``term``'s op computes in: float32 where it computes its operands' dtypes so, else its result's."""
+    narrow = term.op.computes_in_float32
+    return "float32" if narrow is not None and any(narrow(a.dtype) for a in term.args) else term.dtype
 
 
 def _as(x, dtype):

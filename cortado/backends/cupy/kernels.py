@@ -36,7 +36,9 @@ def compiled(source):
 
 def _function(text, options, name):
     """Kernel ``name`` of ``text`` compiled by NVRTC for this GPU with ``options`` as given (nothing appended after
-    them), or read from the disk cache, loaded (RawModule reads its file when a function is first asked of it)."""
+    them), or read from the disk cache, loaded (RawModule reads its file when a function is first asked of it). An
+    image on disk that does not load is compiled again; where the cache cannot be written, the image goes through a
+    temporary file."""
     import cupy
     from cupy._core.core import assemble_cupy_compiler_options
     from cupy.cuda import compiler
@@ -44,10 +46,21 @@ def _function(text, options, name):
     options = assemble_cupy_compiler_options(options)
     arch = compiler._get_arch()
     path = _cached_image_path(text, options, arch)
-    if not os.path.exists(path):
-        image, _ = compiler.compile_using_nvrtc(text, options, arch=arch)
+    if os.path.exists(path):
+        try:
+            return cupy.RawModule(path=path).get_function(name)
+        except cupy.cuda.driver.CUDADriverError:  # damaged (a disk full when it was written): made again
+            pass
+    image, _ = compiler.compile_using_nvrtc(text, options, arch=arch)
+    try:
         _write_atomically(path, image)
-    return cupy.RawModule(path=path).get_function(name)
+        return cupy.RawModule(path=path).get_function(name)
+    except OSError:  # no cache to write to (a read-only home, a full disk)
+        with tempfile.TemporaryDirectory() as folder:
+            path = os.path.join(folder, "kernel.cubin")
+            with open(path, "wb") as file:
+                file.write(image)
+            return cupy.RawModule(path=path).get_function(name)
 
 
 def cache_folder():
@@ -57,19 +70,25 @@ def cache_folder():
 
 
 def _cached_image_path(text, options, arch):
+    import cupy
     from cupy.cuda import nvrtc
 
-    key = repr((text, tuple(options), arch, nvrtc.getVersion())).encode()
+    key = repr((text, tuple(options), arch, nvrtc.getVersion(), cupy.__version__)).encode()
     return os.path.join(cache_folder(), hashlib.sha256(key).hexdigest() + ".cubin")
 
 
 def _write_atomically(path, image):
-    """Write ``image`` so that another process never reads half of it: into a file beside ``path``, then renamed."""
+    """Write ``image`` so that another process never reads half of it: into a file beside ``path``, then renamed (the
+    partial file removed where writing fails)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
     descriptor, partial = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".partial")
-    with os.fdopen(descriptor, "wb") as file:
-        file.write(image)
-    os.replace(partial, path)
+    try:
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(image)
+        os.replace(partial, path)
+    finally:
+        if os.path.exists(partial):
+            os.unlink(partial)
 
 
 def launcher(source, pointers, grid=None, block=None):

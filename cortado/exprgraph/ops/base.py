@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import DTypeError
-from ..dtypes import BFLOAT16, as_dtype, is_bfloat16
+from ..dtypes import BFLOAT16, as_dtype, is_bfloat16, is_float, is_narrow_float
 from ..term import dtype_violation, make, shape_violation
 
 ELEMENTWISE = "elementwise"
@@ -147,6 +147,12 @@ def ufunc_loop(ufunc, dtypes):
     except TypeError:  # NumPy's "no loop" errors are TypeErrors
         names = ", ".join(getattr(d, "name", getattr(d, "__name__", str(d))) for d in dtypes)
         raise dtype_violation(f"NumPy's {ufunc.__name__} is not defined for ({names})") from None
+
+
+def narrow_once_floating(dtype):
+    """Whether ``dtype`` is narrow in the float exp computes it in (float16, bfloat16; int8, uint8 and bool, which
+    become float16): the operands an op that computes in float32 takes so."""
+    return is_narrow_float(dtype if is_float(dtype) else ufunc_loop(np.exp, (dtype,))[-1])
 
 
 def float_result(args):

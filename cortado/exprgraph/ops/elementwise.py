@@ -9,7 +9,9 @@ from .. import numerics
 from ..dtypes import is_float, is_narrow_float, kind_of
 from ..term import dtype_violation
 from .leaves import CONST
-from .base import ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, no_attributes, promoted, ufunc_loop
+from .base import (
+    ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, narrow_once_floating, no_attributes, promoted, ufunc_loop,
+)
 
 
 def ufunc_dtype(ufunc):
@@ -100,12 +102,13 @@ def _composite(name, dtype_rule, formula, computes_in_float32=None):
               formula=formula)
 
 
-SIGMOID = _composite("sigmoid", float_result, numerics.sigmoid)
-SOFTPLUS = _composite("softplus", float_result, numerics.softplus)
+# computed in float32 for float16 and bfloat16 (and the integers that become float16), rounded once, as a GPU does
+SIGMOID = _composite("sigmoid", float_result, numerics.sigmoid, narrow_once_floating)
+SOFTPLUS = _composite("softplus", float_result, numerics.softplus, narrow_once_floating)
 GELU = _composite("gelu", _float_operand, numerics.gelu, is_narrow_float)
 GELU_GRAD = _composite("gelu_grad", _float_operand, numerics.gelu_grad, is_narrow_float)
 # silu (swish): x sigmoid(x), LLaMA's MLP activation; differentiated through its formula, having no rule of its own
-SILU = _composite("silu", float_result, lambda x, xp: x * numerics.sigmoid(x, xp))
+SILU = _composite("silu", float_result, lambda x, xp: x * numerics.sigmoid(x, xp), narrow_once_floating)
 RELU = Op("relu", 1, (), _broadcast_rule, _relu_dtype, ELEMENTWISE, no_attributes,
           evaluate=lambda xs: np.maximum(xs[0], 0))
 WHERE = Op("where", 3, (), _broadcast_rule, _where_dtype, ELEMENTWISE, no_attributes, evaluate=lambda xs: np.where(*xs))

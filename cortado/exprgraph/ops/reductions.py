@@ -9,7 +9,7 @@ import numpy as np
 from .. import numerics
 from ..dtypes import is_float, is_narrow_float
 from ..term import shape_violation
-from .base import REDUCTION, Op, float_result, int_tuple, ufunc_loop
+from .base import REDUCTION, Op, float_result, int_tuple, narrow_once_floating, ufunc_loop
 
 
 def normalize_axes(axis, ndim):
@@ -71,11 +71,6 @@ def _floating(x):
     return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
 
 
-def _narrow_once_floating(dtype):
-    """Whether ``dtype`` is narrow in the float exp computes it in (int8, uint8 and bool: float16)."""
-    return is_narrow_float(dtype if is_float(dtype) else ufunc_loop(np.exp, (dtype,))[-1])
-
-
 def _logsumexp(xs, axes, keepdims):
     shifted, peak = numerics.shifted(_floating(xs[0]), axes, np)
     result = np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True)) + peak
@@ -106,10 +101,10 @@ MAX = Op("max", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
          evaluate=lambda xs, axes, keepdims: np.max(xs[0], axis=axes, keepdims=keepdims))
 LOGSUMEXP = Op("logsumexp", 1, ("axes", "keepdims"), _nonempty_reduce_shape,
                lambda args, axes, keepdims: float_result(args), REDUCTION, _reduce_normalize, evaluate=_logsumexp,
-               computes_in_float32=_narrow_once_floating)
+               computes_in_float32=narrow_once_floating)
 SOFTMAX = Op("softmax", 1, ("axes",), _softmax_shape, lambda args, axes: float_result(args), REDUCTION,
-             _softmax_normalize, evaluate=_softmax, computes_in_float32=_narrow_once_floating)
+             _softmax_normalize, evaluate=_softmax, computes_in_float32=narrow_once_floating)
 LOG_SOFTMAX = Op("log_softmax", 1, ("axes",), _softmax_shape, lambda args, axes: float_result(args), REDUCTION,
-                 _softmax_normalize, evaluate=_log_softmax, computes_in_float32=_narrow_once_floating)
+                 _softmax_normalize, evaluate=_log_softmax, computes_in_float32=narrow_once_floating)
 
 FAMILY = (SUM, MEAN, MAX, LOGSUMEXP, SOFTMAX, LOG_SOFTMAX)

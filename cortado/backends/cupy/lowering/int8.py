@@ -38,6 +38,7 @@ from ....exprgraph.ops import (
 from ....exprgraph.ops.base import broadcast_shapes
 from ....exprgraph.semantics import implementation
 from ....exprgraph.term import dtype_violation, make, shape_violation
+from ....rules.primitives import in_primitives
 from ....rules.engine import Rule, RuleSet
 from .conv import as_matmul_over_windows
 
@@ -265,7 +266,8 @@ def _folded(b):
             operands.append(parameter(2 + extras.index(a) - 1, a))
         else:
             return None
-    return int8_gemm(g.args[0], g.args[1], extras, make(t.op, tuple(operands), t.attrs))
+    folded = in_primitives(t, operands) if t.op.formula is not None else make(t.op, tuple(operands), t.attrs)
+    return int8_gemm(g.args[0], g.args[1], extras, folded)  # (the body is an attribute: spelled out here, not later)
 
 
 rules = RuleSet([

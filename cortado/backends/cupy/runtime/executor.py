@@ -21,7 +21,7 @@ from ... import interface
 from ..codegen import channels_last_strides, contiguous_strides
 from ..device import require_gpu
 from ..layout import channels_last_for, concatenated_in_place, direct_outputs, io_strides, layouts, stored_strides
-from ..targets import View, built, runner
+from ..targets import View, forget, runner
 from ..targets.copies import Copy
 from .blocks import Block, captured, constants_block
 from .feeds import Feeds
@@ -91,10 +91,10 @@ class Executor(interface.Executor):
             scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
             self.runners[kernel.term] = made = runner(kernel, view)
             self.makers.append(self._bound(made, scratch))
-            self.labels.append(f"k{i}.{kernel.term.op.name} {kernel.term.shape}")
+            self.labels.append(" ".join(filter(None, (f"k{i}.{kernel.term.op.name}", made.detail, str(kernel.term.shape)))))
             if made.tuned:
                 self.tuned.append((made, scratch))
-        built()  # the runners the planner asked are this program's now: no other program gets them
+        forget()  # the runners the planner asked are this program's now: no other program gets them
         self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
         if len(steps) in waits:
             self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))

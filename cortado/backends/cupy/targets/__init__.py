@@ -14,6 +14,9 @@ runner answers the memory planner's question (its workspace) and runs the step.
 """
 
 import functools
+import importlib
+import pkgutil
+import threading
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,16 +32,15 @@ class Runner:
     workspace_bytes = 0
     tuned = False  # it chooses among candidates when the program is built (``tune``)
     library = None  # the library call it makes (cuBLASLt's, cuDNN's, an int8 kernel's), where it makes one
+    detail = ""  # what tells its kernel apart in a profile (a gemm's epilogue, a convolution's mode)
 
     def tune(self, addresses, workspace, stream):
         """Choose among its candidates, timed on the buffers at ``addresses`` (whose contents it overwrites)."""
 
     def bind(self, addresses, workspace, stream):
         """The call (no arguments) that runs it on ``addresses`` and ``workspace`` on ``stream`` (a CuPy stream, also
-        CuPy's current one when the call is made): made once for each set of addresses a step runs at."""
-        return lambda: self.call(addresses, workspace, stream)
-
-    def call(self, addresses, workspace, stream):
+        CuPy's current one when the call is made): made once for each set of addresses a step runs at, so a call
+        does no lookups of its own."""
         raise NotImplementedError
 
     def describe(self):
@@ -76,9 +78,13 @@ class Target:
 
 @functools.cache
 def _by_op():
-    from . import attention, collectives, conv, fused, gemm, int8
-
-    return {op: module.TARGET for module in (fused, gemm, conv, int8, attention, collectives) for op in module.TARGET.ops}
+    """Every module of this package that declares a ``TARGET``, by the ops it runs: a new target is a new module."""
+    found = {}
+    for info in pkgutil.iter_modules(__path__):
+        target = getattr(importlib.import_module(f"{__name__}.{info.name}"), "TARGET", None)
+        if target is not None:
+            found.update(dict.fromkeys(target.ops, target))
+    return found
 
 
 def target_of(t):
@@ -90,7 +96,13 @@ def target_of(t):
 
 
 KEPT = 512  # reusable runners kept between the planner's questions and the executor's build (cuBLASLt's, cuDNN's)
-_kept = OrderedDict()  # emptied by each executor built: runners, tuned for one program, are never another's
+_local = threading.local()  # one thread compiles one program at a time: its runners are never another program's
+
+
+def _kept():
+    if not hasattr(_local, "kept"):
+        _local.kept = OrderedDict()
+    return _local.kept
 
 
 def runner(kernel, view):
@@ -101,20 +113,19 @@ def runner(kernel, view):
     t = kernel.term
     key = (t, tuple(view.strides.get(x) for x in (*t.args, *kernel.terms)), tuple(sorted(view.options.items())),
            view.channels_last_for, tuple(view.constant(a) for a in t.args))
-    made = _kept.pop(key, None)
+    kept = _kept()
+    made = kept.pop(key, None)
     if made is None:
         made = target.runner(kernel, view)
-    _kept[key] = made
-    while len(_kept) > KEPT:
-        _kept.popitem(last=False)
+    kept[key] = made
+    while len(kept) > KEPT:
+        kept.popitem(last=False)
     return made
 
 
-def built():
-    """The runners kept for reuse, handed over (to the executor of the program being built) and forgotten."""
-    made = list(_kept.values())
-    _kept.clear()
-    return made
+def forget():
+    """Forget the runners kept for reuse: the program being built has its own now (its executor's)."""
+    _kept().clear()
 
 
 def workspace_bytes(kernel, view):

@@ -36,6 +36,7 @@ class AllReduce(Runner):
             raise BackendError(f"compile(data_parallel=True): NCCL averages float gradients, not "
                                f"{self.gradients[0].dtype.name}")
         self.finished = [None]  # the event its last call recorded on the side stream
+        self.detail = f"bucket {kernel.term.attrs.bucket} ({len(self.gradients)} values)"
 
     def bind(self, addresses, workspace, stream):
         placed = dict(zip(self.values, addresses))

@@ -17,7 +17,7 @@ def _runner(kernel, view):
 
     options = view.options
     return LibraryCall(kernel, view, dnn_copies(t, view.strides, view.channels_last_for),
-                       lambda reads: Conv(t, reads, options["tf32"], options["deterministic"]), arguments)
+                       lambda reads: Conv(t, reads, options["tf32"], options["deterministic"]), arguments, t.attrs.mode)
 
 
 TARGET = Target("conv", (DNN_CONV,), _runner, reusable=True)

@@ -57,8 +57,6 @@ class Kernels(Runner):
             return nothing
         return calls[0] if len(calls) == 1 else lambda: [call() for call in calls]
 
-    def describe(self):
-        return ""
 
 
 def _workspace(kernel, view):

@@ -18,7 +18,7 @@ def _runner(kernel, view):
                 placed[aux] if aux is not None else None)
 
     return LibraryCall(kernel, view, gemm_copies(t, view.strides), lambda reads: Gemm(t, reads, view.options["tf32"]),
-                       arguments)
+                       arguments, t.attrs.epilogue)
 
 
 TARGET = Target("gemm", (GEMM,), _runner, reusable=True)

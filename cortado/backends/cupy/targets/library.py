@@ -12,11 +12,11 @@ class LibraryCall(Runner):
 
     tuned = True
 
-    def __init__(self, kernel, view, copied, build, arguments):
+    def __init__(self, kernel, view, copied, build, arguments, detail=""):
         self.values = tuple(dict.fromkeys(kernel.term.args)) + tuple(kernel.terms)
         self.copies, reads, self.copied_bytes = staged(copied, view.strides, ALIGNMENT)
         self.library = build(reads)
-        self.arguments = arguments
+        self.arguments, self.detail = arguments, detail
         self.workspace_bytes = self.copied_bytes + self.library.workspace_bytes
         self.dtype = getattr(self.library, "dtype", kernel.term.dtype)  # what timing fills the buffers with
 
@@ -35,6 +35,3 @@ class LibraryCall(Runner):
         if not copies:
             return lambda: call(*arguments, stream.ptr)
         return lambda: [copy() for copy in copies] + [call(*arguments, stream.ptr)]
-
-    def describe(self):
-        return self.library.describe() if hasattr(self.library, "describe") else ""
