@@ -27,7 +27,8 @@ from .engine import Rule, RuleSet
 # -- composites ------------------------------------------------------------------------------
 
 
-def _as(x, dtype):
+def cast_to(x, dtype):
+    """``x`` in ``dtype``: itself where it has it already, else cast."""
     return x if x.dtype == dtype else ct.cast(x, dtype)
 
 
@@ -48,19 +49,19 @@ def _logsumexp(b):
     x, axes = b["_x"], b.term.attr("axes")
     shifted, peak = _shifted(x, axes)
     total = ct.add(ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True)), peak)
-    return _as(ct.reshape(total, b.term.shape), b.term.dtype)
+    return cast_to(ct.reshape(total, b.term.shape), b.term.dtype)
 
 
 def _softmax(b):
     shifted, _ = _shifted(b["_x"], b.term.attr("axes"))
     e = ct.exp(shifted)
-    return _as(ct.divide(e, ct.sum(e, axis=b.term.attr("axes"), keepdims=True)), b.term.dtype)
+    return cast_to(ct.divide(e, ct.sum(e, axis=b.term.attr("axes"), keepdims=True)), b.term.dtype)
 
 
 def _log_softmax(b):
     axes = b.term.attr("axes")
     shifted, _ = _shifted(b["_x"], axes)
-    return _as(ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True))), b.term.dtype)
+    return cast_to(ct.subtract(shifted, ct.log(ct.sum(ct.exp(shifted), axis=axes, keepdims=True))), b.term.dtype)
 
 
 def _matmul_as_reduction(b):
@@ -213,7 +214,7 @@ def _einsum_as_product(b):
     first), summed over the labels the output lacks."""
     term = b.term
     inputs, output = spelled_out(b["_s"], [x.shape for x in b["_xs"]])
-    terms = _distinct(inputs, [_as(x, term.dtype) for x in b["_xs"]], term.dtype)
+    terms = _distinct(inputs, [cast_to(x, term.dtype) for x in b["_xs"]], term.dtype)
     order = output + "".join(sorted({label for labels, _ in terms for label in labels} - set(output)))
     aligned = []
     for labels, x in terms:
@@ -223,7 +224,7 @@ def _einsum_as_product(b):
     product = functools.reduce(ct.multiply, aligned)
     if len(order) > len(output):
         product = ct.sum(product, axis=tuple(range(len(output), len(order))))
-    return ct.broadcast_to(_as(product, term.dtype), term.shape)
+    return ct.broadcast_to(cast_to(product, term.dtype), term.shape)
 
 
 einsum_lowering = RuleSet([

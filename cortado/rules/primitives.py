@@ -10,6 +10,7 @@ composite with no derivative rule of its own is differentiated through the same 
 
 from ..exprgraph import constructors as ct
 from ..exprgraph.ops import OPS
+from .decompositions import cast_to
 from .engine import Postwalk, Rule, RuleSet
 
 COMPOSITES = tuple(op for op in OPS.values() if op.formula is not None)
@@ -21,16 +22,12 @@ def _computed_in(term):
     return "float32" if narrow is not None and any(narrow(a.dtype) for a in term.args) else term.dtype
 
 
-def _as(x, dtype):
-    return x if x.dtype == dtype else ct.cast(x, dtype)
-
-
 def in_primitives(term, operands=None):
     """``term``, an op with a formula, written in primitives over its operands (or over ``operands`` in their place),
     each cast to the dtype the op computes in, the result to the op's dtype."""
     computed = _computed_in(term)
     operands = term.args if operands is None else operands
-    return _as(term.op.formula(*(_as(a, computed) for a in operands), ct), term.dtype)
+    return cast_to(term.op.formula(*(cast_to(a, computed) for a in operands), ct), term.dtype)
 
 
 def _pattern(op):

@@ -6,7 +6,6 @@ the scratch between them) or an elementwise kernel; and the copy kernel.
 
 from ...exprgraph.ops import parameter
 from ...rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, row_shape
-from ...rules.primitives import primitives
 from .codegen import elementwise_source
 from .reduction_kernels import partials_bytes, reduction_sources
 from .row_kernels import row_source
@@ -17,7 +16,6 @@ def kernel_sources(body, operands, aliased=(), order=None, kernel=None):
     split column reduction, whose last parameter is its scratch), as the ``kernel`` fusion decided (a fused term's
     attribute; for a body of one's own, ``rules.fusion.kernel_shape`` decides); ``order``, for an elementwise body,
     as ``elementwise_source``'s."""
-    body = tuple(primitives.run(list(body)))  # a composite in an epilogue's body: spelled out (a fused body has none)
     kernel = kernel_shape(body) if kernel is None else kernel
     if kernel == ROW_KERNEL:
         return [row_source(body, operands, aliased, row_shape(body))]

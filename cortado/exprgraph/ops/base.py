@@ -155,6 +155,11 @@ def narrow_once_floating(dtype):
     return is_narrow_float(dtype if is_float(dtype) else ufunc_loop(np.exp, (dtype,))[-1])
 
 
+def floating(x):
+    """Array ``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
+    return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
+
+
 def float_result(args):
     """The dtype ``exp`` would give: floats keep theirs, ints and bool become floating."""
     return ufunc_loop(np.exp, (args[0].dtype,))[-1]

@@ -10,7 +10,8 @@ from ..dtypes import is_float, is_narrow_float, kind_of
 from ..term import dtype_violation
 from .leaves import CONST
 from .base import (
-    ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, narrow_once_floating, no_attributes, promoted, ufunc_loop,
+    ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, floating, narrow_once_floating, no_attributes, promoted,
+    ufunc_loop,
 )
 
 
@@ -90,15 +91,10 @@ def may_fail(t):
     return not (exponent.dtype.kind in "ub" or known)
 
 
-def _floating(x):
-    """``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
-    return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
-
-
 def _composite(name, dtype_rule, formula, computes_in_float32=None):
     """A unary op whose meaning is ``formula`` in primitives, on its operand in the floating dtype it computes in."""
     return Op(name, 1, (), _broadcast_rule, dtype_rule, ELEMENTWISE, no_attributes,
-              evaluate=lambda xs: formula(_floating(xs[0]), np), computes_in_float32=computes_in_float32,
+              evaluate=lambda xs: formula(floating(xs[0]), np), computes_in_float32=computes_in_float32,
               formula=formula)
 
 

@@ -7,9 +7,9 @@ import functools
 import numpy as np
 
 from .. import numerics
-from ..dtypes import is_float, is_narrow_float
+from ..dtypes import is_narrow_float
 from ..term import shape_violation
-from .base import REDUCTION, Op, float_result, int_tuple, narrow_once_floating, ufunc_loop
+from .base import REDUCTION, Op, float_result, floating, int_tuple, narrow_once_floating
 
 
 def normalize_axes(axis, ndim):
@@ -66,25 +66,20 @@ def _softmax_shape(args, axes):
     return args[0].shape
 
 
-def _floating(x):
-    """``x`` in the floating dtype NumPy's exp would compute it in (ints and bools widen)."""
-    return x if is_float(x.dtype) else x.astype(ufunc_loop(np.exp, (x.dtype,))[-1])
-
-
 def _logsumexp(xs, axes, keepdims):
-    shifted, peak = numerics.shifted(_floating(xs[0]), axes, np)
+    shifted, peak = numerics.shifted(floating(xs[0]), axes, np)
     result = np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True)) + peak
     return result if keepdims else np.squeeze(result, axis=axes)
 
 
 def _softmax(xs, axes):
-    shifted, _ = numerics.shifted(_floating(xs[0]), axes, np)
+    shifted, _ = numerics.shifted(floating(xs[0]), axes, np)
     e = np.exp(shifted)
     return e / np.sum(e, axis=axes, keepdims=True)
 
 
 def _log_softmax(xs, axes):
-    shifted, _ = numerics.shifted(_floating(xs[0]), axes, np)
+    shifted, _ = numerics.shifted(floating(xs[0]), axes, np)
     return shifted - np.log(np.sum(np.exp(shifted), axis=axes, keepdims=True))
 
 

@@ -4,6 +4,7 @@ the operands they cannot read where they are into their workspace."""
 
 import numpy as np
 
+from ....memplan import aligned
 from ..codegen import Operand, contiguous_strides, memory_order
 from ..kernels import compiled, launcher
 from ..sources import copy_source
@@ -44,8 +45,6 @@ def staged(copied, strides, alignment):
     """Copies of the operands ``copied`` (``(value, strides of its copy)`` pairs) into a workspace, for a library call
     that cannot read them where they are (or is slower there): ``(copies, the strides the call reads, the bytes they
     take)``, each copy ``(value, its offset in the workspace, Copy)``."""
-    from ....memplan import aligned
-
     copies, reads, top = [], dict(strides), 0
     for x, copy_strides in copied:
         copies.append((x, top, Copy(x.shape, x.dtype, strides[x], copy_strides)))
