@@ -10,7 +10,7 @@ cuBLASLt's int8 kernels read) into int32 sums; float16 into float16.
 
 - cortado: ``ct.compile`` of ``matmul(cast(a, int32), cast(b, int32))``, ``b`` a constant of the program as a
   quantized layer's weights are (so its tiles are read before the kernel waits for the one before it,
-  ``cortado/backends/cupy/mma/staging.py``), ``a`` an input; the ``int8_gemm`` call it chose
+  ``cortado/backends/cupy/calls/int8/staging.py``), ``a`` an input; the ``int8_gemm`` call it chose
   (our kernel or cuBLASLt's, timed when the program is built), replayed; and apart, the fastest of our
   own kernels among the candidates it timed ("own kernel"). On sm_90 our kernels are launched to overlap
   the kernel before them (programmatic dependent launch, ``cortado/backends/cupy/launch.py``), in a model's
@@ -96,7 +96,7 @@ def ours(m, n, k, repeats, operands, expected):
     import cupy
 
     from cortado.backends.cupy.kernels import compiled
-    from cortado.backends.cupy.mma.runner import _Kernel
+    from cortado.backends.cupy.calls.int8.runner import _Kernel
 
     a, b_stored = operands
     x, w = ct.var("a", (m, k), "int8"), ct.const(cupy.asnumpy(b_stored))
@@ -141,8 +141,8 @@ def cublaslt_int8(m, n, k, repeats, operands, expected):
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
-    from cortado.backends.cupy.mma.runner import LIBRARY_WORKSPACE, _Library
-    from cortado.backends.cupy.mma.product import Product
+    from cortado.backends.cupy.calls.int8.runner import LIBRARY_WORKSPACE, _Library
+    from cortado.backends.cupy.calls.int8.product import Product
     from cortado.exprgraph.ops import parameter
 
     a, b_stored = operands

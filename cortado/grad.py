@@ -4,9 +4,9 @@ The outputs are first stabilised (``cortado.rules.stability``, to a fixpoint, as
 stabilises a model), so the gradient of ``log(sum(exp(x)))`` is that of ``logsumexp(x)``, a
 softmax, finite where the fragile form's is nan. The driver then walks the graph from the
 outputs back to the variables once. At each term it asks the derivative rules
-(``cortado.rules.derivatives``, data) for each input's share of the term's adjoint, undoes
-broadcasting by summing a share over the axes its input was stretched along, casts it to its
-input's dtype, and adds up the shares an input receives. Only floating terms that depend on a
+(``cortado.rules.derivatives``, data) for each input's VJP (its part of the term's adjoint),
+undoes broadcasting by summing a VJP over the axes its input was stretched along, casts it to
+its input's dtype, and adds up the VJPs an input receives. Only floating terms that depend on a
 variable asked for carry adjoints, so nothing is built for the rest of the graph. The gradients
 are simplified, with the model's own terms kept as the user wrote them (stabilised), so
 gradients and model share those terms (evaluated together, or compiled, which stabilises the

@@ -199,15 +199,12 @@ UNARY_BOUNDS = {
     "expm1": _monotone(math.expm1),
     "sqrt": _monotone(math.sqrt),
     "tanh": _monotone(math.tanh),
-    "sigmoid": _monotone(_meaning("sigmoid")),
     "relu": _monotone(lambda x: max(x, 0.0)),
-    "softplus": _monotone(_meaning("softplus")),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
     "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),
     "rint": _monotone(round),  # Python's round, like NumPy's rint, takes ties to even
-    "gelu": _turning(_meaning("gelu"), -0.7524614220710162),  # its minimum
-    "gelu_grad": _turning(_meaning("gelu_grad"), -1.4185040087908285, 1.4185040087908285),  # its minimum and maximum
-    "silu": _turning(_meaning("silu"), -1.2784645427610738),  # its minimum
+    # ops whose records say where they turn (the composites): bounded by their own reference semantics
+    **{op.name: _turning(_meaning(op.name), *op.turns) for op in OPS.values() if op.turns is not None},
 }
 UNARY_DOMAINS = {
     "exp": lambda lo, hi: hi <= 8,

@@ -152,8 +152,8 @@ def test_gradients_agree_with_finite_differences(causal, order):
     check_grads(out, [q, k, v], _feeds(np.random.default_rng(order), q, k, v), order=order)
 
 
-def test_self_attention_on_one_tensor_gives_each_use_its_share():
-    """``q``, ``k`` and ``v`` one term: the gradient sums the three shares, to second order."""
+def test_self_attention_on_one_tensor_gives_each_use_its_vjp():
+    """``q``, ``k`` and ``v`` one term: the gradient sums the three VJPs, to second order."""
     x = ct.var("x", (2, 5, 3), "float64")
     out = ct.softmax(ct.where(_tril(5, 5), x @ _swap(x) * 0.5, -np.inf), axis=-1) @ x
     assert "attention" in _ops([out])
@@ -258,7 +258,7 @@ def test_on_the_gpu_cross_attention_of_any_head_size_is_right(head):
 def test_cudnn_reads_every_operand_with_the_same_dims_in_place():
     """The heads of a projection (a transposed view), the results (packed) and the statistics describe alike; a
     batch whose axes do not merge is copied."""
-    from cortado.backends.cupy.dnn_attention import four_dims
+    from cortado.backends.cupy.calls.cudnn_attention import four_dims
 
     view = four_dims((8, 12, 1024, 64), (1024 * 3 * 768, 64, 3 * 768, 1))
     packed = four_dims((8, 12, 1024, 64), (12 * 1024 * 64, 1024 * 64, 64, 1))

@@ -354,7 +354,7 @@ def test_conv_gradients_are_convolutions(groups):
     x, w = ct.var("x", (2, 4, 9, 8), "float64"), ct.var("w", (6, 4 // groups, 3, 2), "float64")
     y = ct.conv(x, w, strides=(2, 3), padding=((1, -1), (2, 0)), rhs_dilation=(2, 1), groups=groups)
     dx, dw = ct.vjp(y, [x, w], ct.var("dy", y.shape, "float64"))
-    assert dx.op.name == "conv", dx  # the input's share is itself a convolution, of the output's adjoint
+    assert dx.op.name == "conv", dx  # the input's VJP is itself a convolution, of the output's adjoint
     assert dx.attr("lhs_dilation") == (2, 3)  # dilated by the forward strides: no transposed convolution
     assert "conv" in ops_of([dw])
     assert ops_of([dx, dw]) <= {"var", "conv", "flip", "transpose", "reshape"}, ops_of([dx, dw])
@@ -475,15 +475,22 @@ def test_nhwc_auto_stores_the_tensor_core_dtypes_channels_last():
 
 
 def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
-    from cortado.backends.cupy import dnn
+    from cortado.backends.cupy.calls import cudnn_conv
 
-    alone, runner = object.__new__(dnn.Conv), object.__new__(dnn.Conv)
+    alone, runner = object.__new__(cudnn_conv.Conv), object.__new__(cudnn_conv.Conv)
     windows = type("Windows", (), {"describe": lambda self: "im2col"})()
-    alone.__dict__.update(choice=dnn.WINDOWS, times=None, plans=[], others={dnn.WINDOWS: windows})
-    runner.__dict__.update(choice=dnn.UNFUSED, unfused=alone, epilogue="bias_relu", plans=[3, 5], dropped={3, 5},
-                           times=(None, {dnn.UNFUSED: 1e-2}))
+    alone.__dict__.update(choice=cudnn_conv.WINDOWS, times=None, plans=[], others={cudnn_conv.WINDOWS: windows})
+    runner.__dict__.update(choice=cudnn_conv.UNFUSED, unfused=alone, epilogue="bias_relu", plans=[3, 5], dropped={3, 5},
+                           times=(None, {cudnn_conv.UNFUSED: 1e-2}))
     assert runner.describe() == ("im2col, then a generated kernel for its bias_relu (unfused 10.0 us, 2 fused plans "
                                  "dropped: they disagreed with it unfused)")
+
+
+def _call(term, strides):
+    """The ``ConvCall`` the GPU's conv target makes of ``dnn_conv`` ``term`` stored at ``strides``."""
+    from cortado.backends.cupy.targets.conv import conv_call
+
+    return conv_call(term, strides, {"tf32": False, "deterministic": True})
 
 
 @pytest.mark.parametrize("x_shape, dy_shape, w_shape, strides, groups", [
@@ -498,32 +505,32 @@ def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
 def test_our_weight_gradient_kernels_tiles_fit_its_block(x_shape, dy_shape, w_shape, strides, groups, monkeypatch):
     """The tiling ``split_wgrad`` chooses (no GPU needed to choose it): shared memory, threads and partial sums
     within its limits, every output channel and input channel of a group covered by whole blocks."""
-    from cortado.backends.cupy import split_wgrad
+    from cortado.backends.cupy.calls import conv_wgrad
     from cortado.backends.cupy.codegen import contiguous_strides
     from cortado.backends.cupy.lowering.conv import dnn_conv
 
-    monkeypatch.setattr(split_wgrad, "_multiprocessors", lambda: 132)
+    monkeypatch.setattr(conv_wgrad, "_multiprocessors", lambda: 132)
     x, dy = ct.var("x", x_shape), ct.var("dy", dy_shape)
     padding = tuple((k // 2, k // 2) for k in w_shape[2:])
     term = dnn_conv(x, dy, "wgrad", strides, padding, (1,) * len(strides), groups, w_shape)
-    kernel = split_wgrad.split_wgrad(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)})
+    kernel = conv_wgrad.split_wgrad(_call(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)}))
     g = kernel.geometry
-    assert g._shared_bytes(*g.tile) <= split_wgrad.SHARED_BYTES and kernel.block[0] <= split_wgrad.THREADS
-    assert g.og % g.ob == 0 and g.cg % g.cb == 0 and g.ob % g.opt == 0 and g.opt * g.taps <= 2 * split_wgrad.ACCUMULATORS
-    assert kernel.workspace_bytes <= split_wgrad.PARTIAL_BYTES + split_wgrad.ALIGNMENT
+    assert g._shared_bytes(*g.tile) <= conv_wgrad.SHARED_BYTES and kernel.block[0] <= conv_wgrad.THREADS
+    assert g.og % g.ob == 0 and g.cg % g.cb == 0 and g.ob % g.opt == 0 and g.opt * g.taps <= 2 * conv_wgrad.ACCUMULATORS
+    assert kernel.workspace_bytes <= conv_wgrad.PARTIAL_BYTES + conv_wgrad.ALIGNMENT
     assert math.prod(kernel.grid) >= 132 or kernel.splits == g.n * -(-g.p // g.tile[0]) * -(-g.q // g.tile[1])
 
 
 def test_our_weight_gradient_kernel_leaves_what_it_does_not_take():
     from cortado.backends.cupy.codegen import contiguous_strides
     from cortado.backends.cupy.lowering.conv import dnn_conv
-    from cortado.backends.cupy.split_wgrad import split_wgrad
+    from cortado.backends.cupy.calls.conv_wgrad import split_wgrad
 
     def kernel(x_shape, dy_shape, w_shape, dtype="float32", stride=1):
         x, dy = ct.var("x", x_shape, dtype), ct.var("dy", dy_shape, dtype)
         spatial = len(w_shape) - 2
         term = dnn_conv(x, dy, "wgrad", (stride,) * spatial, ((0, 0),) * spatial, (1,) * spatial, 1, w_shape)
-        return split_wgrad(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)})
+        return split_wgrad(_call(term, {t: contiguous_strides(t.shape) for t in (x, dy, term)}))
 
     assert kernel((2, 4, 8, 8), (2, 6, 4, 4), (6, 4, 1, 1), stride=2) is None  # one tap, strided: no product per image
     assert kernel((2, 4, 8, 8), (2, 6, 6, 6), (6, 4, 3, 3), dtype="bfloat16") is None  # cuDNN's tensor cores
@@ -534,15 +541,16 @@ def test_our_weight_gradient_kernel_leaves_what_it_does_not_take():
 def test_a_1x1_weight_gradient_is_a_product_per_nchw_image_or_one_over_nhwc_pixels():
     from cortado.backends.cupy.codegen import channels_last_strides, contiguous_strides
     from cortado.backends.cupy.lowering.conv import dnn_conv
-    from cortado.backends.cupy.split_wgrad import _Geometry
+    from cortado.backends.cupy.calls.conv_wgrad import _Geometry
 
     x, dy = ct.var("x", (2, 4, 8, 8)), ct.var("dy", (2, 6, 8, 8))
     term = dnn_conv(x, dy, "wgrad", (1, 1), ((0, 0), (0, 0)), (1, 1), 1, (6, 4, 1, 1))
     packed = {t: contiguous_strides(t.shape) for t in (x, dy, term)}
     last = {**packed, x: channels_last_strides(x.shape), dy: channels_last_strides(dy.shape)}
-    assert _Geometry(term, packed).products_per_image() and not _Geometry(term, packed).product_over_pixels()
-    assert _Geometry(term, last).product_over_pixels() and not _Geometry(term, last).products_per_image()
-    assert not _Geometry(term, {**packed, x: last[x]}).product_over_pixels()  # dy NCHW: no rows of pixels
+    packed, last, mixed = (_Geometry(_call(term, strides)) for strides in (packed, last, {**packed, x: last[x]}))
+    assert packed.products_per_image() and not packed.product_over_pixels()
+    assert last.product_over_pixels() and not last.products_per_image()
+    assert not mixed.product_over_pixels()  # dy NCHW: no rows of pixels
 
 
 def test_channels_last_io_stores_feeds_and_results_of_four_or_more_axes_channels_last():
@@ -558,11 +566,11 @@ def test_channels_last_io_stores_feeds_and_results_of_four_or_more_axes_channels
 
 def test_an_operand_read_twice_is_copied_to_nchw_for_each_read():
     from cortado.backends.cupy.codegen import channels_last_strides, contiguous_strides
-    from cortado.backends.cupy.conv_detour import detour_layouts
+    from cortado.backends.cupy.calls.conv_nchw import nchw_call
     from cortado.backends.cupy.lowering.conv import dnn_conv
 
     x = ct.var("x", (2, 4, 6, 6))
     term = dnn_conv(x, x, "wgrad", (1, 1), ((1, 1), (1, 1)), (1, 1), 1, (4, 4, 3, 3))  # sum(conv(x, w) * x)'s
-    nchw, copied = detour_layouts(term, {x: channels_last_strides(x.shape), term: contiguous_strides(term.shape)}, False)
-    assert copied == [0, 1] and nchw[x] == contiguous_strides(x.shape)
-    assert detour_layouts(term, {x: contiguous_strides(x.shape), term: contiguous_strides(term.shape)}, False) is None
+    nchw, copied = nchw_call(_call(term, {x: channels_last_strides(x.shape), term: contiguous_strides(term.shape)}))
+    assert copied == [0, 1] and nchw.first.strides == nchw.second.strides == contiguous_strides(x.shape)
+    assert nchw_call(_call(term, {x: contiguous_strides(x.shape), term: contiguous_strides(term.shape)})) is None

@@ -178,7 +178,7 @@ def test_attention_at_edge_values(backend, data, dtype):
     precision), its values NaN, infinite or extreme where the edges land, its queries and keys at edges that keep
     each row of scores finite. A row of scores that is NaN is NaN at every key in the written form, masked keys too
     (0 over a NaN sum), and so in the values' gradient of every key; cuDNN's flash attention, as torch's
-    scaled_dot_product_attention, gives the keys it masks no share of such a row (``_attention_excluding_masked``).
+    scaled_dot_product_attention, leaves the keys it masks out of such a row's gradient (``_attention_excluding_masked``).
     Where a value is infinite, cuDNN's backward pass forms its row sums from the output it stored in half precision
     and may give -inf where the written form gives NaN: a NaN and an infinity agree here, a number and either never."""
     skip_without_device(backend)
@@ -239,7 +239,7 @@ def test_attention_means_its_plain_expressions_where_a_row_holds_inf():
     attention shifted a row by its max even where that max is inf, so a row of scores [inf, inf, -inf, -inf] was NaN
     throughout, where softmax (and so the plain form) gives NaN at the infinities and 0 at the masked keys."""
     from cortado.exprgraph.constructors import attention, attention_grad
-    from cortado.rules.attention_shares import plain_attention, plain_attention_grad
+    from cortado.rules.attention_vjps import plain_attention, plain_attention_grad
 
     q, k, v = (np.zeros((2, 4, 16), np.float32) for _ in range(3))
     q[1, 1, 8], q[0, 0, :2], k[1, :2, 8] = np.inf, np.nan, 1

@@ -18,9 +18,9 @@ WINDOW_OPS = ["conv", "windows", "overlap_add", "pad", "flip", "add", "multiply"
 
 def _convolutions(program):
     """The cuDNN convolution calls of ``program``, as its executor tuned them."""
-    from cortado.backends.cupy import dnn
+    from cortado.backends.cupy.calls import cudnn_conv
 
-    return [made.library for made, _ in program._executor.tuned if isinstance(made.library, dnn.Conv)]
+    return [made.library for made, _ in program._executor.tuned if isinstance(made.library, cudnn_conv.Conv)]
 
 
 def _modes(program):
@@ -141,7 +141,7 @@ def test_a_cnn_training_step_on_the_gpu_follows_the_cpu_program():
 @pytest.mark.parametrize("nhwc", [False, True])  # one GEMM per image (NCHW), or one over every pixel (NHWC)
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype, nhwc):
-    from cortado.backends.cupy import dnn
+    from cortado.backends.cupy.calls import cudnn_conv
 
     x, w = ct.var("x", (3, 16, 7, 5), dtype), ct.var("w", (24, 16, 1, 1), dtype)
     y = ct.conv2d(x, w)
@@ -155,7 +155,7 @@ def test_a_1x1_convolution_runs_as_a_gemm_candidate_too(dtype, nhwc):
     assert {r.image_first for r in runners if r.gemm is not None} == {nhwc}
     assert "GEMM" in program.explain() and " us" in program.explain()
     for runner in runners:
-        runner.choice = dnn.GEMM if runner.gemm is not None else runner.choice
+        runner.choice = cudnn_conv.GEMM if runner.gemm is not None else runner.choice
     for ours, theirs in zip(program(**feeds), expected):
         assert_close(ours, theirs, dtype)
 
@@ -205,10 +205,10 @@ IM2COL_GEOMETRIES = [  # x shape, w shape, ct.conv keywords
 @pytest.mark.parametrize("x_shape, w_shape, options", IM2COL_GEOMETRIES)
 def test_im2col_and_gemms_compute_the_convolution_and_its_weight_gradient(x_shape, w_shape, options, dtype, nhwc,
                                                                           one_image_at_a_time, monkeypatch):
-    from cortado.backends.cupy import dnn, window_gemm
+    from cortado.backends.cupy.calls import conv_im2col, cudnn_conv
 
     if one_image_at_a_time:  # the weight gradient added image by image
-        monkeypatch.setattr(window_gemm, "_chunk", lambda batch, per_image_bytes: 1)
+        monkeypatch.setattr(conv_im2col, "_chunk", lambda batch, per_image_bytes: 1)
     x, w = ct.var("x", x_shape, dtype), ct.var("w", w_shape, dtype)
     y = ct.conv(ct.relu(x), w, **options)  # relu: the image is computed, so nhwc=True stores it channels last
     outputs = [y] + ct.grad(ct.sum(y * y), [w])
@@ -224,7 +224,7 @@ def test_im2col_and_gemms_compute_the_convolution_and_its_weight_gradient(x_shap
     assert {r.mode for r in windowed} == {"fprop", "wgrad"}, [r.describe() for r in runners]
     assert "im2col and GEMMs" in program.explain()
     for runner in windowed:
-        runner.choice = dnn.WINDOWS
+        runner.choice = cudnn_conv.WINDOWS
     scale = [max(1.0, float(np.abs(e).max())) for e in expected]
     for ours, theirs, s in zip(program(**feeds), expected, scale):
         assert_close(np.asarray(ours.get(), np.float64) / s, theirs / s, dtype)
@@ -234,7 +234,7 @@ def test_im2col_and_gemms_compute_the_convolution_and_its_weight_gradient(x_shap
 @pytest.mark.parametrize("nhwc", [False, True])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_a_residual_blocks_epilogues_run_fused_by_cudnn_or_after_the_convolution(dtype, nhwc):
-    from cortado.backends.cupy import dnn
+    from cortado.backends.cupy.calls import cudnn_conv
 
     x, b = ct.var("x", (4, 8, 10, 10), dtype), ct.var("b", (8,), dtype)
     w, w2, b2 = ct.var("w", (8, 8, 3, 3), dtype), ct.var("w2", (8, 8, 3, 3), dtype), ct.var("b2", (8,), dtype)
@@ -253,7 +253,7 @@ def test_a_residual_blocks_epilogues_run_fused_by_cudnn_or_after_the_convolution
     for runner in runners:
         chosen = runner.choice
         assert runner.choice not in runner.dropped
-        for choice in [p for p in runner.plans if p not in runner.dropped][:3] + [dnn.UNFUSED]:
+        for choice in [p for p in runner.plans if p not in runner.dropped][:3] + [cudnn_conv.UNFUSED]:
             runner.choice = choice
             for ours, theirs, s in zip(program(**feeds), expected, scale):
                 try:
@@ -274,7 +274,7 @@ SPLIT_GEOMETRIES = IM2COL_GEOMETRIES + [  # and groups, a wide kernel, a tile cu
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 @pytest.mark.parametrize("x_shape, w_shape, options", SPLIT_GEOMETRIES)
 def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape, w_shape, options, dtype, nhwc):
-    from cortado.backends.cupy import dnn
+    from cortado.backends.cupy.calls import cudnn_conv
 
     x, w = ct.var("x", x_shape, dtype), ct.var("w", w_shape, dtype)
     y = ct.conv(ct.relu(x), w, **options)  # relu: the image is computed, so nhwc=True stores it channels last
@@ -290,7 +290,7 @@ def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape,
     assert runners and all(r.split is not None for r in runners), [r.describe() for r in runners]
     assert "partial sums added in order" in program.explain()
     for runner in runners:
-        runner.choice = dnn.SPLIT
+        runner.choice = cudnn_conv.SPLIT
     first, second = (np.asarray(program(**feeds)[0].get(), np.float64) for _ in range(2))
     scale = max(1.0, float(np.abs(expected).max()))
     assert_close(first / scale, expected / scale, dtype)
@@ -301,7 +301,7 @@ def test_our_weight_gradient_kernel_computes_it_the_same_bits_every_run(x_shape,
 @pytest.mark.parametrize("channels_last_io", [False, True])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_a_1x1_weight_gradient_is_a_gemm_over_the_pixels_or_per_image_added_in_order(dtype, channels_last_io):
-    from cortado.backends.cupy import dnn, split_wgrad
+    from cortado.backends.cupy.calls import conv_wgrad, cudnn_conv
 
     x, w = ct.var("x", (5, 6, 7, 9), dtype), ct.var("w", (4, 6, 1, 1), dtype)
     y = ct.conv2d(x, w)
@@ -311,9 +311,9 @@ def test_a_1x1_weight_gradient_is_a_gemm_over_the_pixels_or_per_image_added_in_o
     expected = ct.evaluate(outputs, feeds, precision="float64")[0]
     program = ct.compile(outputs, inputs=[x, w], backend="cupy", channels_last_io=channels_last_io)
     (runner,) = [r for r in _convolutions(program) if r.mode == "wgrad"]
-    kind = split_wgrad.PixelGemm if channels_last_io else split_wgrad.ImageGemms
+    kind = conv_wgrad.PixelGemm if channels_last_io else conv_wgrad.ImageGemms
     assert isinstance(runner.split, kind), runner.describe()
-    runner.choice = dnn.SPLIT
+    runner.choice = cudnn_conv.SPLIT
     first, second = (np.asarray(program(**feeds)[0].get(), np.float64) for _ in range(2))
     scale = max(1.0, float(np.abs(expected).max()))
     assert_close(first / scale, expected / scale, dtype)
@@ -364,16 +364,16 @@ def test_channels_last_feeds_are_read_in_place_and_results_returned_channels_las
 def test_a_channels_last_convolution_may_run_in_nchw_between_copies(dtype):
     import cupy
 
-    from cortado.backends.cupy import dnn
+    from cortado.backends.cupy.calls import cudnn_conv
 
     x, w, dy = ct.var("x", (3, 5, 9, 8), dtype), ct.var("w", (6, 5, 3, 3), dtype), ct.var("dy", (3, 6, 5, 4), dtype)
     y = ct.conv2d(x, w, stride=2, padding=1)
     outputs = [y] + ct.grad(ct.sum(y * dy), [x, w])
     program = ct.compile(outputs, inputs=[x, w, dy], backend="cupy", channels_last_io=True)
-    runners = [r for r in _convolutions(program) if r.detour is not None]
+    runners = [r for r in _convolutions(program) if r.nchw is not None]
     assert sorted(r.mode for r in runners) == ["dgrad", "fprop", "wgrad"], program.explain()
     for runner in runners:
-        runner.choice = dnn.NCHW
+        runner.choice = cudnn_conv.NCHW
     rng = np.random.default_rng(14)
     feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(dtype) for v in (x, w, dy)}
     expected = ct.evaluate(outputs, feeds, precision="float64")

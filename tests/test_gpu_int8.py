@@ -34,8 +34,8 @@ def _shape(draw):
 @st.composite
 def configurations(draw):
     """A product, the layouts of its operands, and an mma.sync tiling, any of which the candidates could be."""
-    from cortado.backends.cupy.mma.product import Tiling
-    from cortado.backends.cupy.mma.tilings import BLOCK_SHAPES
+    from cortado.backends.cupy.calls.int8.product import Tiling
+    from cortado.backends.cupy.calls.int8.tilings import BLOCK_SHAPES
 
     m, n, k = _shape(draw)
     bm, bn, warps_m, warps_n = draw(st.sampled_from(BLOCK_SHAPES[:-3]))
@@ -57,8 +57,8 @@ def configurations(draw):
 @st.composite
 def warpgroup_configurations(draw):
     """A product whose operands are both read 16 bytes at a time, and a wgmma tiling."""
-    from cortado.backends.cupy.mma.product import warpgroup_tiling
-    from cortado.backends.cupy.mma.tilings import WARPGROUP_SHAPES
+    from cortado.backends.cupy.calls.int8.product import warpgroup_tiling
+    from cortado.backends.cupy.calls.int8.tilings import WARPGROUP_SHAPES
 
     bm, bn = draw(st.sampled_from(WARPGROUP_SHAPES))
     bk = draw(st.sampled_from([32, 64, 128]))
@@ -90,8 +90,8 @@ def _check_kernel(configuration, requantized):
 
     from cortado.backends.cupy.codegen import Operand
     from cortado.backends.cupy.kernels import launcher
-    from cortado.backends.cupy.mma.product import Product, counters, partial_bytes, vector_readable
-    from cortado.backends.cupy.mma.source import gemm_source
+    from cortado.backends.cupy.calls.int8.product import Product, counters, partial_bytes, vector_readable
+    from cortado.backends.cupy.calls.int8.source import gemm_source
     from cortado.exprgraph.ops import parameter
 
     (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, constants, seed = configuration
@@ -151,7 +151,7 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times():
     """Each candidate the runner times for a large product (wgmma on sm_90 among them) gives the exact sums."""
     import cupy
 
-    from cortado.backends.cupy.mma.runner import Int8Gemm
+    from cortado.backends.cupy.calls.int8.runner import Int8Gemm
 
     rng = np.random.default_rng(5)
     m, n, k = 1000, 600, 784

@@ -319,7 +319,7 @@ def test_every_op_has_a_derivative_rule_or_a_formula_to_differentiate():
 
 
 def test_derivative_rules_refuse_to_be_incomplete():
-    with pytest.raises(ct.RewriteError, match=r"gives shares for \['_x'\].*inputs \['_x', '_z'\]"):
+    with pytest.raises(ct.RewriteError, match=r"gives VJPs for \['_x'\].*inputs \['_x', '_z'\]"):
         Derivative("bad", "_x * _z", _x="_dy * _z")
     with pytest.raises(ct.RewriteError, match="placeholders"):
         Derivative("bad", "exp(log(_x))", _x="_dy")
@@ -374,7 +374,7 @@ def test_review_regressions():
     """Each of these once gave a wrong value, crashed, or left work a person would not write."""
     h = ct.var("h", (70000,), "float16")
     np.testing.assert_allclose(ct.evaluate(ct.grad(ct.mean(h), h), {})[:2], 1 / 70000, rtol=1e-2)  # subnormal, not 0
-    ties = ct.grad(ct.max(ct.broadcast_to(h, (2, 70000))), h)  # 140000 ties share the adjoint
+    ties = ct.grad(ct.max(ct.broadcast_to(h, (2, 70000))), h)  # 140000 ties split the adjoint
     assert ct.evaluate(ties, {"h": np.zeros(70000, np.float16)})[0] > 0
     a, b = ct.var("a", (2, 3, 0), "float64"), ct.var("b", (0, 5), "float64")
     assert [g.shape for g in ct.grad(ct.sum(a @ b), [a, b])] == [(2, 3, 0), (0, 5)]

@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortado.backends.cupy.mma.product import Product, Tiling, partial_bytes, warpgroup_tiling
-from cortado.backends.cupy.mma.source import gemm_source
-from cortado.backends.cupy.mma.tilings import (SHARED_LIMIT, WARPGROUP_MIN_MULTIPLY_ADDS, candidates,
+from cortado.backends.cupy.calls.int8.product import Product, Tiling, partial_bytes, warpgroup_tiling
+from cortado.backends.cupy.calls.int8.source import gemm_source
+from cortado.backends.cupy.calls.int8.tilings import (SHARED_LIMIT, WARPGROUP_MIN_MULTIPLY_ADDS, candidates,
                                                warpgroup_candidates)
 from cortado.exprgraph.ops import parameter
 
@@ -66,7 +66,7 @@ def test_int8_results_of_whole_tiles_are_staged_and_stored_sixteen_bytes_a_threa
     of odd lengths do not."""
     from cortado import cast
     from cortado.backends.cupy.codegen import Operand
-    from cortado.backends.cupy.mma.epilogue import staged
+    from cortado.backends.cupy.calls.int8.epilogue import staged
 
     tiling = warpgroup_tiling(128, 128, 128, 7)
     assert staged(tiling, np.int8, (1024, 1)) and staged(tiling, np.float16, (1024, 1))

@@ -31,8 +31,8 @@ def _operand(dtype="float32"):
 
 
 def _int8_sources():
-    from cortado.backends.cupy.mma.product import Product, Tiling, warpgroup_tiling
-    from cortado.backends.cupy.mma.source import gemm_source
+    from cortado.backends.cupy.calls.int8.product import Product, Tiling, warpgroup_tiling
+    from cortado.backends.cupy.calls.int8.source import gemm_source
 
     m, n, k = 100, 40, 96
     product = Product(m, n, k, (k, 1), (1, k), np.dtype(np.int8), np.dtype(np.int8), True, True)

@@ -247,18 +247,19 @@ def test_a_convolutions_bias_residual_and_relu_fold_into_its_epilogue(conv_also_
 
 def test_an_epilogue_kernel_walks_a_channels_last_result_in_memory_order():
     from cortado.backends.cupy.codegen import channels_last_strides, memory_order
-    from cortado.backends.cupy.conv_epilogue import EpilogueKernel
+    from cortado.backends.cupy.calls.conv_epilogue import EpilogueKernel
     from cortado.backends.cupy.lowering.conv import dnn_conv
+    from cortado.backends.cupy.targets.conv import conv_call
 
     shape = (2, 3, 4, 5)
     assert memory_order(shape, contiguous_strides(shape)) is None
     assert memory_order(shape, channels_last_strides(shape)) == (0, 2, 3, 1)
     x, w, b = ct.var("x", shape), ct.var("w", (3, 3, 1, 1)), ct.var("b", (3,))
     term = dnn_conv(x, w, "fprop", (1, 1), ((0, 0), (0, 0)), (1, 1), 1, shape, "bias_relu", (b,))
-    layouts = {term: channels_last_strides(shape), b: (1,)}
-    channels_last = EpilogueKernel(term, layouts).source.text
+    layouts = {x: contiguous_strides(shape), w: contiguous_strides(w.shape), term: channels_last_strides(shape), b: (1,)}
+    channels_last = EpilogueKernel(conv_call(term, layouts, {"tf32": False, "deterministic": True})).source.text
     layouts[term] = contiguous_strides(shape)
-    c_order = EpilogueKernel(term, layouts).source.text
+    c_order = EpilogueKernel(conv_call(term, layouts, {"tf32": False, "deterministic": True})).source.text
     assert channels_last != c_order and "in1" in channels_last and "out0" in channels_last
 
 

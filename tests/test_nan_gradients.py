@@ -6,8 +6,8 @@ The expected gradients are PyTorch 2.13's on the CPU (``torch.max(x)`` for a ful
 ``torch.logsumexp``), written out so that the tests need no torch. Where PyTorch picks one of tied
 elements by index (``torch.max(x, dim)``, ``max_pool2d``), cortado splits the adjoint evenly, as
 ``torch.max(x)`` and ``torch.amax`` do: the cases below tie only in a full ``max``. ``torch.amax``
-differs at a NaN: its shares are ``mask * (dy / count)`` with no element equal to the NaN maximum,
-so ``0 * inf`` makes them all NaN.
+differs at a NaN: its VJP is ``mask * (dy / count)`` with no element equal to the NaN maximum,
+so ``0 * inf`` makes it NaN throughout.
 """
 
 import numpy as np

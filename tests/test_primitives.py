@@ -80,9 +80,9 @@ def test_silu_is_its_formula_and_its_gradient_comes_from_it():
                                ct.evaluate(ct.grad(ct.sum(ct.silu(x) * x), [x])[0], {x: values}), rtol=1e-12)
 
 
-def test_an_operand_read_twice_by_a_composite_gets_both_shares():
+def test_an_operand_read_twice_by_a_composite_gets_both_vjps():
     """The gradient through a formula puts a stand-in in each operand's place, so ``silu`` of ``x`` read through
-    ``x * x`` and a composite reading one term twice each get every place's share."""
+    ``x * x`` and a composite reading one term twice each get every place's VJP."""
     x = ct.var("x", (3,), "float64")
     values = np.array([-2.0, 0.5, 1.5])
     got = ct.evaluate(ct.grad(ct.sum(ct.silu(x * x)), [x])[0], {x: values})

@@ -61,7 +61,7 @@ def test_a_shared_subterm_is_rewritten_once():
 
     def rewrite_leaf(b):
         calls.append(b.term)
-        return b.world.build("+", [b["_x"], b.world.literal(1)], {})
+        return b.domain.build("+", [b["_x"], b.domain.literal(1)], {})
 
     shared = ct.exp(x)
     expression = shared * shared + ct.sum(shared) * shared

@@ -28,7 +28,7 @@ def block_rows(q, k):
 
 def scratch_sizes(q, k, v):
     """The elements of each flat scratch array: the block's scores (twice for the gradient: probabilities and their
-    adjoint), and a block's share of a key's or value's gradient."""
+    adjoint), and a block's partial sum of a key's or value's gradient."""
     lead = math.prod(q.shape[:-2])
     scores = lead * block_rows(q, k) * k.shape[-2]
     return scores, scores, lead * k.shape[-2] * max(q.shape[-1], v.shape[-1])

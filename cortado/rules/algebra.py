@@ -46,7 +46,7 @@ from .text import literal_value
 
 
 def _fold(b):
-    return b.world.fold(b.term)
+    return b.domain.fold(b.term)
 
 
 def _standing_for(b, x):
@@ -102,12 +102,12 @@ def _collect(op, regroups=lambda op, a, c, folded: True):
         a, c, x = b["_a"], b["_b"], b["_x"]
         if isinstance(x, Term) and not a.dtype == c.dtype == b.term.dtype:
             return None
-        folded = b.world.fold(b.world.build(op, [a, c], {}))
-        if folded is None or not b.world.is_finite(folded):
+        folded = b.domain.fold(b.domain.build(op, [a, c], {}))
+        if folded is None or not b.domain.is_finite(folded):
             return None
         if isinstance(x, Term) and not regroups(op, a, c, folded):
             return None
-        return b.world.build(op, [folded, x], {})
+        return b.domain.build(op, [folded, x], {})
 
     return replace
 
@@ -174,7 +174,7 @@ def _compose_transposes(b):
     composed = tuple(inner[i] for i in outer)
     if composed == tuple(range(len(composed))):
         return b["_x"]
-    return b.world.build("transpose", [b["_x"]], {"axes": composed})
+    return b.domain.build("transpose", [b["_x"]], {"axes": composed})
 
 
 def _is_identity_permutation(b):
@@ -200,7 +200,7 @@ def _sum_of_broadcast(b):
     factor = math.prod(shape[i] for i in axes if i < lead or padded[i] != shape[i])
     if factor == 0:
         return 0  # a sum over nothing
-    if factor != 1 and (b.shared(b.term.args[0]) or b.world.full_like(b.term, factor) is None):
+    if factor != 1 and (b.shared(b.term.args[0]) or b.domain.full_like(b.term, factor) is None):
         return None
     own = tuple(i - lead for i in axes if i >= lead)
     result = x if not own and x.dtype == b.term.dtype else ct.sum(x, axis=own, keepdims=keepdims)

@@ -19,14 +19,14 @@ from .algebra import algebra, fast_math
 from .engine import Fixpoint, Postwalk, Rule, RuleSet, substitute, subterms
 from .matching import match
 from .patterns import as_pattern, matchable
-from .worlds import TENSOR, world_of
+from .domains import TENSOR, domain_of
 
 
 def _read(ex):
     """``(term, was_text)``: text is parsed, terms pass through."""
     if isinstance(ex, str):
         return textforms.parse(ex), True
-    world_of(ex)  # refuses anything that is neither
+    domain_of(ex)  # refuses anything that is neither
     return ex, False
 
 
@@ -46,7 +46,7 @@ def matchex(pattern, ex, exact=False):
     ``exact=True`` also requires distinct placeholders to bind distinct terms.
     """
     term, as_text = _read(ex)
-    bound = match(matchable(pattern), term, world_of(term), exact)
+    bound = match(matchable(pattern), term, domain_of(term), exact)
     return None if bound is None else {name: _write(v, as_text) for name, v in bound.items()}
 
 
@@ -67,7 +67,7 @@ def rewrite(ex, pattern, replacement, guard=None):
     result = tryrewrite(ex, pattern, replacement, guard)
     if result is None:
         term, _ = _read(ex)
-        shown = world_of(term).describe(term)
+        shown = domain_of(term).describe(term)
         if matchex(pattern, ex) is None:
             raise RewriteError(f"the pattern {as_pattern(pattern)!r} does not match {shown}")
         raise RewriteError(f"the pattern {as_pattern(pattern)!r} matches {shown}, but the guard refuses it or "
@@ -110,8 +110,8 @@ def findex(pattern, ex):
     """Every distinct subterm of ``ex`` that ``pattern`` matches, innermost first."""
     term, as_text = _read(ex)
     pattern = matchable(pattern)
-    world = world_of(term)
-    return [_write(t, as_text) for t in subterms(term) if match(pattern, t, world) is not None]
+    domain = domain_of(term)
+    return [_write(t, as_text) for t in subterms(term) if match(pattern, t, domain) is not None]
 
 
 def subs(ex, mapping=None, /, **names):

@@ -1,12 +1,12 @@
 """``derivatives``: the vector-Jacobian product of every op, as rules (XGrad.jl's ``@diffrule``).
 
 A rule matches a term of one op, as any rewrite rule does, and gives for each input (each
-placeholder of its pattern) that input's share of the adjoint: an expression of the inputs, the
-output ``_y`` and the output's adjoint ``_dy``. ``exp(_x)`` gives ``_x`` the share ``_dy * _y``.
-A share may keep the output's shape: the reverse-mode driver (``cortado.grad``) sums
-a broadcast share down to its input's shape and casts it to its input's dtype, so the rules of
-``add``, ``broadcast_to`` and ``cast`` are simply ``_dy``. A share of ``0`` contributes nothing.
-Shares are built from differentiable ops only, so gradients of gradients work.
+placeholder of its pattern) that input's VJP: an expression of the inputs, the output ``_y``
+and the output's adjoint ``_dy``. ``exp(_x)`` gives ``_x`` the VJP ``_dy * _y``.
+A VJP may keep the output's shape: the reverse-mode driver (``cortado.grad``) sums
+a broadcast VJP down to its input's shape and casts it to its input's dtype, so the rules of
+``add``, ``broadcast_to`` and ``cast`` are simply ``_dy``. A VJP of ``0`` contributes nothing.
+VJPs are built from differentiable ops only, so gradients of gradients work.
 
 Where a function has no derivative, the rules choose what PyTorch and JAX choose:
 
@@ -18,7 +18,7 @@ Where a function has no derivative, the rules choose what PyTorch and JAX choose
   NaN, equal to nothing) splits the adjoint evenly among its NaNs, as ``torch.max(x)`` does, so
   ``max_pool2d`` routes a window's adjoint to its NaN; ``maximum`` and ``minimum`` give each input
   the whole adjoint where either is NaN (no comparison holds, so neither loses), and ``relu`` gives
-  a NaN the adjoint. (``torch.amax`` differs: its ``0 * inf`` makes a NaN slice's shares all NaN.)
+  a NaN the adjoint. (``torch.amax`` differs: its ``0 * inf`` makes the VJP NaN across a NaN slice.)
 - ``sign``, ``rint``, the comparisons and ``where``'s condition are piecewise constant: derivative 0
   (``stop_gradient``'s is 0 by definition);
 - ``sqrt`` at 0 and ``log`` at 0 have infinite derivatives, as in every framework, and
@@ -38,27 +38,27 @@ from ..exprgraph.ops import (
 )
 from ..exprgraph.graph import post_order
 from ..exprgraph.term import Term
-from .attention_shares import attention_grad_share, attention_share
-from .convolution_shares import conv_input_share, conv_weight_share, overlap_add_share, pad_share, windows_share
+from .attention_vjps import attention_grad_vjp, attention_vjp
+from .convolution_vjps import conv_input_vjp, conv_weight_vjp, overlap_add_vjp, pad_vjp, windows_vjp
 from .decompositions import places, taken_places
 from .engine import Rewrite, substitute
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable
 from .primitives import in_primitives
 from .reverse import backpropagate
-from .worlds import TENSOR, NotApplicable, op_name
+from .domains import TENSOR, NotApplicable, op_name
 
 
 class Derivative:
-    """The adjoint shares of one op: ``Derivative("exp", "exp(_x)", _x="_dy * _y")``.
+    """The vector-Jacobian products (VJPs) of one op: ``Derivative("exp", "exp(_x)", _x="_dy * _y")``.
 
     ``pattern`` is a call of the op whose arguments are placeholders (a trailing splat for ops
-    of any arity); each keyword names one of them and gives its share, as a text pattern over
+    of any arity); each keyword names one of them and gives its VJP, as a text pattern over
     the pattern's placeholders, ``_y`` and ``_dy``, or as a function of the bindings (a splat's
     function also finds the argument's index within the splat as ``_i``).
     """
 
-    def __init__(self, name, pattern, **shares):
+    def __init__(self, name, pattern, **vjps):
         self.name = name
         self.pattern = matchable(pattern)
         if not isinstance(self.pattern, PatternNode) or not all(
@@ -67,20 +67,20 @@ class Derivative:
                                f"not {self.pattern!r}")
         if not all(isinstance(v, Placeholder) for v in self.pattern.params.values()):
             raise RewriteError(f"derivative {name!r}: the attributes in {self.pattern!r} must be placeholders; "
-                               f"the rule of an op covers every use of it (a share can look at their values)")
+                               f"the rule of an op covers every use of it (a VJP can look at their values)")
         self.op = op_name(self.pattern.head, len(self.pattern.args))  # its name; ``Derivatives`` keys by its record
         if self.op not in OPS or OPS[self.op].kind == "leaf":
             raise RewriteError(f"derivative {name!r}: {self.pattern.head!r} is no cortado op with inputs")
         self.inputs = tuple(a.name for a in self.pattern.args)
-        if set(shares) != set(self.inputs):
-            raise RewriteError(f"derivative {name!r} gives shares for {sorted(shares)} but its pattern "
-                               f"{self.pattern!r} has the inputs {sorted(self.inputs)}: give one share each")
-        self.shares = {k: v if callable(v) and not isinstance(v, Pattern) else as_pattern(v) for k, v in shares.items()}
+        if set(vjps) != set(self.inputs):
+            raise RewriteError(f"derivative {name!r} gives VJPs for {sorted(vjps)} but its pattern "
+                               f"{self.pattern!r} has the inputs {sorted(self.inputs)}: give one VJP each")
+        self.vjps = {k: v if callable(v) and not isinstance(v, Pattern) else as_pattern(v) for k, v in vjps.items()}
 
-    def share(self, term, position, adjoint, trace=None):
-        """The share of ``adjoint`` (the adjoint of ``term``) that goes to ``term.args[position]``.
+    def vjp(self, term, position, adjoint, trace=None):
+        """The VJP of ``adjoint`` (the adjoint of ``term``) with respect to ``term.args[position]``.
 
-        A term of the output's shape or the input's, or None where the share is zero.
+        A term of the output's shape or the input's, or None where the VJP is zero.
         """
         bound = match(self.pattern, term, TENSOR)
         if bound is None:
@@ -91,24 +91,24 @@ class Derivative:
         if splat:
             extra["_i"] = position - (len(self.inputs) - 1)
         bindings = Bindings({**bound, **extra}, term, TENSOR)
-        share = self.shares[name]
+        vjp = self.vjps[name]
         try:
-            result = instantiate(share, bindings, TENSOR) if isinstance(share, Pattern) else share(bindings)
+            result = instantiate(vjp, bindings, TENSOR) if isinstance(vjp, Pattern) else vjp(bindings)
         except NotApplicable as error:
-            raise RewriteError(f"derivative {self.name!r} could not build the share of {name} for {term!r}: "
+            raise RewriteError(f"derivative {self.name!r} could not build the VJP of {name} for {term!r}: "
                                f"{error}") from None
         if not isinstance(result, Term):
             if result != 0:
-                raise RewriteError(f"derivative {self.name!r}: the share of {name} is {result!r}; "
-                                   f"a share is a term, or 0 for none")
+                raise RewriteError(f"derivative {self.name!r}: the VJP of {name} is {result!r}; "
+                                   f"a VJP is a term, or 0 for none")
             return None
         if trace is not None:
             trace.append(Rewrite(f"d{self.name}/d{name}", term, result))
         return result
 
     def __repr__(self):
-        shares = ", ".join(f"{k}={getattr(v, '__name__', v)!r}" for k, v in self.shares.items())
-        return f"Derivative({self.name!r}: {self.pattern!r}; {shares})"
+        vjps = ", ".join(f"{k}={getattr(v, '__name__', v)!r}" for k, v in self.vjps.items())
+        return f"Derivative({self.name!r}: {self.pattern!r}; {vjps})"
 
 
 class Derivatives:
@@ -120,7 +120,7 @@ class Derivatives:
             if not isinstance(rule, Derivative):
                 raise RewriteError(f"a set of derivative rules holds Derivative rules, not {type(rule).__name__} {rule!r}")
         self.name = name
-        self._by_op = {OPS[rule.op]: rule for rule in self.rules}  # by op record: ``share`` looks up a term's op
+        self._by_op = {OPS[rule.op]: rule for rule in self.rules}  # by op record: ``vjp`` looks up a term's op
 
     def __add__(self, other):
         other = Derivatives([other]) if isinstance(other, Derivative) else other
@@ -142,7 +142,7 @@ class Derivatives:
             names = sorted(rule.op for rule in self._by_op.values())
             raise KeyError(f"no derivative rule for {op!r}; rules exist for {', '.join(names)}") from None
 
-    def share(self, term, position, adjoint, trace=None):
+    def vjp(self, term, position, adjoint, trace=None):
         rule = self._by_op.get(term.op)
         if rule is None and term.op.formula is not None:
             return self._through_formula(term, position, adjoint, trace)
@@ -151,23 +151,23 @@ class Derivatives:
         except KeyError:
             raise RewriteError(f"no derivative rule for {term.op.name!r}, so {term!r} (built at "
                                f"{term.where_built}) cannot be differentiated") from None
-        return rule.share(term, position, adjoint, trace)
+        return rule.vjp(term, position, adjoint, trace)
 
     def _through_formula(self, term, position, adjoint, trace):
-        """The share of a composite op with no rule of its own: its formula in primitives (``rules.primitives``) over
+        """The VJP of a composite op with no rule of its own: its formula in primitives (``rules.primitives``) over
         a stand-in for each operand, walked in reverse, the stand-ins then replaced by the operands (so an operand
-        read in two places gets the share of each place)."""
+        read in two places gets the VJP of each place)."""
         stand_ins = [ct.var(f"_{k}", a.shape, a.dtype) for k, a in enumerate(term.args)]
         spelled = in_primitives(term, stand_ins)
-        shares = backpropagate(post_order([spelled]), [spelled], [adjoint], [stand_ins[position]], self, trace)
-        share = shares.get(stand_ins[position])
-        return None if share is None else substitute(share, dict(zip(stand_ins, term.args)))
+        vjps = backpropagate(post_order([spelled]), [spelled], [adjoint], [stand_ins[position]], self, trace)
+        vjp = vjps.get(stand_ins[position])
+        return None if vjp is None else substitute(vjp, dict(zip(stand_ins, term.args)))
 
     def __repr__(self):
         return f"Derivatives({self.name or ''}: {', '.join(rule.op for rule in self._by_op.values())})"
 
 
-# -- shares that need arithmetic on shapes and attributes ------------------------------------
+# -- VJPs that need arithmetic on shapes and attributes --------------------------------------
 
 
 def reshaped(term, shape):
@@ -180,12 +180,12 @@ def kept(reduced, shape, axes):
     return reshaped(reduced, tuple(1 if i in axes else d for i, d in enumerate(shape)))
 
 
-def _sum_share(b):
+def _sum_vjp(b):
     x = b["_x"]
     return ct.broadcast_to(kept(b["_dy"], x.shape, b["_a"]), x.shape)
 
 
-def _mean_share(b):
+def _mean_vjp(b):
     """The adjoint over the count, as ``dy * (1 / n)``: a float16 ``n`` past 65504 would be inf."""
     x = b["_x"]
     count = math.prod(x.shape[a] for a in b["_a"])
@@ -198,17 +198,17 @@ def _max_winners(x, peak):
     return ct.where(ct.not_equal(x, x), True, ct.equal(x, peak))
 
 
-def _max_share(b):
+def _max_vjp(b):
     """The adjoint split evenly among the elements equal to the maximum (or among the NaNs, as
     PyTorch's ``max`` splits it), counted in float32 at least (float16 counts stop at 65504); the
-    driver casts the share back."""
+    driver casts the VJP back."""
     x, axes = b["_x"], b["_a"]
     winners = _max_winners(x, kept(b["_y"], x.shape, axes))
     count = ct.sum(ct.cast(winners, np.promote_types(x.dtype, np.float32)), axis=axes, keepdims=True)
     return ct.where(winners, kept(b["_dy"], x.shape, axes) / count, 0)
 
 
-def _logsumexp_share(b):
+def _logsumexp_vjp(b):
     x, axes = b["_x"], b["_a"]
     return kept(b["_dy"], x.shape, axes) * ct.softmax(x, axis=axes)
 
@@ -225,7 +225,7 @@ def _with_axis(t):
 
 
 def _matmul_left(b):
-    """The share of ``a`` in ``a @ w``: ``dy @ w.T``, or an outer or matrix-vector product where
+    """``a``'s VJP in ``a @ w``: ``dy @ w.T``, or an outer or matrix-vector product where
     an operand is 1-d (the driver sums over a batch that ``a`` lacks)."""
     a, w, dy = b["_x"], b["_z"], b["_dy"]
     if w.ndim == 1:  # dy has a's shape without its last axis
@@ -233,13 +233,13 @@ def _matmul_left(b):
     if a.ndim == 1:  # dy has w's batch and w's last axis
         if dy.ndim == 1:
             return w @ dy
-        share = w @ _with_axis(dy)
-        return ct.reshape(share, share.shape[:-1])
+        vjp = w @ _with_axis(dy)
+        return ct.reshape(vjp, vjp.shape[:-1])
     return dy @ _swap_last(w)
 
 
 def _matmul_right(b):
-    """The share of ``w`` in ``a @ w``: ``a.T @ dy``, or an outer or vector-matrix product where
+    """``w``'s VJP in ``a @ w``: ``a.T @ dy``, or an outer or vector-matrix product where
     an operand is 1-d; a batch of ``a`` against one matrix ``w`` is flattened into one GEMM."""
     a, w, dy = b["_x"], b["_z"], b["_dy"]
     if a.ndim == 1:
@@ -254,11 +254,11 @@ def _matmul_right(b):
     return _swap_last(a) @ dy
 
 
-def _gelu_grad_share(b):
+def _gelu_grad_vjp(b):
     """``dy * gelu''(x)``, in differentiable ops. With ``z`` the gelu argument, ``s = sigmoid(z)``
     and ``t = sigmoid(-z)`` (so ``s' = s t z'`` and ``1 - 2s = t - s``), ``gelu' = s + x z' s t`` and
     ``gelu'' = s t (2 z' + x z'' + x z'^2 (t - s))``, where ``2 z' + x z'' = 4 GELU_SCALE (1 + 6 GELU_CUBIC x^2)``.
-    Products start from ``s t``, which is 0 far out, so the share is finite wherever ``x * x`` is; a
+    Products start from ``s t``, which is 0 far out, so the VJP is finite wherever ``x * x`` is; a
     float16 or bfloat16 ``x`` is taken in float32, as ``gelu_grad`` takes it (the driver casts back).
     """
     x = b["_x"]
@@ -270,22 +270,22 @@ def _gelu_grad_share(b):
     return b["_dy"] * (st * ((x * x * (6 * GELU_CUBIC) + 1) * (4 * GELU_SCALE)) + st * x * slope * slope * (t - s))
 
 
-def _power_exponent_share(b):
+def _power_exponent_vjp(b):
     """``dy * y * log(x)``, with ``log(0)`` counted as 0 and the log taken in the output's dtype
     (an int8 base would take it in float16)."""
     x, y = b["_x"], b["_y"]
     return b["_dy"] * y * ct.log(ct.where(ct.equal(x, 0), 1, ct.cast(x, y.dtype)))
 
 
-def _transpose_share(b):
+def _transpose_vjp(b):
     return ct.transpose(b["_dy"], tuple(np.argsort(b["_p"]).tolist()))
 
 
-def _reshape_share(b):
+def _reshape_vjp(b):
     return reshaped(b["_dy"], b["_x"].shape)
 
 
-def _einsum_share(b):
+def _einsum_vjp(b):
     """The adjoint of operand ``_i``: one einsum of the output's adjoint and the other operands.
 
     ``...`` is first spelled out as labels. A label the operand repeats (a diagonal) is put back
@@ -315,9 +315,9 @@ def _einsum_share(b):
     return ct.einsum(",".join(labels for labels, _ in terms) + "->" + result, *(x for _, x in terms))
 
 
-def _take_share(b):
+def _take_vjp(b):
     """The adjoint's rows added back where ``take`` took them, as a product with the indices' one-hot matrix:
-    ``share[p, v, q] = sum_i [index_i == v] dy[p, i, q]``. A GEMM, so deterministic on the GPU, with no scatter;
+    ``vjp[p, v, q] = sum_i [index_i == v] dy[p, i, q]``. A GEMM, so deterministic on the GPU, with no scatter;
     its cost, (number of indices) x (axis size) x (the rest), is that of a tied output head's."""
     x, indices, axis, dy = b["_x"], b["_z"], b["_a"], b["_dy"]
     size, count = x.shape[axis], indices.size
@@ -327,7 +327,7 @@ def _take_share(b):
     return reshaped(ct.einsum("iv,piq->pvq", one_hot, reshaped(dy, rows)), x.shape)
 
 
-def _take_along_axis_share(b):
+def _take_along_axis_vjp(b):
     """Each element of the adjoint added back at the place its index picked along ``axis``: the indices compared
     with every place of the axis, the adjoint kept where they agree. With one index per row (a label) that is
     ``where(index == place, dy, 0)``; with more, the comparison takes a new axis after ``axis`` and the kept
@@ -354,7 +354,7 @@ NOT_DIFFERENTIABLE = (SIGN, RINT, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUA
 
 
 def _constant_rule(op):
-    """``op``'s output is piecewise constant in its inputs: every share is 0."""
+    """``op``'s output is piecewise constant in its inputs: every VJP is 0."""
     names = ["_x", "_z"][:op.arity]
     return Derivative(op.name, f"{op.name}({', '.join(names)})", **dict.fromkeys(names, "0"))
 
@@ -365,7 +365,7 @@ derivatives = Derivatives([
     Derivative("subtract", "_x - _z", _x="_dy", _z="-_dy"),
     Derivative("multiply", "_x * _z", _x="_dy * _z", _z="_dy * _x"),
     Derivative("divide", "_x / _z", _x="_dy / _z", _z="-(_dy * _y) / _z"),
-    Derivative("power", "_x ** _z", _x="where(_z == 0, 0, _dy * _z * _x ** (_z - 1))", _z=_power_exponent_share),
+    Derivative("power", "_x ** _z", _x="where(_z == 0, 0, _dy * _z * _x ** (_z - 1))", _z=_power_exponent_vjp),
     # a NaN makes every comparison false, so neither input loses and each gets the whole adjoint (PyTorch's rule)
     Derivative("maximum", "maximum(_x, _z)",
                _x="where(_x < _z, 0, where(_x == _z, _dy / 2, _dy))",
@@ -382,7 +382,7 @@ derivatives = Derivatives([
     Derivative("sigmoid", "sigmoid(_x)", _x="_dy * _y * (1 - _y)"),
     Derivative("softplus", "softplus(_x)", _x="_dy * sigmoid(_x)"),
     Derivative("gelu", "gelu(_x)", _x="_dy * gelu_grad(_x)"),
-    Derivative("gelu_grad", "gelu_grad(_x)", _x=_gelu_grad_share),
+    Derivative("gelu_grad", "gelu_grad(_x)", _x=_gelu_grad_vjp),
     # read from the output, not the input (both are positive at the same elements): a training step then keeps the
     # activation alone, and its pre-activation can die inside the product that makes it (a GEMM's relu epilogue);
     # zero where the output is <= 0, so a NaN output gets the adjoint, as in PyTorch
@@ -392,29 +392,29 @@ derivatives = Derivatives([
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
     *[_constant_rule(op) for op in NOT_DIFFERENTIABLE],
     Derivative("stop_gradient", "stop_gradient(_x)", _x="0"),  # by definition
-    Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_share),
-    Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_share),
-    Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_share),
-    Derivative("logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _x=_logsumexp_share),
+    Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_vjp),
+    Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_vjp),
+    Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_vjp),
+    Derivative("logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _x=_logsumexp_vjp),
     Derivative("softmax", "softmax(_x, axis=_a)", _x="_y * (_dy - sum(_dy * _y, axis=_a, keepdims=True))"),
     Derivative("log_softmax", "log_softmax(_x, axis=_a)", _x="_dy - exp(_y) * sum(_dy, axis=_a, keepdims=True)"),
     Derivative("matmul", "_x @ _z", _x=_matmul_left, _z=_matmul_right),
-    Derivative("einsum", "einsum(*_xs, subscripts=_s)", _xs=_einsum_share),
-    Derivative("transpose", "transpose(_x, axes=_p)", _x=_transpose_share),
-    Derivative("reshape", "reshape(_x, shape=_s)", _x=_reshape_share),
+    Derivative("einsum", "einsum(*_xs, subscripts=_s)", _xs=_einsum_vjp),
+    Derivative("transpose", "transpose(_x, axes=_p)", _x=_transpose_vjp),
+    Derivative("reshape", "reshape(_x, shape=_s)", _x=_reshape_vjp),
     Derivative("broadcast_to", "broadcast_to(_x, shape=_s)", _x="_dy"),
     Derivative("flip", "flip(_x, axis=_a)", _x="flip(_dy, axis=_a)"),
     Derivative("conv", "conv(_x, _w, strides=_s, padding=_p, lhs_dilation=_l, rhs_dilation=_r, groups=_g)",
-               _x=conv_input_share, _w=conv_weight_share),
-    Derivative("windows", "windows(_x, window_shape=_k, strides=_s, dilation=_d)", _x=windows_share),
-    Derivative("overlap_add", "overlap_add(_x, shape=_n, strides=_s, dilation=_d)", _x=overlap_add_share),
-    Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_share),
-    Derivative("take", "take(_x, _z, axis=_a)", _x=_take_share, _z="0"),
-    Derivative("take_along_axis", "take_along_axis(_x, _z, axis=_a)", _x=_take_along_axis_share, _z="0"),
+               _x=conv_input_vjp, _w=conv_weight_vjp),
+    Derivative("windows", "windows(_x, window_shape=_k, strides=_s, dilation=_d)", _x=windows_vjp),
+    Derivative("overlap_add", "overlap_add(_x, shape=_n, strides=_s, dilation=_d)", _x=overlap_add_vjp),
+    Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_vjp),
+    Derivative("take", "take(_x, _z, axis=_a)", _x=_take_vjp, _z="0"),
+    Derivative("take_along_axis", "take_along_axis(_x, _z, axis=_a)", _x=_take_along_axis_vjp, _z="0"),
     Derivative("attention", "attention(_q, _k, _v, scale=_s, causal=_c)",
-               _q=attention_share(0), _k=attention_share(1), _v=attention_share(2)),
+               _q=attention_vjp(0), _k=attention_vjp(1), _v=attention_vjp(2)),
     Derivative("attention_grad", "attention_grad(_q, _k, _v, _o, _g, scale=_s, causal=_c, result=_r)",
-               _q=attention_grad_share(0, lambda: derivatives), _k=attention_grad_share(1, lambda: derivatives),
-               _v=attention_grad_share(2, lambda: derivatives), _o="0",
-               _g=attention_grad_share(3, lambda: derivatives)),
+               _q=attention_grad_vjp(0, lambda: derivatives), _k=attention_grad_vjp(1, lambda: derivatives),
+               _v=attention_grad_vjp(2, lambda: derivatives), _o="0",
+               _g=attention_grad_vjp(3, lambda: derivatives)),
 ], name="derivatives")

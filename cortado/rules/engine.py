@@ -18,7 +18,7 @@ from ..exprgraph.term import Term
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, as_pattern, matchable, placeholder_names
 from .text import TextTerm
-from .worlds import NotApplicable, op_name, world_of
+from .domains import NotApplicable, op_name, domain_of
 
 
 @dataclass(frozen=True)
@@ -30,8 +30,8 @@ class Rewrite:
     after: object
 
     def __str__(self):
-        world = world_of(self.before)
-        return f"{self.rule}: {world.describe(self.before)}  ->  {world.describe(self.after)}"
+        domain = domain_of(self.before)
+        return f"{self.rule}: {domain.describe(self.before)}  ->  {domain.describe(self.after)}"
 
 
 class Trace(list):
@@ -127,7 +127,7 @@ class Rewriter:
         except TypeError:
             raise RewriteError(f"expected a term or a list of terms, not {type(terms).__name__} {terms!r}") from None
         for t in terms:
-            world_of(t)  # a clear error for anything that is not a term
+            domain_of(t)  # a clear error for anything that is not a term
         run = Run(trace, terms, keep=keep)
         return [_result(self(t, run), t) for t in terms]
 
@@ -178,21 +178,21 @@ class Rule(Rewriter):
         A replacement that cannot be built there (its ops refuse the shapes or dtypes) or that
         would change the term's shape or dtype means the rule does not apply there.
         """
-        world = world_of(term)
-        bound = match(self.pattern, term, world)
+        domain = domain_of(term)
+        bound = match(self.pattern, term, domain)
         if bound is None:
             return None
-        bindings = Bindings(bound, term, world, run)
+        bindings = Bindings(bound, term, domain, run)
         if self.guard is not None and not self.guard(bindings):
             return None
         try:
             if isinstance(self.replacement, Pattern):
-                result = instantiate(self.replacement, bindings, world)
+                result = instantiate(self.replacement, bindings, domain)
             else:
                 result = self.replacement(bindings)
                 if result is None:
                     return None
-            return world.finish(result, term)
+            return domain.finish(result, term)
         except (NotApplicable, ShapeError, DTypeError):
             return None
 

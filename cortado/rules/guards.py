@@ -1,6 +1,6 @@
 """Guards and replacement helpers that rule sets share: predicates over a match's bindings.
 
-Each works on tensor and text matches alike, asking the match's world what a constant is; the
+Each works on tensor and text matches alike, asking the match's domain what a constant is; the
 tensor-only ones (shapes, dtypes) are simply false on text, where there are none.
 """
 
@@ -10,7 +10,7 @@ from ..exprgraph.term import Term
 
 def constants(*names):
     """Guard: every named binding is a constant."""
-    return lambda b: all(b.world.is_constant(b[name]) for name in names)
+    return lambda b: all(b.domain.is_constant(b[name]) for name in names)
 
 
 def all_of(*guards):
@@ -19,7 +19,7 @@ def all_of(*guards):
 
 def not_constant(name):
     """Guard: the named binding is not a constant."""
-    return lambda b: not b.world.is_constant(b[name])
+    return lambda b: not b.domain.is_constant(b[name])
 
 
 def same_type(name):

@@ -1,6 +1,6 @@
 """The reverse walk that ``ct.grad`` and ``ct.vjp`` run, and that derivative rules may run themselves: an op whose
 own gradient is one op (``attention_grad``) gets its second derivative by walking its meaning spelled out in plain
-ops (``rules.attention_shares``), which is why the walk lives with the rules, under the driver (``cortado.grad``).
+ops (``rules.attention_vjps``), which is why the walk lives with the rules, under the driver (``cortado.grad``).
 """
 
 from ..errors import ShapeError
@@ -11,8 +11,8 @@ from ..exprgraph.dtypes import is_float
 def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
     """``{variable: its adjoint}`` for the ``variables`` that the outputs depend on.
 
-    ``order`` is the outputs' schedule; ``rules.share(term, position, adjoint, trace)`` gives an
-    input's share of a term's adjoint.
+    ``order`` is the outputs' schedule; ``rules.vjp(term, position, adjoint, trace)`` gives the
+    VJP of a term's adjoint with respect to one of its inputs.
     """
     wanted = set(variables)
     active = set()  # floating terms that depend on a wanted variable
@@ -33,24 +33,24 @@ def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
             adjoints[term] = adjoint
         for position, arg in enumerate(term.args):
             if arg in active:
-                share = rules.share(term, position, adjoint, trace)
-                if share is not None:
-                    pending.setdefault(arg, []).append(_fitted(share, arg, term))
+                vjp = rules.vjp(term, position, adjoint, trace)
+                if vjp is not None:
+                    pending.setdefault(arg, []).append(_fitted(vjp, arg, term))
     return adjoints
 
 
-def _fitted(share, arg, term):
-    """``share`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype."""
-    if share.shape != arg.shape:
-        lead = share.ndim - arg.ndim
-        if lead < 0 or any(arg.shape[i - lead] not in (1, share.shape[i]) for i in range(lead, share.ndim)):
-            raise ShapeError(f"the derivative rule of {term.op.name} gave a share of shape {share.shape} "
+def _fitted(vjp, arg, term):
+    """``vjp`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype."""
+    if vjp.shape != arg.shape:
+        lead = vjp.ndim - arg.ndim
+        if lead < 0 or any(arg.shape[i - lead] not in (1, vjp.shape[i]) for i in range(lead, vjp.ndim)):
+            raise ShapeError(f"the derivative rule of {term.op.name} gave a VJP of shape {vjp.shape} "
                              f"for the input {arg!r} of {term!r}; it cannot be summed to {arg.shape}")
-        axes = tuple(i for i in range(share.ndim) if share.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
+        axes = tuple(i for i in range(vjp.ndim) if vjp.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
         if axes:  # kept where the input has them, so a row's sum broadcasts back without a reshape (a row kernel)
-            share = ct.sum(share, axis=axes, keepdims=not lead)
-        if share.shape != arg.shape:
-            share = ct.reshape(share, arg.shape)
-    if share.dtype != arg.dtype:
-        share = ct.cast(share, arg.dtype)
-    return share
+            vjp = ct.sum(vjp, axis=axes, keepdims=not lead)
+        if vjp.shape != arg.shape:
+            vjp = ct.reshape(vjp, arg.shape)
+    if vjp.dtype != arg.dtype:
+        vjp = ct.cast(vjp, arg.dtype)
+    return vjp

@@ -3,7 +3,7 @@
 A kernel on a stream normally starts only once the one before it has ended and its writes are flushed. Launched
 with the programmatic-stream-serialization attribute, its blocks are scheduled while the kernel before it ends, and
 each first waits (``griddepcontrol.wait``, the ``ct_wait_prior_grids()`` every generated kernel calls before it
-touches a value some kernel writes; an int8 GEMM reads its constant operands before, ``mma/staging.prologue``) until
+touches a value some kernel writes; an int8 GEMM reads its constant operands before, ``calls/int8/staging.prologue``) until
 that kernel's grid has finished and its writes are visible. Reads and writes keep their order; the launch latency
 overlaps: on the H100, 0.25-0.3 us of each kernel of a CUDA graph (an empty kernel went from 0.79 to 0.51 us, a
 512x64x512 int8 product from 2.54 to 2.26). Library kernels (cuBLASLt, cuDNN) are launched as they are.

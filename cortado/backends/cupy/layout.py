@@ -23,8 +23,8 @@ from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
 from .lowering.gemm import GEMM, gemm_operands
 from ...memplan import Step
-from .blas import matrix
-from .dnn import packed
+from .calls.cublaslt import matrix
+from .calls.cudnn_conv import packed
 from .codegen import (
     REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands, strides_in_order,
 )

@@ -1,6 +1,6 @@
 """CUDA C for the window ops that move elements between a tensor and its border or windows: ``pad`` (and
 crop), ``flip`` and ``overlap_add``, and the columns a convolution as GEMM multiplies (``im2col``,
-``window_gemm``). ``windows`` needs none: it is a strided view (``layout``).
+``calls.conv_im2col``). ``windows`` needs none: it is a strided view (``layout``).
 
 Each is a gather over its output, one thread per element: the thread finds, by constant index
 arithmetic, the input elements its output element comes from. ``overlap_add`` so sums the taps of

@@ -46,6 +46,8 @@ class Op:
     asynchronous: bool = False  # it runs beside the kernels after it (another stream) until one reads a result;
     # such kernels are issued in the order of their attributes, the same on every rank of a job
     positions: tuple = ()  # the operands read as places (indices), not as numbers: never converted to a float
+    turns: tuple | None = None  # where a unary op's value turns (it is monotone between): the test strategies
+    # bound its values by its ``evaluate`` at these points and at an interval's ends (None: they know it otherwise)
 
     def __post_init__(self):
         object.__setattr__(self, "attributes", namedtuple(f"{self.name}_attributes", self.attr_names))

@@ -91,20 +91,23 @@ def may_fail(t):
     return not (exponent.dtype.kind in "ub" or known)
 
 
-def _composite(name, dtype_rule, formula, computes_in_float32=None):
-    """A unary op whose meaning is ``formula`` in primitives, on its operand in the floating dtype it computes in."""
+def _composite(name, dtype_rule, formula, computes_in_float32, turns):
+    """A unary op whose meaning is ``formula`` in primitives, on its operand in the floating dtype it computes in,
+    monotone between the points where it ``turns``."""
     return Op(name, 1, (), _broadcast_rule, dtype_rule, ELEMENTWISE, no_attributes,
               evaluate=lambda xs: formula(floating(xs[0]), np), computes_in_float32=computes_in_float32,
-              formula=formula)
+              formula=formula, turns=turns)
 
 
 # computed in float32 for float16 and bfloat16 (and the integers that become float16), rounded once, as a GPU does
-SIGMOID = _composite("sigmoid", float_result, numerics.sigmoid, narrow_once_floating)
-SOFTPLUS = _composite("softplus", float_result, numerics.softplus, narrow_once_floating)
-GELU = _composite("gelu", _float_operand, numerics.gelu, is_narrow_float)
-GELU_GRAD = _composite("gelu_grad", _float_operand, numerics.gelu_grad, is_narrow_float)
+SIGMOID = _composite("sigmoid", float_result, numerics.sigmoid, narrow_once_floating, ())
+SOFTPLUS = _composite("softplus", float_result, numerics.softplus, narrow_once_floating, ())
+GELU = _composite("gelu", _float_operand, numerics.gelu, is_narrow_float, (-0.7524614220710162,))  # its minimum
+GELU_GRAD = _composite("gelu_grad", _float_operand, numerics.gelu_grad, is_narrow_float,
+                       (-1.4185040087908285, 1.4185040087908285))  # its minimum and maximum
 # silu (swish): x sigmoid(x), LLaMA's MLP activation; differentiated through its formula, having no rule of its own
-SILU = _composite("silu", float_result, lambda x, xp: x * numerics.sigmoid(x, xp), narrow_once_floating)
+SILU = _composite("silu", float_result, lambda x, xp: x * numerics.sigmoid(x, xp), narrow_once_floating,
+                  (-1.2784645427610738,))  # its minimum
 RELU = Op("relu", 1, (), _broadcast_rule, _relu_dtype, ELEMENTWISE, no_attributes,
           evaluate=lambda xs: np.maximum(xs[0], 0))
 WHERE = Op("where", 3, (), _broadcast_rule, _where_dtype, ELEMENTWISE, no_attributes, evaluate=lambda xs: np.where(*xs))

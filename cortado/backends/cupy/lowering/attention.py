@@ -6,8 +6,8 @@ scores, float32), so the forward becomes ``dnn_attention``, of two results (the 
 gradient ``dnn_attention_grad``, of three (``dq``, ``dk``, ``dv``), which reads the statistics of the forward on the
 same operands: one term, so one kernel computes both. cuDNN takes float16 and bfloat16 operands with a head
 dimension that is a multiple of 8 up to ``MAX_HEAD``, the same for ``q``, ``k`` and ``v``; any other attention
-(float32, float64, other head sizes) runs as the plain expressions it means (``rules.attention_shares``), which the
-other targets then lower (its products become GEMMs). ``dnn`` (``attention_runner``) runs the lowered ops.
+(float32, float64, other head sizes) runs as the plain expressions it means (``rules.attention_vjps``), which the
+other targets then lower (its products become GEMMs). ``calls.cudnn_attention`` runs the lowered ops.
 """
 
 import numpy as np
@@ -16,7 +16,7 @@ from ....exprgraph.dtypes import BFLOAT16
 from ....exprgraph.ops import ATTENTION, ATTENTION_GRAD, LOWERED, Op
 from ....exprgraph.semantics import implementation
 from ....exprgraph.term import make
-from ....rules.attention_shares import plain_attention, plain_attention_grad
+from ....rules.attention_vjps import plain_attention, plain_attention_grad
 from ....rules.engine import Rule, RuleSet
 
 FLASH_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())

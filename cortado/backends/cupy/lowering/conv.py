@@ -3,7 +3,7 @@
 cuDNN computes a convolution three ways, each over PyTorch's layout: ``fprop`` (the forward
 convolution of an input with weights), ``dgrad`` (its data gradient, from the output's gradient and
 the same weights) and ``wgrad`` (its weight gradient, from the input and the output's gradient). The
-derivative rules write both gradients as plain ``conv`` terms (``rules.convolution_shares``); the
+derivative rules write both gradients as plain ``conv`` terms (``rules.convolution_vjps``); the
 rules here read each ``conv`` back as the cuDNN call that computes it without materialising what the
 plain form spells out:
 
@@ -21,7 +21,7 @@ plain form spells out:
 ``dnn_conv`` keeps the geometry of the forward convolution it belongs to (``strides``, ``padding``
 as non-negative ``(low, high)`` pairs, ``dilation``, ``groups``) and the shape it makes, which a
 strided forward convolution leaves ambiguous for ``dgrad``. Its reference semantics are the plain
-form's, evaluated by the reference interpreter. ``dnn`` runs it; cuDNN takes 1 to 3 spatial axes,
+form's, evaluated by the reference interpreter. ``calls.cudnn_conv`` runs it; cuDNN takes 1 to 3 spatial axes,
 in float16, bfloat16, float32 and float64.
 """
 
@@ -37,7 +37,7 @@ from ....exprgraph.ops import ADD, FLIP, LOWERED, RELU, RESHAPE, TRANSPOSE, Op
 from ....exprgraph.windowing import window_extent
 from ....exprgraph.term import make, shape_violation
 from ....rules.algebra import algebra
-from ....rules.convolution_shares import conv_input_share, conv_weight_share
+from ....rules.convolution_vjps import conv_input_vjp, conv_weight_vjp
 from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
 
 MODES = ("fprop", "dgrad", "wgrad")
@@ -72,7 +72,7 @@ def _meaning(args, mode, strides, padding, dilation, groups, shape, epilogue="no
                      (args[0], ct.var("w", shape, args[0].dtype))
     x, w, dy = (x_like, w_like, args[0]) if mode == "dgrad" else (x_like, w_like, args[1])
     bindings = {"_x": x, "_w": w, "_dy": dy, "_s": strides, "_p": padding, "_l": ones, "_r": dilation, "_g": groups}
-    return conv_input_share(bindings) if mode == "dgrad" else conv_weight_share(bindings)
+    return conv_input_vjp(bindings) if mode == "dgrad" else conv_weight_vjp(bindings)
 
 
 def _shape(args, mode, strides, padding, dilation, groups, shape, epilogue):

@@ -1,7 +1,7 @@
 """The GEMM target: the ``gemm`` op, cuBLASLt's form of a product, and the rules that build it.
 
 ``gemm`` is the GPU backend's own op, not the general table's: its attributes, shape, dtype and
-reference semantics are here, and ``blas`` runs it. ``rules`` turn ``matmul`` into cuBLASLt's form
+reference semantics are here, and ``calls.cublaslt`` runs it. ``rules`` turn ``matmul`` into cuBLASLt's form
 and then fold what surrounds it into the one call: a transpose of an operand into the operation
 flags, a scalar factor into ``alpha``, an added term of the product's shape into ``beta`` and
 ``c``, an added row into the bias epilogue, a ``relu`` or ``gelu`` of it all into that epilogue,

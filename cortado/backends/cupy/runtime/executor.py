@@ -81,28 +81,28 @@ class Executor(interface.Executor):
         waits = {}
         for i, j in joins(steps, asynchronous).items():  # the kernel that first reads an average waits for it
             waits.setdefault(j, []).append(i)
-        self.makers, self.labels, self.runners, self.tuned = [], [], {}, []
+        self.binders, self.labels, self.runners, self.tuned = [], [], {}, []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             if i in waits:
-                self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[i]]))
+                self.binders.append(self._join([self.runners[kernels[k].term].finished for k in waits[i]]))
                 self.labels.append(f"k{i} waits for all-reduce")
             if step.view_of is not None or kernel.is_load or not step.defines:  # no defines: concatenated in place
                 continue
             scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
             self.runners[kernel.term] = made = runner(kernel, view)
-            self.makers.append(self._bound(made, scratch))
+            self.binders.append(self._bound(made, scratch))
             self.labels.append(" ".join(filter(None, (f"k{i}.{kernel.term.op.name}", made.detail, str(kernel.term.shape)))))
             if made.tuned:
                 self.tuned.append((made, scratch))
         forget()  # the runners the planner asked are this program's now: no other program gets them
         self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
         if len(steps) in waits:
-            self.makers.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))
-        self.makers += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
-                        if direct.get(t) != self.output_block.pointer(k)]
+            self.binders.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))
+        self.binders += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
+                         if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.stage_block, copies = staged_updates(final, self.pointers, self._viewed)
-        self.makers += [self._copy(value, destination, source=source) for value, source, destination in copies]
+        self.binders += [self._copy(value, destination, source=source) for value, source, destination in copies]
         self.prepared, self.graphs = {}, {}
         if autotune and self.tuned:  # before the state is written: a gemm may write over a parameter in place
             self._tune()
@@ -134,11 +134,11 @@ class Executor(interface.Executor):
         return self._viewed(t).op is CONST
 
     def _bound(self, made, workspace):
-        """A maker of the calls of runner ``made``: given every value's address, its call at them."""
+        """A binder of the calls of runner ``made``: given every value's address, its call at them."""
         return lambda pointers: made.bind([pointers[v] for v in made.values], workspace, self.stream)
 
     def _copy(self, t, destination, strides=None, source=None):
-        """A maker of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None); from
+        """A binder of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None); from
         ``source``, where given, an address holding it packed."""
         if source is not None:
             copy = Copy(t.shape, t.dtype, contiguous_strides(t.shape))
@@ -147,7 +147,7 @@ class Executor(interface.Executor):
         return lambda pointers: copy.bind(pointers[t], destination, self.stream)
 
     def _join(self, events):
-        """A maker of the call that makes the program's stream wait for the asynchronous calls whose ``events`` (each
+        """A binder of the call that makes the program's stream wait for the asynchronous calls whose ``events`` (each
         a one-item list, set by its call) say they are done."""
         return lambda pointers: lambda: [self.stream.wait_event(e[0]) for e in events if e[0] is not None]
 
@@ -181,7 +181,7 @@ class Executor(interface.Executor):
         if calls is None:
             places, calls = self.staging.places(sources)
             pointers = self._resolved(places)
-            calls += [make(pointers) for make in self.makers]
+            calls += [bind(pointers) for bind in self.binders]
             self.prepared[sources] = calls
         return calls
 
@@ -207,7 +207,7 @@ class Executor(interface.Executor):
 
         def timed(sources):
             calls = self._calls(sources)
-            staged = len(calls) - len(self.makers)
+            staged = len(calls) - len(self.binders)
             for call in calls[:staged]:
                 call()
             for label, call in zip(self.labels, calls[staged:]):

@@ -5,7 +5,7 @@ lowering rules, where rules build its op, are the file of the same name in ``low
 plan and calls runners, knowing none by name:
 
 - ``fused``: the generated kernels (fused regions, and the window, gather and copy kernels);
-- ``gemm``: cuBLASLt; ``conv``: cuDNN's convolutions (and their im2col, NCHW and weight-gradient detours);
+- ``gemm``: cuBLASLt; ``conv``: cuDNN's convolutions (and their im2col, NCHW form between copies and weight-gradient kernels);
 - ``int8``: our int8 tensor-core kernels, or cuBLASLt's; ``attention``: cuDNN's flash attention;
 - ``collectives``: NCCL's all-reduce of a bucket of gradients, beside the kernels after it.
 

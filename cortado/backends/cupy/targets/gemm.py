@@ -1,11 +1,20 @@
 """cuBLASLt's GEMMs: ``gemm`` terms (``lowering/gemm.py`` builds them), each one call with its epilogue, the bias
 gradient it makes written through the bias pointer."""
 
-from ..blas import Gemm
+from ..calls.cublaslt import Gemm, GemmCall
+from ..codegen import Operand
 from ..layout import gemm_copies
 from ..lowering.gemm import GEMM, gemm_operands
 from . import Target
 from .library import LibraryCall
+
+
+def gemm_call(t, strides, tf32):
+    """The ``GemmCall`` of gemm term ``t``, its operands stored at ``strides``."""
+    a, b = t.args[:2]
+    attrs = t.attrs
+    return GemmCall(Operand(a.shape, a.dtype, strides[a]), Operand(b.shape, b.dtype, strides[b]), t.shape, t.dtype,
+                    attrs.transpose_a, attrs.transpose_b, attrs.alpha, attrs.beta, attrs.epilogue, tf32)
 
 
 def _runner(kernel, view):
@@ -17,8 +26,8 @@ def _runner(kernel, view):
         return (placed[a], placed[b], placed[c if c is not None else t], placed[t], workspace, bias_address,
                 placed[aux] if aux is not None else None)
 
-    return LibraryCall(kernel, view, gemm_copies(t, view.strides), lambda reads: Gemm(t, reads, view.options["tf32"]),
-                       arguments, t.attrs.epilogue)
+    return LibraryCall(kernel, view, gemm_copies(t, view.strides),
+                       lambda reads: Gemm(gemm_call(t, reads, view.options["tf32"])), arguments, t.attrs.epilogue)
 
 
 TARGET = Target("gemm", (GEMM,), _runner, reusable=True)

@@ -6,29 +6,29 @@ convolution runs alone and this kernel follows it: the one elementwise pass fusi
 """
 
 
-from ...exprgraph import constructors as ct
-from ...exprgraph.ops import parameter
-from .codegen import Operand, memory_order
-from .sources import kernel_source
-from .kernels import launcher
-from .lowering.conv import epilogue_parts
+from ....exprgraph import constructors as ct
+from ....exprgraph.ops import parameter
+from ..codegen import Operand, memory_order
+from ..sources import kernel_source
+from ..kernels import launcher
+from ..lowering.conv import epilogue_parts
 
 
 class EpilogueKernel:
-    """``out = relu(out + bias + residual)`` (as ``term``'s epilogue names them) over ``term``'s stored result."""
+    """``out = relu(out + bias + residual)`` (as ``ConvCall`` ``call``'s epilogue names them) over its result."""
 
-    def __init__(self, term, layouts):
-        out = Operand(term.shape, term.dtype, layouts[term])
+    def __init__(self, call):
+        out = call.out
         operands, value = [out], parameter(0, out)
-        parts = epilogue_parts(term.attr("epilogue"))
-        for part, extra in zip([p for p in parts if p != "relu"], term.args[2:]):
-            strides = (0, layouts[extra][0]) + (0,) * (term.ndim - 2) if part == "bias" else layouts[extra]
-            operand = Operand(term.shape, term.dtype, strides)
+        parts = epilogue_parts(call.epilogue)
+        for part, extra in zip([p for p in parts if p != "relu"], call.extras):
+            strides = (0, extra.strides[0]) + (0,) * (len(out.shape) - 2) if part == "bias" else extra.strides
+            operand = Operand(out.shape, out.dtype, strides)
             value = ct.add(value, parameter(len(operands), operand))
             operands.append(operand)
         if "relu" in parts:
             value = ct.relu(value)
-        order = memory_order(term.shape, layouts[term])
+        order = memory_order(out.shape, out.strides)
         self.source = kernel_source((value,), operands, aliased={0}, order=order)
 
     def __call__(self, out, extras):

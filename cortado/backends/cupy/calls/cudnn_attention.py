@@ -5,21 +5,19 @@ cuDNN describes each operand as ``(batch, heads, sequence, head size)`` dims wit
 ours have any number of leading axes: the last is the heads, the others are merged into the batch where their
 strides allow (a ``(batch, heads, time, size)`` view of a projection's ``(batch, time, heads, size)`` output is read
 in place). An operand whose batch axes do not merge, or whose strides are not multiples of 8 elements (16 bytes,
-as cuDNN's loads need), is copied first (``attention_copies``). The graph is built once per description when the
+as cuDNN's loads need), is copied first (``targets.attention``). The graph is built once per description when the
 program is built, with its workspace planned in the arena; a call passes pointers only, so it is captured in the
 step's CUDA graph. The backward pass is deterministic unless the program allows otherwise (``deterministic=False``).
 """
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
-from ...errors import BackendError
-from .codegen import contiguous_strides
-from .dnn import DATA_TYPES, cudnn_module, handle
-from .lowering.attention import DNN_ATTENTION
+from ....errors import BackendError
+from .cudnn_conv import DATA_TYPES, cudnn_module, handle
 
-ALIGNMENT = 8  # elements: cuDNN's flash attention reads 16-byte vectors of half-precision values
 _graphs = {}  # a call's description -> (cuDNN graph, its tensors in operand-then-result order)
 
 
@@ -39,56 +37,57 @@ def four_dims(shape, strides):
     return [batch_count, heads, shape[-2], shape[-1]], [batch_stride, head_stride, strides[-2], strides[-1]]
 
 
-def _readable(x, strides):
-    described = four_dims(x.shape, strides)
-    return described is not None and all(s % ALIGNMENT == 0 for n, s in zip(described[0][:3], described[1][:3])
-                                         if n > 1)
+@dataclass(frozen=True)
+class AttentionCall:
+    """All a flash attention call is made from: ``forward`` (operands ``q``, ``k``, ``v``; results the output and
+    its row statistics) or backward (operands ``q``, ``k``, ``v``, the output, its gradient and the statistics;
+    results ``dq``, ``dk``, ``dv``), each an ``Operand`` (shape, dtype, element strides); the scores' ``scale``,
+    whether a causal mask hides the future, and whether the backward pass must give the same bits every run."""
 
-
-def attention_copies(t, strides):
-    """The operands of ``t`` that cuDNN reads from a C-ordered copy (``(value, its copy's strides)`` pairs)."""
-    return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(t.args)
-                 if x.dtype != np.float32 and not _readable(x, strides[x]))
+    forward: bool
+    operands: tuple
+    results: tuple
+    scale: float
+    causal: bool
+    deterministic: bool = True
 
 
 class Attention:
-    """One cuDNN call for the kernel of ``dnn_attention`` (forward: output and statistics) or ``dnn_attention_grad``
-    (``dq``, ``dk``, ``dv``) term ``t``, over fixed pointers."""
+    """The cuDNN call ``AttentionCall`` describes, over fixed pointers."""
 
-    def __init__(self, t, layouts, deterministic=True):
-        self.forward = t.op is DNN_ATTENTION
-        self.scale, self.causal = t.attrs.scale, t.attrs.causal
-        self.values = tuple(t.args) + t.op.results_of(t)
+    def __init__(self, call):
+        self.forward = call.forward
+        self.values = call.operands + call.results
         described = []
         for x in self.values:
-            found = four_dims(x.shape, layouts[x])
+            found = four_dims(x.shape, x.strides)
             if found is None:
-                raise BackendError(f"{t!r}: cuDNN cannot read {x!r} with strides {layouts[x]}")
+                raise BackendError(f"cuDNN's flash attention cannot read an operand of shape {x.shape} with strides "
+                                   f"{x.strides}")
             described.append(found)
-        self.dtype = t.args[0].dtype
-        self.key = (t.op.name, self.scale, self.causal, self.dtype.name, bool(deterministic),
-                    tuple(tuple(map(tuple, d)) for d in described))
+        self.dtype = np.dtype(call.operands[0].dtype)
+        self.key = call
         if self.key not in _graphs:
-            _graphs[self.key] = self._build(t, described, deterministic)
+            _graphs[self.key] = self._build(call, described)
         self.graph, self.tensors = _graphs[self.key]
         self.workspace_bytes = self.graph.get_workspace_size()
 
-    def _build(self, t, described, deterministic):
+    def _build(self, call, described):
         cudnn = cudnn_module()
         io = getattr(cudnn.data_type, DATA_TYPES[self.dtype.name])
         graph = cudnn.pygraph(io_data_type=io, intermediate_data_type=cudnn.data_type.FLOAT,
                               compute_data_type=cudnn.data_type.FLOAT, handle=handle())
         inputs = [graph.tensor(dim=dims, stride=strides, data_type=io if x.dtype == self.dtype else cudnn.data_type.FLOAT)
-                  for x, (dims, strides) in zip(t.args, described)]
+                  for x, (dims, strides) in zip(call.operands, described)]
         if self.forward:
-            results = graph.sdpa(q=inputs[0], k=inputs[1], v=inputs[2], attn_scale=self.scale, generate_stats=True,
-                                 use_causal_mask=self.causal, name="attention")
+            results = graph.sdpa(q=inputs[0], k=inputs[1], v=inputs[2], attn_scale=call.scale, generate_stats=True,
+                                 use_causal_mask=call.causal, name="attention")
         else:
             q, k, v, o, dout, stats = inputs
-            results = graph.sdpa_backward(q=q, k=k, v=v, o=o, dO=dout, stats=stats, attn_scale=self.scale,
-                                          use_causal_mask=self.causal, use_deterministic_algorithm=deterministic,
+            results = graph.sdpa_backward(q=q, k=k, v=v, o=o, dO=dout, stats=stats, attn_scale=call.scale,
+                                          use_causal_mask=call.causal, use_deterministic_algorithm=call.deterministic,
                                           name="attention_grad")
-        for tensor, x, (dims, strides) in zip(results, self.values[len(t.args):], described[len(t.args):]):
+        for tensor, x, (dims, strides) in zip(results, call.results, described[len(call.operands):]):
             data_type = io if x.dtype == self.dtype else cudnn.data_type.FLOAT
             tensor.set_output(True).set_dim(dims).set_stride(strides).set_data_type(data_type)
         try:
@@ -98,7 +97,8 @@ class Attention:
             graph.check_support()
             graph.build_plans()
         except Exception as error:  # cuDNN's own exception types differ between its engines
-            raise BackendError(f"{t!r}: cuDNN's flash attention cannot run it: {error}") from None
+            raise BackendError(f"cuDNN's flash attention cannot run this {'forward' if call.forward else 'backward'} "
+                               f"pass of {[x.shape for x in call.operands]}: {error}") from None
         return graph, tuple(inputs) + tuple(results)
 
     def describe(self):

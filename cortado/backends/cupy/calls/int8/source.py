@@ -15,7 +15,7 @@ With ``SPLITS > 1`` the ``K`` tiles are divided among that many blocks per outpu
 product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sums`` adds up.
 """
 
-from ..codegen import PRELUDE, Source, kernel_name
+from ...codegen import PRELUDE, Source, kernel_name
 from . import warpgroup
 from .epilogue import OPTIONS, parameters, split_sums, staged, store_all, store_functions
 from .product import PAD, ptx_type, tiles

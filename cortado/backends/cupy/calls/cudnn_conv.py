@@ -1,4 +1,5 @@
-"""``dnn_conv`` terms as cuDNN calls, through ``nvidia-cudnn-frontend``'s graph API, into planned buffers.
+"""Convolutions (``dnn_conv`` terms, described by a ``ConvCall``) as cuDNN calls, through
+``nvidia-cudnn-frontend``'s graph API, into planned buffers.
 
 Everything is decided when the program is built: cuDNN's operation graph for the convolution (its
 operands' dims and strides as the program stores them, a 1-d convolution as a 2-d one of height 1),
@@ -13,8 +14,8 @@ the program allows it (``deterministic=False``: cuDNN's weight gradients that ad
 atomics are 2x faster on float32 images of few channels). A 1x1
 convolution of stride 1 (forward, or its data gradient) is also a matrix product over the pixels,
 one batched cuBLASLt GEMM, which is a candidate too; so is any float32 or float64 forward
-convolution or weight gradient without groups as im2col and GEMMs (``window_gemm``), and a float32 or
-float64 weight gradient split along the pixels into partial sums added in order (``split_wgrad``: a
+convolution or weight gradient without groups as im2col and GEMMs (``conv_im2col``), and a float32 or
+float64 weight gradient split along the pixels into partial sums added in order (``conv_wgrad``: a
 kernel of our own, or for a 1x1 one a GEMM over the pixels of NHWC images or a batched GEMM per NCHW
 image; where cuDNN builds no plan, the other candidates alone). When a program is built, up to
 ``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
@@ -23,29 +24,28 @@ process by everything that describes the call, as cuBLASLt's are.
 """
 
 import math
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ...errors import BackendError
-from ...exprgraph.constructors import var
-from .blas import Gemm
-from .codegen import channels_last_strides, contiguous_strides, same_layout
-from .lowering.gemm import gemm
-from .conv_detour import Detour, detour_layouts
+from ....errors import BackendError
+from .cublaslt import Gemm, GemmCall
+from ..codegen import Operand, channels_last_strides, contiguous_strides, same_layout
+from .conv_nchw import InNchw, nchw_call
 from .conv_epilogue import EpilogueKernel
-from .lowering.conv import dnn_conv, epilogue_parts
-from .split_wgrad import split_wgrad
+from ..lowering.conv import epilogue_parts
+from .conv_wgrad import split_wgrad
 from .timing import time_graph
-from .window_gemm import window_gemm
+from .conv_im2col import window_gemm
 
 CANDIDATES = 8  # the plans timed when a program is built, cuDNN's best guesses first
 MARGIN = 0.03  # how much faster than cuDNN's first choice another plan must be to replace it
 WORKSPACE_LIMIT = 64 << 20  # plans needing more scratch than this are not considered
 DATA_TYPES = {"float16": "HALF", "bfloat16": "BFLOAT16", "float32": "FLOAT", "float64": "DOUBLE"}
 GEMM = "gemm"  # the choice of the GEMM over the pixels, where cuDNN's are plan indices
-WINDOWS = "windows"  # the choice of im2col and GEMMs (``window_gemm``)
-SPLIT = "split"  # the choice of our weight-gradient kernel (``split_wgrad``)
-NCHW = "nchw"  # the choice of the call in NCHW between copies of channels-last images (``conv_detour``)
+WINDOWS = "windows"  # the choice of im2col and GEMMs (``conv_im2col``)
+SPLIT = "split"  # the choice of our weight-gradient kernel (``conv_wgrad``)
+NCHW = "nchw"  # the choice of the call in NCHW between copies of channels-last images (``conv_nchw``)
 UNFUSED = "unfused"  # the choice of the convolution alone, then a generated kernel for its epilogue
 LABELS = {GEMM: "the GEMM", WINDOWS: "im2col and GEMMs", SPLIT: "partial sums added in order", NCHW: "in NCHW",
           UNFUSED: "unfused"}  # the other candidates, in the order they are timed, as ``explain`` names their times
@@ -53,6 +53,34 @@ AGREEMENT = {2: 2e-2, 4: 1e-3, 8: 1e-9}  # by itemsize: how far a fused plan may
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
 _tuned = {}  # a call's description -> (its choice, (cuDNN's best time or None, {other candidate: its time}))
+
+
+@dataclass(frozen=True)
+class ConvCall:
+    """All a convolution's call is made from: ``mode`` (``fprop``: image and weights; ``dgrad``: the result's gradient
+    and weights; ``wgrad``: image and the result's gradient) of ``first`` and ``second`` into ``out`` (each an
+    ``Operand``: shape, dtype, element strides), its geometry, and its ``epilogue`` adding ``extras`` (a bias vector,
+    a residual) and a relu; float32 on TF32 tensor cores if ``tf32``, atomics allowed unless ``deterministic``."""
+
+    mode: str
+    first: Operand
+    second: Operand
+    out: Operand
+    strides: tuple
+    padding: tuple
+    dilation: tuple
+    groups: int = 1
+    epilogue: str = "none"
+    extras: tuple = ()
+    tf32: bool = False
+    deterministic: bool = True
+
+    @property
+    def dtype(self):
+        return np.dtype(self.out.dtype)
+
+    def __str__(self):
+        return f"{self.mode} convolution of {self.first.shape} and {self.second.shape} into {self.out.shape}"
 
 
 def cudnn_module():
@@ -86,50 +114,46 @@ def _four_dimensional(shape, strides):
     return [shape[0], shape[1], 1, shape[2]], [strides[0], strides[1], strides[2] * shape[2], strides[2]]
 
 
-def _geometry(term):
-    attrs = term.attrs
-    mode, strides, padding, dilation = attrs.mode, attrs.strides, attrs.padding, attrs.dilation
-    extra = len(term.shape) == 3  # a 1-d convolution gets a height of 1
-    lows = [0] * extra + [low for low, _ in padding]
-    highs = [0] * extra + [high for _, high in padding]
-    return mode, lows, highs, [1] * extra + list(strides), [1] * extra + list(dilation)
+def _geometry(call):
+    extra = len(call.out.shape) == 3  # a 1-d convolution gets a height of 1
+    lows = [0] * extra + [low for low, _ in call.padding]
+    highs = [0] * extra + [high for _, high in call.padding]
+    return lows, highs, [1] * extra + list(call.strides), [1] * extra + list(call.dilation)
 
 
 class Conv:
-    """One cuDNN call for one ``dnn_conv`` term, over fixed pointers; with an epilogue, cuDNN's fused plans or the
-    convolution alone followed by a generated kernel for it (``UNFUSED``), whichever is faster."""
+    """The call ``ConvCall`` describes, over fixed pointers: the fastest of cuDNN's plans and the other candidates;
+    with an epilogue, cuDNN's fused plans or the convolution alone followed by a generated kernel for it
+    (``UNFUSED``), whichever is faster."""
 
-    def __init__(self, term, layouts, tf32=False, deterministic=True):
-        dtype = term.dtype
+    def __init__(self, call):
+        dtype = call.dtype
         if dtype.name not in DATA_TYPES:
-            raise BackendError(f"{term!r}: cuDNN convolves {', '.join(DATA_TYPES)}, not {dtype}")
-        self.epilogue = term.attr("epilogue")
-        described = [_four_dimensional(x.shape, layouts[x]) for x in term.args[:2] + (term,)]
-        described += [_four_dimensional(*(_bias(x, layouts[term]) if x.ndim == 1 else (x.shape, layouts[x])))
-                      for x in term.args[2:]]
-        self.key = (term.attrs, dtype.name, tuple(tuple(map(tuple, d)) for d in described), bool(tf32),
-                    bool(deterministic))
-        self.dtype, self.size, self.nbytes = dtype, term.size, term.size * dtype.itemsize
-        self.mode = term.attr("mode")
+            raise BackendError(f"{call}: cuDNN convolves {', '.join(DATA_TYPES)}, not {dtype}")
+        self.epilogue = call.epilogue
+        described = [_four_dimensional(x.shape, x.strides) for x in (call.first, call.second, call.out)]
+        described += [_four_dimensional(*(_bias(x, call.out.strides) if len(x.shape) == 1 else (x.shape, x.strides)))
+                      for x in call.extras]
+        self.key = call
+        self.size = math.prod(call.out.shape)
+        self.dtype, self.nbytes = dtype, self.size * dtype.itemsize
+        self.mode = call.mode
         self.unfused = self.epilogue_kernel = None
         self.dropped = set()  # fused plans found to disagree with the unfused result when tuned
         if self.epilogue != "none":
-            attrs = term.attrs
-            plain = dnn_conv(*term.args[:2], attrs.mode, attrs.strides, attrs.padding, attrs.dilation, attrs.groups,
-                             attrs.shape)
-            self.unfused = Conv(plain, {**layouts, plain: layouts[term]}, tf32, deterministic)
-            self.epilogue_kernel = EpilogueKernel(term, layouts)
+            self.unfused = Conv(replace(call, epilogue="none", extras=()))
+            self.epilogue_kernel = EpilogueKernel(call)
         alone = self.epilogue == "none"  # the other candidates compute the convolution alone
-        self.gemm, self.image_first = (_as_gemm(term, layouts, tf32) if alone else None) or (None, False)
-        self.windows = window_gemm(term, layouts, tf32) if alone else None
-        self.split = split_wgrad(term, layouts, tf32) if alone else None
-        detour = detour_layouts(term, layouts, tf32) if alone else None
-        self.detour = Detour(term, layouts, Conv(term, detour[0], tf32, deterministic), detour[1]) if detour else None
-        runners = (self.gemm, self.windows, self.split, self.detour, self.unfused)
+        self.gemm, self.image_first = (_as_gemm(call) if alone else None) or (None, False)
+        self.windows = window_gemm(call) if alone else None
+        self.split = split_wgrad(call) if alone else None
+        nchw = nchw_call(call) if alone else None
+        self.nchw = InNchw(call, Conv(nchw[0]), nchw[1]) if nchw else None
+        runners = (self.gemm, self.windows, self.split, self.nchw, self.unfused)
         others = [(choice, runner) for choice, runner in zip(LABELS, runners) if runner]
         if self.key not in _graphs:
             try:
-                _graphs[self.key] = self._build(term, described, tf32, deterministic)
+                _graphs[self.key] = self._build(call, described)
             except BackendError:
                 if not others:
                     raise
@@ -137,21 +161,22 @@ class Conv:
         self.graph, self.inputs, self.output, self.plans, workspace = _graphs[self.key]
         self.others = dict(others)  # the candidates other than cuDNN's plans, by the name of their choice
         self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in self.others.values()])
-        self.tuned_key = self.key + (self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
+        self.tuned_key = (self.key, self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
         first = self.plans[0] if self.plans else others[0][0]
         self.choice, self.times = _tuned.get(self.tuned_key, (first, None))
 
-    def _build(self, term, described, tf32, deterministic):
+    def _build(self, call, described):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
         cudnn = cudnn_module()
-        data_type = getattr(cudnn.data_type, DATA_TYPES[term.dtype.name])
-        compute = cudnn.data_type.DOUBLE if term.dtype == np.float64 else cudnn.data_type.FLOAT
+        dtype, mode = call.dtype, call.mode
+        data_type = getattr(cudnn.data_type, DATA_TYPES[dtype.name])
+        compute = cudnn.data_type.DOUBLE if dtype == np.float64 else cudnn.data_type.FLOAT
         graph = cudnn.pygraph(io_data_type=data_type, intermediate_data_type=compute, compute_data_type=compute,
                               handle=handle())
         (a_dims, a_strides), (b_dims, b_strides), (out_dims, out_strides), *extras = described
         a = graph.tensor(dim=a_dims, stride=a_strides, data_type=data_type)
         b = graph.tensor(dim=b_dims, stride=b_strides, data_type=data_type)
-        mode, lows, highs, strides, dilation = _geometry(term)
+        lows, highs, strides, dilation = _geometry(call)
         geometry = dict(pre_padding=lows, post_padding=highs, stride=strides, dilation=dilation)
         if mode == "fprop":
             out = graph.conv_fprop(image=a, weight=b, **geometry)
@@ -170,18 +195,18 @@ class Conv:
             graph.build_operation_graph()
             graph.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
             notes = [cudnn.numerical_note.REDUCED_PRECISION_REDUCTION]
-            if deterministic:
+            if call.deterministic:
                 notes.append(cudnn.numerical_note.NONDETERMINISTIC)
-            if not (tf32 and term.dtype == np.float32):  # float32 on tensor cores is TF32, whatever the notes say
+            if not (call.tf32 and dtype == np.float32):  # float32 on tensor cores is TF32, whatever the notes say
                 notes.append(cudnn.numerical_note.DOWN_CONVERT_INPUTS)
-                if term.dtype == np.float32:
+                if dtype == np.float32:
                     notes.append(cudnn.numerical_note.TENSOR_CORE)
             graph.deselect_numeric_notes(notes)
             graph.deselect_workspace_greater_than(WORKSPACE_LIMIT)
             graph.check_support()
             graph.build_plans(cudnn.build_plan_policy.ALL)
         except Exception as error:  # cuDNN's own exception types differ between its engines
-            raise BackendError(f"{term!r}: cuDNN cannot run this {mode} convolution: {error}") from None
+            raise BackendError(f"{call}: cuDNN cannot run it: {error}") from None
         plans, workspace = [], 0
         for index in range(graph.get_execution_plan_count()):
             try:
@@ -193,7 +218,7 @@ class Conv:
             if len(plans) == CANDIDATES:
                 break
         if not plans:
-            raise BackendError(f"{term!r}: cuDNN built no plan for this {mode} convolution")
+            raise BackendError(f"{call}: cuDNN built no plan for it")
         return graph, (a, b, *added), out, plans, workspace
 
     def describe(self):
@@ -314,28 +339,23 @@ def _bias(x, result_strides):
     return shape, channels_last_strides(shape) if result_strides[1] == 1 else contiguous_strides(shape)
 
 
-def _as_gemm(term, layouts, tf32):
+def _as_gemm(call):
     """A 1x1 convolution of stride 1 without padding, forward or data gradient, as a ``Gemm`` over its pixels; None
     for any other, and where neither the result is NCHW nor the image and the result are NHWC. Into NCHW it is
     one product per image, ``out[n] = w @ x[n]`` (``(K, C) @ (C, pixels)``; ``dx[n] = w^T @ dy[n]``); in NHWC one over every
     pixel of the batch, ``out = x @ w^T`` (``(N pixels, C) @ (C, K)``; ``dx = dy @ w``). Returns the ``Gemm``
     and whether the image is its first factor."""
-    attrs = term.attrs
-    mode, strides, padding, groups = attrs.mode, attrs.strides, attrs.padding, attrs.groups
-    image, weights = term.args
-    if mode == "wgrad" or groups != 1 or set(strides) != {1} or any(p != (0, 0) for p in padding) \
+    image, weights, out = call.first, call.second, call.out
+    if call.mode == "wgrad" or call.groups != 1 or set(call.strides) != {1} or any(p != (0, 0) for p in call.padding) \
             or set(weights.shape[2:]) != {1}:
         return None
     pixels = math.prod(image.shape[2:])
-    matrix = var("weights", weights.shape[:2], weights.dtype)
-    matrix_strides = layouts[weights][:2]
-    if layouts[term] == contiguous_strides(term.shape):  # the image packed either way: its pixels one stride apart
-        spread = var("image", (image.shape[0], image.shape[1], pixels), image.dtype)
-        product = gemm(matrix, spread, transpose_a=mode == "dgrad")
-        image_strides = layouts[image]
-        return Gemm(product, {spread: image_strides[:2] + image_strides[-1:], matrix: matrix_strides}, tf32), False
-    if layouts[term] == channels_last_strides(term.shape) and layouts[image] == channels_last_strides(image.shape):
-        rows = var("image", (image.shape[0] * pixels, image.shape[1]), image.dtype)
-        product = gemm(rows, matrix, transpose_b=mode == "fprop")
-        return Gemm(product, {rows: contiguous_strides(rows.shape), matrix: matrix_strides}, tf32), True
+    matrix = Operand(weights.shape[:2], weights.dtype, weights.strides[:2])
+    if out.strides == contiguous_strides(out.shape):  # the image packed either way: its pixels one stride apart
+        spread = Operand((image.shape[0], image.shape[1], pixels), image.dtype, image.strides[:2] + image.strides[-1:])
+        return Gemm(GemmCall.product(matrix, spread, transpose_a=call.mode == "dgrad", tf32=call.tf32)), False
+    if out.strides == channels_last_strides(out.shape) and image.strides == channels_last_strides(image.shape):
+        rows_shape = (image.shape[0] * pixels, image.shape[1])
+        rows = Operand(rows_shape, image.dtype, contiguous_strides(rows_shape))
+        return Gemm(GemmCall.product(rows, matrix, transpose_b=call.mode == "fprop", tf32=call.tf32)), True
     return None

@@ -6,8 +6,8 @@ whichever axis is contiguous in memory. Where a 16-byte chunk lands in its row i
 ``PAD`` bytes of padding for ``ldmatrix``, swizzled for ``wgmma``).
 """
 
-from ..codegen import storage_type
-from ..launch import WAIT_PRIOR_GRIDS
+from ...codegen import storage_type
+from ...launch import WAIT_PRIOR_GRIDS
 
 PLAIN_CHUNK = "dst + r * PITCH + kc"  # chunk kc (a byte offset) of row r, in place
 

@@ -7,46 +7,49 @@ channels took 355 us in NHWC against 130 in NCHW, where the copies take tens of 
 channels-last images (``channels_last_io``) stores its convolutions' images so in every dtype.
 """
 
+import math
+from dataclasses import replace
+
 import numpy as np
 
-from ...memplan import aligned
-from .codegen import Operand, contiguous_strides, in_c_order, memory_order
-from .sources import copy_source
-from .kernels import launcher
+from ....memplan import aligned
+from ..codegen import contiguous_strides, in_c_order, memory_order
+from ..sources import copy_source
+from ..kernels import launcher
 
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
 ALIGNMENT = 256
 
 
-def detour_layouts(term, layouts, tf32):
-    """The layouts of ``dnn_conv`` ``term``'s operands and result in NCHW, and the indices of the operands copied
-    there;
-    None where it takes no detour: a dtype not in ``DTYPES`` (or float32 on TF32 tensor cores, fast in NHWC), an
+def nchw_call(call):
+    """``ConvCall`` ``call`` with its operands and result in NCHW, and the indices of the operands copied there;
+    None where it has no NCHW form worth timing: a dtype not in ``DTYPES`` (or float32 on TF32 tensor cores, fast in NHWC), an
     epilogue, or operands and result already NCHW."""
-    if term.dtype not in DTYPES or (tf32 and term.dtype == np.float32) or term.attr("epilogue") != "none" \
-            or term.ndim < 4:
+    if call.dtype not in DTYPES or (call.tf32 and call.dtype == np.float32) or call.epilogue != "none" \
+            or len(call.out.shape) < 4:
         return None
-    values = term.args + (term,)
-    if all(in_c_order(x.shape, layouts[x]) for x in values):
+    values = (call.first, call.second, call.out)
+    if all(in_c_order(x.shape, x.strides) for x in values):
         return None
-    copied = [i for i, x in enumerate(term.args) if not in_c_order(x.shape, layouts[x])]  # by index: x may be both
-    return {**layouts, **{x: contiguous_strides(x.shape) for x in values}}, copied
+    copied = [i for i, x in enumerate(values[:2]) if not in_c_order(x.shape, x.strides)]
+    first, second, out = (replace(x, strides=contiguous_strides(x.shape)) for x in values)
+    return replace(call, first=first, second=second, out=out), copied
 
 
-class Detour:
-    """The copies and the NCHW call (``conv``, a ``dnn.Conv`` over ``detour_layouts``), over fixed pointers."""
+class InNchw:
+    """The copies and the NCHW call (``conv``, a ``cudnn_conv.Conv`` of ``nchw_call``'s call), over fixed pointers."""
 
-    def __init__(self, term, layouts, conv, copied):
+    def __init__(self, call, conv, copied):
         self.conv = conv
-        itemsize = term.dtype.itemsize
-        operands = [term.args[i] for i in copied]
-        self.copies_in = [(i, copy_source(Operand(x.shape, x.dtype, layouts[x]))) for i, x in zip(copied, operands)]
+        itemsize = call.dtype.itemsize
+        operands = [(call.first, call.second)[i] for i in copied]
+        self.copies_in = [(i, copy_source(x)) for i, x in zip(copied, operands)]
         self.offsets, top = [], 0
-        for x in operands + [term]:
+        for x in operands + [call.out]:
             self.offsets.append(top)
-            top += aligned(x.size * itemsize, ALIGNMENT)
-        out_order = memory_order(term.shape, layouts[term])
-        self.copy_out = copy_source(Operand(term.shape, term.dtype, contiguous_strides(term.shape)), out_order)
+            top += aligned(math.prod(x.shape) * itemsize, ALIGNMENT)
+        out = call.out
+        self.copy_out = copy_source(replace(out, strides=contiguous_strides(out.shape)), memory_order(out.shape, out.strides))
         self.scratch = top
         self.workspace_bytes = top + conv.workspace_bytes
 

@@ -26,12 +26,10 @@ import math
 
 import numpy as np
 
-from ...exprgraph.constructors import var
-from ...memplan import aligned
-from .blas import Gemm
-from .codegen import Operand, finished_source, storage_type
-from .kernels import launcher
-from .lowering.gemm import gemm
+from ....memplan import aligned
+from .cublaslt import Gemm, GemmCall
+from ..codegen import Operand, finished_source, storage_type
+from ..kernels import launcher
 
 THREADS = 256  # the most threads a block of the partial kernel has
 SHARED_BYTES = 48 << 10  # a block's staged tile
@@ -55,51 +53,50 @@ def _multiprocessors():
     return cupy.cuda.Device().attributes["MultiProcessorCount"]
 
 
-def split_wgrad(term, layouts, tf32=False):
-    """The ``SplitWgrad`` of weight-gradient ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or, for
-    a 1x1 one, its ``PixelGemm`` (NHWC images) or ``ImageGemms`` (NCHW); None for another mode or dtype, more
-    than two spatial axes, taps too many for its registers or tiles, or a 1x1 one that is neither product or
-    whose products would take more than ``PARTIAL_BYTES``."""
-    taps = math.prod(term.shape[2:])
-    if term.attr("mode") != "wgrad" or term.dtype not in DTYPES or term.ndim > 4 or taps > 2 * ACCUMULATORS:
+def split_wgrad(call):
+    """The ``SplitWgrad`` of weight-gradient ``ConvCall`` ``call``, or, for a 1x1 one, its ``PixelGemm`` (NHWC
+    images) or ``ImageGemms`` (NCHW); None for another mode or dtype, more than two spatial axes, taps too many for
+    its registers or tiles, or a 1x1 one that is neither product or whose products would take more than
+    ``PARTIAL_BYTES``."""
+    out = call.out
+    taps = math.prod(out.shape[2:])
+    if call.mode != "wgrad" or call.dtype not in DTYPES or len(out.shape) > 4 or taps > 2 * ACCUMULATORS:
         return None
-    if 0 in term.args[0].shape + term.args[1].shape or term.size * 8 > PARTIAL_BYTES:  # empty, or too many sums
+    if 0 in call.first.shape + call.second.shape or math.prod(out.shape) * 8 > PARTIAL_BYTES:  # empty, or too many
         return None
-    geometry = _Geometry(term, layouts)
+    geometry = _Geometry(call)
     if taps == 1:
         if geometry.product_over_pixels():
-            return PixelGemm(geometry, tf32)
+            return PixelGemm(geometry, call.tf32)
         fits = geometry.n * geometry.o * geometry.c * geometry.acc_bytes <= PARTIAL_BYTES
-        return ImageGemms(geometry, tf32) if fits and geometry.products_per_image() else None
+        return ImageGemms(geometry, call.tf32) if fits and geometry.products_per_image() else None
     return SplitWgrad(geometry) if geometry.tile is not None else None
 
 
 class _Geometry:
     """The weight gradient's sizes as a 2-d one's (a 1-d one gets a height of 1) and the tiling chosen for them."""
 
-    def __init__(self, term, layouts):
-        attrs = term.attrs
-        strides, padding, dilation, groups = attrs.strides, attrs.padding, attrs.dilation, attrs.groups
-        x, dy = term.args
-        extra = 4 - term.ndim
+    def __init__(self, call):
+        x, dy, dw = call.first, call.second, call.out
+        extra = 4 - len(dw.shape)
 
         def planar(values, fill):
             return (fill,) * extra + tuple(values)
 
         self.n, self.c, self.h, self.w = x.shape[:2] + planar(x.shape[2:], 1)
         _, self.o, self.p, self.q = dy.shape[:2] + planar(dy.shape[2:], 1)
-        self.r, self.s = planar(term.shape[2:], 1)
-        self.stride, self.dilation = planar(strides, 1), planar(dilation, 1)
-        self.low = planar([low for low, _ in padding], 0)
-        self.x_strides = layouts[x][:2] + planar(layouts[x][2:], 0)
-        self.dy_strides = layouts[dy][:2] + planar(layouts[dy][2:], 0)
-        self.dw_strides = layouts[term][:2] + planar(layouts[term][2:], 0)
-        self.groups, self.dtype = groups, term.dtype
-        self.og, self.cg, self.taps = self.o // groups, self.c // groups, self.r * self.s
+        self.r, self.s = planar(dw.shape[2:], 1)
+        self.stride, self.dilation = planar(call.strides, 1), planar(call.dilation, 1)
+        self.low = planar([low for low, _ in call.padding], 0)
+        self.x_strides = x.strides[:2] + planar(x.strides[2:], 0)
+        self.dy_strides = dy.strides[:2] + planar(dy.strides[2:], 0)
+        self.dw_strides = dw.strides[:2] + planar(dw.strides[2:], 0)
+        self.groups, self.dtype = call.groups, call.dtype
+        self.og, self.cg, self.taps = self.o // self.groups, self.c // self.groups, self.r * self.s
         self.ob = _divisor(self.og, 32)
         self.opt = max(d for d in (8, 4, 2, 1) if self.ob % d == 0 and (d * self.taps <= ACCUMULATORS or d == 1))
         self.cb = _divisor(self.cg, min(32, THREADS // (self.ob // self.opt)))  # a thread group within THREADS
-        self.acc = np.dtype(np.float64 if term.dtype == np.float64 else np.float32)
+        self.acc = np.dtype(np.float64 if self.dtype == np.float64 else np.float32)
         self.acc_bytes = self.acc.itemsize
         self.vector = self.acc_bytes == 4 and self.stride[1] == 1 and self.dilation[1] == 1
         self.loads_per_row = -(-(3 + self.s) // 4)  # float4s covering the columns four positions and their taps read
@@ -207,8 +204,8 @@ class PixelGemm:
     def __init__(self, geometry, tf32):
         g = geometry
         rows = g.n * g.p * g.q
-        dy, x = var("dy", (rows, g.o), g.dtype), var("x", (rows, g.c), g.dtype)
-        self.gemm = Gemm(gemm(dy, x, transpose_a=True), {dy: (g.o, 1), x: (g.c, 1)}, tf32)
+        dy, x = Operand((rows, g.o), g.dtype, (g.o, 1)), Operand((rows, g.c), g.dtype, (g.c, 1))
+        self.gemm = Gemm(GemmCall.product(dy, x, transpose_a=True, tf32=tf32))
         self.workspace_bytes = self.gemm.workspace_bytes
 
     def describe(self):
@@ -233,11 +230,11 @@ class ImageGemms:
         g = geometry
         self.geometry = g
         pixels = g.p * g.q
-        dy = var("dy", (g.n, g.o, pixels), g.dtype)
-        x = var("x", (g.n, g.c, pixels), g.dtype)
-        product = gemm(dy, x, transpose_b=True)
-        self.gemm = Gemm(product, {dy: g.dy_strides[:2] + (1,), x: g.x_strides[:2] + (1,)}, tf32)
-        self.products_bytes = aligned(product.size * g.acc_bytes, ALIGNMENT)
+        dy = Operand((g.n, g.o, pixels), g.dtype, g.dy_strides[:2] + (1,))
+        x = Operand((g.n, g.c, pixels), g.dtype, g.x_strides[:2] + (1,))
+        product = GemmCall.product(dy, x, transpose_b=True, tf32=tf32)
+        self.gemm = Gemm(product)
+        self.products_bytes = aligned(math.prod(product.shape) * g.acc_bytes, ALIGNMENT)
         self.workspace_bytes = self.products_bytes + self.gemm.workspace_bytes
         self.sum = _sum_source(g, g.n)
         self.sum_blocks = -(-g.o * g.c // 32)

@@ -1,11 +1,11 @@
 """The derivatives of attention, for ``rules.derivatives``.
 
-``attention``'s share of each operand is a result of ``attention_grad`` (one kernel makes all three). The shares of
+``attention``'s VJP for each operand is a result of ``attention_grad`` (one kernel makes all three). The VJPs of
 ``attention_grad`` itself (a second derivative: a Hessian-vector product, a gradient penalty) are found by
 differentiating its meaning spelled out in plain ops (``plain_attention_grad``) with the reverse walk, with stand-ins
 (fused-body parameters) for the operands so that ``q`` and ``k`` being one term (self-attention on one tensor) still
-gives each position its own share. The spelled-out gradient reads ``q``, ``k``, ``v`` and the adjoint only: the
-forward's result ``out`` that ``attention_grad`` also reads is ``attention(q, k, v)`` by construction, so its share
+gives each position its own VJP. The spelled-out gradient reads ``q``, ``k``, ``v`` and the adjoint only: the
+forward's result ``out`` that ``attention_grad`` also reads is ``attention(q, k, v)`` by construction, so its VJP
 is counted through ``q``, ``k`` and ``v`` and is 0 of its own.
 """
 
@@ -52,21 +52,21 @@ def plain_attention_grad(q, k, v, dout, scale, causal):
     return tuple(ct.cast(g, q.dtype) if g.dtype != q.dtype else g for g in grads)
 
 
-def attention_share(position):
-    """The share of operand ``position`` (q, k, v) of an ``attention`` term: that result of its ``attention_grad``."""
+def attention_vjp(position):
+    """The VJP for operand ``position`` (q, k, v) of an ``attention`` term: that result of its ``attention_grad``."""
 
-    def share(b):
+    def vjp(b):
         term = b.term
         return ct.attention_grad(*term.args, b["_y"], b["_dy"], term.attr("scale"), term.attr("causal"), result=position)
 
-    return share
+    return vjp
 
 
-def attention_grad_share(operand, rules):
-    """The share of ``(q, k, v, dout)[operand]`` in an ``attention_grad`` term, by the reverse walk through
+def attention_grad_vjp(operand, rules):
+    """The VJP for ``(q, k, v, dout)[operand]`` in an ``attention_grad`` term, by the reverse walk through
     ``plain_attention_grad`` with the derivative rules ``rules()`` (a function: the rules include this one)."""
 
-    def share(b):
+    def vjp(b):
         term = b.term
         q, k, v, _, dout = term.args
         scale, causal, result = (term.attr(name) for name in ("scale", "causal", "result"))
@@ -78,4 +78,4 @@ def attention_grad_share(operand, rules):
             return 0
         return substitute(adjoints[wanted], dict(zip(stand_ins, (q, k, v, dout))))
 
-    return share
+    return vjp

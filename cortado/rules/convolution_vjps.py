@@ -1,11 +1,11 @@
-"""The adjoint shares of convolution and the window ops, which need arithmetic on their geometry.
+"""The VJPs of convolution and the window ops, which need arithmetic on their geometry.
 
-Every share is again a plain convolution or window op, so gradients of gradients work:
+Every VJP is again a plain convolution or window op, so gradients of gradients work:
 
-- the input's share of ``conv`` is the output's adjoint, dilated by the stride (``lhs_dilation``), padded
+- the input's VJP of ``conv`` is the output's adjoint, dilated by the stride (``lhs_dilation``), padded
   so that each input element meets every output it fed, convolved with the weights flipped in space and
   with their input and output channels swapped (within each group); never a transposed convolution;
-- the weights' share is the input convolved with the output's adjoint: the batch becomes the channels
+- the weights' VJP is the input convolved with the output's adjoint: the batch becomes the channels
   that are summed, the adjoint (dilated by the stride) the kernel, and the weight dilation the stride;
 - ``windows`` and ``overlap_add`` are each other's adjoints, ``pad`` is undone by the opposite widths
   and ``flip`` by itself.
@@ -25,7 +25,7 @@ def _regrouped(t, groups, shape, axes):
 
 
 def _swapped_weights(w, groups):
-    """``(G*Kg, Cg, *k)`` weights as ``(G*Cg, Kg, *k)``, flipped in space: the kernel of the input's share."""
+    """``(G*Kg, Cg, *k)`` weights as ``(G*Cg, Kg, *k)``, flipped in space: the kernel of the input's VJP."""
     kg, cg = w.shape[0] // groups, w.shape[1]
     spatial = tuple(range(2, w.ndim))
     if groups == 1:
@@ -36,7 +36,7 @@ def _swapped_weights(w, groups):
     return ct.flip(swapped, axis=spatial)
 
 
-def conv_input_share(b):
+def conv_input_vjp(b):
     x, w, dy = b["_x"], b["_w"], b["_dy"]
     strides, padding, lhs, rhs, groups = b["_s"], b["_p"], b["_l"], b["_r"], b["_g"]
     pairs = []
@@ -48,7 +48,7 @@ def conv_input_share(b):
                    rhs_dilation=rhs, groups=groups)
 
 
-def conv_weight_share(b):
+def conv_weight_vjp(b):
     x, w, dy = b["_x"], b["_w"], b["_dy"]
     strides, padding, lhs, rhs, groups = b["_s"], b["_p"], b["_l"], b["_r"], b["_g"]
     n, cg = x.shape[0], x.shape[1] // groups
@@ -67,17 +67,17 @@ def conv_weight_share(b):
     return ct.transpose(result, (1, 0) + spatial)
 
 
-def windows_share(b):
+def windows_vjp(b):
     x = b["_x"]
     count = len(b["_k"])
     return ct.overlap_add(b["_dy"], x.shape[x.ndim - count:], strides=b["_s"], dilation=b["_d"])
 
 
-def overlap_add_share(b):
+def overlap_add_vjp(b):
     x = b["_x"]
     count = len(b["_n"])
     return ct.windows(b["_dy"], x.shape[x.ndim - count:], strides=b["_s"], dilation=b["_d"])
 
 
-def pad_share(b):
+def pad_vjp(b):
     return ct.pad(b["_dy"], tuple((-low, -high) for low, high in b["_w"]))

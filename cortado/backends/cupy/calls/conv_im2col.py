@@ -23,13 +23,11 @@ import math
 
 import numpy as np
 
-from ...exprgraph.constructors import var
-from ...memplan import aligned
-from .blas import Gemm
-from .codegen import Operand, channels_last_strides, contiguous_strides
-from .kernels import launcher
-from .lowering.gemm import gemm
-from .window_kernels import im2col_source
+from ....memplan import aligned
+from .cublaslt import Gemm, GemmCall
+from ..codegen import Operand, channels_last_strides, contiguous_strides
+from ..kernels import launcher
+from ..window_kernels import im2col_source
 
 COLUMN_BYTES = 8 << 20  # the most the gathered columns (and rows of dy) of one chunk may take
 DTYPES = (np.dtype(np.float32), np.dtype(np.float64))
@@ -42,80 +40,77 @@ def _chunk(batch, per_image_bytes):
     return max(fitting) if fitting else None
 
 
-def window_gemm(term, layouts, tf32):
-    """The ``WindowGemm`` of ``dnn_conv`` ``term`` over operands stored as ``layouts`` says, or None where it has
-    none: a data gradient, groups, a dtype not in ``DTYPES``, weights or a result stored other than the GEMM
-    writes them, or images too large for ``COLUMN_BYTES`` one at a time."""
-    mode, groups = term.attrs.mode, term.attrs.groups
-    x, second = term.args
-    if mode == "dgrad" or groups != 1 or term.dtype not in DTYPES:
+def window_gemm(call):
+    """The ``WindowGemm`` of ``ConvCall`` ``call``, or None where it has none: a data gradient, groups, a dtype not
+    in ``DTYPES``, weights or a result stored other than the GEMM writes them, or images too large for
+    ``COLUMN_BYTES`` one at a time."""
+    mode, second, out = call.mode, call.second, call.out
+    if mode == "dgrad" or call.groups != 1 or call.dtype not in DTYPES:
         return None
-    taps = x.shape[1] * math.prod((second.shape if mode == "fprop" else term.shape)[2:])
-    positions = math.prod((term.shape if mode == "fprop" else second.shape)[2:])
-    per_image = taps * positions * term.dtype.itemsize
+    taps = call.first.shape[1] * math.prod((second.shape if mode == "fprop" else out.shape)[2:])
+    positions = math.prod((out.shape if mode == "fprop" else second.shape)[2:])
+    per_image = taps * positions * call.dtype.itemsize
     if mode == "fprop":
-        stored = layouts[term] in (contiguous_strides(term.shape), channels_last_strides(term.shape))
-        if not stored or layouts[second] != contiguous_strides(second.shape):
+        stored = out.strides in (contiguous_strides(out.shape), channels_last_strides(out.shape))
+        if not stored or second.strides != contiguous_strides(second.shape):
             return None
         gathered_rows = False
     else:
-        if layouts[term] != contiguous_strides(term.shape):
+        if out.strides != contiguous_strides(out.shape):
             return None
-        gathered_rows = layouts[second] != channels_last_strides(second.shape)
-        per_image += gathered_rows * second.shape[1] * positions * term.dtype.itemsize
-    chunk = _chunk(x.shape[0], per_image)
-    return None if chunk is None else WindowGemm(term, layouts, tf32, chunk, gathered_rows)
+        gathered_rows = second.strides != channels_last_strides(second.shape)
+        per_image += gathered_rows * second.shape[1] * positions * call.dtype.itemsize
+    chunk = _chunk(call.first.shape[0], per_image)
+    return None if chunk is None else WindowGemm(call, chunk, gathered_rows)
+
+
+def _matrix(shape, dtype, strides=None):
+    return Operand(shape, dtype, contiguous_strides(shape) if strides is None else strides)
 
 
 class WindowGemm:
-    """One ``dnn_conv`` (fprop or wgrad, no groups) as im2col and cuBLASLt GEMMs, ``chunk`` images at a time, over
+    """One convolution (fprop or wgrad, no groups) as im2col and cuBLASLt GEMMs, ``chunk`` images at a time, over
     fixed pointers. ``gathered_rows``: a weight gradient's ``dy`` is gathered into rows (it is not NHWC)."""
 
-    def __init__(self, term, layouts, tf32, chunk, gathered_rows):
-        attrs = term.attrs
-        mode, strides, padding, dilation = attrs.mode, attrs.strides, attrs.padding, attrs.dilation
-        x, second = term.args
+    def __init__(self, call, chunk, gathered_rows):
+        mode, x, second, out = call.mode, call.first, call.second, call.out
         self.mode, self.chunk, self.batches = mode, chunk, x.shape[0] // chunk
-        itemsize = term.dtype.itemsize
-        window = (second.shape if mode == "fprop" else term.shape)[2:]
-        counts = (term.shape if mode == "fprop" else second.shape)[2:]
+        dtype = call.dtype
+        itemsize = dtype.itemsize
+        window = (second.shape if mode == "fprop" else out.shape)[2:]
+        counts = (out.shape if mode == "fprop" else second.shape)[2:]
         taps, positions = x.shape[1] * math.prod(window), math.prod(counts)
         pixels = chunk * positions
-        image = Operand((chunk,) + x.shape[1:], x.dtype, layouts[x])
-        lows = tuple(low for low, _ in padding)
-        self.columns = im2col_source(image, window, strides, lows, dilation, counts)
-        self.image_step = chunk * layouts[x][0] * itemsize
+        image = Operand((chunk,) + x.shape[1:], x.dtype, x.strides)
+        lows = tuple(low for low, _ in call.padding)
+        self.columns = im2col_source(image, window, call.strides, lows, call.dilation, counts)
+        self.image_step = chunk * x.strides[0] * itemsize
         self.columns_bytes = aligned(taps * pixels * itemsize, ALIGNMENT)
-        columns_t = var("columns_t", (pixels, taps), x.dtype)  # col^T, col being (taps, pixels) row-major
+        columns_t = _matrix((pixels, taps), dtype, (1, pixels))  # col^T, col being (taps, pixels) row-major
         self.rows, rows_bytes = None, 0
         if mode == "fprop":
-            weights = var("weights", (second.shape[0], taps), x.dtype)
-            self.columns_first = layouts[term] == channels_last_strides(term.shape)
+            weights = _matrix((second.shape[0], taps), dtype)
+            self.columns_first = out.strides == channels_last_strides(out.shape)
             if self.columns_first:  # out rows (pixels, K) = col^T @ w^T
-                product = gemm(columns_t, weights, transpose_b=True)
-                operands = {columns_t: (1, pixels), weights: contiguous_strides(weights.shape)}
+                product = GemmCall.product(columns_t, weights, transpose_b=True, tf32=call.tf32)
             else:  # out[n] (K, positions) = w @ col[:, n]
-                spread = var("columns", (chunk, taps, positions), x.dtype)
-                product = gemm(weights, spread)
-                operands = {spread: (positions, pixels, 1), weights: contiguous_strides(weights.shape)}
-            self.out_step = chunk * math.prod(term.shape[1:]) * itemsize
+                spread = _matrix((chunk, taps, positions), dtype, (positions, pixels, 1))
+                product = GemmCall.product(weights, spread, tf32=call.tf32)
+            self.out_step = chunk * math.prod(out.shape[1:]) * itemsize
         else:
             k = second.shape[1]
-            rows = var("dy_rows", (k, pixels), x.dtype)
             if gathered_rows:  # gathered into (K, pixels) rows after the columns: im2col of dy with one tap
                 ones = (1,) * len(counts)
-                dy_image = Operand((chunk,) + second.shape[1:], x.dtype, layouts[second])
+                dy_image = Operand((chunk,) + second.shape[1:], dtype, second.strides)
                 self.rows = im2col_source(dy_image, ones, ones, (0,) * len(counts), ones, counts)
                 rows_bytes, row_strides = aligned(k * pixels * itemsize, ALIGNMENT), (pixels, 1)
             else:  # NHWC: dy's (pixels, K) rows read where they lie, as a transposed matrix
                 row_strides = (1, k)
-            dw = var("dw", (term.shape[0], taps), x.dtype)
-            product = gemm(rows, columns_t, beta=1.0, c=dw)
-            operands = {rows: row_strides, columns_t: (1, pixels), dw: contiguous_strides(dw.shape)}
-            self.dy_step = chunk * layouts[second][0] * itemsize
-            self.out_bytes = term.size * itemsize
+            product = GemmCall.product(_matrix((k, pixels), dtype, row_strides), columns_t, beta=1.0, tf32=call.tf32)
+            self.dy_step = chunk * second.strides[0] * itemsize
+            self.out_bytes = math.prod(out.shape) * itemsize
         self.scratch = self.columns_bytes + rows_bytes
-        self.gemm = Gemm(product, operands, tf32)
+        self.gemm = Gemm(product)
         self.workspace_bytes = self.scratch + self.gemm.workspace_bytes
 
     def describe(self):

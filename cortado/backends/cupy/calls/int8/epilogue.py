@@ -16,7 +16,7 @@ sums are exact, so the order they are added in changes nothing.
 
 import numpy as np
 
-from ..codegen import Operand, _Dim, _Writer, storage_type
+from ...codegen import Operand, _Dim, _Writer, storage_type
 
 OPTIONS = ("--fmad=false",)
 STAGING_PAD = 16  # bytes after each row of a tile staged for its stores

@@ -14,10 +14,14 @@ call, so two programs with the same GEMM compute the same bits (timing alone cou
 two close candidates).
 """
 
+import math
+from dataclasses import dataclass
+
 import numpy as np
 
-from ...errors import BackendError
-from .lowering.gemm import TWO_RESULTS, gemm_operands
+from ....errors import BackendError
+from ..codegen import Operand
+from ..lowering.gemm import TWO_RESULTS
 from .timing import time_graph
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
@@ -41,11 +45,36 @@ def _lt():
     return lt
 
 
-def workspace_limit(term):
-    """The scratch a gemm term's call may ask for: more for a large product, where it buys faster algorithms."""
-    a = term.args[0]
-    k = a.shape[-2] if term.attr("transpose_a") else a.shape[-1]
-    return WORKSPACE_LIMIT[term.size * k >= LARGE_PRODUCT]
+@dataclass(frozen=True)
+class GemmCall:
+    """All a cuBLASLt call is made from: ``d = alpha op(a) @ op(b) + beta c`` of ``shape`` and ``dtype``, then its
+    ``epilogue``; ``a`` and ``b`` as they are stored (``Operand``: shape, dtype, element strides); ``c``, a bias and
+    the epilogue's auxiliary operand, where it has them, in C order; float32 on TF32 tensor cores if ``tf32``."""
+
+    a: Operand
+    b: Operand
+    shape: tuple
+    dtype: np.dtype
+    transpose_a: bool = False
+    transpose_b: bool = False
+    alpha: float = 1.0
+    beta: float = 0.0
+    epilogue: str = "none"
+    tf32: bool = False
+
+    @classmethod
+    def product(cls, a, b, transpose_a=False, transpose_b=False, **rest):
+        """The call computing ``op(a) @ op(b)``, its batch axes broadcast, in ``a``'s dtype."""
+        m = a.shape[-1] if transpose_a else a.shape[-2]
+        n = b.shape[-2] if transpose_b else b.shape[-1]
+        shape = np.broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n)
+        return cls(a, b, shape, a.dtype, transpose_a, transpose_b, **rest)
+
+    @property
+    def workspace_limit(self):
+        """The scratch the call may ask for: more for a large product, where it buys faster algorithms."""
+        k = self.a.shape[-2] if self.transpose_a else self.a.shape[-1]
+        return WORKSPACE_LIMIT[math.prod(self.shape) * k >= LARGE_PRODUCT]
 
 
 def handle():
@@ -121,27 +150,24 @@ def matrix_layout(data, rows, cols, ld, count=1, stride=0):
 
 
 class Gemm:
-    """One cuBLASLt call for one gemm term, over fixed pointers."""
+    """The cuBLASLt call ``GemmCall`` describes, over fixed pointers."""
 
-    def __init__(self, term, layouts, tf32):
+    def __init__(self, call):
         lt = _lt()
         from nvmath.bindings.cublas import ComputeType
 
-        attrs = term.attrs
-        transpose_a, transpose_b, alpha, beta = attrs.transpose_a, attrs.transpose_b, attrs.alpha, attrs.beta
-        epilogue = attrs.epilogue
-        a, b, c, bias, aux = gemm_operands(term.args, beta, epilogue)
-        dtype = term.dtype
+        alpha, beta, epilogue, dtype = call.alpha, call.beta, call.epilogue, np.dtype(call.dtype)
         if dtype.name not in _DATA_TYPES:
-            raise BackendError(f"{term!r}: cuBLASLt takes {', '.join(_DATA_TYPES)}, not {dtype}")
-        batch = term.shape[:-2]
+            raise BackendError(f"cuBLASLt takes {', '.join(_DATA_TYPES)}, not {dtype}")
+        batch = call.shape[:-2]
         count = int(np.prod(batch, dtype=np.int64))
-        m, n = term.shape[-2:]
+        m, n = call.shape[-2:]
         found = {}
-        for name, operand, transpose in (("a", a, transpose_a), ("b", b, transpose_b)):
-            layout = matrix(operand.shape, layouts[operand], batch)
+        for name, operand, transpose in (("a", call.a, call.transpose_a), ("b", call.b, call.transpose_b)):
+            layout = matrix(operand.shape, operand.strides, batch)
             if layout is None:
-                raise BackendError(f"{term!r}: operand {name} has a layout cuBLASLt cannot read; it should have been copied")
+                raise BackendError(f"gemm operand {name} of shape {operand.shape} has strides {operand.strides} that "
+                                   f"cuBLASLt cannot read; it should have been copied")
             stored_transposed, ld, batch_stride = layout
             rows, cols = operand.shape[-2:]
             if stored_transposed:
@@ -149,7 +175,7 @@ class Gemm:
             found[name] = (transpose != stored_transposed, rows, cols, ld, batch_stride)
         scale = np.float64 if dtype == np.float64 else np.float32
         compute = {np.dtype(np.float64): ComputeType.COMPUTE_64F}.get(
-            dtype, ComputeType.COMPUTE_32F_FAST_TF32 if (tf32 and dtype == np.float32) else ComputeType.COMPUTE_32F)
+            dtype, ComputeType.COMPUTE_32F_FAST_TF32 if (call.tf32 and dtype == np.float32) else ComputeType.COMPUTE_32F)
         self.scalars = np.array([alpha, beta], scale)
         self.desc = lt.matmul_desc_create(compute, 1 if scale is np.float64 else 0)
         # column-major: the first operand is b (rows = b's columns), the second a
@@ -158,20 +184,20 @@ class Gemm:
         self._set(lt.MatmulDescAttribute.TRANSA, int(trans_first))
         self._set(lt.MatmulDescAttribute.TRANSB, int(trans_second))
         self._set(lt.MatmulDescAttribute.EPILOGUE, int(getattr(lt.Epilogue, _EPILOGUES[epilogue])))
-        self.bias, self.aux = bias, aux
+        self.bias = "bias" in epilogue  # read through the bias pointer
+        self.aux = epilogue.startswith("dgelu")  # read through the auxiliary pointer
         self.bias_gradient = epilogue in TWO_RESULTS  # written through the bias pointer
         self.pointed = {}  # epilogue pointer attribute -> the pointer set in the descriptor
-        if aux is not None:  # row-major like the product: its leading dimension is the product's
+        if self.aux:  # row-major like the product: its leading dimension is the product's
             self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
         data = _DATA_TYPES[dtype.name]
         shapes = [(b_cols, b_rows, b_ld, count, b_stride), (a_cols, a_rows, a_ld, count, a_stride),
                   (n, m, n, count, m * n), (n, m, n, count, m * n)]
         self.layouts = [matrix_layout(data, *shape) for shape in shapes]
         self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
-        self.operands = (a, b, c)
         self.dtype = dtype
         if self.key not in _heuristics:
-            _heuristics[self.key] = self._candidates(workspace_limit(term))
+            _heuristics[self.key] = self._candidates(call.workspace_limit)
         self.candidates = _heuristics[self.key]
         self.workspace_bytes = int(self.candidates["workspace_size"].max())  # what any candidate needs: often 0
         self.choice = 0
@@ -182,9 +208,9 @@ class Gemm:
     def _candidates(self, workspace_limit):
         """cuBLASLt's heuristic results for this call, best guess first, none needing more than ``workspace_limit``
         bytes of scratch."""
-        if self.bias is not None or self.bias_gradient:  # the heuristic looks at the epilogue's pointers too
+        if self.bias or self.bias_gradient:  # the heuristic looks at the epilogue's pointers too
             self._point("BIAS_POINTER", 0)
-        if self.aux is not None:
+        if self.aux:
             self._point("EPILOGUE_AUX_POINTER", 0)
         return heuristic(self.desc, self.layouts, workspace_limit)
 

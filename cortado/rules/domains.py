@@ -1,10 +1,11 @@
 """How the engine sees each kind of term: tensor expressions and untyped text.
 
 The engine itself walks terms through ``head``, ``args`` and ``rebuild``, which both kinds offer.
-What differs is here, in one ``World`` per kind: how a pattern's head and attributes match, what
-counts as a constant, how a replacement is built, how constants fold, and what a rewrite must
-preserve. A tensor rewrite must keep the term's shape and dtype; one that would not is simply
-not applied there (``x * 1`` with a broadcasting ``1`` stays as it is).
+What differs is here, in one domain per kind (``TENSOR``, a ``TensorDomain``; ``TEXT``, a
+``TextDomain``): how a pattern's head and attributes match, what counts as a constant, how a
+replacement is built, how constants fold, and what a rewrite must preserve. A tensor rewrite must
+keep the term's shape and dtype; one that would not is simply not applied there (``x * 1`` with a
+broadcasting ``1`` stays as it is).
 """
 
 import math
@@ -61,7 +62,7 @@ def same_binding(a, b):
     return type(a) is type(b) and a == b
 
 
-class TensorWorld:
+class TensorDomain:
     name = "tensor"
 
     def positional(self, term):
@@ -216,7 +217,7 @@ _LARGEST_TEXT_POWER = 64  # folding 10 ** 10 ** 10 would take forever; such powe
 _LARGEST_TEXT_INT_BITS = 4096  # nor fold ints of more than about 1200 digits
 
 
-class TextWorld:
+class TextDomain:
     name = "text"
 
     def positional(self, term):
@@ -299,11 +300,11 @@ class TextWorld:
         return textforms.shown(term)
 
 
-TENSOR = TensorWorld()
-TEXT = TextWorld()
+TENSOR = TensorDomain()
+TEXT = TextDomain()
 
 
-def world_of(term):
+def domain_of(term):
     if isinstance(term, Term):
         return TENSOR
     if isinstance(term, textforms.TextTerm):

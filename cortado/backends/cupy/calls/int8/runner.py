@@ -10,17 +10,17 @@ time, never the bits. A call whose operands are not 16-byte aligned (a feed read
 kernel that reads them element by element.
 """
 
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ....errors import BackendError
-from ....exprgraph.ops import PARAM
-from ....memplan import aligned
-from ..blas import _lt, handle, heuristic, matrix_layout, set_attribute
-from ..codegen import Operand, contiguous_strides
-from ..sources import kernel_source
-from ..kernels import launcher
+from .....errors import BackendError
+from .....exprgraph.ops import PARAM
+from .....memplan import aligned
+from ..cublaslt import _lt, handle, heuristic, matrix_layout, set_attribute
+from ...codegen import Operand, contiguous_strides
+from ...sources import kernel_source
+from ...kernels import launcher
 from ..timing import time_graph
 from .epilogue import OPTIONS
 from .product import Product, counters, partial_bytes, vector_readable
@@ -119,18 +119,18 @@ class _Library:
         return f"cuBLASLt int8 GEMM (algorithm {self.choice})" + ("" if self.direct else " and an epilogue kernel")
 
 
-def _library_takes(product, term, out_strides):
+def _library_takes(product, out_strides):
     """Whether cuBLASLt's int8 GEMM can take ``product``: int8 both, ``K`` contiguous in rows aligned as its int8
     kernels need, a result in C order."""
     p = product
     return (p.a_dtype == p.b_dtype == np.int8 and p.vector_a and p.vector_b and p.k % 4 == 0
-            and tuple(out_strides) == contiguous_strides(term.shape))
+            and tuple(out_strides) == contiguous_strides((p.m, p.n)))
 
 
-def _library_candidates(product, term, body, extras, out_strides):
+def _library_candidates(product, body, extras, out_strides):
     """cuBLASLt's int8 GEMM with each of its first heuristic algorithms, where it takes the product (none where its
     heuristic offers none)."""
-    if not _library_takes(product, term, out_strides):
+    if not _library_takes(product, out_strides):
         return []
     try:
         first = _Library(product, body, extras, out_strides, None, 0)
@@ -149,26 +149,39 @@ def _time(candidate, pointers, stream):
         return np.inf
 
 
+@dataclass(frozen=True)
+class Int8Call:
+    """All an int8 product's call is made from: ``a`` (``m x k``) and ``b`` (``k x n``), each an ``Operand`` (shape,
+    dtype, element strides), and whether each is a constant of the program, which no kernel writes; the epilogue's
+    ``body`` (over ``param`` stand-ins: the int32 sums, then ``extras``, its other operands) and the result's
+    ``out_strides``."""
+
+    a: Operand
+    b: Operand
+    body: object
+    extras: tuple
+    out_strides: tuple
+    constant_a: bool = False
+    constant_b: bool = False
+
+
 class Int8Gemm:
-    """The call computing one ``int8_gemm`` term over operands stored at ``strides``."""
+    """The int8 product ``Int8Call`` describes, over fixed pointers."""
 
     dtype = np.dtype(np.float32)  # what the executor fills buffers with before timing
 
-    def __init__(self, term, strides, constants=(False, False)):
-        """``constants``: whether ``A`` and ``B`` are constants of the program, which no kernel writes."""
-        a, b, *extras = term.args
+    def __init__(self, call):
+        a, b, body, operands, out_strides = call.a, call.b, call.body, list(call.extras), call.out_strides
         (m, k), n = a.shape, b.shape[1]
-        b_rows = (strides[b][1], strides[b][0])  # B read as n rows of k
-        product = Product(m, n, k, strides[a], strides[b], a.dtype, b.dtype, vector_readable(strides[a]),
-                          vector_readable(b_rows), *constants)
-        body, out_strides = term.attr("epilogue"), strides[term]
-        operands = [Operand(e.shape, e.dtype, strides[e]) for e in extras]
+        b_rows = (b.strides[1], b.strides[0])  # B read as n rows of k
+        product = Product(m, n, k, a.strides, b.strides, a.dtype, b.dtype, vector_readable(a.strides),
+                          vector_readable(b_rows), call.constant_a, call.constant_b)
         multiprocessors = _multiprocessors()
         tilings = candidates(m, n, k, multiprocessors, CANDIDATES)
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
-        self.candidates = own + _library_candidates(product, term, body, operands, out_strides)
+        self.candidates = own + _library_candidates(product, body, operands, out_strides)
         self.vector = product.vector_a or product.vector_b
         self.unaligned = _Kernel(replace(product, vector_a=False, vector_b=False), own[0].tiling, body, operands,
                                  out_strides) if self.vector else own[0]
