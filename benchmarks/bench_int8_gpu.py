@@ -8,13 +8,14 @@ the MLP below): int8
 ``A`` (M x K) times int8 ``B`` (K x N, stored N x K, K contiguous: the layout the tensor cores and
 cuBLASLt's int8 kernels read) into int32 sums; float16 into float16.
 
-- cortado: ``ct.compile`` of ``matmul(cast(a, int32), cast(b, int32))``, ``b`` a constant of the program as a
-  quantized layer's weights are (so its tiles are read before the kernel waits for the one before it,
-  ``cortado/backends/cupy/calls/int8/staging.py``), ``a`` an input; the ``int8_gemm`` call it chose
-  (our kernel or cuBLASLt's, timed when the program is built), replayed; and apart, the fastest of our
-  own kernels among the candidates it timed ("own kernel"). On sm_90 our kernels are launched to overlap
-  the kernel before them (programmatic dependent launch, ``cortado/backends/cupy/launch.py``), in a model's
-  step as here; the fastest is also timed launched plainly, as CuPy launches ("own, plain launch").
+- cortado: the call a program makes for ``matmul(cast(a, int32), cast(b, int32))`` (``Int8Gemm`` of the
+  product's ``Int8Call``, tuned as a program tunes it), ``b`` a constant of the program as a quantized layer's
+  weights are (so its tiles are read before the kernel waits for the one before it,
+  ``cortado/backends/cupy/calls/int8/staging.py``), ``a`` an input: the call it chose (our kernel or cuBLASLt's,
+  timed when it is built), replayed; and apart, the fastest of our own kernels among the candidates it timed
+  ("own kernel"). On sm_90 our kernels are launched to overlap the kernel before them (programmatic dependent
+  launch, ``cortado/backends/cupy/launch.py``), in a model's step as here; the fastest is also timed launched
+  plainly, as CuPy launches ("own, plain launch").
 - cuBLASLt int8: nvmath's bindings, int32 sums, each of its first 3 heuristic algorithms, the fastest.
 - torch._int_mm: PyTorch's int8 product (cuBLASLt underneath), int32 sums.
 - cuBLASLt float16: cortado's ``gemm`` call of the same shape in float16 (cuBLASLt, its algorithm timed as
@@ -91,41 +92,40 @@ def _check(name, result, expected):
 
 
 def ours(m, n, k, repeats, operands, expected):
-    """cortado's program: the call it chose (``ms``), and the fastest of our own kernels among its candidates
-    (``kernel_ms``)."""
+    """Our int8 call, as a program builds it (``Int8Gemm`` of the product's description, ``b`` a constant) and
+    tunes it: the call it chose (``ms``), and the fastest of our own kernels among its candidates (``kernel_ms``)."""
     import cupy
 
+    from cortado.backends.cupy.calls.int8.runner import Int8Call, Int8Gemm, _Kernel
+    from cortado.backends.cupy.codegen import Operand
     from cortado.backends.cupy.kernels import compiled
-    from cortado.backends.cupy.calls.int8.runner import _Kernel
+    from cortado.exprgraph.ops import parameter
 
     a, b_stored = operands
-    x, w = ct.var("a", (m, k), "int8"), ct.const(cupy.asnumpy(b_stored))
-    program = ct.compile([ct.matmul(ct.cast(x, "int32"), ct.transpose(ct.cast(w, "int32")))], inputs=[x],
-                         backend="cupy")
-    (out,) = program(a=a)
-    _check("cortado", out, expected)
-    executor = program._executor
-    (term, runner), = executor.choices.items()
-    pointers = executor._resolved([a.data.ptr])
-    step = next(i for i, kernel in enumerate(program.kernels) if kernel.term is term)
-    placed = ("workspace", step) in program.memory
-    workspace = executor.arena.memory.data.ptr + (program.memory["workspace", step].offset if placed else 0)
+    sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
+    call = Int8Call(Operand((m, k), np.dtype(np.int8), (k, 1)), Operand((k, n), np.dtype(np.int8), (1, k)), sums,
+                    (), (n, 1), constant_b=True)
+    runner = Int8Gemm(call)
+    scratch = cupy.zeros(max(runner.workspace_bytes, 1), np.uint8)  # kept alive while the calls run
+    workspace = scratch.data.ptr
     result = cupy.empty((m, n), np.int32)
-    a_pointer, b_pointer = pointers[term.args[0]], pointers[term.args[1]]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pointers = (a.data.ptr, b_stored.data.ptr, (), result.data.ptr, workspace)
+    with stream:
+        runner.tune(pointers, stream)
 
     def time(candidate):
-        with executor.stream:
-            ms = replayed(lambda: candidate.call(a_pointer, b_pointer, (), result.data.ptr, workspace,
-                                                 executor.stream.ptr), repeats, _calls(m, n, k))
+        with stream:
+            ms = replayed(lambda: candidate.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
         _check(f"cortado ({candidate.describe()})", result, expected)
         return ms
 
     def plainly(candidate):
         """``candidate`` launched as CuPy launches, not overlapping the kernel before it."""
         source = candidate.source
-        args = tuple(np.uint64(p) for p in (a_pointer, b_pointer, result.data.ptr, workspace,
+        args = tuple(np.uint64(p) for p in (a.data.ptr, b_stored.data.ptr, result.data.ptr, workspace,
                                              candidate.counters.data.ptr))
-        with executor.stream:
+        with stream:
             return replayed(lambda: compiled(source)(source.blocks, source.block, args, shared_mem=source.shared),
                             repeats, _calls(m, n, k))
 
@@ -183,16 +183,22 @@ def torch_int_mm(m, n, k, repeats, operands, expected):
 
 
 def cublaslt_float16(m, n, k, repeats, operands, expected):
-    """cortado's float16 program of the same product: cuBLASLt, its algorithm timed when the program is built."""
+    """The float16 product as a program calls cuBLASLt: its algorithm timed among the heuristic's first choices."""
+    import cupy
+
+    from cortado.backends.cupy.calls.cublaslt import Gemm, GemmCall
+    from cortado.backends.cupy.codegen import Operand
+
     a, b_stored = (x.astype(np.float16) for x in operands)
-    x, w = ct.var("a", (m, k), "float16"), ct.var("b", (n, k), "float16")
-    program = ct.compile([ct.matmul(x, ct.transpose(w))], inputs=[x, w], backend="cupy")
-    program(a=a, b=b_stored)
-    executor = program._executor
-    (runner, operands_of), = executor.tuned
-    pointers = operands_of(executor._resolved([a.data.ptr, b_stored.data.ptr]))
-    with executor.stream:
-        ms = replayed(lambda: runner.call(*pointers, executor.stream.ptr), repeats, _calls(m, n, k))
+    half = np.dtype(np.float16)
+    gemm = Gemm(GemmCall.product(Operand((m, k), half, (k, 1)), Operand((n, k), half, (k, 1)), transpose_b=True))
+    out = cupy.empty((m, n), np.float16)
+    workspace = cupy.empty(max(gemm.workspace_bytes, 1), np.uint8)
+    pointers = (a.data.ptr, b_stored.data.ptr, out.data.ptr, out.data.ptr, workspace.data.ptr, None, None)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    with stream:
+        gemm.tune(pointers, stream)
+        ms = replayed(lambda: gemm.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
     return {"ms": ms}
 
 
