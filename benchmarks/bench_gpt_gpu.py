@@ -1,22 +1,23 @@
-"""A GPT's training step on the GPU: cortado against torch eager, torch.compile and jax.jit (issue 19, item 6).
+"""A GPT's training step on the GPU: cortado against torch eager, torch.compile and jax.jit.
 
     python benchmarks/bench_gpt_gpu.py [--sizes small,large] [--steps N] [--only cortado,torch,compile,jax]
                                        [--out benchmarks/results/gpt_gpu.json]
     python benchmarks/bench_gpt_gpu.py --backend numpy --sizes tiny    (a smoke test on the CPU, no GPU needed)
 
-The model is examples/gpt.py's, imported from it for ours: token and position embeddings, pre-norm blocks of
+The model is examples/gpt_by_hand.py's (the model examples/gpt.py builds from cortado.nn, written by hand; the
+same kernels), imported from it for ours: token and position embeddings, pre-norm blocks of
 causal self-attention and a tanh-approximation gelu MLP, a final layer norm, an output head tied to the token
 embeddings, the mean softmax cross-entropy of the next character taken in float32. The parameters and AdamW's
 moments are float32; the model computes in bfloat16, each parameter cast where it is read (mixed precision).
-One step is the forward pass, the backward pass and AdamW (gpt.py's ``adamw``: betas (0.9, 0.99), epsilon 1e-8
+One step is the forward pass, the backward pass and AdamW (gpt_by_hand.py's ``adamw``: betas (0.9, 0.99), epsilon 1e-8
 added to sqrt(v), the bias corrections folded into the step size, decay ``p - lr * 0.01 * p`` on the matrices
-only) at learning rate 3e-3 (gpt.py's). Sizes, on the 63 characters of examples/data/shakespeare.txt:
+only) at learning rate 3e-3 (gpt_by_hand.py's). Sizes, on the 63 characters of examples/data/shakespeare.txt:
 
 - small: 6 layers, width 384, 6 heads, context 256, batch 64 (10 warm-up steps, 100 timed);
 - large: 12 layers, width 768, 12 heads, context 1024, batch 8 (10 warm-up steps, 50 timed);
 - tiny: 1 layer, width 32, 2 heads, context 16, batch 4, for ``--backend numpy`` (2 warm-up steps, 5 timed).
 
-Every contestant starts from the same initial weights (gpt.py's ``initial_values``, seed 0) and is fed the same
+Every contestant starts from the same initial weights (gpt_by_hand.py's ``initial_values``, seed 0) and is fed the same
 batch of windows every step, as the other GPU benchmarks do. The contestants:
 
 - cortado: ``ct.compile(loss, inputs=[tokens, labels], state=..., updates=adamw(...))`` with the cupy backend's
@@ -24,7 +25,7 @@ batch of windows every step, as the other GPU benchmarks do. The contestants:
   is ``ct.compile``'s wall time plus its first call (which builds and captures the CUDA graph).
 - torch: eager; the same model with F.embedding, F.layer_norm, F.linear (the (in, out) weights transposed as
   views), F.scaled_dot_product_attention(is_causal=True), F.gelu(approximate="tanh") and F.cross_entropy on
-  float32 logits; each float32 parameter cast to bfloat16 once a step, where the model reads it, as gpt.py does
+  float32 logits; each float32 parameter cast to bfloat16 once a step, where the model reads it, as gpt_by_hand.py does
   (not torch.autocast, which would run the layer norms and the attention's softmax in float32 and keep a cached
   cast per use); ``torch.optim.AdamW(fused=True)`` in two groups, weight decay 0.01 on the 2-d parameters and 0
   on the rest; torch's CUDA events.
@@ -34,7 +35,7 @@ batch of windows every step, as the other GPU benchmarks do. The contestants:
   the fused AdamW kernel is not traced by dynamo). Two compiled graphs a step, with ``backward()`` between them.
 - jax: ``jax.jit`` of (state, tokens, labels) -> (loss, state), the state (parameters, moments, step count)
   donated; ``jax.nn.dot_product_attention(is_causal=True, implementation="cudnn")`` (cuDNN's fused attention;
-  "xla" where cuDNN refuses, recorded), AdamW written in jax.numpy as gpt.py writes it. JAX runs on streams of its
+  "xla" where cuDNN refuses, recorded), AdamW written in jax.numpy as gpt_by_hand.py writes it. JAX runs on streams of its
   own, so its steps are timed by the wall clock until ``block_until_ready``, and set against ours' wall time.
 
 Each contestant runs in a subprocess of its own, one after another (never interleaved), so that no allocator
@@ -71,15 +72,15 @@ sys.path.insert(0, HERE)
 
 from bench_fused_gpu import attempt, clock, log, print_table, require_gpu, time_calls  # noqa: E402
 from bench_mlp_gpu import WALL, wall_clock  # noqa: E402
-from gpt import BETAS, EPSILON, TEXT, WEIGHT_DECAY, Config, adamw, gpt, initial_values, parameters, windows  # noqa: E402
+from gpt_by_hand import BETAS, EPSILON, TEXT, WEIGHT_DECAY, Config, adamw, gpt, initial_values, parameters, windows  # noqa: E402
 from machine import describe  # noqa: E402
 from reporting import write_results  # noqa: E402
 
 import cortado as ct  # noqa: E402
 
 DTYPE = "bfloat16"
-LEARNING_RATE = 3e-3  # examples/gpt.py's default
-LAYER_NORM_EPS = 1e-5  # gpt.py's layer_norm's
+LEARNING_RATE = 3e-3  # examples/gpt_by_hand.py's default
+LAYER_NORM_EPS = 1e-5  # gpt_by_hand.py's layer_norm's
 LOSS_TOLERANCE = 3e-2  # relative, on the first two losses: bfloat16's, as in bench_mlp_gpu.py
 
 
@@ -113,7 +114,7 @@ PEERS = ("torch", "torch.compile", "jax")
 @dataclass
 class Work:
     """One size's case as every contestant sees it: the model's configuration, the initial float32 weights by
-    gpt.py's parameter names, the batch of windows fed every step (int32), and the step counts."""
+    gpt_by_hand.py's parameter names, the batch of windows fed every step (int32), and the step counts."""
 
     size: str
     config: Config
@@ -126,7 +127,7 @@ class Work:
 
 
 def workload(size, steps=None, warmup=None):
-    """The case of ``size``: the vocabulary of gpt.py's text, gpt.py's initial weights and one batch of windows,
+    """The case of ``size``: the vocabulary of gpt_by_hand.py's text, gpt_by_hand.py's initial weights and one batch of windows,
     all drawn from one generator of seed 0, so that every subprocess builds the same case."""
     shape = SIZES[size]
     text = open(TEXT, encoding="utf-8").read()
@@ -142,7 +143,7 @@ def workload(size, steps=None, warmup=None):
 
 
 def vocabulary():
-    """The number of distinct characters of gpt.py's text: the model's vocabulary."""
+    """The number of distinct characters of gpt_by_hand.py's text: the model's vocabulary."""
     return len(set(open(TEXT, encoding="utf-8").read()))
 
 
@@ -161,7 +162,7 @@ def run_steps(call, timer, timer_name, work, losses=()):
 
 
 def cortado_graph(work):
-    """``(loss, tokens, labels, state, updates)``: gpt.py's model, its gradients and AdamW, as terms."""
+    """``(loss, tokens, labels, state, updates)``: gpt_by_hand.py's model, its gradients and AdamW, as terms."""
     params = parameters(work.config)
     loss, _, tokens, labels = gpt(work.config, work.batch, params, DTYPE)
     gradients = ct.grad(loss, list(params.values()))
@@ -171,7 +172,7 @@ def cortado_graph(work):
 
 
 def cortado_contestant(work, backend, compile_mode=None):
-    """Ours: gpt.py's model, gradients and AdamW compiled into one program; a call returns the loss, read from
+    """Ours: gpt_by_hand.py's model, gradients and AdamW compiled into one program; a call returns the loss, read from
     the program's own output. Times the graph's construction (``gpt``, ``ct.grad``, ``adamw``), ``ct.compile`` and
     the first call apart; ``compile_s`` is the last two, what the issue's compile target counts."""
     began = time.perf_counter()
@@ -203,11 +204,11 @@ def cortado_contestant(work, backend, compile_mode=None):
 
 
 def torch_loss(params, tokens, labels, config):
-    """The same model and loss in torch, from float32 parameters by gpt.py's names (matrices (in, out), as ours)."""
+    """The same model and loss in torch, from float32 parameters by gpt_by_hand.py's names (matrices (in, out), as ours)."""
     import torch
     import torch.nn.functional as F
 
-    w = {name: p.to(torch.bfloat16) for name, p in params.items()}  # each cast once a step, as gpt.py casts them
+    w = {name: p.to(torch.bfloat16) for name, p in params.items()}  # each cast once a step, as gpt_by_hand.py casts them
     batch, time_, width = *tokens.shape, config.width
     size = width // config.heads
 
@@ -229,9 +230,9 @@ def torch_loss(params, tokens, labels, config):
 
 
 def torch_optimizer(torch, params, **options):
-    """``torch.optim.AdamW`` with gpt.py's constants: decay on the 2-d parameters (embeddings and weight
+    """``torch.optim.AdamW`` with gpt_by_hand.py's constants: decay on the 2-d parameters (embeddings and weight
     matrices) and none on the gains and biases. torch applies decay as ``p * (1 - lr * decay)`` before the Adam
-    step, the same as gpt.py's ``p - lr * decay * p``."""
+    step, the same as gpt_by_hand.py's ``p - lr * decay * p``."""
     matrices = [p for p in params.values() if p.ndim == 2]
     others = [p for p in params.values() if p.ndim != 2]
     return torch.optim.AdamW([{"params": matrices, "weight_decay": WEIGHT_DECAY}, {"params": others, "weight_decay": 0.0}],
@@ -290,7 +291,7 @@ def torch_contestant(work, backend, compile_mode=None):
 
 
 def jax_loss(params, tokens, labels, config, implementation):
-    """The same model and loss in jax (layer norm written as gpt.py writes it); ``implementation`` is
+    """The same model and loss in jax (layer norm written as gpt_by_hand.py writes it); ``implementation`` is
     ``jax.nn.dot_product_attention``'s."""
     import jax
     import jax.numpy as jnp
@@ -320,7 +321,7 @@ def jax_loss(params, tokens, labels, config, implementation):
 
 
 def jax_step(work, implementation):
-    """jax.jit of the whole step, AdamW as gpt.py's ``adamw`` writes it; the state is donated."""
+    """jax.jit of the whole step, AdamW as gpt_by_hand.py's ``adamw`` writes it; the state is donated."""
     import jax
     import jax.numpy as jnp
 
@@ -568,7 +569,7 @@ def versions(backend):
 
 
 NOTES = {
-    "cortado": "ct.compile(loss, inputs=[tokens, labels], state, updates=adamw(...)) of examples/gpt.py's model, "
+    "cortado": "ct.compile(loss, inputs=[tokens, labels], state, updates=adamw(...)) of examples/gpt_by_hand.py's model, "
                "backend defaults (cuda_graph=True, autotune=True, deterministic=True), fed CuPy int32 arrays; "
                "compile_s = ct.compile + first call; graph_s: building gpt(), ct.grad and adamw",
     "torch": "eager; explicit bfloat16 casts of the float32 parameters once a step; F.layer_norm, F.linear, "
@@ -578,7 +579,7 @@ NOTES = {
                      "of AdamW(foreach=True), in compile_mode; loss.backward() between them; first_call_s holds "
                      "the compilation",
     "jax": "jax.jit with the state (params, m, v, count) donated; jax.nn.dot_product_attention(is_causal=True, "
-           "implementation in 'attention'); AdamW in jax.numpy as gpt.py's; timed by the wall clock until "
+           "implementation in 'attention'); AdamW in jax.numpy as gpt_by_hand.py's; timed by the wall clock until "
            "block_until_ready (ratios against ours' wall time); XLA_PYTHON_CLIENT_PREALLOCATE=false",
     "timing": "each contestant in its own subprocess, one after another; the same batch every step; first two "
               "losses checked against torch eager's, then warmup steps, then each timed step between events and "

@@ -5,10 +5,10 @@ rules, against torch's ``F.layer_norm`` and ``F.cross_entropy`` (issue 19, item 
 
 Cases, at the GPT benchmark's shapes:
 
-- layer norm of bfloat16 rows, ``(x - mean) / sqrt(var + eps) * g + b`` as examples/gpt.py writes it, with a
+- layer norm of bfloat16 rows, ``(x - mean) / sqrt(var + eps) * g + b`` as examples/gpt_by_hand.py writes it, with a
   bfloat16 gain and bias: forward, the output; backward, the output and the gradients of x, gain and bias for a
   given output gradient ``dy`` (ours: ``ct.grad`` of ``sum(y * dy)``; torch: autograd's ``y.backward(dy)``);
-- softmax cross-entropy of bfloat16 logits computed in float32 (gpt.py's ``logsumexp(logits) -
+- softmax cross-entropy of bfloat16 logits computed in float32 (gpt_by_hand.py's ``logsumexp(logits) -
   take_along_axis(logits, labels)``, mean over rows; torch: ``F.cross_entropy`` of the float32 logits): forward,
   the loss; backward, the loss and the logits' gradient (torch: autograd from the bfloat16 logits through the cast).
 
@@ -33,7 +33,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_fused_gpu import attempt, clock, log, print_table, require_gpu, time_calls  # noqa: E402
-from gpt import layer_norm  # noqa: E402
+from gpt_by_hand import layer_norm  # noqa: E402
 from machine import describe  # noqa: E402
 from reporting import write_results  # noqa: E402
 

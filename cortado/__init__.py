@@ -6,8 +6,9 @@
     ct.evaluate(logits, {"x": xv, "W": Wv, "b": bv})
 """
 
-from . import distributed, rules
+from . import distributed, nn, optim, rules
 from .backends.reference import evaluate
+from .checkpoint import load, load_state_dict, save
 from .compiler import compile  # noqa: A004  (ct.compile, as DESIGN.md names it)
 from .errors import (
     BackendError, CortadoError, DTypeError, FeedError, GradError, IndexRangeError, PlanError, RewriteError, ShapeError,
@@ -24,7 +25,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_constructors, "quantize", "dequantize", "fake_quantize", "concatenate", "split",
-    "grad", "vjp", "hvp", "rules", "distributed",
+    "grad", "vjp", "hvp", "rules", "distributed", "nn", "optim", "save", "load", "load_state_dict",
     "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
     "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "IndexRangeError", "RewriteError", "PlanError",
     "BackendError",

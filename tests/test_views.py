@@ -190,7 +190,7 @@ def test_every_view_of_a_gpt_step_reads_the_elements_the_reference_gives_it():
     from pathlib import Path
 
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-    import gpt
+    import gpt_by_hand as gpt
 
     config = gpt.Config(11, context=16, width=128, heads=2, layers=1)
     params = gpt.parameters(config)

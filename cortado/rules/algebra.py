@@ -38,7 +38,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..exprgraph import constructors as ct
-from ..exprgraph.ops import CONST
+from ..exprgraph.ops import CONST, MATMUL
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
 from .guards import all_of, constants, exact_for_every_input, not_constant, same_type
@@ -182,6 +182,23 @@ def _is_identity_permutation(b):
     return axes is not None and axes == tuple(range(len(axes)))
 
 
+def _transposed_product(b):
+    """``transpose(a @ b)`` over the last two axes as ``b^T @ a^T``: the same products summed for every element, so a
+    product whose operands are stored transposed (a weight gradient, ``x @ W^T``'s) needs no transpose after it.
+    Only for tensors, operands of two or more axes, and a product read nowhere else (else it would be made twice)."""
+    product = b["_m"]
+    if not isinstance(product, Term) or product.op is not MATMUL or b.shared(product):
+        return None
+    (x, y), axes = product.args, _permutation(b["_p"])
+    if axes is None or min(x.ndim, y.ndim) < 2 or axes != _last_two_swapped(len(axes)):
+        return None
+    return ct.matmul(ct.transpose(y, _last_two_swapped(y.ndim)), ct.transpose(x, _last_two_swapped(x.ndim)))
+
+
+def _last_two_swapped(ndim):
+    return tuple(range(ndim - 2)) + (ndim - 1, ndim - 2)
+
+
 def _sum_of_broadcast(b):
     """``sum(broadcast_to(x, S), A)`` as ``n * sum(x, A')`` when every stretched axis is summed.
 
@@ -274,6 +291,7 @@ algebra = RuleSet([
     Rule("where-constant", "where(_c, _x, _y)", _where_constant, guard=constants("_c")),
     Rule("transpose-transpose", "transpose(transpose(_x, axes=_p), axes=_q)", _compose_transposes),
     Rule("transpose-identity", "transpose(_x, axes=_p)", "_x", guard=_is_identity_permutation),
+    Rule("transpose-of-product", "transpose(_m, axes=_p)", _transposed_product),
     Rule("reshape-reshape", "reshape(reshape(_x, shape=_s), shape=_t)", "reshape(_x, shape=_t)"),
     Rule("reshape-identity", "reshape(_x, shape=_s)", "_x", guard=same_type("_x")),
     Rule("broadcast-broadcast", "broadcast_to(broadcast_to(_x, shape=_s), shape=_t)", "broadcast_to(_x, shape=_t)"),

@@ -1,0 +1,138 @@
+"""Checkpoints: a program's state (parameters, optimizer moments, step counts) to and from safetensors files.
+
+    ct.save(step, "run.safetensors")          # every state variable, by name
+    ct.load(step, "run.safetensors")          # into a program of the same state: it continues bit for bit
+    ct.load_state_dict(step, torch_model.state_dict())   # a PyTorch model's weights, by name
+
+The file format is safetensors' (an 8-byte header length, a JSON header naming each tensor's dtype, shape and byte
+range, then the bytes), written and read here with NumPy, so the files open with ``safetensors`` and
+``safetensors.torch`` too, bfloat16 included.
+"""
+
+import json
+import os
+import struct
+
+import numpy as np
+
+from .errors import FeedError
+from .exprgraph.dtypes import BFLOAT16, as_dtype
+
+_CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
+          "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64", "int64": "I64",
+          "uint64": "U64"}
+_DTYPES = {code: name for name, code in _CODES.items()}
+ALIGNMENT = 8  # the header is padded with spaces to a multiple of this, as safetensors pads it
+
+
+def write(path, arrays, metadata=None):
+    """Write ``arrays`` (``{name: array}``, NumPy or CuPy) to a safetensors file at ``path``, with string
+    ``metadata``; atomically (a partial file never has the name)."""
+    header, chunks, offset = {}, [], 0
+    if metadata:
+        header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
+    for name, array in arrays.items():
+        host = np.array(_host(array), order="C", copy=None)  # 0-d stays 0-d (ascontiguousarray makes it 1-d)
+        if host.dtype.name not in _CODES:
+            raise FeedError(f"a checkpoint stores {', '.join(_CODES)}; {name!r} is {host.dtype}")
+        data = host.astype(host.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": _CODES[host.dtype.name], "shape": list(host.shape),
+                        "data_offsets": [offset, offset + len(data)]}
+        chunks.append(data)
+        offset += len(data)
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % ALIGNMENT)
+    temporary = f"{path}.{os.getpid()}.partial"
+    with open(temporary, "wb") as file:
+        file.write(struct.pack("<Q", len(text)))
+        file.write(text)
+        for chunk in chunks:
+            file.write(chunk)
+    os.replace(temporary, path)
+
+
+def read(path):
+    """``(arrays, metadata)`` of the safetensors file at ``path``: ``{name: NumPy array}`` in the file's order."""
+    with open(path, "rb") as file:
+        raw = file.read()
+    if len(raw) < 8:
+        raise FeedError(f"{path} is not a safetensors file: {len(raw)} bytes")
+    (size,) = struct.unpack("<Q", raw[:8])
+    try:
+        header = json.loads(raw[8:8 + size])
+    except ValueError as error:
+        raise FeedError(f"{path} is not a safetensors file: its header does not parse ({error})") from None
+    metadata = header.pop("__metadata__", {}) or {}
+    body = memoryview(raw)[8 + size:]
+    arrays = {}
+    for name, entry in header.items():
+        code = entry.get("dtype")
+        if code not in _DTYPES or (code == "BF16" and BFLOAT16 is None):
+            raise FeedError(f"{path}: {name!r} is stored as {code}, which cortado does not read")
+        begin, end = entry["data_offsets"]
+        dtype = as_dtype(_DTYPES[code]).newbyteorder("<")
+        shape = tuple(entry["shape"])
+        if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or end > len(body):
+            raise FeedError(f"{path}: {name!r}'s bytes {begin}..{end} do not hold a {code} array of shape {shape}")
+        arrays[name] = np.frombuffer(body[begin:end], dtype).reshape(shape).astype(dtype.newbyteorder("="))
+    return arrays, metadata
+
+
+def save(program, path, metadata=None):
+    """Write ``program``'s state (every state variable, by name) to the safetensors file ``path``."""
+    write(path, {name: program.state[name] for name in program.state}, metadata)
+
+
+def load(program, path):
+    """Read the safetensors file ``path`` into ``program``'s state: every state variable must be in the file with
+    its shape and dtype (as ``save`` wrote it), and the file must hold nothing else."""
+    arrays, _ = read(path)
+    missing = sorted(set(program.state) - set(arrays))
+    extra = sorted(set(arrays) - set(program.state))
+    if missing or extra:
+        raise FeedError(f"{path} does not match the program's state: " + "; ".join(
+            part for part in (f"missing {missing}" if missing else "", f"not in the program {extra}" if extra else "")
+            if part))
+    for name, array in arrays.items():
+        _assign(program, name, array, path, same_dtype=True)
+
+
+def load_state_dict(program, state_dict, strict=True):
+    """Set ``program``'s state from ``state_dict`` (``{name: array}``: a PyTorch ``state_dict()``, NumPy or CuPy
+    arrays), by name: each value must have its variable's shape; it is converted to the variable's dtype. With
+    ``strict``, every parameter named in the dict must be a state variable of the program and the reverse for the
+    dict's names; otherwise only the names both have are set. Returns the names set."""
+    names = [name for name in state_dict if name in program.state]
+    if strict:
+        extra = sorted(set(state_dict) - set(program.state))
+        if extra:
+            raise FeedError(f"state_dict names {extra}, which the program's state does not have; its state is "
+                            f"{sorted(program.state)} (strict=False sets the names both have)")
+    for name in names:
+        _assign(program, name, _numpy(state_dict[name]), "the state_dict", same_dtype=False)
+    return names
+
+
+def _assign(program, name, array, source, same_dtype):
+    current = program.state[name]
+    if tuple(array.shape) != tuple(current.shape):
+        raise FeedError(f"{source}: {name!r} has shape {tuple(array.shape)}; the program's is {tuple(current.shape)}")
+    if same_dtype and array.dtype != current.dtype:
+        raise FeedError(f"{source}: {name!r} is {array.dtype}; the program's is {current.dtype}")
+    program.state[name] = array.astype(current.dtype, copy=False)
+
+
+def _host(array):
+    return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)
+
+
+def _numpy(value):
+    """A NumPy array of ``value``: a torch tensor (bfloat16 by its bits), a CuPy or NumPy array."""
+    if hasattr(value, "detach"):  # torch, without importing it
+        tensor = value.detach().cpu()
+        if str(tensor.dtype) == "torch.bfloat16":  # NumPy has no bfloat16 of torch's: read its bits
+            import torch
+
+            return tensor.view(torch.int16).numpy().view(BFLOAT16)
+        return tensor.numpy()
+    return _host(value)

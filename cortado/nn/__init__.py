@@ -1,0 +1,20 @@
+"""``cortado.nn``: layers with hierarchical parameter names and PyTorch's initialisers, and losses, as plain
+expressions that the engine rewrites, differentiates and plans like any other.
+
+    model = nn.MLP(784, 256, 10)
+    logits = model(x)                                  # names the parameters: 0.weight, 0.bias, 2.weight, 2.bias
+    loss = nn.cross_entropy(logits, labels)
+    params = model.parameters()                        # {name: variable}
+    state = model.initial_values(seed=0)               # {variable: array}
+"""
+
+from . import init
+from .attention import CausalSelfAttention
+from .layers import MLP, Conv2d, Embedding, LayerNorm, Linear, RMSNorm
+from .losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss
+from .module import Function, Module, ModuleList, Parameter, Sequential
+
+__all__ = [
+    "Module", "Parameter", "Sequential", "ModuleList", "Function", "Linear", "Embedding", "LayerNorm", "RMSNorm",
+    "Conv2d", "MLP", "CausalSelfAttention", "cross_entropy", "binary_cross_entropy_with_logits", "mse_loss", "init",
+]

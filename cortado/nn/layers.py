@@ -1,0 +1,124 @@
+"""Layers as PyTorch names and initialises them, each computing the plain expression a user would write: a linear
+layer is ``x @ W^T + b`` (``W`` stored ``(out, in)``, as PyTorch stores it, so a state_dict loads by name), a layer
+norm ``(x - mean) / sqrt(var + eps) * weight + bias``."""
+
+import math
+
+import numpy as np
+
+from ..errors import ShapeError
+from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import finfo
+from . import init
+from .module import Function, Module, Parameter, Sequential
+
+
+class Linear(Module):
+    """``x @ weight^T + bias``: ``weight`` ``(out_features, in_features)`` and ``bias`` ``(out_features,)``, both
+    ``U(-1/sqrt(in), 1/sqrt(in))`` unless ``weight_init``/``bias_init`` say otherwise."""
+
+    def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None, dtype="float32"):
+        super().__init__()
+        default = init.fan_in_uniform(in_features)
+        self.weight = Parameter((out_features, in_features), weight_init or default, dtype)
+        if bias:
+            self.bias = Parameter((out_features,), bias_init or default, dtype)
+        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+
+    def forward(self, x):
+        if x.shape[-1:] != (self.in_features,):
+            raise ShapeError(f"Linear({self.in_features}, {self.out_features}) takes inputs whose last axis has "
+                             f"{self.in_features} features, not {x.shape}")
+        y = x @ ct.transpose(self.weight)
+        return y + self.bias if self.has_bias else y
+
+
+class Embedding(Module):
+    """The rows of ``weight`` ``(num_embeddings, embedding_dim)``, ``N(0, 1)`` as PyTorch's, at integer indices."""
+
+    def __init__(self, num_embeddings, embedding_dim, weight_init=None, dtype="float32"):
+        super().__init__()
+        self.weight = Parameter((num_embeddings, embedding_dim), weight_init or init.normal(1.0), dtype)
+
+    def forward(self, indices):
+        return ct.take(self.weight, indices, axis=0)
+
+
+class LayerNorm(Module):
+    """Each row of the last axis centred and scaled to unit variance (biased, as PyTorch's), then ``* weight +
+    bias`` (ones and zeros)."""
+
+    def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype="float32"):
+        super().__init__()
+        self.size, self.eps, self.affine, self.has_bias = int(normalized_shape), eps, elementwise_affine, bias
+        if elementwise_affine:
+            self.weight = Parameter((self.size,), init.ones, dtype)
+            if bias:
+                self.bias = Parameter((self.size,), init.zeros, dtype)
+
+    def forward(self, x):
+        _last_axis("LayerNorm", self.size, x)
+        mean = ct.mean(x, axis=-1, keepdims=True)
+        centered = x - mean
+        variance = ct.mean(centered * centered, axis=-1, keepdims=True)
+        y = centered / ct.sqrt(variance + self.eps)
+        if self.affine:
+            y = y * self.weight + self.bias if self.has_bias else y * self.weight
+        return y
+
+
+class RMSNorm(Module):
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis (LLaMA's); ``eps`` by default the machine epsilon
+    of ``x``'s dtype, as PyTorch's ``RMSNorm``."""
+
+    def __init__(self, normalized_shape, eps=None, dtype="float32"):
+        super().__init__()
+        self.size, self.eps = int(normalized_shape), eps
+        self.weight = Parameter((self.size,), init.ones, dtype)
+
+    def forward(self, x):
+        _last_axis("RMSNorm", self.size, x)
+        eps = self.eps if self.eps is not None else float(finfo(x.dtype).eps)
+        return x / ct.sqrt(ct.mean(x * x, axis=-1, keepdims=True) + eps) * self.weight
+
+
+class Conv2d(Module):
+    """PyTorch's ``Conv2d``: ``weight`` ``(out, in / groups, kH, kW)``, ``bias`` ``(out,)``, both
+    ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))`` with ``fan_in = in / groups * kH * kW``; NCHW images."""
+
+    def __init__(self, in_channels, out_channels, kernel_size, stride=1, padding=0, dilation=1, groups=1, bias=True,
+                 dtype="float32"):
+        super().__init__()
+        kernel = (kernel_size, kernel_size) if np.ndim(kernel_size) == 0 else tuple(kernel_size)
+        if in_channels % groups or out_channels % groups:
+            raise ShapeError(f"Conv2d: {groups} groups must divide the {in_channels} input and {out_channels} output "
+                             f"channels")
+        default = init.fan_in_uniform(in_channels // groups * math.prod(kernel))
+        self.weight = Parameter((out_channels, in_channels // groups, *kernel), default, dtype)
+        if bias:
+            self.bias = Parameter((out_channels,), default, dtype)
+        self.stride, self.padding, self.dilation, self.groups, self.has_bias = stride, padding, dilation, groups, bias
+
+    def forward(self, x):
+        y = ct.conv2d(x, self.weight, self.stride, self.padding, self.dilation, self.groups)
+        return y + ct.reshape(self.bias, (self.bias.shape[0], 1, 1)) if self.has_bias else y
+
+
+class MLP(Sequential):
+    """Linear layers of the given sizes (``MLP(784, 256, 256, 10)``), ``activation`` between them (not after the
+    last), named ``0``, ``1``, ... as a PyTorch ``Sequential`` of ``Linear`` and activation modules is."""
+
+    def __init__(self, *sizes, activation=ct.relu, bias=True, dtype="float32"):
+        if len(sizes) < 2:
+            raise ShapeError(f"MLP takes at least an input and an output size, not {sizes}")
+        layers = []
+        for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
+            layers.append(Linear(n_in, n_out, bias, dtype=dtype))
+            if i < len(sizes) - 2:
+                layers.append(Function(activation))
+        super().__init__(*layers)
+
+
+def _last_axis(layer, size, x):
+    if x.shape[-1:] != (size,):
+        raise ShapeError(f"{layer}({size}) normalises a last axis of {size}, not the last axis of {x.shape}")

@@ -1,0 +1,36 @@
+"""Losses as PyTorch's ``torch.nn.functional`` computes them (mean over the batch), written stably: a loss never
+takes the log of a softmax or a sigmoid it has rounded to 0."""
+
+from ..errors import DTypeError, ShapeError
+from ..exprgraph import constructors as ct
+
+
+def cross_entropy(logits, labels):
+    """The mean over every position of ``logsumexp(logits) - logits[label]``: ``logits`` ``(..., classes)``, ``labels``
+    integers of ``logits``' leading shape."""
+    if labels.dtype.kind not in "iu":
+        raise DTypeError(f"cross_entropy takes integer labels (class indices), not {labels.dtype}")
+    if labels.shape != logits.shape[:-1]:
+        raise ShapeError(f"cross_entropy: labels of shape {labels.shape} for logits of shape {logits.shape}: one "
+                         f"label for each row of logits, shape {logits.shape[:-1]}")
+    picked = ct.take_along_axis(logits, labels[..., None], axis=-1)[..., 0]
+    return ct.mean(ct.logsumexp(logits, axis=-1) - picked)
+
+
+def binary_cross_entropy_with_logits(logits, targets):
+    """The mean of ``-(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))``, as ``softplus(x) - t x``, which neither
+    overflows nor rounds to log(0)."""
+    _same_shape("binary_cross_entropy_with_logits", logits, targets)
+    return ct.mean(ct.softplus(logits) - targets * logits)
+
+
+def mse_loss(predictions, targets):
+    """The mean of ``(predictions - targets)^2``."""
+    _same_shape("mse_loss", predictions, targets)
+    difference = predictions - targets
+    return ct.mean(difference * difference)
+
+
+def _same_shape(loss, a, b):
+    if a.shape != b.shape:
+        raise ShapeError(f"{loss}: predictions of shape {a.shape} and targets of shape {b.shape} (they must match)")

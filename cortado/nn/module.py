@@ -1,0 +1,206 @@
+"""Modules: trees of layers whose parameters get unique hierarchical names, as a PyTorch ``state_dict`` names them.
+
+A module declares its parameters (``Parameter``: a shape, a dtype and an initialiser) and its submodules as
+attributes, as ``torch.nn.Module`` does. Nothing is named while the tree is built: the first time any module of a
+tree is called (or its ``parameters()`` asked for), the whole tree, from its topmost module, gets its names
+(``blocks.3.attn.qkv.weight``), one ``ct.var`` each. So a helper that builds a layer twice makes two layers with two
+names, and one layer used in two places (a tied head) is one parameter with one name.
+
+Inside ``forward``, ``self.weight`` reads the parameter's variable (cast to the tree's compute dtype, if one is set
+with ``compute_in``: float32 master weights, a bfloat16 model). The expressions a module builds are the ones a user
+would write by hand, so every rewrite (fusion, GEMM epilogues, attention) applies to them.
+"""
+
+import zlib
+
+import numpy as np
+
+from ..errors import CortadoError
+from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import as_dtype
+
+
+class Parameter:
+    """A trained value of a module: its ``shape``, ``dtype`` and ``init`` (``init(rng, shape, dtype) -> array``);
+    its variable once the tree is named."""
+
+    def __init__(self, shape, init, dtype="float32"):
+        self.shape, self.init, self.dtype = tuple(int(n) for n in shape), init, as_dtype(dtype)
+        self.var = None
+
+    def __repr__(self):
+        name = f" {self.var.name!r}" if self.var is not None else ""
+        return f"Parameter{name}{self.shape} {self.dtype}"
+
+
+class Module:
+    """The base of every layer: subclasses declare ``Parameter`` and ``Module`` attributes in ``__init__`` and compute
+    in ``forward``; calling a module names its tree (once) and calls ``forward``."""
+
+    def __init__(self):
+        object.__setattr__(self, "_members", {})  # attribute name -> Parameter or Module, in declaration order
+        object.__setattr__(self, "_parent", None)
+        object.__setattr__(self, "_compute_dtype", None)
+
+    def __setattr__(self, name, value):
+        if "_members" not in self.__dict__:
+            raise CortadoError(f"{type(self).__name__}.__init__ must call super().__init__() before it sets "
+                               f"{name!r}")
+        if isinstance(value, Module):
+            value._adopt(self, name)
+        if isinstance(value, Parameter | Module):
+            if value is self:
+                raise CortadoError(f"a module cannot be its own member ({name!r})")
+            self._members[name] = value
+            self.__dict__.pop(name, None)
+        else:
+            self._members.pop(name, None)
+            object.__setattr__(self, name, value)
+
+    def __getattr__(self, name):  # only for names not found the usual way: members
+        members = self.__dict__.get("_members", {})
+        if name not in members:
+            raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
+        member = members[name]
+        if isinstance(member, Module):
+            return member
+        return self._read(member, name)
+
+    def _adopt(self, parent, name):
+        if self._parent is None and any(p.var is not None for _, p in self._own_parameters()):
+            named = next(p.var.name for _, p in self._own_parameters() if p.var is not None)
+            raise CortadoError(f"{type(self).__name__} is put in {type(parent).__name__} as {name!r} after its "
+                               f"parameters were named ({named!r}, when it was used on its own): build the whole "
+                               f"model before calling any part of it")
+        if self._parent is None:
+            object.__setattr__(self, "_parent", parent)
+
+    def _root(self):
+        module = self
+        while module._parent is not None:
+            module = module._parent
+        return module
+
+    def _read(self, parameter, name):
+        if parameter.var is None:
+            self._root()._name_tree()
+        dtype = self._root()._compute_dtype
+        var = parameter.var
+        return var if dtype is None or var.dtype == dtype or var.dtype.kind != "f" else ct.cast(var, dtype)
+
+    def _own_parameters(self, prefix=""):
+        """``(name, Parameter)`` of every parameter of the tree under this module, each once (the first path that
+        reaches it), in declaration order."""
+        seen, found = set(), []
+
+        def walk(module, path, visiting):
+            if id(module) in visiting:
+                raise CortadoError(f"{type(module).__name__} contains itself (at {path.rstrip('.') or 'the top'})")
+            for attribute, member in module._members.items():
+                if isinstance(member, Module):
+                    walk(member, f"{path}{attribute}.", visiting | {id(module)})
+                elif id(member) not in seen:
+                    seen.add(id(member))
+                    found.append((f"{path}{attribute}", member))
+
+        walk(self, prefix, frozenset())
+        return found
+
+    def _name_tree(self):
+        for name, parameter in self._own_parameters():
+            if parameter.var is None:
+                parameter.var = ct.var(name, parameter.shape, parameter.dtype)
+            elif parameter.var.name != name:
+                raise CortadoError(f"parameter {parameter.var.name!r} would be named {name!r} here: a module of one "
+                                   f"model was used in another before it was put there")
+
+    def named_parameters(self):
+        """``(name, Parameter)`` of every parameter of the tree under this module, named from its topmost module: to
+        change an initialiser before the first values are drawn (``parameter.init = nn.init.normal(0.02)``)."""
+        self._root()._name_tree()
+        return [(p.var.name, p) for _, p in self._own_parameters()]
+
+    def parameters(self):
+        """``{name: variable}`` of every parameter of the tree (named from its topmost module), in declaration order:
+        what ``ct.grad`` differentiates, an optimizer updates and a checkpoint saves."""
+        self._root()._name_tree()
+        return {p.var.name: p.var for _, p in self._own_parameters()}
+
+    def initial_values(self, seed=0):
+        """``{variable: array}``: each parameter drawn by its initialiser from a generator seeded by ``seed`` and its
+        name, so a parameter's first value does not change when layers are added before it."""
+        self._root()._name_tree()
+        values = {}
+        for _, parameter in self._own_parameters():
+            name = parameter.var.name
+            rng = np.random.default_rng(np.random.SeedSequence([seed, zlib.crc32(name.encode())]))
+            value = np.asarray(parameter.init(rng, parameter.shape, parameter.dtype))
+            if value.shape != parameter.shape:
+                raise CortadoError(f"the initialiser of {name!r} gave an array of shape {value.shape}, not "
+                                   f"{parameter.shape}")
+            values[parameter.var] = value.astype(parameter.dtype, copy=False)
+        return values
+
+    def compute_in(self, dtype):
+        """Compute the tree in ``dtype`` (bfloat16, float16): each floating parameter is cast where it is read,
+        and stays float32 (master weights) for its gradient and its optimizer. Returns the module."""
+        object.__setattr__(self._root(), "_compute_dtype", None if dtype is None else as_dtype(dtype))
+        return self
+
+    def __call__(self, *args, **kwargs):
+        self._root()._name_tree()
+        return self.forward(*args, **kwargs)
+
+    def forward(self, *args, **kwargs):
+        raise NotImplementedError(f"{type(self).__name__} defines no forward")
+
+    def __repr__(self):
+        lines = [f"{type(self).__name__}("]
+        for name, member in self._members.items():
+            text = repr(member).replace("\n", "\n  ")
+            lines.append(f"  {name}: {text}")
+        return "\n".join(lines) + ")" if len(lines) > 1 else f"{type(self).__name__}()"
+
+
+class Sequential(Module):
+    """Modules applied one after another, named ``0``, ``1``, ... as PyTorch's ``Sequential`` names them."""
+
+    def __init__(self, *modules):
+        super().__init__()
+        for i, module in enumerate(modules):
+            setattr(self, str(i), module)
+
+    def __getitem__(self, i):
+        return list(self._members.values())[i]
+
+    def __len__(self):
+        return len(self._members)
+
+    def __iter__(self):
+        return iter(self._members.values())
+
+    def forward(self, x):
+        for module in self._members.values():
+            x = module(x)
+        return x
+
+
+class ModuleList(Sequential):
+    """Modules kept in order (``blocks.0``, ``blocks.1``, ...), called by the module that holds them."""
+
+    def forward(self, *args):
+        raise CortadoError("a ModuleList is not called: call its modules")
+
+
+class Function(Module):
+    """A function without parameters as a module (``Function(ct.relu)``), for a ``Sequential``."""
+
+    def __init__(self, function):
+        super().__init__()
+        self.function = function
+
+    def forward(self, x):
+        return self.function(x)
+
+    def __repr__(self):
+        return f"Function({getattr(self.function, '__name__', self.function)})"

@@ -1,0 +1,188 @@
+"""Optimizers and learning-rate schedules as update expressions of the step's state, so an optimizer step is part of
+the one compiled training step (and, on the GPU, of its one CUDA graph).
+
+    params = model.parameters()
+    gradients = ct.grad(loss, list(params.values()))
+    optimizer = optim.AdamW(lr=optim.warmup_cosine(3e-3, warmup=100, total=2000), weight_decay=0.1)
+    state, updates = optimizer.updates(params, gradients)
+    step = ct.compile([loss], inputs=[x, y], state={**model.initial_values(), **state}, updates=updates)
+
+``updates`` returns the optimizer's state (moments, a step count) with its first values, and the new value of every
+parameter and state variable as an expression. The formulas are PyTorch's (``torch.optim``), step for step, with
+the step count starting at 1 on the first call. A schedule is any Python function of the step number, tabulated
+when the step is built and read by the step at its count, so cosine decay costs one gather.
+"""
+
+import math
+
+import numpy as np
+
+from .errors import CortadoError
+from .exprgraph import constructors as ct
+from .exprgraph.term import Term
+
+
+class Optimizer:
+    """What every optimizer shares: the learning rate (a number or a schedule), weight decay and which parameters it
+    decays (``decay(name, variable)``; by default every one, as PyTorch), the step count in state, and gradient
+    clipping by global norm (``clip_norm``)."""
+
+    def __init__(self, lr, weight_decay=0.0, decay=None, clip_norm=None, name="optim"):
+        self.lr, self.weight_decay, self.decay, self.clip_norm, self.name = lr, weight_decay, decay, clip_norm, name
+
+    def updates(self, params, gradients):
+        """``(state, updates)``: the optimizer's state variables with their first values, and the new value of each
+        parameter (``params``: ``{name: variable}`` or a list of variables) and state variable, given the
+        parameters' ``gradients`` in the same order."""
+        params = list(params.values()) if isinstance(params, dict) else list(params)
+        gradients = list(gradients)
+        if len(params) != len(gradients):
+            raise CortadoError(f"{type(self).__name__}: {len(params)} parameters and {len(gradients)} gradients")
+        for p, g in zip(params, gradients):
+            if not isinstance(p, Term) or p.shape != g.shape:
+                raise CortadoError(f"{type(self).__name__}: the gradient of {p!r} has shape {g.shape}, not {p.shape}")
+        count = ct.var(f"{self.name}.step", (), "int32")
+        step = count + 1
+        state, updates = {count: np.zeros((), np.int32)}, {count: step}
+        if self.clip_norm is not None:
+            gradients = clip_grad_norm(gradients, self.clip_norm)
+        lr = _rate(self.lr, step)
+        for p, g in zip(params, gradients):
+            decayed = self.weight_decay and (self.decay is None or self.decay(p.name, p))
+            for var, (first, new) in self._parameter(p, g, lr, step, decayed).items():
+                updates[var] = new
+                if first is not None:
+                    state[var] = first
+        return state, updates
+
+    def _moment(self, p, kind):
+        """A state variable of ``p``'s shape (a moment, a momentum buffer), zero at first."""
+        var = ct.var(f"{self.name}.{kind}.{p.name}", p.shape, p.dtype)
+        return var, np.zeros(p.shape, p.dtype)
+
+
+class SGD(Optimizer):
+    """PyTorch's SGD: ``g + weight_decay * p``; with ``momentum``, ``b = momentum * b + (1 - dampening) * g`` (``b = g``
+    on the first step) and ``g = b``, or with ``nesterov`` ``g + momentum * b``; then ``p - lr * g``."""
+
+    def __init__(self, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, decay=None, clip_norm=None,
+                 name="sgd"):
+        super().__init__(lr, weight_decay, decay, clip_norm, name)
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise CortadoError("SGD: Nesterov momentum needs a momentum above 0 and no dampening")
+        self.momentum, self.dampening, self.nesterov = momentum, dampening, nesterov
+
+    def _parameter(self, p, g, lr, step, decayed):
+        if decayed:
+            g = g + self.weight_decay * p
+        if not self.momentum:
+            return {p: (None, p - lr * g)}
+        buffer, first = self._moment(p, "momentum")
+        later = self.momentum * buffer + (1 - self.dampening) * g
+        new_buffer = ct.where(ct.equal(step, 1), g, later) if self.dampening else later  # zero at first: later is g then
+        direction = g + self.momentum * new_buffer if self.nesterov else new_buffer
+        return {buffer: (first, new_buffer), p: (None, p - lr * direction)}
+
+
+class Adam(Optimizer):
+    """PyTorch's Adam: moments ``m = b1 m + (1 - b1) g``, ``v = b2 v + (1 - b2) g^2``, then
+    ``p - lr * (m / (1 - b1^t)) / (sqrt(v / (1 - b2^t)) + eps)``; ``weight_decay`` adds ``weight_decay * p`` to the
+    gradient (L2), as PyTorch's Adam does."""
+
+    decoupled = False
+
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, decay=None, clip_norm=None,
+                 name="adam"):
+        super().__init__(lr, weight_decay, decay, clip_norm, name)
+        self.betas, self.eps = betas, eps
+
+    def _parameter(self, p, g, lr, step, decayed):
+        b1, b2 = self.betas
+        if decayed and self.decoupled:
+            p_start = p * (1 - lr * self.weight_decay)
+        else:
+            p_start = p
+            if decayed:
+                g = g + self.weight_decay * p
+        (m, m_first), (v, v_first) = self._moment(p, "m"), self._moment(p, "v")
+        m_new = b1 * m + (1 - b1) * g
+        v_new = b2 * v + (1 - b2) * (g * g)
+        t = ct.cast(step, "float32")
+        m_hat = m_new / (1 - b1 ** t)
+        v_hat = v_new / (1 - b2 ** t)
+        return {m: (m_first, m_new), v: (v_first, v_new), p: (None, p_start - lr * m_hat / (ct.sqrt(v_hat) + self.eps))}
+
+
+class AdamW(Adam):
+    """PyTorch's AdamW: Adam with the weight decay taken from the parameter itself, ``p * (1 - lr * weight_decay)``,
+    before the step (default ``weight_decay=0.01``)."""
+
+    decoupled = True
+
+    def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, decay=None, clip_norm=None,
+                 name="adamw"):
+        super().__init__(lr, betas, eps, weight_decay, decay, clip_norm, name)
+
+
+def clip_grad_norm(gradients, max_norm, eps=1e-6):
+    """The gradients scaled by ``min(1, max_norm / (norm + eps))``, ``norm`` the 2-norm of all of them together
+    (computed in float32 at least), as ``torch.nn.utils.clip_grad_norm_`` scales them."""
+    gradients = list(gradients)
+    squares = [ct.sum(ct.cast(g, "float32") * ct.cast(g, "float32")) if g.dtype.itemsize < 4 else ct.sum(g * g)
+               for g in gradients]
+    total = squares[0]
+    for square in squares[1:]:
+        total = total + square
+    factor = ct.minimum(max_norm / (ct.sqrt(total) + eps), 1.0)
+    return [g * ct.cast(factor, g.dtype) for g in gradients]
+
+
+class Schedule:
+    """A learning rate for each step: ``function(step)`` (a Python number; the first step is 1) tabulated for
+    ``steps`` steps, the last value kept after them."""
+
+    def __init__(self, function, steps):
+        if steps < 1:
+            raise CortadoError(f"a schedule needs at least one step, not {steps}")
+        self.function, self.steps = function, int(steps)
+        self.table = np.array([function(t) for t in range(1, self.steps + 1)], np.float32)
+
+    def __call__(self, t):
+        """The rate of step ``t`` (a number): as the compiled step reads it."""
+        return float(self.table[min(max(int(t), 1), self.steps) - 1])
+
+    def at(self, step):
+        """The rate at ``step`` (an int32 term counting from 1), read from the table."""
+        index = ct.minimum(step, self.steps) - 1
+        return ct.take(ct.const(self.table), index, axis=0)
+
+
+def _rate(lr, step):
+    if isinstance(lr, Schedule):
+        return lr.at(step)
+    if callable(lr):
+        raise CortadoError("a learning rate is a number or a Schedule (optim.schedule(function, steps)), not a "
+                           "plain function")
+    return float(lr)
+
+
+def schedule(function, steps):
+    """Any learning-rate function of the step number (from 1) as a ``Schedule`` of ``steps`` steps."""
+    return Schedule(function, steps)
+
+
+def warmup_cosine(peak, warmup, total, floor=0.0):
+    """A linear rise from ``peak / warmup`` to ``peak`` over ``warmup`` steps, then a cosine decay to ``floor`` at step
+    ``total`` (as GPT training runs use)."""
+    def rate(t):
+        if t <= warmup:
+            return peak * t / max(warmup, 1)
+        progress = min((t - warmup) / max(total - warmup, 1), 1.0)
+        return floor + 0.5 * (peak - floor) * (1 + math.cos(math.pi * progress))
+
+    return Schedule(rate, total)
+
+
+def step_decay(lr, every, gamma=0.1, total=None):
+    """PyTorch's ``StepLR``: ``lr * gamma ** ((t - 1) // every)`` for step ``t`` (from 1)."""
+    return Schedule(lambda t: lr * gamma ** ((t - 1) // every), total or every * 10)

@@ -1,0 +1,147 @@
+"""Checkpoints: safetensors files written and read back exactly, a training run resumed from one continuing bit for
+bit on every backend, and weights loaded by name from a state_dict."""
+
+import importlib.util
+
+import numpy as np
+import pytest
+from reference_checks import BACKENDS, host, skip_without_device
+
+import cortado as ct
+from cortado import checkpoint, nn, optim
+from cortado.exprgraph.dtypes import BFLOAT16
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
+
+
+def _arrays():
+    rng = np.random.default_rng(0)
+    arrays = {"w": rng.standard_normal((3, 4)).astype(np.float32), "count": np.array(7, np.int32),
+              "mask": np.array([True, False]), "x64": rng.standard_normal(5), "empty": np.zeros((0, 3), np.float16),
+              "transposed": rng.standard_normal((4, 3)).astype(np.float32).T}
+    if BFLOAT16 is not None:
+        arrays["half"] = rng.standard_normal((2, 2)).astype(BFLOAT16)
+    return arrays
+
+
+def test_a_file_reads_back_exactly_with_its_metadata(tmp_path):
+    path = str(tmp_path / "a.safetensors")
+    checkpoint.write(path, _arrays(), {"steps": 12})
+    arrays, metadata = checkpoint.read(path)
+    assert metadata == {"steps": "12"} and list(arrays) == list(_arrays())
+    for name, expected in _arrays().items():
+        assert arrays[name].dtype == expected.dtype and arrays[name].shape == expected.shape
+        np.testing.assert_array_equal(arrays[name], expected)
+    with open(path, "rb") as file:
+        assert int.from_bytes(file.read(8), "little") % 8 == 0  # the header padded as safetensors pads it
+
+
+@pytest.mark.skipif(not HAS_SAFETENSORS, reason="safetensors is not installed")
+def test_files_open_with_the_safetensors_library(tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    path = str(tmp_path / "a.safetensors")
+    plain = {k: v for k, v in _arrays().items() if k != "half"}
+    checkpoint.write(path, plain)
+    for name, array in load_file(path).items():
+        np.testing.assert_array_equal(array, plain[name])
+    theirs = str(tmp_path / "b.safetensors")
+    save_file({k: np.ascontiguousarray(v) for k, v in plain.items()}, theirs)
+    arrays, _ = checkpoint.read(theirs)
+    for name, array in arrays.items():
+        np.testing.assert_array_equal(array, plain[name])
+    if HAS_TORCH and BFLOAT16 is not None:
+        from safetensors.torch import load_file as torch_load
+
+        checkpoint.write(path, {"half": _arrays()["half"]})
+        half = torch_load(path)["half"]
+        np.testing.assert_array_equal(half.float().numpy(), _arrays()["half"].astype(np.float32))
+
+
+def _training(backend, seed=0):
+    """An MLP classifier, AdamW on a warm-up and cosine schedule with clipping: every kind of state a step keeps."""
+    model = nn.MLP(6, 16, 16, 3, activation=ct.tanh)
+    x, y = ct.var("x", (8, 6)), ct.var("y", (8,), "int32")
+    loss = nn.cross_entropy(model(x), y)
+    params = model.parameters()
+    adamw = optim.AdamW(optim.warmup_cosine(1e-2, 3, 20), weight_decay=0.1, clip_norm=1.0)
+    state, updates = adamw.updates(params, ct.grad(loss, list(params.values())))
+    return ct.compile([loss], inputs=[x, y], state={**model.initial_values(seed), **state}, updates=updates,
+                      backend=backend)
+
+
+def _batches(count):
+    rng = np.random.default_rng(1)
+    return [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32))
+            for _ in range(count)]
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_run_resumed_from_a_checkpoint_continues_bit_for_bit(backend, tmp_path):
+    skip_without_device(backend)
+    batches = _batches(10)
+    straight = _training(backend)
+    losses = [float(host(straight(x=x, y=y)[0])) for x, y in batches]
+    first = _training(backend)
+    for x, y in batches[:5]:
+        first(x=x, y=y)
+    path = str(tmp_path / "run.safetensors")
+    ct.save(first, path)
+    resumed = _training(backend, seed=5)  # other first weights: the checkpoint replaces them all
+    ct.load(resumed, path)
+    resumed_losses = [float(host(resumed(x=x, y=y)[0])) for x, y in batches[5:]]
+    assert resumed_losses == losses[5:]
+    for name in straight.state:
+        np.testing.assert_array_equal(host(resumed.state[name]), host(straight.state[name]), err_msg=name)
+
+
+def test_loading_a_checkpoint_that_does_not_match_says_how(tmp_path):
+    program = _training("numpy")
+    path = str(tmp_path / "run.safetensors")
+    arrays = {name: np.array(program.state[name]) for name in program.state}
+    checkpoint.write(path, {k: v for k, v in arrays.items() if k != "0.bias"})
+    with pytest.raises(ct.FeedError, match=r"missing \['0.bias'\]"):
+        ct.load(program, path)
+    checkpoint.write(path, {**arrays, "extra": np.zeros(2)})
+    with pytest.raises(ct.FeedError, match=r"not in the program \['extra'\]"):
+        ct.load(program, path)
+    checkpoint.write(path, {**arrays, "0.bias": np.zeros(3, np.float32)})
+    with pytest.raises(ct.FeedError, match="'0.bias' has shape"):
+        ct.load(program, path)
+    checkpoint.write(path, {**arrays, "0.bias": np.zeros(16)})
+    with pytest.raises(ct.FeedError, match="'0.bias' is float64"):
+        ct.load(program, path)
+    with open(path, "wb") as file:
+        file.write(b"\x05\x00\x00\x00\x00\x00\x00\x00{not")
+    with pytest.raises(ct.FeedError, match="not a safetensors file"):
+        ct.load(program, path)
+
+
+def test_a_state_dict_loads_by_name():
+    program = _training("numpy")
+    weights = {"0.weight": np.ones((16, 6)), "2.bias": np.arange(16)}  # converted to the variables' float32
+    assert ct.load_state_dict(program, weights) == ["0.weight", "2.bias"]
+    np.testing.assert_array_equal(program.state["2.bias"], np.arange(16, dtype=np.float32))
+    with pytest.raises(ct.FeedError, match=r"names \['fc.weight'\], which the program's state does not have"):
+        ct.load_state_dict(program, {"fc.weight": np.ones(2)})
+    assert ct.load_state_dict(program, {"fc.weight": np.ones(2), "4.bias": np.zeros(3)}, strict=False) == ["4.bias"]
+
+
+@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+def test_a_pytorch_models_state_dict_gives_its_outputs():
+    import torch
+
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+    model = nn.MLP(6, 16, 3, activation=ct.tanh)
+    x = ct.var("x", (4, 6))
+    program = ct.compile([model(x)], inputs=[x], state=model.initial_values(), backend="numpy")
+    ct.load_state_dict(program, reference.state_dict())
+    xv = np.random.default_rng(0).standard_normal((4, 6)).astype(np.float32)
+    (ours,) = program(x=xv)
+    np.testing.assert_allclose(ours, reference(torch.from_numpy(xv)).detach().numpy(), rtol=1e-5, atol=1e-6)
+    if BFLOAT16 is not None:
+        halves = {k: v.to(torch.bfloat16) for k, v in reference.state_dict().items()}
+        ct.load_state_dict(program, halves)
+        np.testing.assert_array_equal(program.state["0.weight"], halves["0.weight"].float().numpy())

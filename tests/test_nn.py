@@ -1,0 +1,246 @@
+"""cortado.nn: parameter names, initialisers, layers and losses against NumPy (and PyTorch where installed), and the
+GPT built from it compiling to the same kernels as the one written by hand."""
+
+import collections
+import importlib.util
+import math
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import nn
+from cortado.gradcheck import check_grads
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "examples"))
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(8)
+        self.fc = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return x + self.fc(self.norm(x))
+
+
+class Net(nn.Module):
+    def __init__(self, blocks=2):
+        super().__init__()
+        self.embed = nn.Embedding(5, 8)
+        self.blocks = nn.ModuleList(*(Block() for _ in range(blocks)))
+        self.head = nn.Linear(8, 3)
+
+    def forward(self, tokens):
+        x = self.embed(tokens)
+        for block in self.blocks:
+            x = block(x)
+        return self.head(x)
+
+
+def test_parameters_are_named_by_their_path_from_the_top_module():
+    model = Net()
+    assert list(model.parameters()) == [
+        "embed.weight", "blocks.0.norm.weight", "blocks.0.norm.bias", "blocks.0.fc.weight", "blocks.0.fc.bias",
+        "blocks.1.norm.weight", "blocks.1.norm.bias", "blocks.1.fc.weight", "blocks.1.fc.bias", "head.weight",
+        "head.bias"]
+    assert list(model.blocks[1].parameters()) == ["blocks.1.norm.weight", "blocks.1.norm.bias", "blocks.1.fc.weight",
+                                                  "blocks.1.fc.bias"]
+
+
+def test_calling_a_part_first_names_it_from_the_top_module():
+    model = Net()
+    model.blocks[0](ct.var("x", (2, 8)))  # a part called before the whole
+    assert "blocks.0.fc.weight" in model.parameters()
+
+
+def test_a_helper_building_a_layer_twice_makes_two_parameters_and_one_layer_used_twice_makes_one():
+    class Twice(nn.Module):
+        def __init__(self, tied):
+            super().__init__()
+            self.a = nn.Linear(4, 4)
+            self.b = self.a if tied else nn.Linear(4, 4)
+
+        def forward(self, x):
+            return self.b(self.a(x))
+
+    assert list(Twice(tied=False).parameters()) == ["a.weight", "a.bias", "b.weight", "b.bias"]
+    tied = Twice(tied=True)
+    assert list(tied.parameters()) == ["a.weight", "a.bias"]
+    y = tied(ct.var("x", (2, 4)))
+    assert {v.name for v in ct.Graph(y).variables} == {"x", "a.weight", "a.bias"}
+
+
+def test_a_module_used_alone_cannot_join_a_model_later():
+    layer = nn.Linear(4, 4)
+    layer(ct.var("x", (1, 4)))
+    with pytest.raises(ct.CortadoError, match="after its parameters were named"):
+        nn.Sequential(layer)
+
+
+def test_initial_values_follow_the_seed_and_each_parameters_own_name():
+    values = {v.name: a for v, a in Net().initial_values(seed=3).items()}
+    again = {v.name: a for v, a in Net().initial_values(seed=3).items()}
+    more = {v.name: a for v, a in Net(blocks=3).initial_values(seed=3).items()}
+    other = {v.name: a for v, a in Net().initial_values(seed=4).items()}
+    for name, value in values.items():
+        np.testing.assert_array_equal(value, again[name])
+        np.testing.assert_array_equal(value, more[name])  # a layer added after it changes nothing
+    assert not np.array_equal(values["head.weight"], other["head.weight"])
+    bound = 1 / math.sqrt(8)
+    assert np.abs(values["head.weight"]).max() <= bound and np.abs(values["head.weight"]).max() > 0.5 * bound
+    np.testing.assert_array_equal(values["blocks.0.norm.weight"], np.ones(8, np.float32))
+    assert abs(float(values["embed.weight"].std()) - 1) < 0.4  # N(0, 1), as PyTorch's Embedding
+
+
+def _numpy_layer_norm(x, weight, bias, eps=1e-5):
+    mean = x.mean(-1, keepdims=True)
+    return (x - mean) / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + eps) * weight + bias
+
+
+def test_layers_compute_what_numpy_computes():
+    rng = np.random.default_rng(0)
+    model = Net()
+    tokens = ct.var("tokens", (2, 6), "int32")
+    logits = model(tokens)
+    values = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in model.parameters().values()}
+    feed = rng.integers(0, 5, (2, 6)).astype(np.int32)
+    x = values["embed.weight"][feed]
+    for i in range(2):
+        p = {k.split(".", 2)[2]: v for k, v in values.items() if k.startswith(f"blocks.{i}.")}
+        x = x + _numpy_layer_norm(x, p["norm.weight"], p["norm.bias"]) @ p["fc.weight"].T + p["fc.bias"]
+    expected = x @ values["head.weight"].T + values["head.bias"]
+    np.testing.assert_allclose(ct.evaluate(logits, {"tokens": feed, **values}), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_rms_norm_and_its_gradient():
+    norm = nn.RMSNorm(6, eps=1e-6)
+    x = ct.var("x", (3, 6), "float64")
+    weight = norm.parameters()["weight"]
+    y = norm(x)
+    rng = np.random.default_rng(1)
+    xv, wv = rng.standard_normal((3, 6)), rng.standard_normal(6)
+    expected = xv / np.sqrt((xv * xv).mean(-1, keepdims=True) + 1e-6) * wv
+    np.testing.assert_allclose(ct.evaluate(y, {"x": xv, "weight": wv.astype(np.float32)}), expected, rtol=1e-6)
+    check_grads(ct.sum(ct.tanh(y)), [x], {x: xv, weight: wv.astype(np.float32)})
+
+
+def _numpy_attention(x, qkv_w, qkv_b, proj_w, proj_b, heads, kv_heads):
+    batch, time, width = x.shape
+    size = width // heads
+    projected = x @ qkv_w.T + qkv_b
+    q = projected[..., :heads * size].reshape(batch, time, heads, size).transpose(0, 2, 1, 3)
+    k = projected[..., heads * size:(heads + kv_heads) * size].reshape(batch, time, kv_heads, size).transpose(0, 2, 1, 3)
+    v = projected[..., (heads + kv_heads) * size:].reshape(batch, time, kv_heads, size).transpose(0, 2, 1, 3)
+    k, v = (np.repeat(t, heads // kv_heads, axis=1) for t in (k, v))  # each key head serves a group of query heads
+    scores = q @ k.transpose(0, 1, 3, 2) / math.sqrt(size)
+    scores = np.where(np.tril(np.ones((time, time), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    mixed = (weights @ v).transpose(0, 2, 1, 3).reshape(batch, time, width)
+    return mixed @ proj_w.T + proj_b
+
+
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_causal_self_attention_multi_head_and_grouped_query(kv_heads):
+    attention = nn.CausalSelfAttention(16, 4, kv_heads)
+    x = ct.var("x", (2, 5, 16), "float64")
+    y = attention(x)
+    rng = np.random.default_rng(2)
+    values = {v.name: rng.standard_normal(v.shape) * 0.3 for v in attention.parameters().values()}
+    xv = rng.standard_normal((2, 5, 16))
+    expected = _numpy_attention(xv, values["qkv.weight"], values["qkv.bias"], values["proj.weight"],
+                                values["proj.bias"], 4, kv_heads)
+    feeds = {"x": xv, **{k: v.astype(np.float32) for k, v in values.items()}}
+    np.testing.assert_allclose(ct.evaluate(y, feeds), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_losses_are_stable_at_extreme_logits():
+    logits, labels = ct.var("logits", (2, 3)), ct.var("labels", (2,), "int32")
+    lv = np.array([[1000.0, 0.0, -1000.0], [0.0, 1.0, 2.0]], np.float32)
+    loss = ct.evaluate(nn.cross_entropy(logits, labels), {"logits": lv, "labels": np.array([0, 2], np.int32)})
+    expected = (0.0 + (np.log(np.exp(lv[1]).sum()) - 2.0)) / 2
+    np.testing.assert_allclose(loss, expected, rtol=1e-6)
+    x, t = ct.var("x", (3,)), ct.var("t", (3,))
+    xv, tv = np.array([100.0, -100.0, 0.5], np.float32), np.array([0.0, 1.0, 1.0], np.float32)
+    got = ct.evaluate(nn.binary_cross_entropy_with_logits(x, t), {"x": xv, "t": tv})
+    np.testing.assert_allclose(got, np.mean([100.0, 100.0, np.log1p(np.exp(-0.5))]), rtol=1e-6)
+    np.testing.assert_allclose(ct.evaluate(nn.mse_loss(x, t), {"x": xv, "t": tv}), np.mean((xv - tv) ** 2), rtol=1e-6)
+
+
+def test_losses_and_layers_say_what_is_wrong():
+    with pytest.raises(ct.DTypeError, match="integer labels"):
+        nn.cross_entropy(ct.var("l", (2, 3)), ct.var("y", (2,)))
+    with pytest.raises(ct.ShapeError, match="one label for each row"):
+        nn.cross_entropy(ct.var("l", (2, 3)), ct.var("y", (3,), "int32"))
+    with pytest.raises(ct.ShapeError, match="last axis has 4 features"):
+        nn.Linear(4, 2)(ct.var("x", (2, 5)))
+    with pytest.raises(ct.ShapeError, match="must divide"):
+        nn.CausalSelfAttention(16, 4, 3)
+
+
+@needs_torch
+def test_layers_match_pytorchs_given_its_weights():
+    import torch
+
+    torch.manual_seed(0)
+    reference = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.Flatten(), torch.nn.Linear(4 * 25, 2))
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.fc = nn.Linear(4 * 25, 2)
+
+        def forward(self, x):
+            return self.fc(ct.reshape(self.conv(x), (x.shape[0], 100)))
+
+    model = Model()
+    x = ct.var("x", (2, 3, 5, 5))
+    y = model(x)
+    names = {"0.weight": "conv.weight", "0.bias": "conv.bias", "2.weight": "fc.weight", "2.bias": "fc.bias"}
+    feeds = {names[k]: v.detach().numpy() for k, v in reference.state_dict().items()}
+    xv = np.random.default_rng(0).standard_normal((2, 3, 5, 5)).astype(np.float32)
+    expected = reference(torch.from_numpy(xv)).detach().numpy()
+    np.testing.assert_allclose(ct.evaluate(y, {"x": xv, **feeds}), expected, rtol=1e-4, atol=1e-5)
+
+
+def _kernel_kinds(outputs, inputs):
+    """What the GPU would run for ``outputs``, planned on the CPU: each kernel's op, a fused kernel's shape, a gemm's
+    epilogue (its bias gradient taken from either operand counted as one kind)."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as engine
+
+    roots = compiler._rewrite(outputs, engine, {})
+    kinds = collections.Counter()
+    for kernel in compiler._kernels(roots, compiler._signature(roots, inputs, None, None)):
+        t = kernel.term
+        detail = getattr(t.attrs, "kernel", None) or getattr(t.attrs, "epilogue", None)
+        kinds[t.op.name, "bgrad" if isinstance(detail, str) and detail.startswith("bgrad") else detail] += 1
+    return kinds
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_gpt_built_from_nn_compiles_to_the_kernels_of_the_one_written_by_hand(dtype):
+    import gpt
+    import gpt_by_hand
+
+    config = gpt_by_hand.Config(11, context=16, width=64, heads=2, layers=2)
+    params = gpt_by_hand.parameters(config)
+    loss, _, tokens, labels = gpt_by_hand.gpt(config, 2, params, dtype)
+    by_hand = _kernel_kinds([loss, *ct.grad(loss, list(params.values()))], [tokens, labels, *params.values()])
+
+    model = gpt.GPT(11, context=16, width=64, heads=2, layers=2).compute_in(dtype)
+    tokens, labels = ct.var("tokens_in", (2, 16), "int32"), ct.var("labels", (2, 16), "int32")
+    loss = nn.cross_entropy(model(tokens), labels)
+    params = model.parameters()
+    built = _kernel_kinds([loss, *ct.grad(loss, list(params.values()))], [tokens, labels, *params.values()])
+    assert built == by_hand
+    flash = 2 if dtype == "bfloat16" else 0  # cuDNN's flash attention takes half-precision operands
+    assert built["dnn_attention", None] == flash and built["dnn_attention_grad", None] == flash

@@ -1,0 +1,150 @@
+"""cortado.optim: each optimizer's steps inside one compiled program against PyTorch's algorithms, transcribed in
+NumPy (and against torch.optim itself where torch is installed); schedules; gradient clipping."""
+
+import importlib.util
+import math
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import optim
+
+needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
+STEPS = 6
+
+
+def _problem(seed=0):
+    rng = np.random.default_rng(seed)
+    w0, b0 = rng.standard_normal((3, 4)).astype(np.float32), rng.standard_normal(3).astype(np.float32)
+    data = [(rng.standard_normal((5, 4)).astype(np.float32), rng.standard_normal((5, 3)).astype(np.float32))
+            for _ in range(STEPS)]
+    return w0, b0, data
+
+
+def _gradients(w, b, x, y):
+    """The gradients of ``mean((x @ w^T + b - y)^2)``."""
+    r = x @ w.T + b - y
+    g = 2 * r / r.size
+    return g.T @ x, g.sum(0)
+
+
+def _ours(optimizer, w0, b0, data):
+    w, b = ct.var("w", w0.shape), ct.var("b", b0.shape)
+    x, y = ct.var("x", data[0][0].shape), ct.var("y", data[0][1].shape)
+    r = x @ ct.transpose(w) + b - y
+    loss = ct.mean(r * r)
+    state, updates = optimizer.updates({"w": w, "b": b}, ct.grad(loss, [w, b]))
+    step = ct.compile([loss], inputs=[x, y], state={w: w0, b: b0, **state}, updates=updates, backend="numpy")
+    for xv, yv in data:
+        step(x=xv, y=yv)
+    return np.array(step.state["w"]), np.array(step.state["b"])
+
+
+def _reference(update, w0, b0, data):
+    """``update(name, p, g, t, slots)`` applied for every step, as torch.optim's loops do."""
+    params, slots = {"w": w0.astype(np.float64), "b": b0.astype(np.float64)}, {"w": {}, "b": {}}
+    for t, (x, y) in enumerate(data, start=1):
+        grads = dict(zip(("w", "b"), _gradients(params["w"], params["b"], x, y)))
+        for name in params:
+            params[name] = update(name, params[name], grads[name], t, slots[name])
+    return params["w"], params["b"]
+
+
+def _sgd(lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0):
+    def update(name, p, g, t, slot):
+        g = g + weight_decay * p
+        if momentum:
+            slot["buf"] = g if t == 1 else momentum * slot["buf"] + (1 - dampening) * g
+            g = g + momentum * slot["buf"] if nesterov else slot["buf"]
+        return p - lr * g
+    return update
+
+
+def _adam(lr, betas, eps, weight_decay, decoupled, rate=lambda t: None):
+    def update(name, p, g, t, slot):
+        step_lr = rate(t) or lr
+        if decoupled:
+            p = p * (1 - step_lr * weight_decay)
+        else:
+            g = g + weight_decay * p
+        slot["m"] = betas[0] * slot.get("m", 0) + (1 - betas[0]) * g
+        slot["v"] = betas[1] * slot.get("v", 0) + (1 - betas[1]) * g * g
+        m_hat, v_hat = slot["m"] / (1 - betas[0] ** t), slot["v"] / (1 - betas[1] ** t)
+        return p - step_lr * m_hat / (np.sqrt(v_hat) + eps)
+    return update
+
+
+CASES = {
+    "sgd": (optim.SGD(0.1), _sgd(0.1)),
+    "sgd momentum decay": (optim.SGD(0.05, momentum=0.9, weight_decay=0.01), _sgd(0.05, 0.9, weight_decay=0.01)),
+    "sgd dampening": (optim.SGD(0.05, momentum=0.9, dampening=0.5), _sgd(0.05, 0.9, 0.5)),
+    "sgd nesterov": (optim.SGD(0.05, momentum=0.9, nesterov=True), _sgd(0.05, 0.9, nesterov=True)),
+    "adam": (optim.Adam(1e-2, weight_decay=0.1), _adam(1e-2, (0.9, 0.999), 1e-8, 0.1, False)),
+    "adamw": (optim.AdamW(1e-2, betas=(0.8, 0.99)), _adam(1e-2, (0.8, 0.99), 1e-8, 0.01, True)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_each_optimizer_takes_pytorchs_steps(case):
+    optimizer, update = CASES[case]
+    w0, b0, data = _problem()
+    for ours, expected in zip(_ours(optimizer, w0, b0, data), _reference(update, w0, b0, data)):
+        np.testing.assert_allclose(ours, expected, rtol=2e-5, atol=2e-6)
+
+
+def test_a_schedule_is_read_at_the_steps_count():
+    schedule = optim.warmup_cosine(1e-2, warmup=2, total=5, floor=1e-3)
+    expected = [5e-3, 1e-2] + [1e-3 + 0.5 * 9e-3 * (1 + math.cos(math.pi * k / 3)) for k in (1, 2, 3)] + [1e-3]
+    np.testing.assert_allclose([schedule(t) for t in range(1, 7)], expected, rtol=1e-6)
+    w0, b0, data = _problem(1)
+    rate = {t: schedule(t) for t in range(1, STEPS + 1)}
+    ours = _ours(optim.AdamW(schedule, weight_decay=0.1), w0, b0, data)
+    expected = _reference(_adam(None, (0.9, 0.999), 1e-8, 0.1, True, rate.get), w0, b0, data)
+    for a, e in zip(ours, expected):
+        np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
+    assert optim.step_decay(1.0, every=2, gamma=0.5)(5) == 0.25
+
+
+def test_weight_decay_skips_what_decay_refuses_and_clipping_scales_by_the_global_norm():
+    w0, b0, data = _problem(2)
+    only_matrices = optim.SGD(0.1, weight_decay=0.5, decay=lambda name, p: p.ndim == 2)
+    expected_b = _reference(_sgd(0.1), w0, b0, data[:1])[1]
+    np.testing.assert_allclose(_ours(only_matrices, w0, b0, data[:1])[1], expected_b, rtol=1e-6)
+    g = [ct.var("g1", (3,)), ct.var("g2", (2,))]
+    clipped = optim.clip_grad_norm(g, 1.0)
+    values = {"g1": np.array([3.0, 0, 0], np.float32), "g2": np.array([0, 4.0], np.float32)}
+    got = ct.evaluate(clipped, values)
+    np.testing.assert_allclose(np.concatenate(got), np.array([3, 0, 0, 0, 4]) / (5 + 1e-6), rtol=1e-6)
+    small = ct.evaluate(optim.clip_grad_norm(g, 10.0), values)
+    np.testing.assert_array_equal(np.concatenate(small), [3, 0, 0, 0, 4])
+
+
+def test_optimizers_say_what_is_wrong():
+    with pytest.raises(ct.CortadoError, match="Nesterov"):
+        optim.SGD(0.1, nesterov=True)
+    with pytest.raises(ct.CortadoError, match="a Schedule"):
+        optim.SGD(lambda t: 0.1).updates([ct.var("p", (2,))], [ct.var("g", (2,))])
+    with pytest.raises(ct.CortadoError, match="2 parameters and 1 gradients"):
+        optim.SGD(0.1).updates([ct.var("p", (2,)), ct.var("q", (2,))], [ct.var("g", (2,))])
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["sgd nesterov", "adam", "adamw"])
+def test_against_torch_optim(name):
+    import torch
+
+    w0, b0, data = _problem(3)
+    w, b = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    make = {"sgd nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+            "adam": lambda p: torch.optim.Adam(p, lr=1e-2, weight_decay=0.1),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.8, 0.99))}[name]
+    optimizer = make([w, b])
+    for x, y in data:
+        optimizer.zero_grad()
+        loss = ((torch.from_numpy(x) @ w.T + b - torch.from_numpy(y)) ** 2).mean()
+        loss.backward()
+        optimizer.step()
+    ours = _ours(CASES[name][0], w0, b0, data)
+    np.testing.assert_allclose(ours[0], w.detach().numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(ours[1], b.detach().numpy(), rtol=2e-5, atol=2e-6)
