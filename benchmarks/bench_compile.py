@@ -22,7 +22,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import cortado as ct  # noqa: E402
-from bench_grad import BATCH, CLASSES, WIDTH, mlp  # noqa: E402
+from bench_grad import mlp  # noqa: E402
 from machine import describe  # noqa: E402
 from reporting import command_line, growth_exponent, measured_rows, write_results  # noqa: E402
 
@@ -34,7 +34,8 @@ def training_step(layers):
     gradients = ct.grad(loss, parameters)
     updates = {p: p - 0.1 * g for p, g in zip(parameters, gradients)}
     state = {p: np.zeros(p.shape, p.dtype) for p in parameters}
-    inputs = [ct.var("x", (BATCH, WIDTH)), ct.var("y", (BATCH, CLASSES))]
+    named = ct.Graph([loss]).variables_by_name()
+    inputs = [named["x"], named["y"]]  # mlp's own variables: a new ct.var of the same name would be another
     return loss, inputs, state, updates
 
 

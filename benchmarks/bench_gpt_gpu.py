@@ -46,7 +46,7 @@ more step whose loss (that of the weights after every step before) is reported t
 Memory: ours' ``device_bytes`` (arena, state, outputs, constants, workspaces; CuPy feeds are read in place);
 torch's ``max_memory_allocated`` over the whole run less what was allocated before the parameters (the batch);
 jax's ``peak_bytes_in_use`` with ``XLA_PYTHON_CLIENT_PREALLOCATE=false`` (its batch and any scratch XLA's
-autotuning took count). The issue's targets are printed as met or not: faster than all three on small, within
+autotuning took count). The targets are printed as met or not: faster than all three on small, within
 5% of the fastest on large, ours' memory at most 0.8 times torch eager's, large compiled in under 10 s.
 """
 
@@ -174,7 +174,7 @@ def cortado_graph(work):
 def cortado_contestant(work, backend, compile_mode=None):
     """Ours: gpt_by_hand.py's model, gradients and AdamW compiled into one program; a call returns the loss, read from
     the program's own output. Times the graph's construction (``gpt``, ``ct.grad``, ``adamw``), ``ct.compile`` and
-    the first call apart; ``compile_s`` is the last two, what the issue's compile target counts."""
+    the first call apart; ``compile_s`` is the last two, what the compile target counts."""
     began = time.perf_counter()
     loss, tokens, labels, state, updates = cortado_graph(work)
     built = time.perf_counter()
@@ -478,7 +478,7 @@ def verdict(met, value, detail):
 
 
 def targets(cases):
-    """The issue's targets against this run's cases, each met, not met, or not measured (a peer missing, a
+    """The targets against this run's cases, each met, not met, or not measured (a peer missing, a
     contestant failed, or the size not run); ``value`` is the number the target bounds."""
     by_size = {case["size"]: case for case in cases}
     found = {}
@@ -545,7 +545,7 @@ def print_summary(cases, found):
     for name, result in found.items():
         print(f"target {name}: {result['status'].upper()} ({result['detail']})", flush=True)
     if not found:
-        print("targets: the issue sets them for small and large only", flush=True)
+        print("targets: set for small and large only", flush=True)
 
 
 # -- the command line ------------------------------------------------------------------------------

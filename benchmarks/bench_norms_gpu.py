@@ -1,5 +1,5 @@
 """Layer norm and softmax cross-entropy on the GPU, forward and backward: cortado's plain expressions, fused by its
-rules, against torch's ``F.layer_norm`` and ``F.cross_entropy`` (issue 19, item 2).
+rules, against torch's ``F.layer_norm`` and ``F.cross_entropy``.
 
     python benchmarks/bench_norms_gpu.py [--repeats 100] [--out benchmarks/results/norms_gpu.json]
 

@@ -1,4 +1,4 @@
-"""``python -m cortado``: the command line (``demo`` for now; ``explain`` and ``bench`` later)."""
+"""``python -m cortado``: the command line: ``demo`` trains a small model, its step compiled."""
 
 import argparse
 import sys

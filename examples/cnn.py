@@ -1,6 +1,7 @@
-"""Train a small convolutional network on images it draws itself: conv2d, relu, pooling and a linear head,
-its gradients by ``ct.grad`` (the data gradient of each convolution a plain convolution again), the whole
-training step compiled by ``ct.compile``.
+"""Train a small convolutional network on images it draws itself, built from ``cortado.nn``: convolutions, batch
+norms, relu, pooling and a linear head, its gradients by ``ct.grad`` (the data gradient of each convolution a plain
+convolution again), the whole training step (SGD with momentum and the batch norms' running statistics included)
+compiled by ``ct.compile``.
 
     python examples/cnn.py [--epochs 8] [--seed 0] [--backend numpy|cupy]
 
@@ -16,6 +17,7 @@ import argparse
 import numpy as np
 
 import cortado as ct
+from cortado import nn, optim
 
 SIDE, CLASSES, BATCH, LEARNING_RATE = 16, 4, 64, 0.05
 
@@ -42,44 +44,45 @@ def images(count, rng):
     return np.stack([draw(label, rng) for label in labels])[:, None].astype(np.float32), labels
 
 
-def network(batch):
-    """The model and its loss: ``(loss, logits, x, onehot, parameters)``."""
-    x, onehot = ct.var("x", (batch, 1, SIDE, SIDE)), ct.var("onehot", (batch, CLASSES))
-    w1, b1 = ct.var("w1", (8, 1, 3, 3)), ct.var("b1", (8,))
-    w2, b2 = ct.var("w2", (16, 8, 3, 3)), ct.var("b2", (16,))
-    head, bias = ct.var("head", (16, CLASSES)), ct.var("bias", (CLASSES,))
-    h = ct.relu(ct.conv2d(x, w1, padding=1) + ct.reshape(b1, (-1, 1, 1)))  # 8 x 16 x 16
-    h = ct.max_pool2d(h, 2)  # 8 x 8 x 8
-    h = ct.relu(ct.conv2d(h, w2, padding=1) + ct.reshape(b2, (-1, 1, 1)))  # 16 x 8 x 8
-    features = ct.max(h, axis=(2, 3))  # the strongest response of each filter, wherever it is
-    logits = features @ head + bias
-    loss = ct.mean(ct.logsumexp(logits, axis=1) - ct.sum(logits * onehot, axis=1))
-    return loss, logits, x, onehot, [w1, b1, w2, b2, head, bias]
+class CNN(nn.Module):
+    """Two 3x3 convolutions, each batch-normalised and rectified, pooling between them, the strongest response of
+    each filter wherever it is, and a linear head."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv1, self.norm1 = nn.Conv2d(1, 8, 3, padding=1, bias=False), nn.BatchNorm(8)
+        self.conv2, self.norm2 = nn.Conv2d(8, 16, 3, padding=1, bias=False), nn.BatchNorm(16)
+        self.head = nn.Linear(16, CLASSES)
+
+    def forward(self, x):
+        h = ct.max_pool2d(ct.relu(self.norm1(self.conv1(x))), 2)  # 8 x 8 x 8
+        h = ct.relu(self.norm2(self.conv2(h)))  # 16 x 8 x 8
+        return self.head(ct.max(h, axis=(2, 3)))
 
 
-def initial_values(parameters, rng):
-    """He-normal weights and zero biases: a filter's fan-in is its input channels times its taps, the head's its
-    rows."""
-    fan_in = {4: lambda shape: int(np.prod(shape[1:])), 2: lambda shape: shape[0]}
-    return {p: (rng.standard_normal(p.shape) * np.sqrt(2 / fan_in[p.ndim](p.shape))).astype(np.float32)
-            if p.ndim in fan_in else np.zeros(p.shape, np.float32) for p in parameters}
+def training_step(model, seed, backend):
+    """The compiled step: one call returns the batch's loss, updates every parameter by SGD with momentum and the
+    batch norms' running statistics."""
+    x, labels = ct.var("x", (BATCH, 1, SIDE, SIDE)), ct.var("labels", (BATCH,), "int32")
+    loss = nn.cross_entropy(model(x), labels)
+    params = model.parameters()
+    sgd = optim.SGD(LEARNING_RATE, momentum=0.9)
+    state, updates = sgd.updates(params, ct.grad(loss, list(params.values())))
+    return ct.compile([loss], inputs=[x, labels], state={**model.initial_values(seed), **state},
+                      updates={**updates, **model.state_updates(loss)}, backend=backend)
 
 
-def training_step(rng, backend):
-    """The compiled step: one call returns the batch's loss and updates every parameter by SGD."""
-    loss, _, x, onehot, parameters = network(BATCH)
-    gradients = ct.grad(loss, parameters)
-    return ct.compile([loss], inputs=[x, onehot], state=initial_values(parameters, rng),
-                      updates={p: p - LEARNING_RATE * g for p, g in zip(parameters, gradients)}, backend=backend)
-
-
-def accuracy(step, x, labels):
-    """The trained model's accuracy on ``x``: the same expressions at another batch size, on the CPU."""
-    _, logits, xv, _, parameters = network(len(x))
-    predict = ct.compile([logits], inputs=[xv, *parameters])
-    state = {p.name: np.asarray(step.state[p.name].get() if hasattr(step.state[p.name], "get") else step.state[p.name])
-             for p in parameters}  # a GPU program's state is CuPy arrays
-    (scores,) = predict(x=x, **state)
+def accuracy(model, step, x, labels):
+    """The trained model's accuracy on ``x``, in inference (the batch norms' running statistics), at another batch
+    size, on the CPU."""
+    xv = ct.var("x", x.shape)
+    model.eval()
+    state = {**model.parameters(), **model.buffers()}
+    predict = ct.compile([model(xv)], inputs=[xv, *state.values()])
+    model.train()
+    weights = {name: np.asarray(step.state[name].get() if hasattr(step.state[name], "get") else step.state[name])
+               for name in state}  # a GPU program's state is CuPy arrays
+    (scores,) = predict(x=x, **weights)
     return float(np.mean(np.argmax(scores, axis=1) == labels))
 
 
@@ -91,18 +94,18 @@ def train(epochs=8, seed=0, backend=None, log=print):
     rng = np.random.default_rng(seed)
     x, labels = images(2048, rng)
     x_test, labels_test = images(512, rng)
-    onehot = np.eye(CLASSES, dtype=np.float32)[labels]
-    step = training_step(rng, backend)
+    model = CNN()
+    step = training_step(model, seed, backend)
     log(f"a CNN on {SIDE}x{SIDE} images of {CLASSES} strokes, its step compiled for {backend}: "
         f"{len(step.kernels)} kernels, {step.memory.summary()}")
     history = []
     for epoch in range(1, epochs + 1):
         order = rng.permutation(len(x))
-        losses = [float(step(x=x[rows], onehot=onehot[rows])[0])
+        losses = [float(step(x=x[rows], labels=labels[rows].astype(np.int32))[0])
                   for rows in (order[i:i + BATCH] for i in range(0, len(order) - BATCH + 1, BATCH))]
         history.append(float(np.mean(losses)))
         log(f"epoch {epoch:3}  loss {history[-1]:.4f}")
-    trained, tested = accuracy(step, x, labels), accuracy(step, x_test, labels_test)
+    trained, tested = accuracy(model, step, x, labels), accuracy(model, step, x_test, labels_test)
     log(f"training accuracy: {trained:.1%}  held-out accuracy: {tested:.1%} "
         f"(a guess: {1 / CLASSES:.0%}, loss log({CLASSES}) = {np.log(CLASSES):.4f})")
     return history, trained, tested

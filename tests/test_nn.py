@@ -211,6 +211,58 @@ def test_layers_match_pytorchs_given_its_weights():
     np.testing.assert_allclose(ct.evaluate(y, {"x": xv, **feeds}), expected, rtol=1e-4, atol=1e-5)
 
 
+def _numpy_batch_norm_steps(xs, weight, bias, momentum=0.1, eps=1e-5):
+    """PyTorch's BatchNorm2d in training over the batches ``xs``: each output, then the running statistics."""
+    mean_run, var_run, outputs = np.zeros(weight.shape), np.ones(weight.shape), []
+    for x in xs:
+        mean, var = x.mean((0, 2, 3)), x.var((0, 2, 3))
+        n = x.size // x.shape[1]
+        shape = (1, -1, 1, 1)
+        outputs.append((x - mean.reshape(shape)) / np.sqrt(var.reshape(shape) + eps) * weight.reshape(shape)
+                       + bias.reshape(shape))
+        mean_run = (1 - momentum) * mean_run + momentum * mean
+        var_run = (1 - momentum) * var_run + momentum * var * n / (n - 1)
+    return outputs, mean_run, var_run
+
+
+def test_batch_norm_trains_on_the_batchs_statistics_and_infers_with_the_running_ones():
+    norm = nn.BatchNorm(3)
+    x = ct.var("x", (4, 3, 2, 2))
+    y = norm(x)
+    updates = norm.state_updates(y)
+    assert [v.name for v in updates] == ["running_mean", "running_var", "num_batches_tracked"]
+    rng = np.random.default_rng(3)
+    state = norm.initial_values()
+    weights = {norm.parameters()["weight"]: rng.standard_normal(3).astype(np.float32),
+               norm.parameters()["bias"]: rng.standard_normal(3).astype(np.float32)}
+    step = ct.compile([y], inputs=[x], state={**state, **weights}, updates=updates, backend="numpy")
+    xs = [rng.standard_normal((4, 3, 2, 2)).astype(np.float32) * 3 + 1 for _ in range(3)]
+    outputs = [step(x=xv)[0] for xv in xs]
+    expected, mean_run, var_run = _numpy_batch_norm_steps(xs, *(v.astype(np.float64) for v in weights.values()))
+    for ours, theirs in zip(outputs, expected):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(step.state["running_mean"], mean_run, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(step.state["running_var"], var_run, rtol=1e-5)
+    assert int(step.state["num_batches_tracked"]) == 3
+    norm.eval()
+    inferred = norm(x)
+    assert norm.state_updates(inferred) == {}
+    feeds = {"x": xs[0], "running_mean": np.array(step.state["running_mean"]),
+             "running_var": np.array(step.state["running_var"]), **{v.name: a for v, a in weights.items()}}
+    shape = (1, 3, 1, 1)
+    w, b = (a.reshape(shape) for a in weights.values())
+    expected = (xs[0] - mean_run.reshape(shape)) / np.sqrt(var_run.reshape(shape) + 1e-5) * w + b
+    np.testing.assert_allclose(ct.evaluate(inferred, feeds), expected, rtol=1e-5, atol=1e-5)
+
+
+def test_a_batch_norm_called_twice_in_one_step_is_refused():
+    norm = nn.BatchNorm(3)
+    x = ct.var("x", (4, 3))
+    twice = norm(norm(x))
+    with pytest.raises(ct.CortadoError, match="updated by two calls"):
+        norm.state_updates(twice)
+
+
 def _kernel_kinds(outputs, inputs):
     """What the GPU would run for ``outputs``, planned on the CPU: each kernel's op, a fused kernel's shape, a gemm's
     epilogue (its bias gradient taken from either operand counted as one kind)."""

@@ -10,7 +10,7 @@ from ..errors import ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import finfo
 from . import init
-from .module import Function, Module, Parameter, Sequential
+from .module import Buffer, Function, Module, Parameter, Sequential
 
 
 class Linear(Module):
@@ -102,6 +102,52 @@ class Conv2d(Module):
     def forward(self, x):
         y = ct.conv2d(x, self.weight, self.stride, self.padding, self.dilation, self.groups)
         return y + ct.reshape(self.bias, (self.bias.shape[0], 1, 1)) if self.has_bias else y
+
+
+class BatchNorm(Module):
+    """PyTorch's ``BatchNorm1d``/``BatchNorm2d`` over axis 1 (the channels) of ``(N, C)`` or ``(N, C, ...)`` inputs. In
+    training, each channel is normalised by the batch's mean and (biased) variance, then ``* weight + bias``, and
+    the step updates the running statistics, ``(1 - momentum) * running + momentum * batch`` (the variance's
+    unbiased), and counts the batches (``Module.state_updates`` gives those updates); in inference (``eval()``), it
+    is normalised by the running statistics."""
+
+    def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype="float32"):
+        super().__init__()
+        self.size, self.eps, self.momentum, self.affine = int(num_features), eps, momentum, affine
+        if affine:
+            self.weight = Parameter((self.size,), init.ones, dtype)
+            self.bias = Parameter((self.size,), init.zeros, dtype)
+        self.running_mean = Buffer((self.size,), init.zeros, "float32")
+        self.running_var = Buffer((self.size,), init.ones, "float32")
+        self.num_batches_tracked = Buffer((), init.zeros, "int32")
+
+    def forward(self, x):
+        if x.ndim < 2 or x.shape[1] != self.size:
+            raise ShapeError(f"BatchNorm({self.size}) normalises axis 1 of (N, {self.size}, ...) inputs, not {x.shape}")
+        axes = (0,) + tuple(range(2, x.ndim))
+        channels = (1, self.size) + (1,) * (x.ndim - 2)
+        if self.training:
+            count = x.size // self.size
+            if count < 2:
+                raise ShapeError(f"BatchNorm in training needs more than one value a channel, not {x.shape}")
+            mean = ct.mean(x, axis=axes, keepdims=True)
+            centered = x - mean
+            variance = ct.mean(centered * centered, axis=axes, keepdims=True)
+            y = centered / ct.sqrt(variance + self.eps)
+        else:
+            mean = ct.reshape(ct.cast(self.running_mean, x.dtype), channels)
+            variance = ct.reshape(ct.cast(self.running_var, x.dtype), channels)
+            y = (x - mean) / ct.sqrt(variance + self.eps)
+        if self.affine:
+            y = y * ct.reshape(self.weight, channels) + ct.reshape(self.bias, channels)
+        if self.training:
+            m = self.momentum
+            batch_mean = ct.cast(ct.reshape(mean, (self.size,)), "float32")
+            batch_variance = ct.cast(ct.reshape(variance, (self.size,)), "float32") * (count / (count - 1))
+            self._record(y, {self.running_mean: (1 - m) * self.running_mean + m * batch_mean,
+                             self.running_var: (1 - m) * self.running_var + m * batch_variance,
+                             self.num_batches_tracked: self.num_batches_tracked + 1})
+        return y
 
 
 class MLP(Sequential):

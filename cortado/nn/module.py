@@ -24,13 +24,23 @@ class Parameter:
     """A trained value of a module: its ``shape``, ``dtype`` and ``init`` (``init(rng, shape, dtype) -> array``);
     its variable once the tree is named."""
 
+    trained = True
+
     def __init__(self, shape, init, dtype="float32"):
         self.shape, self.init, self.dtype = tuple(int(n) for n in shape), init, as_dtype(dtype)
         self.var = None
 
     def __repr__(self):
         name = f" {self.var.name!r}" if self.var is not None else ""
-        return f"Parameter{name}{self.shape} {self.dtype}"
+        return f"{type(self).__name__}{name}{self.shape} {self.dtype}"
+
+
+class Buffer(Parameter):
+    """A value of a module's state that is not trained (a batch norm's running statistics): named as parameters
+    are, in the step's state and its checkpoints, updated by the step (``Module.state_updates``), never by an
+    optimizer."""
+
+    trained = False
 
 
 class Module:
@@ -41,6 +51,8 @@ class Module:
         object.__setattr__(self, "_members", {})  # attribute name -> Parameter or Module, in declaration order
         object.__setattr__(self, "_parent", None)
         object.__setattr__(self, "_compute_dtype", None)
+        object.__setattr__(self, "_recorded", [])  # (output, {state variable: new value}) of each call, in training
+        object.__setattr__(self, "training", True)
 
     def __setattr__(self, name, value):
         if "_members" not in self.__dict__:
@@ -86,7 +98,9 @@ class Module:
             self._root()._name_tree()
         dtype = self._root()._compute_dtype
         var = parameter.var
-        return var if dtype is None or var.dtype == dtype or var.dtype.kind != "f" else ct.cast(var, dtype)
+        if dtype is None or var.dtype == dtype or var.dtype.kind != "f" or not parameter.trained:
+            return var
+        return ct.cast(var, dtype)
 
     def _own_parameters(self, prefix=""):
         """``(name, Parameter)`` of every parameter of the tree under this module, each once (the first path that
@@ -121,10 +135,58 @@ class Module:
         return [(p.var.name, p) for _, p in self._own_parameters()]
 
     def parameters(self):
-        """``{name: variable}`` of every parameter of the tree (named from its topmost module), in declaration order:
-        what ``ct.grad`` differentiates, an optimizer updates and a checkpoint saves."""
+        """``{name: variable}`` of every trained parameter of the tree (named from its topmost module), in declaration
+        order: what ``ct.grad`` differentiates and an optimizer updates."""
         self._root()._name_tree()
-        return {p.var.name: p.var for _, p in self._own_parameters()}
+        return {p.var.name: p.var for _, p in self._own_parameters() if p.trained}
+
+    def buffers(self):
+        """``{name: variable}`` of every ``Buffer`` of the tree: state the step updates but no optimizer does."""
+        self._root()._name_tree()
+        return {p.var.name: p.var for _, p in self._own_parameters() if not p.trained}
+
+    def train(self, mode=True):
+        """Set the tree under this module to training (``mode``) or inference: a batch norm then normalises by the
+        batch's statistics and updates its running ones, or by its running ones. Returns the module."""
+        for module in self._modules():
+            object.__setattr__(module, "training", bool(mode))
+        return self
+
+    def eval(self):
+        """``train(False)``."""
+        return self.train(False)
+
+    def _modules(self):
+        found, stack = [], [self]
+        while stack:
+            module = stack.pop()
+            if all(module is not m for m in found):
+                found.append(module)
+                stack.extend(m for m in module._members.values() if isinstance(m, Module))
+        return found
+
+    def _record(self, output, updates):
+        """Note the state ``updates`` a call that computed ``output`` makes (in training)."""
+        self._recorded.append((output, updates))
+
+    def state_updates(self, outputs):
+        """``{buffer variable: new value}`` of the calls in training whose results ``outputs`` (a term or a list) read:
+        what ``ct.compile``'s ``updates`` needs beside the optimizer's (a batch norm's running statistics). A buffer
+        updated by two calls that ``outputs`` read is an error: it can take one new value a step."""
+        from ..exprgraph.graph import Graph
+
+        reached = set(Graph(outputs).schedule)
+        updates = {}
+        for module in self._modules():
+            for output, recorded in module._recorded:
+                if output not in reached:
+                    continue
+                for var, value in recorded.items():
+                    if var in updates and updates[var] is not value:
+                        raise CortadoError(f"{var.name!r} is updated by two calls of {type(module).__name__} in one "
+                                           f"step; call it once a step in training, or use it in inference (eval())")
+                    updates[var] = value
+        return updates
 
     def initial_values(self, seed=0):
         """``{variable: array}``: each parameter drawn by its initialiser from a generator seeded by ``seed`` and its
