@@ -50,6 +50,8 @@ NOT_DRAWN = {
                      "computes it as its operand; tests/test_quantization.py tests it)",
     "attention": "the rules build it from the softmax and products drawn here (tests/test_attention.py tests it)",
     "attention_grad": "the derivative rules build it, from attention",
+    "random_uniform": "its operands are integer keys, not values drawn from intervals (tests/test_random.py tests it "
+                      "on every backend)",
 }
 
 

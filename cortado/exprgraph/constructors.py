@@ -32,7 +32,7 @@ __all__ = [
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis",
-    "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d",
+    "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d", "random_uniform",
 ]
 
 
@@ -331,6 +331,13 @@ def attention_grad(q, k, v, out, dout, scale, causal, result):
     """Result ``result`` (0: ``dq``, 1: ``dk``, 2: ``dv``) of the gradient of ``attention`` from its result ``out``
     and that result's adjoint ``dout``."""
     return _call("attention_grad", q, k, v, out, dout, scale=scale, causal=causal, result=result)
+
+def random_uniform(seed, counter, shape):
+    """float32 numbers in ``[0, 1)`` of ``shape``, each a function of the integer scalars ``seed`` and ``counter`` and
+    its own flat index (Philox-4x32-10, ``ops.random``): the same numbers on every backend. Keep ``seed`` and
+    ``counter`` as state and add 1 to the counter each step for new numbers each step (``nn.Dropout`` does)."""
+    return _call("random_uniform", seed, counter, shape=shape)
+
 
 # -- convolution and pooling -----------------------------------------------------------------
 

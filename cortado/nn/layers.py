@@ -150,6 +150,34 @@ class BatchNorm(Module):
         return y
 
 
+class Dropout(Module):
+    """PyTorch's ``Dropout``: in training each element is zeroed with probability ``p`` and the others scaled by
+    ``1 / (1 - p)``; in inference (``eval()``) the identity. Its numbers are ``ct.random_uniform`` keyed by its
+    ``seed`` (drawn, as a parameter is, from the model's seed and its name, so two dropouts differ) and its
+    ``counter``, which the step adds 1 to (``Module.state_updates``): the same masks on every backend, and a run
+    resumed from a checkpoint draws the masks it would have drawn."""
+
+    def __init__(self, p=0.5):
+        super().__init__()
+        if not 0 <= p < 1:
+            raise ShapeError(f"Dropout's probability of zeroing an element is in [0, 1), not {p}")
+        self.p = p
+        self.seed = Buffer((), _random_seed, "uint32")
+        self.counter = Buffer((), init.zeros, "uint32")
+
+    def forward(self, x):
+        if not self.training or self.p == 0:
+            return x
+        keep = 1 - self.p
+        y = ct.where(ct.random_uniform(self.seed, self.counter, x.shape) < keep, x * (1 / keep), 0)
+        self._record(y, {self.counter: self.counter + 1})
+        return y
+
+
+def _random_seed(rng, shape, dtype):
+    return rng.integers(0, 2 ** 32, shape, dtype=np.uint64).astype(dtype)
+
+
 class MLP(Sequential):
     """Linear layers of the given sizes (``MLP(784, 256, 256, 10)``), ``activation`` between them (not after the
     last), named ``0``, ``1``, ... as a PyTorch ``Sequential`` of ``Linear`` and activation modules is."""

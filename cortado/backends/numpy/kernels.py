@@ -23,9 +23,10 @@ import numpy as np
 
 from ...exprgraph import attending, gathering, windowing
 from ...exprgraph.dtypes import is_float
+from ...exprgraph.ops import random
 from ...exprgraph.ops import (
     ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
-    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS,
+    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS, RANDOM_UNIFORM,
     WHERE, ufunc_loop,
 )
 from ...exprgraph.windowing import dilated_size
@@ -244,6 +245,14 @@ def _take_along_axis(em, attrs, args, out):
     em.call(gathering.take_along_axis_into, out, *args, attrs.axis)
 
 
+def _random_into(out, seed, counter):
+    out[...] = random.uniform(seed[()], counter[()], out.shape)
+
+
+def _random_uniform(em, attrs, args, out):
+    em.call(_random_into, out, *args)
+
+
 def _attention_scratch(em, q, k, v, dtype, count):
     return [em.scratch((n,), dtype) for n in attending.scratch_sizes(q, k, v)[:count]]
 
@@ -301,6 +310,7 @@ EMITTERS.update({
     SUM: _sum, MEAN: _mean, MAX: _max, LOGSUMEXP: _logsumexp, SOFTMAX: _softmax, LOG_SOFTMAX: _log_softmax,
     MATMUL: _matmul, EINSUM: _einsum, RESHAPE: _reshape_copy, CONV: _conv, PAD: _pad, OVERLAP_ADD: _overlap_add,
     TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,
+    RANDOM_UNIFORM: _random_uniform,
 })
 EMITTERS.update({op: _in_float32(emitter, op.computes_in_float32)
                  for op, emitter in EMITTERS.items() if op.computes_in_float32 is not None})

@@ -14,15 +14,16 @@ before a term is built, so the rules here only ever see concrete dtypes. bfloat1
 follows the same rules, which ml_dtypes alone does not: see ``weak_scalars_as_bfloat16``.
 
 The ops are defined by family, one module each: leaves, elementwise, reductions, contractions,
-layout, convolution (with the window ops of pooling), indexing (gathers by index terms), attention (a softmax
-of products, recognised by the rules, never built by users), and the ops
+layout, convolution (with the window ops of pooling), indexing (gathers by index terms), random
+(counter-based random numbers), attention (a softmax of products, recognised by the rules, never
+built by users), and the ops
 that fusion builds (``fused``, ``param``). A backend's own lowered ops (the GPU's ``gemm``) are not in
 the table: they live with the lowering that builds them. ``base`` holds the ``Op`` record and the helpers the families share.
 This module assembles ``OPS`` from the families and names what the rest of cortado takes from the
 table.
 """
 
-from . import attention, contractions, convolution, elementwise, indexing, layout, leaves, reductions
+from . import attention, contractions, convolution, elementwise, indexing, layout, leaves, random, reductions
 from .attention import ATTENTION, ATTENTION_GRAD
 from .base import (
     CONTRACTION, ELEMENTWISE, FUSED, LAYOUT, LEAF, LOWERED, REDUCTION, Op, dtype_attr, ufunc_loop,
@@ -39,6 +40,7 @@ from .indexing import TAKE, TAKE_ALONG_AXIS
 from .layout import BROADCAST_TO, RESHAPE, TRANSPOSE
 from .leaves import CONST, VAR, Constant
 from .lowered import FUSED_OP, PARAM, parameter
+from .random import RANDOM_UNIFORM
 from .reductions import LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, SOFTMAX, SUM
 
 __all__ = [
@@ -52,9 +54,10 @@ __all__ = [
     "SIGMOID", "RELU", "SOFTPLUS", "GELU", "GELU_GRAD", "WHERE", "STOP_GRADIENT", "CAST",
     "SUM", "MEAN", "MAX", "LOGSUMEXP", "SOFTMAX", "LOG_SOFTMAX", "MATMUL", "EINSUM", "TRANSPOSE", "RESHAPE",
     "BROADCAST_TO", "CONV", "WINDOWS", "OVERLAP_ADD", "PAD", "FLIP", "TAKE", "TAKE_ALONG_AXIS", "ATTENTION",
-    "ATTENTION_GRAD",
+    "ATTENTION_GRAD", "RANDOM_UNIFORM",
 ]
 
 OPS = {op.name: op for op in (*leaves.FAMILY, *elementwise.FAMILY, *reductions.FAMILY, *contractions.FAMILY,
-                              *layout.FAMILY, *convolution.FAMILY, *indexing.FAMILY, *attention.FAMILY, FUSED_OP,
+                              *layout.FAMILY, *convolution.FAMILY, *indexing.FAMILY, *attention.FAMILY, *random.FAMILY,
+                              FUSED_OP,
                               PARAM)}

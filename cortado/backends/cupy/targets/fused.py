@@ -1,10 +1,12 @@
 """The generated kernels: a fused region's (its kernel shape as fusion decided it, ``rules.fusion``), and the
-window (pad, flip, overlap_add), gather (take, take_along_axis) and copy (a reshape no view can be) kernels."""
+window (pad, flip, overlap_add), gather (take, take_along_axis), random-number (random_uniform) and copy (a reshape
+no view can be) kernels."""
 
-from ....exprgraph.ops import FLIP, FUSED_OP, OVERLAP_ADD, PAD, RESHAPE, TAKE, TAKE_ALONG_AXIS
+from ....exprgraph.ops import FLIP, FUSED_OP, OVERLAP_ADD, PAD, RANDOM_UNIFORM, RESHAPE, TAKE, TAKE_ALONG_AXIS
 from ..codegen import Operand, memory_order
 from ..index_kernels import take_along_axis_source, take_source
 from ..kernels import compiled, launcher
+from ..random_kernels import random_source
 from ..sources import copy_source, kernel_sources, reduction_scratch_bytes
 from ..window_kernels import flip_source, overlap_add_source, pad_source
 from . import Runner, Target
@@ -15,9 +17,10 @@ WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its t
     FLIP: lambda x, t: flip_source(x, t, t.attrs.axes),
     OVERLAP_ADD: lambda x, t: overlap_add_source(x, t, t.attrs.strides, t.attrs.dilation),
 }
-INDEX_KERNELS = {  # op -> the source of its kernel, from its operand, its indices and its term
+OPERAND_KERNELS = {  # op -> the source of its kernel, from its operands and its term
     TAKE: lambda x, indices, t: take_source(x, indices, t, t.attrs.axis),
     TAKE_ALONG_AXIS: lambda x, indices, t: take_along_axis_source(x, indices, t, t.attrs.axis),
+    RANDOM_UNIFORM: random_source,
 }
 
 
@@ -38,8 +41,8 @@ class Kernels(Runner):
             self.sources = [copy_source(operand(t.args[0]))]
         elif t.op in WINDOW_KERNELS:
             self.sources = [WINDOW_KERNELS[t.op](operand(t.args[0]), t)]
-        elif t.op in INDEX_KERNELS:
-            self.sources = [INDEX_KERNELS[t.op](*map(operand, t.args), t)]
+        elif t.op in OPERAND_KERNELS:
+            self.sources = [OPERAND_KERNELS[t.op](*map(operand, t.args), t)]
         else:
             out = [view.addresses[d] for d in defined]
             aliased = {j for j, a in enumerate(t.args) if view.addresses.get(a) in out}  # feeds alias nothing of ours
@@ -65,4 +68,4 @@ def _workspace(kernel, view):
     return reduction_scratch_bytes(t.attrs.outputs, t.attrs.kernel) if t.op is FUSED_OP else 0
 
 
-TARGET = Target("fused", (FUSED_OP, RESHAPE, *WINDOW_KERNELS, *INDEX_KERNELS), Kernels, _workspace)
+TARGET = Target("fused", (FUSED_OP, RESHAPE, *WINDOW_KERNELS, *OPERAND_KERNELS), Kernels, _workspace)
