@@ -64,18 +64,22 @@ def read(path):
         raise FeedError(f"{path} is not a safetensors file: its header does not parse ({error})") from None
     metadata = header.pop("__metadata__", {}) or {}
     body = memoryview(raw)[8 + size:]
-    arrays = {}
-    for name, entry in header.items():
+    arrays, covered = {}, 0
+    for name, entry in sorted(header.items(), key=lambda item: item[1].get("data_offsets", [0])[0]):
         code = entry.get("dtype")
         if code not in _DTYPES or (code == "BF16" and BFLOAT16 is None):
             raise FeedError(f"{path}: {name!r} is stored as {code}, which cortado does not read")
         begin, end = entry["data_offsets"]
         dtype = as_dtype(_DTYPES[code]).newbyteorder("<")
         shape = tuple(entry["shape"])
-        if end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or end > len(body):
-            raise FeedError(f"{path}: {name!r}'s bytes {begin}..{end} do not hold a {code} array of shape {shape}")
+        if begin != covered or end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or end > len(body):
+            raise FeedError(f"{path}: {name!r}'s bytes {begin}..{end} do not hold a {code} array of shape {shape} "
+                            f"after the {covered} bytes before it")
+        covered = end
         arrays[name] = np.frombuffer(body[begin:end], dtype).reshape(shape).astype(dtype.newbyteorder("="))
-    return arrays, metadata
+    if covered != len(body):
+        raise FeedError(f"{path}: {len(body) - covered} bytes after the last tensor belong to none")
+    return {name: arrays[name] for name in header}, metadata
 
 
 def save(program, path, metadata=None):
@@ -97,17 +101,21 @@ def load(program, path):
         _assign(program, name, array, path, same_dtype=True)
 
 
-def load_state_dict(program, state_dict, strict=True):
+def load_state_dict(program, state_dict, strict=True, model=None):
     """Set ``program``'s state from ``state_dict`` (``{name: array}``: a PyTorch ``state_dict()``, NumPy or CuPy
     arrays), by name: each value must have its variable's shape; it is converted to the variable's dtype. With
-    ``strict``, every parameter named in the dict must be a state variable of the program and the reverse for the
-    dict's names; otherwise only the names both have are set. Returns the names set."""
+    ``strict``, every name in the dict must be a state variable of the program, and, given the ``model``
+    (a ``cortado.nn`` module), every parameter and buffer of the model must be in the dict, as PyTorch's
+    ``load_state_dict`` checks; otherwise only the names both have are set. Returns the names set."""
     names = [name for name in state_dict if name in program.state]
     if strict:
         extra = sorted(set(state_dict) - set(program.state))
-        if extra:
-            raise FeedError(f"state_dict names {extra}, which the program's state does not have; its state is "
-                            f"{sorted(program.state)} (strict=False sets the names both have)")
+        missing = sorted((set(model.parameters()) | set(model.buffers())) - set(state_dict)) if model is not None else []
+        if extra or missing:
+            raise FeedError("state_dict " + "; ".join(part for part in (
+                f"names {extra}, which the program's state does not have" if extra else "",
+                f"lacks {missing}, of the model" if missing else "") if part)
+                + " (strict=False sets the names both have)")
     for name in names:
         _assign(program, name, _numpy(state_dict[name]), "the state_dict", same_dtype=False)
     return names

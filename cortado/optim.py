@@ -50,7 +50,7 @@ class Optimizer:
         for p, g in zip(params, gradients):
             decayed = self.weight_decay and (self.decay is None or self.decay(p.name, p))
             for var, (first, new) in self._parameter(p, g, lr, step, decayed).items():
-                updates[var] = new
+                updates[var] = new if new.dtype == var.dtype else ct.cast(new, var.dtype)  # a bfloat16 parameter's
                 if first is not None:
                     state[var] = first
         return state, updates
@@ -184,5 +184,8 @@ def warmup_cosine(peak, warmup, total, floor=0.0):
 
 
 def step_decay(lr, every, gamma=0.1, total=None):
-    """PyTorch's ``StepLR``: ``lr * gamma ** ((t - 1) // every)`` for step ``t`` (from 1)."""
-    return Schedule(lambda t: lr * gamma ** ((t - 1) // every), total or every * 10)
+    """PyTorch's ``StepLR``: ``lr * gamma ** ((t - 1) // every)`` for step ``t`` (from 1), tabulated for the ``total``
+    steps of the run (the last value kept after them)."""
+    if total is None:
+        raise CortadoError("step_decay needs the run's total steps (total=...), the length of its table")
+    return Schedule(lambda t: lr * gamma ** ((t - 1) // every), total)

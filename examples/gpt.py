@@ -58,7 +58,7 @@ class GPT(nn.Module):
         self.context = context
         self.wte = nn.Embedding(vocabulary, width)
         self.wpe = nn.Embedding(context, width)
-        self.h = nn.ModuleList(*(Block(width, heads, kv_heads or heads) for _ in range(layers)))
+        self.h = nn.ModuleList([Block(width, heads, kv_heads or heads) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(width)
         for name, parameter in self.named_parameters():
             if name.endswith(("attn.proj.weight", "mlp.2.weight")):

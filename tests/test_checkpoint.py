@@ -145,3 +145,20 @@ def test_a_pytorch_models_state_dict_gives_its_outputs():
         halves = {k: v.to(torch.bfloat16) for k, v in reference.state_dict().items()}
         ct.load_state_dict(program, halves)
         np.testing.assert_array_equal(program.state["0.weight"], halves["0.weight"].float().numpy())
+
+
+def test_strict_loading_given_the_model_names_what_the_dict_lacks(tmp_path):
+    model = nn.MLP(6, 16, 3)
+    x = ct.var("x", (2, 6))
+    program = ct.compile([model(x)], inputs=[x], state=model.initial_values(), backend="numpy")
+    with pytest.raises(ct.FeedError, match=r"lacks \['0.bias', '2.bias', '2.weight'\], of the model"):
+        ct.load_state_dict(program, {"0.weight": np.zeros((16, 6))}, model=model)
+    path = str(tmp_path / "holes.safetensors")
+    checkpoint.write(path, {"a": np.zeros(2, np.float32), "b": np.zeros(2, np.float32)})
+    with open(path, "r+b") as file:  # make b's bytes overlap a's
+        raw = bytearray(file.read())
+        raw = raw.replace(b'"data_offsets":[8,16]', b'"data_offsets":[4,12]')
+        file.seek(0)
+        file.write(raw)
+    with pytest.raises(ct.FeedError, match="do not hold"):
+        checkpoint.read(path)

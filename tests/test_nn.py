@@ -34,7 +34,7 @@ class Net(nn.Module):
     def __init__(self, blocks=2):
         super().__init__()
         self.embed = nn.Embedding(5, 8)
-        self.blocks = nn.ModuleList(*(Block() for _ in range(blocks)))
+        self.blocks = nn.ModuleList([Block() for _ in range(blocks)])
         self.head = nn.Linear(8, 3)
 
     def forward(self, tokens):
@@ -296,3 +296,62 @@ def test_the_gpt_built_from_nn_compiles_to_the_kernels_of_the_one_written_by_han
     assert built == by_hand
     flash = 2 if dtype == "bfloat16" else 0  # cuDNN's flash attention takes half-precision operands
     assert built["dnn_attention", None] == flash and built["dnn_attention_grad", None] == flash
+
+
+def test_named_parameters_leave_out_buffers_and_containers_refuse_what_is_no_module():
+    model = nn.Sequential(nn.Linear(2, 2), nn.BatchNorm(2), nn.Dropout(0.1))
+    assert [n for n, _ in model.named_parameters()] == ["0.weight", "0.bias", "1.weight", "1.bias"]
+    assert [n for n, _ in model.named_buffers()] == ["1.running_mean", "1.running_var", "1.num_batches_tracked",
+                                                      "2.seed", "2.counter"]
+    with pytest.raises(ct.CortadoError, match=r"item 1 is function \(wrap a function as nn.Function"):
+        nn.Sequential(nn.Linear(2, 2), ct.relu)
+    blocks = nn.ModuleList([nn.Linear(2, 2), nn.Linear(2, 2)]).append(nn.Linear(2, 2))
+    assert len(blocks) == 3 and list(blocks.parameters())[-1] == "2.bias"
+    with pytest.raises(ct.CortadoError, match="an iterable of modules"):
+        nn.ModuleList(nn.Linear(2, 2))
+
+
+def test_compute_in_holds_for_the_module_it_is_set_on_and_below():
+    model = nn.Sequential(nn.Linear(2, 2), nn.Linear(2, 2).compute_in("bfloat16"))
+    y = model(ct.var("x", (1, 2)))
+    casts = {t.args[0].name for t in ct.Graph(y).schedule if t.op.name == "cast" and t.args[0].op.name == "var"}
+    assert casts == {"1.weight", "1.bias"}
+
+
+@pytest.mark.parametrize("layer", ["LayerNorm", "RMSNorm"])
+def test_norms_of_bfloat16_take_their_statistics_in_float32(layer):
+    from cortado.exprgraph.dtypes import BFLOAT16
+
+    norm = getattr(nn, layer)(256)
+    x = ct.var("x", (4, 256), "bfloat16")
+    rng = np.random.default_rng(4)
+    xv = (3 + 0.01 * rng.standard_normal((4, 256))).astype(BFLOAT16)  # a large mean, a small spread
+    values = {"x": xv, **{v.name: a for v, a in norm.initial_values().items()}}
+    got = ct.evaluate(norm(x), values).astype(np.float64)
+    wide = xv.astype(np.float64)
+    if layer == "LayerNorm":
+        expected = (wide - wide.mean(-1, keepdims=True)) / np.sqrt(wide.var(-1, keepdims=True) + 1e-5)
+    else:
+        expected = wide / np.sqrt((wide * wide).mean(-1, keepdims=True) + np.finfo(np.float32).eps)
+    np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)
+
+
+def test_a_dropout_called_twice_in_a_step_draws_a_mask_for_each_call():
+    drop = nn.Dropout(0.5)
+    a, b = ct.var("a", (64,)), ct.var("b", (64,))
+    ya, yb = drop(a), drop(b)
+    updates = drop.state_updates([ya, yb])
+    step = ct.compile([ya, yb], inputs=[a, b], state=drop.initial_values(), updates=updates, backend="numpy")
+    first, second = step(a=np.ones(64, np.float32), b=np.ones(64, np.float32))
+    assert np.mean(first != second) > 0.25 and int(step.state["counter"]) == 1
+
+
+def test_cross_entropy_ignores_the_padding_label():
+    logits, labels = ct.var("logits", (4, 3)), ct.var("labels", (4,), "int64")
+    lv = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
+    yv = np.array([0, -100, 2, -100])
+    got = ct.evaluate(nn.cross_entropy(logits, labels, ignore_index=-100), {"logits": lv, "labels": yv})
+    lse = np.log(np.exp(lv).sum(-1))
+    np.testing.assert_allclose(got, np.mean([lse[0] - lv[0, 0], lse[2] - lv[2, 2]]), rtol=1e-6)
+    none = ct.evaluate(nn.cross_entropy(logits, labels, ignore_index=-100), {"logits": lv, "labels": np.full(4, -100)})
+    assert none == 0

@@ -103,7 +103,9 @@ def test_a_schedule_is_read_at_the_steps_count():
     expected = _reference(_adam(None, (0.9, 0.999), 1e-8, 0.1, True, rate.get), w0, b0, data)
     for a, e in zip(ours, expected):
         np.testing.assert_allclose(a, e, rtol=2e-5, atol=2e-6)
-    assert optim.step_decay(1.0, every=2, gamma=0.5)(5) == 0.25
+    assert optim.step_decay(1.0, every=2, gamma=0.5, total=10)(5) == 0.25
+    with pytest.raises(ct.CortadoError, match="total steps"):
+        optim.step_decay(1.0, every=2)
 
 
 def test_weight_decay_skips_what_decay_refuses_and_clipping_scales_by_the_global_norm():
@@ -148,3 +150,16 @@ def test_against_torch_optim(name):
     ours = _ours(CASES[name][0], w0, b0, data)
     np.testing.assert_allclose(ours[0], w.detach().numpy(), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(ours[1], b.detach().numpy(), rtol=2e-5, atol=2e-6)
+
+
+def test_a_bfloat16_parameter_is_updated_in_bfloat16():
+    from cortado.exprgraph.dtypes import BFLOAT16
+
+    w = ct.var("w", (3,), "bfloat16")
+    loss = ct.sum(ct.cast(w, "float32") ** 2)
+    for optimizer in (optim.AdamW(optim.warmup_cosine(1e-2, 2, 10)), optim.SGD(optim.warmup_cosine(0.1, 2, 10))):
+        state, updates = optimizer.updates([w], ct.grad(loss, [w]))
+        assert updates[w].dtype == BFLOAT16
+        step = ct.compile([loss], inputs=[], state={w: np.ones(3, BFLOAT16), **state}, updates=updates)
+        step()
+        assert np.all(np.asarray(step.state["w"]).astype(np.float32) < 1)

@@ -332,11 +332,12 @@ def attention_grad(q, k, v, out, dout, scale, causal, result):
     and that result's adjoint ``dout``."""
     return _call("attention_grad", q, k, v, out, dout, scale=scale, causal=causal, result=result)
 
-def random_uniform(seed, counter, shape):
-    """float32 numbers in ``[0, 1)`` of ``shape``, each a function of the integer scalars ``seed`` and ``counter`` and
-    its own flat index (Philox-4x32-10, ``ops.random``): the same numbers on every backend. Keep ``seed`` and
-    ``counter`` as state and add 1 to the counter each step for new numbers each step (``nn.Dropout`` does)."""
-    return _call("random_uniform", seed, counter, shape=shape)
+def random_uniform(seed, counter, shape, stream=0):
+    """float32 numbers in ``[0, 1)`` of ``shape``, each a function of the integer scalars ``seed`` and ``counter``, the
+    int ``stream`` and its own flat index (Philox-4x32-10, ``ops.random``): the same numbers on every backend. Keep
+    ``seed`` and ``counter`` as state and add 1 to the counter each step for new numbers each step (``nn.Dropout``
+    does); other streams of one key give other, independent numbers."""
+    return _call("random_uniform", seed, counter, shape=shape, stream=stream)
 
 
 # -- convolution and pooling -----------------------------------------------------------------

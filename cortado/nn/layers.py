@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import ShapeError
 from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import finfo
+from ..exprgraph.dtypes import BFLOAT16, finfo
 from . import init
 from .module import Buffer, Function, Module, Parameter, Sequential
 
@@ -50,7 +50,8 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype="float32"):
         super().__init__()
-        self.size, self.eps, self.affine, self.has_bias = int(normalized_shape), eps, elementwise_affine, bias
+        self.size, self.eps, self.affine, self.has_bias = _last_size("LayerNorm", normalized_shape), eps, \
+            elementwise_affine, bias
         if elementwise_affine:
             self.weight = Parameter((self.size,), init.ones, dtype)
             if bias:
@@ -58,10 +59,11 @@ class LayerNorm(Module):
 
     def forward(self, x):
         _last_axis("LayerNorm", self.size, x)
-        mean = ct.mean(x, axis=-1, keepdims=True)
-        centered = x - mean
+        wide = _in_float32(x)
+        mean = ct.mean(wide, axis=-1, keepdims=True)
+        centered = wide - mean
         variance = ct.mean(centered * centered, axis=-1, keepdims=True)
-        y = centered / ct.sqrt(variance + self.eps)
+        y = ct.cast(centered / ct.sqrt(variance + self.eps), x.dtype)
         if self.affine:
             y = y * self.weight + self.bias if self.has_bias else y * self.weight
         return y
@@ -73,13 +75,14 @@ class RMSNorm(Module):
 
     def __init__(self, normalized_shape, eps=None, dtype="float32"):
         super().__init__()
-        self.size, self.eps = int(normalized_shape), eps
+        self.size, self.eps = _last_size("RMSNorm", normalized_shape), eps
         self.weight = Parameter((self.size,), init.ones, dtype)
 
     def forward(self, x):
         _last_axis("RMSNorm", self.size, x)
-        eps = self.eps if self.eps is not None else float(finfo(x.dtype).eps)
-        return x / ct.sqrt(ct.mean(x * x, axis=-1, keepdims=True) + eps) * self.weight
+        wide = _in_float32(x)
+        eps = self.eps if self.eps is not None else float(finfo(wide.dtype).eps)
+        return ct.cast(wide / ct.sqrt(ct.mean(wide * wide, axis=-1, keepdims=True) + eps), x.dtype) * self.weight
 
 
 class Conv2d(Module):
@@ -164,12 +167,14 @@ class Dropout(Module):
         self.p = p
         self.seed = Buffer((), _random_seed, "uint32")
         self.counter = Buffer((), init.zeros, "uint32")
+        object.__setattr__(self, "_calls", 0)  # calls made in training: each draws from a stream of its own
 
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
-        keep = 1 - self.p
-        y = ct.where(ct.random_uniform(self.seed, self.counter, x.shape) < keep, x * (1 / keep), 0)
+        keep, stream = 1 - self.p, self._calls
+        object.__setattr__(self, "_calls", stream + 1)
+        y = ct.where(ct.random_uniform(self.seed, self.counter, x.shape, stream) < keep, x * (1 / keep), 0)
         self._record(y, {self.counter: self.counter + 1})
         return y
 
@@ -191,6 +196,19 @@ class MLP(Sequential):
             if i < len(sizes) - 2:
                 layers.append(Function(activation))
         super().__init__(*layers)
+
+
+def _in_float32(x):
+    """``x``, in float32 where it is float16 or bfloat16: a norm's statistics are taken in float32, as PyTorch takes
+    them."""
+    return ct.cast(x, "float32") if x.dtype.kind == "f" and x.dtype.itemsize < 4 or x.dtype == BFLOAT16 else x
+
+
+def _last_size(layer, normalized_shape):
+    shape = (normalized_shape,) if np.ndim(normalized_shape) == 0 else tuple(normalized_shape)
+    if len(shape) != 1:
+        raise ShapeError(f"{layer} normalises the last axis: one size, not {shape}")
+    return int(shape[0])
 
 
 def _last_axis(layer, size, x):

@@ -70,7 +70,9 @@ class Module:
             object.__setattr__(self, name, value)
 
     def __getattr__(self, name):  # only for names not found the usual way: members
-        members = self.__dict__.get("_members", {})
+        if "_members" not in self.__dict__:
+            raise CortadoError(f"{type(self).__name__}.__init__ must call super().__init__() (it has no {name!r})")
+        members = self.__dict__["_members"]
         if name not in members:
             raise AttributeError(f"{type(self).__name__} has no attribute {name!r}")
         member = members[name]
@@ -93,10 +95,19 @@ class Module:
             module = module._parent
         return module
 
+    def _compute_dtype_here(self):
+        """The dtype set by ``compute_in`` on this module or the nearest module above it (None: none was set)."""
+        module = self
+        while module is not None:
+            if module._compute_dtype is not None:
+                return module._compute_dtype
+            module = module._parent
+        return None
+
     def _read(self, parameter, name):
         if parameter.var is None:
             self._root()._name_tree()
-        dtype = self._root()._compute_dtype
+        dtype = self._compute_dtype_here()
         var = parameter.var
         if dtype is None or var.dtype == dtype or var.dtype.kind != "f" or not parameter.trained:
             return var
@@ -129,10 +140,16 @@ class Module:
                                    f"model was used in another before it was put there")
 
     def named_parameters(self):
-        """``(name, Parameter)`` of every parameter of the tree under this module, named from its topmost module: to
-        change an initialiser before the first values are drawn (``parameter.init = nn.init.normal(0.02)``)."""
+        """``(name, Parameter)`` of every trained parameter of the tree under this module, named from its topmost
+        module: to change an initialiser before the first values are drawn (``parameter.init = nn.init.normal(0.02)``).
+        Buffers are ``named_buffers()``'s, as in PyTorch."""
         self._root()._name_tree()
-        return [(p.var.name, p) for _, p in self._own_parameters()]
+        return [(p.var.name, p) for _, p in self._own_parameters() if p.trained]
+
+    def named_buffers(self):
+        """``(name, Buffer)`` of every buffer of the tree under this module."""
+        self._root()._name_tree()
+        return [(p.var.name, p) for _, p in self._own_parameters() if not p.trained]
 
     def parameters(self):
         """``{name: variable}`` of every trained parameter of the tree (named from its topmost module), in declaration
@@ -204,9 +221,10 @@ class Module:
         return values
 
     def compute_in(self, dtype):
-        """Compute the tree in ``dtype`` (bfloat16, float16): each floating parameter is cast where it is read,
-        and stays float32 (master weights) for its gradient and its optimizer. Returns the module."""
-        object.__setattr__(self._root(), "_compute_dtype", None if dtype is None else as_dtype(dtype))
+        """Compute this module's tree in ``dtype`` (bfloat16, float16): each floating parameter under it is cast where
+        it is read, and stays float32 (master weights) for its gradient and its optimizer; a module below that sets
+        its own keeps it. Returns the module."""
+        object.__setattr__(self, "_compute_dtype", None if dtype is None else as_dtype(dtype))
         return self
 
     def __call__(self, *args, **kwargs):
@@ -230,6 +248,9 @@ class Sequential(Module):
     def __init__(self, *modules):
         super().__init__()
         for i, module in enumerate(modules):
+            if not isinstance(module, Module):
+                hint = " (wrap a function as nn.Function(f))" if callable(module) else ""
+                raise CortadoError(f"{type(self).__name__} holds modules; item {i} is {type(module).__name__}{hint}")
             setattr(self, str(i), module)
 
     def __getitem__(self, i):
@@ -248,7 +269,20 @@ class Sequential(Module):
 
 
 class ModuleList(Sequential):
-    """Modules kept in order (``blocks.0``, ``blocks.1``, ...), called by the module that holds them."""
+    """Modules kept in order (``blocks.0``, ``blocks.1``, ...), called by the module that holds them; made from an
+    iterable of modules, as PyTorch's (``nn.ModuleList([Block() for _ in range(6)])``)."""
+
+    def __init__(self, modules=()):
+        if isinstance(modules, Module):
+            raise CortadoError("ModuleList takes an iterable of modules (a list), not one module")
+        super().__init__(*modules)
+
+    def append(self, module):
+        """Add ``module`` at the end (named by its index), before the tree is named."""
+        if not isinstance(module, Module):
+            raise CortadoError(f"ModuleList holds modules, not {type(module).__name__}")
+        setattr(self, str(len(self)), module)
+        return self
 
     def forward(self, *args):
         raise CortadoError("a ModuleList is not called: call its modules")

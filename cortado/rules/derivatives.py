@@ -411,7 +411,7 @@ derivatives = Derivatives([
     Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_vjp),
     Derivative("take", "take(_x, _z, axis=_a)", _x=_take_vjp, _z="0"),
     Derivative("take_along_axis", "take_along_axis(_x, _z, axis=_a)", _x=_take_along_axis_vjp, _z="0"),
-    Derivative("random_uniform", "random_uniform(_s, _c, shape=_n)", _s="0", _c="0"),  # of its integer key: none
+    Derivative("random_uniform", "random_uniform(_s, _c, shape=_n, stream=_t)", _s="0", _c="0"),  # of its integer key: none
     Derivative("attention", "attention(_q, _k, _v, scale=_s, causal=_c)",
                _q=attention_vjp(0), _k=attention_vjp(1), _v=attention_vjp(2)),
     Derivative("attention_grad", "attention_grad(_q, _k, _v, _o, _g, scale=_s, causal=_c, result=_r)",

@@ -6,14 +6,15 @@ from ...exprgraph.ops.random import MULTIPLIERS, ROUNDS, SCALE, WEYL
 from .window_kernels import gather
 
 
-def random_source(seed, counter, out):
-    """``out`` (float32, written in C order) = the uniform numbers of the key ``(in0[0], in1[0])``, each key word its
-    operand's integer value taken modulo 2^32, as the reference takes it."""
+def random_source(seed, counter, out, stream):
+    """``out`` (float32, written in C order) = the uniform numbers of stream ``stream`` under the key
+    ``(in0[0], in1[0])``, each key word its operand's integer value taken modulo 2^32, as the reference takes it."""
     m0, m1 = MULTIPLIERS
     w0, w1 = WEYL
     # the words are x0..x3 (the coordinates c0, c1, ... are gather's)
     statements = [
-        "    unsigned int x0 = (unsigned int)i, x1 = (unsigned int)((unsigned long long)i >> 32), x2 = 0u, x3 = 0u;",
+        "    unsigned int x0 = (unsigned int)i, x1 = (unsigned int)((unsigned long long)i >> 32), x3 = 0u;",
+        f"    unsigned int x2 = {int(stream)}u;",
         "    unsigned int k0 = (unsigned int)in0[0], k1 = (unsigned int)in1[0];",
         "    #pragma unroll",
         f"    for (int round = 0; round < {ROUNDS}; ++round) {{",

@@ -245,12 +245,12 @@ def _take_along_axis(em, attrs, args, out):
     em.call(gathering.take_along_axis_into, out, *args, attrs.axis)
 
 
-def _random_into(out, seed, counter):
-    out[...] = random.uniform(seed[()], counter[()], out.shape)
+def _random_into(out, seed, counter, stream):
+    out[...] = random.uniform(seed[()], counter[()], out.shape, stream)
 
 
 def _random_uniform(em, attrs, args, out):
-    em.call(_random_into, out, *args)
+    em.call(_random_into, out, *args, attrs.stream)
 
 
 def _attention_scratch(em, q, k, v, dtype, count):

@@ -20,7 +20,7 @@ WINDOW_KERNELS = {  # op -> the source of its kernel, from its operand and its t
 OPERAND_KERNELS = {  # op -> the source of its kernel, from its operands and its term
     TAKE: lambda x, indices, t: take_source(x, indices, t, t.attrs.axis),
     TAKE_ALONG_AXIS: lambda x, indices, t: take_along_axis_source(x, indices, t, t.attrs.axis),
-    RANDOM_UNIFORM: random_source,
+    RANDOM_UNIFORM: lambda seed, counter, t: random_source(seed, counter, t, t.attrs.stream),
 }
 
 
