@@ -14,6 +14,7 @@ from ...exprgraph.ops import BROADCAST_TO, CONST, FLIP, FUSED_OP, TRANSPOSE, VAR
 from ...exprgraph.ops.collectives import ALL_REDUCE
 from ...memplan import aligned, unallocatable
 from .. import interface
+from . import native
 from .fused import emit_fused
 from .kernels import Emitter, emit
 
@@ -75,6 +76,7 @@ class Executor(interface.Executor):
         arrays = {v: self.state[v] for v in signature.state}
         arrays.update({value: self.state[var] for value, var in sinks.items()})
         self.calls, self.call_kernel = [], []
+        self.native = native.Batch() if native.toolchain() else None
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             for t in kernel.terms:
                 for a in t.args:
@@ -91,6 +93,8 @@ class Executor(interface.Executor):
             self._emit(em, kernel, arrays)
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
+        if self.native is not None:
+            self.calls = self.native.bind(self.calls)
         for t in list(outputs) + list(updates.values()):
             if t not in arrays and t.op is CONST:
                 arrays[t] = t.attr("value").array
@@ -121,7 +125,7 @@ class Executor(interface.Executor):
         if t.op is FUSED_OP:
             outs = [arrays[d] for d in kernel.terms]
             alias = {k: j for k, out in enumerate(outs) for j, arg in enumerate(args) if _same_memory(out, arg)}
-            emit_fused(em, t.attr("outputs"), args, outs, alias)
+            emit_fused(em, t.attr("outputs"), args, outs, alias, self.native)
         elif t.op is ALL_REDUCE:  # the mean over a world of one rank: a copy, unless written in place
             for result, arg in zip(kernel.terms, args):
                 if not _same_memory(arrays[result], arg):

@@ -14,6 +14,7 @@ import numpy as np
 
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import BROADCAST_TO, CONST, PARAM
+from . import csource
 from .kernels import INPLACE, Emitter, c_strided, emit
 
 
@@ -118,11 +119,18 @@ class _Run:
                         self.em.release(self.owned.pop(a))
 
 
-def emit_fused(em, outputs, args, outs, alias):
-    """Emit the body ``outputs`` reading ``args`` into ``outs`` (a list, one array per output).
+def emit_fused(em, outputs, args, outs, alias, batch=None):
+    """Emit the body ``outputs`` reading ``args`` into ``outs`` (a list, one array per output): one compiled loop
+    nest where a ``batch`` of native regions is given and takes it, else NumPy calls op by op.
 
-    ``alias``: ``{output index: input index}`` for outputs that share an input's buffer.
+    ``alias``: ``{output index: input index}`` for outputs that share an input's buffer (a loop nest reads each
+    element's operands before it writes it, so it may).
     """
+    found = csource.region(outputs, args, outs) if batch is not None else None
+    if found is not None:
+        name, source, arrays = found
+        em.calls.append(batch.add(name, source, [a.ctypes.data for a in arrays]))
+        return
     _Run(em, _body(outputs), args, outs, alias).run()
 
 

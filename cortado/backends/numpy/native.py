@@ -1,0 +1,138 @@
+"""Fused regions compiled to C: one loop nest a region, all of a program's in one shared library, built by the
+system's C compiler when the program is built and cached on disk.
+
+NumPy runs a region as one call an op, each a pass over memory; a loop nest computes every op of an element at
+once, in registers (``csource`` says which regions). ``-ffp-contract=off`` keeps every ``a * b + c`` rounded twice,
+as NumPy rounds it. Where no compiler works, every region stays NumPy's and a one-line notice says so
+(``CORTADO_NATIVE=0`` asks for that).
+
+Libraries are kept in ``$CORTADO_CACHE_DIR/cpu`` (by default ``~/.cache/cortado/cpu``), named by the hash of
+their source, the flags, the compiler's version and the machine, so a second run loads them at once.
+"""
+
+import ctypes
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd", "-shared", "-fPIC")
+
+
+def cache_dir():
+    root = os.environ.get("CORTADO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cortado")
+    return os.path.join(root, "cpu")
+
+
+@functools.cache
+def toolchain():
+    """``(compiler, its version)``, or None where regions stay NumPy's."""
+    if os.environ.get("CORTADO_NATIVE", "1") == "0":
+        return None
+    compiler = os.environ.get("CC") or shutil.which("gcc") or shutil.which("cc")
+    if compiler is None:
+        return _notice("no C compiler found (gcc or cc)")
+    try:
+        version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+        if not _compiles(compiler, "void probe(void) {}\n"):
+            return _notice(f"{compiler} does not build a shared library here")
+    except (OSError, subprocess.SubprocessError) as error:
+        return _notice(f"{compiler} failed: {error}")
+    return compiler, version.splitlines()[0] if version else ""
+
+
+def _notice(reason):
+    print(f"cortado: fused regions run as NumPy calls on the CPU: {reason}", file=sys.stderr)
+    return None
+
+
+def _compiles(compiler, source):
+    with tempfile.TemporaryDirectory() as folder:
+        path = os.path.join(folder, "probe.c")
+        with open(path, "w") as file:
+            file.write(source)
+        done = subprocess.run([compiler, *FLAGS, path, "-o", os.path.join(folder, "probe.so")], capture_output=True,
+                              text=True, timeout=60)
+        return done.returncode == 0
+
+
+class Batch:
+    """The regions of one program: each ``add``s its C function and gets a stand-in call; ``bind`` compiles them all
+    into one library and puts the C calls in the stand-ins' places."""
+
+    def __init__(self):
+        self.sources, self.names, self.stand_ins = [], set(), {}
+
+    def add(self, name, source, pointers):
+        """A stand-in for the call of C function ``name`` (its text ``source``) on ``pointers`` (ints)."""
+        if name not in self.names:  # two regions of the same text are one function
+            self.names.add(name)
+            self.sources.append(source)
+        argv = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+
+        def stand_in():
+            raise RuntimeError("a native region was called before its library was bound")
+
+        self.stand_ins[id(stand_in)] = (name, argv)
+        return stand_in
+
+    def bind(self, calls):
+        """``calls`` with every stand-in replaced by its C function's call."""
+        if not self.stand_ins:
+            return calls
+        library = load(HEADER + "\n".join(self.sources))
+        bound = []
+        for call in calls:
+            found = self.stand_ins.get(id(call))
+            if found is None:
+                bound.append(call)
+                continue
+            name, argv = found
+            function = getattr(library, name)
+            function.restype, function.argtypes = None, [ctypes.c_void_p]
+            bound.append(functools.partial(function, argv))
+        return bound
+
+
+HEADER = """#include <stdint.h>
+static inline float ct_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
+static inline float ct_minf(float a, float b) { return (a < b || a != a) ? a : b; }
+static inline double ct_max(double a, double b) { return (a > b || a != a) ? a : b; }
+static inline double ct_min(double a, double b) { return (a < b || a != a) ? a : b; }
+"""
+
+
+def load(source):
+    """The shared library of ``source``, from the disk cache or compiled now."""
+    compiler, version = toolchain()
+    key = hashlib.sha256("\0".join([source, " ".join(FLAGS), version, platform.machine(),
+                                    platform.processor(), _cpu_model()]).encode()).hexdigest()[:32]
+    folder = cache_dir()
+    path = os.path.join(folder, f"{key}.so")
+    if not os.path.exists(path):
+        os.makedirs(folder, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as work:
+            c_path = os.path.join(work, "regions.c")
+            with open(c_path, "w") as file:
+                file.write(source)
+            built = os.path.join(work, "regions.so")
+            done = subprocess.run([compiler, *FLAGS, c_path, "-o", built], capture_output=True, text=True,
+                                  timeout=600)
+            if done.returncode:
+                raise RuntimeError(f"{compiler} refused the regions' C: {done.stderr[-2000:]}")
+            os.replace(built, path)
+    return ctypes.CDLL(path)
+
+
+@functools.cache
+def _cpu_model():
+    """What ``-march=native`` compiles for: a library built on one CPU may not run on another."""
+    try:
+        with open("/proc/cpuinfo") as file:
+            return next((line for line in file if line.startswith(("model name", "flags"))), "")
+    except OSError:
+        return ""

@@ -1,0 +1,105 @@
+"""The CPU's fused regions compiled to C: the same bits as NumPy's op-by-op calls, on broadcast, strided and in-place
+operands; regions C does not compute stay NumPy's; libraries come from the disk cache; no compiler, no change."""
+
+from unittest import mock
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+
+import cortado as ct
+from cortado import testing
+from cortado.backends.numpy import native
+
+pytestmark = pytest.mark.skipif(native.toolchain() is None, reason="no C compiler here")
+
+
+def _both(outputs, inputs, feeds, monkeypatch):
+    """The outputs of the program compiled with native regions and without."""
+    with_c = ct.compile(outputs, inputs=inputs)
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "toolchain", lambda: None)
+        without = ct.compile(outputs, inputs=inputs)
+    assert without._executor.native is None
+    return with_c, with_c(**feeds), without(**feeds)
+
+
+def test_an_arithmetic_region_is_one_c_call_with_numpys_bits(monkeypatch):
+    x, b = ct.var("x", (64, 33)), ct.var("b", (33,))
+    out = ct.maximum(x * 1.7 - b / 3.0, 0.0) + ct.sqrt(ct.abs(x)) * ct.where(x < b, x, -b)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((64, 33)).astype(np.float32), "b": rng.standard_normal(33).astype(np.float32)}
+    program, (ours,), (numpy,) = _both([out], [x, b], feeds, monkeypatch)
+    assert len(program._executor.native.names) == 1
+    np.testing.assert_array_equal(ours, numpy)
+    np.testing.assert_array_equal(ours, ct.evaluate(out, feeds))
+
+
+def test_nans_and_infinities_pass_as_numpy_passes_them(monkeypatch):
+    x, y = ct.var("x", (6,), "float64"), ct.var("y", (6,), "float64")
+    out = [ct.maximum(x, y), ct.minimum(x, y), ct.relu(x) / y, ct.cast(x > y, "float64")]
+    feeds = {"x": np.array([np.nan, 1, -np.inf, 0.0, -0.0, 2]), "y": np.array([1, np.nan, 1, -0.0, 0.0, np.inf])}
+    _, ours, numpy = _both(out, [x, y], feeds, monkeypatch)
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_transcendental_regions_stay_numpys():
+    x = ct.var("x", (16,))
+    program = ct.compile([ct.tanh(x * 2.0) + 1.0], inputs=[x])
+    assert program._executor.native is not None and not program._executor.native.names
+
+
+def test_an_update_written_in_place_reads_each_element_before_writing_it():
+    w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
+    m = ct.var("m", (1000,), "float64")
+    m_new = 0.9 * m + 0.1 * g
+    step = ct.compile([], inputs=[g], state={w: np.ones(1000), m: np.zeros(1000)},
+                      updates={m: m_new, w: w - 0.01 * m_new / (ct.sqrt(m_new * m_new) + 1e-8)})
+    grads = np.linspace(-1, 1, 1000)
+    step(g=grads)
+    m1 = 0.1 * grads
+    np.testing.assert_array_equal(step.state["m"], m1)
+    np.testing.assert_array_equal(step.state["w"], 1 - 0.01 * m1 / (np.sqrt(m1 * m1) + 1e-8))
+
+
+@settings(max_examples=40, deadline=None)
+@given(testing.graphs_with_feeds(ops=["negative", "abs", "sqrt", "relu", "add", "subtract", "multiply", "divide",
+                                      "maximum", "minimum", "where", "cast", *testing.COMPARISONS], max_steps=10))
+def test_random_elementwise_graphs_give_numpys_bits(case):
+    graph, feeds = case
+    with_c = ct.compile(list(graph.outputs), inputs=list(graph.inputs))
+    with mock.patch.object(native, "toolchain", lambda: None):
+        without = ct.compile(list(graph.outputs), inputs=list(graph.inputs))
+    for ours, numpy in zip(with_c(**feeds), without(**feeds)):
+        np.testing.assert_array_equal(ours, numpy)
+
+
+def test_a_second_build_loads_the_library_from_the_disk_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("CORTADO_CACHE_DIR", str(tmp_path))
+    x = ct.var("x", (8,))
+    ct.compile([x * 3.0 + 1.0], inputs=[x])
+    (library,) = (tmp_path / "cpu").glob("*.so")
+    compiled = []
+    monkeypatch.setattr(native.subprocess, "run", lambda *a, **k: compiled.append(a))
+    program = ct.compile([x * 3.0 + 1.0], inputs=[x])
+    assert not compiled and library.exists()
+    np.testing.assert_array_equal(program(x=np.arange(8, dtype=np.float32))[0], np.arange(8) * 3 + 1)
+
+
+def test_without_a_compiler_regions_stay_numpys_and_it_says_so_once(monkeypatch, capsys):
+    monkeypatch.setenv("CORTADO_NATIVE", "0")
+    native.toolchain.cache_clear()
+    try:
+        assert native.toolchain() is None
+        monkeypatch.setenv("CORTADO_NATIVE", "1")
+        monkeypatch.setenv("CC", "/nonexistent/cc")
+        native.toolchain.cache_clear()
+        assert native.toolchain() is None
+        assert "fused regions run as NumPy calls" in capsys.readouterr().err
+        x = ct.var("x", (4,))
+        program = ct.compile([x * 2.0], inputs=[x])
+        assert program._executor.native is None
+        np.testing.assert_array_equal(program(x=np.ones(4, np.float32))[0], np.full(4, 2.0))
+    finally:
+        native.toolchain.cache_clear()
