@@ -103,3 +103,24 @@ def test_without_a_compiler_regions_stay_numpys_and_it_says_so_once(monkeypatch,
         np.testing.assert_array_equal(program(x=np.ones(4, np.float32))[0], np.full(4, 2.0))
     finally:
         native.toolchain.cache_clear()
+
+
+def test_a_library_that_does_not_build_leaves_its_regions_to_numpy(monkeypatch, capsys, tmp_path):
+    monkeypatch.setenv("CORTADO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(native, "HEADER", "this is not C;\n")
+    x, y = ct.var("x", (5,)), ct.var("y", (5,))
+    program = ct.compile([x * y + 2.0, ct.tanh(x)], inputs=[x, y])
+    assert "did not build" in capsys.readouterr().err
+    xv, yv = np.arange(5, dtype=np.float32), np.full(5, 3, np.float32)
+    out = program(x=xv, y=yv)
+    np.testing.assert_array_equal(out[0], xv * yv + 2)
+    np.testing.assert_array_equal(out[1], np.tanh(xv))
+
+
+def test_an_unwritable_cache_builds_in_a_folder_of_the_process(monkeypatch, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    monkeypatch.setenv("CORTADO_CACHE_DIR", str(blocked))
+    x = ct.var("x", (3,))
+    program = ct.compile([x * 5.0 - 1.0], inputs=[x])
+    np.testing.assert_array_equal(program(x=np.ones(3, np.float32))[0], np.full(3, 4.0))

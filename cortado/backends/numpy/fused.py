@@ -129,7 +129,9 @@ def emit_fused(em, outputs, args, outs, alias, batch=None):
     found = csource.region(outputs, args, outs) if batch is not None else None
     if found is not None:
         name, source, arrays = found
-        em.calls.append(batch.add(name, source, [a.ctypes.data for a in arrays]))
+        numpy_calls = Emitter(em.workspace)  # what runs instead if the library cannot be built
+        _Run(numpy_calls, _body(outputs), args, outs, alias).run()
+        em.calls.append(batch.add(name, source, [a.ctypes.data for a in arrays], numpy_calls.calls))
         return
     _Run(em, _body(outputs), args, outs, alias).run()
 

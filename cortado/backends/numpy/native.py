@@ -67,8 +67,9 @@ class Batch:
     def __init__(self):
         self.sources, self.names, self.stand_ins = [], set(), {}
 
-    def add(self, name, source, pointers):
-        """A stand-in for the call of C function ``name`` (its text ``source``) on ``pointers`` (ints)."""
+    def add(self, name, source, pointers, numpy_calls):
+        """A stand-in for the call of C function ``name`` (its text ``source``) on ``pointers`` (ints); where the
+        library cannot be built, ``numpy_calls`` run in its place."""
         if name not in self.names:  # two regions of the same text are one function
             self.names.add(name)
             self.sources.append(source)
@@ -77,25 +78,37 @@ class Batch:
         def stand_in():
             raise RuntimeError("a native region was called before its library was bound")
 
-        self.stand_ins[id(stand_in)] = (name, argv)
+        self.stand_ins[id(stand_in)] = (name, argv, numpy_calls)
         return stand_in
 
     def bind(self, calls):
         """``calls`` with every stand-in replaced by its C function's call."""
         if not self.stand_ins:
             return calls
-        library = load(HEADER + "\n".join(self.sources))
+        try:
+            library = load(HEADER + "\n".join(self.sources))
+        except (OSError, RuntimeError, subprocess.SubprocessError) as error:
+            _notice(f"their C did not build ({str(error)[:300]})")
+            library = None
         bound = []
         for call in calls:
             found = self.stand_ins.get(id(call))
             if found is None:
                 bound.append(call)
                 continue
-            name, argv = found
+            name, argv, numpy_calls = found
+            if library is None:
+                bound.append(functools.partial(_in_turn, tuple(numpy_calls)))  # one call in its place, as planned
+                continue
             function = getattr(library, name)
             function.restype, function.argtypes = None, [ctypes.c_void_p]
             bound.append(functools.partial(function, argv))
         return bound
+
+
+def _in_turn(calls):
+    for call in calls:
+        call()
 
 
 HEADER = """#include <stdint.h>
@@ -112,9 +125,14 @@ def load(source):
     key = hashlib.sha256("\0".join([source, " ".join(FLAGS), version, platform.machine(),
                                     platform.processor(), _cpu_model()]).encode()).hexdigest()[:32]
     folder = cache_dir()
+    try:
+        os.makedirs(folder, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=folder)
+        probe.close()
+    except OSError:  # a cache that cannot be written: this process's own folder
+        folder = _private_folder()
     path = os.path.join(folder, f"{key}.so")
     if not os.path.exists(path):
-        os.makedirs(folder, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=folder) as work:
             c_path = os.path.join(work, "regions.c")
             with open(c_path, "w") as file:
@@ -126,6 +144,11 @@ def load(source):
                 raise RuntimeError(f"{compiler} refused the regions' C: {done.stderr[-2000:]}")
             os.replace(built, path)
     return ctypes.CDLL(path)
+
+
+@functools.cache
+def _private_folder():
+    return tempfile.mkdtemp(prefix="cortado-cpu-")
 
 
 @functools.cache
