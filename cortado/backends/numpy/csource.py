@@ -4,8 +4,9 @@ registers from its operands, read at their own strides (0 along a broadcast axis
 Only float32 and float64 values (and the bools of comparisons) take part, and only ops whose C gives NumPy's bits:
 arithmetic and ``sqrt`` (correctly rounded in both), ``abs``, ``maximum``/``minimum``/``relu`` (NaN wins, as in
 NumPy), comparisons, ``where`` and casts between them, so a program computes what the reference does, bit for bit.
-The transcendentals stay NumPy's: glibc's vector ``tanhf`` ran at NumPy's speed but differs from it by an ulp, and
-its scalar one is 45 times slower. Any other region is NumPy's (``region`` gives None).
+The transcendentals stay NumPy's calls, between loop nests (``fused._native``): glibc's vector ``tanhf`` ran at
+NumPy's speed but differs from it by an ulp, and its scalar one is 45 times slower. Any other term makes the
+region NumPy's (``loop_nest`` gives None).
 """
 
 import hashlib
@@ -89,17 +90,34 @@ def _element_strides(array, shape):
     return strides
 
 
-def region(outputs, args, outs):
-    """``(name, C source, arrays)`` of the function computing body ``outputs`` from ``args`` into ``outs``, called with
-    the ``arrays``' addresses in that order (the operands it reads, then the outputs); None where the region is not
-    one this C computes."""
-    shape = outs[0].shape
-    if any(o.shape != shape or o.dtype not in C_TYPES for o in outs) or not all(o.size for o in outs):
+def _between(targets, sources):
+    """The terms that compute ``targets`` from ``sources``, each after its operands."""
+    order, seen = [], set(sources)
+
+    def visit(t):
+        if t in seen:
+            return
+        seen.add(t)
+        for a in t.args:
+            visit(a)
+        order.append(t)
+
+    for t in targets:
+        visit(t)
+    return order
+
+
+def loop_nest(targets, sources, shape):
+    """``(name, C source, arrays)`` of one loop nest over ``shape`` that computes each target term into its array
+    (``targets``: ``(term, array)`` pairs) from the arrays of ``sources`` (``{term: array}``: a region's operands,
+    values computed before), called with the ``arrays``' addresses in that order (the sources it reads, then the
+    targets'); None where a term between them is not one this C computes."""
+    if any(a.shape != shape or a.dtype not in C_TYPES for _, a in targets) or not all(a.size for _, a in targets):
         return None
-    order = post_order(outputs)
-    names, lines = {}, []
-    used = sorted({t.attr("index") for t in order if t.op is PARAM})
-    arrays = [args[j] for j in used] + list(outs)
+    order = _between([t for t, _ in targets], sources)
+    read = [t for t in dict.fromkeys(a for u in order for a in u.args) if t in sources]
+    read += [t for t, _ in targets if t in sources and t not in read]
+    arrays = [sources[t] for t in read] + [a for _, a in targets]
     strides = [_element_strides(a, shape) for a in arrays]
     if any(s is None for s in strides) or any(a.dtype not in C_TYPES for a in arrays):
         return None
@@ -110,13 +128,11 @@ def region(outputs, args, outs):
         terms = [f"{i} * {s}" for i, s in zip(index, steps[k]) if s]
         return " + ".join(terms) or "0"
 
-    slot = {j: k for k, j in enumerate(used)}
+    names = {t: f"a{k}[{place(k)}]" for k, t in enumerate(read)}
+    lines = []
     for t in order:
         if t.dtype not in C_TYPES:
             return None
-        if t.op is PARAM:
-            names[t] = f"a{slot[t.attr('index')]}[{place(slot[t.attr('index')])}]"
-            continue
         if t.op is BROADCAST_TO:
             names[t] = names[t.args[0]]
             continue
@@ -125,16 +141,17 @@ def region(outputs, args, outs):
                 return None
             names[t] = _literal(t.attr("value").scalar, t.dtype)
             continue
-        expression = _expression(t, names.__getitem__)
+        expression = _expression(t, names.__getitem__) if t.op is not PARAM else None
         if expression is None:
             return None
         names[t] = f"v{len(lines)}"
         lines.append(f"const {C_TYPES[t.dtype]} {names[t]} = {expression};")
-    for k, t in enumerate(outputs):
-        lines.append(f"o{k}[{place(len(used) + k)}] = {names[t]};")
-    pointers = [f"const {C_TYPES[args[j].dtype]}* a{k} = (const {C_TYPES[args[j].dtype]}*)p[{k}];"
-                for k, j in enumerate(used)]
-    pointers += [f"{C_TYPES[o.dtype]}* o{k} = ({C_TYPES[o.dtype]}*)p[{len(used) + k}];" for k, o in enumerate(outs)]
+    for k, (t, _) in enumerate(targets):
+        lines.append(f"o{k}[{place(len(read) + k)}] = {names[t]};")
+    pointers = [f"const {C_TYPES[sources[t].dtype]}* a{k} = (const {C_TYPES[sources[t].dtype]}*)p[{k}];"
+                for k, t in enumerate(read)]
+    pointers += [f"{C_TYPES[a.dtype]}* o{k} = ({C_TYPES[a.dtype]}*)p[{len(read) + k}];"
+                 for k, (_, a) in enumerate(targets)]
     body = "\n".join("  " * (len(sizes) + 1) + line for line in lines)
     loops = ""
     for d, n in enumerate(sizes):
@@ -143,3 +160,10 @@ def region(outputs, args, outs):
     text = f"{{\n  {' '.join(pointers)}\n{loops}{'  ' * (len(sizes) + 1)}{{\n{body}\n{'  ' * (len(sizes) + 1)}}}\n}}\n"
     name = "region_" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return name, f"void {name}(void* const* p) {text}", arrays
+
+
+def region(outputs, args, outs):
+    """``loop_nest`` of a whole fused region: body ``outputs`` from ``args`` (its operands, by ``param`` index) into
+    ``outs``."""
+    sources = {t: args[t.attr("index")] for t in post_order(outputs) if t.op is PARAM}
+    return loop_nest(list(zip(outputs, outs)), sources, outs[0].shape)

@@ -8,14 +8,17 @@ An output may share the buffer of an input (the planner decides, among the pairs
 allows): the body then never writes that output before its last read of the input.
 """
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import BROADCAST_TO, CONST, PARAM
-from . import csource
-from .kernels import INPLACE, Emitter, c_strided, emit
+from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, PARAM, TANH
+from ...memplan import aligned
+from . import csource, native
+from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit
 
 
 @dataclass(frozen=True)
@@ -126,22 +129,99 @@ def emit_fused(em, outputs, args, outs, alias, batch=None):
     ``alias``: ``{output index: input index}`` for outputs that share an input's buffer (a loop nest reads each
     element's operands before it writes it, so it may).
     """
-    found = csource.region(outputs, args, outs) if batch is not None else None
-    if found is not None:
-        name, source, arrays = found
+    pieces = _native(em, outputs, args, outs) if batch is not None else None
+    if pieces is not None:
         numpy_calls = Emitter(em.workspace)  # what runs instead if the library cannot be built
         _Run(numpy_calls, _body(outputs), args, outs, alias).run()
-        em.calls.append(batch.add(name, source, [a.ctypes.data for a in arrays], numpy_calls.calls))
+        em.calls.append(batch.add(pieces, numpy_calls.calls))
         return
     _Run(em, _body(outputs), args, outs, alias).run()
 
 
+NUMPY_UNARY = {EXP: np.exp, LOG: np.log, LOG1P: np.log1p, EXPM1: np.expm1, TANH: np.tanh}
+
+
+def _stages(order):
+    """Each term's stage: the number of transcendentals on its longest path from the region's operands. A loop nest
+    computes a stage's other terms; NumPy computes its transcendentals first, from values of the stage before."""
+    stage = {}
+    for t in order:
+        before = max((stage[a] for a in t.args), default=0)
+        stage[t] = before + 1 if t.op in NUMPY_UNARY else before
+    return stage
+
+
+MAX_TERMS = 256  # a larger region's C takes the compiler longer than its loop nest saves
+
+
+def _numpy_passes(outputs, args, outs):
+    """How many NumPy calls (passes over memory) the region takes op by op."""
+    probe = Emitter()
+    _Run(probe, _body(outputs), args, outs, {}).run()
+    return len(probe.calls)
+
+
+def _native(em, outputs, args, outs):
+    """The pieces of a region computed in C: one loop nest, or loop nests with NumPy's own calls for the
+    transcendentals between them (so every value has NumPy's bits), the values passed between them in workspace
+    scratch of the region's shape, where that makes fewer passes over memory than NumPy's calls op by op; None
+    where C cannot compute it, it would not pay, or the plan's workspace cannot hold the scratch."""
+    shape = outs[0].shape
+    order = post_order(outputs)
+    if len(order) > MAX_TERMS:
+        return None
+    sources = {t: args[t.attr("index")] for t in order if t.op is PARAM}
+    stage = _stages(order)
+    last = max(stage.values())
+    if last == 0:
+        found = csource.region(outputs, args, outs)
+        return None if found is None else [(found[0], found[1], [a.ctypes.data for a in found[2]])]
+    if any(a.shape != shape for a in outs) or any(t.op in NUMPY_UNARY and t.args[0].op is CONST for t in order):
+        return None
+    kept = {t for t in order if t.op in NUMPY_UNARY}  # values kept in scratch between loop nests
+    kept |= {a for t in kept for a in t.args if a.op is not PARAM}
+    kept |= {a for t in order if t.op not in NUMPY_UNARY for a in t.args
+             if stage[a] < stage[t] and a.op not in (PARAM, CONST)}
+    need = sum(aligned(math.prod(shape) * t.dtype.itemsize, SCRATCH_ALIGNMENT) for t in kept)
+    if em.workspace is not None and em.top + need > len(em.workspace):
+        return None
+    mark = em.mark()
+    scratch = {t: em.scratch(shape, t.dtype) for t in order if t in kept}
+    pieces, known, complete = [], dict(sources), True
+    for s in range(last + 1):
+        for t in order:
+            if stage[t] == s and t.op in NUMPY_UNARY:
+                pieces.append(functools.partial(NUMPY_UNARY[t.op], known[t.args[0]], out=scratch[t]))
+                known[t] = scratch[t]
+        targets = [(t, scratch[t]) for t in order if stage[t] == s and t in kept and t not in known]
+        if s == last:
+            targets += list(zip(outputs, outs))
+        found = csource.loop_nest(targets, known, shape) if targets else None
+        if targets and found is None:
+            complete = False
+            break
+        if found is not None:
+            pieces.append((found[0], found[1], [a.ctypes.data for a in found[2]]))
+            known.update({t: a for t, a in targets if t not in known})
+    for array in scratch.values():
+        em.release(array)
+    if complete and len(pieces) < _numpy_passes(outputs, args, outs):
+        return pieces
+    em.rewind(mark)
+    return None
+
+
 def _measure(outputs, arg_types, alias):
+    """The workspace the region needs: NumPy's op by op, or, where C computes it, its loop nests' (the larger)."""
     em = Emitter()
     args = [c_strided(shape, dtype) for shape, dtype in arg_types]
     outs = [c_strided(o.shape, o.dtype) for o in outputs]
     emit_fused(em, outputs, args, outs, alias)
-    return em.top
+    if native.toolchain() is None:
+        return em.top
+    staged = Emitter()
+    _native(staged, outputs, args, outs)
+    return max(em.top, staged.top)
 
 
 def plan_fused(outputs, arg_types):

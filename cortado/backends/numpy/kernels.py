@@ -83,6 +83,14 @@ class Emitter:
     def call(self, fn, *args, **kwargs):
         self.calls.append(functools.partial(fn, *args, **kwargs))
 
+    def mark(self):
+        """Where the scratch stands now, for ``rewind``."""
+        return self.top, {size: list(offsets) for size, offsets in self._free.items()}
+
+    def rewind(self, mark):
+        """Forget the scratch taken (and released) since ``mark``: an attempt that was given up."""
+        self.top, self._free = mark[0], {size: list(offsets) for size, offsets in mark[1].items()}
+
 
 def _floating(em, x):
     """``x`` in the float dtype the op computes in (a scratch copy when ``x`` is integral)."""

@@ -67,22 +67,29 @@ class Batch:
     def __init__(self):
         self.sources, self.names, self.stand_ins = [], set(), {}
 
-    def add(self, name, source, pointers, numpy_calls):
-        """A stand-in for the call of C function ``name`` (its text ``source``) on ``pointers`` (ints); where the
-        library cannot be built, ``numpy_calls`` run in its place."""
-        if name not in self.names:  # two regions of the same text are one function
-            self.names.add(name)
-            self.sources.append(source)
-        argv = (ctypes.c_void_p * max(len(pointers), 1))(*pointers)
+    def add(self, pieces, numpy_calls):
+        """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` or a
+        call of NumPy's (a transcendental between two loop nests); where the library cannot be built,
+        ``numpy_calls`` run in their place."""
+        parts = []
+        for piece in pieces:
+            if callable(piece):
+                parts.append(piece)
+                continue
+            name, source, pointers = piece
+            if name not in self.names:  # two loop nests of the same text are one function
+                self.names.add(name)
+                self.sources.append(source)
+            parts.append((name, (ctypes.c_void_p * max(len(pointers), 1))(*pointers)))
 
         def stand_in():
             raise RuntimeError("a native region was called before its library was bound")
 
-        self.stand_ins[id(stand_in)] = (name, argv, numpy_calls)
+        self.stand_ins[id(stand_in)] = (parts, numpy_calls)
         return stand_in
 
     def bind(self, calls):
-        """``calls`` with every stand-in replaced by its C function's call."""
+        """``calls`` with every stand-in replaced by its C functions' calls."""
         if not self.stand_ins:
             return calls
         try:
@@ -96,14 +103,20 @@ class Batch:
             if found is None:
                 bound.append(call)
                 continue
-            name, argv, numpy_calls = found
+            parts, numpy_calls = found
             if library is None:
                 bound.append(functools.partial(_in_turn, tuple(numpy_calls)))  # one call in its place, as planned
                 continue
-            function = getattr(library, name)
-            function.restype, function.argtypes = None, [ctypes.c_void_p]
-            bound.append(functools.partial(function, argv))
+            made = [part if callable(part) else functools.partial(_function(library, part[0]), part[1])
+                    for part in parts]
+            bound.append(made[0] if len(made) == 1 else functools.partial(_in_turn, tuple(made)))
         return bound
+
+
+def _function(library, name):
+    function = getattr(library, name)
+    function.restype, function.argtypes = None, [ctypes.c_void_p]
+    return function
 
 
 def _in_turn(calls):
