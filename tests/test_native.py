@@ -70,7 +70,8 @@ def test_an_update_written_in_place_reads_each_element_before_writing_it():
 
 @settings(max_examples=40, deadline=None)
 @given(testing.graphs_with_feeds(ops=["negative", "abs", "sqrt", "relu", "add", "subtract", "multiply", "divide",
-                                      "maximum", "minimum", "where", "cast", *testing.COMPARISONS], max_steps=10))
+                                      "maximum", "minimum", "where", "cast", "exp", "log", "tanh", "log1p",
+                                      *testing.COMPARISONS], max_steps=12))
 def test_random_elementwise_graphs_give_numpys_bits(case):
     graph, feeds = case
     with_c = ct.compile(list(graph.outputs), inputs=list(graph.inputs))
