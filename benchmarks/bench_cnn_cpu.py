@@ -1,0 +1,129 @@
+"""The CNN example's training step on the CPU: cortado against PyTorch's CPU eager mode.
+
+    python benchmarks/bench_cnn_cpu.py [--repeats 100] [--out benchmarks/results/cnn_cpu.json]
+
+The model is examples/cnn.py's (two 3x3 convolutions with batch norms and relu, pooling, a linear head; batch 64
+of 16x16 images, float32), built from cortado.nn and trained by SGD with momentum; torch's is the same model
+written with torch.nn.functional over the same weights by the same names, with torch.optim.SGD. Each contestant
+runs in a process of its own, one after the other; each takes the same first weights and the same batch, their
+first losses must agree, and the median of ``repeats`` steps after a warm-up is compared. Where torch is not
+installed, its row says so.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, HERE)
+
+import cnn  # noqa: E402
+from machine import describe  # noqa: E402
+from reporting import write_results  # noqa: E402
+
+import cortado as ct  # noqa: E402
+
+
+def case():
+    """The model, its first values by name, and one batch: the same in every process."""
+    model = cnn.CNN()
+    step = cnn.training_step(model, 0, "numpy")
+    values = {name: np.array(step.state[name]) for name in step.state}
+    x, labels = cnn.images(cnn.BATCH, np.random.default_rng(0))
+    return model, step, values, x, labels.astype(np.int32)
+
+
+def cortado_step():
+    _, step, _, x, labels = case()
+    return lambda: float(step(x=x, labels=labels)[0])
+
+
+def torch_step():
+    import torch
+    import torch.nn.functional as F
+
+    _, _, values, x, labels = case()
+    w = {name: torch.tensor(value, requires_grad=name.endswith(("weight", "bias"))) for name, value in values.items()
+         if not name.startswith("sgd.")}
+    images, y = torch.from_numpy(x), torch.from_numpy(labels.astype(np.int64))
+
+    def norm(h, name):
+        return F.batch_norm(h, w[f"{name}.running_mean"], w[f"{name}.running_var"], w[f"{name}.weight"],
+                            w[f"{name}.bias"], training=True, momentum=0.1, eps=1e-5)
+
+    def loss_of():
+        h = F.max_pool2d(F.relu(norm(F.conv2d(images, w["conv1.weight"], padding=1), "norm1")), 2)
+        h = F.relu(norm(F.conv2d(h, w["conv2.weight"], padding=1), "norm2"))
+        logits = F.linear(h.amax(dim=(2, 3)), w["head.weight"], w["head.bias"])
+        return F.cross_entropy(logits, y)
+
+    sgd = torch.optim.SGD([p for p in w.values() if p.requires_grad], lr=cnn.LEARNING_RATE, momentum=0.9)
+
+    def step():
+        loss = loss_of()
+        loss.backward()
+        sgd.step()
+        sgd.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+CONTESTANTS = {"cortado": cortado_step, "torch": torch_step}
+
+
+def timed(name, repeats):
+    """In this process: the first loss of contestant ``name``'s step and the median milliseconds of ``repeats``."""
+    step = CONTESTANTS[name]()
+    first = step()
+    for _ in range(5):
+        step()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    return {"first_loss": first, "ms": 1e3 * statistics.median(seconds)}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=100)
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "cnn_cpu.json"))
+    parser.add_argument("--contestant", choices=list(CONTESTANTS), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.contestant:
+        print(json.dumps(timed(args.contestant, args.repeats)))
+        return
+    rows = {}
+    for name in CONTESTANTS:
+        if name == "torch" and importlib.util.find_spec("torch") is None:
+            print("torch: not installed (pip install torch to time it)")
+            continue
+        done = subprocess.run([sys.executable, __file__, "--contestant", name, "--repeats", str(args.repeats)],
+                              capture_output=True, text=True, check=True)
+        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        print(f"{name:8s} {rows[name]['ms']:8.3f} ms a step  (first loss {rows[name]['first_loss']:.6f})")
+    if "torch" in rows:
+        first = [r["first_loss"] for r in rows.values()]
+        assert max(first) - min(first) < 1e-4 * abs(first[0]), rows
+        print(f"torch's time over ours: {rows['torch']['ms'] / rows['cortado']['ms']:.2f}x")
+    torch_version = None
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        torch_version = f"{torch.__version__}, {torch.get_num_threads()} threads"
+    write_results({"benchmark": "cnn_cpu", "machine": describe(), "torch": torch_version, "batch": cnn.BATCH,
+                   "repeats": args.repeats, "rows": rows, "cortado": ct.__version__}, args.out)
+
+
+if __name__ == "__main__":
+    main()
