@@ -10,14 +10,8 @@ first losses must agree, and the median of ``repeats`` steps after a warm-up is 
 installed, its row says so.
 """
 
-import argparse
-import importlib.util
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -26,10 +20,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 sys.path.insert(0, HERE)
 
 import cnn  # noqa: E402
-from machine import describe  # noqa: E402
-from reporting import write_results  # noqa: E402
-
-import cortado as ct  # noqa: E402
+from versus_torch import compare, torch_training_step  # noqa: E402
 
 
 def case():
@@ -66,63 +57,15 @@ def torch_step():
         return F.cross_entropy(logits, y)
 
     sgd = torch.optim.SGD([p for p in w.values() if p.requires_grad], lr=cnn.LEARNING_RATE, momentum=0.9)
-
-    def step():
-        loss = loss_of()
-        loss.backward()
-        sgd.step()
-        sgd.zero_grad(set_to_none=True)
-        return float(loss)
-
-    return step
+    return torch_training_step(loss_of, sgd)
 
 
 CONTESTANTS = {"cortado": cortado_step, "torch": torch_step}
 
 
-def timed(name, repeats):
-    """In this process: the first loss of contestant ``name``'s step and the median milliseconds of ``repeats``."""
-    step = CONTESTANTS[name]()
-    first = step()
-    for _ in range(5):
-        step()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - start)
-    return {"first_loss": first, "ms": 1e3 * statistics.median(seconds)}
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=100)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "cnn_cpu.json"))
-    parser.add_argument("--contestant", choices=list(CONTESTANTS), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.contestant:
-        print(json.dumps(timed(args.contestant, args.repeats)))
-        return
-    rows = {}
-    for name in CONTESTANTS:
-        if name == "torch" and importlib.util.find_spec("torch") is None:
-            print("torch: not installed (pip install torch to time it)")
-            continue
-        done = subprocess.run([sys.executable, __file__, "--contestant", name, "--repeats", str(args.repeats)],
-                              capture_output=True, text=True, check=True)
-        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name:8s} {rows[name]['ms']:8.3f} ms a step  (first loss {rows[name]['first_loss']:.6f})")
-    if "torch" in rows:
-        first = [r["first_loss"] for r in rows.values()]
-        assert max(first) - min(first) < 1e-4 * abs(first[0]), rows
-        print(f"torch's time over ours: {rows['torch']['ms'] / rows['cortado']['ms']:.2f}x")
-    torch_version = None
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        torch_version = f"{torch.__version__}, {torch.get_num_threads()} threads"
-    write_results({"benchmark": "cnn_cpu", "machine": describe(), "torch": torch_version, "batch": cnn.BATCH,
-                   "repeats": args.repeats, "rows": rows, "cortado": ct.__version__}, args.out)
+    compare(__doc__, __file__, CONTESTANTS, "cnn_cpu", 100, os.path.join(HERE, "results", "cnn_cpu.json"),
+            {"batch": cnn.BATCH})
 
 
 if __name__ == "__main__":

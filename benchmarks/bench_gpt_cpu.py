@@ -11,14 +11,8 @@ first losses must agree, and the median of ``repeats`` steps after a warm-up is 
 is not installed, its row says so.
 """
 
-import argparse
-import importlib.util
-import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -27,8 +21,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 sys.path.insert(0, HERE)
 
 import gpt  # noqa: E402
-from machine import describe  # noqa: E402
-from reporting import write_results  # noqa: E402
+from versus_torch import compare, torch_training_step  # noqa: E402
 
 import cortado as ct  # noqa: E402
 from cortado import nn, optim  # noqa: E402
@@ -93,63 +86,15 @@ def torch_step():
     others = [p for p in w.values() if p.ndim != 2]
     adamw = torch.optim.AdamW([{"params": matrices, "weight_decay": gpt.WEIGHT_DECAY},
                                {"params": others, "weight_decay": 0.0}], lr=LEARNING_RATE, betas=gpt.BETAS)
-
-    def step():
-        loss = loss_of()
-        loss.backward()
-        adamw.step()
-        adamw.zero_grad(set_to_none=True)
-        return float(loss)
-
-    return step
+    return torch_training_step(loss_of, adamw)
 
 
 CONTESTANTS = {"cortado": cortado_step, "torch": torch_step}
 
 
-def timed(name, repeats):
-    """In this process: the first loss of contestant ``name``'s step and the median milliseconds of ``repeats``."""
-    step = CONTESTANTS[name]()
-    first = step()
-    for _ in range(5):
-        step()
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step()
-        seconds.append(time.perf_counter() - start)
-    return {"first_loss": first, "ms": 1e3 * statistics.median(seconds)}
-
-
 def main():
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--repeats", type=int, default=50)
-    parser.add_argument("--out", default=os.path.join(HERE, "results", "gpt_cpu.json"))
-    parser.add_argument("--contestant", choices=list(CONTESTANTS), help=argparse.SUPPRESS)
-    args = parser.parse_args()
-    if args.contestant:
-        print(json.dumps(timed(args.contestant, args.repeats)))
-        return
-    rows = {}
-    for name in CONTESTANTS:
-        if name == "torch" and importlib.util.find_spec("torch") is None:
-            print("torch: not installed (pip install torch to time it)")
-            continue
-        done = subprocess.run([sys.executable, __file__, "--contestant", name, "--repeats", str(args.repeats)],
-                              capture_output=True, text=True, check=True)
-        rows[name] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{name:8s} {rows[name]['ms']:8.2f} ms a step  (first loss {rows[name]['first_loss']:.5f})")
-    if "torch" in rows:
-        first = [r["first_loss"] for r in rows.values()]
-        assert max(first) - min(first) < 1e-4 * abs(first[0]), rows
-        print(f"torch's time over ours: {rows['torch']['ms'] / rows['cortado']['ms']:.2f}x")
-    torch_version = None
-    if importlib.util.find_spec("torch") is not None:
-        import torch
-
-        torch_version = f"{torch.__version__}, {torch.get_num_threads()} threads"
-    write_results({"benchmark": "gpt_cpu", "machine": describe(), "torch": torch_version, "config": CONFIG,
-                   "batch": BATCH, "repeats": args.repeats, "rows": rows}, args.out)
+    compare(__doc__, __file__, CONTESTANTS, "gpt_cpu", 50, os.path.join(HERE, "results", "gpt_cpu.json"),
+            {"config": CONFIG, "batch": BATCH})
 
 
 if __name__ == "__main__":

@@ -15,13 +15,9 @@ not installed, its column says so and the rest still runs.
 """
 
 import argparse
-import importlib.util
 import json
 import os
-import statistics
-import subprocess
 import sys
-import time
 
 import numpy as np
 
@@ -32,6 +28,7 @@ import cortado as ct  # noqa: E402
 from machine import describe  # noqa: E402
 from mlp_numpy import initial_values, mlp  # noqa: E402
 from reporting import command_line, measured_rows, write_results  # noqa: E402
+from versus_torch import alone, median_ms, torch_installed, torch_version  # noqa: E402
 
 CASES = {"spirals": ((2, 32, 32, 3), 60), "mid": ((784, 256, 256, 10), 128), "large": ((784, 1024, 1024, 10), 256)}
 LEARNING_RATE = 0.1
@@ -110,15 +107,7 @@ def timed(name, case, repeats):
     x = rng.standard_normal((batch, sizes[0])).astype(np.float32)
     y = np.eye(sizes[-1], dtype=np.float32)[rng.integers(0, sizes[-1], batch)]
     step = CONTESTANTS[name](sizes, batch, values)
-    first = float(step(x, y))
-    for _ in range(5):
-        step(x, y)
-    seconds = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        step(x, y)
-        seconds.append(time.perf_counter() - start)
-    return {"first_loss": first, "ms": 1e3 * statistics.median(seconds)}
+    return median_ms(lambda: step(x, y), repeats)
 
 
 def measure(case, repeats):
@@ -127,12 +116,10 @@ def measure(case, repeats):
     row = {"case": case, "sizes": "-".join(map(str, sizes)), "batch": batch}
     first = {}
     for name in CONTESTANTS:
-        if name == "torch" and importlib.util.find_spec("torch") is None:
+        if name == "torch" and not torch_installed():
             row["torch_ms"] = float("nan")
             continue
-        done = subprocess.run([sys.executable, __file__, "--contestant", name, "--case", case, "--repeats",
-                               str(repeats)], capture_output=True, text=True, check=True)
-        result = json.loads(done.stdout.strip().splitlines()[-1])
+        result = alone(__file__, "--contestant", name, "--case", case, "--repeats", repeats)
         row[f"{name}_ms"], first[name] = result["ms"], result["first_loss"]
     assert max(first.values()) - min(first.values()) < 1e-4 * abs(first["numpy"]), first
     for peer in ("numpy", "torch"):
@@ -150,18 +137,13 @@ def main():
         print(json.dumps(timed(args.contestant, args.case, args.repeats)))
         return
     args = command_line(__doc__, "step_cpu.json", repeats=200)
-    if importlib.util.find_spec("torch") is None:
-        torch_version = None
+    if not torch_installed():
         print("torch is not installed: its column is nan (pip install torch to time it)")
-    else:
-        import torch
-
-        torch_version = f"{torch.__version__}, {torch.get_num_threads()} threads"
     rows = measured_rows(list(CASES), lambda case: measure(case, args.repeats), [
         ("case", "case", "8s"), ("sizes", "sizes", "18s"), ("batch", "batch", "6d"),
         ("cortado ms", "cortado_ms", "11.3f"), ("numpy ms", "numpy_ms", "9.3f"), ("torch ms", "torch_ms", "9.3f"),
         ("vs numpy", "speedup_vs_numpy", "9.2f"), ("vs torch", "speedup_vs_torch", "9.2f")])
-    write_results({"benchmark": "step_cpu", "machine": describe(), "torch": torch_version,
+    write_results({"benchmark": "step_cpu", "machine": describe(), "torch": torch_version(),
                    "repeats": args.repeats, "rows": rows}, args.out)
 
 

@@ -64,8 +64,12 @@ def read(path):
         raise FeedError(f"{path} is not a safetensors file: its header does not parse ({error})") from None
     metadata = header.pop("__metadata__", {}) or {}
     body = memoryview(raw)[8 + size:]
+    malformed = [name for name, entry in header.items()
+                 if not isinstance(entry, dict) or len(entry.get("data_offsets", ())) != 2 or "shape" not in entry]
+    if malformed:
+        raise FeedError(f"{path}: the header's entries for {malformed} lack a dtype, shape or two data offsets")
     arrays, covered = {}, 0
-    for name, entry in sorted(header.items(), key=lambda item: item[1].get("data_offsets", [0])[0]):
+    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
         code = entry.get("dtype")
         if code not in _DTYPES or (code == "BF16" and BFLOAT16 is None):
             raise FeedError(f"{path}: {name!r} is stored as {code}, which cortado does not read")

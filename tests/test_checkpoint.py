@@ -162,3 +162,7 @@ def test_strict_loading_given_the_model_names_what_the_dict_lacks(tmp_path):
         file.write(raw)
     with pytest.raises(ct.FeedError, match="do not hold"):
         checkpoint.read(path)
+    with open(path, "wb") as file:
+        file.write(len(b'{"a":{"dtype":"F32"}}').to_bytes(8, "little") + b'{"a":{"dtype":"F32"}}')
+    with pytest.raises(ct.FeedError, match=r"entries for \['a'\] lack"):
+        checkpoint.read(path)

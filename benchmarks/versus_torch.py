@@ -1,0 +1,88 @@
+"""A CPU step against PyTorch's eager one, each contestant timed in a process of its own, one after the other (never
+beside PyTorch's thread pool, which slows NumPy's and ours when it shares their process): what bench_gpt_cpu.py,
+bench_cnn_cpu.py and bench_step_cpu.py share."""
+
+import argparse
+import importlib.util
+import json
+import statistics
+import subprocess
+import sys
+import time
+
+from machine import describe
+from reporting import write_results
+
+
+def median_ms(step, repeats, warmup=5):
+    """``{"first_loss", "ms"}``: ``step()``'s first result, then the median milliseconds of ``repeats`` calls after
+    ``warmup`` more."""
+    first = float(step())
+    for _ in range(warmup):
+        step()
+    seconds = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        step()
+        seconds.append(time.perf_counter() - start)
+    return {"first_loss": first, "ms": 1e3 * statistics.median(seconds)}
+
+
+def torch_training_step(loss_of, optimizer):
+    """A torch step: ``loss_of()``, its backward pass and ``optimizer``'s update; returns the loss."""
+    def step():
+        loss = loss_of()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return float(loss)
+
+    return step
+
+
+def torch_installed():
+    return importlib.util.find_spec("torch") is not None
+
+
+def torch_version():
+    """torch's version and threads, or None where it is not installed."""
+    if not torch_installed():
+        return None
+    import torch
+
+    return f"{torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def alone(script, *arguments):
+    """The JSON that ``script`` prints last, run with ``arguments`` in a process of its own."""
+    done = subprocess.run([sys.executable, script, *map(str, arguments)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def compare(doc, script, contestants, name, repeats, out, results):
+    """The command line of a two-contestant benchmark (``contestants``: ``{"cortado": make, "torch": make}``, each
+    ``make()`` a step returning its loss): as a child (``--contestant``), time one; else time each in turn, check
+    that their first losses agree, print the ratio and write ``results`` and the rows to ``--out`` (default
+    ``out``)."""
+    parser = argparse.ArgumentParser(description=doc.splitlines()[0])
+    parser.add_argument("--repeats", type=int, default=repeats)
+    parser.add_argument("--out", default=out)
+    parser.add_argument("--contestant", choices=list(contestants), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.contestant:
+        print(json.dumps(median_ms(contestants[args.contestant](), args.repeats)))
+        return
+    rows = {}
+    for contestant in contestants:
+        if contestant == "torch" and not torch_installed():
+            print("torch: not installed (pip install torch to time it)")
+            continue
+        rows[contestant] = alone(script, "--contestant", contestant, "--repeats", args.repeats)
+        print(f"{contestant:8s} {rows[contestant]['ms']:8.3f} ms a step  "
+              f"(first loss {rows[contestant]['first_loss']:.6f})")
+    if "torch" in rows:
+        first = [r["first_loss"] for r in rows.values()]
+        assert max(first) - min(first) < 1e-4 * abs(first[0]), rows
+        print(f"torch's time over ours: {rows['torch']['ms'] / rows['cortado']['ms']:.2f}x")
+    write_results({"benchmark": name, "machine": describe(), "torch": torch_version(), "repeats": args.repeats,
+                   **results, "rows": rows}, args.out)
