@@ -179,16 +179,19 @@ def job(contestant, model, gpus):
     from cortado.launch import launch
 
     dtype, batch, _, _ = MODELS[model]
-    with tempfile.TemporaryDirectory() as folder:
-        log(f"{model} {contestant} on {gpus} GPU(s) ...")
-        status = launch(gpus, [sys.executable, os.path.abspath(__file__), "--worker", contestant, model, folder])
-        ranks = []
-        for r in range(gpus):
-            try:
-                with open(os.path.join(folder, f"rank{r}.json")) as f:
-                    ranks.append(json.load(f))
-            except OSError:
-                pass
+    for attempt in range(2):  # a second try: the launcher's free port can be taken before rank 0 listens on it
+        with tempfile.TemporaryDirectory() as folder:
+            log(f"{model} {contestant} on {gpus} GPU(s) ..." if attempt == 0 else "  failed; once more")
+            status = launch(gpus, [sys.executable, os.path.abspath(__file__), "--worker", contestant, model, folder])
+            ranks = []
+            for r in range(gpus):
+                try:
+                    with open(os.path.join(folder, f"rank{r}.json")) as f:
+                        ranks.append(json.load(f))
+                except OSError:
+                    pass
+        if status == 0 and len(ranks) == gpus:
+            break
     if status != 0 or len(ranks) != gpus:
         log(f"{model} {contestant} on {gpus} GPU(s): FAILED (exit status {status})")
         return {"error": f"the job exited with status {status}, {len(ranks)} of {gpus} ranks reported"}
