@@ -22,7 +22,7 @@ class CupyBackend(Backend):
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
     # codegen makes every kernel from a fused body, and reduction_kernels._column_lines sums several columns a pass
-    kernel_shapes = KernelShapes(one_op=True, sibling_columns=True)
+    kernel_shapes = KernelShapes(one_op=True, sibling_columns=True, horizontal=True)
     collectives = True  # all-reduces through NCCL (cortado.distributed)
 
     def require(self):

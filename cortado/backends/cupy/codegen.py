@@ -504,43 +504,66 @@ def _permuted(operand, order):
     return Operand(tuple(shape[a] for a in order), operand.dtype, tuple(strides[a] for a in order))
 
 
-def elementwise_source(body, operands, aliased=(), order=None):
-    """One thread per ``VEC`` elements of the outputs' shape; a scalar loop takes the tail. ``order``: the outputs'
-    axes from the outermost in memory to the innermost where they are not stored in C order (channels last),
-    which the kernel then walks in memory order."""
+def _elementwise_part(body, operands, order=None, first_output=0, first_block=None):
+    """``(statements, blocks)``: the loop computing ``body``'s outputs (``out{first_output}``, ...) a thread per ``VEC``
+    elements, a scalar loop taking the tail, over ``blocks`` blocks of ``THREADS``: the whole grid, or, from block
+    ``first_block`` on, its own of a grid shared with other parts. ``order`` as ``elementwise_source``'s."""
     shape = body[0].shape
     if order is not None:
         shape = tuple(shape[a] for a in order)
         operands = [_permuted(o, order) for o in operands]
     n = math.prod(shape)
     space = _space(shape, "i")
-    vec = _vector_width(body, operands, space)
-    index = _index_type(body, operands)
+    read = sorted({t.attr("index") for t in post_order(body) if t.op is PARAM})
+    vec = _vector_width(body, [operands[k] for k in read], space)
+    index = _index_type(body, [operands[k] for k in read])
     shifted = shifted_operands(body)
-    identity = {k for k, o in enumerate(operands) if k not in shifted and is_identity(space, o)}
+    identity = [k for k in read if k not in shifted and is_identity(space, operands[k])]
+    blocks = max(1, -(-max(n // vec, 1) // THREADS))
+    block, grid = ("blockIdx.x", "gridDim.x") if first_block is None else (f"(blockIdx.x - {first_block}u)", f"{blocks}u")
 
     def element(loads, store):
         w = _Writer(space, operands, "v", loads, order)
         values = [w.value(t) for t in body]
-        return w.lines + [store(k, t, v) for k, (t, v) in enumerate(zip(body, values))]
+        return w.lines + [store(first_output + k, t, v) for k, (t, v) in enumerate(zip(body, values))]
 
     vector_loads = {k: f"a{k}.v[u]" for k in identity}
-    lines = [f"  const {index} stride = ({index})gridDim.x * blockDim.x;",
-             f"  for ({index} j = ({index})blockIdx.x * blockDim.x + threadIdx.x; j < {n // vec}; j += stride) {{"]
+    outs = range(first_output, first_output + len(body))
+    lines = [f"  const {index} stride = ({index}){grid} * blockDim.x;",
+             f"  for ({index} j = ({index}){block} * blockDim.x + threadIdx.x; j < {n // vec}; j += stride) {{"]
     lines += [f"    const ct_vec<{storage_type(operands[k].dtype)}, {vec}> a{k} = "
-              f"reinterpret_cast<const ct_vec<{storage_type(operands[k].dtype)}, {vec}>*>(in{k})[j];" for k in sorted(identity)]
-    lines += [f"    ct_vec<{storage_type(t.dtype)}, {vec}> o{k};" for k, t in enumerate(body)]
+              f"reinterpret_cast<const ct_vec<{storage_type(operands[k].dtype)}, {vec}>*>(in{k})[j];" for k in identity]
+    lines += [f"    ct_vec<{storage_type(t.dtype)}, {vec}> o{k};" for k, t in zip(outs, body)]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} i = j * {vec} + u;"]
     lines += ["      " + s for s in element(vector_loads, lambda k, t, v: f"o{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});")]
     lines += ["    }"]
-    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[j] = o{k};" for k, t in enumerate(body)]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[j] = o{k};" for k, t in zip(outs, body)]
     lines += ["  }"]
     if n % vec:
-        lines += [f"  for ({index} i = {n - n % vec} + ({index})blockIdx.x * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
+        lines += [f"  for ({index} i = {n - n % vec} + ({index}){block} * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
         lines += ["    " + s for s in element({}, lambda k, t, v: f"out{k}[i] = ct_store<{storage_type(t.dtype)}>({v});")]
         lines += ["  }"]
-    blocks = max(1, -(-max(n // vec, 1) // THREADS))
+    return lines, blocks
+
+
+def elementwise_source(body, operands, aliased=(), order=None):
+    """One thread per ``VEC`` elements of the outputs' shape; a scalar loop takes the tail. ``order``: the outputs'
+    axes from the outermost in memory to the innermost where they are not stored in C order (channels last),
+    which the kernel then walks in memory order."""
+    lines, blocks = _elementwise_part(body, operands, order)
     return finished_source("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
+
+
+def horizontal_source(body, operands, aliased, spans):
+    """Several elementwise bodies in one launch (``rules.horizontal``): the outputs ``body[start:end]`` of each of
+    ``spans`` computed by blocks of their own, as ``elementwise_source`` would alone, each in C order."""
+    lines, first = [], 0
+    for start, end in spans:
+        part, blocks = _elementwise_part(body[start:end], operands, first_output=start, first_block=first)
+        first += blocks
+        lines += [f"  {'if' if start == 0 else '} else if'} (blockIdx.x < {first}u) {{"] + ["  " + s for s in part]
+    lines.append("  }")
+    return finished_source("horizontal", "\n".join(lines) + "\n", body, operands, aliased, first, (THREADS, 1, 1))
 
 
 def _accumulator(reduction):

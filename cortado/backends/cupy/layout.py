@@ -23,6 +23,7 @@ from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
 from .lowering.gemm import GEMM, gemm_operands
 from ...memplan import Step
+from ...rules.horizontal import Horizontal
 from .calls.cublaslt import matrix
 from .calls.cudnn_conv import packed
 from .codegen import (
@@ -370,13 +371,34 @@ def _inplace(k, strides, views):
         return ((t, c),) if c is not None else ()
     if t.op is not FUSED_OP:  # the window kernels and cuDNN read elements at other indices than they write
         return ()
+    if isinstance(t.attr("kernel"), Horizontal):
+        return _inplace_side_by_side(k, strides, views)
     shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
     readers = [a for j, a in enumerate(t.args) if j not in shifted]
     if any(s.op in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
-    return tuple((out, a) for out in k.terms for a in dict.fromkeys(readers)
+    return _same_places(k.terms, readers, strides, views)
+
+
+def _same_places(results, readers, strides, views):
+    """Pairs ``(result, reader)`` of one type and one layout, the reader no view: where the result may be written."""
+    return tuple((out, a) for out in results for a in dict.fromkeys(readers)
                  if a not in views and (a.shape, a.dtype) == (out.shape, out.dtype)
                  and same_layout(a.shape, strides[a], strides[out]))
+
+
+def _inplace_side_by_side(k, strides, views):
+    """``_inplace`` of kernels side by side: each part's results over the operands that part alone reads, at its own
+    indices (another part's threads may read an operand both read while this one writes it)."""
+    t = k.term
+    body, spans = t.attr("outputs"), t.attr("kernel").spans()
+    read = [{p.attr("index") for p in post_order(body[start:end]) if p.op is PARAM} for start, end in spans]
+    pairs = []
+    for part, (start, end) in enumerate(spans):
+        others = set().union(*(r for j, r in enumerate(read) if j != part))
+        own = read[part] - others - shifted_operands(body[start:end])
+        pairs += _same_places(k.terms[start:end], [t.args[i] for i in sorted(own)], strides, views)
+    return tuple(pairs)
 
 
 def _epilogue_operands(t):

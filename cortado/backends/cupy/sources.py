@@ -1,12 +1,13 @@
 """Which kernels compute a fused body: a row kernel, a fused reduction (one kernel, or two for split columns, with
-the scratch between them) or an elementwise kernel; and the copy kernel.
+the scratch between them), an elementwise kernel or several side by side; and the copy kernel.
 
     source = kernel_source(body, operands, aliased)   # -> Source(name, text, launch)
 """
 
 from ...exprgraph.ops import parameter
 from ...rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, row_shape
-from .codegen import elementwise_source
+from ...rules.horizontal import Horizontal
+from .codegen import elementwise_source, horizontal_source
 from .reduction_kernels import partials_bytes, reduction_sources
 from .row_kernels import row_source
 
@@ -17,6 +18,8 @@ def kernel_sources(body, operands, aliased=(), order=None, kernel=None):
     attribute; for a body of one's own, ``rules.fusion.kernel_shape`` decides); ``order``, for an elementwise body,
     as ``elementwise_source``'s."""
     kernel = kernel_shape(body) if kernel is None else kernel
+    if isinstance(kernel, Horizontal):
+        return [horizontal_source(body, operands, aliased, kernel.spans())]
     if kernel == ROW_KERNEL:
         return [row_source(body, operands, aliased, row_shape(body))]
     if kernel == REDUCTION_KERNEL:

@@ -2,6 +2,7 @@
 window (pad, flip, overlap_add), gather (take, take_along_axis), random-number (random_uniform) and copy (a reshape
 no view can be) kernels."""
 
+from ....rules.horizontal import Horizontal
 from ....exprgraph.ops import FLIP, FUSED_OP, OVERLAP_ADD, PAD, RANDOM_UNIFORM, RESHAPE, TAKE, TAKE_ALONG_AXIS
 from ..codegen import Operand, memory_order
 from ..index_kernels import take_along_axis_source, take_source
@@ -47,6 +48,8 @@ class Kernels(Runner):
             out = [view.addresses[d] for d in defined]
             aliased = {j for j, a in enumerate(t.args) if view.addresses.get(a) in out}  # feeds alias nothing of ours
             order = memory_order(t.shape, view.strides[defined[0]])
+            if isinstance(t.attrs.kernel, Horizontal):  # parts of at most two axes, stored in C order
+                order, self.detail = None, f"{len(t.attrs.kernel.parts)} kernels side by side"
             self.sources = kernel_sources(t.attrs.outputs, [operand(a) for a in t.args], aliased, order,
                                           t.attrs.kernel)
         for source in self.sources:

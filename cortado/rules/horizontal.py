@@ -1,0 +1,151 @@
+"""``side_by_side``: small elementwise kernels at either end of the step become one kernel each, side by side.
+
+An optimizer's update of a bias or a gain is an elementwise kernel over a few thousand elements, and so is a bias's
+cast to bfloat16 at the step's start: each costs a launch and a round trip to memory, several microseconds, for
+well under one of work, and a GPT step has about a hundred of each. Two kinds of small fused elementwise kernels
+can run together in any number:
+
+- final ones, every result of which is one of the program's own (an update, an output): nothing in the step waits
+  for them, so they run as one launch once the last of their operands exists;
+- initial ones, which read only the program's leaves (state, inputs, constants): their operands exist from the
+  start, so they run as one launch before their first reader.
+
+Each kernel of a group keeps its own body, shape and threads (``Horizontal.parts``), and the blocks of one grid
+are dealt out among them. No kernel of a group reads another's results (a final one's are read by nothing, an
+initial one reads only leaves), so grouping makes no cycle; each part reads only its own operands, so every value
+is computed exactly as before.
+
+    roots = side_by_side(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
+"""
+
+from dataclasses import dataclass
+
+from ..exprgraph.graph import post_order
+from ..exprgraph.ops import FUSED_OP, LEAF, PARAM, parameter
+from ..exprgraph.term import make
+from .engine import Rewrite
+from .fusion import ELEMENTWISE_KERNEL, inlined
+
+MOST_ELEMENTS = 1 << 16  # a kernel's results this small are launch-bound (a 768-wide AdamW update: ~3 us of a launch)
+MOST_POINTERS = 480  # a kernel's operands and results: its parameters stay within CUDA's 4 KiB of them
+MOST_AXES = 2  # vectors and matrices: always stored in C order, so each part walks its elements as stored
+
+
+@dataclass(frozen=True)
+class Horizontal:
+    """The kernel a fused term is when it is several elementwise kernels side by side (a fused term's ``kernel``
+    attribute): its body's outputs in consecutive ``parts`` of these sizes, each part one elementwise body over its
+    own shape, reading only its own operands."""
+
+    parts: tuple
+
+    def spans(self):
+        """``[(first output, end)]`` of each part."""
+        found, start = [], 0
+        for size in self.parts:
+            found.append((start, start + size))
+            start += size
+        return found
+
+
+def _end(results, users, roots):
+    """Which group the terms of one fused kernel may join: "final", "initial" or None. Only an elementwise body whose
+    every result is small and of at most ``MOST_AXES`` axes may join one."""
+    t = results[0]
+    if t.attr("kernel") != ELEMENTWISE_KERNEL or t.attr("again"):
+        return None
+    body = t.attr("outputs")
+    if len(results) != len(body) or any(o.size > MOST_ELEMENTS or o.ndim > MOST_AXES or o.size == 0 for o in body):
+        return None
+    if all(r in roots and not users.get(r) for r in results):
+        return "final"
+    return "initial" if all(a.op.kind == LEAF for a in t.args) else None
+
+
+def _kernels(roots):
+    """Each fused kernel of the graph as the tuple of its result terms, in schedule order, and every term's users."""
+    users, kernels = {}, {}
+    for t in post_order(roots):
+        for a in set(t.args):
+            users.setdefault(a, []).append(t)
+        if t.op is FUSED_OP:
+            kernels.setdefault((t.args, t.attr("outputs")), []).append(t)
+    return [tuple(sorted(terms, key=lambda t: t.attr("index"))) for terms in kernels.values()], users
+
+
+def _groups(candidates):
+    """The candidates in groups of two or more whose operands and results stay within ``MOST_POINTERS``."""
+    groups, current, operands, results = [], [], set(), 0
+    for results_of in candidates:
+        own = {a for a in results_of[0].args if not inlined(a)}
+        if current and len(operands | own) + results + len(results_of) > MOST_POINTERS:
+            groups.append(current)
+            current, operands, results = [], set(), 0
+        current.append(results_of)
+        operands |= own
+        results += len(results_of)
+    groups.append(current)
+    return [g for g in groups if len(g) > 1]
+
+
+def _renumbered(body, args, index_of):
+    """``body`` over parameters numbered as ``index_of`` numbers its operands ``args``."""
+    rebuilt = {}
+
+    def rebuild(t):
+        if t not in rebuilt:
+            if t.op is PARAM:
+                operand = args[t.attr("index")]
+                rebuilt[t] = parameter(index_of[operand], operand)
+            else:
+                rebuilt[t] = t.rebuild([rebuild(a) for a in t.args]) if t.args else t
+        return rebuilt[t]
+
+    return tuple(rebuild(t) for t in body)
+
+
+def _side_by_side(group, trace):
+    """``{old result: new result}``: the kernels of ``group`` as one fused term of a ``Horizontal`` kernel."""
+    inputs, index_of, body, parts = [], {}, [], []
+    for results in group:
+        for a in results[0].args:
+            if a not in index_of:
+                index_of[a] = len(inputs)
+                inputs.append(a)
+        body += _renumbered(results[0].attr("outputs"), results[0].args, index_of)
+        parts.append(len(results))
+    kernel, body = Horizontal(tuple(parts)), tuple(body)
+    replaced = {}
+    for index, old in enumerate(r for results in group for r in results):
+        replaced[old] = make(FUSED_OP, inputs, (body, index, False, kernel))
+        trace.append(Rewrite("fuse-side-by-side", old, replaced[old]))
+    return replaced
+
+
+def side_by_side(roots, trace):
+    """``roots`` with their small initial, then their small final elementwise kernels grouped (see the module
+    docstring): the final groups read what the initial ones made."""
+    for end in ("initial", "final"):
+        roots = _grouped(tuple(roots), end, trace)
+    return roots
+
+
+def _grouped(roots, end, trace):
+    """``roots`` with the small kernels of ``end`` grouped."""
+    kernels, users = _kernels(roots)
+    final = set(roots)
+    replaced = {}
+    for group in _groups([results for results in kernels if _end(results, users, final) == end]):
+        replaced.update(_side_by_side(group, trace))
+    return _rebuilt(roots, replaced) if replaced else roots
+
+
+def _rebuilt(roots, replaced):
+    """``roots`` with the terms of ``replaced`` swapped in wherever they are read."""
+    made = dict(replaced)
+    for t in post_order(roots):
+        if t not in made and t.args:
+            args = tuple(made.get(a, a) for a in t.args)
+            if any(new is not old for new, old in zip(args, t.args)):
+                made[t] = t.rebuild(args)
+    return tuple(made.get(r, r) for r in roots)

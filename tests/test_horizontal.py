@@ -1,0 +1,158 @@
+"""Kernels side by side (rules.horizontal): small elementwise kernels that only write the step's results become one
+kernel; values are unchanged, nothing else is grouped, and a part writes in place only what no other part reads."""
+
+import numpy as np
+import pytest
+from hypothesis import given
+
+import cortado as ct
+from cortado import nn, optim
+from cortado.backends.cupy.codegen import Operand, contiguous_strides, horizontal_source
+from cortado.compiler import Kernel
+from cortado.exprgraph.dtypes import BFLOAT16
+from cortado.rules import horizontal
+from cortado.rules.engine import Trace
+from cortado.rules.fusion import KernelShapes, fuse
+from cortado.rules.horizontal import Horizontal, side_by_side
+from cortado.testing import graphs_with_feeds
+from reference_checks import host, skip_without_device
+
+GPU = KernelShapes(one_op=True, sibling_columns=True, horizontal=True)
+
+
+def _grouped(roots):
+    fused, _ = fuse(roots, shapes=GPU)
+    trace = Trace()
+    return side_by_side(fused, trace), trace
+
+
+def _side_by_side_kernels(roots):
+    return {(t.args, t.attr("outputs")) for t in ct.schedule(list(roots))
+            if t.op.name == "fused" and isinstance(t.attr("kernel"), Horizontal)}
+
+
+def _adam_step():
+    """A two-layer MLP's AdamW step: two weight matrices, two biases, a LayerNorm's gain and bias."""
+    model = nn.Sequential(nn.Linear(6, 8), nn.LayerNorm(8), nn.Linear(8, 3))
+    x, y = ct.var("x", (4, 6)), ct.var("y", (4, 3))
+    out = model(x)
+    loss = ct.mean((out - y) * (out - y))
+    params = {name: p.var for name, p in model.named_parameters()}
+    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, list(params.values())))
+    values = {**model.initial_values(seed=0), **{v: np.asarray(value) for v, value in state.items()}}
+    return loss, x, y, params, values, updates
+
+
+def test_an_optimizers_small_updates_become_one_kernel_and_its_large_ones_stay():
+    shapes = {"bias": (768,), "gain": (3,), "small": (16, 8), "large": (300, 300)}
+    params = {name: ct.var(name, shape) for name, shape in shapes.items()}
+    gradients = [ct.var(f"g_{name}", shape) for name, shape in shapes.items()]
+    _, updates = optim.AdamW(lr=1e-2).updates(params, gradients)
+    roots, trace = _grouped(list(updates.values()))
+    ((_, body),) = _side_by_side_kernels(roots)
+    assert sorted(o.shape for o in body) == sorted([(768,), (3,), (16, 8)] * 3)  # each parameter, its two moments
+    assert trace.counts() == {"fuse-side-by-side": 9}
+
+
+def test_side_by_side_the_step_computes_the_same_bits():
+    loss, x, y, _, values, updates = _adam_step()
+    roots = [loss, *updates.values()]
+    grouped, _ = _grouped(roots)
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 6)).astype(np.float32), "y": rng.standard_normal((4, 3)).astype(np.float32),
+             **{v.name: value for v, value in values.items()}}
+    for ours, expected in zip(ct.evaluate(list(grouped), feeds), ct.evaluate(roots, feeds)):
+        np.testing.assert_array_equal(ours, expected)
+
+
+def test_a_kernel_whose_result_another_reads_or_that_is_large_stays_alone():
+    v, w, big = ct.var("v", (8,)), ct.var("w", (8,)), ct.var("big", (300, 300))
+    read_later = ct.exp(v)
+    roots, _ = _grouped([read_later, ct.sum(read_later * 2.0), ct.tanh(w), big * 2.0])
+    assert not _side_by_side_kernels(roots)
+    roots, _ = _grouped([ct.exp(v), ct.tanh(w), big * 2.0])
+    ((_, body),) = _side_by_side_kernels(roots)
+    assert [o.shape for o in body] == [(8,), (8,)]
+
+
+def test_groups_keep_within_the_pointers_a_kernel_may_take(monkeypatch):
+    monkeypatch.setattr(horizontal, "MOST_POINTERS", 5)
+    vs = [ct.var(f"v{i}", (4,)) for i in range(6)]
+    roots, _ = _grouped([ct.exp(v) for v in vs])
+    kernels = _side_by_side_kernels(roots)
+    assert sorted(len(body) for _, body in kernels) == [2, 2, 2]  # (two operands, two results) a group
+
+
+@given(graphs_with_feeds())
+def test_grouping_never_changes_a_value(case):
+    graph, feeds = case
+    roots, _ = _grouped(list(graph.outputs))
+    for ours, expected in zip(ct.evaluate(list(roots), feeds), ct.evaluate(list(graph.outputs), feeds)):
+        np.testing.assert_array_equal(ours, expected)
+
+
+def test_a_part_writes_in_place_only_an_operand_no_other_part_reads():
+    from cortado.backends.cupy.layout import _inplace
+
+    s, v = ct.var("s", ()), ct.var("v", (8,))
+    roots, _ = _grouped([s + 1.0, v * s])
+    results = tuple(sorted(roots, key=lambda t: t.attr("index")))
+    strides = {t: contiguous_strides(t.shape) for t in (s, v, *results)}
+    pairs = _inplace(Kernel(results, tuple(dict.fromkeys(results[0].args))), strides, {})
+    assert pairs == ((results[1], v),)  # the scalar is read by both parts: no part writes over it
+
+
+def test_each_part_has_blocks_of_its_own():
+    a, b = ct.var("a", (1000,)), ct.var("b", (3, 5), "bfloat16")
+    roots, _ = _grouped([ct.exp(a), b * 2.0])
+    t = roots[0]
+    operands = [Operand(x.shape, x.dtype, contiguous_strides(x.shape)) for x in t.args]
+    source = horizontal_source(t.attr("outputs"), operands, (), t.attr("kernel").spans())
+    assert source.blocks == 2  # 250 vectors of four floats, then 15 bfloat16 values
+    assert "if (blockIdx.x < 1u)" in source.text and "} else if (blockIdx.x < 2u)" in source.text
+    assert "(blockIdx.x - 1u)" in source.text
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_an_adamw_step_with_its_updates_side_by_side_equals_the_reference():
+    skip_without_device("cupy")
+    loss, x, y, _, values, updates = _adam_step()
+    rng = np.random.default_rng(1)
+    state = {v: value for v, value in values.items()}
+    steps = {backend: ct.compile([loss], inputs=[x, y], state=state, updates=updates, backend=backend)
+             for backend in ("numpy", "cupy")}
+    assert "fuse-side-by-side" in steps["cupy"].explain()
+    for _ in range(3):
+        feeds = {"x": rng.standard_normal((4, 6)).astype(np.float32), "y": rng.standard_normal((4, 3)).astype(np.float32)}
+        for step in steps.values():
+            step(**feeds)
+    for v in updates:
+        np.testing.assert_allclose(host(steps["cupy"].state[v.name]), steps["numpy"].state[v.name], rtol=1e-4, atol=1e-6)
+
+
+def test_small_kernels_of_the_programs_leaves_become_one_kernel_before_their_readers():
+    w, b, c, x = ct.var("w", (64, 32)), ct.var("b", (64,)), ct.var("c", (64,)), ct.var("x", (8, 32), "bfloat16")
+    h = ct.matmul(x, ct.transpose(ct.cast(w, "bfloat16")))
+    out = ct.sum(ct.cast(h * ct.cast(b, "bfloat16") + ct.cast(c, "bfloat16"), "float32"))
+    casts = [ct.cast(b, "bfloat16"), ct.cast(c, "bfloat16")]
+    roots, _ = _grouped([out, *(ct.sum(ct.cast(t, "float32")) for t in casts)])
+    bodies = [body for _, body in _side_by_side_kernels(roots)]
+    assert [sorted(o.shape for o in body) for body in bodies] == [[(64,), (64,), (64, 32)]]
+    feeds = {"w": np.ones((64, 32), np.float32), "b": np.arange(64, dtype=np.float32),
+             "c": np.full(64, 0.5, np.float32), "x": np.ones((8, 32), BFLOAT16)}
+    for ours, expected in zip(ct.evaluate(list(roots), feeds),
+                              ct.evaluate([out, *(ct.sum(ct.cast(t, "float32")) for t in casts)], feeds)):
+        np.testing.assert_array_equal(ours, expected)
+
+
+def test_grouping_both_ends_keeps_one_copy_of_everything_between():
+    w, v, x = ct.var("w", (16, 8)), ct.var("v", (16, 8)), ct.var("x", (4, 8), "bfloat16")
+    c, d = ct.var("c", (3,)), ct.var("d", (5,))
+    h = ct.matmul(x, ct.transpose(ct.cast(w, "bfloat16"))) * ct.matmul(x, ct.transpose(ct.cast(v, "bfloat16")))
+    total = ct.sum(ct.cast(h, "float32"))
+    roots = [total, c - 0.1 * total, d * 2.0]  # the final kernels read what the initial ones feed
+    grouped, _ = _grouped(roots)
+    assert len(_side_by_side_kernels(grouped)) == 2  # the casts of w and v; the kernels of c and d
+    before, _ = fuse(roots, shapes=GPU)
+    count = lambda rs: sum(t.op.name == "matmul" for t in ct.schedule(list(rs)))  # noqa: E731
+    assert count(grouped) == count(before) == 2
