@@ -17,6 +17,7 @@ before writing the same element of ``out``.
 """
 
 import functools
+import itertools
 import math
 
 import numpy as np
@@ -133,8 +134,31 @@ def _sum(em, attrs, args, out):
     em.call(np.add.reduce, args[0], axis=attrs.axes, dtype=out.dtype, out=out, keepdims=attrs.keepdims)
 
 
+SMALL_WINDOW = 16  # a max over at most this many elements a place (a pooling window) is taken slice by slice
+
+
 def _max(em, attrs, args, out):
-    em.call(np.maximum.reduce, args[0], axis=attrs.axes, out=out, keepdims=attrs.keepdims)
+    """NumPy's reduce over a few elements a place (a 2x2 pooling window, innermost) runs an inner loop of two
+    elements per output, ten times slower than comparing whole strided slices: there, the maximum of the window's
+    slices in the reduce's own order (C order of the reduced axes), so the same element wins every tie."""
+    x, axes, keepdims = args[0], attrs.axes, attrs.keepdims
+    window = math.prod(x.shape[a] for a in axes)
+    if not 1 < window <= SMALL_WINDOW or out.size < SMALL_WINDOW:
+        em.call(np.maximum.reduce, x, axis=axes, out=out, keepdims=keepdims)
+        return
+    places = itertools.product(*(range(x.shape[a]) for a in axes))
+    slices = [x[tuple(_place(axis, axes, place, keepdims) for axis in range(x.ndim))] for place in places]
+    em.call(np.copyto, out, slices[0])
+    for part in slices[1:]:
+        em.call(np.maximum, out, part, out=out)
+
+
+def _place(axis, axes, place, keepdims):
+    """The index of ``axis`` in the slice of a reduction over ``axes`` at ``place`` (its index on each of them)."""
+    if axis not in axes:
+        return slice(None)
+    i = place[axes.index(axis)]
+    return slice(i, i + 1) if keepdims else i
 
 
 def _mean(em, attrs, args, out):

@@ -1,0 +1,33 @@
+"""NumPy kernels that take another road than the obvious call compute the same bits: a max over a few elements a
+place (a pooling window) taken slice by slice."""
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado.backends.numpy.kernels import SMALL_WINDOW, Emitter, emit
+
+
+def _max_by_emitter(x, axes, keepdims):
+    term = ct.max(ct.var("x", x.shape, x.dtype.name), axis=axes, keepdims=keepdims)
+    out = np.empty(term.shape, x.dtype)
+    em = Emitter()
+    emit(em, term, [x], out)
+    for call in em.calls:
+        call()
+    return out, len(em.calls)
+
+
+@pytest.mark.parametrize("axes", [(4, 5), (1, 3), (0,), (2, 4, 5)])
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_a_max_over_windows_is_numpys_to_the_bit_nans_and_signed_zeros_included(axes, keepdims):
+    rng = np.random.default_rng(0)
+    x = rng.choice(np.array([-1.5, -0.0, 0.0, 2.0, np.nan, np.inf, -np.inf], np.float32), size=(3, 2, 5, 2, 2, 2))
+    windows = np.lib.stride_tricks.sliding_window_view(x, (2, 2), axis=(4, 5))[..., 0, 0, :, :]  # a strided view
+    for source in (x, windows):
+        ours, calls = _max_by_emitter(source, axes, keepdims)
+        expected = np.max(source, axis=axes, keepdims=keepdims)
+        np.testing.assert_array_equal(ours, expected)
+        np.testing.assert_array_equal(np.signbit(ours), np.signbit(expected))
+        window = int(np.prod([source.shape[a] for a in axes]))
+        assert calls == (window if 1 < window <= SMALL_WINDOW else 1)
