@@ -31,3 +31,17 @@ def test_a_max_over_windows_is_numpys_to_the_bit_nans_and_signed_zeros_included(
         np.testing.assert_array_equal(np.signbit(ours), np.signbit(expected))
         window = int(np.prod([source.shape[a] for a in axes]))
         assert calls == (window if 1 < window <= SMALL_WINDOW else 1)
+
+
+def test_an_einsum_of_two_floating_operands_runs_as_one_matmul_on_the_cpu():
+    a, b = ct.var("a", (1024, 63)), ct.var("b", (1, 1024, 64))
+    out = ct.einsum("ti,bte->bie", a, b)
+    program = ct.compile(out, inputs=[a, b])
+    assert "einsum-as-matmul x1" in program.explain()
+    rng = np.random.default_rng(0)
+    feeds = {"a": rng.standard_normal((1024, 63)).astype(np.float32),
+             "b": rng.standard_normal((1, 1024, 64)).astype(np.float32)}
+    np.testing.assert_allclose(program(**feeds), np.einsum("ti,bte->bie", *feeds.values()), rtol=1e-4, atol=1e-4)
+    i, j = ct.var("i", (3, 4), "int32"), ct.var("j", (4, 5), "int32")
+    integers = ct.compile(ct.einsum("ij,jk->ik", i, j), inputs=[i, j])  # no BLAS for integers: np.einsum's
+    assert [k.term.op.name for k in integers.kernels if not k.is_load] == ["einsum"]

@@ -227,7 +227,9 @@ def _einsum_as_product(b):
     return ct.broadcast_to(cast_to(product, term.dtype), term.shape)
 
 
+EINSUM_AS_MATMUL = Rule("einsum-as-matmul", "einsum(*_xs, subscripts=_s)", _einsum_as_matmul)
 einsum_lowering = RuleSet([
-    Rule("einsum-as-matmul", "einsum(*_xs, subscripts=_s)", _einsum_as_matmul),
+    EINSUM_AS_MATMUL,
     Rule("einsum-as-product", "einsum(*_xs, subscripts=_s)", _einsum_as_product),
 ], name="einsum lowering")
+einsums_as_matmuls = RuleSet([EINSUM_AS_MATMUL], name="einsums as matmuls")  # the CPU's: np.einsum takes the rest
