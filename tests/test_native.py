@@ -1,6 +1,7 @@
 """The CPU's fused regions compiled to C: the same bits as NumPy's op-by-op calls, on broadcast, strided and in-place
 operands; regions C does not compute stay NumPy's; libraries come from the disk cache; no compiler, no change."""
 
+import ctypes
 from unittest import mock
 
 import numpy as np
@@ -53,6 +54,29 @@ def test_a_transcendental_stays_numpys_between_loop_nests_where_that_saves_passe
                                        monkeypatch)
     assert len(program._executor.native.names) == 2  # the loop nests before and after exp
     np.testing.assert_array_equal(ours, numpy)
+
+
+def test_convolution_windows_and_their_gradients_taps_are_c_copies_with_numpys_bits(monkeypatch):
+    """A convolution's windows copied into columns, and a pooling gradient's windows added back tap by tap
+    (overlapping windows too, a stride smaller than the window), are C loop nests: the same bits as NumPy's copies."""
+    x, w = ct.var("x", (4, 3, 9, 9)), ct.var("w", (5, 3, 3, 3))
+    h = ct.conv(x, w, strides=(1, 1), padding=((1, 1), (1, 1)))
+    pooled = ct.max_pool2d(ct.relu(h), 2) + ct.sum(ct.windows(h, (3, 3), strides=(2, 2)), axis=(4, 5))
+    loss = ct.sum(pooled * pooled)
+    outputs = [loss, *ct.grad(loss, [x, w])]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 3, 9, 9)).astype(np.float32),
+             "w": rng.standard_normal((5, 3, 3, 3)).astype(np.float32)}
+    program, ours, numpy = _both(outputs, [x, w], feeds, monkeypatch)
+    executor = program._executor
+    calls = {}
+    for call, kernel in zip(executor.calls, executor.call_kernel):
+        calls.setdefault(kernel.term.op.name, []).append(getattr(call, "func", call))
+    assert "overlap_add" in calls and all(f is native._in_turn for f in calls["overlap_add"])  # fill, then C taps
+    conv_kernels = sum(k.term.op.name == "conv" for k in program.kernels)
+    assert sum(isinstance(f, ctypes._CFuncPtr) for f in calls["conv"]) == conv_kernels  # each one's window copy
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_an_update_written_in_place_reads_each_element_before_writing_it():

@@ -72,13 +72,9 @@ def window_view(x, window_shape, strides, dilation):
 
 def overlap_add_into(out, x, strides, dilation):
     """``out`` = the windows ``x`` (``lead + counts + window``) added back where ``window_view`` took them."""
-    count = len(strides)
-    counts, window = x.shape[x.ndim - 2 * count:x.ndim - count], x.shape[x.ndim - count:]
     out.fill(0)
-    for tap in np.ndindex(*window):
-        target = out[(Ellipsis,) + tuple(slice(t * d, t * d + (n - 1) * s + 1, s)
-                                         for t, d, n, s in zip(tap, dilation, counts, strides))]
-        np.add(target, x[(Ellipsis,) + tap], out=target)
+    for target, windows in overlap_taps(out, x, strides, dilation):
+        np.add(target, windows, out=target)
 
 
 def conv_columns_shape(x_shape, w_shape, out_shape, groups):
@@ -98,11 +94,26 @@ def conv_windows(xp, w_shape, out_shape, strides, rhs_dilation, groups):
 
 def conv_into(out, xp, w, strides, rhs_dilation, groups, columns):
     """``out`` = the convolution of the padded, dilated input ``xp`` with ``w``: the windows copied into
-    ``columns`` (``conv_columns_shape``), then one batched matrix product per group."""
+    ``columns`` (``conv_columns_shape``), then one batched matrix product per group (``conv_product``)."""
     windows = conv_windows(xp, w.shape, out.shape, strides, rhs_dilation, groups)
     np.copyto(columns.reshape(windows.shape), windows)
+    conv_product(out, w, columns, groups)
+
+
+def conv_product(out, w, columns, groups):
+    """``out`` = the weights ``w`` times the windows copied into ``columns``, one batched product per group."""
     weights = w.reshape(groups, w.shape[0] // groups, columns.shape[2])
     np.matmul(weights, columns, out=out.reshape(out.shape[0], groups, w.shape[0] // groups, columns.shape[3]))
+
+
+def overlap_taps(out, x, strides, dilation):
+    """``(place in out, windows)`` of each tap of a window, in order: ``overlap_add_into`` adds each window element
+    ``x[..., tap]`` into ``out`` at its place."""
+    count = len(strides)
+    counts, window = x.shape[x.ndim - 2 * count:x.ndim - count], x.shape[x.ndim - count:]
+    return [(out[(Ellipsis,) + tuple(slice(t * d, t * d + (n - 1) * s + 1, s)
+                                     for t, d, n, s in zip(tap, dilation, counts, strides))], x[(Ellipsis,) + tap])
+            for tap in np.ndindex(*window)]
 
 
 def conv(x, w, strides, padding, lhs_dilation, rhs_dilation, groups):

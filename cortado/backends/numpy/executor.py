@@ -89,7 +89,7 @@ class Executor(interface.Executor):
                 continue
             workspace = ("workspace", i)
             size = plan[workspace].nbytes if workspace in plan else 0
-            em = Emitter(_view(self.arena, plan[workspace].offset if size else 0, (size,), np.uint8))
+            em = Emitter(_view(self.arena, plan[workspace].offset if size else 0, (size,), np.uint8), self.native)
             self._emit(em, kernel, arrays)
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)

@@ -23,16 +23,18 @@ import math
 import numpy as np
 
 from ...exprgraph import attending, gathering, windowing
+from ...exprgraph.term import make
 from ...exprgraph.dtypes import is_float
 from ...exprgraph.ops import random
 from ...exprgraph.ops import (
-    ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
+    ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
     OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS, RANDOM_UNIFORM,
-    WHERE, ufunc_loop,
+    WHERE, parameter, ufunc_loop,
 )
 from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
+from . import csource
 
 SCRATCH_ALIGNMENT = 64
 
@@ -53,8 +55,9 @@ class Emitter:
     Without a workspace it only measures; with one, a request beyond it is the planner's error.
     """
 
-    def __init__(self, workspace=None):
+    def __init__(self, workspace=None, native=None):
         self.workspace = workspace
+        self.native = native  # a ``native.Batch`` where C loop nests may take strided copies, else None
         self.calls = []
         self.top = 0
         self._free = {}  # aligned size -> offsets released for reuse
@@ -255,7 +258,9 @@ def _conv(em, attrs, args, out):
     weights = em.scratch(w.shape, out.dtype)
     em.call(np.copyto, weights, w, casting="unsafe")
     columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
-    em.call(windowing.conv_into, out, xp, weights, attrs.strides, attrs.rhs_dilation, groups, columns)
+    windows = windowing.conv_windows(xp, w.shape, out.shape, attrs.strides, attrs.rhs_dilation, groups)
+    _strided(em, [(None, columns.reshape(windows.shape), [windows])])
+    em.call(windowing.conv_product, out, weights, columns, groups)
     for array in (columns, weights) + ((xp,) if xp is not x else ()):
         em.release(array)
 
@@ -266,7 +271,35 @@ def _pad(em, attrs, args, out):
 
 
 def _overlap_add(em, attrs, args, out):
-    em.call(windowing.overlap_add_into, out, args[0], attrs.strides, attrs.dilation)
+    taps = windowing.overlap_taps(out, args[0], attrs.strides, attrs.dilation)
+    _strided(em, [functools.partial(out.fill, 0)] + [(ADD, target, [target, windows]) for target, windows in taps])
+
+
+def _strided(em, steps):
+    """Steps over strided views, in turn: each a NumPy call, or ``(op, target, sources)``, ``target = op(*sources)``
+    (a copy where ``op`` is None), elementwise. NumPy walks a view whose inner axes are short (a convolution's
+    windows, a pooling window's taps) an element at a time; a C loop nest of the same operations in the same order
+    gives the same bits several times faster, where native code is at hand (``em.native``)."""
+    numpy_calls, pieces = [], []
+    for step in steps:
+        if callable(step):
+            numpy_calls.append(step)
+            pieces.append(step)
+            continue
+        op, target, sources = step
+        numpy_calls.append(functools.partial(np.copyto, target, sources[0]) if op is None
+                           else functools.partial(UFUNCS[op], *sources, out=target))
+        if pieces is not None and em.native is not None:
+            params = [parameter(k, source) for k, source in enumerate(sources)]
+            term = params[0] if op is None else make(op, params)
+            found = csource.loop_nest([(term, target)], dict(zip(params, sources)), target.shape)
+            pieces = None if found is None else pieces + [(found[0], found[1], [a.ctypes.data for a in found[2]])]
+        else:
+            pieces = None
+    if pieces is None:
+        em.calls.extend(numpy_calls)
+    else:
+        em.calls.append(em.native.add(pieces, numpy_calls))
 
 
 def _take(em, attrs, args, out):
