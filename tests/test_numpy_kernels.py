@@ -45,3 +45,15 @@ def test_an_einsum_of_two_floating_operands_runs_as_one_matmul_on_the_cpu():
     i, j = ct.var("i", (3, 4), "int32"), ct.var("j", (4, 5), "int32")
     integers = ct.compile(ct.einsum("ij,jk->ik", i, j), inputs=[i, j])  # no BLAS for integers: np.einsum's
     assert [k.term.op.name for k in integers.kernels if not k.is_load] == ["einsum"]
+
+
+def test_a_stack_of_matrices_times_one_matrix_is_one_product_of_all_rows():
+    x, w = ct.var("x", (4, 6, 5)), ct.var("w", (5, 3))
+    program = ct.compile(ct.matmul(x, w) + 1.0, inputs=[x, w])
+    calls = [c for c, k in zip(program._executor.calls, program._executor.call_kernel) if k.term.op.name == "matmul"]
+    assert [c.args[0].shape for c in calls] == [(24, 5)]
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((4, 6, 5)).astype(np.float32), "w": rng.standard_normal((5, 3)).astype(np.float32)}
+    np.testing.assert_allclose(program(**feeds), feeds["x"] @ feeds["w"] + 1.0, rtol=1e-6)
+    transposed = ct.compile(ct.matmul(ct.transpose(x, (1, 0, 2)), w), inputs=[x, w])  # no view of rows: a stack
+    np.testing.assert_allclose(transposed(**feeds), feeds["x"].transpose(1, 0, 2) @ feeds["w"], rtol=1e-6)

@@ -234,7 +234,22 @@ def _log_softmax(em, attrs, args, out):
 
 
 def _matmul(em, attrs, args, out):
-    em.call(np.matmul, *args, out=out)
+    """A stack of matrices times one matrix (a linear layer over a batch of sequences) as one product of all their
+    rows: NumPy's matmul makes one BLAS call a matrix of the stack, 1.6 times slower at the GPT example's shapes."""
+    a, b = args
+    rows = _as_rows(a)
+    if b.ndim == 2 and a.ndim > 2 and rows is not None and out.flags.c_contiguous:
+        em.call(np.matmul, rows, b, out=out.reshape(rows.shape[0], out.shape[-1]))
+        return
+    em.call(np.matmul, a, b, out=out)
+
+
+def _as_rows(a):
+    """``a``'s matrices stacked into one matrix of all their rows, as a view, or None where no view can be."""
+    try:
+        return a.view().reshape((-1, a.shape[-1]), copy=False) if a.size else None
+    except (ValueError, AttributeError, TypeError):
+        return None
 
 
 def _einsum(em, attrs, args, out):
