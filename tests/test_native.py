@@ -10,6 +10,7 @@ from hypothesis import given, settings
 
 import cortado as ct
 from cortado import testing
+from cortado.exprgraph import constructors
 from cortado.backends.numpy import native
 
 pytestmark = pytest.mark.skipif(native.toolchain() is None, reason="no C compiler here")
@@ -75,6 +76,21 @@ def test_convolution_windows_and_their_gradients_taps_are_c_copies_with_numpys_b
     assert "overlap_add" in calls and all(f is native._in_turn for f in calls["overlap_add"])  # fill, then C taps
     conv_kernels = sum(k.term.op.name == "conv" for k in program.kernels)
     assert sum(isinstance(f, ctypes._CFuncPtr) for f in calls["conv"]) == conv_kernels  # each one's window copy
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attentions_scores_are_shifted_in_c_with_numpys_bits_infinities_and_nans_included(causal, monkeypatch):
+    q, k, v = (ct.var(name, (2, 3, 7, 4)) for name in "qkv")
+    out = constructors.attention(q, k, v, 0.37, causal)  # what the rules make of softmax(q k^T * s) @ v
+    loss = ct.sum(out * out)
+    outputs = [out, *ct.grad(loss, [q, k, v])]
+    rng = np.random.default_rng(1)
+    feeds = {name: rng.standard_normal((2, 3, 7, 4)).astype(np.float32) for name in "qkv"}
+    feeds["q"][0, 0, 2, 1], feeds["k"][1, 2, 5, 0], feeds["q"][1, 1, 3, 2] = np.inf, -np.inf, np.nan
+    program, ours, numpy = _both(outputs, [q, k, v], feeds, monkeypatch)
+    assert any(name.startswith("shift_") for name in program._executor.native.names)
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
 

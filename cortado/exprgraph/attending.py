@@ -39,43 +39,57 @@ def _carved(flat, shape):
     return flat[:math.prod(shape)].reshape(shape)
 
 
-def _blocks(q, k):
+def blocks(q, k):
     """``(first query, last query + 1)`` of each block."""
     queries, rows = q.shape[-2], block_rows(q, k)
     for start in range(0, queries, rows):
         yield start, min(start + rows, queries)
 
 
-def _probabilities(flat, q, k, scale, causal, start, stop):
-    """The block's softmax of ``q @ k^T * scale`` over the keys, masked where causal, in ``flat``."""
-    keys = k.shape[-2]
-    s = _carved(flat, q.shape[:-2] + (stop - start, keys))
+def block_scores(flat, q, k, start, stop):
+    """The block's scores as ``flat`` holds them: ``lead + (queries of the block, keys)``, C order."""
+    return _carved(flat, q.shape[:-2] + (stop - start, k.shape[-2]))
+
+
+def _probabilities(flat, q, k, scale, causal, start, stop, shifts=None):
+    """The block's softmax of ``q @ k^T * scale`` over the keys, masked where causal, in ``flat``; ``shifts``: for a
+    block's first query, a call doing ``shift_scores`` on its scores in its own way (the CPU's C), where given."""
+    s = block_scores(flat, q, k, start, stop)
     np.matmul(q[..., start:stop, :], np.swapaxes(k, -1, -2), out=s)
-    s *= scale
-    if causal:
-        np.copyto(s, -np.inf, where=np.arange(keys) > np.arange(start, stop)[:, None])
-    s -= finite_peak(np.max(s, axis=-1, keepdims=True), np)  # softmax's shift, as in the plain form
+    if shifts is None:
+        shift_scores(s, scale, causal, start)
+    else:
+        shifts[start]()
     np.exp(s, out=s)
     s /= np.sum(s, axis=-1, keepdims=True)
     return s
 
 
-def attention_into(out, q, k, v, scale, causal, scores):
+def shift_scores(s, scale, causal, start):
+    """A block's scores ``s`` (its first query ``start``) scaled, masked where causal, and shifted by each row's max
+    (softmax's shift, as in the plain form: 0 where the max is not finite), in place."""
+    s *= scale
+    if causal:
+        np.copyto(s, -np.inf, where=np.arange(s.shape[-1]) > np.arange(start, start + s.shape[-2])[:, None])
+    s -= finite_peak(np.max(s, axis=-1, keepdims=True), np)
+
+
+def attention_into(out, q, k, v, scale, causal, scores, shifts=None):
     if k.shape[-2] == 0:
         out[...] = 0
         return
-    for start, stop in _blocks(q, k):
-        p = _probabilities(scores, q, k, scale, causal, start, stop)
+    for start, stop in blocks(q, k):
+        p = _probabilities(scores, q, k, scale, causal, start, stop, shifts)
         np.matmul(p, v, out=out[..., start:stop, :])
 
 
-def attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial):
+def attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial, shifts=None):
     dq[...], dk[...], dv[...] = 0, 0, 0
     if k.shape[-2] == 0:
         return
     lead, keys = q.shape[:-2], k.shape[-2]
-    for start, stop in _blocks(q, k):
-        p = _probabilities(scores, q, k, scale, causal, start, stop)
+    for start, stop in blocks(q, k):
+        p = _probabilities(scores, q, k, scale, causal, start, stop, shifts)
         g, rows = dout[..., start:stop, :], q[..., start:stop, :]
         part = _carved(partial, lead + (keys, v.shape[-1]))
         np.matmul(np.swapaxes(p, -1, -2), g, out=part)

@@ -167,3 +167,25 @@ def region(outputs, args, outs):
     ``outs``."""
     sources = {t: args[t.attr("index")] for t in post_order(outputs) if t.op is PARAM}
     return loop_nest(list(zip(outputs, outs)), sources, outs[0].shape)
+
+
+def scores_shift(shape, start, scale, causal, dtype):
+    """``(name, C source)`` of ``attending.shift_scores`` over a block of scores of ``shape`` (``lead + (queries,
+    keys)``, C order; its first query ``start``), in place and in one pass a row instead of NumPy's five: each score
+    times ``scale`` rounded to ``dtype`` (as NumPy multiplies by a Python float), ``-inf`` past the row's own query
+    where ``causal``, then less the row's max, 0 where that is not finite or the row holds a NaN (where ``np.max`` is
+    NaN): the max of the others, which need not compare NaNs, vectorizes."""
+    c, suffix = C_TYPES[np.dtype(dtype)], _suffix(np.dtype(dtype))
+    queries, keys = shape[-2], shape[-1]
+    rows = int(np.prod(shape[:-1]))
+    mask = f"    for (long j = q + {start}L + 1; j < {keys}L; ++j) row[j] = -(1.0{suffix}/0.0{suffix});\n" if causal else ""
+    text = (f"{{\n  {c}* s = ({c}*)p[0];\n"
+            f"  for (long r = 0; r < {rows}L; ++r) {{\n    {c}* row = s + r * {keys}L;\n    const long q = r % {queries}L;\n"
+            f"    for (long j = 0; j < {keys}L; ++j) row[j] = row[j] * {_literal(scale, dtype)};\n{mask}"
+            f"    {c} peak = -(1.0{suffix}/0.0{suffix});\n    int nan = 0;\n"
+            f"    #pragma omp simd reduction(max:peak) reduction(|:nan)\n"
+            f"    for (long j = 0; j < {keys}L; ++j) {{ peak = row[j] > peak ? row[j] : peak; nan |= row[j] != row[j]; }}\n"
+            f"    if (nan || !((peak < 0 ? -peak : peak) < (1.0{suffix}/0.0{suffix}))) peak = 0;\n"
+            f"    for (long j = 0; j < {keys}L; ++j) row[j] = row[j] - peak;\n  }}\n}}\n")
+    name = "shift_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {text}"

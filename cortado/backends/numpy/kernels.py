@@ -344,7 +344,8 @@ def _released(em, arrays):
 
 def _attention(em, attrs, args, out):
     scratch = _attention_scratch(em, *args, out.dtype, 1)
-    em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, *scratch)
+    shifts = _shifts(em, scratch[0], *args[:2], attrs)
+    em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, *scratch, shifts=shifts)
     _released(em, scratch)
 
 
@@ -352,8 +353,23 @@ def _attention_grad(em, attrs, args, out):
     """``out``: the three results, ``(dq, dk, dv)``; the forward's result (``args[3]``) is not read."""
     q, k, v, _, dout = args
     scratch = _attention_scratch(em, q, k, v, out[0].dtype, 3)
-    em.call(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal, *scratch)
+    shifts = _shifts(em, scratch[0], q, k, attrs)
+    em.call(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, shifts=shifts)
     _released(em, scratch)
+
+
+def _shifts(em, flat, q, k, attrs):
+    """``{block's first query: its scores' shift}`` as C (``csource.scores_shift``: one pass a row where NumPy makes
+    five, a row's max the slowest of them over short rows), or None where no native code is at hand."""
+    if em.native is None or flat.dtype not in csource.C_TYPES or flat.dtype == np.bool_ or not k.shape[-2]:
+        return None
+    shifts = {}
+    for start, stop in attending.blocks(q, k):
+        s = attending.block_scores(flat, q, k, start, stop)
+        name, source = csource.scores_shift(s.shape, start, attrs.scale, attrs.causal, s.dtype)
+        numpy_calls = [functools.partial(attending.shift_scores, s, attrs.scale, attrs.causal, start)]
+        shifts[start] = em.native.later([(name, source, [s.ctypes.data])], numpy_calls)
+    return shifts
 
 
 def _float32_copy(em, x):

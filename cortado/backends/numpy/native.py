@@ -65,7 +65,7 @@ class Batch:
     into one library and puts the C calls in the stand-ins' places."""
 
     def __init__(self):
-        self.sources, self.names, self.stand_ins = [], set(), {}
+        self.sources, self.names, self.stand_ins, self.bound = [], set(), {}, {}
 
     def add(self, pieces, numpy_calls):
         """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` or a
@@ -85,8 +85,14 @@ class Batch:
         def stand_in():
             raise RuntimeError("a native region was called before its library was bound")
 
-        self.stand_ins[id(stand_in)] = (parts, numpy_calls)
+        self.stand_ins[id(stand_in)] = (stand_in, parts, numpy_calls)
         return stand_in
+
+    def later(self, pieces, numpy_calls):
+        """``add``'s stand-in for a call made inside another call of the step (a block of an attention): it runs what
+        the stand-in is bound to."""
+        key = id(self.add(pieces, numpy_calls))
+        return lambda: self.bound[key]()
 
     def bind(self, calls):
         """``calls`` with every stand-in replaced by its C functions' calls."""
@@ -97,20 +103,14 @@ class Batch:
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             _notice(f"their C did not build ({str(error)[:300]})")
             library = None
-        bound = []
-        for call in calls:
-            found = self.stand_ins.get(id(call))
-            if found is None:
-                bound.append(call)
-                continue
-            parts, numpy_calls = found
+        for key, (_, parts, numpy_calls) in self.stand_ins.items():
             if library is None:
-                bound.append(functools.partial(_in_turn, tuple(numpy_calls)))  # one call in its place, as planned
+                self.bound[key] = functools.partial(_in_turn, tuple(numpy_calls))  # one call in its place, as planned
                 continue
             made = [part if callable(part) else functools.partial(_function(library, part[0]), part[1])
                     for part in parts]
-            bound.append(made[0] if len(made) == 1 else functools.partial(_in_turn, tuple(made)))
-        return bound
+            self.bound[key] = made[0] if len(made) == 1 else functools.partial(_in_turn, tuple(made))
+        return [self.bound.get(id(call), call) for call in calls]
 
 
 def _function(library, name):
