@@ -95,6 +95,18 @@ def test_attentions_scores_are_shifted_in_c_with_numpys_bits_infinities_and_nans
         np.testing.assert_array_equal(a, b)
 
 
+def test_the_softmax_familys_rows_are_shifted_in_c_with_numpys_bits(monkeypatch):
+    x = ct.var("x", (6, 9))
+    outputs = [ct.logsumexp(x, axis=1), ct.softmax(x, axis=-1), ct.log_softmax(x, axis=1), ct.softmax(x, axis=0)]
+    outputs.append(ct.grad(ct.sum(outputs[0]), [x])[0])
+    values = np.random.default_rng(2).standard_normal((6, 9)).astype(np.float32)
+    values[1, 3], values[2, 0], values[3, :] = np.inf, np.nan, -np.inf
+    program, ours, numpy = _both(outputs, [x], {"x": values}, monkeypatch)
+    assert any(name.startswith("shifted_") for name in program._executor.native.names)
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_an_update_written_in_place_reads_each_element_before_writing_it():
     w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
     m = ct.var("m", (1000,), "float64")

@@ -169,12 +169,33 @@ def region(outputs, args, outs):
     return loop_nest(list(zip(outputs, outs)), sources, outs[0].shape)
 
 
+def _row_peak(c, suffix, keys):
+    """C statements leaving in ``peak`` the max of ``row``'s ``keys`` values, 0 where that is not finite or one of them
+    is NaN (``numerics.finite_peak`` of ``np.max``): the max of the others, which need not compare NaNs, vectorizes."""
+    infinity = f"(1.0{suffix}/0.0{suffix})"
+    return (f"    {c} peak = -{infinity};\n    int nan = 0;\n"
+            f"    #pragma omp simd reduction(max:peak) reduction(|:nan)\n"
+            f"    for (long j = 0; j < {keys}L; ++j) {{ peak = row[j] > peak ? row[j] : peak; nan |= row[j] != row[j]; }}\n"
+            f"    if (nan || !((peak < 0 ? -peak : peak) < {infinity})) peak = 0;\n")
+
+
+def rows_shifted(rows, keys, dtype):
+    """``(name, C source)`` of the softmax family's shift over ``rows`` C-ordered rows of ``keys``: ``p[1] = p[0] -
+    peak`` with each row's peak (``_row_peak``) written to ``p[2]``, in one pass a row instead of NumPy's five."""
+    c, suffix = C_TYPES[np.dtype(dtype)], _suffix(np.dtype(dtype))
+    text = (f"{{\n  const {c}* x = (const {c}*)p[0]; {c}* into = ({c}*)p[1]; {c}* peaks = ({c}*)p[2];\n"
+            f"  for (long r = 0; r < {rows}L; ++r) {{\n    const {c}* row = x + r * {keys}L;\n"
+            f"{_row_peak(c, suffix, keys)}    peaks[r] = peak;\n"
+            f"    for (long j = 0; j < {keys}L; ++j) into[r * {keys}L + j] = row[j] - peak;\n  }}\n}}\n")
+    name = "shifted_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {text}"
+
+
 def scores_shift(shape, start, scale, causal, dtype):
     """``(name, C source)`` of ``attending.shift_scores`` over a block of scores of ``shape`` (``lead + (queries,
     keys)``, C order; its first query ``start``), in place and in one pass a row instead of NumPy's five: each score
     times ``scale`` rounded to ``dtype`` (as NumPy multiplies by a Python float), ``-inf`` past the row's own query
-    where ``causal``, then less the row's max, 0 where that is not finite or the row holds a NaN (where ``np.max`` is
-    NaN): the max of the others, which need not compare NaNs, vectorizes."""
+    where ``causal``, then less the row's peak (``_row_peak``)."""
     c, suffix = C_TYPES[np.dtype(dtype)], _suffix(np.dtype(dtype))
     queries, keys = shape[-2], shape[-1]
     rows = int(np.prod(shape[:-1]))
@@ -182,10 +203,7 @@ def scores_shift(shape, start, scale, causal, dtype):
     text = (f"{{\n  {c}* s = ({c}*)p[0];\n"
             f"  for (long r = 0; r < {rows}L; ++r) {{\n    {c}* row = s + r * {keys}L;\n    const long q = r % {queries}L;\n"
             f"    for (long j = 0; j < {keys}L; ++j) row[j] = row[j] * {_literal(scale, dtype)};\n{mask}"
-            f"    {c} peak = -(1.0{suffix}/0.0{suffix});\n    int nan = 0;\n"
-            f"    #pragma omp simd reduction(max:peak) reduction(|:nan)\n"
-            f"    for (long j = 0; j < {keys}L; ++j) {{ peak = row[j] > peak ? row[j] : peak; nan |= row[j] != row[j]; }}\n"
-            f"    if (nan || !((peak < 0 ? -peak : peak) < (1.0{suffix}/0.0{suffix}))) peak = 0;\n"
+            f"{_row_peak(c, suffix, keys)}"
             f"    for (long j = 0; j < {keys}L; ++j) row[j] = row[j] - peak;\n  }}\n}}\n")
     name = "shift_" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return name, f"void {name}(void* const* p) {text}"
