@@ -107,6 +107,19 @@ def test_the_softmax_familys_rows_are_shifted_in_c_with_numpys_bits(monkeypatch)
         np.testing.assert_array_equal(a, b)
 
 
+def test_pads_and_reshapes_no_view_can_be_are_c_copies_with_numpys_bits(monkeypatch):
+    x = ct.var("x", (4, 6, 3, 5))
+    merged = ct.reshape(ct.transpose(x, (0, 2, 1, 3)), (4, 3, 30))  # heads merged back: no view can be
+    outputs = [ct.pad(merged, ((0, 0), (1, -1), (2, 3)), 1.5) * 2.0, merged + 1.0]
+    feeds = {"x": np.random.default_rng(3).standard_normal((4, 6, 3, 5)).astype(np.float32)}
+    program, ours, numpy = _both(outputs, [x], feeds, monkeypatch)
+    functions = [getattr(c, "func", c) for c, k in zip(program._executor.calls, program._executor.call_kernel)
+                 if k.term.op.name in ("reshape", "pad")]
+    assert functions and not any(f is np.copyto for f in functions)
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
+
+
 def test_an_update_written_in_place_reads_each_element_before_writing_it():
     w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
     m = ct.var("m", (1000,), "float64")

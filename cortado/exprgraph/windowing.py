@@ -38,14 +38,22 @@ def place_into(out, x, lows, dilations, fill):
     """``out`` filled with ``fill``, and ``x``'s elements written ``dilations`` apart from ``lows`` along
     each axis (a negative low crops): NumPy's constant ``pad`` with interior padding, into ``out``."""
     out.fill(fill)
+    views = placed(out, x, lows, dilations)
+    if views is not None:
+        np.copyto(*views, casting="unsafe")
+
+
+def placed(out, x, lows, dilations):
+    """``(out's view, x's view)``: where ``place_into`` writes ``x``'s elements, and those of them it writes; None
+    where it writes none."""
     source, target = [], []
     for size, low, dilation, length in zip(x.shape, lows, dilations, out.shape):
-        placed = _placement(size, low, dilation, length)
-        if placed is None:
-            return
-        source.append(placed[0])
-        target.append(placed[1])
-    np.copyto(out[tuple(target)], x[tuple(source)], casting="unsafe")
+        placement = _placement(size, low, dilation, length)
+        if placement is None:
+            return None
+        source.append(placement[0])
+        target.append(placement[1])
+    return out[tuple(target)], x[tuple(source)]
 
 
 def padded(x, pad_width, value, dilations=None):

@@ -263,7 +263,7 @@ def _einsum(em, attrs, args, out):
 
 
 def _reshape_copy(em, attrs, args, out):
-    em.call(np.copyto, out.reshape(args[0].shape), args[0])
+    _strided(em, [(None, out.reshape(args[0].shape), [args[0]])])
 
 
 def _conv(em, attrs, args, out):
@@ -275,7 +275,7 @@ def _conv(em, attrs, args, out):
     xp = x
     if any(low or high for low, high in padding) or any(d != 1 for d in lhs_dilation) or x.dtype != out.dtype:
         xp = em.scratch(x.shape[:2] + spatial, out.dtype)
-        em.call(windowing.place_into, xp, x, (0, 0) + tuple(low for low, _ in padding), (1, 1) + lhs_dilation, 0)
+        _place_into(em, xp, x, (0, 0) + tuple(low for low, _ in padding), (1, 1) + lhs_dilation, 0)
     weights = em.scratch(w.shape, out.dtype)
     em.call(np.copyto, weights, w, casting="unsafe")
     columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
@@ -288,7 +288,14 @@ def _conv(em, attrs, args, out):
 
 def _pad(em, attrs, args, out):
     lows = tuple(low for low, _ in attrs.pad_width)
-    em.call(windowing.place_into, out, args[0], lows, (1,) * out.ndim, attrs.constant_values)
+    _place_into(em, out, args[0], lows, (1,) * out.ndim, attrs.constant_values)
+
+
+def _place_into(em, out, x, lows, dilations, fill):
+    """``windowing.place_into``: ``out`` filled, then ``x``'s elements copied into their places (a C copy where native
+    code is at hand: a pad of a head's columns is a copy with short inner rows)."""
+    views = windowing.placed(out, x, lows, dilations)
+    _strided(em, [functools.partial(out.fill, fill)] + ([(None, views[0], [views[1]])] if views is not None else []))
 
 
 def _overlap_add(em, attrs, args, out):
@@ -301,23 +308,24 @@ def _strided(em, steps):
     (a copy where ``op`` is None), elementwise. NumPy walks a view whose inner axes are short (a convolution's
     windows, a pooling window's taps) an element at a time; a C loop nest of the same operations in the same order
     gives the same bits several times faster, where native code is at hand (``em.native``)."""
-    numpy_calls, pieces = [], []
+    numpy_calls, pieces = [], [] if em.native is not None else None
     for step in steps:
         if callable(step):
             numpy_calls.append(step)
-            pieces.append(step)
+            if pieces is not None:
+                pieces.append(step)
             continue
         op, target, sources = step
-        numpy_calls.append(functools.partial(np.copyto, target, sources[0]) if op is None
+        numpy_calls.append(functools.partial(np.copyto, target, sources[0], casting="unsafe") if op is None
                            else functools.partial(UFUNCS[op], *sources, out=target))
-        if pieces is not None and em.native is not None:
+        if pieces is not None and all(a.dtype == target.dtype for a in sources):
             params = [parameter(k, source) for k, source in enumerate(sources)]
             term = params[0] if op is None else make(op, params)
             found = csource.loop_nest([(term, target)], dict(zip(params, sources)), target.shape)
             pieces = None if found is None else pieces + [(found[0], found[1], [a.ctypes.data for a in found[2]])]
         else:
             pieces = None
-    if pieces is None:
+    if pieces is None or all(callable(piece) for piece in pieces):
         em.calls.extend(numpy_calls)
     else:
         em.calls.append(em.native.add(pieces, numpy_calls))
