@@ -145,15 +145,36 @@ def _max(em, attrs, args, out):
     elements per output, ten times slower than comparing whole strided slices: there, the maximum of the window's
     slices in the reduce's own order (C order of the reduced axes), so the same element wins every tie."""
     x, axes, keepdims = args[0], attrs.axes, attrs.keepdims
-    window = math.prod(x.shape[a] for a in axes)
-    if not 1 < window <= SMALL_WINDOW or out.size < SMALL_WINDOW:
+    if not _small_window(x, axes, out):
         em.call(np.maximum.reduce, x, axis=axes, out=out, keepdims=keepdims)
         return
+    _by_slices(em, np.maximum, x, axes, keepdims, out)
+
+
+def _small_window(x, axes, out):
+    return 1 < math.prod(x.shape[a] for a in axes) <= SMALL_WINDOW and out.size >= SMALL_WINDOW
+
+
+def _by_slices(em, ufunc, x, axes, keepdims, out):
+    """``out`` = ``ufunc`` of the slices of ``x`` at each place of the reduced ``axes``, in C order of them."""
     places = itertools.product(*(range(x.shape[a]) for a in axes))
     slices = [x[tuple(_place(axis, axes, place, keepdims) for axis in range(x.ndim))] for place in places]
-    em.call(np.copyto, out, slices[0])
+    em.call(np.copyto, out, slices[0], casting="unsafe")
     for part in slices[1:]:
-        em.call(np.maximum, out, part, out=out)
+        em.call(ufunc, out, part, out=out)
+
+
+def _exact_window_sum(em, term, args, out):
+    """A sum over a small window of values cast from booleans (a pooling gradient's count of ties): its partial
+    sums are small integers, exact in any order, so the slices are added whole as ``_max`` compares them; else
+    None."""
+    summed = term.args[0]
+    if summed.op is not CAST or summed.args[0].dtype != np.bool_ or not is_float(term.dtype):
+        return None
+    if not _small_window(args[0], term.attrs.axes, out):
+        return None
+    _by_slices(em, np.add, args[0], term.attrs.axes, term.attrs.keepdims, out)
+    return True
 
 
 def _place(axis, axes, place, keepdims):
@@ -432,4 +453,6 @@ INPLACE[WHERE] = (2,)
 
 def emit(em, term, args, out):
     """``out``: the result's array, or a tuple of them for an op of several results."""
+    if term.op is SUM and _exact_window_sum(em, term, args, out):
+        return
     EMITTERS[term.op](em, term.attrs, args, out)
