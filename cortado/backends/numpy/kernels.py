@@ -165,14 +165,13 @@ def _by_slices(em, ufunc, x, axes, keepdims, out):
 
 
 def _exact_window_sum(em, term, args, out):
-    """A sum over a small window of values cast from booleans (a pooling gradient's count of ties): its partial
-    sums are small integers, exact in any order, so the slices are added whole as ``_max`` compares them; else
-    None."""
+    """Whether sum ``term`` was emitted as the sum of its window's slices: a sum over a small window of values cast
+    from booleans (a pooling gradient's count of ties), whose partial sums are small integers, exact in any order,
+    so the slices are added whole as ``_max`` compares them."""
     summed = term.args[0]
-    if summed.op is not CAST or summed.args[0].dtype != np.bool_ or not is_float(term.dtype):
-        return None
-    if not _small_window(args[0], term.attrs.axes, out):
-        return None
+    if summed.op is not CAST or summed.args[0].dtype != np.bool_ or not is_float(term.dtype) \
+            or not _small_window(args[0], term.attrs.axes, out):
+        return False
     _by_slices(em, np.add, args[0], term.attrs.axes, term.attrs.keepdims, out)
     return True
 
@@ -274,8 +273,8 @@ def _matmul(em, attrs, args, out):
 def _as_rows(a):
     """``a``'s matrices stacked into one matrix of all their rows, as a view, or None where no view can be."""
     try:
-        return a.view().reshape((-1, a.shape[-1]), copy=False) if a.size else None
-    except (ValueError, AttributeError, TypeError):
+        return a.reshape((-1, a.shape[-1]), copy=False) if a.size else None
+    except (ValueError, TypeError):  # no view can be (TypeError: a NumPy before 2.1, without copy=)
         return None
 
 
