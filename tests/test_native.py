@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 
 import cortado as ct
-from cortado import testing
+from cortado import nn, optim, testing
 from cortado.exprgraph import constructors
 from cortado.backends.numpy import native
 
@@ -116,6 +116,28 @@ def test_pads_and_reshapes_no_view_can_be_are_c_copies_with_numpys_bits(monkeypa
     functions = [getattr(c, "func", c) for c, k in zip(program._executor.calls, program._executor.call_kernel)
                  if k.term.op.name in ("reshape", "pad")]
     assert functions and not any(f is np.copyto for f in functions)
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypatch):
+    """A layer norm forward and backward, and AdamW's updates of a gain and a bias from their gradients' column sums:
+    the reductions stay NumPy's (its order of summing), the elementwise work between them is C."""
+    x = ct.var("x", (6, 5, 12))
+    model = nn.LayerNorm(12)
+    y = ct.sum(ct.tanh(model(x)) * x)
+    params = {name: p.var for name, p in model.named_parameters()}
+    state, updates = optim.AdamW(1e-2).updates(params, ct.grad(y, list(params.values())))
+    outputs = [y, *ct.grad(y, [x]), *updates.values()]
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((6, 5, 12)).astype(np.float32)}
+    values = {**model.initial_values(0), **state}
+    feeds.update({v.name: np.asarray(value) for v, value in values.items()})
+    inputs = [x, *values]
+    program, ours, numpy = _both(outputs, inputs, feeds, monkeypatch)
+    staged = [k.term for k, c in zip(program._executor.call_kernel, program._executor.calls)
+              if getattr(c, "func", None) is native._in_turn and k.term.op.name == "fused"]
+    assert any(t.op.name in ("sum", "mean") for k in staged for t in ct.schedule(list(k.attr("outputs"))))
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
 

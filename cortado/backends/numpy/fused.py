@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, PARAM, TANH
+from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, MAX, MEAN, PARAM, SUM, TANH
 from ...memplan import aligned
 from . import csource, native
 from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit
@@ -139,15 +139,21 @@ def emit_fused(em, outputs, args, outs, alias, batch=None):
 
 
 NUMPY_UNARY = {EXP: np.exp, LOG: np.log, LOG1P: np.log1p, EXPM1: np.expm1, TANH: np.tanh}
+NUMPY_REDUCTIONS = frozenset({SUM, MEAN, MAX})  # NumPy's, in its own order, between loop nests
+
+
+def _numpy_op(t):
+    """Whether body term ``t`` stays NumPy's between loop nests: a transcendental, or a reduction."""
+    return t.op in NUMPY_UNARY or t.op in NUMPY_REDUCTIONS
 
 
 def _stages(order):
-    """Each term's stage: the number of transcendentals on its longest path from the region's operands. A loop nest
-    computes a stage's other terms; NumPy computes its transcendentals first, from values of the stage before."""
+    """Each term's stage: the number of NumPy ops (``_numpy_op``) on its longest path from the region's operands. A
+    stage's loop nests compute its other terms; NumPy computes its own ops first, from values of the stage before."""
     stage = {}
     for t in order:
         before = max((stage[a] for a in t.args), default=0)
-        stage[t] = before + 1 if t.op in NUMPY_UNARY else before
+        stage[t] = before + 1 if _numpy_op(t) else before
     return stage
 
 
@@ -161,12 +167,22 @@ def _numpy_passes(outputs, args, outs):
     return len(probe.calls)
 
 
+def _numpy_calls(t, arrays, out):
+    """NumPy's calls computing body term ``t`` (a ``_numpy_op``) from ``arrays`` into ``out``."""
+    if t.op in NUMPY_UNARY:
+        return [functools.partial(NUMPY_UNARY[t.op], arrays[0], out=out)]
+    calls = Emitter()
+    emit(calls, t, arrays, out)
+    return calls.calls
+
+
 def _native(em, outputs, args, outs):
     """The pieces of a region computed in C: one loop nest, or loop nests with NumPy's own calls for the
-    transcendentals between them (so every value has NumPy's bits), the values passed between them in workspace
-    scratch of the region's shape, where that makes fewer passes over memory than NumPy's calls op by op; None
-    where C cannot compute it, it would not pay, or the plan's workspace cannot hold the scratch."""
-    shape = outs[0].shape
+    transcendentals and reductions between them (so every value has NumPy's bits: a reduction sums in NumPy's
+    order), the values passed between them in workspace scratch, where that makes fewer passes over memory than
+    NumPy's calls op by op; None where C cannot compute it, it would not pay, or the plan's workspace cannot hold
+    the scratch. A stage's loop nests go largest first: a smaller one may write an output over an operand that a
+    larger one reads broadcast, never the other way round."""
     order = post_order(outputs)
     if len(order) > MAX_TERMS:
         return None
@@ -176,33 +192,34 @@ def _native(em, outputs, args, outs):
     if last == 0:
         found = csource.region(outputs, args, outs)
         return None if found is None else [(found[0], found[1], [a.ctypes.data for a in found[2]])]
-    if any(a.shape != shape for a in outs) or any(t.op in NUMPY_UNARY and t.args[0].op is CONST for t in order):
+    if any(_numpy_op(t) and any(a.op is CONST for a in t.args) for t in order):
         return None
-    kept = {t for t in order if t.op in NUMPY_UNARY}  # values kept in scratch between loop nests
+    kept = {t for t in order if _numpy_op(t)}  # values kept in scratch between loop nests
     kept |= {a for t in kept for a in t.args if a.op is not PARAM}
-    kept |= {a for t in order if t.op not in NUMPY_UNARY for a in t.args
-             if stage[a] < stage[t] and a.op not in (PARAM, CONST)}
-    need = sum(aligned(math.prod(shape) * t.dtype.itemsize, SCRATCH_ALIGNMENT) for t in kept)
+    kept |= {a for t in order if not _numpy_op(t) for a in t.args if stage[a] < stage[t] and a.op not in (PARAM, CONST)}
+    need = sum(aligned(t.size * t.dtype.itemsize, SCRATCH_ALIGNMENT) for t in kept)
     if em.workspace is not None and em.top + need > len(em.workspace):
         return None
     mark = em.mark()
-    scratch = {t: em.scratch(shape, t.dtype) for t in order if t in kept}
+    scratch = {t: em.scratch(t.shape, t.dtype) for t in order if t in kept}
     pieces, known, complete = [], dict(sources), True
     for s in range(last + 1):
         for t in order:
-            if stage[t] == s and t.op in NUMPY_UNARY:
-                pieces.append(functools.partial(NUMPY_UNARY[t.op], known[t.args[0]], out=scratch[t]))
+            if stage[t] == s and _numpy_op(t):
+                pieces += _numpy_calls(t, [known[a] for a in t.args], scratch[t])
                 known[t] = scratch[t]
         targets = [(t, scratch[t]) for t in order if stage[t] == s and t in kept and t not in known]
         if s == last:
             targets += list(zip(outputs, outs))
-        found = csource.loop_nest(targets, known, shape) if targets else None
-        if targets and found is None:
-            complete = False
-            break
-        if found is not None:
+        for shape in sorted({a.shape for _, a in targets}, key=math.prod, reverse=True):
+            found = csource.loop_nest([(t, a) for t, a in targets if a.shape == shape], known, shape)
+            if found is None:
+                complete = False
+                break
             pieces.append((found[0], found[1], [a.ctypes.data for a in found[2]]))
-            known.update({t: a for t, a in targets if t not in known})
+        if not complete:
+            break
+        known.update({t: a for t, a in targets if t not in known})
     for array in scratch.values():
         em.release(array)
     if complete and len(pieces) < _numpy_passes(outputs, args, outs):
