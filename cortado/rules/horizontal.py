@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import FUSED_OP, LEAF, PARAM, parameter
 from ..exprgraph.term import make
-from .engine import Rewrite
+from .engine import Rewrite, bottom_up
 from .fusion import ELEMENTWISE_KERNEL, inlined
 
 MOST_ELEMENTS = 1 << 16  # a kernel's results this small are launch-bound (a 768-wide AdamW update: ~3 us of a launch)
@@ -88,22 +88,6 @@ def _groups(candidates):
     return [g for g in groups if len(g) > 1]
 
 
-def _renumbered(body, args, index_of):
-    """``body`` over parameters numbered as ``index_of`` numbers its operands ``args``."""
-    rebuilt = {}
-
-    def rebuild(t):
-        if t not in rebuilt:
-            if t.op is PARAM:
-                operand = args[t.attr("index")]
-                rebuilt[t] = parameter(index_of[operand], operand)
-            else:
-                rebuilt[t] = t.rebuild([rebuild(a) for a in t.args]) if t.args else t
-        return rebuilt[t]
-
-    return tuple(rebuild(t) for t in body)
-
-
 def _side_by_side(group, trace):
     """``{old result: new result}``: the kernels of ``group`` as one fused term of a ``Horizontal`` kernel."""
     inputs, index_of, body, parts = [], {}, [], []
@@ -112,7 +96,9 @@ def _side_by_side(group, trace):
             if a not in index_of:
                 index_of[a] = len(inputs)
                 inputs.append(a)
-        body += _renumbered(results[0].attr("outputs"), results[0].args, index_of)
+        renumbered = {p: parameter(index_of[results[0].args[p.attr("index")]], p)
+                      for p in post_order(results[0].attr("outputs")) if p.op is PARAM}
+        body += _substituted(results[0].attr("outputs"), renumbered)
         parts.append(len(results))
     kernel, body = Horizontal(tuple(parts)), tuple(body)
     replaced = {}
@@ -137,15 +123,11 @@ def _grouped(roots, end, trace):
     replaced = {}
     for group in _groups([results for results in kernels if _end(results, users, final) == end]):
         replaced.update(_side_by_side(group, trace))
-    return _rebuilt(roots, replaced) if replaced else roots
+    return _substituted(roots, replaced) if replaced else roots
 
 
-def _rebuilt(roots, replaced):
-    """``roots`` with the terms of ``replaced`` swapped in wherever they are read."""
-    made = dict(replaced)
-    for t in post_order(roots):
-        if t not in made and t.args:
-            args = tuple(made.get(a, a) for a in t.args)
-            if any(new is not old for new, old in zip(args, t.args)):
-                made[t] = t.rebuild(args)
-    return tuple(made.get(r, r) for r in roots)
+def _substituted(roots, mapping):
+    """``roots`` with each key of ``mapping`` replaced by its value wherever it is read (``engine.substitute``, one
+    walk for all of them)."""
+    memo = dict(mapping)
+    return tuple(bottom_up(r, memo, lambda original, rebuilt: rebuilt) for r in roots)

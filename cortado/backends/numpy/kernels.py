@@ -206,9 +206,9 @@ def _shifted(em, x, axes, out_dtype, into):
     numpy_calls = [functools.partial(np.maximum.reduce, x, axis=axes, keepdims=True, out=peak),
                    functools.partial(np.isfinite, peak, out=finite), functools.partial(np.logical_not, finite, out=finite),
                    functools.partial(np.copyto, peak, 0, where=finite), functools.partial(np.subtract, x, peak, out=into)]
-    rows = x.ndim and axes == (x.ndim - 1,) and x.dtype == into.dtype == peak.dtype and x.size
-    if em.native is not None and rows and x.dtype in (np.float32, np.float64) and x.flags.c_contiguous \
-            and into.flags.c_contiguous:  # one C pass a row, NumPy's five calls where the library cannot be built
+    rows = x.ndim > 0 and x.size > 0 and axes == (x.ndim - 1,) and x.flags.c_contiguous and into.flags.c_contiguous
+    if em.native is not None and rows and x.dtype == into.dtype == peak.dtype and x.dtype in (np.float32, np.float64):
+        # one C pass a row; NumPy's five calls where the library cannot be built
         name, source = csource.rows_shifted(x.size // x.shape[-1], x.shape[-1], x.dtype)
         em.calls.append(em.native.add([(name, source, [x.ctypes.data, into.ctypes.data, peak.ctypes.data])],
                                       numpy_calls))

@@ -47,9 +47,11 @@ class Kernels(Runner):
         else:
             out = [view.addresses[d] for d in defined]
             aliased = {j for j, a in enumerate(t.args) if view.addresses.get(a) in out}  # feeds alias nothing of ours
-            order = memory_order(t.shape, view.strides[defined[0]])
-            if isinstance(t.attrs.kernel, Horizontal):  # parts of at most two axes, stored in C order
-                order, self.detail = None, f"{len(t.attrs.kernel.parts)} kernels side by side"
+            order = None  # kernels side by side: parts of at most two axes, stored in C order
+            if isinstance(t.attrs.kernel, Horizontal):
+                self.detail = f"{len(t.attrs.kernel.parts)} kernels side by side"
+            else:
+                order = memory_order(t.shape, view.strides[defined[0]])
             self.sources = kernel_sources(t.attrs.outputs, [operand(a) for a in t.args], aliased, order,
                                           t.attrs.kernel)
         for source in self.sources:
