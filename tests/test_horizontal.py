@@ -109,8 +109,21 @@ def test_each_part_has_blocks_of_its_own():
     operands = [Operand(x.shape, x.dtype, contiguous_strides(x.shape)) for x in t.args]
     source = horizontal_source(t.attr("outputs"), operands, (), t.attr("kernel").spans())
     assert source.blocks == 2  # 250 vectors of four floats, then 15 bfloat16 values
-    assert "if (blockIdx.x < 1u)" in source.text and "} else if (blockIdx.x < 2u)" in source.text
-    assert "(blockIdx.x - 1u)" in source.text
+    assert "if (blockIdx.x < 1u) ct_part0(in0, out0, 0u);" in source.text
+    assert "else if (blockIdx.x < 2u) ct_part1(in1, out1, 1u);" in source.text
+    assert "(blockIdx.x - first)" in source.text
+
+
+def test_equal_parts_are_one_device_function():
+    """The same update of two same-sized biases is compiled once and called twice, with each one's pointers."""
+    a, b, c = ct.var("a", (768,)), ct.var("b", (768,)), ct.var("c", (5,))
+    roots, _ = _grouped([a * 0.9 + 1.0, b * 0.9 + 1.0, c * 0.9 + 1.0])
+    t = roots[0]
+    operands = [Operand(x.shape, x.dtype, contiguous_strides(x.shape)) for x in t.args]
+    source = horizontal_source(t.attr("outputs"), operands, (), t.attr("kernel").spans())
+    assert source.text.count("__noinline__") == 2
+    assert "ct_part0(in0, out0, 0u);" in source.text and "ct_part0(in1, out1, 1u);" in source.text
+    assert "ct_part1(in2, out2, 2u);" in source.text
 
 
 @pytest.mark.gpu

@@ -28,8 +28,9 @@ from ...exprgraph.graph import post_order
 from ...exprgraph.ops import (
     ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, GREATER, GREATER_EQUAL,
     LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
-    RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
+    RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail, parameter,
 )
+from ...rules.engine import bottom_up
 from .launch import WAIT_PRIOR_GRIDS
 
 THREADS = 256
@@ -475,11 +476,11 @@ def kernel_name(text):
     return "ct_" + hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def finished_source(kind, body_text, outputs, operands, aliased, blocks, block, extra=None):
+def finished_source(kind, body_text, outputs, operands, aliased, blocks, block, extra=None, before=""):
     """The kernel ``kind`` named by the hash of its text, with the prelude; ``outputs`` are what it writes (their
-    ``dtype`` is read); ``extra``: a last parameter's declaration."""
+    ``dtype`` is read); ``extra``: a last parameter's declaration; ``before``: device functions it calls."""
     signature = _signature(operands, outputs, aliased) + (f", {extra}" if extra else "")
-    text = (f'extern "C" __global__ void {kind}({signature}) {{\n'
+    text = (f'{before}extern "C" __global__ void {kind}({signature}) {{\n'
             f'  {WAIT_PRIOR_GRIDS}\n{body_text}}}\n')
     name = kernel_name(text)
     return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
@@ -504,10 +505,10 @@ def _permuted(operand, order):
     return Operand(tuple(shape[a] for a in order), operand.dtype, tuple(strides[a] for a in order))
 
 
-def _elementwise_part(body, operands, order=None, first_output=0, first_block=None):
-    """``(statements, blocks)``: the loop computing ``body``'s outputs (``out{first_output}``, ...) a thread per ``VEC``
-    elements, a scalar loop taking the tail, over ``blocks`` blocks of ``THREADS``: the whole grid, or, from block
-    ``first_block`` on, its own of a grid shared with other parts. ``order`` as ``elementwise_source``'s."""
+def _elementwise_part(body, operands, order=None, offset=None):
+    """``(statements, blocks)``: the loop computing ``body``'s outputs a thread per ``VEC`` elements, a scalar loop
+    taking the tail, over ``blocks`` blocks of ``THREADS``: the whole grid, or, from the block named by the C
+    expression ``offset`` on, its own of a grid shared with other parts. ``order`` as ``elementwise_source``'s."""
     shape = body[0].shape
     if order is not None:
         shape = tuple(shape[a] for a in order)
@@ -520,24 +521,23 @@ def _elementwise_part(body, operands, order=None, first_output=0, first_block=No
     shifted = shifted_operands(body)
     identity = [k for k in read if k not in shifted and is_identity(space, operands[k])]
     blocks = max(1, -(-max(n // vec, 1) // THREADS))
-    block, grid = ("blockIdx.x", "gridDim.x") if first_block is None else (f"(blockIdx.x - {first_block}u)", f"{blocks}u")
+    block, grid = ("blockIdx.x", "gridDim.x") if offset is None else (f"(blockIdx.x - {offset})", f"{blocks}u")
 
     def element(loads, store):
         w = _Writer(space, operands, "v", loads, order)
         values = [w.value(t) for t in body]
-        return w.lines + [store(first_output + k, t, v) for k, (t, v) in enumerate(zip(body, values))]
+        return w.lines + [store(k, t, v) for k, (t, v) in enumerate(zip(body, values))]
 
     vector_loads = {k: f"a{k}.v[u]" for k in identity}
-    outs = range(first_output, first_output + len(body))
     lines = [f"  const {index} stride = ({index}){grid} * blockDim.x;",
              f"  for ({index} j = ({index}){block} * blockDim.x + threadIdx.x; j < {n // vec}; j += stride) {{"]
     lines += [f"    const ct_vec<{storage_type(operands[k].dtype)}, {vec}> a{k} = "
               f"reinterpret_cast<const ct_vec<{storage_type(operands[k].dtype)}, {vec}>*>(in{k})[j];" for k in identity]
-    lines += [f"    ct_vec<{storage_type(t.dtype)}, {vec}> o{k};" for k, t in zip(outs, body)]
+    lines += [f"    ct_vec<{storage_type(t.dtype)}, {vec}> o{k};" for k, t in enumerate(body)]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} i = j * {vec} + u;"]
     lines += ["      " + s for s in element(vector_loads, lambda k, t, v: f"o{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});")]
     lines += ["    }"]
-    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[j] = o{k};" for k, t in zip(outs, body)]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[j] = o{k};" for k, t in enumerate(body)]
     lines += ["  }"]
     if n % vec:
         lines += [f"  for ({index} i = {n - n % vec} + ({index}){block} * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
@@ -554,16 +554,32 @@ def elementwise_source(body, operands, aliased=(), order=None):
     return finished_source("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
 
 
+def _own_parameters(body):
+    """``(body, read)``: ``body`` with the parameters it reads numbered from 0, and their old numbers, in order."""
+    read = sorted({t.attr("index") for t in post_order(body) if t.op is PARAM})
+    memo = {t: parameter(read.index(t.attr("index")), t) for t in post_order(body) if t.op is PARAM}
+    return tuple(bottom_up(t, memo, lambda original, rebuilt: rebuilt) for t in body), read
+
+
 def horizontal_source(body, operands, aliased, spans):
     """Several elementwise bodies in one launch (``rules.horizontal``): the outputs ``body[start:end]`` of each of
-    ``spans`` computed by blocks of their own, as ``elementwise_source`` would alone, each in C order."""
-    lines, first = [], 0
+    ``spans`` computed by blocks of their own, as ``elementwise_source`` would alone, each in C order. Each part is
+    a device function of its own operands, not inlined, and equal parts (the updates of same-sized biases) are one
+    function: the compiler builds each once, where a kernel of fifty inlined parts took it seconds."""
+    functions, calls, first = {}, [], 0
     for start, end in spans:
-        part, blocks = _elementwise_part(body[start:end], operands, first_output=start, first_block=first)
+        part, read = _own_parameters(body[start:end])
+        own = [operands[k] for k in read]
+        statements, blocks = _elementwise_part(part, own, offset="first")
+        signature = _signature(own, part, {j for j, k in enumerate(read) if k in aliased})
+        text = f"({signature}, unsigned int first) {{\n" + "\n".join(statements) + "\n}\n"
+        name = functions.setdefault(text, f"ct_part{len(functions)}")
+        arguments = [f"in{k}" for k in read] + [f"out{k}" for k in range(start, end)] + [f"{first}u"]
         first += blocks
-        lines += [f"  {'if' if start == 0 else '} else if'} (blockIdx.x < {first}u) {{"] + ["  " + s for s in part]
-    lines.append("  }")
-    return finished_source("horizontal", "\n".join(lines) + "\n", body, operands, aliased, first, (THREADS, 1, 1))
+        calls.append(f"  {'if' if start == 0 else 'else if'} (blockIdx.x < {first}u) {name}({', '.join(arguments)});")
+    definitions = "".join(f"__device__ __noinline__ void {name}{text}" for text, name in functions.items())
+    return finished_source("horizontal", "\n".join(calls) + "\n", body, operands, aliased, first, (THREADS, 1, 1),
+                           before=definitions)
 
 
 def _accumulator(reduction):
