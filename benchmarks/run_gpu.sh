@@ -4,7 +4,8 @@
 # them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|gpt|dp|profile|ours|all]    (conv, int8: those benchmarks alone;
+#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|gpt|dp|profile|ours|all]    (conv, int8, float8: those
+#     benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), and layer
 #     norm and cross-entropy against torch's (bench_norms_gpu.py);
 #     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are;
@@ -41,6 +42,9 @@ if [ "$what" = bench ] || [ "$what" = conv ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = int8 ] || [ "$what" = all ]; then
     python3 benchmarks/bench_int8_gpu.py --out "$out/int8_gpu.json" 2>&1 | tee "$out/bench_int8.log" || status=1
+fi
+if [ "$what" = bench ] || [ "$what" = float8 ] || [ "$what" = all ]; then
+    python3 benchmarks/bench_float8_gpu.py --out "$out/float8_gpu.json" 2>&1 | tee "$out/bench_float8.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1

@@ -22,7 +22,7 @@ import weakref
 import numpy as np
 
 from .errors import DTypeError, GradError, ShapeError
-from .exprgraph.dtypes import is_float, kind_of, type_string
+from .exprgraph.dtypes import is_float, is_float8, kind_of, type_string
 from .exprgraph.graph import as_outputs, schedule
 from .exprgraph.operands import strong_const
 from .exprgraph.ops import VAR
@@ -127,6 +127,9 @@ def variables_of(wrt):
         if not is_float(v.dtype):
             raise DTypeError(f"{where} is {v!r}, of the integer or boolean dtype {v.dtype.name}; "
                              f"only floating variables have gradients")
+        if is_float8(v.dtype):
+            raise DTypeError(f"{where} is {v!r}, of dtype {v.dtype.name}, which holds values for products only; "
+                             f"take the gradient with respect to the variable it is cast from")
     return items
 
 
@@ -136,6 +139,9 @@ def _cotangents(outputs, given):
         if not is_float(out.dtype):
             raise DTypeError(f"cannot differentiate {out!r} (built at {out.where_built}): its dtype "
                              f"{out.dtype.name} is not floating, so it has no derivative")
+        if is_float8(out.dtype):
+            raise DTypeError(f"cannot differentiate {out!r} (built at {out.where_built}), of dtype "
+                             f"{out.dtype.name}: cast it to float32 first")
     given = _sequence(given, "cotangents (one per output)")
     if len(given) != len(outputs):
         raise GradError(f"{len(outputs)} output(s) need as many cotangents, but {len(given)} were given")

@@ -8,6 +8,8 @@ window.
 
 import numpy as np
 
+from .dtypes import as_strided
+
 
 def window_extent(size, dilation):
     """How many elements a window of ``size`` taps spans with ``dilation``."""
@@ -72,7 +74,7 @@ def window_view(x, window_shape, strides, dilation):
     steps = x.strides[x.ndim - count:]
     counts = tuple(windowed_size(n, window_extent(k, d), s)
                    for n, k, s, d in zip(spatial, window_shape, strides, dilation))
-    return np.lib.stride_tricks.as_strided(
+    return as_strided(
         x, lead + counts + tuple(window_shape),
         x.strides[:x.ndim - count] + tuple(t * s for t, s in zip(steps, strides)) + tuple(t * d for t, d in zip(steps, dilation)),
         writeable=False)

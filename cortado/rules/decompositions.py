@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import is_float
+from ..exprgraph.dtypes import is_float, is_float8
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import CONST, RESHAPE, SOFTMAX
 from ..exprgraph.numerics import shifted
@@ -160,10 +160,11 @@ def _reordered(labels, x, order):
 
 
 def _einsum_as_matmul(b):
-    """Two operands of the result's floating dtype, no diagonal, no broadcast label: batch, free and
-    contracted labels gathered into the three axes of one matmul."""
+    """Two operands of the result's floating dtype (or float8, whose products a matmul makes in it), no diagonal,
+    no broadcast label: batch, free and contracted labels gathered into the three axes of one matmul."""
     xs, term = b["_xs"], b.term
-    if len(xs) != 2 or not is_float(term.dtype) or any(x.dtype != term.dtype for x in xs) or term.size == 0:
+    if len(xs) != 2 or not is_float(term.dtype) or any(x.dtype != term.dtype and not is_float8(x.dtype) for x in xs) \
+            or term.size == 0:
         return None
     inputs, output = spelled_out(b["_s"], [x.shape for x in xs])
     sizes = {}
@@ -173,7 +174,8 @@ def _einsum_as_matmul(b):
     operands = []
     for labels, other, x in zip(inputs, inputs[::-1], xs):
         alone = [i for i, label in enumerate(labels) if label not in other and label not in output]
-        if alone:  # summed away by this operand alone: summed first
+        if alone:  # summed away by this operand alone: summed first (a float8 one in the result's dtype, exactly)
+            x = ct.cast(x, term.dtype) if is_float8(x.dtype) else x
             x, labels = ct.sum(x, axis=tuple(alone)), "".join(label for i, label in enumerate(labels) if i not in alone)
         operands.append((labels, x))
     (la, a), (lb, y) = operands

@@ -3,9 +3,11 @@ own gradient is one op (``attention_grad``) gets its second derivative by walkin
 ops (``rules.attention_vjps``), which is why the walk lives with the rules, under the driver (``cortado.grad``).
 """
 
+import numpy as np
+
 from ..errors import ShapeError
 from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import is_float
+from ..exprgraph.dtypes import is_float, is_float8
 
 
 def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
@@ -40,7 +42,9 @@ def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
 
 
 def _fitted(vjp, arg, term):
-    """``vjp`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype."""
+    """``vjp`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype; a float8 value's in
+    float32 (a cotangent rounded to float8 without a scale would lose most of its values: it passes through a
+    cast to float8 as through the identity, and is quantized only where the model says so)."""
     if vjp.shape != arg.shape:
         lead = vjp.ndim - arg.ndim
         if lead < 0 or any(arg.shape[i - lead] not in (1, vjp.shape[i]) for i in range(lead, vjp.ndim)):
@@ -51,6 +55,7 @@ def _fitted(vjp, arg, term):
             vjp = ct.sum(vjp, axis=axes, keepdims=not lead)
         if vjp.shape != arg.shape:
             vjp = ct.reshape(vjp, arg.shape)
-    if vjp.dtype != arg.dtype:
-        vjp = ct.cast(vjp, arg.dtype)
+    dtype = np.dtype(np.float32) if is_float8(arg.dtype) else arg.dtype
+    if vjp.dtype != dtype:
+        vjp = ct.cast(vjp, dtype)
     return vjp

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import BackendError
-from ...exprgraph.dtypes import is_float, is_narrow_float, kind_of
+from ...exprgraph.dtypes import is_float, is_float8, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import (
     ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, GREATER, GREATER_EQUAL,
@@ -38,6 +38,7 @@ STORAGE = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
     "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int", "uint64": "unsigned long long",
     "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
+    "float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2",
 }
 HALVES = {"float16": ("__half2float", "__float2half_rn"), "bfloat16": ("__bfloat162float", "__float2bfloat16_rn")}
 REDUCTIONS = (SUM, MEAN, MAX)
@@ -46,9 +47,12 @@ REDUCTIONS = (SUM, MEAN, MAX)
 # primitives first (rules.primitives).
 PRELUDE = r"""#include <cuda_fp16.h>
 #include <cuda_bf16.h>
+#include <cuda_fp8.h>
 template <typename T> __device__ __forceinline__ T ct_load(T x) { return x; }
 __device__ __forceinline__ float ct_load(__half x) { return __half2float(x); }
 __device__ __forceinline__ float ct_load(__nv_bfloat16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ float ct_load(__nv_fp8_e4m3 x) { return float(x); }
+__device__ __forceinline__ float ct_load(__nv_fp8_e5m2 x) { return float(x); }
 template <typename T, typename C> __device__ __forceinline__ T ct_store(C x) { return static_cast<T>(x); }
 template <> __device__ __forceinline__ __half ct_store<__half, float>(float x) { return __float2half_rn(x); }
 template <> __device__ __forceinline__ __nv_bfloat16 ct_store<__nv_bfloat16, float>(float x) { return __float2bfloat16_rn(x); }
@@ -142,8 +146,9 @@ def memory_order(shape, strides):
 
 
 def compute_type(dtype):
-    """The C type a value of ``dtype`` is computed in, and a reduction of it accumulates in."""
-    return "float" if is_narrow_float(dtype) else STORAGE[dtype.name]
+    """The C type a value of ``dtype`` is computed in, and a reduction of it accumulates in (a float8 is only ever
+    held, in float, on its way to or from a cast)."""
+    return "float" if is_narrow_float(dtype) or is_float8(dtype) else STORAGE[dtype.name]
 
 
 def storage_type(dtype):
@@ -241,6 +246,9 @@ def _cast(o):
     if o.dtype.name in HALVES:  # round as the stored value would be
         widen, narrow = HALVES[o.dtype.name]
         return f"{widen}({narrow}((float){x}))"
+    if is_float8(o.dtype):  # rounded to nearest even and saturated (satfinite: beyond the largest, the largest)
+        wide = "double" if o.term.args[0].dtype == np.float64 else "float"
+        return f"float({STORAGE[o.dtype.name]}(({wide}){x}))"
     return f"(({o.c}){x})"
 
 

@@ -24,7 +24,7 @@ import numpy as np
 
 from ...exprgraph import attending, gathering, windowing
 from ...exprgraph.term import make
-from ...exprgraph.dtypes import is_float
+from ...exprgraph.dtypes import as_strided, finfo, is_float, is_float8, kind_of
 from ...exprgraph.ops import random
 from ...exprgraph.ops import (
     ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
@@ -46,7 +46,7 @@ def c_strided(shape, dtype):
     for d in reversed(shape):
         strides.append(step)
         step *= max(d, 1)
-    return np.lib.stride_tricks.as_strided(np.empty(1, dtype), shape, tuple(reversed(strides)), writeable=True)
+    return as_strided(np.empty(1, dtype), shape, tuple(reversed(strides)), writeable=True)
 
 
 class Emitter:
@@ -130,6 +130,14 @@ def _where(em, attrs, args, out):
 
 
 def _cast(em, attrs, args, out):
+    if is_float8(out.dtype):  # saturated, as ``dtypes.converted`` defines it
+        largest = float(finfo(out.dtype).max)
+        clipped = em.scratch(args[0].shape, np.promote_types(args[0].dtype, np.float32) if kind_of(args[0].dtype) != "f"
+                             else args[0].dtype)
+        em.call(np.clip, args[0], -largest, largest, out=clipped)
+        em.call(np.copyto, out, clipped, casting="unsafe")
+        em.release(clipped)
+        return
     em.call(np.copyto, out, args[0], casting="unsafe")
 
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...errors import DTypeError
-from ..dtypes import BFLOAT16, as_dtype, is_bfloat16, is_float, is_narrow_float
+from ..dtypes import BFLOAT16, as_dtype, is_bfloat16, is_float, is_float8, is_narrow_float
 from ..term import dtype_violation, make, shape_violation
 
 ELEMENTWISE = "elementwise"
@@ -20,6 +20,10 @@ CONTRACTION = "contraction"
 LAYOUT = "layout"
 FUSED = "fused"
 LOWERED = "lowered"  # built only by a backend's lowering rules, after differentiation
+INDEXING = "indexing"  # reads elements of one operand at the places another one holds
+# the kinds of op that take float8 operands: they hold, move or multiply values (``dtypes``); a lowered op's own
+# dtype rule says which it takes
+FLOAT8_KINDS = (LEAF, LAYOUT, CONTRACTION, INDEXING, FUSED, LOWERED)
 
 
 @dataclass(frozen=True, eq=False)
@@ -48,9 +52,12 @@ class Op:
     positions: tuple = ()  # the operands read as places (indices), not as numbers: never converted to a float
     turns: tuple | None = None  # where a unary op's value turns (it is monotone between): the test strategies
     # bound its values by its ``evaluate`` at these points and at an interval's ends (None: they know it otherwise)
+    takes_float8: bool = False  # it takes float8 operands though its kind does not (``cast``)
 
     def __post_init__(self):
         object.__setattr__(self, "attributes", namedtuple(f"{self.name}_attributes", self.attr_names))
+        if not (self.takes_float8 or self.kind in FLOAT8_KINDS):
+            object.__setattr__(self, "dtype_rule", _no_float8(self.name, self.dtype_rule))
 
     @property
     def elementwise(self):
@@ -70,6 +77,19 @@ class Op:
 
     def __repr__(self):
         return f"Op({self.name})"
+
+
+def _no_float8(name, dtype_rule):
+    """``dtype_rule``, refusing float8 operands first: ``name`` does arithmetic, which float8 values are not for."""
+
+    def rule(args, *attrs):
+        for a in args:
+            if is_float8(a.dtype):
+                raise dtype_violation(f"{name} does not take {a.dtype.name} values: float8 tensors are cast, moved "
+                                      f"and multiplied (matmul, einsum) only; cast to float32 or bfloat16 first")
+        return dtype_rule(args, *attrs)
+
+    return rule
 
 
 # -- shape helpers ---------------------------------------------------------------------------

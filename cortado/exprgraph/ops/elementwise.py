@@ -6,7 +6,7 @@ their results have the broadcast shape.
 import numpy as np
 
 from .. import numerics
-from ..dtypes import is_float, is_narrow_float, kind_of
+from ..dtypes import converted, is_float, is_narrow_float, kind_of
 from ..term import dtype_violation
 from .leaves import CONST
 from .base import (
@@ -114,6 +114,6 @@ WHERE = Op("where", 3, (), _broadcast_rule, _where_dtype, ELEMENTWISE, no_attrib
 STOP_GRADIENT = Op("stop_gradient", 1, (), _broadcast_rule, lambda args: args[0].dtype, ELEMENTWISE, no_attributes,
                    evaluate=lambda xs: np.array(xs[0], copy=True))
 CAST = Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize,
-          evaluate=lambda xs, dtype: xs[0].astype(dtype))
+          evaluate=lambda xs, dtype: converted(xs[0], dtype), takes_float8=True)
 
 FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, SILU, WHERE, STOP_GRADIENT, CAST)

@@ -10,12 +10,10 @@ from ...errors import IndexRangeError
 from .. import gathering
 from ..gathering import checked
 from ..term import RuleViolation, dtype_violation, shape_violation
-from .base import Op, broadcast_shapes
+from .base import INDEXING, Op, broadcast_shapes
 from .layout import same_dtype
 from .leaves import CONST
 from .reductions import one_axis
-
-INDEXING = "indexing"  # reads elements of one operand at the places another one holds
 
 
 def _integer_indices(args, op):

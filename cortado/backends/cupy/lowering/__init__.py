@@ -1,6 +1,6 @@
 """The GPU's lowering: the target-free decompositions around one rule file per target.
 
-A target (``int8``, ``attention``, ``conv``, ``gemm``) is a module with ``rules`` (a rule
+A target (``int8``, ``float8``, ``attention``, ``conv``, ``gemm``) is a module with ``rules`` (a rule
 set, applied bottom-up until nothing changes), ``finish(roots, trace, variant)`` (a pass over all
 roots at once, for what spans the graph) and ``alternatives(planned)`` (variants of ``finish`` worth
 planning too; the compiler keeps the smallest arena). Adding a target is a module here and its name
@@ -11,11 +11,12 @@ in ``TARGETS``.
 
 from ....rules.decompositions import composites, einsum_lowering, row_gathers
 from ....rules.engine import Chain, Fixpoint, Postwalk
-from . import attention, conv, gemm, int8
+from . import attention, conv, float8, gemm, int8
 
 # int8 first: it takes quantized convolutions and products before they are float ones for cuDNN and cuBLASLt;
-# attention and conv before gemm: what cuDNN cannot take becomes matmuls for gemm's rules
-TARGETS = (int8, attention, conv, gemm)
+# float8 before gemm: it takes the products of float8 operands (and widens what it cannot take); attention and
+# conv before gemm: what cuDNN cannot take becomes matmuls for gemm's rules
+TARGETS = (int8, float8, attention, conv, gemm)
 
 
 class GpuLowering:

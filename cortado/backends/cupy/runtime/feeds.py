@@ -9,6 +9,7 @@ set costs a prepared set of calls and a graph.
 
 import numpy as np
 
+from ....exprgraph.dtypes import as_strided
 from ..codegen import contiguous_strides
 from ..layout import ALIGNMENT
 from .blocks import Block
@@ -116,4 +117,4 @@ class Feeds:
 
 def _strided(flat, shape, strides):
     """The elements of 1-d ``flat`` as an array of ``shape`` at element ``strides`` (a view of them)."""
-    return np.lib.stride_tricks.as_strided(flat, shape, tuple(s * flat.itemsize for s in strides))
+    return as_strided(flat, shape, tuple(s * flat.itemsize for s in strides))

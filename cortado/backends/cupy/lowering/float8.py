@@ -1,0 +1,228 @@
+"""The float8 target: ``float8_gemm``, cuBLASLt's scaled float8 product, and the rules that find it in plain
+expressions.
+
+A float8 product is written as the arithmetic it is: ``cast(x * sx, float8_e4m3fn) @ cast(w * sw, float8_e4m3fn)``
+is a float32 matrix (every product of two float8 values is exact in float32, where they are summed;
+``ops.contractions``), and the user scales it back and casts it down as any value. The rules fold that into one
+call, each fold changing at most where a result is rounded:
+
+- ``matmul(a, b)`` of float8 matrices (not both e5m2, which cuBLASLt does not multiply; the contracted and the
+  column dimension multiples of 16) is ``float8_gemm(a, b^T)``: cuBLASLt multiplies float8 only with both operands
+  stored with the contracted axis innermost (its "TN" form), so a weight ``w`` of a linear layer ``x @ w^T`` is
+  read where it is, and an operand stored otherwise is copied so first. A batch of rows is folded into one matrix.
+- the product times a float32 scalar (``1 / (sx * sw)``, a value the step computes) is that scalar in the call
+  (cuBLASLt's scale pointer): the float32 sums are scaled before they are rounded, once;
+- a cast of it to bfloat16 is the call's output type; then a bias row of bfloat16 added to it, and gelu of it all,
+  are its epilogue (computed in float32 on the sums, rounded once to the output).
+
+Only a product rounded to bfloat16 runs on the float8 tensor cores: their partial sums keep about 13 bits on
+Hopper (an H100's float8 product of 64 terms was up to 2^-13 off the float32 sum, with cuBLASLt's full
+accumulation), within bfloat16's rounding (8 bits) but a thousand float32 units off. A product kept in float32 or
+float16, and any other product with a float8 operand, is computed in the other operand's dtype, or float32, its
+float8 values converted exactly (``finish``), so the product is the same and only slower (an einsum of them is a
+matmul or a product summed, ``rules.decompositions``, its operands converted exactly too).
+"""
+
+import math
+
+import numpy as np
+
+from ....exprgraph import constructors as ct
+from ....exprgraph.dtypes import BFLOAT16, FLOAT8, is_float8
+from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, LOWERED, RESHAPE, TRANSPOSE, Op
+from ....exprgraph.semantics import implementation
+from ....exprgraph.term import dtype_violation, make, shape_violation
+from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
+from .gemm import gemm
+
+FLOAT8_GEMM_EPILOGUES = ("none", "bias", "gelu", "bias_gelu")
+ROUNDED_ENOUGH = (BFLOAT16,)  # the outputs whose rounding covers the tensor cores' partial sums (see above)
+OUTPUT_DTYPES = (np.dtype(np.float32),) + ROUNDED_ENOUGH  # float32: before a cast folds in, or before ``finish``
+ALIGNMENT = 16  # elements of the contracted and the column dimension: cuBLASLt's float8 kernels read 16 bytes at once
+
+
+def float8_operands(args, scaled, epilogue):
+    """``(a, b, scale, bias)`` of a float8_gemm's arguments, None for those it has not."""
+    a, b, *rest = args
+    scale = rest.pop(0) if scaled else None
+    bias = rest.pop(0) if "bias" in epilogue else None
+    return a, b, scale, bias
+
+
+def _shape(args, dtype, epilogue, scaled):
+    if epilogue not in FLOAT8_GEMM_EPILOGUES:
+        raise shape_violation(f"unknown epilogue {epilogue!r}; the epilogues are {FLOAT8_GEMM_EPILOGUES}")
+    if len(args) != 2 + scaled + ("bias" in epilogue):
+        raise shape_violation("float8_gemm takes a, b, then the scale where it is scaled, then the bias where its "
+                              "epilogue adds one")
+    a, b, scale, bias = float8_operands(args, scaled, epilogue)
+    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
+        raise shape_violation(f"float8_gemm multiplies a (m, k) matrix by the transpose of a (n, k) one, not "
+                              f"{a.shape} and {b.shape}")
+    if scale is not None and scale.shape != ():
+        raise shape_violation(f"the scale is one value, not of shape {scale.shape}")
+    if bias is not None and bias.shape != (b.shape[0],):
+        raise shape_violation(f"the bias has shape {bias.shape}; it must be ({b.shape[0]},)")
+    return a.shape[0], b.shape[0]
+
+
+def _dtype(args, dtype, epilogue, scaled):
+    a, b, scale, bias = float8_operands(args, scaled, epilogue)
+    if not (is_float8(a.dtype) and is_float8(b.dtype)) or a.dtype == b.dtype == FLOAT8[1]:
+        raise dtype_violation("float8_gemm multiplies float8 matrices, not two of float8_e5m2 (cuBLASLt does not)")
+    if scale is not None and scale.dtype != np.float32:
+        raise dtype_violation("the scale of a float8_gemm is float32")
+    if bias is not None and bias.dtype != dtype:
+        raise dtype_violation("a float8_gemm's bias has its output's dtype")
+    return dtype
+
+
+def _normalize(args, dtype=np.float32, epilogue="none", scaled=False):
+    dtype = np.dtype(dtype)
+    if dtype not in OUTPUT_DTYPES:
+        raise dtype_violation(f"a float8_gemm writes float32 or bfloat16, not {dtype}")
+    if "bias" in epilogue and dtype == np.float32:
+        raise dtype_violation("cuBLASLt adds a bias to a float8 product written in bfloat16 only")
+    return dtype, epilogue, bool(scaled)
+
+
+def _evaluate(xs, dtype, epilogue, scaled):
+    """The float32 sums of exact products, scaled, the bias added and gelu taken in float32; the caller rounds."""
+    a, b, scale, bias = float8_operands(xs, scaled, epilogue)
+    out = np.matmul(a.astype(np.float32), b.astype(np.float32).T)
+    if scale is not None:
+        out = out * scale.astype(np.float32)
+    if bias is not None:
+        out = out + bias.astype(np.float32)
+    return implementation(GELU)([out]) if "gelu" in epilogue else out
+
+
+FLOAT8_GEMM = Op("float8_gemm", None, ("dtype", "epilogue", "scaled"), _shape, _dtype, LOWERED, _normalize,
+                 evaluate=_evaluate)
+
+
+def float8_gemm(a, b, dtype=np.float32, epilogue="none", scale=None, bias=None):
+    """The term ``epilogue(scale * a @ b^T + bias)`` of float8 matrices ``a`` (m, k) and ``b`` (n, k), in float32,
+    rounded once to ``dtype``."""
+    args = (a, b) + ((scale,) if scale is not None else ()) + ((bias,) if bias is not None else ())
+    return make(FLOAT8_GEMM, args, FLOAT8_GEMM.normalize(args, dtype, epilogue, scale is not None))
+
+
+def _parts(g):
+    a, b, scale, bias = float8_operands(g.args, g.attr("scaled"), g.attr("epilogue"))
+    return {"a": a, "b": b, "dtype": g.dtype, "epilogue": g.attr("epilogue"), "scale": scale, "bias": bias}
+
+
+def _transposed(m):
+    """The matrix ``m^T``: the matrix ``m`` transposes, where it is a transpose."""
+    return m.args[0] if m.op is TRANSPOSE else ct.transpose(m)
+
+
+def _multipliable(x, y):
+    """Whether cuBLASLt multiplies ``x @ y`` in float8 (its sizes aligned, not both e5m2)."""
+    e5m2 = FLOAT8[1]
+    return (is_float8(x.dtype) and is_float8(y.dtype) and not x.dtype == y.dtype == e5m2 and y.ndim == 2
+            and x.ndim >= 2 and x.op not in (TRANSPOSE, BROADCAST_TO) and 0 not in x.shape + y.shape
+            and y.shape[0] % ALIGNMENT == 0 and y.shape[1] % ALIGNMENT == 0)
+
+
+def _matmul(b):
+    x, y = b["_a"], b["_b"]
+    if not (is_float8(x.dtype) or is_float8(y.dtype)):
+        return None
+    if _multipliable(x, y):
+        rows = x if x.ndim == 2 else ct.reshape(x, (math.prod(x.shape[:-1]), x.shape[-1]))
+        product = float8_gemm(rows, _transposed(y))
+        return product if x.ndim == 2 else ct.reshape(product, b.term.shape)
+    wide = b.term.dtype  # every float8 value is exact in it
+    return ct.matmul(*(ct.cast(t, wide) if is_float8(t.dtype) else t for t in (x, y)))
+
+
+def _product(b, t):
+    """``(gemm, wrap)``: the float8_gemm ``t`` is, itself or with its rows reshaped back into a batch, that no
+    other term reads, and the function giving a rebuilt gemm ``t``'s shape again; ``(None, None)`` if none."""
+    g, wrap = t, (lambda rebuilt: rebuilt)
+    if t.op is RESHAPE and t.args[0].op is FLOAT8_GEMM and not b.shared(t):
+        g, wrap = t.args[0], (lambda rebuilt: ct.reshape(rebuilt, t.shape))
+    if g.op is not FLOAT8_GEMM or b.shared(g):
+        return None, None
+    return g, wrap
+
+
+def _scalar(t):
+    """The float32 value of one value that ``t`` is (a 0-d term, broadcast or not, or a constant), as a 0-d term;
+    else None."""
+    if t.dtype != np.float32:
+        return None
+    if t.op is CONST and t.attr("value").scalar is not None:
+        return ct.const(np.float32(t.attr("value").scalar))
+    while t.op is BROADCAST_TO:
+        t = t.args[0]
+    return t if t.shape == () else None
+
+
+def _scale(b):
+    for t, other in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
+        g, wrap = _product(b, t)
+        scale = None if g is None else _scalar(other)
+        if scale is not None and t.shape == b.term.shape and g.dtype == np.float32 and not g.attr("scaled") \
+                and g.attr("epilogue") == "none":
+            return wrap(float8_gemm(**{**_parts(g), "scale": scale}))
+    return None
+
+
+def _cast(b):
+    g, wrap = _product(b, b["_x"])
+    dtype = b.term.dtype
+    if g is None or g.dtype != np.float32 or dtype not in ROUNDED_ENOUGH:
+        return None
+    return wrap(float8_gemm(**{**_parts(g), "dtype": dtype}))
+
+
+def _bias(b):
+    for t, other in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
+        g, wrap = _product(b, t)
+        if g is None or g.attr("epilogue") != "none" or g.dtype == np.float32 or t.shape != b.term.shape:
+            continue
+        bias = other.args[0] if other.op is BROADCAST_TO else other
+        if bias.shape == (g.shape[1],) and bias.dtype == g.dtype:
+            return wrap(float8_gemm(**{**_parts(g), "epilogue": "bias", "bias": bias}))
+    return None
+
+
+def _gelu(b):
+    g, wrap = _product(b, b["_x"])
+    if g is None or g.dtype == np.float32 or g.attr("epilogue") not in ("none", "bias"):
+        return None
+    return wrap(float8_gemm(**{**_parts(g), "epilogue": "gelu" if g.attr("epilogue") == "none" else "bias_gelu"}))
+
+
+rules = RuleSet([
+    Rule("float8-gemm", "matmul(_a, _b)", _matmul),
+    Rule("float8-gemm-scale", "multiply(_x, _y)", _scale),
+    Rule("float8-gemm-cast", "cast(_x, dtype=_d)", _cast),
+    Rule("float8-gemm-bias", "add(_x, _y)", _bias),
+    Rule("float8-gemm-gelu", "gelu(_x)", _gelu),
+], name="float8 lowering")
+
+
+def finish(roots, trace=None, keep=frozenset()):
+    """``roots`` with each float8_gemm whose result is kept in float32 (see above) computed in float32 by
+    cuBLASLt's plain GEMM, its float8 operands converted exactly, its scale a multiply after it."""
+    def widened(original, rebuilt):
+        if rebuilt.op is not FLOAT8_GEMM or rebuilt.dtype in ROUNDED_ENOUGH:
+            return rebuilt
+        parts = _parts(rebuilt)
+        product = gemm(ct.cast(parts["a"], np.float32), ct.cast(parts["b"], np.float32), transpose_b=True)
+        result = product if parts["scale"] is None else product * parts["scale"]
+        if trace is not None:
+            trace.append(Rewrite("float8-widen", original, result))
+        return result
+
+    memo = {}
+    return [bottom_up(root, memo, widened) for root in roots]
+
+
+def alternatives(planned):
+    """No variant of this target is worth planning apart."""
+    return []

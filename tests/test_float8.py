@@ -1,0 +1,210 @@
+"""float8 (e4m3fn, e5m2): saturating casts, exact products, straight-through gradients, and the GPU's scaled
+cuBLASLt float8 GEMM that the lowering finds in a plain expression; values against ml_dtypes and the reference."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+import cortado as ct
+from cortado.backends.cupy.lowering import lowering
+from cortado.backends.cupy.lowering.float8 import FLOAT8_GEMM
+from cortado.exprgraph.graph import post_order
+from cortado.rules.engine import Trace
+from reference_checks import host, skip_without_device
+
+E4M3, E5M2 = np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)
+FLOAT8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def _saturated(values, dtype):
+    """What a saturating cast gives, from ml_dtypes' rounding: beyond the largest value (infinities too), the largest."""
+    largest = float(ml_dtypes.finfo(dtype).max)
+    return np.clip(values, -largest, largest).astype(dtype)
+
+
+EDGES = np.array([0.0, -0.0, 1.0, 448.0, 464.0, 480.0, 1e6, -1e6, np.inf, -np.inf, np.nan, 57344.0, 61440.0,
+                  2.0 ** -9, 2.0 ** -10, 3 * 2.0 ** -11, 2.0 ** -16, 2.0 ** -17, 1.0625, 1.1875], np.float32)
+
+
+@pytest.mark.parametrize("name", FLOAT8)
+@pytest.mark.parametrize("backend", ["reference", "numpy"])
+def test_a_cast_to_float8_rounds_to_nearest_even_and_saturates(name, backend):
+    x = ct.var("x", EDGES.shape)
+    y = ct.cast(ct.cast(x, name), "float32")
+    got = ct.evaluate(y, {"x": EDGES}) if backend == "reference" else ct.compile([y], inputs=[x])(x=EDGES)[0]
+    expected = _saturated(EDGES, np.dtype(name)).astype(np.float32)
+    np.testing.assert_array_equal(got, expected)
+    largest = float(ml_dtypes.finfo(np.dtype(name)).max)
+    assert got[8] == largest and got[9] == -largest and np.isnan(got[10])  # no inf, no NaN from a number
+
+
+@given(st.lists(st.floats(width=32, allow_nan=True), min_size=1, max_size=40), st.sampled_from(FLOAT8),
+       st.sampled_from(["float32", "bfloat16", "float16", "float64"]))
+def test_any_value_casts_to_float8_as_ml_dtypes_rounds_it_clipped(values, name, source):
+    with np.errstate(over="ignore"):
+        array = np.array(values, np.float32).astype(source)
+    x = ct.var("x", array.shape, source)
+    y = ct.cast(ct.cast(x, name), "float32")
+    expected = _saturated(array, np.dtype(name)).astype(np.float32)
+    np.testing.assert_array_equal(ct.compile([y], inputs=[x])(x=array)[0], expected)
+    np.testing.assert_array_equal(ct.evaluate(y, {"x": array}), expected)
+
+
+def test_float8_tensors_take_no_arithmetic():
+    q = ct.cast(ct.var("x", (4, 16)), "float8_e4m3fn")
+    for make in (lambda: q + q, lambda: ct.exp(q), lambda: ct.sum(q), lambda: q * 2.0):
+        with pytest.raises(ct.DTypeError, match="float8 tensors are cast, moved and multiplied"):
+            make()
+    assert ct.transpose(q).dtype == E4M3 and ct.reshape(q, (64,)).dtype == E4M3
+
+
+def test_float8_products_are_float32_or_the_other_operands_dtype():
+    a8, b5 = ct.var("a", (4, 16), "float8_e4m3fn"), ct.var("b", (16, 8), "float8_e5m2")
+    assert (a8 @ b5).dtype == np.float32
+    assert (a8 @ ct.var("w", (16, 8), "bfloat16")).dtype.name == "bfloat16"
+    assert ct.einsum("ik,kj->ij", a8, b5).dtype == np.float32
+    with pytest.raises(ct.DTypeError, match="floats only"):
+        a8 @ ct.var("n", (16, 8), "int32")
+
+
+@pytest.mark.parametrize("subscripts", ["ik,kj->ij", "bik,kj->bij", "bik,jkl->ij"])
+def test_a_float8_product_sums_exact_products_in_float32(subscripts):
+    rng = np.random.default_rng(0)
+    inputs, _ = subscripts.split("->")
+    shapes = {"i": 3, "j": 5, "k": 16, "b": 2, "l": 4}
+    arrays = [(rng.standard_normal([shapes[c] for c in labels]) * 20).astype(dtype)
+              for labels, dtype in zip(inputs.split(","), (E4M3, E5M2))]
+    terms = [ct.var(f"v{k}", a.shape, a.dtype) for k, a in enumerate(arrays)]
+    y = ct.einsum(subscripts, *terms)
+    feeds = {t.name: a for t, a in zip(terms, arrays)}
+    expected = np.einsum(subscripts, *(a.astype(np.float64) for a in arrays))  # exact: few, exact products
+    np.testing.assert_allclose(ct.compile([y], inputs=terms)(**feeds)[0], expected, rtol=1e-6)
+    np.testing.assert_allclose(ct.evaluate(y, feeds), expected, rtol=1e-6)
+
+
+def test_a_gradient_passes_a_cast_to_float8_in_float32():
+    """Straight through: the cotangent of a float8 value is float32, never rounded to float8 on its way."""
+    x, w = ct.var("x", (4, 16)), ct.var("w", (8, 16))
+    y = ct.matmul(ct.cast(x * 64.0, "float8_e4m3fn"), ct.transpose(ct.cast(w, "float8_e4m3fn"))) * (1 / 64.0)
+    loss = ct.sum(y * 1e-3)  # a cotangent far below float8's smallest e4m3 value
+    dx, dw = ct.grad(loss, [x, w])
+    assert dx.dtype == np.float32 and dw.dtype == np.float32
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal((4, 16)).astype(np.float32), "w": rng.standard_normal((8, 16)).astype(np.float32)}
+    w8 = feeds["w"].astype(E4M3).astype(np.float32)
+    np.testing.assert_allclose(ct.compile([dx], inputs=[x, w])(**feeds)[0], np.tile(w8.sum(0) * 1e-3, (4, 1)), rtol=1e-5)
+    with pytest.raises(ct.DTypeError, match="the variable it is cast from"):
+        ct.grad(ct.sum(ct.cast(ct.var("q", (3,), "float8_e5m2"), "float32")), ct.var("q", (3,), "float8_e5m2"))
+
+
+def _linear(rows=32, k=64, n=48, activation=True):
+    """A float8 linear layer as a user writes it: per-tensor scales, the product scaled back, a bias, gelu."""
+    x, w, bias = ct.var("x", (2, rows, k), "bfloat16"), ct.var("w", (n, k)), ct.var("bias", (n,), "bfloat16")
+    sx, sw = ct.var("sx", ()), ct.var("sw", ())
+    x8 = ct.cast(ct.cast(x, "float32") * sx, "float8_e4m3fn")
+    w8 = ct.cast(w * sw, "float8_e4m3fn")
+    y = ct.cast(ct.matmul(x8, ct.transpose(w8)) * (1 / (sx * sw)), "bfloat16") + bias
+    return (ct.gelu(y) if activation else y), [x, w, bias, sx, sw]
+
+
+def _feeds(rows=32, k=64, n=48, seed=0):
+    rng = np.random.default_rng(seed)
+    return {"x": rng.standard_normal((2, rows, k)).astype(ml_dtypes.bfloat16),
+            "w": (rng.standard_normal((n, k)) * 0.05).astype(np.float32),
+            "bias": rng.standard_normal(n).astype(ml_dtypes.bfloat16), "sx": np.float32(64.0), "sw": np.float32(2048.0)}
+
+
+def _gemms(roots):
+    return [t for t in post_order(roots) if t.op is FLOAT8_GEMM]
+
+
+def test_the_gpu_lowering_makes_a_scaled_float8_linear_layer_one_call():
+    y, _ = _linear()
+    trace = Trace()
+    lowered = lowering.run([y], trace)
+    (g,) = _gemms(lowered)
+    assert (g.dtype.name, g.attr("epilogue"), g.attr("scaled")) == ("bfloat16", "bias_gelu", True)
+    assert {"float8-gemm", "float8-gemm-scale", "float8-gemm-cast", "float8-gemm-bias", "float8-gemm-gelu"} \
+        <= {r.rule for r in trace}
+    feeds = _feeds()
+    # the call rounds once where the expression rounds three times (after the scale, the bias, gelu)
+    np.testing.assert_allclose(np.asarray(ct.evaluate(lowered[0], feeds), np.float32),
+                               np.asarray(ct.evaluate(y, feeds), np.float32), rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("case", ["kept in float32", "e5m2 by e5m2", "k not a multiple of 16", "batch of products"])
+def test_products_cublaslt_cannot_take_in_float8_are_taken_exactly_wider(case):
+    if case == "kept in float32":
+        a, b = ct.var("a", (32, 64), "float8_e4m3fn"), ct.var("b", (64, 32), "float8_e4m3fn")
+    elif case == "e5m2 by e5m2":
+        a, b = ct.var("a", (32, 64), "float8_e5m2"), ct.var("b", (64, 32), "float8_e5m2")
+    elif case == "k not a multiple of 16":
+        a, b = ct.var("a", (32, 24), "float8_e4m3fn"), ct.var("b", (24, 32), "float8_e4m3fn")
+    else:
+        a, b = ct.var("a", (3, 32, 64), "float8_e4m3fn"), ct.var("b", (3, 64, 32), "float8_e4m3fn")
+    lowered = lowering.run([a @ b])
+    assert not _gemms(lowered)
+    assert all(m.args[0].dtype == np.float32 for m in post_order(lowered) if m.op.name == "gemm")
+
+
+def test_a_product_scaled_by_a_row_is_not_the_calls_one_scale_and_is_widened():
+    a, b = ct.var("a", (32, 64), "float8_e4m3fn"), ct.var("b", (48, 64), "float8_e4m3fn")
+    row = ct.var("r", (48,))
+    trace = Trace()
+    lowered = lowering.run([ct.cast(ct.matmul(a, ct.transpose(b)) * row, "bfloat16")], trace)
+    assert not _gemms(lowered) and "float8-widen" in {r.rule for r in trace}
+
+
+# -- on the GPU ---------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", FLOAT8)
+def test_on_the_gpu_a_cast_to_float8_gives_the_cpus_bits(name):
+    skip_without_device("cupy")
+    rng = np.random.default_rng(2)
+    values = np.concatenate([EDGES, (rng.standard_normal(4096) * 300).astype(np.float32),
+                             rng.standard_normal(4096).astype(np.float32) * 2.0 ** -12])
+    x, s = ct.var("x", values.shape), ct.var("s", ())
+    y = ct.cast(ct.cast(x * s, name), "float32")
+    feeds = {"x": values, "s": np.float32(1.5)}
+    got = host(ct.compile([y], inputs=[x, s], backend="cupy")(**feeds)[0])
+    np.testing.assert_array_equal(got, ct.compile([y], inputs=[x, s])(**feeds)[0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("activation", [True, False])
+def test_on_the_gpu_a_float8_linear_layer_is_one_cublaslt_call_equal_to_the_reference(activation):
+    skip_without_device("cupy")
+    rows, k, n = 256, 128, 96
+    y, inputs = _linear(rows, k, n, activation)
+    step = ct.compile([y], inputs=inputs, backend="cupy")
+    assert "float8-gemm-scale" in step.explain()
+    feeds = _feeds(rows, k, n, seed=3)
+    got = np.asarray(host(step(**feeds)[0]), np.float32)
+    expected = np.asarray(ct.compile([y], inputs=inputs)(**feeds)[0], np.float32)
+    np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_float8_operands_stored_otherwise_are_copied_and_mixed_formats_multiply():
+    """A gradient's e5m2 times a weight's e4m3, the weight stored (k, n): cuBLASLt reads it after a transposing copy.
+    Kept in float32, or of two e5m2 matrices, a product is widened: exactly the float32 sums."""
+    skip_without_device("cupy")
+    rng = np.random.default_rng(4)
+    a, b = ct.var("a", (128, 64), "float8_e5m2"), ct.var("b", (64, 80), "float8_e4m3fn")
+    c, d = ct.var("c", (128, 64), "float8_e5m2"), ct.var("d", (64, 80), "float8_e5m2")
+    e = ct.var("e", (128, 64), "float8_e4m3fn")
+    outputs = [ct.cast(a @ b, "bfloat16"), e @ b, c @ d]
+    feeds = {"a": rng.standard_normal((128, 64)).astype(E5M2), "b": rng.standard_normal((64, 80)).astype(E4M3),
+             "c": rng.standard_normal((128, 64)).astype(E5M2), "d": rng.standard_normal((64, 80)).astype(E5M2),
+             "e": rng.standard_normal((128, 64)).astype(E4M3)}
+    step = ct.compile(outputs, inputs=[a, b, c, d, e], backend="cupy")
+    assert "float8-gemm-cast" in step.explain() and "float8-widen" in step.explain()
+    narrow, *wide = step(**feeds)
+    exact = [feeds[x].astype(np.float64) @ feeds[w].astype(np.float64) for x, w in (("a", "b"), ("e", "b"), ("c", "d"))]
+    np.testing.assert_allclose(np.asarray(host(narrow), np.float32), exact[0], rtol=8e-3, atol=1e-2)
+    for got, expected in zip(wide, exact[1:]):
+        np.testing.assert_allclose(host(got), expected, rtol=1e-5, atol=1e-5)
