@@ -45,6 +45,8 @@ if [ "$what" = bench ] || [ "$what" = int8 ] || [ "$what" = all ]; then
 fi
 if [ "$what" = bench ] || [ "$what" = float8 ] || [ "$what" = all ]; then
     python3 benchmarks/bench_float8_gpu.py --out "$out/float8_gpu.json" 2>&1 | tee "$out/bench_float8.log" || status=1
+    python3 benchmarks/bench_float8_gpt_gpu.py --out "$out/float8_gpt_gpu.json" 2>&1 | tee "$out/bench_float8_gpt.log" \
+        || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1

@@ -48,6 +48,8 @@ NOT_DRAWN = {
     "param": "it stands for an operand in a fused body, which only fusion builds",
     "stop_gradient": "its derivative is 0 by definition, which finite differences contradict (a program "
                      "computes it as its operand; tests/test_quantization.py tests it)",
+    "float8_gradient": "its derivative rounds the cotangent to float8, which finite differences contradict (a "
+                       "program computes it as its operand; tests/test_float8.py tests it)",
     "attention": "the rules build it from the softmax and products drawn here (tests/test_attention.py tests it)",
     "attention_grad": "the derivative rules build it, from attention",
     "random_uniform": "its operands are integer keys, not values drawn from intervals (tests/test_random.py tests it "

@@ -5,17 +5,19 @@ model, and compiles to the same kernels); ``ct.grad`` differentiates it and ``ct
 optimizer included, one program.
 
     python examples/gpt.py [--steps 1500] [--layers 2] [--width 64] [--heads 4] [--kv-heads 4] [--context 64]
-                           [--batch 16] [--backend numpy|cupy] [--sample 300] [--dtype float32|bfloat16]
+                           [--batch 16] [--backend numpy|cupy] [--sample 300] [--dtype float32|bfloat16|float8]
                            [--checkpoint run.safetensors [--resume]] [--plot loss.png]
 
 It shows the training's progress (the loss of the last steps, as a progress bar where tqdm is installed), the loss
 on held-out text at the end, and text sampled from the trained model. The defaults train in about 30 s on two CPU
-cores (14 to 20 ms a step) to a held-out loss of 1.96; ``--backend cupy`` compiles the same step for the GPU. ``--checkpoint`` saves the
-program's state (weights, AdamW's moments, its step count) and the data generator's position at the end;
-``--resume`` starts from them, so a run of 1500 steps and one of 750 resumed for 750 more end with the same
-weights, bit for bit. ``--plot`` draws the loss curve (matplotlib). The text (``examples/data/shakespeare.txt``)
-is the first 330 KB of the "tiny Shakespeare" corpus of Karpathy's char-rnn, drawn from Project Gutenberg's
-public-domain works.
+cores (14 to 20 ms a step) to a held-out loss of 1.96; ``--backend cupy`` compiles the same step for the GPU.
+``--dtype float8`` computes in bfloat16 with every linear layer's product in float8 (``nn.Linear(...,
+float8=True)``: delayed power-of-two scales, gradients rounded to e5m2), on the GPU's float8 tensor cores.
+``--checkpoint`` saves the program's state (weights, AdamW's moments, its step count) and the data generator's
+position at the end; ``--resume`` starts from them, so a run of 1500 steps and one of 750 resumed for 750 more end
+with the same weights, bit for bit. ``--plot`` draws the loss curve (matplotlib). The text
+(``examples/data/shakespeare.txt``) is the first 330 KB of the "tiny Shakespeare" corpus of Karpathy's char-rnn,
+drawn from Project Gutenberg's public-domain works.
 """
 
 import argparse
@@ -36,12 +38,12 @@ BETAS, WEIGHT_DECAY = (0.9, 0.99), 0.01
 class Block(nn.Module):
     """A pre-norm transformer block: ``x + attn(ln_1(x))``, then ``x + mlp(ln_2(x))``."""
 
-    def __init__(self, width, heads, kv_heads):
+    def __init__(self, width, heads, kv_heads, float8=False):
         super().__init__()
         self.ln_1 = nn.LayerNorm(width)
-        self.attn = nn.CausalSelfAttention(width, heads, kv_heads)
+        self.attn = nn.CausalSelfAttention(width, heads, kv_heads, float8=float8)
         self.ln_2 = nn.LayerNorm(width)
-        self.mlp = nn.MLP(width, 4 * width, width, activation=ct.gelu)
+        self.mlp = nn.MLP(width, 4 * width, width, activation=ct.gelu, float8=float8)
 
     def forward(self, x):
         x = x + self.attn(self.ln_1(x))
@@ -51,14 +53,14 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """Token and position embeddings, ``layers`` blocks, a final layer norm and a head tied to the token embeddings;
     GPT-2's initialisation: normal(0, 0.02) weights, the residual projections' scaled by 1/sqrt(2 layers), zero
-    biases, unit norm gains."""
+    biases, unit norm gains; the blocks' linear layers in float8 with ``float8=True``."""
 
-    def __init__(self, vocabulary, context=64, width=64, heads=4, kv_heads=None, layers=2):
+    def __init__(self, vocabulary, context=64, width=64, heads=4, kv_heads=None, layers=2, float8=False):
         super().__init__()
         self.context = context
         self.wte = nn.Embedding(vocabulary, width)
         self.wpe = nn.Embedding(context, width)
-        self.h = nn.ModuleList([Block(width, heads, kv_heads or heads) for _ in range(layers)])
+        self.h = nn.ModuleList([Block(width, heads, kv_heads or heads, float8) for _ in range(layers)])
         self.ln_f = nn.LayerNorm(width)
         for name, parameter in self.named_parameters():
             if name.endswith(("attn.proj.weight", "mlp.2.weight")):
@@ -101,8 +103,8 @@ def sample(model, weights, start, length, rng, backend, temperature=0.8):
     """``length`` characters after the ``context`` ones of ``start``, each drawn from the model's next-character
     distribution (the last position's logits, at ``temperature``)."""
     tokens = ct.var("tokens_in", (1, model.context), "int32")
-    params = model.parameters()
-    predict = ct.compile([model(tokens)[:, -1]], inputs=[tokens, *params.values()], backend=backend)
+    values = {**model.parameters(), **model.buffers()}
+    predict = ct.compile([model(tokens)[:, -1]], inputs=[tokens, *values.values()], backend=backend)
     window, drawn = list(start), []
     for _ in range(length):
         (scores,) = predict(tokens_in=np.array([window[-model.context:]], np.int32), **weights)
@@ -123,7 +125,9 @@ def train(steps=1500, layers=2, width=64, heads=4, kv_heads=None, context=64, ba
     alphabet = sorted(set(text))
     data = np.array([alphabet.index(c) for c in text], np.int32)
     split = len(data) * 9 // 10
-    model = GPT(len(alphabet), context, width, heads, kv_heads, layers).compute_in(dtype)
+    float8 = dtype == "float8"
+    model = GPT(len(alphabet), context, width, heads, kv_heads, layers, float8)
+    model.compute_in("bfloat16" if float8 else dtype)
     tokens = ct.var("tokens_in", (batch, context), "int32")
     labels = ct.var("labels", (batch, context), "int32")
     loss = nn.cross_entropy(model(tokens), labels)
@@ -131,6 +135,7 @@ def train(steps=1500, layers=2, width=64, heads=4, kv_heads=None, context=64, ba
     gradients = ct.grad(loss, list(params.values()))
     adamw = optim.AdamW(lr=learning_rate, betas=BETAS, weight_decay=WEIGHT_DECAY, decay=lambda name, p: p.ndim == 2)
     optimizer_state, updates = adamw.updates(params, gradients)
+    updates.update(model.state_updates(loss))  # float8 layers' amax histories
     started = time.perf_counter()
     step = ct.compile([loss], inputs=[tokens, labels], backend=backend, updates=updates,
                       state={**model.initial_values(seed), **optimizer_state})
@@ -165,11 +170,13 @@ def train(steps=1500, layers=2, width=64, heads=4, kv_heads=None, context=64, ba
         log(f"saved the program's state to {checkpoint}")
     if plot:
         _plot(losses, plot, log)
-    weights = {name: host(step.state[name]) for name in params}
+    model.eval()
+    weights = {name: host(step.state[name]) for name in {**params, **model.buffers()}}
     eval_tokens = ct.var("tokens_in", (batch, context), "int32")
     eval_labels = ct.var("labels", (batch, context), "int32")
     held_out_loss = nn.cross_entropy(model(eval_tokens), eval_labels)
-    evaluate = ct.compile([held_out_loss], inputs=[eval_tokens, eval_labels, *params.values()], backend=backend)
+    evaluate = ct.compile([held_out_loss], inputs=[eval_tokens, eval_labels, *params.values(), *model.buffers().values()],
+                          backend=backend)
     held_out = np.mean([float(host(evaluate(tokens_in=x, labels=y, **weights)[0]))
                         for x, y in (windows(data[split:], batch, context, rng) for _ in range(8))])
     log(f"held-out loss {held_out:.3f} (a uniform guess: {math.log(len(alphabet)):.3f})")
@@ -215,8 +222,9 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--backend", choices=["numpy", "cupy"], help="default: cupy where a GPU is visible")
     parser.add_argument("--sample", type=int, default=300, help="characters to sample at the end")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
-                        help="what the model computes in (the parameters and AdamW's moments stay float32)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float8"], default="float32",
+                        help="what the model computes in (the parameters and AdamW's moments stay float32); float8: "
+                             "bfloat16, with the linear layers' products in float8")
     parser.add_argument("--checkpoint", help="save the program's state here at the end (safetensors)")
     parser.add_argument("--resume", action="store_true", help="start from --checkpoint's state")
     parser.add_argument("--plot", help="draw the loss curve to this image (matplotlib)")

@@ -8,9 +8,12 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cortado as ct
+from cortado import compiler, nn, optim
+from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy.lowering import lowering
 from cortado.backends.cupy.lowering.float8 import FLOAT8_GEMM
 from cortado.exprgraph.graph import post_order
+from cortado.exprgraph.scaling import EXPONENTS, exponents, scale_for
 from cortado.rules.engine import Trace
 from reference_checks import host, skip_without_device
 
@@ -157,6 +160,96 @@ def test_a_product_scaled_by_a_row_is_not_the_calls_one_scale_and_is_widened():
     assert not _gemms(lowered) and "float8-widen" in {r.rule for r in trace}
 
 
+# -- scales, gradients and layers ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", FLOAT8)
+def test_a_scale_is_the_largest_power_of_two_that_keeps_the_largest_value_in_range(name):
+    largest = float(ml_dtypes.finfo(np.dtype(name)).max)
+    amaxes = np.array([0.0, 1e-30, 3e-8, 0.013, 1.0, 2.0, 447.0, 448.0, 449.0, 1e5, 3e38, np.inf], np.float32)
+    amax = ct.var("amax", ())
+    scale = scale_for(amax, name)
+    assert exponents(scale) == (min(EXPONENTS[0], 0), max(EXPONENTS[1], 0))
+    program = ct.compile([scale], inputs=[amax])
+    for value in amaxes:
+        got = float(program(amax=value)[0])
+        assert got == float(ct.evaluate(scale, {"amax": value}))
+        if value == 0:
+            assert got == 1.0
+            continue
+        mantissa, _ = np.frexp(got)
+        assert mantissa == 0.5 and 2.0 ** EXPONENTS[0] <= got <= 2.0 ** EXPONENTS[1]
+        if 2.0 ** EXPONENTS[0] < got < 2.0 ** EXPONENTS[1]:
+            assert value * got <= largest < value * got * 4  # the largest power of two, or half of it
+    assert exponents(ct.const(np.float32(0.75))) is None and exponents(ct.const(np.float32(0.25))) == (-2, -2)
+
+
+def test_float8_gradient_is_the_identity_whose_cotangent_is_rounded_to_e5m2():
+    x = ct.var("x", (64,))
+    y = ct.float8_gradient(x * 1.0)
+    (dx,) = ct.grad(ct.sum(y * ct.const(np.linspace(-3e-6, 5e-6, 64, dtype=np.float32))), [x])
+    feeds = {"x": np.arange(64, dtype=np.float32)}
+    np.testing.assert_array_equal(ct.compile([y], inputs=[x])(**feeds)[0], feeds["x"])
+    got = ct.compile([dx], inputs=[x])(**feeds)[0]
+    exact = np.linspace(-3e-6, 5e-6, 64, dtype=np.float32)
+    scale = 2.0 ** np.floor(np.log2(57344 / 5e-6))
+    np.testing.assert_array_equal(got, (exact * scale).astype(E5M2).astype(np.float32) / scale)
+    with pytest.raises(ct.DTypeError, match="to a float8 dtype"):
+        ct.float8_gradient(x, "bfloat16")
+
+
+@given(st.integers(0, 2 ** 32 - 1), st.sampled_from(FLOAT8), st.integers(-40, 40), st.integers(-40, 40))
+def test_moving_power_of_two_scales_out_of_a_float8_product_changes_no_bit(seed, name, k1, k2):
+    """The proof ``float8-scales-out`` rests on, checked: (q * 2^a) @ (w * 2^b) == (q @ w) * 2^(a + b)."""
+    rng = np.random.default_rng(seed)
+    q = (rng.standard_normal((8, 48)) * 50).astype(np.dtype(name))
+    w = rng.standard_normal((48, 16)).astype(E4M3)
+    qv, wv = ct.var("q", q.shape, name), ct.var("w", w.shape, "float8_e4m3fn")
+    s1, s2 = ct.var("s1", ()), ct.var("s2", ())
+    product = ct.matmul(ct.cast(qv, "float32") * s1, ct.cast(wv, "float32") * s2)
+    trace = Trace()
+    scale_expressions = [ct.power(2.0, ct.minimum(ct.maximum(ct.rint(s), -40.0), 40.0)) for s in (s1, s2)]
+    product = ct.matmul(ct.cast(qv, "float32") * scale_expressions[0], ct.cast(wv, "float32") * scale_expressions[1])
+    moved = lowering.local.run([product], trace)[0]
+    assert "float8-scales-out" in {r.rule for r in trace}
+    feeds = {"q": q, "w": w, "s1": np.float32(k1), "s2": np.float32(k2)}
+    np.testing.assert_array_equal(ct.evaluate(moved, feeds), ct.evaluate(product, feeds))
+
+
+def _float8_mlp(batch=4, time=32, sizes=(64, 256, 64)):
+    model = nn.MLP(*sizes, activation=ct.gelu, float8=True).compute_in("bfloat16")
+    x, y = ct.var("x", (batch, time, sizes[0]), "bfloat16"), ct.var("y", (batch, time, sizes[-1]))
+    loss = ct.mean((ct.cast(model(x), "float32") - y) ** 2)
+    params = model.parameters()
+    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, list(params.values())))
+    updates.update(model.state_updates(loss))
+    values = {**model.initial_values(seed=0), **{v: np.asarray(a) for v, a in state.items()}}
+    rng = np.random.default_rng(5)
+    feeds = {"x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
+             "y": rng.standard_normal(y.shape).astype(np.float32)}
+    return loss, [x, y], values, updates, feeds
+
+
+def test_a_float8_layer_trains_and_keeps_its_amax_histories():
+    loss, inputs, values, updates, feeds = _float8_mlp()
+    step = ct.compile([loss], inputs=inputs, state=values, updates=updates)
+    losses = [float(step(**feeds)[0]) for _ in range(6)]
+    assert losses[-1] < 0.8 * losses[0]
+    history = step.state["0.input_amax"]
+    assert history[0] == np.abs(feeds["x"].astype(np.float32)).max() and history[5] > 0 and not history[6:].any()
+
+
+def test_on_the_gpu_a_float8_training_step_is_float8_products_forward_and_back():
+    loss, _, _, updates, _ = _float8_mlp()
+    traces = {}
+    roots = compiler._rewrite([loss, *updates.values()], gpu_backend, traces)
+    products = [t for t in post_order(roots) if t.op is FLOAT8_GEMM]
+    assert len(products) == 5  # two forward, the second layer's input gradient, two weight gradients
+    assert all(t.dtype.name == "bfloat16" for t in products)
+    assert {t.args[0].dtype.name for t in products} == {"float8_e4m3fn", "float8_e5m2"}
+    assert not [t for t in post_order(roots) if t.op.name == "gemm"]
+
+
 # -- on the GPU ---------------------------------------------------------------------------------
 
 
@@ -208,3 +301,29 @@ def test_on_the_gpu_float8_operands_stored_otherwise_are_copied_and_mixed_format
     np.testing.assert_allclose(np.asarray(host(narrow), np.float32), exact[0], rtol=8e-3, atol=1e-2)
     for got, expected in zip(wide, exact[1:]):
         np.testing.assert_allclose(host(got), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_scales_are_the_cpus_powers_of_two():
+    skip_without_device("cupy")
+    amax = ct.var("amax", (12,))
+    scales = scale_for(ct.max(ct.reshape(amax, (12, 1)), axis=1), "float8_e5m2")
+    values = np.array([0.0, 1e-30, 3e-8, 0.013, 1.0, 2.0, 447.0, 448.0, 449.0, 1e5, 3e38, np.inf], np.float32)
+    got = host(ct.compile([scales], inputs=[amax], backend="cupy")(amax=values)[0])
+    np.testing.assert_array_equal(got, ct.compile([scales], inputs=[amax])(amax=values)[0])
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_float8_training_step_follows_the_cpus():
+    """Forward and back in float8 on the tensor cores: the losses and amax histories of three steps against the CPU's
+    (which takes every float8 product exactly in float32), as close as float8's rounding of the gradients allows."""
+    skip_without_device("cupy")
+    loss, inputs, values, updates, feeds = _float8_mlp()
+    steps = {backend: ct.compile([loss], inputs=inputs, state=values, updates=updates, backend=backend)
+             for backend in ("numpy", "cupy")}
+    assert "float8-scales-out" in steps["cupy"].explain()
+    for _ in range(3):
+        cpu, gpu = (float(host(steps[b](**feeds)[0])) for b in ("numpy", "cupy"))
+        assert abs(gpu - cpu) <= 2e-2 * abs(cpu)
+    for name in ("0.input_amax", "2.input_amax", "0.weight_amax", "2.weight_amax"):
+        np.testing.assert_allclose(host(steps["cupy"].state[name]), steps["numpy"].state[name], rtol=2e-2)

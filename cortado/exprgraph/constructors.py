@@ -29,7 +29,7 @@ __all__ = [
     "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "rint", "sigmoid", "relu",
     "softplus", "gelu", "gelu_grad", "silu",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
-    "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient",
+    "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient", "float8_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d", "random_uniform",
@@ -209,6 +209,14 @@ def where(condition, x, y):
 def cast(x, dtype):
     """``x`` converted to ``dtype`` (NumPy's ``astype``)."""
     return _call("cast", x, dtype=dtype)
+
+
+def float8_gradient(x, dtype="float8_e5m2"):
+    """``x``, whose cotangent is rounded to float8 (e5m2 unless ``dtype`` says otherwise) on its way back: scaled by
+    the power of two that brings its largest magnitude nearest the float8's largest (``scaling.scale_for``),
+    rounded, and scaled back. Float8 training marks a product's output with it, so that the gradients of its
+    operands are float8 products too. A compiled program computes it as ``x``."""
+    return _call("float8_gradient", x, dtype=dtype)
 
 
 def stop_gradient(x):

@@ -17,17 +17,18 @@ class CausalSelfAttention(Module):
     """Self-attention of ``(batch, time, width)`` inputs over ``heads`` heads of ``width / heads`` features, each
     position attending to itself and those before it; ``kv_heads`` (dividing ``heads``) keys and values shared by
     groups of query heads (grouped-query attention; ``kv_heads = heads`` is multi-head attention). One projection
-    makes the queries, keys and values (``qkv``), another mixes the heads' outputs (``proj``)."""
+    makes the queries, keys and values (``qkv``), another mixes the heads' outputs (``proj``); both in float8 with
+    ``float8=True`` (``Linear``; the attention itself stays in the input's dtype)."""
 
-    def __init__(self, width, heads, kv_heads=None, bias=True, dtype="float32"):
+    def __init__(self, width, heads, kv_heads=None, bias=True, dtype="float32", float8=False):
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
         if width % heads or heads % kv_heads:
             raise ShapeError(f"CausalSelfAttention: {heads} heads must divide the width {width}, and {kv_heads} key "
                              f"and value heads must divide the {heads} heads")
         self.width, self.heads, self.kv_heads, self.size = width, heads, kv_heads, width // heads
-        self.qkv = Linear(width, (heads + 2 * kv_heads) * self.size, bias, dtype=dtype)
-        self.proj = Linear(width, width, bias, dtype=dtype)
+        self.qkv = Linear(width, (heads + 2 * kv_heads) * self.size, bias, dtype=dtype, float8=float8)
+        self.proj = Linear(width, width, bias, dtype=dtype, float8=float8)
 
     def forward(self, x):
         batch, time, width = x.shape

@@ -9,28 +9,65 @@ import numpy as np
 from ..errors import ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, finfo
+from ..exprgraph.scaling import scale_for
+from ..exprgraph.slicing import concatenate
 from . import init
 from .module import Buffer, Function, Module, Parameter, Sequential
 
 
 class Linear(Module):
     """``x @ weight^T + bias``: ``weight`` ``(out_features, in_features)`` and ``bias`` ``(out_features,)``, both
-    ``U(-1/sqrt(in), 1/sqrt(in))`` unless ``weight_init``/``bias_init`` say otherwise."""
+    ``U(-1/sqrt(in), 1/sqrt(in))`` unless ``weight_init``/``bias_init`` say otherwise.
 
-    def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None, dtype="float32"):
+    With ``float8=True`` the product is taken in float8, as Transformer Engine takes it: the input and the weight
+    each scaled by a power of two and cast to float8_e4m3fn, multiplied (summed in float32), scaled back and rounded
+    to the input's dtype, and the product's gradient rounded to float8_e5m2 on its way back (``ct.float8_gradient``),
+    so that the gradients of the input and the weight are float8 products too. The scales are delayed: each comes
+    from the largest magnitudes of the last ``history`` steps (buffers ``input_amax`` and ``weight_amax``, which the
+    step updates: ``Module.state_updates``), the gradient's from its own (``scaling.scale_for``). On the GPU, a
+    bfloat16 model's product runs on the float8 tensor cores (``backends/cupy/lowering/float8.py``)."""
+
+    def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None, dtype="float32",
+                 float8=False, history=16):
         super().__init__()
         default = init.fan_in_uniform(in_features)
         self.weight = Parameter((out_features, in_features), weight_init or default, dtype)
         if bias:
             self.bias = Parameter((out_features,), bias_init or default, dtype)
-        self.in_features, self.out_features, self.has_bias = in_features, out_features, bias
+        if float8:
+            self.input_amax = Buffer((history,), init.zeros, "float32")
+            self.weight_amax = Buffer((history,), init.zeros, "float32")
+        self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
 
     def forward(self, x):
         if x.shape[-1:] != (self.in_features,):
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}) takes inputs whose last axis has "
                              f"{self.in_features} features, not {x.shape}")
-        y = x @ ct.transpose(self.weight)
+        y = self._float8_product(x) if self.float8 else x @ ct.transpose(self.weight)
         return y + self.bias if self.has_bias else y
+
+    def _float8_product(self, x):
+        """``x @ weight^T`` in float8 (see the class), rounded to ``x``'s dtype; in training, the new amax
+        histories recorded."""
+        wide_x, wide_w = ct.cast(x, "float32"), ct.cast(self.weight, "float32")
+        x_scale = scale_for(ct.max(self.input_amax), FLOAT8_FORWARD)
+        w_scale = scale_for(ct.max(self.weight_amax), FLOAT8_FORWARD)
+        x8 = ct.cast(wide_x * x_scale, FLOAT8_FORWARD)
+        w8 = ct.cast(wide_w * w_scale, FLOAT8_FORWARD)
+        product = ct.float8_gradient(x8 @ ct.transpose(w8), FLOAT8_BACKWARD)
+        y = ct.cast(product * (1 / (x_scale * w_scale)), x.dtype)
+        if self.training:
+            self._record(y, {self.input_amax: _pushed(self.input_amax, ct.max(ct.abs(wide_x))),
+                             self.weight_amax: _pushed(self.weight_amax, ct.max(ct.abs(wide_w)))})
+        return y
+
+
+FLOAT8_FORWARD, FLOAT8_BACKWARD = "float8_e4m3fn", "float8_e5m2"  # the usual choice: more digits, more range
+
+
+def _pushed(history, value):
+    """``history`` with ``value`` first and its oldest entry dropped."""
+    return concatenate([ct.reshape(value, (1,)), history[:-1]]) if history.shape[0] > 1 else ct.reshape(value, (1,))
 
 
 class Embedding(Module):
@@ -185,14 +222,15 @@ def _random_seed(rng, shape, dtype):
 
 class MLP(Sequential):
     """Linear layers of the given sizes (``MLP(784, 256, 256, 10)``), ``activation`` between them (not after the
-    last), named ``0``, ``1``, ... as a PyTorch ``Sequential`` of ``Linear`` and activation modules is."""
+    last), named ``0``, ``1``, ... as a PyTorch ``Sequential`` of ``Linear`` and activation modules is; their
+    products in float8 with ``float8=True`` (``Linear``)."""
 
-    def __init__(self, *sizes, activation=ct.relu, bias=True, dtype="float32"):
+    def __init__(self, *sizes, activation=ct.relu, bias=True, dtype="float32", float8=False):
         if len(sizes) < 2:
             raise ShapeError(f"MLP takes at least an input and an output size, not {sizes}")
         layers = []
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
-            layers.append(Linear(n_in, n_out, bias, dtype=dtype))
+            layers.append(Linear(n_in, n_out, bias, dtype=dtype, float8=float8))
             if i < len(sizes) - 2:
                 layers.append(Function(activation))
         super().__init__(*layers)

@@ -33,6 +33,7 @@ from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
+from ..exprgraph.scaling import scale_for
 from ..exprgraph.ops import (
     EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
 )
@@ -254,6 +255,17 @@ def _matmul_right(b):
     return _swap_last(a) @ dy
 
 
+def _float8_gradient_vjp(b):
+    """``dy`` rounded to float8: scaled by the power of two its largest magnitude allows (``scaling.scale_for``),
+    cast (saturating), widened and scaled back, all exact but the one rounding to float8. The scales are powers of
+    two so that the lowering may move them out of the float8 products that read this cotangent."""
+    dy = b["_dy"]
+    wide = ct.cast(dy, "float32")
+    scale = scale_for(ct.max(ct.abs(wide)), b["_d"])
+    rounded = ct.cast(ct.cast(wide * scale, b["_d"]), "float32") * (1 / scale)
+    return rounded if dy.dtype == np.float32 else ct.cast(rounded, dy.dtype)
+
+
 def _gelu_grad_vjp(b):
     """``dy * gelu''(x)``, in differentiable ops. With ``z`` the gelu argument, ``s = sigmoid(z)``
     and ``t = sigmoid(-z)`` (so ``s' = s t z'`` and ``1 - 2s = t - s``), ``gelu' = s + x z' s t`` and
@@ -392,6 +404,7 @@ derivatives = Derivatives([
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
     *[_constant_rule(op) for op in NOT_DIFFERENTIABLE],
     Derivative("stop_gradient", "stop_gradient(_x)", _x="0"),  # by definition
+    Derivative("float8_gradient", "float8_gradient(_x, dtype=_d)", _x=_float8_gradient_vjp),
     Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_vjp),
     Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_vjp),
     Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_vjp),

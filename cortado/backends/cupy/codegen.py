@@ -25,8 +25,9 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.dtypes import is_float, is_float8, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
+from ...exprgraph.scaling import is_exact_power_of_two
 from ...exprgraph.ops import (
-    ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, GREATER, GREATER_EQUAL,
+    ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, FLOAT8_GRADIENT, GREATER, GREATER_EQUAL,
     LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
     RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail, parameter,
 )
@@ -227,6 +228,9 @@ def _relu(o):
 
 
 def _power(o):
+    if is_exact_power_of_two(o.term):  # a float8 scale: exactly 2^k (pow may be a unit off), NaN kept
+        k = o.arg(1)
+        return f"(({k}) != ({k}) ? ({k}) : {_math('ldexp', o.dtype)}(({o.c})1, (int)({k})))"
     if is_float(o.dtype):
         return f"{_math('pow', o.dtype)}({o.arg(0)}, {o.arg(1)})"
     if may_fail(o.term):
@@ -312,7 +316,8 @@ C_EXPRESSIONS = {  # op -> its C expression, a function of the ``_Operands`` of 
     POWER: _power,
     WHERE: lambda o: f"(({o.raw(0)}) ? {o.arg(1)} : {o.arg(2)})",
     CAST: _cast,
-    STOP_GRADIENT: lambda o: o.raw(0),  # (simplify takes it out of a program before this)
+    STOP_GRADIENT: lambda o: o.raw(0),  # (identities: simplify takes them out of a program before this)
+    FLOAT8_GRADIENT: lambda o: o.raw(0),
 }
 
 

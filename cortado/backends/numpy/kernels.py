@@ -28,7 +28,7 @@ from ...exprgraph.dtypes import as_strided, finfo, is_float, is_float8, kind_of
 from ...exprgraph.ops import random
 from ...exprgraph.ops import (
     ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
-    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS, RANDOM_UNIFORM,
+    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, FLOAT8_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS, RANDOM_UNIFORM,
     WHERE, parameter, ufunc_loop,
 )
 from ...exprgraph.windowing import dilated_size
@@ -444,7 +444,8 @@ def _in_float32(emitter, narrow):
 
 EMITTERS = {op: _ufunc(ufunc) for op, ufunc in UFUNCS.items()}
 EMITTERS.update({
-    RELU: _relu, WHERE: _where, CAST: _cast, STOP_GRADIENT: _cast,  # (simplify takes stop_gradient out before this)
+    RELU: _relu, WHERE: _where, CAST: _cast,
+    STOP_GRADIENT: _cast, FLOAT8_GRADIENT: _cast,  # (identities: simplify takes them out before this)
     SUM: _sum, MEAN: _mean, MAX: _max, LOGSUMEXP: _logsumexp, SOFTMAX: _softmax, LOG_SOFTMAX: _log_softmax,
     MATMUL: _matmul, EINSUM: _einsum, RESHAPE: _reshape_copy, CONV: _conv, PAD: _pad, OVERLAP_ADD: _overlap_add,
     TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,

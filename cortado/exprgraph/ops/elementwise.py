@@ -6,7 +6,7 @@ their results have the broadcast shape.
 import numpy as np
 
 from .. import numerics
-from ..dtypes import converted, is_float, is_narrow_float, kind_of
+from ..dtypes import converted, is_float, is_float8, is_narrow_float, kind_of
 from ..term import dtype_violation
 from .leaves import CONST
 from .base import (
@@ -116,4 +116,16 @@ STOP_GRADIENT = Op("stop_gradient", 1, (), _broadcast_rule, lambda args: args[0]
 CAST = Op("cast", 1, ("dtype",), _broadcast_rule, lambda args, dtype: dtype, ELEMENTWISE, _cast_normalize,
           evaluate=lambda xs, dtype: converted(xs[0], dtype), takes_float8=True)
 
-FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, SILU, WHERE, STOP_GRADIENT, CAST)
+
+def _float8_gradient_normalize(args, dtype="float8_e5m2"):
+    dtype = dtype_attr(dtype, "float8_gradient's dtype")
+    if not is_float8(dtype):
+        raise dtype_violation(f"float8_gradient rounds a cotangent to a float8 dtype, not {dtype.name}")
+    return (dtype,)
+
+
+# the identity, whose cotangent is rounded to a float8 dtype at a scale of its own (rules.derivatives)
+FLOAT8_GRADIENT = Op("float8_gradient", 1, ("dtype",), _broadcast_rule, lambda args, dtype: _float_operand(args), ELEMENTWISE,
+                     _float8_gradient_normalize, evaluate=lambda xs, dtype: np.array(xs[0], copy=True))
+
+FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, SILU, WHERE, STOP_GRADIENT, CAST, FLOAT8_GRADIENT)

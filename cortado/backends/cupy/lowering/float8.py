@@ -28,8 +28,9 @@ import math
 import numpy as np
 
 from ....exprgraph import constructors as ct
-from ....exprgraph.dtypes import BFLOAT16, FLOAT8, is_float8
-from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, LOWERED, RESHAPE, TRANSPOSE, Op
+from ....exprgraph.dtypes import BFLOAT16, FLOAT8, finfo, is_float8
+from ....exprgraph.ops import BROADCAST_TO, CAST, CONST, GELU, LOWERED, MULTIPLY, RESHAPE, TRANSPOSE, Op
+from ....exprgraph.scaling import exponents
 from ....exprgraph.semantics import implementation
 from ....exprgraph.term import dtype_violation, make, shape_violation
 from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
@@ -121,8 +122,9 @@ def _transposed(m):
 def _multipliable(x, y):
     """Whether cuBLASLt multiplies ``x @ y`` in float8 (its sizes aligned, not both e5m2)."""
     e5m2 = FLOAT8[1]
+    folded = x.ndim == 2 or x.op not in (TRANSPOSE, BROADCAST_TO)  # a batch's rows read as one matrix, as stored
     return (is_float8(x.dtype) and is_float8(y.dtype) and not x.dtype == y.dtype == e5m2 and y.ndim == 2
-            and x.ndim >= 2 and x.op not in (TRANSPOSE, BROADCAST_TO) and 0 not in x.shape + y.shape
+            and x.ndim >= 2 and folded and 0 not in x.shape + y.shape
             and y.shape[0] % ALIGNMENT == 0 and y.shape[1] % ALIGNMENT == 0)
 
 
@@ -161,14 +163,72 @@ def _scalar(t):
     return t if t.shape == () else None
 
 
+def _exactly_scaled(a_dtype, b_dtype, k, scale):
+    """Whether every sum of ``k`` products of ``a_dtype`` and ``b_dtype`` values (float8), times ``scale`` (a power
+    of two, ``scaling.exponents``), is zero or a normal float32: then scaling them commutes with every rounding,
+    and the scale may be applied to the products' values or to their sums alike, to the same bits."""
+    exps = exponents(scale)
+    if exps is None:
+        return False
+    low = math.log2(float(finfo(a_dtype).smallest_subnormal)) + math.log2(float(finfo(b_dtype).smallest_subnormal))
+    high = math.log2(k * float(finfo(a_dtype).max) * float(finfo(b_dtype).max))  # (low: a nonzero sum's least)
+    return low + exps[0] >= math.log2(finfo(np.float32).smallest_normal) and high + exps[1] < 128
+
+
 def _scale(b):
     for t, other in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
         g, wrap = _product(b, t)
         scale = None if g is None else _scalar(other)
-        if scale is not None and t.shape == b.term.shape and g.dtype == np.float32 and not g.attr("scaled") \
-                and g.attr("epilogue") == "none":
-            return wrap(float8_gemm(**{**_parts(g), "scale": scale}))
+        if scale is None or t.shape != b.term.shape or g.dtype != np.float32 or g.attr("epilogue") != "none":
+            continue
+        parts = _parts(g)
+        if parts["scale"] is not None:  # a second scale: exact only where both are powers of two
+            scale = parts["scale"] * scale
+            if not _exactly_scaled(parts["a"].dtype, parts["b"].dtype, parts["a"].shape[1], scale):
+                continue
+        return wrap(float8_gemm(**{**parts, "scale": scale}))
     return None
+
+
+def _scaled_float8(t):
+    """``(q, scales)`` where ``t`` is float8 ``q`` (moved by layout ops, widened exactly to float32) times scalars
+    that are powers of two, else None."""
+    if is_float8(t.dtype):
+        return t, []
+    if t.op is CAST and t.dtype == np.float32 and is_float8(t.args[0].dtype):
+        return t.args[0], []
+    if t.op in (RESHAPE, TRANSPOSE):
+        inner = _scaled_float8(t.args[0])
+        return None if inner is None else (make(t.op, (inner[0],), t.attrs), inner[1])
+    if t.op is MULTIPLY:
+        for x, s in (t.args, t.args[::-1]):
+            scale = _scalar(s)
+            inner = None if scale is None or exponents(scale) is None else _scaled_float8(x)
+            if inner is not None:
+                return inner[0], inner[1] + [scale]
+    return None
+
+
+def _scales_out(b):
+    """A float32 product of float8 values scaled by powers of two (the cotangents ``float8_gradient`` makes, and the
+    weights of a float8 layer): the product of the float8 values, times the scales, where that is exactly the same
+    (``_exactly_scaled``) and cuBLASLt multiplies them in float8."""
+    if b.term.dtype != np.float32:
+        return None
+    found = [_scaled_float8(t) for t in (b["_a"], b["_b"])]
+    if None in found or (not found[0][1] and not found[1][1] and b["_a"].op is not CAST and b["_b"].op is not CAST):
+        return None
+    (qa, sa), (qb, sb) = found
+    if not _multipliable(qa, qb):  # (a product cuBLASLt cannot take stays widened: float8-gemm widens it)
+        return None
+    scales = sa + sb
+    product = ct.matmul(qa, qb)
+    if not scales:
+        return product
+    scale = scales[0]
+    for s in scales[1:]:
+        scale = scale * s
+    return product * scale if _exactly_scaled(qa.dtype, qb.dtype, qa.shape[-1], scale) else None
 
 
 def _cast(b):
@@ -198,6 +258,7 @@ def _gelu(b):
 
 
 rules = RuleSet([
+    Rule("float8-scales-out", "matmul(_a, _b)", _scales_out),
     Rule("float8-gemm", "matmul(_a, _b)", _matmul),
     Rule("float8-gemm-scale", "multiply(_x, _y)", _scale),
     Rule("float8-gemm-cast", "cast(_x, dtype=_d)", _cast),

@@ -1,0 +1,148 @@
+"""The GPT's training step in float8 against the same step in bfloat16, on the GPU: time a step, and the loss after
+a run of steps from the same seed.
+
+    python benchmarks/bench_float8_gpt_gpu.py [--size large] [--steps 2000] [--out benchmarks/results/float8_gpt_gpu.json]
+    python benchmarks/bench_float8_gpt_gpu.py --backend numpy --size tiny --steps 20    (a smoke test on the CPU)
+
+The model is examples/gpt.py's (``cortado.nn``): in bfloat16 (float32 master weights, AdamW), and in float8, where
+every linear layer of the blocks is ``nn.Linear(..., float8=True)`` (e4m3 products with delayed power-of-two
+scales, gradients rounded to e5m2; the attention, the embeddings and the tied head stay bfloat16). Sizes as
+bench_gpt_gpu.py's: large is 12 layers, width 768, 12 heads, context 1024, batch 8.
+
+- step: the step's CUDA graph launched 50 times back to back on one batch, the device time per step (median of
+  ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first;
+- loss: ``--steps`` steps from seed 0, each on a new batch of windows of examples/data/shakespeare.txt drawn from
+  one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference.
+
+The peers' float8 (Transformer Engine, torchao) are not run: the GPU machine has neither installed, which the
+results say.
+"""
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
+sys.path.insert(0, HERE)
+
+from reporting import write_results  # noqa: E402
+
+import cortado as ct  # noqa: E402
+from cortado import nn, optim  # noqa: E402
+from gpt import BETAS, GPT, TEXT, WEIGHT_DECAY, windows  # noqa: E402
+
+SIZES = {"large": dict(layers=12, width=768, heads=12, context=1024, batch=8),
+         "small": dict(layers=6, width=384, heads=6, context=256, batch=64),
+         "tiny": dict(layers=1, width=32, heads=2, context=16, batch=4)}
+LEARNING_RATE = 3e-3
+LAST = 50  # the steps whose mean loss is compared
+
+
+def program(size, dtype, backend, data):
+    """The compiled training step of the GPT of ``size`` in ``dtype`` ("bfloat16" or "float8"), from seed 0."""
+    shape = SIZES[size]
+    float8 = dtype == "float8"
+    model = GPT(len(set(data.tolist())), shape["context"], shape["width"], shape["heads"], None, shape["layers"],
+                float8).compute_in("bfloat16")
+    tokens = ct.var("tokens_in", (shape["batch"], shape["context"]), "int32")
+    labels = ct.var("labels", (shape["batch"], shape["context"]), "int32")
+    loss = nn.cross_entropy(model(tokens), labels)
+    params = model.parameters()
+    adamw = optim.AdamW(lr=LEARNING_RATE, betas=BETAS, weight_decay=WEIGHT_DECAY, decay=lambda name, p: p.ndim == 2)
+    state, updates = adamw.updates(params, ct.grad(loss, list(params.values())))
+    updates.update(model.state_updates(loss))
+    started = time.perf_counter()
+    step = ct.compile([loss], inputs=[tokens, labels], backend=backend, updates=updates,
+                      state={**model.initial_values(0), **state})
+    return step, time.perf_counter() - started
+
+
+def _device(array, backend):
+    if backend != "cupy":
+        return array
+    import cupy
+
+    return cupy.asarray(array)
+
+
+def step_ms(step, tokens, labels, repeats):
+    """Device milliseconds a step, its graph launched 50 times back to back (median of ``repeats``)."""
+    import cupy
+
+    step(tokens_in=tokens, labels=labels)
+    step(tokens_in=tokens, labels=labels)
+    executor = step._executor
+    (graph,) = executor.graphs.values()
+    times = []
+    for _ in range(repeats):
+        start = executor.stream.record()
+        for _ in range(50):
+            graph.launch(executor.stream)
+        end = executor.stream.record()
+        end.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(start, end) / 50)
+    return float(np.median(times))
+
+
+def losses(step, data, size, steps, backend):
+    """The loss of each of ``steps`` steps, each on new windows drawn from one generator of seed 1."""
+    shape = SIZES[size]
+    rng = np.random.default_rng(1)
+    found = []
+    for _ in range(steps):
+        x, y = windows(data, shape["batch"], shape["context"], rng)
+        found.append(step(tokens_in=_device(x, backend), labels=_device(y, backend))[0])
+    return [float(np.asarray(v.get() if hasattr(v, "get") else v)) for v in found]
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="large", choices=sorted(SIZES))
+    parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--backend", default="cupy", choices=["cupy", "numpy"])
+    parser.add_argument("--out", default=os.path.join(HERE, "results", "float8_gpt_gpu.json"))
+    args = parser.parse_args()
+    text = open(TEXT, encoding="utf-8").read()
+    alphabet = sorted(set(text))
+    data = np.array([alphabet.index(c) for c in text], np.int32)
+    peers = {name: importlib.util.find_spec(name) is not None for name in ("transformer_engine", "torchao")}
+    results = {"size": args.size, "steps": args.steps, "peers_installed": peers, "runs": {}}
+    print(f"float8 peers installed: {peers} (not run: cortado's bfloat16 step is the baseline)", flush=True)
+    for dtype in ("bfloat16", "float8"):
+        step, compile_s = program(args.size, dtype, args.backend, data)
+        run = {"compile_s": compile_s, "kernels": len(step.kernels)}
+        x, y = windows(data, SIZES[args.size]["batch"], SIZES[args.size]["context"], np.random.default_rng(0))
+        x, y = _device(x, args.backend), _device(y, args.backend)
+        if args.backend == "cupy":
+            run["ms"] = step_ms(step, x, y, args.repeats)
+            run["profile"] = step.profile(tokens_in=x, labels=y)
+        del step  # the timing steps changed its state: the loss run starts from seed 0 again
+        step, _ = program(args.size, dtype, args.backend, data)
+        run["losses"] = losses(step, data, args.size, args.steps, args.backend)
+        run["final_loss"] = float(np.mean(run["losses"][-LAST:]))  # (all of them, in a run of fewer steps)
+        results["runs"][dtype] = run
+        print(f"{dtype}: {run.get('ms')} ms a step, compiled in {compile_s:.1f} s, {run['kernels']} kernels; loss "
+              f"{run['losses'][0]:.4f} first, {run['final_loss']:.4f} over the last {min(LAST, args.steps)} of {args.steps}",
+              flush=True)
+        if "profile" in run:
+            print("\n".join(run["profile"].splitlines()[:25]), flush=True)
+    bf16, fp8 = results["runs"]["bfloat16"], results["runs"]["float8"]
+    if bf16.get("ms") and fp8.get("ms"):
+        results["float8_speedup"] = bf16["ms"] / fp8["ms"]
+        print(f"float8 step {fp8['ms']:.3f} ms against bfloat16 {bf16['ms']:.3f} ms: {results['float8_speedup']:.3f}x "
+              f"(target 1.3x)")
+    results["loss_relative_difference"] = (fp8["final_loss"] - bf16["final_loss"]) / bf16["final_loss"]
+    print(f"loss after {args.steps} steps: float8 {fp8['final_loss']:.4f}, bfloat16 {bf16['final_loss']:.4f}, "
+          f"{results['loss_relative_difference']:+.2%} (target within 2%)")
+    write_results(results, args.out)
+
+
+if __name__ == "__main__":
+    main()
