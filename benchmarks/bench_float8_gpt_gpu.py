@@ -9,10 +9,10 @@ every linear layer of the blocks is ``nn.Linear(..., float8=True)`` (e4m3 produc
 scales, gradients rounded to e5m2; the attention, the embeddings and the tied head stay bfloat16). Sizes as
 bench_gpt_gpu.py's: large is 12 layers, width 768, 12 heads, context 1024, batch 8.
 
-- step: the step's CUDA graph launched 50 times back to back on one batch, the device time per step (median of
-  ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first;
 - loss: ``--steps`` steps from seed 0, each on a new batch of windows of examples/data/shakespeare.txt drawn from
-  one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference.
+  one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference;
+- step: then the step's CUDA graph launched 50 times back to back on one batch, the device time per step (median of
+  ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first.
 
 The peers' float8 (Transformer Engine, torchao) are not run: the GPU machine has neither installed, which the
 results say.
@@ -91,14 +91,22 @@ def step_ms(step, tokens, labels, repeats):
 
 
 def losses(step, data, size, steps, backend):
-    """The loss of each of ``steps`` steps, each on new windows drawn from one generator of seed 1."""
+    """The loss of each of ``steps`` steps, each on new windows drawn from one generator of seed 1 (each copied as it
+    is made: a program writes every call's loss into the same buffer)."""
     shape = SIZES[size]
     rng = np.random.default_rng(1)
     found = []
     for _ in range(steps):
         x, y = windows(data, shape["batch"], shape["context"], rng)
-        found.append(step(tokens_in=_device(x, backend), labels=_device(y, backend))[0])
+        found.append(step(tokens_in=_device(x, backend), labels=_device(y, backend))[0].copy())
     return [float(np.asarray(v.get() if hasattr(v, "get") else v)) for v in found]
+
+
+STARTED = time.perf_counter()
+
+
+def log(message):
+    print(f"[{time.perf_counter() - STARTED:7.1f} s] {message}", flush=True)
 
 
 def main():
@@ -117,22 +125,22 @@ def main():
     print(f"float8 peers installed: {peers} (not run: cortado's bfloat16 step is the baseline)", flush=True)
     for dtype in ("bfloat16", "float8"):
         step, compile_s = program(args.size, dtype, args.backend, data)
+        log(f"{dtype}: compiled in {compile_s:.1f} s")
         run = {"compile_s": compile_s, "kernels": len(step.kernels)}
-        x, y = windows(data, SIZES[args.size]["batch"], SIZES[args.size]["context"], np.random.default_rng(0))
-        x, y = _device(x, args.backend), _device(y, args.backend)
-        if args.backend == "cupy":
-            run["ms"] = step_ms(step, x, y, args.repeats)
-            run["profile"] = step.profile(tokens_in=x, labels=y)
-        del step  # the timing steps changed its state: the loss run starts from seed 0 again
-        step, _ = program(args.size, dtype, args.backend, data)
         run["losses"] = losses(step, data, args.size, args.steps, args.backend)
         run["final_loss"] = float(np.mean(run["losses"][-LAST:]))  # (all of them, in a run of fewer steps)
+        log(f"{dtype}: {args.steps} steps taken")
+        if args.backend == "cupy":  # timed after the run: its state does not change a step's time
+            x, y = windows(data, SIZES[args.size]["batch"], SIZES[args.size]["context"], np.random.default_rng(0))
+            x, y = _device(x, args.backend), _device(y, args.backend)
+            run["ms"] = step_ms(step, x, y, args.repeats)
+            run["profile"] = step.profile(tokens_in=x, labels=y)
         results["runs"][dtype] = run
-        print(f"{dtype}: {run.get('ms')} ms a step, compiled in {compile_s:.1f} s, {run['kernels']} kernels; loss "
-              f"{run['losses'][0]:.4f} first, {run['final_loss']:.4f} over the last {min(LAST, args.steps)} of {args.steps}",
-              flush=True)
+        log(f"{dtype}: {run.get('ms')} ms a step, {run['kernels']} kernels; loss {run['losses'][0]:.4f} first, "
+            f"{run['final_loss']:.4f} over the last {min(LAST, args.steps)} of {args.steps}")
         if "profile" in run:
             print("\n".join(run["profile"].splitlines()[:25]), flush=True)
+        del step
     bf16, fp8 = results["runs"]["bfloat16"], results["runs"]["float8"]
     if bf16.get("ms") and fp8.get("ms"):
         results["float8_speedup"] = bf16["ms"] / fp8["ms"]
