@@ -216,6 +216,21 @@ def test_moving_power_of_two_scales_out_of_a_float8_product_changes_no_bit(seed,
     np.testing.assert_array_equal(ct.evaluate(moved, feeds), ct.evaluate(product, feeds))
 
 
+@pytest.mark.parametrize("keepdims", [False, True])
+def test_a_large_amax_is_taken_in_two_stages_on_the_gpu_to_the_same_value(keepdims):
+    x = ct.var("x", (8, 256, 96), "bfloat16")
+    amax = ct.max(ct.abs(ct.cast(x, "float32")), keepdims=keepdims)
+    trace = Trace()
+    (staged,) = lowering.run([amax], trace)
+    assert "max-by-rows" in {r.rule for r in trace} and staged.shape == amax.shape
+    values = np.random.default_rng(6).standard_normal(x.shape).astype(ml_dtypes.bfloat16)
+    values[3, 17, 5] = np.nan if keepdims else 40.0
+    np.testing.assert_array_equal(ct.evaluate(staged, {"x": values}), ct.evaluate(amax, {"x": values}))
+    vector_trace = Trace()
+    lowering.run([ct.max(ct.var("v", (1 << 17,)))], vector_trace)
+    assert "max-by-rows" not in {r.rule for r in vector_trace}  # no rows to split it by: one stage
+
+
 def _float8_mlp(batch=4, time=32, sizes=(64, 256, 64)):
     model = nn.MLP(*sizes, activation=ct.gelu, float8=True).compute_in("bfloat16")
     x, y = ct.var("x", (batch, time, sizes[0]), "bfloat16"), ct.var("y", (batch, time, sizes[-1]))

@@ -81,6 +81,26 @@ composites = RuleSet([
     Rule("matmul-as-reduction", "matmul(_a, _b)", _matmul_as_reduction),
 ], name="composites")
 
+# -- large maxima in two stages ----------------------------------------------------------------
+
+MAXIMUM_SPLIT = (1 << 16, 256)  # a max of this many elements into one value, over at least this many rows, splits
+
+
+def _max_by_rows(b):
+    """The max of every element of a large value (a float8 scale's amax) as the max of its rows' maxima: one block
+    a row, then one for the rows, where one block for all its elements took milliseconds. The same value: max is
+    associative and commutative, and NaN wins in both stages."""
+    x, term = b["_x"], b.term
+    if term.op.name != "max" or x.ndim < 2 or term.size != 1 or x.size < MAXIMUM_SPLIT[0] \
+            or x.size // x.shape[-1] < MAXIMUM_SPLIT[1]:
+        return None
+    stages = ct.max(ct.max(x, axis=-1))
+    return stages if stages.shape == term.shape else ct.reshape(stages, term.shape)
+
+
+maxima_in_two_stages = RuleSet([Rule("max-by-rows", "max(_x, axis=_a, keepdims=_k)", _max_by_rows)],
+                               name="maxima in two stages")
+
 # -- gathers of one place a row ----------------------------------------------------------------
 
 

@@ -9,7 +9,7 @@ in ``TARGETS``.
     lowered = lowering.run(roots, trace)
 """
 
-from ....rules.decompositions import composites, einsum_lowering, row_gathers
+from ....rules.decompositions import composites, einsum_lowering, maxima_in_two_stages, row_gathers
 from ....rules.engine import Chain, Fixpoint, Postwalk
 from . import attention, conv, float8, gemm, int8
 
@@ -21,13 +21,14 @@ TARGETS = (int8, float8, attention, conv, gemm)
 
 class GpuLowering:
     """einsum into matmuls and products, then every target's rules (what is left of matmul becomes a
-    reduction), then each target's pass over the whole graph. ``variant``: ``{target's name ("gemm"): its
-    variant}``."""
+    reduction, a large max into one value two stages), then each target's pass over the whole graph.
+    ``variant``: ``{target's name ("gemm"): its variant}``."""
 
     def __init__(self, targets):
         self.targets = targets
         rules = [Fixpoint(Postwalk(target.rules)) for target in targets]
-        self.local = Chain(Postwalk(einsum_lowering), *rules, Postwalk(composites), Postwalk(row_gathers))
+        self.local = Chain(Postwalk(einsum_lowering), *rules, Postwalk(composites), Postwalk(row_gathers),
+                           Postwalk(maxima_in_two_stages))
 
     def run(self, roots, trace=None, variant=None):
         roots = self.local.run(list(roots), trace)
