@@ -231,6 +231,16 @@ def test_a_large_amax_is_taken_in_two_stages_on_the_gpu_to_the_same_value(keepdi
     assert "max-by-rows" not in {r.rule for r in vector_trace}  # no rows to split it by: one stage
 
 
+def test_a_matrix_stored_transposed_is_copied_by_tiles():
+    """How a float8 GEMM's operand stored the other way is copied: a tile at a time through shared memory."""
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.sources import TILE, copy_source
+
+    copy = copy_source(Operand((768, 8192), E4M3, (1, 768)))
+    assert "__shared__ __nv_fp8_e4m3 tile" in copy.text and copy.blocks == (768 // TILE, 8192 // TILE, 1)
+    assert "__shared__" not in copy_source(Operand((768, 8192), E4M3, (8192, 1))).text  # already in order
+
+
 def _float8_mlp(batch=4, time=32, sizes=(64, 256, 64)):
     model = nn.MLP(*sizes, activation=ct.gelu, float8=True).compute_in("bfloat16")
     x, y = ct.var("x", (batch, time, sizes[0]), "bfloat16"), ct.var("y", (batch, time, sizes[-1]))
