@@ -32,7 +32,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_fused_gpu import attempt, log, print_table, require_gpu, versions  # noqa: E402
-from bench_int8_gpu import replayed, step_time  # noqa: E402
+from bench_int8_gpu import float_gemm_ms, replayed, step_time  # noqa: E402
 from machine import describe  # noqa: E402
 from reporting import command_line, write_results  # noqa: E402
 
@@ -124,22 +124,12 @@ def torch_scaled_mm(m, n, k, repeats, operands):
 
 
 def cublaslt_bfloat16(m, n, k, repeats, operands):
+    """The bfloat16 product of the same shape as a program calls cuBLASLt (its operands' values do not matter)."""
     import cupy
 
-    from cortado.backends.cupy.calls.cublaslt import Gemm, GemmCall
-    from cortado.backends.cupy.codegen import Operand
-
-    a = cupy.random.standard_normal((m, k), np.float32).astype(cupy.float16).view(cupy.uint16)  # bytes of the size
+    a = cupy.random.standard_normal((m, k), np.float32).astype(cupy.float16).view(cupy.uint16)
     b = cupy.random.standard_normal((n, k), np.float32).astype(cupy.float16).view(cupy.uint16)
-    gemm = Gemm(GemmCall.product(Operand((m, k), BFLOAT16, (k, 1)), Operand((n, k), BFLOAT16, (k, 1)), transpose_b=True))
-    out = cupy.empty((m, n), np.uint16)
-    workspace = cupy.empty(max(gemm.workspace_bytes, 1), np.uint8)
-    pointers = (a.data.ptr, b.data.ptr, out.data.ptr, out.data.ptr, workspace.data.ptr, None, None)
-    stream = cupy.cuda.Stream(non_blocking=True)
-    with stream:
-        gemm.tune(pointers, stream)
-        ms = replayed(lambda: gemm.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
-    return {"ms": ms}
+    return {"ms": float_gemm_ms(a, b, BFLOAT16, repeats, _calls(m, n, k))}
 
 
 CONTESTANTS = (("cortado_float8", ours), ("torch_scaled_mm", torch_scaled_mm), ("cortado_bfloat16", cublaslt_bfloat16),

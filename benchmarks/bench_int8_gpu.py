@@ -182,24 +182,29 @@ def torch_int_mm(m, n, k, repeats, operands, expected):
     return {"ms": ms}
 
 
-def cublaslt_float16(m, n, k, repeats, operands, expected):
-    """The float16 product as a program calls cuBLASLt: its algorithm timed among the heuristic's first choices."""
+def float_gemm_ms(a, b_stored, dtype, repeats, calls):
+    """Milliseconds of ``a @ b_stored^T`` in ``dtype`` (float16, bfloat16: ``a`` and ``b_stored`` hold its bytes) as a
+    program calls cuBLASLt: its algorithm timed among the heuristic's first choices, then replayed."""
     import cupy
 
     from cortado.backends.cupy.calls.cublaslt import Gemm, GemmCall
     from cortado.backends.cupy.codegen import Operand
 
-    a, b_stored = (x.astype(np.float16) for x in operands)
-    half = np.dtype(np.float16)
-    gemm = Gemm(GemmCall.product(Operand((m, k), half, (k, 1)), Operand((n, k), half, (k, 1)), transpose_b=True))
-    out = cupy.empty((m, n), np.float16)
+    (m, k), n = a.shape, b_stored.shape[0]
+    gemm = Gemm(GemmCall.product(Operand((m, k), dtype, (k, 1)), Operand((n, k), dtype, (k, 1)), transpose_b=True))
+    out = cupy.empty((m, n), np.uint16)
     workspace = cupy.empty(max(gemm.workspace_bytes, 1), np.uint8)
     pointers = (a.data.ptr, b_stored.data.ptr, out.data.ptr, out.data.ptr, workspace.data.ptr, None, None)
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         gemm.tune(pointers, stream)
-        ms = replayed(lambda: gemm.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
-    return {"ms": ms}
+        return replayed(lambda: gemm.call(*pointers, stream.ptr), repeats, calls)
+
+
+def cublaslt_float16(m, n, k, repeats, operands, expected):
+    """The float16 product as a program calls cuBLASLt."""
+    a, b_stored = (x.astype(np.float16) for x in operands)
+    return {"ms": float_gemm_ms(a, b_stored, np.dtype(np.float16), repeats, _calls(m, n, k))}
 
 
 def gemm_rows(repeats):

@@ -249,6 +249,10 @@ class Gemm:
             self._point("BIAS_POINTER", bias)
         if aux is not None:
             self._point("EPILOGUE_AUX_POINTER", aux)
+        self._matmul(a, b, c, d, workspace, stream)
+
+    def _matmul(self, a, b, c, d, workspace, stream):
+        """cuBLASLt's matmul with the chosen algorithm and the descriptor as its pointers are set now."""
         first, second, c_layout, d_layout = self.layouts
         base = self.scalars.ctypes.data
         algorithm = self.candidates.ctypes.data + self.choice * self.candidates.itemsize

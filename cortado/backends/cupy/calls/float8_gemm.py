@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .cublaslt import _heuristics, _lt, Gemm, handle, heuristic, matrix_layout
+from .cublaslt import _heuristics, _lt, Gemm, heuristic, matrix_layout
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float8_e4m3fn": 28, "float8_e5m2": 29}  # cudaDataType
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "gelu": "GELU", "bias_gelu": "GELU_BIAS"}
@@ -77,8 +77,4 @@ class Float8Gemm(Gemm):
             self._point("A_SCALE_POINTER", scale)
         if bias is not None:
             self._point("BIAS_POINTER", bias)
-        first, second, c_layout, d_layout = self.layouts
-        base = self.scalars.ctypes.data
-        algorithm = self.candidates.ctypes.data + self.choice * self.candidates.itemsize
-        _lt().matmul(handle(), self.desc, base, b, first, a, second, base + self.scalars.itemsize, d, c_layout,
-                     d, d_layout, algorithm, workspace, self.workspace_bytes, stream)
+        self._matmul(a, b, d, d, workspace, stream)
