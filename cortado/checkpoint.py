@@ -20,7 +20,7 @@ from .exprgraph.dtypes import BFLOAT16, as_dtype
 
 _CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
           "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64", "int64": "I64",
-          "uint64": "U64"}
+          "uint64": "U64", "float8_e4m3fn": "F8_E4M3", "float8_e5m2": "F8_E5M2"}
 _DTYPES = {code: name for name, code in _CODES.items()}
 ALIGNMENT = 8  # the header is padded with spaces to a multiple of this, as safetensors pads it
 
@@ -71,7 +71,7 @@ def read(path):
     arrays, covered = {}, 0
     for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
         code = entry.get("dtype")
-        if code not in _DTYPES or (code == "BF16" and BFLOAT16 is None):
+        if code not in _DTYPES or (code in ("BF16", "F8_E4M3", "F8_E5M2") and BFLOAT16 is None):  # ml_dtypes' own
             raise FeedError(f"{path}: {name!r} is stored as {code}, which cortado does not read")
         begin, end = entry["data_offsets"]
         dtype = as_dtype(_DTYPES[code]).newbyteorder("<")

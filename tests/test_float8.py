@@ -352,3 +352,16 @@ def test_on_the_gpu_a_float8_training_step_follows_the_cpus():
         assert abs(gpu - cpu) <= 2e-2 * abs(cpu)
     for name in ("0.input_amax", "2.input_amax", "0.weight_amax", "2.weight_amax"):
         np.testing.assert_allclose(host(steps["cupy"].state[name]), steps["numpy"].state[name], rtol=2e-2)
+
+
+def test_float8_state_is_saved_and_loaded_as_safetensors_f8(tmp_path):
+    q, x = ct.var("q", (4, 16), "float8_e5m2"), ct.var("x", (4, 16))
+    updates = {q: ct.cast(ct.cast(q, "float32") * 0.5 + x, "float8_e5m2")}
+    programs = [ct.compile([ct.cast(q, "float32")], inputs=[x], state={q: np.full((4, 16), k, E5M2)}, updates=updates)
+                for k in (1.0, 0.0)]
+    programs[0](x=np.full((4, 16), 3.0, np.float32))
+    ct.save(programs[0], tmp_path / "f8.safetensors")
+    ct.load(programs[1], tmp_path / "f8.safetensors")
+    assert programs[1].state["q"].dtype == E5M2 and (programs[1].state["q"].astype(np.float32) == 3.5).all()
+    header = (tmp_path / "f8.safetensors").read_bytes()[8:200]
+    assert b'"F8_E5M2"' in header
