@@ -102,7 +102,7 @@ def test_data_parallel_example_trains_in_a_world_of_one_and_says_why_two_ranks_c
             or "the numpy backend cannot reduce over them; use backend='cupy'" in two.stderr)
 
 
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float8"])
 def test_gpt_example_learns_characters_and_samples_text(tmp_path, dtype):
     out = run([os.path.join(ROOT, "examples", "gpt.py"), "--steps", "120", "--sample", "40", "--backend", "numpy",
                "--dtype", dtype], cwd=tmp_path)

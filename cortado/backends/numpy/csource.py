@@ -129,35 +129,39 @@ def loop_nest(targets, sources, shape):
         return " + ".join(terms) or "0"
 
     names = {t: f"a{k}[{place(k)}]" for k, t in enumerate(read)}
+    # the loop a value is computed in: the innermost along which something it reads moves (-1: before every loop),
+    # so that a value broadcast along the inner loops (a pooling window's count) is computed once, not per element
+    depth = {t: max((d for d, step in enumerate(steps[k]) if step), default=-1) for k, t in enumerate(read)}
     lines = []
     for t in order:
         if t.dtype not in C_TYPES:
             return None
         if t.op is BROADCAST_TO:
-            names[t] = names[t.args[0]]
+            names[t], depth[t] = names[t.args[0]], depth[t.args[0]]
             continue
         if t.op is CONST:
             if t.attr("value").scalar is None:
                 return None
-            names[t] = _literal(t.attr("value").scalar, t.dtype)
+            names[t], depth[t] = _literal(t.attr("value").scalar, t.dtype), -1
             continue
         expression = _expression(t, names.__getitem__) if t.op is not PARAM else None
         if expression is None:
             return None
-        names[t] = f"v{len(lines)}"
-        lines.append(f"const {C_TYPES[t.dtype]} {names[t]} = {expression};")
-    for k, (t, _) in enumerate(targets):
-        lines.append(f"o{k}[{place(len(read) + k)}] = {names[t]};")
+        names[t], depth[t] = f"v{len(lines)}", max(depth[a] for a in t.args)
+        lines.append((depth[t], f"const {C_TYPES[t.dtype]} {names[t]} = {expression};"))
+    innermost = len(sizes) - 1
+    lines += [(innermost, f"o{k}[{place(len(read) + k)}] = {names[t]};") for k, (t, _) in enumerate(targets)]
     pointers = [f"const {C_TYPES[sources[t].dtype]}* a{k} = (const {C_TYPES[sources[t].dtype]}*)p[{k}];"
                 for k, t in enumerate(read)]
     pointers += [f"{C_TYPES[a.dtype]}* o{k} = ({C_TYPES[a.dtype]}*)p[{len(read) + k}];"
                  for k, (_, a) in enumerate(targets)]
-    body = "\n".join("  " * (len(sizes) + 1) + line for line in lines)
-    loops = ""
+    text = f"{{\n  {' '.join(pointers)}\n" + "".join(f"  {line}\n" for d, line in lines if d < 0)
     for d, n in enumerate(sizes):
-        simd = "  " * (d + 1) + "#pragma omp simd\n" if d == len(sizes) - 1 else ""
-        loops += f"{simd}{'  ' * (d + 1)}for (long i{d} = 0; i{d} < {n}L; ++i{d})\n"
-    text = f"{{\n  {' '.join(pointers)}\n{loops}{'  ' * (len(sizes) + 1)}{{\n{body}\n{'  ' * (len(sizes) + 1)}}}\n}}\n"
+        indent = "  " * (d + 1)
+        text += f"{indent}#pragma omp simd\n" if d == innermost else ""
+        text += f"{indent}for (long i{d} = 0; i{d} < {n}L; ++i{d}) {{\n"
+        text += "".join(f"{indent}  {line}\n" for at, line in lines if at == d)
+    text += "".join("  " * (d + 1) + "}\n" for d in reversed(range(len(sizes)))) + "}\n"
     name = "region_" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return name, f"void {name}(void* const* p) {text}", arrays
 
