@@ -6,7 +6,8 @@ plan and calls runners, knowing none by name:
 
 - ``fused``: the generated kernels (fused regions, and the window, gather and copy kernels);
 - ``gemm``: cuBLASLt; ``conv``: cuDNN's convolutions (and their im2col, NCHW form between copies and weight-gradient kernels);
-- ``int8``: our int8 tensor-core kernels, or cuBLASLt's; ``attention``: cuDNN's flash attention;
+- ``int8``: our int8 tensor-core kernels, or cuBLASLt's; ``float8``: cuBLASLt's scaled float8 GEMM;
+  ``attention``: cuDNN's flash attention;
 - ``collectives``: NCCL's all-reduce of a bucket of gradients, beside the kernels after it.
 
 A runner is built once, when the program is built, from the plan's view of its values (``View``); the same
