@@ -11,7 +11,12 @@ call, each fold changing at most where a result is rounded:
   stored with the contracted axis innermost (its "TN" form), so a weight ``w`` of a linear layer ``x @ w^T`` is
   read where it is, and an operand stored otherwise is copied so first. A batch of rows is folded into one matrix.
 - the product times a float32 scalar (``1 / (sx * sw)``, a value the step computes) is that scalar in the call
-  (cuBLASLt's scale pointer): the float32 sums are scaled before they are rounded, once;
+  (cuBLASLt's scale pointer): the float32 sums are scaled before they are rounded, once; a second scalar joins it
+  where both are powers of two (``scaling``), which changes no bit;
+- a product of float8 values widened to float32 and scaled by powers of two (the gradients ``float8_gradient``
+  leaves, and the weights of a float8 layer) is the float8 product times the scales (``float8-scales-out``):
+  the same bits wherever every result stays a normal float32, which ``_exactly_scaled`` proves from the float8
+  ranges, the scales' exponents and the contracted length; so a float8 layer's gradients are float8 products too;
 - a cast of it to bfloat16 is the call's output type; then a bias row of bfloat16 added to it, and gelu of it all,
   are its epilogue (computed in float32 on the sums, rounded once to the output).
 
