@@ -63,6 +63,21 @@ def test_float8_tensors_take_no_arithmetic():
     assert ct.transpose(q).dtype == E4M3 and ct.reshape(q, (64,)).dtype == E4M3
 
 
+def test_float8_tensors_are_sliced_and_gathered_as_stored_and_not_concatenated():
+    x = ct.var("x", (8, 16))
+    q = ct.cast(x * 4.0, "float8_e4m3fn")
+    parts = [q[1:], q[:, ::2], q[3], ct.take(q, ct.const(np.array([0, 5])), axis=0), ct.flip(q, 0)]
+    assert all(p.dtype == E4M3 for p in parts)
+    values = np.random.default_rng(7).standard_normal((8, 16)).astype(np.float32)
+    q8 = _saturated(values * 4, E4M3)
+    expected = [q8[1:], q8[:, ::2], q8[3], q8[[0, 5]], q8[::-1]]
+    got = ct.compile([ct.cast(p, "float32") for p in parts], inputs=[x])(x=values)
+    for g, e in zip(got, expected):
+        np.testing.assert_array_equal(g, e.astype(np.float32))
+    with pytest.raises(ct.DTypeError, match="cast them to bfloat16, concatenate, and cast back"):
+        ct.concatenate([q, q])
+
+
 def test_float8_products_are_float32_or_the_other_operands_dtype():
     a8, b5 = ct.var("a", (4, 16), "float8_e4m3fn"), ct.var("b", (16, 8), "float8_e5m2")
     assert (a8 @ b5).dtype == np.float32
@@ -365,3 +380,15 @@ def test_float8_state_is_saved_and_loaded_as_safetensors_f8(tmp_path):
     assert programs[1].state["q"].dtype == E5M2 and (programs[1].state["q"].astype(np.float32) == 3.5).all()
     header = (tmp_path / "f8.safetensors").read_bytes()[8:200]
     assert b'"F8_E5M2"' in header
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_float8_tensors_are_sliced_and_gathered_as_on_the_cpu():
+    skip_without_device("cupy")
+    x = ct.var("x", (64, 48))
+    q = ct.cast(x * 4.0, "float8_e5m2")
+    outputs = [ct.cast(p, "float32") for p in (q[1:], q[:, ::2], q[3], ct.take(q, ct.const(np.array([0, 5])), axis=0),
+                                                 ct.transpose(q))]
+    values = np.random.default_rng(8).standard_normal((64, 48)).astype(np.float32)
+    for gpu, cpu in zip(ct.compile(outputs, inputs=[x], backend="cupy")(x=values), ct.compile(outputs, inputs=[x])(x=values)):
+        np.testing.assert_array_equal(host(gpu), cpu)

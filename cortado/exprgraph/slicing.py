@@ -20,10 +20,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import constructors as ct
-from .dtypes import is_float, type_string
+from .dtypes import is_float, is_float8, type_string
 from .ops.base import int_tuple, promoted
 from .ops.reductions import one_axis
-from .term import RuleViolation, Term, rejection, shape_violation
+from .term import RuleViolation, Term, dtype_violation, rejection, shape_violation
 
 __all__ = ["index", "concatenate", "split"]
 
@@ -177,6 +177,9 @@ def concatenate(arrays, axis=0):
             terms, axis = [ct.reshape(t, (t.size,)) for t in terms], 0
         axis = _joined_axis(terms, axis)
         dtype = promoted([t.dtype for t in terms])
+        if is_float8(dtype) and len(terms) > 1:  # (its pads are added: float8 takes no arithmetic)
+            raise dtype_violation(f"{dtype.name} tensors are joined in a dtype that holds them exactly: cast them to "
+                                  f"bfloat16, concatenate, and cast back")
     except RuleViolation as violation:
         raise rejection("concatenate", terms, violation) from None
     offsets = itertools.accumulate((t.shape[axis] for t in terms), initial=0)

@@ -154,7 +154,7 @@ OVERLAP_ADD = Op("overlap_add", 1, ("shape", "strides", "dilation"), _overlap_ad
                  _overlap_add_normalize, evaluate=lambda xs, *attrs: windowing.overlapped_add(xs[0], *attrs),
                  computes_in_float32=is_narrow_float)
 PAD = Op("pad", 1, ("pad_width", "constant_values"), _pad_shape, same_dtype, WINDOW, _pad_normalize,
-         evaluate=lambda xs, widths, value: windowing.padded(xs[0], widths, value))
+         evaluate=lambda xs, widths, value: windowing.padded(xs[0], widths, value), takes_float8=True)  # (slices)
 FLIP = Op("flip", 1, ("axes",), lambda args, axes: args[0].shape, same_dtype, LAYOUT, _flip_normalize,
           evaluate=lambda xs, axes: np.flip(xs[0], axes))
 
