@@ -61,8 +61,15 @@ def _probabilities(flat, q, k, scale, causal, start, stop, shifts=None):
     else:
         shifts[start]()
     np.exp(s, out=s)
-    s /= np.sum(s, axis=-1, keepdims=True)
+    s /= _row_sums(s)
     return s
+
+
+def _row_sums(s):
+    """The sums of the last axis of C-ordered ``s``, keeping it: one matrix-vector product over all its rows (NumPy's
+    sum over a last axis of 64 took twice as long, a row at a time)."""
+    rows = s.reshape(-1, s.shape[-1])
+    return np.matmul(rows, np.ones((rows.shape[1], 1), s.dtype)).reshape(s.shape[:-1] + (1,))
 
 
 def shift_scores(s, scale, causal, start):
