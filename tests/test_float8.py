@@ -270,6 +270,14 @@ def _float8_mlp(batch=4, time=32, sizes=(64, 256, 64)):
     return loss, [x, y], values, updates, feeds
 
 
+def test_a_float8_layer_needs_a_history_of_one_step_or_more():
+    with pytest.raises(ct.ShapeError, match="at least one step"):
+        nn.Linear(16, 16, float8=True, history=0)
+    layer = nn.Linear(16, 16, float8=True, history=1)
+    layer(ct.var("x", (4, 16)))
+    assert layer.buffers()["input_amax"].shape == (1,)
+
+
 def test_a_float8_layer_trains_and_keeps_its_amax_histories():
     loss, inputs, values, updates, feeds = _float8_mlp()
     step = ct.compile([loss], inputs=inputs, state=values, updates=updates)

@@ -35,6 +35,8 @@ class Linear(Module):
         if bias:
             self.bias = Parameter((out_features,), bias_init or default, dtype)
         if float8:
+            if not isinstance(history, int) or history < 1:
+                raise ShapeError(f"Linear(float8=True) keeps the amax of at least one step, not history={history!r}")
             self.input_amax = Buffer((history,), init.zeros, "float32")
             self.weight_amax = Buffer((history,), init.zeros, "float32")
         self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
