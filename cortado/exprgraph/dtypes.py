@@ -9,7 +9,7 @@ for its kind letter or for its limits asks here (``is_float``, ``kind_of``, ``fi
 
 ``float8_e4m3fn`` and ``float8_e5m2`` (ml_dtypes' too) hold values for products only: a tensor of
 them is cast to (``converted``: saturating, so an outlier becomes the largest float8, never NaN or
-inf), moved (reshaped, transposed, gathered) and multiplied (``matmul``, ``einsum``: every product of
+inf), moved (reshaped, transposed, sliced, gathered) and multiplied (``matmul``, ``einsum``: every product of
 two float8 values is exact in float32, where they are summed), and cast back; no other op takes it.
 """
 

@@ -91,8 +91,7 @@ def _max_by_rows(b):
     a row, then one for the rows, where one block for all its elements took milliseconds. The same value: max is
     associative and commutative, and NaN wins in both stages."""
     x, term = b["_x"], b.term
-    if term.op.name != "max" or x.ndim < 2 or term.size != 1 or x.size < MAXIMUM_SPLIT[0] \
-            or x.size // x.shape[-1] < MAXIMUM_SPLIT[1]:
+    if x.ndim < 2 or term.size != 1 or x.size < MAXIMUM_SPLIT[0] or x.size // x.shape[-1] < MAXIMUM_SPLIT[1]:
         return None
     stages = ct.max(ct.max(x, axis=-1))
     return stages if stages.shape == term.shape else ct.reshape(stages, term.shape)

@@ -28,7 +28,9 @@ float8 values converted exactly (``finish``), so the product is the same and onl
 matmul or a product summed, ``rules.decompositions``, its operands converted exactly too).
 """
 
+import functools
 import math
+import operator
 
 import numpy as np
 
@@ -221,18 +223,16 @@ def _scales_out(b):
     if b.term.dtype != np.float32:
         return None
     found = [_scaled_float8(t) for t in (b["_a"], b["_b"])]
-    if None in found or (not found[0][1] and not found[1][1] and b["_a"].op is not CAST and b["_b"].op is not CAST):
+    if None in found:
         return None
     (qa, sa), (qb, sb) = found
-    if not _multipliable(qa, qb):  # (a product cuBLASLt cannot take stays widened: float8-gemm widens it)
+    # nothing to take out, or a product cuBLASLt cannot take (it stays widened: float8-gemm widens it)
+    if (qa, qb) == (b["_a"], b["_b"]) or not _multipliable(qa, qb):
         return None
-    scales = sa + sb
     product = ct.matmul(qa, qb)
-    if not scales:
+    if not sa + sb:
         return product
-    scale = scales[0]
-    for s in scales[1:]:
-        scale = scale * s
+    scale = functools.reduce(operator.mul, sa + sb)
     return product * scale if _exactly_scaled(qa.dtype, qb.dtype, qa.shape[-1], scale) else None
 
 
