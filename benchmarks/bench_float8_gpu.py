@@ -4,7 +4,7 @@ bfloat16 GEMM of the same shape; the whole layer (casts, product, bias, gelu) ag
     python benchmarks/bench_float8_gpu.py [--repeats 7] [--out benchmarks/results/float8_gpu.json]
 
 GEMMs, ``M x N x K``: the GPT large step's (8192 rows; the attention's input and output projections, the MLP's
-two layers) and 4096^3. ``a`` (M x K) float8_e4m3fn, ``b`` (N x K) float8_e4m3fn (a linear layer's weight as
+two layers), 4096^3, and the GPT's weight gradients (K = 8192: the batch's rows). ``a`` (M x K) float8_e4m3fn, ``b`` (N x K) float8_e4m3fn (a linear layer's weight as
 stored, K contiguous: cuBLASLt's float8 form), a float32 scale on the device, bfloat16 out.
 
 - cortado float8: the call a program makes for ``cast(a @ b^T * s, bfloat16)`` (``Float8Gemm``, tuned as a
@@ -39,7 +39,8 @@ from reporting import command_line, write_results  # noqa: E402
 import cortado as ct  # noqa: E402
 from cortado.exprgraph.dtypes import BFLOAT16, FLOAT8  # noqa: E402
 
-SHAPES = [(8192, 2304, 768), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (4096, 4096, 4096)]
+SHAPES = [(8192, 2304, 768), (8192, 768, 768), (8192, 3072, 768), (8192, 768, 3072), (4096, 4096, 4096),
+          (2304, 768, 8192), (768, 768, 8192), (3072, 768, 8192), (768, 3072, 8192)]  # the GPT's weight gradients
 LAYER = (8192, 768, 3072)
 E4M3 = FLOAT8[0]
 

@@ -407,3 +407,36 @@ def test_fusion_makes_only_the_kernels_a_backend_declares_and_each_says_which_it
     assert ROW_KERNEL not in kernels[False] and REDUCTION_KERNEL in kernels[False]
     (alone,), _ = fuse([ct.exp(x)])
     assert alone is ct.exp(x)  # a region of one op stays as it was unless the backend takes one-op kernels
+
+
+def _stored(kernels):
+    """Each value a fused kernel writes, as (shape, dtype name)."""
+    return [(t.shape, t.dtype.name) for k in kernels if k.term.op.name == "fused" for t in k.terms]
+
+
+def test_a_narrow_values_wider_forms_are_computed_in_each_kernel_that_reads_them_never_stored():
+    """A bfloat16 activation's float32 form times a scale, read by its cast to float8 and by the maximum of its
+    magnitudes: each of the two kernels reads the bfloat16 value and widens it itself, rather than one writing the
+    float32 form (twice the bytes) for the other to read back. Values as the plain expressions give them."""
+    x, s = ct.var("x", (16, 64), "bfloat16"), ct.var("s", ())
+    wide = ct.cast(ct.tanh(x), "float32") * s
+    x8, amax = ct.cast(wide, "float8_e4m3fn"), ct.max(ct.abs(wide), axis=1)
+    roots, kernels = _gpu_kernels([x8, amax], [x, s])
+    assert ((16, 64), "float32") not in _stored(kernels)
+    assert ((16, 64), "bfloat16") in _stored(kernels)  # tanh(x): as narrow as x, stored once for both
+    feeds = {"x": np.linspace(-3, 3, 16 * 64).reshape(16, 64).astype(x.dtype), "s": np.float32(8)}
+    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate([x8, amax], feeds)):
+        np.testing.assert_array_equal(ours.astype(np.float32), theirs.astype(np.float32))
+
+
+def test_gelus_float32_intermediates_are_computed_again_from_its_bfloat16_argument_in_the_backward_pass():
+    """gelu of a bfloat16 value computes in float32; its backward pass reads the same sigmoid and polynomial. Each
+    is a float32 value of the activation's shape computed from the bfloat16 argument alone, so the backward kernel
+    computes them again from the argument (and gelu's comparison of it with 0) instead of the forward kernel storing
+    six float32 intermediates and a mask for it. What is stored is bfloat16: ``x * y``, gelu, its scaled form, the
+    maximum's gradient and the gradient."""
+    x, y, w = ct.var("x", (32, 64), "bfloat16"), ct.var("y", (32, 64), "bfloat16"), ct.var("w", (64, 64), "bfloat16")
+    h = ct.gelu(x * y)  # no GEMM's epilogue: h is also read by a maximum
+    loss = ct.sum(ct.cast((h * 0.5) @ w, "float32")) + ct.max(ct.cast(h, "float32"))
+    _, kernels = _gpu_kernels([loss, *ct.grad(loss, [x])], [x, y, w])
+    assert [typ for typ in _stored(kernels) if typ[0] == (32, 64)] == [((32, 64), "bfloat16")] * 5

@@ -99,6 +99,32 @@ def shifted_read(term):
     return term.op is PAD and term.args[0].op is not CONST
 
 
+def widened(order, users, roots):
+    """The elementwise terms of ``order`` (a post-order; ``users``: each term's readers) best computed again in each
+    region that reads them (``_Fuser._spreading``): those computed from one value of their shape narrower than
+    themselves, and from values at most ``1 / NARROW`` their size (scalars, a row's statistics, a bias), as a
+    bfloat16 activation's float32 forms and gelu's intermediates are; and the narrower ones of that value read only
+    by such terms (gelu's comparison of its argument with 0). Storing one writes and reads back more bytes than
+    reading that value again. A result as narrow as that value (gelu's, rounded to bfloat16) is stored: computing it
+    again in each reader (gelu's exponential and divisions) would cost more than reading it back."""
+    source = {}  # each elementwise term computed from one value of its shape -> that value
+    for t in order:
+        if t.op.kind != ELEMENTWISE or t.ndim == 0 or t in roots:
+            continue
+        wide = {source.get(a, a) for a in t.args if not inlined(a) and a.size == t.size}
+        narrow = all(inlined(a) or a.size == t.size or a.size * NARROW <= t.size for a in t.args)
+        if len(wide) == 1 and narrow and next(iter(wide)).shape == t.shape:
+            source[t] = next(iter(wide))
+    found = {t for t, value in source.items() if value.dtype.itemsize < t.dtype.itemsize}
+    for t in reversed(order):  # a term's readers before it
+        if t in source and source[t].dtype.itemsize > t.dtype.itemsize and users[t] and all(u in found for u in users[t]):
+            found.add(t)
+    return found
+
+
+NARROW = 8  # a value read beside a ``widened`` term's source is at most this fraction of its size
+
+
 def row_reduction(term, shape):
     """Whether ``term`` reduces the last axis of a value of row ``shape``, keeping it: a row kernel's reduction."""
     return (term.op in ROW_KERNEL_REDUCTIONS and term.args[0].shape == shape and len(shape) >= 1
@@ -194,8 +220,9 @@ class _Fuser:
     def _spreading(self):
         """The terms computed in each region that reads them, as cheap to compute again as to read back, never
         stored: the ``spread`` terms; the elementwise terms read only by them that read nothing wider than themselves
-        (a label's place wrapped and clamped into its row); and the elementwise terms of leaves read only by wider
-        elementwise terms (a layer norm's gain cast to bfloat16: a kernel of its own costs a launch)."""
+        (a label's place wrapped and clamped into its row); the elementwise terms of leaves read only by wider
+        elementwise terms (a layer norm's gain cast to bfloat16: a kernel of its own costs a launch); and the
+        ``widened`` ones."""
         found = set()
         for term in reversed(self.order):  # a term's users before it
             users = self.users[term]
@@ -206,11 +233,21 @@ class _Fuser:
                                                                               for u in users)
             if spread(term) or feeds_spread or of_leaves:
                 found.add(term)
-        return found
+        return found | widened(self.order, self.users, self.roots)
 
     def _outside_uses(self, term, region):
-        """Schedule positions of the uses of ``term`` outside ``region``."""
-        uses = [self.position[u] for u in self.users[term] if u not in region.members]
+        """Schedule positions of the uses of ``term`` outside ``region``: where a member reading it is computed in
+        every region that reads that member (``_spreading``), those regions' uses too."""
+        uses, pending, seen = [], list(self.users[term]), set()
+        while pending:
+            user = pending.pop()
+            if user in seen:
+                continue
+            seen.add(user)
+            if user not in region.members:
+                uses.append(self.position[user])
+            elif user in self.spreading:
+                pending += self.users[user]
         return uses + [self.end] * (term in self.roots)
 
     def _admit(self, term, region):
@@ -222,8 +259,6 @@ class _Fuser:
             return "copied"
         if term in self.region_of:
             return None
-        if any(u in self.spreading for u in self.users[term] if u in region.members):
-            return None  # what a spread term reads: an operand of each region computing it, so stored once
         if any(shifted_read(u) for u in self.users[term] if u in region.members):
             return None  # a pad reads its operand at other indices: an operand of the region's kernel
         below = any(u in region.prologue for u in self.users[term])
@@ -300,16 +335,19 @@ class _Fuser:
         return region
 
     def regions(self):
-        found = []
+        found, copied = [], set()
         for term in reversed(self.order):
             fusible = (term.op.kind == ELEMENTWISE or term.op in AXIS_REDUCTIONS or term.op in ROW_REDUCTIONS
                        or shifted_read(term))
             if term in self.region_of or not fusible:  # a broadcast is no root: alone it is a free view
                 continue
+            if term in copied and all(u in self.region_of or u in copied for u in self.users[term]):
+                continue  # computed in each region that reads it: a region of its own would store it for nobody
             region = self.grow(term)
             if len(region.members) > 1 or self.alone:
                 for m in region.members - region.copied:
                     self.region_of[m] = region
+                copied |= region.copied
                 found.append(region)
         return self._merged_siblings(found) if self.siblings else found
 
