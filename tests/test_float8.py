@@ -252,7 +252,9 @@ def test_a_matrix_stored_transposed_is_copied_by_tiles():
     from cortado.backends.cupy.sources import TILE, copy_source
 
     copy = copy_source(Operand((768, 8192), E4M3, (1, 768)))
-    assert "__shared__ __nv_fp8_e4m3 tile" in copy.text and copy.blocks == (768 // TILE, 8192 // TILE, 1)
+    assert "__shared__ __nv_fp8_e4m3 tile" in copy.text  # four elements a thread: a tile of 4 TILE a side
+    assert copy.blocks == (768 // (4 * TILE), 8192 // (4 * TILE), 1) and "ct_vec<__nv_fp8_e4m3, 4>" in copy.text
+    assert "ct_vec<__nv_fp8_e4m3, 1>" in copy_source(Operand((766, 8192), E4M3, (1, 766))).text  # no whole words
     assert "__shared__" not in copy_source(Operand((768, 8192), E4M3, (8192, 1))).text  # already in order
 
 
@@ -400,3 +402,26 @@ def test_on_the_gpu_float8_tensors_are_sliced_and_gathered_as_on_the_cpu():
     values = np.random.default_rng(8).standard_normal((64, 48)).astype(np.float32)
     for gpu, cpu in zip(ct.compile(outputs, inputs=[x], backend="cupy")(x=values), ct.compile(outputs, inputs=[x])(x=values)):
         np.testing.assert_array_equal(host(gpu), cpu)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["float8_e4m3fn", "bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(768, 8192), (260, 132), (130, 258), (66, 70)])
+def test_on_the_gpu_a_matrix_stored_transposed_is_copied_as_numpy_transposes_it(dtype, shape):
+    """Every element in its place, whether the sides are whole tiles, whole words only, or neither."""
+    skip_without_device("cupy")
+    import cupy
+
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.kernels import launcher
+    from cortado.backends.cupy.sources import copy_source
+
+    rows, cols = shape
+    stored = np.arange(rows * cols, dtype=np.uint64).reshape(cols, rows)  # column by column: stored[col, row]
+    itemsize = np.dtype(getattr(ml_dtypes, dtype, dtype)).itemsize
+    stored = (stored % (1 << (8 * itemsize))).astype(f"uint{8 * itemsize}")
+    source = copy_source(Operand(shape, np.dtype(getattr(ml_dtypes, dtype, dtype)), (1, rows)))
+    given_in, out = cupy.asarray(stored), cupy.zeros((rows, cols), stored.dtype)
+    launcher(source, (given_in.data.ptr, out.data.ptr))()
+    cupy.cuda.Device().synchronize()
+    np.testing.assert_array_equal(out.get(), stored.T)

@@ -33,8 +33,8 @@ def kernel_source(body, operands, aliased=(), order=None):
     return source
 
 
-TILE = 32  # a transposing copy's tile: TILE x TILE elements through shared memory, by TILE x TILE_ROWS threads
-TILE_ROWS = 8
+TILE = 32  # a transposing copy's tile: TILE x TILE words (of 4 bytes, or one element where wider) through shared
+TILE_ROWS = 8  # memory, by TILE x TILE_ROWS threads
 
 
 def copy_source(operand, order=None):
@@ -55,25 +55,44 @@ def _stored_transposed(operand):
     if len(operand.shape) != 2:
         return False
     rows, cols = operand.shape
-    return operand.strides == (1, rows) and min(rows, cols) >= TILE and -(-cols // TILE) < 1 << 16
+    side = TILE * _per_word(operand)
+    return operand.strides == (1, rows) and min(rows, cols) >= side and -(-cols // side) < 1 << 16
+
+
+def _per_word(operand):
+    """Elements a thread moves at once: a 4-byte word of them where both sides of the matrix are whole words (a
+    float8 tile moved a byte a thread ran at a quarter of the memory's speed), else one."""
+    count = max(1, 4 // operand.dtype.itemsize)
+    return count if all(side % count == 0 for side in operand.shape) else 1
 
 
 def _transposing_copy(element, operand):
-    """``operand`` (rows x cols, stored column by column) written row by row, a tile at a time."""
+    """``operand`` (rows x cols, stored column by column) written row by row, a tile at a time: each thread reads
+    ``per`` consecutive elements of a column as one word, and writes ``per`` consecutive elements of a row as one."""
     rows, cols = operand.shape
+    per = _per_word(operand)
+    side = TILE * per
     c = storage_type(operand.dtype)
-    text = (f"  __shared__ {c} tile[{TILE}][{TILE + 1}];\n"
-            f"  const unsigned int r0 = blockIdx.x * {TILE}u, c0 = blockIdx.y * {TILE}u;\n"
-            f"  for (unsigned int k = threadIdx.y; k < {TILE}u; k += {TILE_ROWS}u) {{\n"
-            f"    const unsigned int r = r0 + threadIdx.x, col = c0 + k;\n"
-            f"    if (r < {rows}u && col < {cols}u) tile[k][threadIdx.x] = in0[(size_t)col * {rows}u + r];\n"
+    word = f"ct_vec<{c}, {per}>"
+    text = (f"  __shared__ {c} tile[{side}][{side + per}];\n"
+            f"  const unsigned int r0 = blockIdx.x * {side}u, c0 = blockIdx.y * {side}u, lane = threadIdx.x * {per}u;\n"
+            f"  for (unsigned int k = threadIdx.y; k < {side}u; k += {TILE_ROWS}u) {{\n"
+            f"    const unsigned int r = r0 + lane, col = c0 + k;\n"
+            f"    if (r < {rows}u && col < {cols}u) {{\n"
+            f"      const {word} w = *reinterpret_cast<const {word}*>(in0 + (size_t)col * {rows}u + r);\n"
+            f"      for (int u = 0; u < {per}; ++u) tile[k][lane + u] = w.v[u];\n"
+            f"    }}\n"
             f"  }}\n"
             f"  __syncthreads();\n"
-            f"  for (unsigned int k = threadIdx.y; k < {TILE}u; k += {TILE_ROWS}u) {{\n"
-            f"    const unsigned int r = r0 + k, col = c0 + threadIdx.x;\n"
-            f"    if (r < {rows}u && col < {cols}u) out0[(size_t)r * {cols}u + col] = tile[threadIdx.x][k];\n"
+            f"  for (unsigned int k = threadIdx.y; k < {side}u; k += {TILE_ROWS}u) {{\n"
+            f"    const unsigned int r = r0 + k, col = c0 + lane;\n"
+            f"    if (r < {rows}u && col < {cols}u) {{\n"
+            f"      {word} w;\n"
+            f"      for (int u = 0; u < {per}; ++u) w.v[u] = tile[lane + u][k];\n"
+            f"      *reinterpret_cast<{word}*>(out0 + (size_t)r * {cols}u + col) = w;\n"
+            f"    }}\n"
             f"  }}\n")
-    grid = (-(-rows // TILE), -(-cols // TILE), 1)
+    grid = (-(-rows // side), -(-cols // side), 1)
     return finished_source("transpose", text, (element,), [operand], (), grid, (TILE, TILE_ROWS, 1))
 
 
