@@ -103,3 +103,15 @@ def test_gelu_takes_floats_only(build):
         with pytest.raises(ct.DTypeError, match=rf"{build.__name__}\(.*\): needs a floating operand, not (int|bool)"):
             build(operand)
     assert build(ct.var("h", (3,), "float16")).dtype == np.float16
+
+
+@pytest.mark.parametrize("op", [ct.sigmoid, ct.gelu, ct.gelu_grad])
+def test_sigmoid_gelu_and_its_gradient_divide_only_by_one_plus_an_exponential(op):
+    """Spelled out in primitives, every division has ``1 + exp(-|z|)`` (between 1 and 2) for its divisor and 1 for
+    its dividend: never the exponential itself, which is subnormal beyond -87, where a GPU divides slowly."""
+    from cortado.exprgraph.graph import post_order
+    from cortado.rules.primitives import primitives
+
+    (spelled,) = primitives.run([op(ct.var("x", (4,)))])
+    divisions = [t for t in post_order([spelled]) if t.op.name == "divide"]
+    assert divisions and all(t.args[0].op.name == "const" and t.args[1].op.name == "add" for t in divisions)

@@ -15,10 +15,12 @@ GELU_CUBIC = 0.044715
 
 
 def sigmoid(x, xp):
-    """``1 / (1 + exp(-x))`` from ``e = exp(-|x|)``, which never overflows: ``1 / (1 + e)`` where ``x >= 0``, else
-    ``e / (1 + e)``."""
+    """``1 / (1 + exp(-x))`` from ``e = exp(-|x|)``, which never overflows: ``r = 1 / (1 + e)`` where ``x >= 0``,
+    else ``e r``. Only ``1 + e``, between 1 and 2, is ever divided by: a GPU's division of a subnormal ``e`` (``x``
+    beyond -87) takes a slow path, and with such values in one element of 100 gelu's kernel took 2.6 times as long."""
     e = xp.exp(xp.negative(xp.abs(x)))
-    return xp.where(xp.greater_equal(x, 0), 1 / (1 + e), e / (1 + e))
+    r = 1 / (1 + e)
+    return xp.where(xp.greater_equal(x, 0), r, e * r)
 
 
 def softplus(x, xp):
@@ -32,12 +34,13 @@ def gelu(x, xp):
 
 
 def gelu_grad(x, xp):
-    """``sigmoid(z) + x sigmoid(z) sigmoid(-z) z'``, the sigmoids' product as ``e / (1 + e)^2`` with ``e = exp(-|z|)``,
-    which neither overflows nor cancels; it is 0 far out, where it multiplies ``x`` before ``z'`` does, so the result
-    is finite wherever ``x * x`` is."""
+    """``sigmoid(z) + x sigmoid(z) sigmoid(-z) z'``, the sigmoids' product as ``e r^2`` with ``e = exp(-|z|)`` and
+    ``r = 1 / (1 + e)`` (``sigmoid``'s), which neither overflows nor cancels; it is 0 far out, where it multiplies
+    ``x`` before ``z'`` does, so the result is finite wherever ``x * x`` is."""
     z = gelu_argument(x)
     e = xp.exp(xp.negative(xp.abs(z)))
-    return sigmoid(z, xp) + x * (e / ((1 + e) * (1 + e))) * gelu_slope(x)
+    r = 1 / (1 + e)
+    return sigmoid(z, xp) + x * (e * (r * r)) * gelu_slope(x)
 
 
 def gelu_argument(x):
