@@ -6,8 +6,8 @@
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|gpt|dp|profile|ours|all]    (conv, int8, float8: those
 #     benchmarks alone;
-#     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), and layer
-#     norm and cross-entropy against torch's (bench_norms_gpu.py);
+#     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), layer
+#     norm and cross-entropy against torch's (bench_norms_gpu.py), and gelu over values of three ranges (bench_gelu_gpu.py);
 #     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are;
 #     ours: our side alone of the fused, MLP, CNN, GPT and norm benchmarks (no peers: plain CuPy, the copy floor and
 #     torch's norms stay), to hold one tree's figures against another's on one machine)
@@ -51,6 +51,7 @@ fi
 if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1
     python3 benchmarks/bench_norms_gpu.py --out "$out/norms_gpu.json" 2>&1 | tee "$out/bench_norms.log" || status=1
+    python3 benchmarks/bench_gelu_gpu.py --out "$out/gelu_gpu.json" 2>&1 | tee "$out/bench_gelu.log" || status=1
 fi
 if [ "$what" = ours ]; then
     python3 benchmarks/bench_fused_gpu.py --skip torch,torch.compile,cupy.fuse --out "$out/fused_gpu.json" 2>&1 \
