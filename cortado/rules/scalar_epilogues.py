@@ -1,0 +1,129 @@
+"""``into_reductions``: a kernel of a few scalars computed from a reduction's result joins that reduction's epilogue.
+
+A float8 layer's scales are reductions to one value (a history's largest magnitude, a gradient's), and each of
+its products is scaled by a scalar computed from two of them (``1 / (sx sw)``, ``sx / sg``): an elementwise kernel
+of its own for one value, a launch of several microseconds for nothing, and a float8 GPT step has about 150 of
+them. Fusion cannot take them into the reduction's kernel: it grows a region down from its last term through what
+that term reads, and such a scale is read by the reduction's other readers (the casts) before it is made.
+
+So after fusion, an elementwise kernel whose results are all scalars, reading a result of a fused reduction to
+scalars, becomes more outputs of that reduction's epilogue, computed by the lane that finishes the reduction; its
+other operands become more of that kernel's. Each of those comes before the reduction in post-order (nothing
+computed from the reduction is among them), so the merged kernel reads nothing made after it and makes no cycle.
+Every value is computed by the same expressions as before.
+
+    roots = into_reductions(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
+"""
+
+from ..exprgraph.graph import post_order
+from ..exprgraph.ops import FUSED_OP, PARAM, parameter
+from ..exprgraph.term import make
+from .engine import Rewrite, bottom_up
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL
+
+ROUNDS = 3  # a scalar kernel reading one that joined a reduction in a round joins it in the next
+
+
+def _key(t):
+    """Which kernel fused term ``t`` is a result of: its operands and its body."""
+    return t.args, t.attr("outputs")
+
+
+def _scalars_of(t, kind):
+    """Whether fused term ``t`` is a result of a kernel of ``kind`` whose every result is one value."""
+    return (t.op is FUSED_OP and t.attr("kernel") == kind and not t.attr("again")
+            and all(o.size == 1 for o in t.attr("outputs")))
+
+
+def _kernels(roots):
+    """Each fused kernel's results (by output index) by its ``_key``, and every term's post-order position."""
+    order = post_order(roots)
+    kernels = {}
+    for t in order:
+        if t.op is FUSED_OP:
+            kernels.setdefault(_key(t), []).append(t)
+    return ({key: sorted(results, key=lambda t: t.attr("index")) for key, results in kernels.items()},
+            {t: i for i, t in enumerate(order)})
+
+
+def _target(t, kernels, position):
+    """The key of the reduction kernel that elementwise kernel ``t`` (a result of it) may join: of the reductions
+    to scalars it reads, the latest, where every other operand comes before that reduction's first result in
+    post-order; else None."""
+    reductions = {_key(a) for a in t.args if _scalars_of(a, REDUCTION_KERNEL)}
+    if not reductions:
+        return None
+    first = {key: min(position[r] for r in kernels[key]) for key in reductions}
+    target = max(reductions, key=first.__getitem__)
+    others = [a for a in t.args if a.op is not FUSED_OP or _key(a) != target]
+    return target if all(position[a] < first[target] for a in others) else None
+
+
+def _merged(key, results, joining, trace):
+    """``{old result: new result}``: reduction kernel ``key`` (its ``results``) and the elementwise kernels of
+    ``joining`` (each the list of its results) as one fused reduction kernel, their bodies after its own."""
+    inputs, body = list(key[0]), list(key[1])
+    index_of = {a: i for i, a in enumerate(inputs)}
+    for joined in joining:
+        t = joined[0]
+        renamed = {}
+        for p in post_order(t.attr("outputs")):
+            if p.op is not PARAM:
+                continue
+            operand = t.args[p.attr("index")]
+            if operand.op is FUSED_OP and _key(operand) == key:
+                renamed[p] = body[operand.attr("index")]  # the reduction's own value, as its epilogue has it
+                continue
+            if operand not in index_of:
+                index_of[operand] = len(inputs)
+                inputs.append(operand)
+            renamed[p] = parameter(index_of[operand], operand)
+        body += [bottom_up(o, renamed, lambda original, rebuilt: rebuilt) for o in t.attr("outputs")]
+    body = tuple(body)
+
+    def result(index):
+        return make(FUSED_OP, inputs, (body, index, False, REDUCTION_KERNEL))
+
+    replaced = {r: result(r.attr("index")) for r in results}
+    start = len(key[1])
+    for joined in joining:
+        for t in joined:
+            replaced[t] = result(start + t.attr("index"))
+            trace.append(Rewrite("scalar-into-reduction", t, replaced[t]))
+        start += len(joined[0].attr("outputs"))
+    return replaced
+
+
+def _substituted(roots, replaced):
+    """``roots`` with each key of ``replaced`` replaced by its value, whose own operands are replaced in turn."""
+    memo = {}
+
+    def finish(original, rebuilt):
+        new = replaced.get(original)
+        if new is None:
+            return rebuilt
+        args = tuple(bottom_up(a, memo, finish) for a in new.args)
+        return new if all(a is b for a, b in zip(args, new.args)) else new.rebuild(args)
+
+    return tuple(bottom_up(r, memo, finish) for r in roots)
+
+
+def into_reductions(roots, trace):
+    """``roots`` with each elementwise kernel of scalars that may join the reduction it reads (see the module
+    docstring) merged into it."""
+    roots = tuple(roots)
+    for _ in range(ROUNDS):
+        kernels, position = _kernels(roots)
+        joining = {}
+        for results in kernels.values():
+            if _scalars_of(results[0], ELEMENTWISE_KERNEL):
+                target = _target(results[0], kernels, position)
+                if target is not None:
+                    joining.setdefault(target, []).append(results)
+        if not joining:
+            break
+        replaced = {}
+        for key, joined in joining.items():
+            replaced.update(_merged(key, kernels[key], joined, trace))
+        roots = _substituted(roots, replaced)
+    return roots

@@ -1,0 +1,73 @@
+"""Scalar kernels joining the reduction whose result they read (``rules.scalar_epilogues``): which join, that the
+merged kernel makes no cycle, and that every value is as before."""
+
+import ml_dtypes
+import numpy as np
+
+import cortado as ct
+from cortado import compiler, nn, optim
+from cortado.backends.cupy import backend as gpu_backend
+from cortado.exprgraph.graph import post_order
+from cortado.rules.engine import Trace
+from cortado.rules.fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, KernelShapes, fuse
+from cortado.rules.scalar_epilogues import into_reductions
+
+
+def _kernels_of(roots, kind):
+    return {(t.args, t.attr("outputs")) for t in post_order(roots) if t.op.name == "fused" and t.attr("kernel") == kind}
+
+
+def _scalar_kernels(roots, kind):
+    return [k for k in _kernels_of(roots, kind) if all(o.size == 1 for o in k[1])]
+
+
+def test_a_scale_from_two_reductions_joins_the_later_one():
+    """``1 / (sx * sw)``, each of ``sx`` and ``sw`` a reduction of a vector to one value: one kernel fewer, the
+    product's scale computed by the lane that finishes ``sw``."""
+    hx, hw, x = ct.var("hx", (16,)), ct.var("hw", (16,)), ct.var("x", (8, 8))
+    sx, sw = 1 / ct.max(hx), 1 / ct.max(hw)
+    outputs = [x * sx, x * sw, 1 / (sx * sw)]
+    fused, _ = fuse(outputs, None, KernelShapes(one_op=True))
+    trace = Trace()
+    merged = into_reductions(fused, trace)
+    assert len(_scalar_kernels(fused, ELEMENTWISE_KERNEL)) == 1 and not _scalar_kernels(merged, ELEMENTWISE_KERNEL)
+    assert len(_kernels_of(merged, REDUCTION_KERNEL)) == 2 and {r.rule for r in trace} == {"scalar-into-reduction"}
+    feeds = {"hx": np.arange(16, dtype=np.float32) + 1, "hw": np.float32(3) * np.ones(16, np.float32),
+             "x": np.ones((8, 8), np.float32)}
+    for ours, theirs in zip(ct.evaluate(list(merged), feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_array_equal(ours, theirs)
+
+
+def test_a_scalar_kernel_reading_what_is_made_after_the_reduction_stays_its_own():
+    """``m / s`` with ``m`` a reduction and ``s`` a product of a value made from ``m``: merging it into ``m``'s kernel
+    would have that kernel read what is made from its own result, so it stays a kernel of its own."""
+    h, a, b = ct.var("h", (16,)), ct.var("a", (1, 4)), ct.var("b", (4, 1))
+    m = ct.max(h)
+    s = ct.reshape((a * m) @ b, ())
+    outputs = [m / s + 1]
+    fused, _ = fuse(outputs, None, KernelShapes(one_op=True))
+    merged = into_reductions(fused, Trace())
+    assert len(_scalar_kernels(merged, ELEMENTWISE_KERNEL)) == len(_scalar_kernels(fused, ELEMENTWISE_KERNEL)) == 1
+
+
+def test_a_float8_training_steps_product_scales_join_their_reductions_values_unchanged(monkeypatch):
+    """The float8 MLP's step as the GPU plans it: each product's scale joins a reduction, and the loss and every
+    update are the bits of the same program planned without merging."""
+    model = nn.MLP(64, 128, 64, activation=ct.gelu, float8=True).compute_in("bfloat16")
+    x, y = ct.var("x", (4, 16, 64), "bfloat16"), ct.var("y", (4, 16, 64))
+    loss = ct.mean((ct.cast(model(x), "float32") - y) ** 2)
+    params = model.parameters()
+    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, list(params.values())))
+    updates.update(model.state_updates(loss))
+    traces = {}
+    roots = compiler._rewrite([loss, *updates.values()], gpu_backend, traces)
+    monkeypatch.setattr(compiler, "into_reductions", lambda roots, trace: roots)
+    plain = compiler._rewrite([loss, *updates.values()], gpu_backend, {})
+    assert sum(r.rule == "scalar-into-reduction" for r in traces["fusion"]) >= 6  # 1 / (sx sw), sx / sg, sw / sg
+    values = {v.name: np.asarray(a) for v, a in {**model.initial_values(seed=0), **state}.items()}
+    rng = np.random.default_rng(3)
+    history = {name: np.abs(rng.standard_normal(16)).astype(np.float32) for name in values if name.endswith("amax")}
+    feeds = {**values, **history, "x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
+             "y": rng.standard_normal(y.shape).astype(np.float32)}
+    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(plain, feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
