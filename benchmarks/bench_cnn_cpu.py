@@ -7,7 +7,8 @@ of 16x16 images, float32), built from cortado.nn and trained by SGD with momentu
 written with torch.nn.functional over the same weights by the same names, with torch.optim.SGD. Each contestant
 runs in a process of its own, one after the other; each takes the same first weights and the same batch, their
 first losses must agree, and the median of ``repeats`` steps after a warm-up is compared. Where torch is not
-installed, its row says so.
+installed, its row says so. Our model's build, compile and first call are timed twice more (``compile_s``): in a
+process whose cache of compiled C is empty, then in one after it was filled.
 """
 
 import os

@@ -8,7 +8,8 @@ same weights by the same names (cortado's Linear stores (out, in), as torch's do
 torch.optim.AdamW at the example's settings (decay on the matrices only). Each contestant runs in a
 process of its own, one after the other; each takes the same first weights and the same batch, their
 first losses must agree, and the median of ``repeats`` steps after a warm-up is compared. Where torch
-is not installed, its row says so.
+is not installed, its row says so. Our model's build, compile and first call are timed twice more
+(``compile_s``): in a process whose cache of compiled C is empty, then in one after it was filled.
 """
 
 import os

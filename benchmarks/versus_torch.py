@@ -6,8 +6,10 @@ import argparse
 import importlib.util
 import json
 import statistics
+import os
 import subprocess
 import sys
+import tempfile
 import time
 
 from machine import describe
@@ -15,9 +17,11 @@ from reporting import write_results
 
 
 def median_ms(step, repeats, warmup=5):
-    """``{"first_loss", "ms"}``: ``step()``'s first result, then the median milliseconds of ``repeats`` calls after
-    ``warmup`` more."""
+    """``{"first_loss", "first_call_s", "ms"}``: ``step()``'s first result and the seconds it took, then the median
+    milliseconds of ``repeats`` calls after ``warmup`` more."""
+    started = time.perf_counter()
     first = float(step())
+    first_call = time.perf_counter() - started
     for _ in range(warmup):
         step()
     seconds = []
@@ -25,7 +29,7 @@ def median_ms(step, repeats, warmup=5):
         start = time.perf_counter()
         step()
         seconds.append(time.perf_counter() - start)
-    return {"first_loss": first, "ms": 1e3 * statistics.median(seconds)}
+    return {"first_loss": first, "first_call_s": first_call, "ms": 1e3 * statistics.median(seconds)}
 
 
 def torch_training_step(loss_of, optimizer):
@@ -53,10 +57,24 @@ def torch_version():
     return f"{torch.__version__}, {torch.get_num_threads()} threads"
 
 
-def alone(script, *arguments):
-    """The JSON that ``script`` prints last, run with ``arguments`` in a process of its own."""
-    done = subprocess.run([sys.executable, script, *map(str, arguments)], capture_output=True, text=True, check=True)
+def alone(script, *arguments, cache=None):
+    """The JSON that ``script`` prints last, run with ``arguments`` in a process of its own (with ``cache`` as its
+    ``CORTADO_CACHE_DIR``, where given)."""
+    env = None if cache is None else {**os.environ, "CORTADO_CACHE_DIR": cache}
+    done = subprocess.run([sys.executable, script, *map(str, arguments)], capture_output=True, text=True, check=True,
+                          env=env)
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _compile_seconds(script):
+    """``{"cold", "cached"}``: seconds to build our model, compile its step and make the first call, in a process
+    whose cache of compiled C (``CORTADO_CACHE_DIR``) is empty, then in one after it was filled."""
+    seconds = {}
+    with tempfile.TemporaryDirectory() as cache:
+        for kind in ("cold", "cached"):
+            row = alone(script, "--contestant", "cortado", "--repeats", 1, cache=cache)
+            seconds[kind] = row["build_s"] + row["first_call_s"]
+    return seconds
 
 
 def compare(doc, script, contestants, name, repeats, out, results):
@@ -70,7 +88,9 @@ def compare(doc, script, contestants, name, repeats, out, results):
     parser.add_argument("--contestant", choices=list(contestants), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.contestant:
-        print(json.dumps(median_ms(contestants[args.contestant](), args.repeats)))
+        started = time.perf_counter()
+        step = contestants[args.contestant]()
+        print(json.dumps({"build_s": time.perf_counter() - started, **median_ms(step, args.repeats)}))
         return
     rows = {}
     for contestant in contestants:
@@ -80,6 +100,9 @@ def compare(doc, script, contestants, name, repeats, out, results):
         rows[contestant] = alone(script, "--contestant", contestant, "--repeats", args.repeats)
         print(f"{contestant:8s} {rows[contestant]['ms']:8.3f} ms a step  "
               f"(first loss {rows[contestant]['first_loss']:.6f})")
+    rows["cortado"]["compile_s"] = _compile_seconds(script)
+    print("cortado's model, compile and first call: {cold:.2f} s with an empty cache of compiled C, {cached:.2f} s "
+          "with it filled".format(**rows["cortado"]["compile_s"]))
     if "torch" in rows:
         first = [r["first_loss"] for r in rows.values()]
         assert max(first) - min(first) < 1e-4 * abs(first[0]), rows
