@@ -289,3 +289,43 @@ def test_the_launcher_starts_one_process_a_gpu_and_stops_them_all_when_one_fails
     failed = subprocess.run([sys.executable, "-m", "cortado.launch", "--gpus", "2", str(script), "fail"],
                             capture_output=True, text=True, timeout=30)
     assert failed.returncode == 3
+
+
+NODE_SCRIPT = """
+import os, sys
+from cortado.distributed import rendezvous
+rank, size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+token = f"from pid {os.getpid()}".encode() if rank == 0 else b""
+shared = rendezvous.share(token, rank, size, os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), timeout=30)
+with open(os.path.join(os.path.dirname(__file__), f"rank{rank}.txt"), "w") as out:
+    out.write(f"rank {rank} of {size} local {os.environ['LOCAL_RANK']} node {os.environ['GROUP_RANK']}: "
+              f"{shared.decode()}")
+"""
+
+
+def test_two_launchers_given_node_ranks_form_one_job(tmp_path):
+    """Two launcher groups of two processes each, as two nodes of one job would be started (here on one machine):
+    ranks 0 to 3, local ranks 0 and 1 on each node, and every rank receives rank 0's bytes over the rendezvous."""
+    script = tmp_path / "job.py"
+    script.write_text(NODE_SCRIPT)
+    port = _free_port()
+    nodes = [subprocess.Popen([sys.executable, "-m", "cortado.launch", "--nodes", "2", "--node-rank", str(node),
+                               "--master-addr", "127.0.0.1", "--master-port", str(port), "--gpus", "2", str(script)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for node in (1, 0)]
+    for node in nodes:
+        assert node.wait(timeout=60) == 0, node.stderr.read()
+    lines = [(tmp_path / f"rank{r}.txt").read_text() for r in range(4)]
+    assert [line.split(":")[0] for line in lines] == [
+        "rank 0 of 4 local 0 node 0", "rank 1 of 4 local 1 node 0", "rank 2 of 4 local 0 node 1",
+        "rank 3 of 4 local 1 node 1"]
+    shared = {line.split(": ")[1] for line in lines}
+    assert len(shared) == 1 and shared.pop().startswith("from pid ")
+
+
+def test_a_launcher_of_several_nodes_needs_rank_zeros_address_and_a_node_rank_in_range():
+    for arguments, message in ((["--nodes", "2", "--node-rank", "0"], "--master-addr and --master-port"),
+                               (["--nodes", "2", "--node-rank", "2", "--master-addr", "h", "--master-port", "1"],
+                                "--node-rank must be from 0 to --nodes - 1")):
+        run = subprocess.run([sys.executable, "-m", "cortado.launch", *arguments, "--gpus", "1", "job.py"],
+                             capture_output=True, text=True, timeout=30)
+        assert run.returncode == 2 and message in run.stderr
