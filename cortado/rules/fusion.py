@@ -19,9 +19,12 @@ terms it reads, taking:
   (``(..., 1)``) grows a row kernel too where it reduces rows twice or more (a cross-entropy's
   logsumexp less its label's logit), its rows those its first reduction reduces;
 - a term that only spreads narrower values over its shape (``spread``: each row's label compared
-  with every place), what only such terms read where it reads nothing wider, and a small value
-  computed from leaves that only wider elementwise terms read (a gain cast to bfloat16) join every
-  region that reads them, computed in each, never stored;
+  with every place), what only such terms read where it reads nothing wider, a small value
+  computed from leaves that only wider elementwise terms read (a gain cast to bfloat16), and a
+  term computed from one narrower value of its shape (``widened``: a bfloat16 activation's float32
+  form times a scale, gelu's float32 intermediates) join every region that reads them, computed in
+  each, never stored; a region's outside uses of what such a term reads count the other regions
+  computing it, so that value is stored exactly when one of them needs it;
 - in a region with no reduction, a ``pad`` (or crop) of a value computed outside it: a read of that
   value at shifted indices, the padding value outside them. ``concatenate`` is a sum of pads, and
   the gradient of a slice (of ``split(qkv, 3)``) is one too: the region reads each part once and
