@@ -157,6 +157,17 @@ def test_fusing_keeps_every_value_bit_for_bit(case):
         np.testing.assert_array_equal(fused, expected)
 
 
+@given(graphs_with_feeds(ops=["cast", "add", "multiply", "exp", "tanh", "sum", "max", "where", "greater"],
+                         dtypes=("bfloat16", "float32"), max_steps=12))
+def test_fusing_mixed_precision_graphs_for_the_gpu_keeps_every_value_bit_for_bit(case):
+    """Half-precision values widened by casts and promotions: a wider form computed again in each region that reads
+    it (``widened``) is the same value wherever it is computed."""
+    graph, feeds = case
+    roots, _ = fuse(graph.outputs, shapes=KernelShapes(one_op=True, sibling_columns=True))
+    for fused, expected in zip(ct.evaluate(list(roots), feeds), ct.evaluate(graph.outputs, feeds)):
+        np.testing.assert_array_equal(fused, expected)
+
+
 @given(graphs_with_feeds(ops=["add", "multiply", "exp", "tanh", "sum", "mean", "max", "broadcast_to", "where",
                               "greater", "matmul", "logsumexp"]))
 def test_no_elementwise_term_survives_next_to_a_fusible_user(case):

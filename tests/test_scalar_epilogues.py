@@ -3,6 +3,7 @@ merged kernel makes no cycle, and that every value is as before."""
 
 import ml_dtypes
 import numpy as np
+from hypothesis import given
 
 import cortado as ct
 from cortado import compiler, nn, optim
@@ -11,6 +12,7 @@ from cortado.exprgraph.graph import post_order
 from cortado.rules.engine import Trace
 from cortado.rules.fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, KernelShapes, fuse
 from cortado.rules.scalar_epilogues import into_reductions
+from cortado.testing import graphs_with_feeds
 
 
 def _kernels_of(roots, kind):
@@ -71,3 +73,13 @@ def test_a_float8_training_steps_product_scales_join_their_reductions_values_unc
              "y": rng.standard_normal(y.shape).astype(np.float32)}
     for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(plain, feeds)):
         np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+
+
+@given(graphs_with_feeds(ops=["add", "multiply", "divide", "exp", "sum", "mean", "max", "where", "greater", "matmul"],
+                         max_steps=12))
+def test_merging_scalar_kernels_into_reductions_never_changes_a_value(case):
+    graph, feeds = case
+    fused, _ = fuse(graph.outputs, shapes=KernelShapes(one_op=True))
+    merged = into_reductions(fused, Trace())
+    for got, expected in zip(ct.evaluate(list(merged), feeds), ct.evaluate(graph.outputs, feeds)):
+        np.testing.assert_array_equal(got, expected)
