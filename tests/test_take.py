@@ -138,6 +138,21 @@ def test_an_index_out_of_range_is_an_error_on_the_cpu(backend):
         ct.take(x, [0, 9], axis=0)  # constant indices are checked when the term is folded
 
 
+@pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8"])
+def test_one_label_a_row_on_the_cpu_is_numpys_pick_and_checks_its_indices(dtype):
+    """A cross-entropy's pick of each row's label logit (one index a row along the last axis), the CPU's one-take
+    path: NumPy's values, negative indices counted from the end, and an index out of range named."""
+    x, i = ct.var("x", (3, 4, 5)), ct.var("i", (3, 4, 1), dtype)
+    step = ct.compile([ct.take_along_axis(x, i, axis=-1)], inputs=[x, i], backend="numpy")
+    values = np.arange(60, dtype=np.float32).reshape(3, 4, 5)
+    low = 0 if dtype == "uint8" else -5
+    places = np.random.default_rng(2).integers(low, 5, (3, 4, 1)).astype(dtype)
+    np.testing.assert_array_equal(step(x=values, i=places)[0], np.take_along_axis(values, places.astype(np.int64) % 5, -1))
+    places[1, 2, 0] = 5
+    with pytest.raises(ct.IndexRangeError, match=r"index 5 is out of range for axis 2 of size 5"):
+        step(x=values, i=places)
+
+
 def _rows_added_back(shape, axis, places, weights):
     """``take``'s adjoint by NumPy: each row of ``weights`` added to the row of ``shape`` it was taken from."""
     expected = np.zeros(shape)
