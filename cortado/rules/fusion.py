@@ -52,10 +52,11 @@ from dataclasses import dataclass
 
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import (
-    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, REDUCTION, SOFTMAX, SUM, parameter,
+    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, PARAM, REDUCTION, SOFTMAX, SUM,
+    parameter,
 )
 from ..exprgraph.term import make
-from .engine import Rewrite, Trace
+from .engine import Rewrite, Trace, bottom_up
 
 # The kernels a fused term is, as fusion decides and every backend reads (``Op`` attribute ``kernel``): elementwise
 # work, a fused reduction (a prologue, one reduction, an epilogue; or sibling column reductions) or a row kernel
@@ -116,8 +117,10 @@ def widened(order, users, roots):
             continue
         wide = {source.get(a, a) for a in t.args if not inlined(a) and a.size == t.size}
         narrow = all(inlined(a) or a.size == t.size or a.size * NARROW <= t.size for a in t.args)
-        if len(wide) == 1 and narrow and next(iter(wide)).shape == t.shape:
-            source[t] = next(iter(wide))
+        if len(wide) == 1 and narrow:
+            (value,) = wide
+            if value.shape == t.shape:
+                source[t] = value
     found = {t for t, value in source.items() if value.dtype.itemsize < t.dtype.itemsize}
     for t in reversed(order):  # a term's readers before it
         if t in source and source[t].dtype.itemsize > t.dtype.itemsize and users[t] and all(u in found for u in users[t]):
@@ -406,6 +409,24 @@ def _body(region, position):
         body[m] = m.rebuild(args)
     produced = [region.root] + sorted(region.extras, key=position.__getitem__)
     return inputs, produced, tuple(body[t] for t in produced)
+
+
+def rebased(kernel, inputs, index_of, known=None):
+    """The body of fused term ``kernel`` over the parameters of a kernel reading ``inputs`` (``index_of``: each one's
+    place), its own operands appended to both, in order, where they are not there yet; an operand in ``known``
+    becomes the body term given there instead (a value the joining kernel computes itself). For the passes that join
+    fused kernels (``horizontal``, ``scalar_epilogues``)."""
+    known = known or {}
+    for operand in kernel.args:
+        if operand not in known and operand not in index_of:
+            index_of[operand] = len(inputs)
+            inputs.append(operand)
+    renamed = {}
+    for p in post_order(kernel.attr("outputs")):
+        if p.op is PARAM:
+            operand = kernel.args[p.attr("index")]
+            renamed[p] = known[operand] if operand in known else parameter(index_of[operand], operand)
+    return [bottom_up(o, renamed, lambda original, rebuilt: rebuilt) for o in kernel.attr("outputs")]
 
 
 def fuse(roots, trace=None, shapes=KernelShapes()):

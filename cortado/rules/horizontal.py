@@ -21,10 +21,10 @@ is computed exactly as before.
 from dataclasses import dataclass
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import FUSED_OP, LEAF, PARAM, parameter
+from ..exprgraph.ops import FUSED_OP, LEAF
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, inlined
+from .fusion import ELEMENTWISE_KERNEL, inlined, rebased
 
 MOST_ELEMENTS = 1 << 16  # a kernel's results this small are launch-bound (a 768-wide AdamW update: ~3 us of a launch)
 MOST_POINTERS = 480  # a kernel's operands and results: its parameters stay within CUDA's 4 KiB of them
@@ -92,13 +92,7 @@ def _side_by_side(group, trace):
     """``{old result: new result}``: the kernels of ``group`` as one fused term of a ``Horizontal`` kernel."""
     inputs, index_of, body, parts = [], {}, [], []
     for results in group:
-        for a in results[0].args:
-            if a not in index_of:
-                index_of[a] = len(inputs)
-                inputs.append(a)
-        renumbered = {p: parameter(index_of[results[0].args[p.attr("index")]], p)
-                      for p in post_order(results[0].attr("outputs")) if p.op is PARAM}
-        body += _substituted(results[0].attr("outputs"), renumbered)
+        body += rebased(results[0], inputs, index_of)
         parts.append(len(results))
     kernel, body = Horizontal(tuple(parts)), tuple(body)
     replaced = {}

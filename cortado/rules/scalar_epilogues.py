@@ -16,10 +16,10 @@ Every value is computed by the same expressions as before.
 """
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import FUSED_OP, PARAM, parameter
+from ..exprgraph.ops import FUSED_OP
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, rebased
 
 ROUNDS = 3  # a scalar kernel reading one that joined a reduction in a round joins it in the next
 
@@ -64,21 +64,9 @@ def _merged(key, results, joining, trace):
     ``joining`` (each the list of its results) as one fused reduction kernel, their bodies after its own."""
     inputs, body = list(key[0]), list(key[1])
     index_of = {a: i for i, a in enumerate(inputs)}
+    own = {r: body[r.attr("index")] for r in results}  # the reduction's values, as its epilogue has them
     for joined in joining:
-        t = joined[0]
-        renamed = {}
-        for p in post_order(t.attr("outputs")):
-            if p.op is not PARAM:
-                continue
-            operand = t.args[p.attr("index")]
-            if operand.op is FUSED_OP and _key(operand) == key:
-                renamed[p] = body[operand.attr("index")]  # the reduction's own value, as its epilogue has it
-                continue
-            if operand not in index_of:
-                index_of[operand] = len(inputs)
-                inputs.append(operand)
-            renamed[p] = parameter(index_of[operand], operand)
-        body += [bottom_up(o, renamed, lambda original, rebuilt: rebuilt) for o in t.attr("outputs")]
+        body += rebased(joined[0], inputs, index_of, own)
     body = tuple(body)
 
     def result(index):
