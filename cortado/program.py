@@ -111,9 +111,9 @@ class Program:
 
         Every feed is checked before anything runs, so a rejected call changes no state.
         """
-        bound = feed_checks.bind(self._inputs, self._feeds(values, named))
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named))  # {var: value}, in the order of _inputs
         with self._running:
-            results = self._executor.run({v.name: value for v, value in bound.items()})
+            results = self._executor.run(dict(zip(self._inputs, bound.values())))
         return results[0] if self.signature.single else results
 
     def profile(self, *values, **named):
@@ -134,8 +134,8 @@ class Program:
     def _feeds(self, values, named):
         """The feeds of a call as one mapping: values by position feed the inputs in order (``None`` alone, as
         ``program(None)`` was once written for no feeds, is no feeds)."""
-        if len(values) == 1 and values[0] is None:
-            values = ()
+        if not values or (len(values) == 1 and values[0] is None):
+            return named
         if len(values) == 1 and isinstance(values[0], Mapping):
             if named:
                 raise FeedError("give the feeds either as one mapping or as keyword arguments, not both")

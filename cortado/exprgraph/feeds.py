@@ -79,16 +79,19 @@ def bind(variables_by_name, feeds, any_float=False):
     ``any_float=True`` lets a floating variable take a feed of any floating dtype, as it is
     kept: for a computation that widens every float anyway.
     """
-    try:
-        named = _by_name(dict(feeds), variables_by_name)
-    except (TypeError, ValueError):
-        raise FeedError(f"feeds must be a mapping from names or variables to values, not {feeds!r}") from None
-    missing = sorted(set(variables_by_name) - set(named))
-    if missing:
-        listed = "; ".join(_declared(variables_by_name[name]) for name in missing)
-        raise FeedError(f"no feed for {listed}")
-    extra = sorted(set(named) - set(variables_by_name))
-    if extra:
+    if isinstance(feeds, dict) and all(type(key) is str for key in feeds):  # by name: the usual call, kept cheap
+        named = feeds
+    else:
+        try:
+            named = _by_name(dict(feeds), variables_by_name)
+        except (TypeError, ValueError):
+            raise FeedError(f"feeds must be a mapping from names or variables to values, not {feeds!r}") from None
+    if named.keys() != variables_by_name.keys():
+        missing = sorted(set(variables_by_name) - set(named))
+        if missing:
+            listed = "; ".join(_declared(variables_by_name[name]) for name in missing)
+            raise FeedError(f"no feed for {listed}")
+        extra = sorted(set(named) - set(variables_by_name))
         known = ", ".join(sorted(variables_by_name)) or "none"
         raise FeedError(f"feeds {extra} name no variable of the graph (its variables: {known})")
     return {var: _conform(var, named[name], any_float) for name, var in variables_by_name.items()}

@@ -75,6 +75,9 @@ class Executor(interface.Executor):
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
         self.world = distributed.world()
         self.side = cupy.cuda.Stream(non_blocking=True)  # where asynchronous calls (all-reduces) run
+        # the events that order a call after the caller's work and the caller's next work after it (a stream waits
+        # for an event as it was recorded then, so one pair serves every call)
+        self.handoff = (cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True))
         view = View(self.strides, self.pointers, self._constant, frozenset(self.channels_last_for),
                     {"tf32": tf32, "deterministic": deterministic}, self.side)
         asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
@@ -228,12 +231,15 @@ class Executor(interface.Executor):
 
         sources = self._sources(feeds)
         caller = cupy.cuda.get_current_stream()
+        started, done = self.handoff
         self.staging.stage_host(feeds, sources)
-        self.stream.wait_event(caller.record())
+        started.record(caller)
+        self.stream.wait_event(started)
         with self.stream:
             self.staging.stage_device(feeds, sources)
             step(sources)
-        caller.wait_event(self.stream.record())
+        done.record(self.stream)
+        caller.wait_event(done)
         return list(self.outputs)
 
     def _run_step(self, sources):

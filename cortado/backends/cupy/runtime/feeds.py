@@ -24,15 +24,30 @@ class Feeds:
 
     def __init__(self, terms, io_strides, device, stream, own_blocks):
         self.terms, self.io_strides, self.device, self.stream = terms, io_strides, device, stream
+        self.names = [t.name for t in terms]
         self.own_blocks = own_blocks
         self.block = self.pinned = None  # made on first need
+        self.in_place = {}  # (feed, address, strides, device) -> whether a value there is read in place (a call's
+        # checks, made once for each place: a step fed the same arrays again costs a lookup)
 
-    def _readable_in_place(self, t, value):
+    def _readable_in_place(self, k, value):
+        """Whether feed ``k`` can be read where ``value`` lies: remembered for each place (the shape is the feed's,
+        checked before; the program's blocks never move)."""
+        memory = value.data
+        key = (k, memory.ptr, value.strides, memory.device_id)
+        found = self.in_place.get(key)
+        if found is None:
+            if len(self.in_place) > 64 * len(self.terms):  # feeds at ever new places
+                self.in_place.clear()
+            found = self.in_place[key] = self._placed_as_read(self.terms[k], value)
+        return found
+
+    def _placed_as_read(self, t, value):
         """Packed as the program reads ``t``, on this GPU, aligned as the arena's buffers are (kernels load 16-byte
         vectors; a slice ``x[1:]`` may start anywhere), apart from the program's buffers (a program's own output fed
         back in would be written while it is read)."""
         expected = self.io_strides[t]
-        if value.device.id != self.device or value.data.ptr % ALIGNMENT or not all(
+        if value.data.device_id != self.device or value.data.ptr % ALIGNMENT or not all(
                 n == 1 or s == e * value.itemsize for n, s, e in zip(value.shape, value.strides, expected)):
             return False
         return not any(b.overlaps(value.data.ptr, value.data.ptr + value.nbytes) for b in self.own_blocks())
@@ -43,11 +58,11 @@ class Feeds:
         import cupy
 
         sources = []
-        for t in self.terms:
-            value = values[t.name]
+        for k, name in enumerate(self.names):
+            value = values[name]
             if not isinstance(value, cupy.ndarray):
                 sources.append((HOST, None))
-            elif self._readable_in_place(t, value):
+            elif self._readable_in_place(k, value):
                 sources.append((IN_PLACE, value.data.ptr))
             else:
                 sources.append((DEVICE, None))
@@ -84,9 +99,14 @@ class Feeds:
                   for t, place, (kind, _) in zip(self.terms, places, sources) if kind == HOST]
         return places, copies
 
+    @staticmethod
+    def staged(sources):
+        """Whether a call reading from ``sources`` stages any feed."""
+        return any(kind != IN_PLACE for kind, _ in sources)
+
     def stage_host(self, values, sources):
         """Copy NumPy feeds into pinned memory, once the last step's copies out of it are done."""
-        if any(kind != IN_PLACE for kind, _ in sources):
+        if self.staged(sources):
             self._staging()
             self.stream.synchronize()
             for t, (kind, _) in zip(self.terms, sources):
@@ -97,6 +117,8 @@ class Feeds:
         """Copy CuPy feeds that are not read in place into the feed block, on the program's stream."""
         import cupy
 
+        if not self.staged(sources):
+            return
         for k, (t, (kind, _)) in enumerate(zip(self.terms, sources)):
             if kind != DEVICE:
                 continue
