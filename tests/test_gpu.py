@@ -502,6 +502,32 @@ def test_profile_times_every_kernel_of_a_step():
     assert report.startswith(f"{len(program._executor.labels)} kernels") and "gemm" in report and "fused" in report
 
 
+def test_a_hold_keeps_a_stream_waiting_until_the_host_lets_go():
+    """What makes a profile time kernels rather than the Python launching them: work queued behind a hold runs
+    when it is let go, back to back, however long the host took to queue it."""
+    import time
+
+    import cupy
+
+    from cortado.backends.cupy.runtime.holding import Hold
+
+    stream = cupy.cuda.Stream(non_blocking=True)
+    hold = Hold(stream)
+    before = stream.record()
+    hold.hold()
+    start = stream.record()
+    with stream:
+        for _ in range(3):
+            cupy.arange(1024, dtype=cupy.float32).sum()
+            time.sleep(0.02)
+    end = stream.record()
+    time.sleep(0.05)
+    hold.release()
+    end.synchronize()
+    assert cupy.cuda.get_elapsed_time(before, end) >= 100  # held while the host slept
+    assert cupy.cuda.get_elapsed_time(start, end) < 5  # then ran at once
+
+
 def test_cupy_feeds_are_read_where_they_are():
     import cupy
 
