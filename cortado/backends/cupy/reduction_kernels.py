@@ -14,10 +14,10 @@ import numpy as np
 
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import MEAN, PARAM
+from ...exprgraph.ops import MEAN
 from .codegen import (
     REDUCTIONS, STORAGE, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _space, _Writer,
-    compute_type, finished_source, offset, storage_type,
+    compute_type, finished_source, storage_type,
 )
 
 ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, longer ones a block
@@ -74,14 +74,12 @@ class _Reduction:
         return f"{acc} = {self.combine(j, acc, f'(({self.acc}){self.elements[j]})')};"
 
 
-def _reduction_parts(body, operands, loads=None):
-    """``body``'s reduction over ``operands``, its prologue reading the parameters in ``loads`` (index -> C
-    expression) from values already loaded."""
+def _reduction_parts(body, operands):
     reds = _reductions_of(body)
     source_shape, axes = reds[0].args[0].shape, reds[0].attr("axes")
     k_total = math.prod(source_shape[a] for a in axes)
     acc = _accumulator(reds[0])
-    prologue = _Writer(_reduction_space(source_shape, axes), operands, "p", loads)
+    prologue = _Writer(_reduction_space(source_shape, axes), operands, "p")
     elements = tuple(prologue.value(red.args[0]) for red in reds)
     epilogue = _Writer(_space(body[0].shape, "o"), operands, "e")
     for j, red in enumerate(reds):
@@ -100,28 +98,13 @@ def _columns(body):
     return (red.args[0].ndim - 1) not in red.attr("axes") and math.prod(red.shape) > 1
 
 
-def column_vector(body):
-    """How many adjacent columns each thread of a column reduction of ``body`` sums (1: ``COLUMN_VECTORS`` a
-    warp's width apart instead): where the reduced axes lead, 16 bytes of its narrowest full-size parameter, if
-    the columns divide into them. Its loads of a row are then one vector each."""
-    reds = _reductions_of(body)
-    source, axes, n = reds[0].args[0].shape, reds[0].attr("axes"), math.prod(reds[0].shape)
-    if tuple(axes) != tuple(range(len(axes))):
-        return 1
-    sizes = [t.dtype.itemsize for t in post_order(body) if t.op is PARAM and t.shape == source]
-    vec = 16 // min(sizes, default=16)
-    while vec > 1 and n % vec:
-        vec //= 2
-    return vec
-
-
 def column_splits(body):
     """How many parts the reduced columns of ``body`` are split into (1: none): enough for ``COLUMN_BLOCKS_WANTED``
     blocks, each part ``SPLIT_ROWS_MIN`` rows at least."""
     if not _columns(body):
         return 1
     red = _reductions_of(body)[0]
-    tiles = -(-math.prod(red.shape) // _column_tile(math.prod(red.shape), column_vector(body)))
+    tiles = -(-math.prod(red.shape) // _column_tile(math.prod(red.shape)))
     rows = math.prod(red.args[0].shape[a] for a in red.attr("axes"))
     return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), rows // SPLIT_ROWS_MIN))
 
@@ -162,65 +145,43 @@ def _row_lines(r):
     return lines, -(-r.outputs_n // per_block), (THREADS, 1, 1)
 
 
-def _column_tile(outputs, vec):
-    """The outputs of a column reduction one block sums: ``vec`` adjacent ones a thread (``column_vector``), else
-    ``COLUMN_VECTORS`` a thread where there are that many."""
-    if vec > 1:
-        return COLUMN_TILE[0] * vec
+def _column_tile(outputs):
+    """The outputs of a column reduction one block sums: ``COLUMN_VECTORS`` a thread where there are that many."""
     return COLUMN_TILE[0] * max(1, min(COLUMN_VECTORS, -(-outputs // COLUMN_TILE[0])))
 
 
-def _column_lines(r, first="0", last=None, store=None, vec=1, vectors=()):
+def _column_lines(r, first="0", last=None, store=None):
     """A tile of ``_column_tile`` outputs a block, ``COLUMN_TILE[1]`` threads down each column, over the rows from
     ``first`` to ``last``, each reduction of the body beside the others; the block's sums (``acc0``, ``acc1``, ...)
-    go to ``store`` (lines) or, by default, through the epilogue. Each thread sums ``vec`` adjacent columns, the
-    parameters in ``vectors`` loaded a row's ``vec`` elements at once (``r``'s prologue reads them as ``a{k}.v[u]``),
-    or, where ``vec`` is 1, several columns a warp's width apart, each load one contiguous segment of a row across
-    the warp. Either way a thread's loads of one row are independent, so they are in flight together."""
+    go to ``store`` (lines) or, by default, through the epilogue. Each thread sums several columns a warp's width
+    apart: each of its loads is one contiguous segment of a row across the warp, and its loads of one row are
+    independent, so they are in flight together."""
     across, down = COLUMN_TILE
-    tile = _column_tile(r.outputs_n, vec)
-    per, apart = (vec, 1) if vec > 1 else (tile // across, across)
+    tile = _column_tile(r.outputs_n)
     index, acc, n, count = r.index, r.acc, r.outputs_n, len(r.reds)
-    spot = f"threadIdx.x * {vec} + u" if vec > 1 else f"u * {across} + threadIdx.x"
-    lines = [f"  const {index} column = ({index})blockIdx.x * {tile} + threadIdx.x{f' * {vec}' if vec > 1 else ''};",
-             f"  {acc} sums[{count}][{per}];",
-             "  #pragma unroll", f"  for (int u = 0; u < {per}; ++u) {{"]
+    lines = [f"  const {index} column = ({index})blockIdx.x * {tile} + threadIdx.x;",
+             f"  {acc} sums[{count}][{tile // across}];",
+             "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
     lines += [f"    sums[{j}][u] = {r.identity(j)};" for j in range(count)] + ["  }"]
     lines += [f"  #pragma unroll {COLUMN_ROW_UNROLL}",
-              f"  for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{"]
-    loaded = sorted(set(vectors) & r.prologue.read)
-    if loaded:
-        lines += [f"    if (column >= {n}) break;"]
-        lines += [f"    const {vectors[k]} a{k} = reinterpret_cast<const {vectors[k]}*>(in{k})"
-                  f"[r * {n // vec} + column / {vec}];" for k in loaded]
-    lines += ["    #pragma unroll", f"    for (int u = 0; u < {per}; ++u) {{",
-              f"      const {index} o = column + u{f' * {apart}' if apart > 1 else ''};",
+              f"  for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{",
+              "    #pragma unroll", f"    for (int u = 0; u < {tile // across}; ++u) {{",
+              f"      const {index} o = column + u * {across};",
               f"      if (o < {n}) {{"]
     lines += ["        " + s for s in r.prologue.lines]
     lines += ["        " + r.fold(j, f"sums[{j}][u]") for j in range(count)] + ["      }", "    }", "  }"]
     lines += [f"  __shared__ {acc} partial[{count}][{down}][{tile}];",
-              "  #pragma unroll", f"  for (int u = 0; u < {per}; ++u) {{"]
-    lines += [f"    partial[{j}][threadIdx.y][{spot}] = sums[{j}][u];" for j in range(count)]
+              "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
+    lines += [f"    partial[{j}][threadIdx.y][u * {across} + threadIdx.x] = sums[{j}][u];" for j in range(count)]
     lines += ["  }", "  __syncthreads();", "  if (threadIdx.y != 0) return;",
-              f"  for (int u = 0; u < {per}; ++u) {{",
-              f"    const {index} o = column + u{f' * {apart}' if apart > 1 else ''};",
+              f"  for (int u = 0; u < {tile // across}; ++u) {{",
+              f"    const {index} o = column + u * {across};",
               f"    if (o >= {n}) break;"]
     for j in range(count):
-        lines += [f"    {acc} acc{j} = partial[{j}][0][{spot}];",
+        lines += [f"    {acc} acc{j} = partial[{j}][0][u * {across} + threadIdx.x];",
                   f"    for (int y = 1; y < {down}; ++y) "
-                  f"acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][{spot}]')};"]
+                  f"acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][u * {across} + threadIdx.x]')};"]
     return lines + ["    " + s for s in (store or r.finish)] + ["  }"], -(-n // tile), (across, down, 1)
-
-
-def _column_vectors(body, operands, vec):
-    """The parameters a column reduction of ``body`` loads ``vec`` elements of a row at a time (those stored as its
-    rows are, C order over the reduced axes then the kept ones), each with the C type of its vector."""
-    if vec == 1:
-        return {}
-    red = _reductions_of(body)[0]
-    space, n = _reduction_space(red.args[0].shape, red.attr("axes")), math.prod(red.shape)
-    return {k: f"ct_vec<{storage_type(o.dtype)}, {vec}>" for k, o in enumerate(operands)
-            if offset(space, o) == f"r * {n} + o"}
 
 
 def reduction_sources(body, operands, aliased=()):
@@ -228,18 +189,15 @@ def reduction_sources(body, operands, aliased=()):
     or, for columns split into parts (``column_splits``), two: the parts' sums into a scratch array (the kernels'
     last parameter: each reduction's parts, then the next's), then each output's parts added in order and the
     epilogue."""
+    r = _reduction_parts(body, operands)
     splits = column_splits(body)
-    vec = column_vector(body) if _columns(body) else 1
-    vectors = _column_vectors(body, operands, vec)
-    r = _reduction_parts(body, operands, {k: f"a{k}.v[u]" for k in vectors})
     if splits == 1:
-        lines, blocks, block = _column_lines(r, vec=vec, vectors=vectors) if _columns(body) else _row_lines(r)
+        lines, blocks, block = (_column_lines if _columns(body) else _row_lines)(r)
         return [finished_source("reduction", "\n".join(lines) + "\n", body, operands, aliased, max(blocks, 1), block)]
     rows, n, index = -(-r.k_total // splits), r.outputs_n, r.index
     stores = [f"partials[({index})({j * splits} + blockIdx.y) * {n} + o] = acc{j};" for j in range(len(r.reds))]
     lines, tiles, block = _column_lines(r, f"({index})blockIdx.y * {rows}",
-                                        f"min(({index})(blockIdx.y + 1) * {rows}, ({index}){r.k_total})", stores,
-                                        vec, vectors)
+                                        f"min(({index})(blockIdx.y + 1) * {rows}, ({index}){r.k_total})", stores)
     parts = finished_source("reduction_parts", "\n".join(lines) + "\n", body, operands, aliased, (tiles, splits, 1),
                             block, f"{r.acc}* __restrict__ partials")
     lines = [f"  const {index} o = ({index})blockIdx.x * {THREADS} + threadIdx.x;", f"  if (o >= {n}) return;"]
