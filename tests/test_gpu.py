@@ -513,6 +513,11 @@ def test_a_hold_keeps_a_stream_waiting_until_the_host_lets_go():
 
     stream = cupy.cuda.Stream(non_blocking=True)
     hold = Hold(stream)
+    with stream:  # loading a kernel's module waits for the GPU: these load before the hold
+        cupy.arange(1024, dtype=cupy.float32).sum()
+    hold.hold()
+    hold.release()
+    stream.synchronize()
     before = stream.record()
     hold.hold()
     start = stream.record()

@@ -5,7 +5,8 @@ calls reach an idle GPU a few microseconds apart, and each pair of events would 
 well as the kernel. Behind a hold, the calls queue up while the host launches them and then run back to back, so
 the events time the kernels. A hold is a one-thread kernel that waits until a counter in pinned host memory (read
 by the GPU where the host writes it) reaches its turn, and gives up after ``LIMIT_NS`` whatever happens: a host
-that never lets go costs a profile that long, never a hang.
+that never lets go costs a profile that long, never a hang. Loading a kernel's module waits for the GPU, so only
+kernels launched before (a step's second run) may be queued behind a hold.
 """
 
 import numpy as np
