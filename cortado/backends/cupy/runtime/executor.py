@@ -244,11 +244,14 @@ class Executor(interface.Executor):
         sources = self._sources(feeds)
         caller = cupy.cuda.get_current_stream()
         started, done = self.handoff
-        self.staging.stage_host(feeds, sources)
+        staged = self.staging.staged(sources)
+        if staged:
+            self.staging.stage_host(feeds, sources)
         started.record(caller)
         self.stream.wait_event(started)
         with self.stream:
-            self.staging.stage_device(feeds, sources)
+            if staged:
+                self.staging.stage_device(feeds, sources)
             step(sources)
         done.record(self.stream)
         caller.wait_event(done)

@@ -105,20 +105,18 @@ class Feeds:
         return any(kind != IN_PLACE for kind, _ in sources)
 
     def stage_host(self, values, sources):
-        """Copy NumPy feeds into pinned memory, once the last step's copies out of it are done."""
-        if self.staged(sources):
-            self._staging()
-            self.stream.synchronize()
-            for t, (kind, _) in zip(self.terms, sources):
-                if kind == HOST:
-                    np.copyto(self.pinned[t.name], values[t.name])
+        """Copy NumPy feeds into pinned memory, once the last step's copies out of it are done (for ``sources`` that
+        stage a feed: ``staged``)."""
+        self._staging()
+        self.stream.synchronize()
+        for t, (kind, _) in zip(self.terms, sources):
+            if kind == HOST:
+                np.copyto(self.pinned[t.name], values[t.name])
 
     def stage_device(self, values, sources):
         """Copy CuPy feeds that are not read in place into the feed block, on the program's stream."""
         import cupy
 
-        if not self.staged(sources):
-            return
         for k, (t, (kind, _)) in enumerate(zip(self.terms, sources)):
             if kind != DEVICE:
                 continue
