@@ -64,20 +64,36 @@ def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
     tall = Operand((4096, 8), np.dtype(np.float32), (8, 1))
     y = parameter(0, tall)
     column = (ct.sum(y, axis=0),)
-    assert reduction_kernels.column_splits(column) == 32 and sources.reduction_scratch_bytes(column) == 32 * 8 * 4
+    assert reduction_kernels.column_splits(column) == 32 and sources.reduction_scratch_bytes(column, [tall]) == 32 * 8 * 4
     parts, total = sources.kernel_sources(column, [tall])
     assert parts.blocks == (1, 32, 1) and "partials[" in parts.text and "partials[(0 + s) * 8 + o]" in total.text
     assert reduction_kernels.column_splits((ct.sum(parameter(0, _operand()), axis=0),)) == 1  # too few rows to split
     wide = Operand((4096, 8), np.dtype(np.int64), (8, 1))  # an int64 sum keeps 8 bytes a part
-    assert sources.reduction_scratch_bytes((ct.sum(parameter(0, wide), axis=0),)) == 32 * 8 * 8
+    assert sources.reduction_scratch_bytes((ct.sum(parameter(0, wide), axis=0),), [wide]) == 32 * 8 * 8
     both = (ct.sum(y, axis=0), ct.max(y, axis=0))  # sibling reductions: each its own parts
-    assert sources.reduction_scratch_bytes(both) == 2 * 32 * 8 * 4
+    assert sources.reduction_scratch_bytes(both, [tall]) == 2 * 32 * 8 * 4
     parts, total = sources.kernel_sources(both, [tall])
     assert "partials[(unsigned int)(32 + blockIdx.y) * 8 + o] = acc1;" in parts.text and "acc1 = ct_max" in total.text
     e = ct.exp(y - ct.max(y, axis=1, keepdims=True))
     assert row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
     assert row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
-    assert sources.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),)) == 0
+    assert sources.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),), [tall]) == 0
+
+
+def test_an_image_stored_channels_last_sums_its_channels_as_columns():
+    """Summed over all but its channels, an image stored channels last is read as rows of channels (a tile of
+    columns a block, the rows split into parts), not an output a block striding a channel's width."""
+    shape = (128, 32, 32, 32)
+    channels_last = Operand(shape, np.dtype(np.float32), (32 * 32 * 32, 1, 32 * 32, 32))
+    channels_first = Operand(shape, np.dtype(np.float32), (32 * 32 * 32, 32 * 32, 32, 1))
+    body = (ct.sum(parameter(0, channels_last), axis=(0, 2, 3)),)
+    assert reduction_kernels.column_splits(body, [channels_last]) == 1024
+    assert reduction_kernels.column_splits(body, [channels_first]) == 1
+    parts, total = sources.kernel_sources(body, [channels_last])
+    assert parts.block == (32, 8, 1) and parts.blocks == (1, 1024, 1)
+    assert "in0[(r / 1024) * 32768 + o + (r % 1024) * 32]" in parts.text  # a row r of channels: r * 32 + o
+    (rows,) = sources.kernel_sources(body, [channels_first])
+    assert rows.block == (256, 1, 1) and rows.blocks == 32
 
 
 @pytest.mark.parametrize("source", list(_sources()), ids=lambda s: s.name)

@@ -96,8 +96,10 @@ def _transposing_copy(element, operand):
     return finished_source("transpose", text, (element,), [operand], (), grid, (TILE, TILE_ROWS, 1))
 
 
-def reduction_scratch_bytes(body, kernel=None):
-    """The bytes of the partial sums a split column reduction keeps between its two kernels (0: not split, or no
-    reduction at all); ``kernel`` as ``kernel_sources``'s."""
-    return partials_bytes(body) if (kernel_shape(body) if kernel is None else kernel) == REDUCTION_KERNEL else 0
+def reduction_scratch_bytes(body, operands, kernel=None):
+    """The bytes of the partial sums a split column reduction of ``body`` over ``operands`` keeps between its two
+    kernels (0: not split, or no reduction at all); ``kernel`` as ``kernel_sources``'s."""
+    if (kernel_shape(body) if kernel is None else kernel) != REDUCTION_KERNEL:
+        return 0
+    return partials_bytes(body, operands)
 

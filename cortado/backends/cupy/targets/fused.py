@@ -70,7 +70,10 @@ class Kernels(Runner):
 def _workspace(kernel, view):
     """A split column reduction's partial sums (the only generated kernels with a workspace)."""
     t = kernel.term
-    return reduction_scratch_bytes(t.attrs.outputs, t.attrs.kernel) if t.op is FUSED_OP else 0
+    if t.op is not FUSED_OP:
+        return 0
+    return reduction_scratch_bytes(t.attrs.outputs, [Operand(a.shape, a.dtype, view.strides[a]) for a in t.args],
+                                   t.attrs.kernel)
 
 
 TARGET = Target("fused", (FUSED_OP, RESHAPE, *WINDOW_KERNELS, *OPERAND_KERNELS), Kernels, _workspace)
