@@ -29,16 +29,20 @@ GEMMs (per layer X @ W, dY @ W^T but for the first layer, and X^T @ dY) run back
 torch.matmul, timed as one: a step runs them so, and no step of this model can take less. Each GEMM
 timed alone can be faster where the card had idled before it (an H200 running bfloat16 GEMMs without
 a pause is held to its power limit: once 8 such GEMMs took 11.3 ms one by one and 13.0 ms back to
-back), so that sum is reported too, as ``alone_ms``. Memory: torch eager's peak during a step over what was
-allocated before its model and its first matmul (parameters, gradients, activations and cuBLAS's
-workspace count; the caller's batch does not), against ours' ``device_bytes`` (arena, state, outputs,
-constants, cuBLASLt workspaces; feeds are read where the caller keeps them).
+back), so that sum is reported too, as ``alone_ms``. Clocks also fall as a card heats over a run, so
+the ratio of ours to the floor (and of ours with heuristic GEMMs to it) comes from the three timed in
+turns, in rounds of rotated order (``in_turns``), not from figures taken minutes apart. Memory: torch
+eager's peak during a step over what was allocated before its model and its first matmul (parameters,
+gradients, activations and cuBLAS's workspace count; the caller's batch does not), against ours'
+``device_bytes`` (arena, state, outputs, constants, cuBLASLt workspaces; feeds are read where the
+caller keeps them).
 """
 
 import argparse
 import functools
 import gc
 import os
+import statistics
 import sys
 import time
 from dataclasses import dataclass
@@ -62,6 +66,7 @@ CASES = {  # layer sizes, batch, warm-up steps, timed steps
     "large": ((8192, 8192, 8192, 8192), 8192, 3, 10),
 }
 LOSS_TOLERANCE = {"float32": 1e-3, "bfloat16": 3e-2}
+TURNS = 3  # rounds of ours and the GEMM floor timed in turns (``in_turns``)
 MEMORY_TARGET = 0.7  # ours / torch eager
 WALL = "wall clock until block_until_ready"
 
@@ -244,9 +249,10 @@ CONTESTANTS = {"torch": torch_eager, "torch.compile": torch_compiled, "jax": jax
                "cortado (heuristic GEMMs)": functools.partial(cortado_step, autotune=False), "cortado": cortado_step}
 
 
-def gemm_floor(work):
-    """The step's GEMMs with torch.matmul at their shapes, layouts and dtype, back to back as a step runs them
-    (and each alone, summed). An operand the step reads transposed is a transposed view here too."""
+def floor_gemms(work):
+    """The step's GEMMs with torch.matmul at their shapes, layouts and dtype: ``(gemms, calls)``, the GEMMs in the
+    order a step runs them and a call for each distinct one. An operand the step reads transposed is a transposed
+    view here too."""
     torch = torch_on_gpu()
     dtype = getattr(torch, work.dtype)
 
@@ -266,9 +272,41 @@ def gemm_floor(work):
         if (left, right) not in calls:  # the same shapes and layouts again: the same operands
             out = torch.empty(left[0], right[1], dtype=dtype, device="cuda")
             calls[left, right] = functools.partial(torch.matmul, operand(*left), operand(*right), out=out)
+    return gemms, calls
+
+
+def gemm_floor(work):
+    """The step's GEMMs (``floor_gemms``) back to back as a step runs them, and each alone, summed."""
+    gemms, calls = floor_gemms(work)
     back_to_back, _ = time_calls(lambda: [calls[gemm]() for gemm in gemms], clock("torch"), 10, 3)
     alone = {gemm: 1e3 * time_calls(call, clock("torch"), 10, 3)[0] for gemm, call in calls.items()}
     return {"ms": 1e3 * back_to_back, "alone_ms": sum(alone[gemm] for gemm in gemms), "gemms": len(gemms)}
+
+
+def in_turns(work):
+    """Ours, with tuned and with heuristic GEMMs, and the GEMM floor back to back, timed in turns: ``TURNS`` rounds,
+    each timing every one over the case's steps, in an order rotated from round to round. A card under sustained
+    load lowers its clocks as it heats, so whichever ran first would gain; in turns, none does. The median of each
+    one's rounds, in milliseconds."""
+    import cupy
+
+    feeds = {}
+    calls = {}
+    for name, options in (("cortado", {}), ("cortado (heuristic GEMMs)", {"autotune": False})):
+        step = compiled_step(work.values, work.batch, work.sizes, work.dtype, **options)
+        dtype = step.state["W1"].dtype
+        feeds = feeds or {"x": cupy.asarray(work.x.astype(dtype)), "y": cupy.asarray(work.y.astype(dtype))}
+        calls[name] = (functools.partial(step, **feeds), clock("cupy"))
+    gemms, floor = floor_gemms(work)
+    calls["GEMM floor"] = (lambda: [floor[gemm]() for gemm in gemms], clock("torch"))
+    names, rounds = list(calls), {name: [] for name in calls}
+    for turn in range(TURNS):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            call, timer = calls[name]
+            rounds[name].append(1e3 * time_calls(call, timer, work.repeats, work.warmup)[0])
+    log("in turns (ms, round by round): " + "; ".join(f"{name} {', '.join(f'{ms:.3f}' for ms in times)}"
+                                                     for name, times in rounds.items()))
+    return {name: statistics.median(times) for name, times in rounds.items()}
 
 
 def release():
@@ -318,11 +356,13 @@ def run_case(size, dtype, skip):
     results, memory = contest(label, CONTESTANTS, work, skip)
     case = {"size": size, "dtype": dtype, "layers": "-".join(map(str, work.sizes)), "batch": work.batch,
             "warmup": work.warmup, "repeats": work.repeats, "contestants": results, **memory}
-    ours = results.get("cortado", {})
     if size == "large":
         floor = case["gemm_floor"] = attempt(f"{label}: GEMM floor", gemm_floor, work)
-        if "ms" in floor and "ms" in ours:
-            floor["ours_over_floor"] = ours["ms"] / floor["ms"]
+        turns = case["in_turns"] = attempt(f"{label}: ours and the GEMM floor in turns", in_turns, work)
+        if "GEMM floor" in turns:
+            floor["ms_in_turns"] = turns["GEMM floor"]
+            floor["ours_over_floor"] = turns["cortado"] / turns["GEMM floor"]
+            floor["heuristic_over_floor"] = turns["cortado (heuristic GEMMs)"] / turns["GEMM floor"]
     return case
 
 
@@ -343,7 +383,9 @@ COLUMNS = [("case", "case", "16s"), ("contestant", "contestant", "14s"), ("ms/st
            ("loss rel err", "loss_rel_error", "13.2e")]
 SUMMARY = [("case", "case", "16s"), ("ours MiB", "ours_mib", "10.1f"), ("torch MiB", "torch_mib", "10.1f"),
            ("ours/torch", "ours_over_torch", "11.2f"), ("GEMM floor ms", "floor_ms", "14.3f"),
-           ("ours/floor", "ours_over_floor", "11.2f"), ("GEMMs alone ms", "alone_ms", "15.3f")]
+           ("in turns ms", "floor_in_turns_ms", "12.3f"), ("ours/floor", "ours_over_floor", "11.2f"),
+           ("heuristic/floor", "heuristic_over_floor", "16.2f"),
+           ("GEMMs alone ms", "alone_ms", "15.3f")]
 
 
 def table_rows(cases):
@@ -363,7 +405,9 @@ def table_rows(cases):
         summary.append({"case": label, "ours_mib": memory.get("ours_bytes", 0) / 2**20 or None,
                         "torch_mib": memory.get("torch_bytes", 0) / 2**20 or None,
                         "ours_over_torch": memory.get("ours_over_torch"), "floor_ms": floor.get("ms"),
-                        "ours_over_floor": floor.get("ours_over_floor"), "alone_ms": floor.get("alone_ms")})
+                        "floor_in_turns_ms": floor.get("ms_in_turns"),
+                        "ours_over_floor": floor.get("ours_over_floor"),
+                        "heuristic_over_floor": floor.get("heuristic_over_floor"), "alone_ms": floor.get("alone_ms")})
     return rows, summary
 
 
@@ -406,7 +450,10 @@ def main():
                                  "device_bytes (arena, state, outputs, constants, cuBLASLt workspaces; CuPy feeds are "
                                  "read in place)",
                        "gemm_floor": "ms: the step's GEMMs back to back with torch.matmul, timed as one; alone_ms: "
-                                     "the sum of each timed alone",
+                                     "the sum of each timed alone; ms_in_turns, ours_over_floor, heuristic_over_floor: "
+                                     "from in_turns",
+                       "in_turns": "ours (tuned and heuristic GEMMs) and the GEMM floor back to back, timed in "
+                                   f"{TURNS} rounds in an order rotated each round: each one's median round (ms)",
                    },
                    "cases": cases}, args.out)
     print_tables(cases, SUMMARY)
