@@ -142,6 +142,26 @@ def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypat
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_sum_over_leading_axes_is_c_in_numpys_order_and_runs_with_its_region_as_one_call(monkeypatch):
+    """A bias's update from its gradient's column sum: NumPy adds the rows to 0 one after another, and so does C,
+    so the sum keeps NumPy's bits (negative zeros summing to +0 included); the sum's loop and the update's are one
+    call. A sum to one element is NumPy's pairwise sum and stays NumPy's."""
+    g, b = ct.var("g", (37, 3, 20)), ct.var("b", (3, 20))
+    outputs = [0.1 * ct.sum(ct.tanh(g) * 3.0 + g, axis=0) - b, ct.sum(ct.tanh(g) * 3.0 + g)]
+    rng = np.random.default_rng(5)
+    grads = (rng.standard_normal((37, 3, 20)) * 10.0 ** rng.uniform(-4, 4, (37, 1, 1))).astype(np.float32)
+    grads[:, 0, :4] = -0.0
+    feeds = {"g": grads, "b": rng.standard_normal((3, 20)).astype(np.float32)}
+    feeds["b"][0, :4] = 0.0
+    program, ours, numpy = _both(outputs, [g, b], feeds, monkeypatch)
+    names = program._executor.native.names
+    assert any(n.startswith("sequence_") for n in names)
+    assert sum(n.startswith("leading_sum_") for n in names) == 1  # the sum to one element is NumPy's
+    for a, b_ in zip(ours, numpy):
+        np.testing.assert_array_equal(a.view(np.uint32), b_.view(np.uint32))  # the bits: +0 and -0 differ
+    assert not np.signbit(ours[0][0, :4]).any()  # negative zeros sum to +0: 0.1 * +0 - 0 is +0
+
+
 def test_an_update_written_in_place_reads_each_element_before_writing_it():
     w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
     m = ct.var("m", (1000,), "float64")

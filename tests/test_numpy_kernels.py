@@ -68,3 +68,23 @@ def test_a_small_window_sum_of_booleans_is_added_slice_by_slice_and_exactly():
     np.testing.assert_array_equal(program(x=values), expected)
     adds = [c for c in program._executor.calls if getattr(c, "func", None) is np.add]
     assert len(adds) == 3  # four places of the window: a copy and three additions
+
+
+@pytest.mark.parametrize("context_variable", [True, False])
+def test_a_step_runs_quietly_with_small_buffers_and_leaves_numpys_settings_as_they_were(context_variable, monkeypatch):
+    """Inside a step NumPy warns of nothing (an overflow is the program's value, not an event) and buffers
+    ``UFUNC_BUFFER`` elements; after it, the caller's settings are back, through NumPy's context variable of ufunc
+    settings or, where a NumPy lacks it, through ``np.seterr`` and ``np.setbufsize``."""
+    from cortado.backends.numpy import executor
+
+    if not context_variable:
+        monkeypatch.setattr(executor, "_settings", None)
+    x = ct.var("x", (4,))
+    program = ct.compile([ct.exp(x) * 2.0], inputs=[x])
+    seen = []
+    program._executor.calls.append(lambda: seen.append((np.geterr()["over"], np.getbufsize())))
+    before = (np.geterr(), np.getbufsize())
+    with np.errstate(over="raise"):
+        (out,) = program(x=np.array([1e3, 0, 1, 2], np.float32))
+    assert out[0] == np.inf and seen == [("ignore", executor.UFUNC_BUFFER)]
+    assert (np.geterr(), np.getbufsize()) == before

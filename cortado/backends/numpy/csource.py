@@ -10,6 +10,7 @@ region NumPy's (``loop_nest`` gives None).
 """
 
 import hashlib
+import math
 
 import numpy as np
 
@@ -177,6 +178,34 @@ def region(outputs, args, outs):
     ``outs``."""
     sources = {t: args[t.attr("index")] for t in post_order(outputs) if t.op is PARAM}
     return loop_nest(list(zip(outputs, outs)), sources, outs[0].shape)
+
+
+def leading_sum(x, axes, out):
+    """``(name, C source, arrays)`` of ``np.add.reduce(x, axis=axes, out=out)`` where ``axes`` lead and ``x`` is
+    stored in C order: NumPy then adds the rows of the kept elements to 0 one after another (so a sum of negative
+    zeros is +0), and so does this loop, row by row, vectorized along the row. None elsewhere: a reduction to one
+    element sums pairwise, and other layouts in other orders."""
+    rows = math.prod(x.shape[:len(axes)])
+    kept = x.size // max(rows, 1)
+    if (tuple(axes) != tuple(range(len(axes))) or x.dtype.kind != "f" or out.dtype != x.dtype or kept < 2
+            or rows < 1 or not x.flags.c_contiguous or not out.flags.c_contiguous or out.size != kept):
+        return None
+    c = C_TYPES[x.dtype]
+    simd = "  #pragma omp simd\n" if kept >= SIMD_MOST_USEFUL else ""
+    text = (f"{{\n  const {c}* x = (const {c}*)p[0]; {c}* out = ({c}*)p[1];\n"
+            f"{simd}  for (long j = 0; j < {kept}L; ++j) out[j] = ({c})0 + x[j];\n"
+            f"  for (long r = 1; r < {rows}L; ++r) {{\n  {simd}"
+            f"    for (long j = 0; j < {kept}L; ++j) out[j] = out[j] + x[r * {kept}L + j];\n  }}\n}}\n")
+    name = "leading_sum_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {text}", [x, out]
+
+
+def sequence(names):
+    """``(name, C source)`` of one function calling the C functions ``names`` in turn, its ``k``-th pointer the
+    address of the ``k``-th one's pointers: one call from Python instead of one each."""
+    calls = "".join(f"  {name}((void* const*)p[{k}]);\n" for k, name in enumerate(names))
+    name = "sequence_" + hashlib.sha256(calls.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {{\n{calls}}}\n"
 
 
 def _row_peak(c, suffix, keys):

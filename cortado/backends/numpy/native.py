@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+from . import csource
+
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd", "-shared", "-fPIC")
 
 
@@ -66,6 +68,7 @@ class Batch:
 
     def __init__(self):
         self.sources, self.names, self.stand_ins, self.bound = [], set(), {}, {}
+        self.kept = []  # the pointer arrays of C parts called by a sequence, which holds only their addresses
 
     def add(self, pieces, numpy_calls):
         """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` or a
@@ -77,16 +80,27 @@ class Batch:
                 parts.append(piece)
                 continue
             name, source, pointers = piece
-            if name not in self.names:  # two loop nests of the same text are one function
-                self.names.add(name)
-                self.sources.append(source)
+            self._define(name, source)
             parts.append((name, (ctypes.c_void_p * max(len(pointers), 1))(*pointers)))
+        parts = [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
 
         def stand_in():
             raise RuntimeError("a native region was called before its library was bound")
 
         self.stand_ins[id(stand_in)] = (stand_in, parts, numpy_calls)
         return stand_in
+
+    def _define(self, name, source):
+        if name not in self.names:  # two loop nests of the same text are one function
+            self.names.add(name)
+            self.sources.append(source)
+
+    def _one_call(self, run):
+        """One C part calling the C parts of ``run`` in turn (``csource.sequence``), their pointers kept alive."""
+        name, source = csource.sequence([name for name, _ in run])
+        self._define(name, source)
+        self.kept.extend(pointers for _, pointers in run)
+        return name, (ctypes.c_void_p * len(run))(*[ctypes.addressof(pointers) for _, pointers in run])
 
     def later(self, pieces, numpy_calls):
         """``add``'s stand-in for a call made inside another call of the step (a block of an attention): it runs what
@@ -111,6 +125,17 @@ class Batch:
                     for part in parts]
             self.bound[key] = made[0] if len(made) == 1 else functools.partial(_in_turn, tuple(made))
         return [self.bound.get(id(call), call) for call in calls]
+
+
+def _runs(parts):
+    """``parts`` cut into runs: each NumPy call alone, consecutive C parts together."""
+    runs = []
+    for part in parts:
+        if runs and not callable(part) and not callable(runs[-1][-1]):
+            runs[-1].append(part)
+        else:
+            runs.append([part])
+    return runs
 
 
 def _function(library, name):
