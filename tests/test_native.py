@@ -162,6 +162,27 @@ def test_a_sum_over_leading_axes_is_c_in_numpys_order_and_runs_with_its_region_a
     assert not np.signbit(ours[0][0, :4]).any()  # negative zeros sum to +0: 0.1 * +0 - 0 is +0
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_products_of_matrices_call_numpys_blas_from_c_with_numpys_bits(dtype, monkeypatch):
+    """A product of matrices (either operand transposed) is NumPy's own ?gemm call made from C; a matrix times its
+    own transpose (NumPy's syrk) and a product with a single row stay NumPy's matmul."""
+    from cortado.backends.numpy import blas
+
+    if blas.gemm(dtype) is None:
+        pytest.skip("no BLAS entry point NumPy calls was found in this process")
+    x, w, v = ct.var("x", (40, 24), dtype), ct.var("w", (24, 17), dtype), ct.var("v", (1, 40), dtype)
+    outputs = [x @ w, ct.transpose(x) @ (x @ w), (x @ w) @ ct.transpose(w), x @ ct.transpose(x), v @ x]
+    rng = np.random.default_rng(6)
+    feeds = {name: rng.standard_normal(shape).astype(dtype) for name, shape in (("x", (40, 24)), ("w", (24, 17)),
+                                                                                 ("v", (1, 40)))}
+    program, ours, numpy = _both(outputs, [x, w, v], feeds, monkeypatch)
+    names = program._executor.native.names
+    assert sum(n.startswith("gemm_") for n in names) == 3
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(ours[0], feeds["x"] @ feeds["w"])
+
+
 def test_an_update_written_in_place_reads_each_element_before_writing_it():
     w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
     m = ct.var("m", (1000,), "float64")
