@@ -9,7 +9,8 @@ gradient-descent update of every parameter. Three sizes: the spirals model of th
 (784-1024-1024-10, batch 256). Each contestant runs the same step from the same initial weights
 on the same random batch. Each contestant runs in a process of its own, one after another (never
 beside PyTorch's thread pool, which slows NumPy's and ours when it shares their process), and the
-medians of ``repeats`` calls after a warm-up are compared. The NumPy step is what a careful user
+medians of ``repeats`` calls after a warm-up are compared; each contestant runs in three such processes, in turns
+with the others', and the median of the three is its figure. The NumPy step is what a careful user
 writes: idiomatic NumPy, its temporaries allocated by NumPy, its updates in place. Where torch is
 not installed, its column says so and the rest still runs.
 """
@@ -110,17 +111,26 @@ def timed(name, case, repeats):
     return median_ms(lambda: step(x, y), repeats)
 
 
+ROUNDS = 3  # each contestant's process runs this many times, in turns with the others'
+
+
 def measure(case, repeats):
-    """Each contestant in a process of its own, one after another; their first losses must agree."""
+    """Each contestant in a process of its own, in ``ROUNDS`` rounds of turns (the order rotated each round), and
+    the median of its rounds: this machine has slow spells of seconds, in which any one process may fall (a
+    contestant's one run was once 1.5x its others). Their first losses must agree."""
     sizes, batch = CASES[case]
     row = {"case": case, "sizes": "-".join(map(str, sizes)), "batch": batch}
-    first = {}
-    for name in CONTESTANTS:
-        if name == "torch" and not torch_installed():
-            row["torch_ms"] = float("nan")
-            continue
-        result = alone(__file__, "--contestant", name, "--case", case, "--repeats", repeats)
-        row[f"{name}_ms"], first[name] = result["ms"], result["first_loss"]
+    names = [name for name in CONTESTANTS if name != "torch" or torch_installed()]
+    if "torch" not in names:
+        row["torch_ms"] = float("nan")
+    first, rounds = {}, {name: [] for name in names}
+    for turn in range(ROUNDS):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            result = alone(__file__, "--contestant", name, "--case", case, "--repeats", repeats)
+            rounds[name].append(result["ms"])
+            first[name] = result["first_loss"]
+    for name, times in rounds.items():
+        row[f"{name}_ms"], row[f"{name}_rounds_ms"] = float(np.median(times)), times
     assert max(first.values()) - min(first.values()) < 1e-4 * abs(first["numpy"]), first
     for peer in ("numpy", "torch"):
         row[f"speedup_vs_{peer}"] = row[f"{peer}_ms"] / row["cortado_ms"]
