@@ -29,7 +29,7 @@ import cortado as ct  # noqa: E402
 from machine import describe  # noqa: E402
 from mlp_numpy import initial_values, mlp  # noqa: E402
 from reporting import command_line, measured_rows, write_results  # noqa: E402
-from versus_torch import alone, median_ms, torch_installed, torch_version  # noqa: E402
+from versus_torch import in_turns, median_ms, torch_installed, torch_version  # noqa: E402
 
 CASES = {"spirals": ((2, 32, 32, 3), 60), "mid": ((784, 256, 256, 10), 128), "large": ((784, 1024, 1024, 10), 256)}
 LEARNING_RATE = 0.1
@@ -111,27 +111,19 @@ def timed(name, case, repeats):
     return median_ms(lambda: step(x, y), repeats)
 
 
-ROUNDS = 3  # each contestant's process runs this many times, in turns with the others'
-
-
 def measure(case, repeats):
-    """Each contestant in a process of its own, in ``ROUNDS`` rounds of turns (the order rotated each round), and
-    the median of its rounds: this machine has slow spells of seconds, in which any one process may fall (a
-    contestant's one run was once 1.5x its others). Their first losses must agree."""
+    """Each contestant in processes of its own, in turns (``versus_torch.in_turns``); their first losses must
+    agree."""
     sizes, batch = CASES[case]
     row = {"case": case, "sizes": "-".join(map(str, sizes)), "batch": batch}
     names = [name for name in CONTESTANTS if name != "torch" or torch_installed()]
     if "torch" not in names:
         row["torch_ms"] = float("nan")
-    first, rounds = {}, {name: [] for name in names}
-    for turn in range(ROUNDS):
-        for name in names[turn % len(names):] + names[:turn % len(names)]:
-            result = alone(__file__, "--contestant", name, "--case", case, "--repeats", repeats)
-            rounds[name].append(result["ms"])
-            first[name] = result["first_loss"]
-    for name, times in rounds.items():
-        row[f"{name}_ms"], row[f"{name}_rounds_ms"] = float(np.median(times)), times
-    assert max(first.values()) - min(first.values()) < 1e-4 * abs(first["numpy"]), first
+    runs = in_turns(__file__, names, "--case", case, "--repeats", repeats)
+    for name, run in runs.items():
+        row[f"{name}_ms"], row[f"{name}_rounds_ms"] = run["ms"], run["rounds_ms"]
+    first = [run["first_loss"] for run in runs.values()]
+    assert max(first) - min(first) < 1e-4 * abs(runs["numpy"]["first_loss"]), runs
     for peer in ("numpy", "torch"):
         row[f"speedup_vs_{peer}"] = row[f"{peer}_ms"] / row["cortado_ms"]
     return row

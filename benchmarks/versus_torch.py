@@ -1,5 +1,5 @@
-"""A CPU step against PyTorch's eager one, each contestant timed in a process of its own, one after the other (never
-beside PyTorch's thread pool, which slows NumPy's and ours when it shares their process): what bench_gpt_cpu.py,
+"""A CPU step against PyTorch's eager one, each contestant timed in processes of its own, in turns (never beside
+PyTorch's thread pool, which slows NumPy's and ours when it shares their process): what bench_gpt_cpu.py,
 bench_cnn_cpu.py and bench_step_cpu.py share."""
 
 import argparse
@@ -66,6 +66,25 @@ def alone(script, *arguments, cache=None):
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+ROUNDS = 3  # each contestant's process runs this many times, in turns with the others'
+
+
+def in_turns(script, names, *arguments):
+    """``{name: its run}`` for each of ``names``, run alone (``alone(script, "--contestant", name, *arguments)``) in
+    ``ROUNDS`` rounds of turns, the order rotated each round; its run is its median round's (by ``ms``), with every
+    round's ``ms`` as ``rounds_ms``. This machine has slow spells of seconds in which one process may run 1.5x
+    slower than its others: one run each would rank the contestants by chance."""
+    runs = {name: [] for name in names}
+    for turn in range(ROUNDS):
+        for name in names[turn % len(names):] + names[:turn % len(names)]:
+            runs[name].append(alone(script, "--contestant", name, *arguments))
+    chosen = {}
+    for name, found in runs.items():
+        ranked = sorted(found, key=lambda run: run["ms"])
+        chosen[name] = {**ranked[len(ranked) // 2], "rounds_ms": [run["ms"] for run in found]}
+    return chosen
+
+
 def _compile_seconds(script):
     """``{"cold", "cached"}``: seconds to build our model, compile its step and make the first call, in a process
     whose cache of compiled C (``CORTADO_CACHE_DIR``) is empty, then in one after it was filled."""
@@ -79,7 +98,8 @@ def _compile_seconds(script):
 
 def compare(doc, script, contestants, name, repeats, out, results):
     """The command line of a two-contestant benchmark (``contestants``: ``{"cortado": make, "torch": make}``, each
-    ``make()`` a step returning its loss): as a child (``--contestant``), time one; else time each in turn, check
+    ``make()`` a step returning its loss): as a child (``--contestant``), time one; else time each in turns
+    (``in_turns``), check
     that their first losses agree, print the ratio and write ``results`` and the rows to ``--out`` (default
     ``out``)."""
     parser = argparse.ArgumentParser(description=doc.splitlines()[0])
@@ -92,14 +112,13 @@ def compare(doc, script, contestants, name, repeats, out, results):
         step = contestants[args.contestant]()
         print(json.dumps({"build_s": time.perf_counter() - started, **median_ms(step, args.repeats)}))
         return
-    rows = {}
-    for contestant in contestants:
-        if contestant == "torch" and not torch_installed():
-            print("torch: not installed (pip install torch to time it)")
-            continue
-        rows[contestant] = alone(script, "--contestant", contestant, "--repeats", args.repeats)
-        print(f"{contestant:8s} {rows[contestant]['ms']:8.3f} ms a step  "
-              f"(first loss {rows[contestant]['first_loss']:.6f})")
+    names = [name for name in contestants if name != "torch" or torch_installed()]
+    if "torch" not in names:
+        print("torch: not installed (pip install torch to time it)")
+    rows = in_turns(script, names, "--repeats", args.repeats)
+    for contestant, row in rows.items():
+        print(f"{contestant:8s} {row['ms']:8.3f} ms a step, the median of {len(row['rounds_ms'])} processes in turns "
+              f"({', '.join(f'{ms:.3f}' for ms in row['rounds_ms'])})  (first loss {row['first_loss']:.6f})")
     rows["cortado"]["compile_s"] = _compile_seconds(script)
     print("cortado's model, compile and first call: {cold:.2f} s with an empty cache of compiled C, {cached:.2f} s "
           "with it filled".format(**rows["cortado"]["compile_s"]))
