@@ -120,9 +120,10 @@ def test_pads_and_reshapes_no_view_can_be_are_c_copies_with_numpys_bits(monkeypa
         np.testing.assert_array_equal(a, b)
 
 
-def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypatch):
+def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypatch, capsys):
     """A layer norm forward and backward, and AdamW's updates of a gain and a bias from their gradients' column sums:
-    the reductions stay NumPy's (its order of summing), the elementwise work between them is C."""
+    each reduction sums in NumPy's order, its rows' means and sums in C as NumPy's pairwise sums, its column sums
+    in C row after row, the elementwise work between them C too."""
     x = ct.var("x", (6, 5, 12))
     model = nn.LayerNorm(12)
     y = ct.sum(ct.tanh(model(x)) * x)
@@ -135,9 +136,9 @@ def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypat
     feeds.update({v.name: np.asarray(value) for v, value in values.items()})
     inputs = [x, *values]
     program, ours, numpy = _both(outputs, inputs, feeds, monkeypatch)
-    staged = [k.term for k, c in zip(program._executor.call_kernel, program._executor.calls)
-              if getattr(c, "func", None) is native._in_turn and k.term.op.name == "fused"]
-    assert any(t.op.name in ("sum", "mean") for k in staged for t in ct.schedule(list(k.attr("outputs"))))
+    names = program._executor.native.names
+    assert any(n.startswith("row_sums_") for n in names) and any(n.startswith("leading_sum_") for n in names)
+    assert "did not build" not in capsys.readouterr().err
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
 
@@ -181,6 +182,20 @@ def test_products_of_matrices_call_numpys_blas_from_c_with_numpys_bits(dtype, mo
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(ours[0], feeds["x"] @ feeds["w"])
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("length", [5, 8, 100, 129, 1000])
+def test_rows_sums_and_means_in_c_are_numpys_pairwise_sums_to_the_bit(dtype, length, monkeypatch, capsys):
+    x = ct.var("x", (6, length), dtype)
+    outputs = [ct.sum(ct.abs(x) * 2.0 - x, axis=-1) * 3.0, ct.mean(x * x + 1.0, axis=1, keepdims=True) - x]
+    rng = np.random.default_rng(length)
+    feeds = {"x": (rng.standard_normal((6, length)) * 10.0 ** rng.uniform(-4, 4, (6, length))).astype(dtype)}
+    program, ours, numpy = _both(outputs, [x], feeds, monkeypatch)
+    assert sum(n.startswith("row_sums_") for n in program._executor.native.names) == 2
+    assert "did not build" not in capsys.readouterr().err
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_an_update_written_in_place_reads_each_element_before_writing_it():

@@ -9,6 +9,7 @@ NumPy's speed but differs from it by an ulp, and its scalar one is 45 times slow
 region NumPy's (``loop_nest`` gives None).
 """
 
+import functools
 import hashlib
 import math
 
@@ -17,10 +18,11 @@ import numpy as np
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import (
     ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, EQUAL, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, MAXIMUM, MINIMUM,
-    MULTIPLY, NEGATIVE, NOT_EQUAL, PARAM, RELU, SQRT, SUBTRACT, WHERE,
+    MEAN, MULTIPLY, NEGATIVE, NOT_EQUAL, PARAM, RELU, SQRT, SUBTRACT, SUM, WHERE,
 )
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.bool_): "unsigned char"}
+FLOATING = (np.dtype(np.float32), np.dtype(np.float64))
 INFIX = {ADD: "+", SUBTRACT: "-", MULTIPLY: "*", DIVIDE: "/", LESS: "<", LESS_EQUAL: "<=", GREATER: ">",
          GREATER_EQUAL: ">=", EQUAL: "==", NOT_EQUAL: "!="}
 INLINE = {SQRT: "sqrt", ABS: "fabs"}  # instructions, correctly rounded, no library call
@@ -187,7 +189,7 @@ def leading_sum(x, axes, out):
     element sums pairwise, and other layouts in other orders."""
     rows = math.prod(x.shape[:len(axes)])
     kept = x.size // max(rows, 1)
-    if (tuple(axes) != tuple(range(len(axes))) or x.dtype.kind != "f" or out.dtype != x.dtype or kept < 2
+    if (tuple(axes) != tuple(range(len(axes))) or x.dtype not in FLOATING or out.dtype != x.dtype or kept < 2
             or rows < 1 or not x.flags.c_contiguous or not out.flags.c_contiguous or out.size != kept):
         return None
     c = C_TYPES[x.dtype]
@@ -198,6 +200,70 @@ def leading_sum(x, axes, out):
             f"    for (long j = 0; j < {kept}L; ++j) out[j] = out[j] + x[r * {kept}L + j];\n  }}\n}}\n")
     name = "leading_sum_" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return name, f"void {name}(void* const* p) {text}", [x, out]
+
+
+PAIRWISE_BLOCK = 128  # NumPy's pairwise sum: eight running sums up to this many elements, halves beyond
+
+
+def _pairwise(row):
+    """NumPy's pairwise sum of ``row`` (a 1-d array), in its dtype, as ``ct_pairwise`` computes it in C."""
+    zero = row.dtype.type(0)
+    if len(row) < 8:
+        total = zero
+        for value in row:
+            total = total + value
+        return total
+    if len(row) <= PAIRWISE_BLOCK:
+        sums, i = list(row[:8]), 8
+        while i < len(row) - len(row) % 8:
+            sums = [s + v for s, v in zip(sums, row[i:i + 8])]
+            i += 8
+        total = ((sums[0] + sums[1]) + (sums[2] + sums[3])) + ((sums[4] + sums[5]) + (sums[6] + sums[7]))
+        for value in row[i:]:
+            total = total + value
+        return total
+    half = len(row) // 2
+    half -= half % 8
+    return _pairwise(row[:half]) + _pairwise(row[half:])
+
+
+@functools.cache
+def numpy_sums_rows_pairwise(dtype):
+    """Whether this NumPy's ``np.add.reduce`` over the last axis of a C-ordered array adds each row's elements to 0
+    as ``_pairwise`` does, checked bit for bit on rows of lengths around its block sizes."""
+    rng = np.random.default_rng(0)
+    for n in (1, 5, 8, 13, 64, 127, 128, 129, 200, 300, 1000):
+        rows = (rng.standard_normal((2, n)) * 10.0 ** rng.uniform(-3, 3, (2, n))).astype(dtype)
+        expected = np.add.reduce(rows, axis=-1)
+        if any(rows.dtype.type(0) + _pairwise(row) != total for row, total in zip(rows, expected)):
+            return False
+    return True
+
+
+def row_sums(x, axes, out, mean):
+    """``(name, C source, arrays)`` of a sum (``mean``: a mean) over the last axis of ``x`` stored in C order, each
+    row NumPy's pairwise sum added to 0 (``ct_pairwise``), a mean divided by the count in float64 as NumPy divides
+    by an ``np.intp``; None elsewhere, or where this NumPy sums otherwise (``numpy_sums_rows_pairwise``)."""
+    if (tuple(axes) != (x.ndim - 1,) or x.dtype not in FLOATING or out.dtype != x.dtype or x.size == 0
+            or out.size != x.size // x.shape[-1] or not x.flags.c_contiguous or not out.flags.c_contiguous
+            or not numpy_sums_rows_pairwise(x.dtype)):
+        return None
+    c, n = C_TYPES[x.dtype], x.shape[-1]
+    total = f"(({c})0 + ct_pairwise{_suffix(x.dtype)}(x + r * {n}L, {n}L))"
+    value = f"({c})((double){total} / (double){n})" if mean else total
+    text = (f"{{\n  const {c}* x = (const {c}*)p[0]; {c}* out = ({c}*)p[1];\n"
+            f"  for (long r = 0; r < {x.size // n}L; ++r) out[r] = {value};\n}}\n")
+    name = "row_sums_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {text}", [x, out]
+
+
+def reduction(t, x, out):
+    """``leading_sum`` or ``row_sums`` of body term ``t`` (a sum or a mean) over ``x`` into ``out``, or None."""
+    if t.op is SUM:
+        return leading_sum(x, t.attr("axes"), out) or row_sums(x, t.attr("axes"), out, mean=False)
+    if t.op is MEAN:
+        return row_sums(x, t.attr("axes"), out, mean=True)
+    return None
 
 
 def sequence(names):

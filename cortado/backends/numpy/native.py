@@ -154,6 +154,22 @@ static inline float ct_maxf(float a, float b) { return (a > b || a != a) ? a : b
 static inline float ct_minf(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline double ct_max(double a, double b) { return (a > b || a != a) ? a : b; }
 static inline double ct_min(double a, double b) { return (a < b || a != a) ? a : b; }
+#define CT_PAIRWISE(name, type) \
+static type name(const type* a, long n) { \
+  if (n < 8) { type sum = 0; for (long i = 0; i < n; ++i) sum = sum + a[i]; return sum; } \
+  if (n <= 128) { \
+    type r[8]; long i; \
+    for (int j = 0; j < 8; ++j) r[j] = a[j]; \
+    for (i = 8; i < n - n % 8; i += 8) for (int j = 0; j < 8; ++j) r[j] = r[j] + a[i + j]; \
+    type sum = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7])); \
+    for (; i < n; ++i) sum = sum + a[i]; \
+    return sum; \
+  } \
+  long half = n / 2; half -= half % 8; \
+  return name(a, half) + name(a + half, n - half); \
+}
+CT_PAIRWISE(ct_pairwisef, float)
+CT_PAIRWISE(ct_pairwise, double)
 """
 
 
