@@ -198,6 +198,27 @@ def test_rows_sums_and_means_in_c_are_numpys_pairwise_sums_to_the_bit(dtype, len
         np.testing.assert_array_equal(a, b)
 
 
+def test_consecutive_c_calls_of_several_kernels_are_one_call_and_errors_still_name_their_kernel(monkeypatch):
+    """Products and loop nests one after another (each a kernel of its own) run as one C call; a gather after them
+    that fails still names itself, not a kernel of the merged run."""
+    x, w, v = ct.var("x", (8, 5)), ct.var("w", (5, 6)), ct.var("v", (6, 4))
+    indices = ct.var("i", (3,), "int32")
+    hidden = ct.relu(x @ w * 2.0 + 1.0)
+    out = ct.take(ct.maximum(hidden @ v, 0.5) - 1.0, indices, axis=0)
+    rng = np.random.default_rng(8)
+    feeds = {"x": rng.standard_normal((8, 5)).astype(np.float32), "w": rng.standard_normal((5, 6)).astype(np.float32),
+             "v": rng.standard_normal((6, 4)).astype(np.float32), "i": np.array([0, 7, 3], np.int32)}
+    program, (ours,), (numpy,) = _both([out], [x, w, v, indices], feeds, monkeypatch)
+    executor = program._executor
+    assert any(n.startswith("sequence_") for n in executor.native.names)
+    merged = [k for c, k in zip(executor.calls, executor.call_kernel) if getattr(c, "func", None) is not None
+              and getattr(c.func, "__name__", "").startswith("sequence_")]
+    assert len(executor.calls) == len(executor.call_kernel) and merged[0].term.op.name == "matmul"  # and what follows
+    np.testing.assert_array_equal(ours, numpy)
+    with pytest.raises(ct.IndexRangeError, match=r"take.*index 9 is out of range"):
+        program(**{**feeds, "i": np.array([0, 9, 3], np.int32)})
+
+
 def test_an_update_written_in_place_reads_each_element_before_writing_it():
     w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
     m = ct.var("m", (1000,), "float64")

@@ -122,7 +122,8 @@ class Executor(interface.Executor):
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
         if self.native is not None:
-            self.calls = self.native.bind(self.calls)
+            self.calls, firsts = self.native.bind(self.calls)
+            self.call_kernel = [self.call_kernel[i] for i in firsts]  # a merged run of C calls raises nothing
         for t in list(outputs) + list(updates.values()):
             if t not in arrays and t.op is CONST:
                 arrays[t] = t.attr("value").array

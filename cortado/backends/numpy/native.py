@@ -109,9 +109,23 @@ class Batch:
         return lambda: self.bound[key]()
 
     def bind(self, calls):
-        """``calls`` with every stand-in replaced by its C functions' calls."""
+        """``calls`` with every stand-in replaced by its C functions' calls, and each run of consecutive calls that
+        are one C function each (a step's backward pass: products, loop nests, updates) made one call of a
+        ``csource.sequence``: ``(calls, firsts)``, ``firsts[k]`` the index in ``calls`` of the first of those the
+        ``k``-th call made stands for."""
         if not self.stand_ins:
-            return calls
+            return calls, list(range(len(calls)))
+        runs = {}  # the index of a run's first call -> its C parts
+        for i, call in enumerate(calls):
+            part = self._one_c_part(call)
+            if part is None:
+                continue
+            first = next(reversed(runs), None)
+            if first is not None and first + len(runs[first]) == i:
+                runs[first].append(part)
+            else:
+                runs[i] = [part]
+        runs = {first: self._one_call(parts) for first, parts in runs.items() if len(parts) > 1}
         try:
             library = load(HEADER + "\n".join(self.sources))
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
@@ -124,7 +138,27 @@ class Batch:
             made = [part if callable(part) else functools.partial(_function(library, part[0]), part[1])
                     for part in parts]
             self.bound[key] = made[0] if len(made) == 1 else functools.partial(_in_turn, tuple(made))
-        return [self.bound.get(id(call), call) for call in calls]
+        if library is None:
+            return [self.bound.get(id(call), call) for call in calls], list(range(len(calls)))
+        bound, firsts, i = [], [], 0
+        while i < len(calls):
+            firsts.append(i)
+            if i in runs:
+                name, pointers = runs[i]
+                bound.append(functools.partial(_function(library, name), pointers))
+                i += len(pointers)
+            else:
+                bound.append(self.bound.get(id(calls[i]), calls[i]))
+                i += 1
+        return bound, firsts
+
+    def _one_c_part(self, call):
+        """The one C part ``(name, pointers)`` stand-in ``call`` is bound to, or None (NumPy's, several, or no
+        stand-in)."""
+        entry = self.stand_ins.get(id(call))
+        if entry is None or len(entry[1]) != 1 or callable(entry[1][0]):
+            return None
+        return entry[1][0]
 
 
 def _runs(parts):
