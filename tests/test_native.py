@@ -137,7 +137,7 @@ def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypat
     inputs = [x, *values]
     program, ours, numpy = _both(outputs, inputs, feeds, monkeypatch)
     names = program._executor.native.names
-    assert any(n.startswith("row_sums_") for n in names) and any(n.startswith("leading_sum_") for n in names)
+    assert any(n.startswith("blocked_sums_") for n in names) and any(n.startswith("leading_sum_") for n in names)
     assert "did not build" not in capsys.readouterr().err
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
@@ -192,7 +192,7 @@ def test_rows_sums_and_means_in_c_are_numpys_pairwise_sums_to_the_bit(dtype, len
     rng = np.random.default_rng(length)
     feeds = {"x": (rng.standard_normal((6, length)) * 10.0 ** rng.uniform(-4, 4, (6, length))).astype(dtype)}
     program, ours, numpy = _both(outputs, [x], feeds, monkeypatch)
-    assert sum(n.startswith("row_sums_") for n in program._executor.native.names) == 2
+    assert sum(n.startswith("blocked_sums_") for n in program._executor.native.names) == 2
     assert "did not build" not in capsys.readouterr().err
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
@@ -217,6 +217,23 @@ def test_consecutive_c_calls_of_several_kernels_are_one_call_and_errors_still_na
     np.testing.assert_array_equal(ours, numpy)
     with pytest.raises(ct.IndexRangeError, match=r"take.*index 9 is out of range"):
         program(**{**feeds, "i": np.array([0, 9, 3], np.int32)})
+
+
+@pytest.mark.parametrize("shape", [(6, 5, 4, 4), (3, 8, 13, 11), (2, 3, 1, 1), (4, 1, 9, 9)])
+def test_channel_sums_and_means_in_c_are_numpys_to_the_bit(shape, monkeypatch, capsys):
+    """A batch norm's sums over all but the channels of an image stored channels first: for each channel, NumPy adds
+    each image's pairwise sum of the channel's pixels to 0, image after image, and so does C. One channel of
+    several images is one run to NumPy (a pairwise sum of them all) and stays NumPy's, as do images of one pixel."""
+    x = ct.var("x", shape)
+    outputs = [ct.sum(x * x - 1.0, axis=(0, 2, 3)) * 0.5, ct.mean(ct.abs(x) + x, axis=(0, 2, 3), keepdims=True) + x]
+    rng = np.random.default_rng(11)
+    feeds = {"x": (rng.standard_normal(shape) * 10.0 ** rng.uniform(-4, 4, shape[:2] + (1, 1))).astype(np.float32)}
+    program, ours, numpy = _both(outputs, [x], feeds, monkeypatch)
+    found = sum(n.startswith("blocked_sums_") for n in program._executor.native.names)
+    c_sums = shape[1] > 1 and shape[2] * shape[3] > 1  # one pixel a channel: NumPy's own sum, as of a column
+    assert found == (2 if c_sums else 0) and "did not build" not in capsys.readouterr().err
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 def test_an_update_written_in_place_reads_each_element_before_writing_it():

@@ -227,42 +227,62 @@ def _pairwise(row):
     return _pairwise(row[:half]) + _pairwise(row[half:])
 
 
+def _blocks(shape, axes):
+    """``(outer, kept, inner)``: the elements of the reduced axes before the kept ones, of the kept ones, and of the
+    reduced axes after them, where the kept axes are one run; None where they are not."""
+    kept = [a for a in range(len(shape)) if a not in axes]
+    if not kept or kept != list(range(kept[0], kept[-1] + 1)):
+        return None
+    return math.prod(shape[:kept[0]]), math.prod(shape[kept[0]:kept[-1] + 1]), math.prod(shape[kept[-1] + 1:])
+
+
 @functools.cache
-def numpy_sums_rows_pairwise(dtype):
-    """Whether this NumPy's ``np.add.reduce`` over the last axis of a C-ordered array adds each row's elements to 0
-    as ``_pairwise`` does, checked bit for bit on rows of lengths around its block sizes."""
+def numpy_sums_pairwise(dtype):
+    """Whether this NumPy's ``np.add.reduce`` of a C-ordered value over all but a run of its axes adds, for each kept
+    element, the pairwise sums (``_pairwise``) of its run of elements after the kept axes to 0, one after another
+    along the axes before them; checked bit for bit on runs of lengths around the pairwise block sizes."""
     rng = np.random.default_rng(0)
-    for n in (1, 5, 8, 13, 64, 127, 128, 129, 200, 300, 1000):
-        rows = (rng.standard_normal((2, n)) * 10.0 ** rng.uniform(-3, 3, (2, n))).astype(dtype)
-        expected = np.add.reduce(rows, axis=-1)
-        if any(rows.dtype.type(0) + _pairwise(row) != total for row, total in zip(rows, expected)):
-            return False
+    for inner in (1, 5, 8, 13, 64, 127, 128, 129, 200, 300, 1000):
+        x = (rng.standard_normal((3, 2, inner)) * 10.0 ** rng.uniform(-3, 3, (3, 2, inner))).astype(dtype)
+        for axes, outer in (((2,), x[:1]), ((0, 2), x)):
+            expected = np.add.reduce(outer, axis=axes)
+            for k, total in enumerate(expected.reshape(-1)):
+                found = x.dtype.type(0)
+                for a in range(len(outer)):
+                    found = found + _pairwise(outer[a, k])
+                if found != total:
+                    return False
     return True
 
 
-def row_sums(x, axes, out, mean):
-    """``(name, C source, arrays)`` of a sum (``mean``: a mean) over the last axis of ``x`` stored in C order, each
-    row NumPy's pairwise sum added to 0 (``ct_pairwise``), a mean divided by the count in float64 as NumPy divides
-    by an ``np.intp``; None elsewhere, or where this NumPy sums otherwise (``numpy_sums_rows_pairwise``)."""
-    if (tuple(axes) != (x.ndim - 1,) or x.dtype not in FLOATING or out.dtype != x.dtype or x.size == 0
-            or out.size != x.size // x.shape[-1] or not x.flags.c_contiguous or not out.flags.c_contiguous
-            or not numpy_sums_rows_pairwise(x.dtype)):
+def blocked_sums(x, axes, out, mean):
+    """``(name, C source, arrays)`` of a sum (``mean``: a mean) over all but a run of the axes of ``x`` stored in C
+    order (a layer norm's rows, a batch norm's channels): for each kept element, the pairwise sums
+    (``ct_pairwise``) of its elements after the kept axes added to 0 one after another along the axes before them,
+    as NumPy adds them (``numpy_sums_pairwise``); a mean divided by the count in float64 as NumPy divides by an
+    ``np.intp``. None elsewhere: where the reduced axes all lead (``leading_sum``), where one element is kept of
+    several runs (NumPy then sums them as one run), or where this NumPy sums otherwise."""
+    blocks = _blocks(x.shape, axes)
+    if (blocks is None or blocks[2] == 1 or (blocks[1] == 1 and blocks[0] > 1) or x.dtype not in FLOATING
+            or out.dtype != x.dtype or x.size == 0 or out.size != blocks[1] or not x.flags.c_contiguous
+            or not out.flags.c_contiguous or not numpy_sums_pairwise(x.dtype)):
         return None
-    c, n = C_TYPES[x.dtype], x.shape[-1]
-    total = f"(({c})0 + ct_pairwise{_suffix(x.dtype)}(x + r * {n}L, {n}L))"
-    value = f"({c})((double){total} / (double){n})" if mean else total
-    text = (f"{{\n  const {c}* x = (const {c}*)p[0]; {c}* out = ({c}*)p[1];\n"
-            f"  for (long r = 0; r < {x.size // n}L; ++r) out[r] = {value};\n}}\n")
-    name = "row_sums_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    (outer, kept, inner), c = blocks, C_TYPES[x.dtype]
+    sums = (f"  for (long k = 0; k < {kept}L; ++k) out[k] = 0;\n"
+            f"  for (long a = 0; a < {outer}L; ++a)\n    for (long k = 0; k < {kept}L; ++k)\n"
+            f"      out[k] = out[k] + ct_pairwise{_suffix(x.dtype)}(x + (a * {kept}L + k) * {inner}L, {inner}L);\n")
+    divide = f"  for (long k = 0; k < {kept}L; ++k) out[k] = ({c})((double)out[k] / (double){outer * inner});\n"
+    text = f"{{\n  const {c}* x = (const {c}*)p[0]; {c}* out = ({c}*)p[1];\n{sums}{divide if mean else ''}}}\n"
+    name = "blocked_sums_" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return name, f"void {name}(void* const* p) {text}", [x, out]
 
 
 def reduction(t, x, out):
-    """``leading_sum`` or ``row_sums`` of body term ``t`` (a sum or a mean) over ``x`` into ``out``, or None."""
+    """``leading_sum`` or ``blocked_sums`` of body term ``t`` (a sum or a mean) over ``x`` into ``out``, or None."""
     if t.op is SUM:
-        return leading_sum(x, t.attr("axes"), out) or row_sums(x, t.attr("axes"), out, mean=False)
+        return leading_sum(x, t.attr("axes"), out) or blocked_sums(x, t.attr("axes"), out, mean=False)
     if t.op is MEAN:
-        return row_sums(x, t.attr("axes"), out, mean=True)
+        return blocked_sums(x, t.attr("axes"), out, mean=True)
     return None
 
 

@@ -179,8 +179,8 @@ def _numpy_calls(t, arrays, out):
 def _native(em, outputs, args, outs):
     """The pieces of a region computed in C: one loop nest, or loop nests with NumPy's own calls for the
     transcendentals and reductions between them (so every value has NumPy's bits: a reduction sums in NumPy's
-    order; a sum over the leading axes or a sum or mean over the last axis of a value stored in C order is C's, in
-    NumPy's order too), the values passed
+    order; a sum or mean over all but a run of the axes of a value stored in C order is C's, in NumPy's order too),
+    the values passed
     between them in workspace scratch, where that makes fewer passes over memory than
     NumPy's calls op by op; None where C cannot compute it, it would not pay, or the plan's workspace cannot hold
     the scratch. A stage's loop nests go largest first: a smaller one may write an output over an operand that a
