@@ -236,6 +236,19 @@ def test_channel_sums_and_means_in_c_are_numpys_to_the_bit(shape, monkeypatch, c
         np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
+def test_a_sum_or_mean_of_its_own_kernel_is_c_in_numpys_order_too(monkeypatch, capsys):
+    """A reduction read by two regions is a kernel of its own, not part of either: it is C all the same."""
+    x = ct.var("x", (4, 6, 5, 7))
+    total, mean = ct.sum(x, axis=(0, 2, 3)), ct.mean(x, axis=(2, 3))
+    outputs = [total * 2.0, total - 1.0, mean * 3.0, mean + 1.0]
+    feeds = {"x": np.random.default_rng(12).standard_normal((4, 6, 5, 7)).astype(np.float32)}
+    program, ours, numpy = _both(outputs, [x], feeds, monkeypatch)
+    assert sum(n.startswith("blocked_sums_") for n in program._executor.native.names) == 2  # neither is in a region
+    assert "did not build" not in capsys.readouterr().err
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
 def test_an_update_written_in_place_reads_each_element_before_writing_it():
     w, g = ct.var("w", (1000,), "float64"), ct.var("g", (1000,), "float64")
     m = ct.var("m", (1000,), "float64")

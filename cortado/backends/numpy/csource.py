@@ -277,12 +277,13 @@ def blocked_sums(x, axes, out, mean):
     return name, f"void {name}(void* const* p) {text}", [x, out]
 
 
-def reduction(t, x, out):
-    """``leading_sum`` or ``blocked_sums`` of body term ``t`` (a sum or a mean) over ``x`` into ``out``, or None."""
-    if t.op is SUM:
-        return leading_sum(x, t.attr("axes"), out) or blocked_sums(x, t.attr("axes"), out, mean=False)
-    if t.op is MEAN:
-        return blocked_sums(x, t.attr("axes"), out, mean=True)
+def reduction(op, axes, x, out):
+    """``leading_sum`` or ``blocked_sums`` of a sum or a mean (``op``) over ``axes`` of ``x`` into ``out``, or
+    None."""
+    if op is SUM:
+        return leading_sum(x, axes, out) or blocked_sums(x, axes, out, mean=False)
+    if op is MEAN:
+        return blocked_sums(x, axes, out, mean=True)
     return None
 
 

@@ -208,7 +208,8 @@ def _native(em, outputs, args, outs):
     for s in range(last + 1):
         for t in order:
             if stage[t] == s and _numpy_op(t):
-                summed = csource.reduction(t, known[t.args[0]], scratch[t])
+                summed = (csource.reduction(t.op, t.attr("axes"), known[t.args[0]], scratch[t])
+                          if t.op in (SUM, MEAN) else None)
                 if summed is not None:
                     pieces.append((summed[0], summed[1], [a.ctypes.data for a in summed[2]]))
                 else:

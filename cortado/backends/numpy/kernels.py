@@ -142,7 +142,24 @@ def _cast(em, attrs, args, out):
 
 
 def _sum(em, attrs, args, out):
-    em.call(np.add.reduce, args[0], axis=attrs.axes, dtype=out.dtype, out=out, keepdims=attrs.keepdims)
+    _reduction(em, SUM, attrs, args[0], out, _numpy_sum)
+
+
+def _numpy_sum(em, attrs, x, out):
+    em.call(np.add.reduce, x, axis=attrs.axes, dtype=out.dtype, out=out, keepdims=attrs.keepdims)
+
+
+def _reduction(em, op, attrs, x, out, numpy):
+    """The sum or mean ``numpy(em, attrs, x, out)`` emits as NumPy's calls, as C in NumPy's order instead where
+    native code is at hand and ``csource.reduction`` takes it (NumPy's calls run in its place where the library
+    does not build)."""
+    found = csource.reduction(op, attrs.axes, x, out) if em.native is not None else None
+    if found is None:
+        numpy(em, attrs, x, out)
+        return
+    fallback = Emitter(em.workspace)
+    numpy(fallback, attrs, x, out)
+    em.calls.append(em.native.add([(found[0], found[1], [a.ctypes.data for a in found[2]])], fallback.calls))
 
 
 SMALL_WINDOW = 16  # a max over at most this many elements a place (a pooling window) is taken slice by slice
@@ -193,10 +210,13 @@ def _place(axis, axes, place, keepdims):
 
 
 def _mean(em, attrs, args, out):
+    _reduction(em, MEAN, attrs, args[0], out, _numpy_mean)
+
+
+def _numpy_mean(em, attrs, x, out):
     # as numpy's mean: the sum in the result's dtype (float64 for integers; float16 comes in float32),
     # divided by the count
     axes, keepdims = attrs.axes, attrs.keepdims
-    x = args[0]
     count = np.intp(math.prod(x.shape[a] for a in axes))
     em.call(np.add.reduce, x, axis=axes, dtype=out.dtype, out=out, keepdims=keepdims)
     em.call(np.true_divide, out, count, out=out, casting="unsafe")
