@@ -180,9 +180,8 @@ def _native(em, outputs, args, outs):
     """The pieces of a region computed in C: one loop nest, or loop nests with NumPy's own calls for the
     transcendentals and reductions between them (so every value has NumPy's bits: a reduction sums in NumPy's
     order; a sum or mean over all but a run of the axes of a value stored in C order is C's, in NumPy's order too),
-    the values passed
-    between them in workspace scratch, where that makes fewer passes over memory than
-    NumPy's calls op by op; None where C cannot compute it, it would not pay, or the plan's workspace cannot hold
+    the values passed between them in workspace scratch, where that makes fewer passes over memory than NumPy's
+    calls op by op; None where C cannot compute it, it would not pay, or the plan's workspace cannot hold
     the scratch. A stage's loop nests go largest first: a smaller one may write an output over an operand that a
     larger one reads broadcast, never the other way round."""
     order = post_order(outputs)
@@ -193,7 +192,7 @@ def _native(em, outputs, args, outs):
     last = max(stage.values())
     if last == 0:
         found = csource.region(outputs, args, outs)
-        return None if found is None else [(found[0], found[1], [a.ctypes.data for a in found[2]])]
+        return None if found is None else [found]
     if any(_numpy_op(t) and any(a.op is CONST for a in t.args) for t in order):
         return None
     kept = {t for t in order if _numpy_op(t)}  # values kept in scratch between loop nests
@@ -211,7 +210,7 @@ def _native(em, outputs, args, outs):
                 summed = (csource.reduction(t.op, t.attr("axes"), known[t.args[0]], scratch[t])
                           if t.op in (SUM, MEAN) else None)
                 if summed is not None:
-                    pieces.append((summed[0], summed[1], [a.ctypes.data for a in summed[2]]))
+                    pieces.append(summed)
                 else:
                     pieces += _numpy_calls(t, [known[a] for a in t.args], scratch[t])
                 known[t] = scratch[t]
@@ -223,7 +222,7 @@ def _native(em, outputs, args, outs):
             if found is None:
                 complete = False
                 break
-            pieces.append((found[0], found[1], [a.ctypes.data for a in found[2]]))
+            pieces.append(found)
         if not complete:
             break
         known.update({t: a for t, a in targets if t not in known})

@@ -159,7 +159,7 @@ def _reduction(em, op, attrs, x, out, numpy):
         return
     fallback = Emitter(em.workspace)
     numpy(fallback, attrs, x, out)
-    em.calls.append(em.native.add([(found[0], found[1], [a.ctypes.data for a in found[2]])], fallback.calls))
+    em.calls.append(em.native.add([found], fallback.calls))
 
 
 SMALL_WINDOW = 16  # a max over at most this many elements a place (a pooling window) is taken slice by slice
@@ -238,7 +238,7 @@ def _shifted(em, x, axes, out_dtype, into):
     if em.native is not None and rows and x.dtype == into.dtype == peak.dtype and x.dtype in (np.float32, np.float64):
         # one C pass a row; NumPy's five calls where the library cannot be built
         name, source = csource.rows_shifted(x.size // x.shape[-1], x.shape[-1], x.dtype)
-        em.calls.append(em.native.add([(name, source, [x.ctypes.data, into.ctypes.data, peak.ctypes.data])],
+        em.calls.append(em.native.add([(name, source, [x, into, peak])],
                                       numpy_calls))
     else:
         em.calls.extend(numpy_calls)
@@ -299,8 +299,7 @@ def _matmul(em, attrs, args, out):
     if called is None:
         em.call(np.matmul, a, b, out=out)
         return
-    name, source, pointers = called
-    em.calls.append(em.native.add([(name, source, pointers)], [functools.partial(np.matmul, a, b, out=out)]))
+    em.calls.append(em.native.add([called], [functools.partial(np.matmul, a, b, out=out)]))
 
 
 def _as_rows(a):
@@ -375,7 +374,7 @@ def _strided(em, steps):
             params = [parameter(k, source) for k, source in enumerate(sources)]
             term = params[0] if op is None else make(op, params)
             found = csource.loop_nest([(term, target)], dict(zip(params, sources)), target.shape)
-            pieces = None if found is None else pieces + [(found[0], found[1], [a.ctypes.data for a in found[2]])]
+            pieces = None if found is None else pieces + [found]
         else:
             pieces = None
     if pieces is None or all(callable(piece) for piece in pieces):
@@ -435,7 +434,7 @@ def _shifts(em, flat, q, k, attrs):
         s = attending.block_scores(flat, q, k, start, stop)
         name, source = csource.scores_shift(s.shape, start, attrs.scale, attrs.causal, s.dtype)
         numpy_calls = [functools.partial(attending.shift_scores, s, attrs.scale, attrs.causal, start)]
-        shifts[start] = em.native.later([(name, source, [s.ctypes.data])], numpy_calls)
+        shifts[start] = em.native.later([(name, source, [s])], numpy_calls)
     return shifts
 
 

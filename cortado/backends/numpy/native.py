@@ -20,6 +20,8 @@ import subprocess
 import sys
 import tempfile
 
+import numpy as np
+
 from . import csource
 
 FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd", "-shared", "-fPIC")
@@ -71,9 +73,9 @@ class Batch:
         self.kept = []  # the pointer arrays of C parts called by a sequence, which holds only their addresses
 
     def add(self, pieces, numpy_calls):
-        """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` or a
-        call of NumPy's (a transcendental between two loop nests); where the library cannot be built,
-        ``numpy_calls`` run in their place."""
+        """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` (each
+        pointer an address, or an array at its first element) or a call of NumPy's (a transcendental between two
+        loop nests); where the library cannot be built, ``numpy_calls`` run in their place."""
         parts = []
         for piece in pieces:
             if callable(piece):
@@ -81,7 +83,8 @@ class Batch:
                 continue
             name, source, pointers = piece
             self._define(name, source)
-            parts.append((name, (ctypes.c_void_p * max(len(pointers), 1))(*pointers)))
+            addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
+            parts.append((name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)))
         parts = [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
 
         def stand_in():
