@@ -29,20 +29,24 @@ def _all_reduced(red, acc_type, acc, width):
 
 
 def _row_vector(shape, operands, elements, body):
-    """``(width, operands)``: how many elements of a row each thread takes at a time, and the operands it then loads
-    as one vector (those laid out as the rows themselves): 16 bytes of the narrowest type where the row divides."""
+    """``(width, rows, across)``: how many elements of a row each thread takes at a time (16 bytes of the narrowest
+    type where the row divides), the operands it then loads as one vector of its row (those laid out as the rows
+    themselves), and those it loads as one vector of the one row they hold for every row (a layer norm's gain and
+    bias): ``width`` scattered loads of those, a lane's elements ``width`` elements apart from its neighbours', would
+    take many times the memory pipeline's cycles of the vectors."""
     n = shape[-1]
     rows = {k for k, o in enumerate(operands) if offset(elements, o) == f"o * {n} + r"}
+    across = {k for k, o in enumerate(operands) if offset(elements, o) == "r"}
     sizes = [operands[k].dtype.itemsize for k in rows] + [t.dtype.itemsize for t in body if t.shape == shape]
     vec = 16 // min(sizes, default=16)
     while vec > 1 and n % vec:
         vec //= 2
-    return (vec, rows) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set())
+    return (vec, rows, across) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set(), set())
 
 
-def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=(), cached=0):
+def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=(), cached=0):
     """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, or taken from
-    the thread's ``cached`` vectors of them), running ``writer``'s lines and then ``inner`` for each element ``r``;
+    the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running ``writer``'s lines and then ``inner`` for each element ``r``;
     ``stores``: ``(k, dtype)`` of the outputs ``inner`` puts in ``s{k}.v[u]``, stored as vectors (one element at a
     time where ``vec`` is 1, by ``inner`` itself)."""
     if vec == 1:
@@ -54,6 +58,8 @@ def _row_pass(writer, index, n, width, vec, rows, prefix, inner, stores=(), cach
         lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
         lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, n, vec)};"
                   for k in sorted(writer.read & rows)]
+    lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, 0, vec)};"
+              for k in sorted(writer.read & across)]
     lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in stores]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
     lines += ["      " + s for s in writer.lines + inner] + ["    }"]
@@ -67,8 +73,9 @@ def _vector(operand, vec):
 
 
 def _row_vector_read(operand, k, n, vec):
-    """The ``c``-th vector of ``vec`` elements of row ``o`` of operand ``k`` (rows of ``n``)."""
-    return f"reinterpret_cast<const {_vector(operand, vec)}*>(in{k})[o * {n // vec} + c]"
+    """The ``c``-th vector of ``vec`` elements of row ``o`` of operand ``k`` (rows of ``n``; 0: its one row)."""
+    row = f"o * {n // vec} + " if n else ""
+    return f"reinterpret_cast<const {_vector(operand, vec)}*>(in{k})[{row}c]"
 
 
 def _row_cache(operands, read, index, n, width, vec, count):
@@ -95,12 +102,12 @@ def row_source(body, operands, aliased, shape):
     index = _index_type(body, operands)
     last = (len(shape) - 1,)
     elements, row = _reduction_space(shape, last), _reduction_space(shape[:-1] + (1,), last)
-    vec, vectors = _row_vector(shape, operands, elements, body)
+    vec, vectors, across = _row_vector(shape, operands, elements, body)
     count = -(-(n // vec) // width) if vec > 1 else 0
     cached = count if vectors and count * len(vectors) <= ROW_CACHE_VECTORS else 0
 
     def loads(prefix):
-        return {k: f"row{k}[i].v[u]" if cached else f"{prefix}{k}.v[u]" for k in vectors}
+        return {k: f"row{k}[i].v[u]" if cached and k in vectors else f"{prefix}{k}.v[u]" for k in vectors | across}
 
     lines, read, totals = [], set(), {}
     for j, red in enumerate(t for t in post_order(body) if t.op in REDUCTIONS):
@@ -109,7 +116,7 @@ def row_source(body, operands, aliased, shape):
         writer.names.update(totals)
         element = writer.value(red.args[0])
         lines.append(f"  {acc} acc{j} = {_identity(red, acc)};")
-        lines += _row_pass(writer, index, n, width, vec, vectors, f"p{j}_",
+        lines += _row_pass(writer, index, n, width, vec, vectors, across, f"p{j}_",
                            [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"], cached=cached)
         lines += _all_reduced(red, acc, f"acc{j}", width)
         total = f"acc{j}" if red.op is not MEAN else f"(acc{j} / ({acc}){n})"
@@ -123,7 +130,7 @@ def row_source(body, operands, aliased, shape):
         values = [writer.value(t) for _, t in full]
         place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
-        lines += _row_pass(writer, index, n, width, vec, vectors, "q", inner,
+        lines += _row_pass(writer, index, n, width, vec, vectors, across, "q", inner,
                            [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached)
         read |= writer.read
     reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
