@@ -180,7 +180,11 @@ def test_attention_at_edge_values(backend, data, dtype):
     (0 over a NaN sum), and so in the values' gradient of every key; cuDNN's flash attention, as torch's
     scaled_dot_product_attention, leaves the keys it masks out of such a row's gradient (``_attention_excluding_masked``).
     Where a value is infinite, cuDNN's backward pass forms its row sums from the output it stored in half precision
-    and may give -inf where the written form gives NaN: a NaN and an infinity agree here, a number and either never."""
+    and may give -inf where the written form gives NaN: a NaN and an infinity agree here, a number and either never.
+    A row sum ``dout . out`` of -inf (a value of -inf reaching the row's output) cuDNN takes as 0, which leaves the
+    row's score gradients finite at its finite keys (found by the fuzzer: bfloat16 q = k = 0, one value -inf, the
+    other keys' gradients 0 where the written form gives NaN); the output and the query's gradient are non-finite in
+    both."""
     skip_without_device(backend)
     b, t, d = 2, data.draw(st.sampled_from([4, 8])), 16
     q, k, v = (ct.var(name, (b, t, d), dtype) for name in "qkv")
@@ -194,6 +198,27 @@ def test_attention_at_edge_values(backend, data, dtype):
     with np.errstate(all="ignore"):
         flash = _attention_excluding_masked(*(feed[name] for name in "qkv"), 1 / d ** 0.5)
         magnitudes = _attention_excluding_masked(*(feed[name] for name in "qkv"), 1 / d ** 0.5, absolute=True)
+    check(with_gradients([out], [q, k, v]), [q, k, v], feed, backend, also=[flash], non_finite_alike=True,
+          magnitudes=magnitudes)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_attention_where_minus_infinity_reaches_the_output(backend):
+    """The fuzzer's find, pinned: bfloat16 queries and keys of 0 and one value of -inf, which reaches every query's
+    output; on the GPU the other keys' gradients are cuDNN's (its row sum of -inf taken as 0), elsewhere the
+    written form's NaN."""
+    skip_without_device(backend)
+    b, t, d = 2, 4, 16
+    q, k, v = (ct.var(name, (b, t, d), "bfloat16") for name in "qkv")
+    scores = (q @ ct.transpose(k, (0, 2, 1))) * (1 / d ** 0.5)
+    out = ct.softmax(ct.where(np.tril(np.ones((t, t), bool)), scores, -np.inf), axis=-1) @ v
+    feed = {name: np.zeros((b, t, d), q.dtype) for name in "qk"}
+    feed["v"] = np.random.default_rng(0).standard_normal((b, t, d)).astype(q.dtype)
+    feed["v"][0, 0, 0] = -np.inf
+    with np.errstate(all="ignore"):
+        flash = _attention_excluding_masked(*(feed[name] for name in "qkv"), 1 / d ** 0.5)
+        magnitudes = _attention_excluding_masked(*(feed[name] for name in "qkv"), 1 / d ** 0.5, absolute=True)
+    assert np.isfinite(flash[2][0, 1:]).all() and np.isnan(flash[1][0]).all()
     check(with_gradients([out], [q, k, v]), [q, k, v], feed, backend, also=[flash], non_finite_alike=True,
           magnitudes=magnitudes)
 
@@ -228,6 +253,7 @@ def _attention_excluding_masked(q, k, v, scale, absolute=False):
     dv = _masked_sum(pairs, p[..., None] * g[..., :, None, :], axis=-3)
     dp = _masked_sum(pairs, g[..., :, None, :] * v[..., None, :, :], axis=-1)
     row = _masked_sum(mask, p * dp, axis=-1)[..., None]
+    row = np.where(row == -np.inf, 0.0, row)  # cuDNN takes a row sum of -inf as 0, as it does a fully masked row's
     ds = np.where(mask, p * (dp + row if absolute else dp - row), 0.0) * scale
     dq = _masked_sum(pairs, ds[..., None] * k[..., None, :, :], axis=-2)
     dk = _masked_sum(pairs, ds[..., None] * q[..., :, None, :], axis=-3)
