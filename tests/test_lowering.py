@@ -198,6 +198,25 @@ def test_gelu_bias_gradients_are_the_dgelu_products_column_sums():
         np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
 
 
+def test_a_gelu_layers_bias_gradient_over_batched_rows_comes_from_its_weight_gradients_gemm():
+    """Over (batch, time) rows, too many for DGELU_BGRAD, the gelu layer's bias gradient sums the dgelu product,
+    which its weight gradient's GEMM reads through reshapes there and back: that GEMM sums it (BGRAD), so no
+    product is held for a sum of its own."""
+    from cortado.backends.cupy.lowering.gemm import DGELU_BGRAD_MOST_ROWS
+
+    rows = DGELU_BGRAD_MOST_ROWS // 2 + 1
+    x, t = ct.var("x", (2, rows, 8)), ct.var("t", (2, rows, 8))
+    W1, b1, W2, b2 = ct.var("W1", (8, 16)), ct.var("b1", (16,)), ct.var("W2", (16, 8)), ct.var("b2", (8,))
+    loss = ct.sum((ct.gelu(x @ W1 + b1) @ W2 + b2) * t)
+    gradients = ct.grad(loss, [W1, b1, W2, b2])
+    roots, counts = lowered(gradients)
+    assert counts["gemm-bias-gradient"] == 2 and not any(s.op.name == "sum" for s in schedule(roots))
+    rng = np.random.default_rng(2)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, t, W1, b1, W2)}
+    for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate(gradients, feeds)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
+
+
 CONVS_CUDNN_CANNOT_TAKE = [  # x shape, w shape, ct.conv keywords, dtype
     ((2, 4, 5, 4, 3, 3), (6, 2, 2, 1, 2, 2), dict(strides=(1, 2, 1, 1), padding=((1, 0), (0, 1), (1, 1), (-1, 0)),
                                                   lhs_dilation=(1, 1, 2, 1), rhs_dilation=(2, 1, 1, 1), groups=2),

@@ -320,15 +320,16 @@ def _bias_gradient_sources(order):
         elif parts["epilogue"] == "none" and parts["a"].ndim == parts["b"].ndim == 2:
             for side, summed in (("b", not parts["transpose_b"]), ("a", parts["transpose_a"])):
                 if summed:
-                    sources.setdefault(parts[side], (g, f"bgrad_{side}"))
-                    if _rows_merged(parts[side]):  # the sums over the leading axes of the value it reshapes
-                        sources.setdefault(parts[side].args[0], (g, f"bgrad_{side}"))
+                    sources.setdefault(_rows_of(parts[side]), (g, f"bgrad_{side}"))
     return sources
 
 
-def _rows_merged(t):
-    """Whether ``t`` is a matrix reshaped from a value of more axes by merging all but the last."""
-    return t.op is RESHAPE and t.ndim == 2 and t.args[0].ndim > 2 and t.args[0].shape[-1] == t.shape[-1]
+def _rows_of(t):
+    """The value whose rows ``t`` is, through any reshapes that only merge or split leading axes (the last kept):
+    the sums over all but the last axis of each of them are the same column sums, found under this one key."""
+    while t.op is RESHAPE and t.ndim >= 2 and t.args[0].ndim >= 2 and t.args[0].shape[-1] == t.shape[-1]:
+        t = t.args[0]
+    return t
 
 
 def _column_sum(s):
@@ -336,12 +337,9 @@ def _column_sum(s):
     rows of a transposed matrix, or all but the last axis of a value (of its matrix where it reshapes one)."""
     summed, axes = s.args[0], s.attr("axes")
     if summed.op is TRANSPOSE and summed.ndim == 2:  # the row sums of x^T are the column sums of x
-        return summed.args[0], tuple(1 - axis for axis in axes)
-    if summed.ndim > 2 and axes == tuple(range(summed.ndim - 1)):
-        source = summed.args[0] if summed.op is RESHAPE else None
-        if source is not None and source.ndim == 2 and source.shape[-1] == summed.shape[-1]:
-            return source, (0,)
-        return summed, (0,)
+        summed, axes = summed.args[0], tuple(1 - axis for axis in axes)
+    if axes == tuple(range(summed.ndim - 1)):
+        return _rows_of(summed), (0,)
     return summed, axes
 
 
