@@ -241,6 +241,27 @@ def test_a_linear_layer_over_sequences_keeps_its_gemm_epilogues(dtype):
         assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16", "float32"])
+def test_a_gelu_layers_gemm_writes_the_gelu_and_keeps_its_argument(dtype):
+    """A gelu layer in a training step: its gemm writes the gelu and, beside it, the argument gelu's backward reads
+    (cuBLASLt's GELU_AUX_BIAS); the weight gradient, in the backward pass, reads a gelu computed again from the kept
+    argument. The step's results are the plain expressions'."""
+    x, y = ct.var("x", (4, 24, 32), dtype), ct.var("y", (4, 24, 16), dtype)
+    W1, b1, W2 = (ct.var(n, s, dtype) for n, s in (("W1", (32, 64)), ("b1", (64,)), ("W2", (64, 16))))
+    variables = [x, y, W1, b1, W2]
+    h = ct.gelu(x @ W1 + b1) @ W2
+    outputs = [h, *ct.grad(ct.sum(ct.cast(h * h * y, "float32")), [x, W1, b1, W2])]
+    program = ct.compile(outputs, inputs=variables, backend="cupy")
+    epilogues = [k.term.attr("epilogue") for k in program.kernels if k.term.op.name == "gemm"]
+    assert "bias_gelu_aux" in epilogues, program.explain()
+    rng = np.random.default_rng(8)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in variables}
+    for _ in range(2):  # captured, then replayed
+        for ours, expected in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+            scale = max(1.0, float(np.abs(expected).max()))
+            assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_slices_that_a_library_call_reads_are_views(dtype):
     """Splitting a projection in three (attention's q, k and v) costs no copy: each third is a view of the

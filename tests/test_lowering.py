@@ -217,6 +217,28 @@ def test_a_gelu_layers_bias_gradient_over_batched_rows_comes_from_its_weight_gra
         np.testing.assert_allclose(ours, expected, rtol=1e-4, atol=1e-4)
 
 
+def test_a_gelu_whose_argument_the_backward_pass_reads_is_written_by_the_gemm_beside_it():
+    """Training a gelu layer reads its product twice, as gelu's argument and in gelu's backward (dgelu): one gemm
+    writes both (cuBLASLt's GELU_AUX_BIAS), the next layer's product reads the gelu it wrote, and the weight
+    gradient, which runs in the backward pass, reads a gelu of the kept argument computed where it runs (so the
+    forward pass's gelu is not held until then). Over (batch, time) rows too, through the reshapes."""
+    x, t = ct.var("x", (2, 6, 8)), ct.var("t", (2, 6, 8))
+    W1, b1, W2 = ct.var("W1", (8, 16)), ct.var("b1", (16,)), ct.var("W2", (16, 8))
+    y = ct.gelu(x @ W1 + b1) @ W2
+    loss = ct.sum(y * y * t)  # the output's gradient, which the weight gradient reads, waits for the output
+    gradients = ct.grad(loss, [W1, b1, W2])
+    roots, counts = lowered([loss, *gradients])
+    assert counts["gemm-gelu-argument"] == 1
+    order = schedule(roots)
+    (kept,) = [g for g in order if g.op.name == "gemm" and g.attr("epilogue") == "bias_gelu_aux" and g.attr("output")]
+    (late,) = [h for h in order if h.op.name == "gelu"]
+    assert late.args[0].args[0] is kept  # the gelu of the kept argument, reshaped to (batch, time) rows
+    rng = np.random.default_rng(3)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, t, W1, b1, W2)}
+    for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate([loss, *gradients], feeds)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
+
+
 CONVS_CUDNN_CANNOT_TAKE = [  # x shape, w shape, ct.conv keywords, dtype
     ((2, 4, 5, 4, 3, 3), (6, 2, 2, 1, 2, 2), dict(strides=(1, 2, 1, 1), padding=((1, 0), (0, 1), (1, 1), (-1, 0)),
                                                   lhs_dilation=(1, 1, 2, 1), rhs_dilation=(2, 1, 1, 1), groups=2),

@@ -21,7 +21,7 @@ import numpy as np
 
 from ....errors import BackendError
 from ..codegen import Operand
-from ..lowering.gemm import TWO_RESULTS
+from ..lowering.gemm import BIAS_GRADIENT_RESULTS, GELU_ARGUMENT_RESULTS
 from .timing import time_graph
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
@@ -35,7 +35,7 @@ _tuned = {}  # a call's description -> the heuristic result chosen for it
 _heuristics = {}  # a call's description -> cuBLASLt's candidates for it
 # ours -> cuBLASLt's, whose A is our b (see above): our bgrad_b is its BGRADA
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
-              "bias_gelu": "GELU_BIAS", "dgelu": "DGELU", "dgelu_bgrad": "DGELU_BGRAD", "bgrad_a": "BGRADB",
+              "bias_gelu": "GELU_BIAS", "gelu_aux": "GELU_AUX", "bias_gelu_aux": "GELU_AUX_BIAS", "dgelu": "DGELU", "dgelu_bgrad": "DGELU_BGRAD", "bgrad_a": "BGRADB",
               "bgrad_b": "BGRADA"}
 
 
@@ -185,8 +185,9 @@ class Gemm:
         self._set(lt.MatmulDescAttribute.TRANSB, int(trans_second))
         self._set(lt.MatmulDescAttribute.EPILOGUE, int(getattr(lt.Epilogue, _EPILOGUES[epilogue])))
         self.bias = "bias" in epilogue  # read through the bias pointer
-        self.aux = epilogue.startswith("dgelu")  # read through the auxiliary pointer
-        self.bias_gradient = epilogue in TWO_RESULTS  # written through the bias pointer
+        # the gelu's argument read (dgelu) or written (the second result of gelu_aux) through the auxiliary pointer
+        self.aux = epilogue.startswith("dgelu") or epilogue in GELU_ARGUMENT_RESULTS
+        self.bias_gradient = epilogue in BIAS_GRADIENT_RESULTS  # written through the bias pointer
         self.pointed = {}  # epilogue pointer attribute -> the pointer set in the descriptor
         if self.aux:  # row-major like the product: its leading dimension is the product's
             self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)

@@ -7,8 +7,10 @@ flags, a scalar factor into ``alpha``, an added term of the product's shape into
 ``c``, an added row into the bias epilogue, a ``relu`` or ``gelu`` of it all into that epilogue,
 and a product times ``gelu_grad(z)`` (gelu's backward) into the dgelu epilogue, which reads ``z``.
 A product used more than once is not folded into its users (each would compute it again).
-``finish`` then takes bias gradients from the gemms that can compute them on the side, and
-``alternatives`` proposes planning again without those that a gemm holds at the memory peak.
+``finish`` then makes the gemm whose gelu and whose own value are both read (a training step's
+``gelu(z)``, with ``z`` kept for gelu's backward) write both, and takes bias gradients from the gemms
+that can compute them on the side; ``alternatives`` proposes planning again without those that a gemm
+holds at the memory peak.
 """
 
 import math
@@ -17,7 +19,7 @@ import numpy as np
 
 from ....exprgraph import constructors as ct
 from ....exprgraph.dtypes import BFLOAT16, is_float, is_narrow_float
-from ....exprgraph.graph import post_order
+from ....exprgraph.graph import post_order, users
 from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, GELU_GRAD, LOWERED, RESHAPE, SUM, TRANSPOSE, Op
 from ....exprgraph.ops.base import broadcast_shapes
 from ....exprgraph.semantics import implementation
@@ -33,9 +35,13 @@ from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
 # pass (of the product's shape). Some epilogues have a second result, the term with ``output=1``
 # (``output=0`` is the product): ``bgrad_a`` the sums of ``op(a)`` over the contracted axis (a
 # bias gradient of length m), ``bgrad_b`` those of ``op(b)`` (length n), ``dgelu_bgrad`` the
-# column sums of its dgelu product (length n). Only lowering rules build gemms.
-GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu", "dgelu", "dgelu_bgrad", "bgrad_a", "bgrad_b")
-TWO_RESULTS = ("dgelu_bgrad", "bgrad_a", "bgrad_b")  # the epilogues with a second result
+# column sums of its dgelu product (length n), ``gelu_aux`` and ``bias_gelu_aux`` (gelu's result)
+# the gelu's argument (the product's shape). Only lowering rules build gemms.
+GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu", "gelu_aux", "bias_gelu_aux", "dgelu",
+                  "dgelu_bgrad", "bgrad_a", "bgrad_b")
+BIAS_GRADIENT_RESULTS = ("dgelu_bgrad", "bgrad_a", "bgrad_b")  # the epilogues whose second result is a bias gradient
+GELU_ARGUMENT_RESULTS = ("gelu_aux", "bias_gelu_aux")  # those whose second result is their gelu's argument
+TWO_RESULTS = BIAS_GRADIENT_RESULTS + GELU_ARGUMENT_RESULTS
 
 
 def gemm_operands(args, beta, epilogue):
@@ -73,7 +79,7 @@ def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue, output):
         raise shape_violation(f"the bias has shape {bias.shape}; it must be ({n},)")
     if aux is not None and aux.shape != out:
         raise shape_violation(f"the gelu argument has shape {aux.shape}, the product {out}")
-    if output:
+    if output and epilogue in BIAS_GRADIENT_RESULTS:
         return (m,) if epilogue == "bgrad_a" else (n,)
     return out
 
@@ -94,7 +100,7 @@ def _reference(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
     a, b, c, bias, aux = gemm_operands(xs, beta, epilogue)
     a = np.swapaxes(a, -1, -2) if transpose_a else a
     b = np.swapaxes(b, -1, -2) if transpose_b else b
-    if output:  # a bias gradient: sums over the contracted axis, or of the product's columns (in float32 at least)
+    if output and epilogue in BIAS_GRADIENT_RESULTS:  # sums over the contracted axis, or of the product's columns
         summed = {"bgrad_a": (a, -1), "bgrad_b": (b, -2)}.get(epilogue)
         x, axis = summed or (_reference(xs, transpose_a, transpose_b, alpha, beta, epilogue, 0), -2)
         return np.sum(x, axis=axis, dtype=np.promote_types(x.dtype, np.float32)).astype(x.dtype)
@@ -104,6 +110,8 @@ def _reference(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
         out = out + dtype(beta) * c
     if bias is not None:
         out = out + bias
+    if output:  # the gelu's argument
+        return out
     if "gelu" in epilogue:  # in float32 for float16 and bfloat16, as the gelu ops (and cuBLASLt's epilogues) take them
         if epilogue.startswith("dgelu"):
             return out * implementation(GELU_GRAD)([aux.astype(out.dtype)])
@@ -343,11 +351,87 @@ def _column_sum(s):
     return summed, axes
 
 
+def _gelu_of_a_kept_product(h, readers):
+    """``(gemm, its reshape or None)`` where ``h`` is the gelu of a gemm's product (no epilogue, or a bias; its rows
+    maybe reshaped) that other terms read too, as a training step's gelu backward does; else None."""
+    t = h.args[0]
+    reshaped = t if t.op is RESHAPE and t.ndim > 2 and t.args[0].ndim == 2 and t.shape[-1] == t.args[0].shape[-1] else None
+    g = reshaped.args[0] if reshaped is not None else t
+    if g.op is not GEMM or g.attr("output") or g.ndim != 2 or g.dtype not in GELU_EPILOGUE_DTYPES or g.shape[-1] % 8:
+        return None
+    parts = _parts(g)
+    others = [r for r, _ in readers[g] if r is not reshaped]
+    if reshaped is not None:
+        others += [r for r, _ in readers[t] if r is not h]
+    if parts["epilogue"] not in ("none", "bias") or parts["c"] is not None or not others:
+        return None
+    return g, reshaped
+
+
+def _with_gelu_arguments(roots, trace):
+    """``roots`` with each gelu of a gemm's product that other terms read too (``_gelu_of_a_kept_product``) and
+    that product made by one gemm, which writes both (cuBLASLt's GELU_AUX epilogues: result 0 the gelu, result 1
+    the product) instead of a product written, read back and written again as its gelu. A reader of the gelu
+    (through reshapes) that must wait for another of its readers (a weight gradient, in the backward pass) reads the
+    gelu of result 1 instead, computed where it runs, so that result 0 is not held until then."""
+    order = post_order(roots)
+    readers = users(order)
+    found = {h: kept for h in order if h.op is GELU and (kept := _gelu_of_a_kept_product(h, readers)) is not None}
+    if not found:
+        return list(roots)
+    late = {}  # a reader that waits for another: the gelu, or reshapes of it, that it reads
+    for h in found:
+        read = _read_through_reshapes(h, readers)
+        for r, views in read.items():
+            if any(o is not r and o in post_order([r]) for o in read):
+                late[r] = views
+    products, made, computed_late = {g: h for h, (g, _) in found.items()}, {}, {}
+
+    def late_form(v):
+        """``v`` (a gelu, or a reshape of one) as its late readers read it: the gelu of the gemm's result 1."""
+        if v not in computed_late:
+            computed_late[v] = v.rebuild((memo[v.args[0]] if v in found else late_form(v.args[0]),))
+        return computed_late[v]
+
+    def finish(original, rebuilt):
+        if original in products:
+            h = products[original]
+            parts = {**_parts(rebuilt), "epilogue": "gelu_aux" if _parts(rebuilt)["bias"] is None else "bias_gelu_aux"}
+            made[h] = gemm(**parts)
+            if trace is not None:
+                trace.append(Rewrite("gemm-gelu-argument", h, made[h]))
+            return gemm(**{**parts, "output": 1})
+        if original in found:
+            return made[original] if found[original][1] is None else ct.reshape(made[original], original.shape)
+        if original in late:
+            swapped = {memo[v]: late_form(v) for v in late[original]}
+            return rebuilt.rebuild(tuple(swapped.get(a, a) for a in rebuilt.args))
+        return rebuilt
+
+    memo = {}
+    return [bottom_up(root, memo, finish) for root in roots]
+
+
+def _read_through_reshapes(h, readers):
+    """``{reader: the terms it reads among h and reshapes of h}``, looking through reshapes to what reads them."""
+    read, frontier = {}, [h]
+    while frontier:
+        v = frontier.pop()
+        for r, _ in readers[v]:
+            if r.op is RESHAPE:
+                frontier.append(r)
+            else:
+                read.setdefault(r, []).append(v)
+    return read
+
+
 def finish(roots, trace=None, keep=frozenset()):
-    """``roots`` with each ``sum(x, axis=0)`` of a matrix that a gemm can compute on the side (a bias gradient)
-    taken from that gemm's second result: cuBLASLt's BGRAD epilogues reduce an operand over the contracted
-    axis as they read it, and DGELU_BGRAD the product's columns as it writes them. One sum per gemm; the
-    sums in ``keep`` stay reductions (the compiler keeps those a gemm would hold at the memory peak)."""
+    """``roots`` with the gelus of products read on their own too written by their gemms (``_with_gelu_arguments``)
+    and each ``sum(x, axis=0)`` of a matrix that a gemm can compute on the side (a bias gradient) taken from that
+    gemm's second result: cuBLASLt's BGRAD epilogues reduce an operand over the contracted axis as they read it,
+    and DGELU_BGRAD the product's columns as it writes them. One sum per gemm; the sums in ``keep`` stay
+    reductions (the compiler keeps those a gemm would hold at the memory peak)."""
+    roots = _with_gelu_arguments(roots, trace)
     order = post_order(roots)
     sources = _bias_gradient_sources(order)
     epilogue, taken_by = {}, {}

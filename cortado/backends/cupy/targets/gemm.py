@@ -1,10 +1,10 @@
 """cuBLASLt's GEMMs: ``gemm`` terms (``lowering/gemm.py`` builds them), each one call with its epilogue, the bias
-gradient it makes written through the bias pointer."""
+gradient it makes written through the bias pointer, the gelu argument it keeps through the auxiliary pointer."""
 
 from ..calls.cublaslt import Gemm, GemmCall
 from ..codegen import Operand
 from ..layout import gemm_copies
-from ..lowering.gemm import GEMM, gemm_operands
+from ..lowering.gemm import GELU_ARGUMENT_RESULTS, GEMM, gemm_operands
 from . import Target
 from .library import LibraryCall
 
@@ -21,10 +21,13 @@ def _runner(kernel, view):
     t, terms = kernel.term, kernel.terms
     a, b, c, bias, aux = gemm_operands(t.args, t.attrs.beta, t.attrs.epilogue)
 
+    second = terms[1] if len(terms) > 1 else None  # a bias gradient, or the gelu's argument
+    kept = t.attrs.epilogue in GELU_ARGUMENT_RESULTS
+
     def arguments(placed, workspace):
-        bias_address = placed[terms[1]] if len(terms) > 1 else placed[bias] if bias is not None else None
-        return (placed[a], placed[b], placed[c if c is not None else t], placed[t], workspace, bias_address,
-                placed[aux] if aux is not None else None)
+        bias_address = placed[bias] if bias is not None else placed[second] if second is not None and not kept else None
+        aux_address = placed[aux] if aux is not None else placed[second] if kept else None
+        return (placed[a], placed[b], placed[c if c is not None else t], placed[t], workspace, bias_address, aux_address)
 
     return LibraryCall(kernel, view, gemm_copies(t, view.strides),
                        lambda reads: Gemm(gemm_call(t, reads, view.options["tf32"])), arguments, t.attrs.epilogue)
