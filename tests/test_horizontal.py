@@ -54,6 +54,22 @@ def test_an_optimizers_small_updates_become_one_kernel_and_its_large_ones_stay()
     assert trace.counts() == {"fuse-side-by-side": 9}
 
 
+def test_large_weight_casts_read_twice_become_one_kernel_and_those_read_once_stay():
+    """A training step reads a weight's bfloat16 cast in the forward pass and again in the backward pass (but the
+    first layer's: no gradient flows to the input), so those casts, each from a state leaf, run as one grid at the
+    start; a forward pass alone reads each cast once, and there the casts stay where their readers are."""
+    x = ct.var("x", (4, 300), "bfloat16")
+    weights = [ct.var(f"w{k}", (300, 300)) for k in range(3)]  # float32: each cast larger than MOST_ELEMENTS
+    h = x
+    for w in weights:
+        h = ct.tanh(h @ ct.cast(w, "bfloat16"))
+    loss = ct.sum(ct.cast(h, "float32"))
+    updates = [w - 0.1 * ct.cast(g, "float32") for w, g in zip(weights, ct.grad(loss, weights))]
+    for roots, grouped in (([loss, *updates], [weights[1], weights[2]]), ([h], [])):
+        casts = [o for _, body in _side_by_side_kernels(_grouped(roots)[0]) for o in body if o.op.name == "cast"]
+        assert len(casts) == len(grouped) and all(o.shape == (300, 300) for o in casts), casts
+
+
 def test_side_by_side_the_step_computes_the_same_bits():
     loss, x, y, _, values, updates = _adam_step()
     roots = [loss, *updates.values()]
@@ -141,6 +157,30 @@ def test_on_the_gpu_an_adamw_step_with_its_updates_side_by_side_equals_the_refer
             step(**feeds)
     for v in updates:
         np.testing.assert_allclose(host(steps["cupy"].state[v.name]), steps["numpy"].state[v.name], rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_steps_weight_casts_side_by_side_equal_the_reference():
+    skip_without_device("cupy")
+    x = ct.var("x", (16, 300), "bfloat16")
+    weights = [ct.var(f"w{k}", (300, 300)) for k in range(3)]
+    h = x
+    for w in weights:
+        h = ct.tanh(h @ ct.cast(w, "bfloat16"))
+    loss = ct.sum(ct.cast(h, "float32"))
+    updates = {w: w - 0.01 * ct.cast(g, "float32") for w, g in zip(weights, ct.grad(loss, weights))}
+    rng = np.random.default_rng(2)
+    state = {w: (rng.standard_normal(w.shape) / 17).astype(np.float32) for w in weights}
+    steps = {backend: ct.compile([loss], inputs=[x], state=state, updates=updates, backend=backend)
+             for backend in ("numpy", "cupy")}
+    sides = [k for k in steps["cupy"].kernels if k.term.op.name == "fused" and isinstance(k.term.attr("kernel"), Horizontal)]
+    assert any(sum(o.shape == (300, 300) for o in k.term.attr("outputs")) == 2 for k in sides), steps["cupy"].explain()
+    for _ in range(3):
+        feed = {"x": rng.standard_normal((16, 300)).astype(BFLOAT16)}
+        for step in steps.values():
+            step(**feed)
+    for w in weights:
+        np.testing.assert_allclose(host(steps["cupy"].state[w.name]), steps["numpy"].state[w.name], rtol=2e-2, atol=1e-3)
 
 
 def test_small_kernels_of_the_programs_leaves_become_one_kernel_before_their_readers():

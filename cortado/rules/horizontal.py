@@ -1,4 +1,5 @@
-"""``side_by_side``: small elementwise kernels at either end of the step become one kernel each, side by side.
+"""``side_by_side``: small elementwise kernels at either end of the step, and a training step's weight casts, become
+one kernel each, side by side.
 
 An optimizer's update of a bias or a gain is an elementwise kernel over a few thousand elements, and so is a bias's
 cast to bfloat16 at the step's start: each costs a launch and a round trip to memory, several microseconds, for
@@ -8,7 +9,9 @@ can run together in any number:
 - final ones, every result of which is one of the program's own (an update, an output): nothing in the step waits
   for them, so they run as one launch once the last of their operands exists;
 - initial ones, which read only the program's leaves (state, inputs, constants): their operands exist from the
-  start, so they run as one launch before their first reader.
+  start, so they run as one launch before their first reader. Large ones join too where each of their results is
+  read more than once (a weight's cast to bfloat16, which the forward pass reads and the backward pass again, so
+  it is held across the step anyway): one grid, at the copy rate, for the weights' dozens of launches.
 
 Each kernel of a group keeps its own body, shape and threads (``Horizontal.parts``), and the blocks of one grid
 are dealt out among them. No kernel of a group reads another's results (a final one's are read by nothing, an
@@ -50,16 +53,19 @@ class Horizontal:
 
 def _end(results, users, roots):
     """Which group the terms of one fused kernel may join: "final", "initial" or None. Only an elementwise body whose
-    every result is small and of at most ``MOST_AXES`` axes may join one."""
+    every result has at most ``MOST_AXES`` axes may join one, a final group only where they are small."""
     t = results[0]
     if t.attr("kernel") != ELEMENTWISE_KERNEL or t.attr("again"):
         return None
     body = t.attr("outputs")
-    if len(results) != len(body) or any(o.size > MOST_ELEMENTS or o.ndim > MOST_AXES or o.size == 0 for o in body):
+    if len(results) != len(body) or any(o.ndim > MOST_AXES or o.size == 0 for o in body):
         return None
-    if all(r in roots and not users.get(r) for r in results):
+    small = all(o.size <= MOST_ELEMENTS for o in body)
+    if small and all(r in roots and not users.get(r) for r in results):
         return "final"
-    return "initial" if all(a.op.kind == LEAF for a in t.args) else None
+    if not all(a.op.kind == LEAF for a in t.args):
+        return None
+    return "initial" if small or all(len(users.get(r, ())) > 1 for r in results) else None
 
 
 def _kernels(roots):
