@@ -46,9 +46,9 @@ def _row_vector(shape, operands, elements, body):
 
 def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=(), cached=0):
     """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, or taken from
-    the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running ``writer``'s lines and then ``inner`` for each element ``r``;
-    ``stores``: ``(k, dtype)`` of the outputs ``inner`` puts in ``s{k}.v[u]``, stored as vectors (one element at a
-    time where ``vec`` is 1, by ``inner`` itself)."""
+    the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running
+    ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype)`` of the outputs ``inner``
+    puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself)."""
     if vec == 1:
         return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
     if cached:

@@ -35,8 +35,8 @@ _tuned = {}  # a call's description -> the heuristic result chosen for it
 _heuristics = {}  # a call's description -> cuBLASLt's candidates for it
 # ours -> cuBLASLt's, whose A is our b (see above): our bgrad_b is its BGRADA
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
-              "bias_gelu": "GELU_BIAS", "gelu_aux": "GELU_AUX", "bias_gelu_aux": "GELU_AUX_BIAS", "dgelu": "DGELU", "dgelu_bgrad": "DGELU_BGRAD", "bgrad_a": "BGRADB",
-              "bgrad_b": "BGRADA"}
+              "bias_gelu": "GELU_BIAS", "gelu_aux": "GELU_AUX", "bias_gelu_aux": "GELU_AUX_BIAS", "dgelu": "DGELU",
+              "dgelu_bgrad": "DGELU_BGRAD", "bgrad_a": "BGRADB", "bgrad_b": "BGRADA"}
 
 
 def _lt():
