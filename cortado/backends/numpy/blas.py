@@ -134,12 +134,16 @@ def _halves(a, b, out):
     return [(part, [(x.ctypes.data - f) // x.itemsize for x, f in zip(part, first)]) for part in parts]
 
 
+@functools.lru_cache(maxsize=4)
 def _operands(dtype, m, n, p, trans_a, trans_b):
-    """Random operands of an ``m x n`` times ``n x p`` product, stored as ``trans_a`` and ``trans_b`` say."""
+    """Random operands of an ``m x n`` times ``n x p`` product, stored as ``trans_a`` and ``trans_b`` say, and
+    ``np.matmul``'s product of them (on OpenBLAS's threads): what ``one_thread_agrees`` and ``halves_agree`` check
+    against, drawn once for both."""
     rng = np.random.default_rng(0)
-    a = rng.standard_normal((m, n) if trans_a == NO_TRANS else (n, m)).astype(dtype)
-    b = rng.standard_normal((n, p) if trans_b == NO_TRANS else (p, n)).astype(dtype)
-    return (a if trans_a == NO_TRANS else a.T), (b if trans_b == NO_TRANS else b.T)
+    a = rng.random((m, n) if trans_a == NO_TRANS else (n, m), dtype) - dtype.type(0.5)
+    b = rng.random((n, p) if trans_b == NO_TRANS else (p, n), dtype) - dtype.type(0.5)
+    a, b = (a if trans_a == NO_TRANS else a.T), (b if trans_b == NO_TRANS else b.T)
+    return a, b, a @ b
 
 
 @functools.cache
@@ -147,8 +151,8 @@ def one_thread_agrees(dtype, m, n, p, trans_a, trans_b):
     """Whether the ``?gemm`` of an ``m x n`` times ``n x p`` product (operands stored as ``trans_a``, ``trans_b``
     say) made on one thread gives the bits ``np.matmul`` gives on OpenBLAS's threads, on random values: for some
     shapes they differ (436 x 600 x 8)."""
-    a, b = _operands(dtype, m, n, p, trans_a, trans_b)
-    expected, out = a @ b, np.empty((m, p), dtype)
+    a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
+    out = np.empty((m, p), dtype)
     with one_thread():
         _gemm_call(gemm(dtype), dtype, a, b, out)
     return np.array_equal(out.view(np.uint8), expected.view(np.uint8))
@@ -158,8 +162,8 @@ def one_thread_agrees(dtype, m, n, p, trans_a, trans_b):
 def halves_agree(dtype, m, n, p, trans_a, trans_b):
     """Whether the two halves (``_halves``) of an ``m x n`` times ``n x p`` product (operands stored as ``trans_a``,
     ``trans_b`` say), each one ``?gemm`` call on one thread, give ``np.matmul``'s bits on random values."""
-    a, b = _operands(dtype, m, n, p, trans_a, trans_b)
-    expected, out = a @ b, np.empty((m, p), dtype)
+    a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
+    out = np.empty((m, p), dtype)
     with one_thread():
         for (x, y, z), _ in _halves(a, b, out):
             _gemm_call(gemm(dtype), dtype, x, y, z)
