@@ -189,13 +189,16 @@ def _in_turn(calls):
         call()
 
 
-# Two threads for a function whose work halves cleanly (an attention's heads): ``ct_in_two(part, p)`` runs
-# ``part(p, 0)`` in the calling thread and ``part(p, 1)`` in a worker the library starts once (again after a fork),
-# and returns when both are done. The worker spins at most ``CT_SPIN`` seconds for the next call, then sleeps: an
-# OpenMP team's default spin ran for milliseconds on this machine's AMD cores (its ``pause`` is slow), taking the
-# second core from OpenBLAS's own thread in the products that followed (the GPT example's step took 36 ms instead
-# of 10). A call made while another thread holds the worker, or on a machine of one core, runs both halves itself.
+# Two threads for a function whose work halves cleanly (an attention's heads, a product's rows): ``ct_in_two(part, p)``
+# runs ``part(p, 0)`` in the calling thread and ``part(p, 1)`` in whichever thread claims it first: a worker the
+# library starts once (again after a fork), or the caller itself once its own half is done, so a worker that a busy
+# machine has not scheduled (or that sleeps) holds nothing up. The worker spins at most ``CT_SPIN`` seconds for the
+# next call, yielding the core between looks, then sleeps: an OpenMP team's default spin ran for milliseconds on this
+# machine's AMD cores (their ``pause`` is slow), taking the second core from OpenBLAS's own thread in the products
+# that followed (the GPT example's step took 36 ms instead of 10). A call made while another thread holds the
+# worker, or on a machine of one core, runs both halves itself.
 TWO_THREADS = r"""#include <pthread.h>
+#include <sched.h>
 #include <time.h>
 #include <unistd.h>
 #define CT_SPIN 1e-3
@@ -207,22 +210,28 @@ TWO_THREADS = r"""#include <pthread.h>
 typedef void (*ct_part)(void* const* p, long part);
 static struct {
   pthread_mutex_t lock; pthread_cond_t wake; ct_part part; void* const* p;
-  long posted, done; int sleeping, busy; pid_t pid;
+  long posted, claimed, done; int sleeping, busy; pid_t pid;
 } ct_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 static double ct_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static int ct_claim(long ticket) {  /* whether this thread takes the second half of call ``ticket`` */
+  long before = ticket - 1;
+  return __atomic_compare_exchange_n(&ct_pool.claimed, &before, ticket, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
 static void* ct_worker(void* first) {
   long seen = (long)first;
   for (;;) {
     const double until = ct_now() + CT_SPIN;
-    while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen && ct_now() < until) CT_PAUSE();
+    while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen && ct_now() < until) { CT_PAUSE(); sched_yield(); }
     pthread_mutex_lock(&ct_pool.lock);
     ct_pool.sleeping = 1;
     while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&ct_pool.wake, &ct_pool.lock);
     ct_pool.sleeping = 0;
     pthread_mutex_unlock(&ct_pool.lock);
     seen = __atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE);
-    ct_pool.part(ct_pool.p, 1);
-    __atomic_store_n(&ct_pool.done, seen, __ATOMIC_RELEASE);
+    if (ct_claim(seen)) {
+      ct_pool.part(ct_pool.p, 1);
+      __atomic_store_n(&ct_pool.done, seen, __ATOMIC_RELEASE);
+    }
   }
   return 0;
 }
@@ -232,7 +241,7 @@ static int ct_worker_running(void) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || pthread_attr_init(&attributes)) return 0;
   pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
   pthread_mutex_init(&ct_pool.lock, 0); pthread_cond_init(&ct_pool.wake, 0);  /* afresh in a forked child */
-  ct_pool.done = ct_pool.posted; ct_pool.sleeping = 0;
+  ct_pool.claimed = ct_pool.done = ct_pool.posted; ct_pool.sleeping = 0;
   const int failed = pthread_create(&thread, &attributes, ct_worker, (void*)ct_pool.posted);
   pthread_attr_destroy(&attributes);
   if (failed) return 0;
@@ -249,7 +258,8 @@ static void ct_in_two(ct_part part, void* const* p) {
   if (ct_pool.sleeping) pthread_cond_signal(&ct_pool.wake);
   pthread_mutex_unlock(&ct_pool.lock);
   part(p, 0);
-  while (__atomic_load_n(&ct_pool.done, __ATOMIC_ACQUIRE) != ticket) CT_PAUSE();
+  if (ct_claim(ticket)) part(p, 1);
+  else while (__atomic_load_n(&ct_pool.done, __ATOMIC_ACQUIRE) != ticket) { CT_PAUSE(); sched_yield(); }
   __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
 }
 """
