@@ -20,7 +20,7 @@ import numpy as np
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
 C_TYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
-NAMES = ("scipy_cblas_{p}gemm64_", "cblas_{p}gemm64_", "scipy_cblas_{p}gemm", "cblas_{p}gemm")
+NAMES = ("scipy_cblas_{p}{routine}64_", "cblas_{p}{routine}64_", "scipy_cblas_{p}{routine}", "cblas_{p}{routine}")
 
 
 def _loaded_libraries():
@@ -34,9 +34,9 @@ def _loaded_libraries():
 
 
 @functools.cache
-def gemm(dtype):
-    """``(address, integer C type)`` of the ``?gemm`` NumPy calls for ``dtype``, checked against ``np.matmul``;
-    None where there is none."""
+def entry(dtype, routine):
+    """``(address, integer C type is 64 bits)`` of BLAS's ``?{routine}`` for ``dtype`` in the library NumPy calls, or
+    None."""
     dtype = np.dtype(dtype)
     if dtype not in PREFIX:
         return None
@@ -46,28 +46,27 @@ def gemm(dtype):
         except OSError:
             continue
         for pattern in NAMES:
-            name = pattern.format(p=PREFIX[dtype])
+            name = pattern.format(p=PREFIX[dtype], routine=routine)
             if hasattr(library, name):
-                found = ctypes.cast(getattr(library, name), ctypes.c_void_p).value, name.endswith("64_")
-                return found if _agrees(found, dtype) else None
+                return ctypes.cast(getattr(library, name), ctypes.c_void_p).value, name.endswith("64_")
     return None
+
+
+@functools.cache
+def gemm(dtype):
+    """``entry(dtype, "gemm")``, checked against ``np.matmul``; None where there is none or it differs."""
+    found = entry(dtype, "gemm")
+    return found if found is not None and _agrees(found, np.dtype(dtype)) else None
 
 
 def _agrees(found, dtype):
     """Whether calls of ``found`` give ``np.matmul``'s bits on products of every operand layout."""
-    integer = ctypes.c_int64 if found[1] else ctypes.c_int32
-    scalar = ctypes.c_float if dtype == np.float32 else ctypes.c_double
-    pointer = ctypes.c_void_p
-    call = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar, pointer,
-                            integer, pointer, integer, scalar, pointer, integer)(found[0])
     rng = np.random.default_rng(0)
     left = rng.standard_normal((37, 29)).astype(dtype)
     right = rng.standard_normal((29, 23)).astype(dtype)
     for a, b in ((left, right), (np.ascontiguousarray(left.T).T, right), (left, np.ascontiguousarray(right.T).T)):
         expected, out = a @ b, np.empty((a.shape[0], b.shape[1]), dtype)
-        (trans_a, lda), (trans_b, ldb) = _layout(a), _layout(b)
-        call(ROW_MAJOR, trans_a, trans_b, a.shape[0], b.shape[1], a.shape[1], 1.0, a.ctypes.data, lda, b.ctypes.data,
-             ldb, 0.0, out.ctypes.data, out.shape[1])
+        _gemm_call(found, dtype, a, b, out)
         if not np.array_equal(out.view(np.uint8), expected.view(np.uint8)):
             return False
     return True
@@ -89,24 +88,154 @@ def _layout(a):
     return None
 
 
-def product(a, b, out):
-    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm``, or None where NumPy
-    would call something else (a row, a column or one term: a vector product; a matrix times its transpose: syrk)
-    or no BLAS is at hand."""
+def call(a, b, out, function, pointers):
+    """The C statement of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm``, the gemm at the C pointer
+    ``function``, the three matrices' first elements at the C pointers ``pointers`` (each matrix of another place
+    with ``a``'s, ``b``'s and ``out``'s shapes and strides), or None where NumPy would call something else (a row, a
+    column or one term: a vector product), no BLAS is at hand, or the call made on one thread (``one_thread``) gives
+    other bits than NumPy's. A matrix times its own transpose (``syrk``) is the caller's to rule out: it depends on
+    the places."""
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or not (a.dtype == b.dtype == out.dtype):
         return None
     (m, n), p = a.shape, b.shape[1]
     if min(m, n, p) < 2 or _layout(out) != (NO_TRANS, out.strides[0] // out.itemsize):
         return None
     found, layouts = gemm(a.dtype), (_layout(a), _layout(b))
-    if found is None or None in layouts or a.ctypes.data == b.ctypes.data:
+    if found is None or None in layouts or not one_thread_agrees(a.dtype, m, n, p, layouts[0][0], layouts[1][0]):
         return None
     (trans_a, lda), (trans_b, ldb) = layouts
     integer, scalar = ("long long" if found[1] else "int"), C_TYPE[a.dtype]
     ldc = out.strides[0] // out.itemsize
     signature = (f"void (*)(int, int, int, {integer}, {integer}, {integer}, {scalar}, const {scalar}*, {integer}, "
                  f"const {scalar}*, {integer}, {scalar}, {scalar}*, {integer})")
-    text = (f"{{\n  (({signature})p[0])({ROW_MAJOR}, {trans_a}, {trans_b}, {m}, {p}, {n}, 1, (const {scalar}*)p[1], "
-            f"{lda}, (const {scalar}*)p[2], {ldb}, 0, ({scalar}*)p[3], {ldc});\n}}\n")
-    name = "gemm_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    return name, f"void {name}(void* const* p) {text}", [found[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
+    pa, pb, pc = pointers
+    return (f"(({signature})({function}))({ROW_MAJOR}, {trans_a}, {trans_b}, {m}, {p}, {n}, 1, (const {scalar}*)({pa}), "
+            f"{lda}, (const {scalar}*)({pb}), {ldb}, 0, ({scalar}*)({pc}), {ldc});\n")
+
+
+# a product of at least this many multiply-adds is computed in two halves, one a thread (``native``'s ``ct_in_two``),
+# with OpenBLAS's own threads held to one while a step runs (``one_thread``): OpenBLAS's idle threads spin for
+# 2^28 cycles after each threaded call (without yielding: ``nop`` loops), which took the second core from the
+# step's other work; the GPT example's smallest split product is 1024 x 64 x 64
+SPLIT_SMALLEST = 1 << 22
+
+
+def _halves(a, b, out):
+    """The two halves of ``a @ b`` into ``out``, ``((a, b, out), (a, b, out))``, cut along the longer of the
+    result's rows and columns, with the element offset of each half's first element of ``a``, ``b``, ``out``."""
+    m, p = out.shape
+    if m >= p:
+        cut = m // 2
+        parts = [(a[:cut], b, out[:cut]), (a[cut:], b, out[cut:])]
+    else:
+        cut = p // 2
+        parts = [(a, b[:, :cut], out[:, :cut]), (a, b[:, cut:], out[:, cut:])]
+    first = [x.ctypes.data for x in (a, b, out)]
+    return [(part, [(x.ctypes.data - f) // x.itemsize for x, f in zip(part, first)]) for part in parts]
+
+
+@functools.lru_cache(maxsize=4)
+def _operands(dtype, m, n, p, trans_a, trans_b):
+    """Random operands of an ``m x n`` times ``n x p`` product, stored as ``trans_a`` and ``trans_b`` say, and
+    ``np.matmul``'s product of them (on OpenBLAS's threads): what ``one_thread_agrees`` and ``halves_agree`` check
+    against, drawn once for both."""
+    rng = np.random.default_rng(0)
+    a = rng.random((m, n) if trans_a == NO_TRANS else (n, m), dtype) - dtype.type(0.5)
+    b = rng.random((n, p) if trans_b == NO_TRANS else (p, n), dtype) - dtype.type(0.5)
+    a, b = (a if trans_a == NO_TRANS else a.T), (b if trans_b == NO_TRANS else b.T)
+    return a, b, a @ b
+
+
+@functools.cache
+def one_thread_agrees(dtype, m, n, p, trans_a, trans_b):
+    """Whether the ``?gemm`` of an ``m x n`` times ``n x p`` product (operands stored as ``trans_a``, ``trans_b``
+    say) made on one thread gives the bits ``np.matmul`` gives on OpenBLAS's threads, on random values: for some
+    shapes they differ (436 x 600 x 8)."""
+    a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
+    out = np.empty((m, p), dtype)
+    with one_thread():
+        _gemm_call(gemm(dtype), dtype, a, b, out)
+    return np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+
+
+@functools.cache
+def halves_agree(dtype, m, n, p, trans_a, trans_b):
+    """Whether the two halves (``_halves``) of an ``m x n`` times ``n x p`` product (operands stored as ``trans_a``,
+    ``trans_b`` say), each one ``?gemm`` call on one thread, give ``np.matmul``'s bits on random values."""
+    a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
+    out = np.empty((m, p), dtype)
+    with one_thread():
+        for (x, y, z), _ in _halves(a, b, out):
+            _gemm_call(gemm(dtype), dtype, x, y, z)
+    return np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+
+
+def _gemm_call(found, dtype, a, b, out):
+    """``a @ b`` into ``out`` through ``?gemm`` (``found``) from Python, with NumPy's arguments."""
+    integer = ctypes.c_int64 if found[1] else ctypes.c_int32
+    scalar = ctypes.c_float if dtype == np.float32 else ctypes.c_double
+    pointer = ctypes.c_void_p
+    call_ = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar, pointer,
+                             integer, pointer, integer, scalar, pointer, integer)(found[0])
+    (trans_a, lda), (trans_b, ldb) = _layout(a), _layout(b)
+    call_(ROW_MAJOR, trans_a, trans_b, a.shape[0], b.shape[1], a.shape[1], 1.0, a.ctypes.data, lda, b.ctypes.data,
+          ldb, 0.0, out.ctypes.data, out.strides[0] // out.itemsize)
+
+
+def product(a, b, out):
+    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm`` (``call``), or two
+    halves on two threads where it is large and they give its bits; None where NumPy would call something else (a
+    matrix times its transpose: syrk) or no BLAS is at hand."""
+    statement = call(a, b, out, "p[0]", ("p[1]", "p[2]", "p[3]")) if a.ctypes.data != b.ctypes.data else None
+    if statement is None:
+        return None
+    pointers = [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
+    if not _splits(a, b, out):
+        text = f"{{\n  {statement}}}\n"
+        name = "gemm_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        return name, f"void {name}(void* const* p) {text}", pointers
+    c = C_TYPE[a.dtype]
+    halves = [call(*part, "p[0]", [f"({c}*)p[{k + 1}] + {offset}L" for k, offset in enumerate(offsets)])
+              for part, offsets in _halves(a, b, out)]
+    text = f"{{\n  if (part) {halves[1]}  else {halves[0]}}}\n"
+    name = "gemm_halves_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, (f"static void {name}_half(void* const* p, long part) {text}"
+                  f"void {name}(void* const* p) {{ ct_in_two({name}_half, p); }}\n"), pointers
+
+
+def _splits(a, b, out):
+    (m, n), p = a.shape, b.shape[1]
+    return (m * n * p >= SPLIT_SMALLEST and threads() is not None
+            and halves_agree(a.dtype, m, n, p, _layout(a)[0], _layout(b)[0]))
+
+
+@functools.cache
+def threads():
+    """``(set, get)``: OpenBLAS's calls setting and reading its number of threads, from the library NumPy calls;
+    None where there are none."""
+    for path in _loaded_libraries():
+        try:
+            library = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for suffix, prefix in (("64_", "scipy_"), ("", "scipy_"), ("64_", ""), ("", "")):
+            setter, getter = f"{prefix}openblas_set_num_threads{suffix}", f"{prefix}openblas_get_num_threads{suffix}"
+            if hasattr(library, setter) and hasattr(library, getter):
+                set_, get = getattr(library, setter), getattr(library, getter)
+                set_.argtypes, set_.restype, get.argtypes, get.restype = [ctypes.c_int], None, [], ctypes.c_int
+                return set_, get
+    return None
+
+
+class one_thread:
+    """OpenBLAS's own threads held to one while in ``with`` (where it has any), as they were after."""
+
+    def __enter__(self):
+        found = threads()
+        self.before = found[1]() if found is not None else 1
+        if self.before > 1:
+            found[0](1)
+
+    def __exit__(self, *raised):
+        if self.before > 1:
+            threads()[0](self.before)

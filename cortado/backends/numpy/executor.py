@@ -6,6 +6,8 @@ list of ``functools.partial`` calls with their ``out=`` arrays bound. A call the
 in, runs the calls, copies the outputs out and writes the updates.
 """
 
+import contextlib
+
 import numpy as np
 
 from ...errors import BackendError, IndexRangeError
@@ -14,7 +16,7 @@ from ...exprgraph.ops import BROADCAST_TO, CONST, FLIP, FUSED_OP, TRANSPOSE, VAR
 from ...exprgraph.ops.collectives import ALL_REDUCE
 from ...memplan import aligned, unallocatable
 from .. import interface
-from . import native
+from . import blas, native
 from .fused import emit_fused
 from .kernels import Emitter, emit
 
@@ -105,6 +107,7 @@ class Executor(interface.Executor):
         arrays.update({value: self.state[var] for value, var in sinks.items()})
         self.calls, self.call_kernel = [], []
         self.native = native.Batch() if native.toolchain() else None
+        numpy_blas = False
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             for t in kernel.terms:
                 for a in t.args:
@@ -119,11 +122,16 @@ class Executor(interface.Executor):
             size = plan[workspace].nbytes if workspace in plan else 0
             em = Emitter(_view(self.arena, plan[workspace].offset if size else 0, (size,), np.uint8), self.native)
             self._emit(em, kernel, arrays)
+            numpy_blas |= em.numpy_blas
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
         if self.native is not None:
             self.calls, firsts = self.native.bind(self.calls)
             self.call_kernel = [self.call_kernel[i] for i in firsts]  # a merged run of C calls raises nothing
+        # OpenBLAS's threads held to one while the step's own two threads compute (``blas.one_thread``), where every
+        # product is C's, checked to give NumPy's bits on one thread: NumPy's own may give others there
+        held = self.native is not None and self.native.in_two and not numpy_blas
+        self.threads = blas.one_thread() if held else contextlib.nullcontext()
         for t in list(outputs) + list(updates.values()):
             if t not in arrays and t.op is CONST:
                 arrays[t] = t.attr("value").array
@@ -185,7 +193,7 @@ class Executor(interface.Executor):
             self.feeds[name] = value.copy() if np.may_share_memory(value, self.state_block) else value
         done = 0
         try:
-            with _Quiet():
+            with _Quiet(), self.threads:
                 for call in self.calls:
                     call()
                     done += 1

@@ -34,7 +34,7 @@ from ...exprgraph.ops import (
 from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
-from . import blas, csource
+from . import attention, blas, csource
 
 SCRATCH_ALIGNMENT = 64
 
@@ -58,6 +58,7 @@ class Emitter:
     def __init__(self, workspace=None, native=None):
         self.workspace = workspace
         self.native = native  # a ``native.Batch`` where C loop nests may take strided copies, else None
+        self.numpy_blas = False  # whether a call of NumPy's that reaches its BLAS was emitted (``executor``'s threads)
         self.calls = []
         self.top = 0
         self._free = {}  # aligned size -> offsets released for reuse
@@ -298,6 +299,7 @@ def _matmul(em, attrs, args, out):
     called = blas.product(a, b, out) if em.native is not None else None
     if called is None:
         em.call(np.matmul, a, b, out=out)
+        em.numpy_blas = True
         return
     em.calls.append(em.native.add([called], [functools.partial(np.matmul, a, b, out=out)]))
 
@@ -334,6 +336,7 @@ def _conv(em, attrs, args, out):
     windows = windowing.conv_windows(xp, w.shape, out.shape, attrs.strides, attrs.rhs_dilation, groups)
     _strided(em, [(None, columns.reshape(windows.shape), [windows])])
     em.call(windowing.conv_product, out, weights, columns, groups)
+    em.numpy_blas = True
     for array in (columns, weights) + ((xp,) if xp is not x else ()):
         em.release(array)
 
@@ -410,18 +413,42 @@ def _released(em, arrays):
 
 def _attention(em, attrs, args, out):
     scratch = _attention_scratch(em, *args, out.dtype, 1)
-    shifts = _shifts(em, scratch[0], *args[:2], attrs)
-    em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, *scratch, shifts=shifts)
-    _released(em, scratch)
+    extra = em.scratch((attention.extra_size(*args[:2]),), out.dtype)
+    found = attention.forward(out, *args, attrs.scale, attrs.causal, *scratch, extra) if em.native is not None else None
+    if found is not None:
+        _native_attention(em, found, functools.partial(attending.attention_into, out, *args, attrs.scale, attrs.causal,
+                                                       *scratch))
+    else:
+        shifts = _shifts(em, scratch[0], *args[:2], attrs)
+        em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, *scratch, shifts=shifts)
+        em.numpy_blas = True
+    _released(em, scratch + [extra])
 
 
 def _attention_grad(em, attrs, args, out):
     """``out``: the three results, ``(dq, dk, dv)``; the forward's result (``args[3]``) is not read."""
     q, k, v, _, dout = args
     scratch = _attention_scratch(em, q, k, v, out[0].dtype, 3)
-    shifts = _shifts(em, scratch[0], q, k, attrs)
-    em.call(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, shifts=shifts)
-    _released(em, scratch)
+    extra = em.scratch((attention.extra_size(q, k),), out[0].dtype)
+    found = (attention.backward(*out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, extra)
+             if em.native is not None else None)
+    if found is not None:
+        _native_attention(em, found, functools.partial(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale,
+                                                       attrs.causal, *scratch))
+    else:
+        shifts = _shifts(em, scratch[0], q, k, attrs)
+        em.call(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, shifts=shifts)
+        em.numpy_blas = True
+    _released(em, scratch + [extra])
+
+
+def _native_attention(em, found, numpy_call):
+    """An attention's C (``attention``): its shift functions defined, its one call added; ``numpy_call`` where the
+    library does not build."""
+    definitions, piece = found
+    for definition in definitions:
+        em.native.define(*definition)
+    em.calls.append(em.native.add([piece], [numpy_call]))
 
 
 def _shifts(em, flat, q, k, attrs):

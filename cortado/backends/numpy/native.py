@@ -24,7 +24,7 @@ import numpy as np
 
 from . import csource
 
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd", "-shared", "-fPIC")
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-ffp-contract=off", "-fopenmp-simd", "-pthread", "-shared", "-fPIC")
 
 
 def cache_dir():
@@ -71,6 +71,7 @@ class Batch:
     def __init__(self):
         self.sources, self.names, self.stand_ins, self.bound = [], set(), {}, {}
         self.kept = []  # the pointer arrays of C parts called by a sequence, which holds only their addresses
+        self.in_two = False  # whether the bound library's calls run parts on two threads (``ct_in_two``)
 
     def add(self, pieces, numpy_calls):
         """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` (each
@@ -82,7 +83,7 @@ class Batch:
                 parts.append(piece)
                 continue
             name, source, pointers = piece
-            self._define(name, source)
+            self.define(name, source)
             addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
             parts.append((name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)))
         parts = [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
@@ -93,7 +94,8 @@ class Batch:
         self.stand_ins[id(stand_in)] = (stand_in, parts, numpy_calls)
         return stand_in
 
-    def _define(self, name, source):
+    def define(self, name, source):
+        """C function ``name`` of text ``source`` in the library, once (another's C may call it)."""
         if name not in self.names:  # two loop nests of the same text are one function
             self.names.add(name)
             self.sources.append(source)
@@ -101,7 +103,7 @@ class Batch:
     def _one_call(self, run):
         """One C part calling the C parts of ``run`` in turn (``csource.sequence``), their pointers kept alive."""
         name, source = csource.sequence([name for name, _ in run])
-        self._define(name, source)
+        self.define(name, source)
         self.kept.extend(pointers for _, pointers in run)
         return name, (ctypes.c_void_p * len(run))(*[ctypes.addressof(pointers) for _, pointers in run])
 
@@ -134,6 +136,7 @@ class Batch:
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             _notice(f"their C did not build ({str(error)[:300]})")
             library = None
+        self.in_two = library is not None and any("ct_in_two(" in source for source in self.sources)
         for key, (_, parts, numpy_calls) in self.stand_ins.items():
             if library is None:
                 self.bound[key] = functools.partial(_in_turn, tuple(numpy_calls))  # one call in its place, as planned
@@ -186,7 +189,82 @@ def _in_turn(calls):
         call()
 
 
-HEADER = """#include <stdint.h>
+# Two threads for a function whose work halves cleanly (an attention's heads, a product's rows): ``ct_in_two(part, p)``
+# runs ``part(p, 0)`` in the calling thread and ``part(p, 1)`` in whichever thread claims it first: a worker the
+# library starts once (again after a fork), or the caller itself once its own half is done, so a worker that a busy
+# machine has not scheduled (or that sleeps) holds nothing up. The worker spins at most ``CT_SPIN`` seconds for the
+# next call, yielding the core between looks, then sleeps: an OpenMP team's default spin ran for milliseconds on this
+# machine's AMD cores (their ``pause`` is slow), taking the second core from OpenBLAS's own thread in the products
+# that followed (the GPT example's step took 36 ms instead of 10). A call made while another thread holds the
+# worker, or on a machine of one core, runs both halves itself.
+TWO_THREADS = r"""#include <pthread.h>
+#include <sched.h>
+#include <time.h>
+#include <unistd.h>
+#define CT_SPIN 1e-3
+#if defined(__x86_64__) || defined(__i386__)
+#define CT_PAUSE() __builtin_ia32_pause()
+#else
+#define CT_PAUSE() ((void)0)
+#endif
+typedef void (*ct_part)(void* const* p, long part);
+static struct {
+  pthread_mutex_t lock; pthread_cond_t wake; ct_part part; void* const* p;
+  long posted, claimed, done; int sleeping, busy; pid_t pid;
+} ct_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
+static double ct_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
+static int ct_claim(long ticket) {  /* whether this thread takes the second half of call ``ticket`` */
+  long before = ticket - 1;
+  return __atomic_compare_exchange_n(&ct_pool.claimed, &before, ticket, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+}
+static void* ct_worker(void* first) {
+  long seen = (long)first;
+  for (;;) {
+    const double until = ct_now() + CT_SPIN;
+    while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen && ct_now() < until) { CT_PAUSE(); sched_yield(); }
+    pthread_mutex_lock(&ct_pool.lock);
+    ct_pool.sleeping = 1;
+    while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&ct_pool.wake, &ct_pool.lock);
+    ct_pool.sleeping = 0;
+    pthread_mutex_unlock(&ct_pool.lock);
+    seen = __atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE);
+    if (ct_claim(seen)) {
+      ct_pool.part(ct_pool.p, 1);
+      __atomic_store_n(&ct_pool.done, seen, __ATOMIC_RELEASE);
+    }
+  }
+  return 0;
+}
+static int ct_worker_running(void) {
+  if (ct_pool.pid == getpid()) return 1;
+  pthread_t thread; pthread_attr_t attributes;
+  if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || pthread_attr_init(&attributes)) return 0;
+  pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
+  pthread_mutex_init(&ct_pool.lock, 0); pthread_cond_init(&ct_pool.wake, 0);  /* afresh in a forked child */
+  ct_pool.claimed = ct_pool.done = ct_pool.posted; ct_pool.sleeping = 0;
+  const int failed = pthread_create(&thread, &attributes, ct_worker, (void*)ct_pool.posted);
+  pthread_attr_destroy(&attributes);
+  if (failed) return 0;
+  ct_pool.pid = getpid();
+  return 1;
+}
+static void ct_in_two(ct_part part, void* const* p) {
+  if (__atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE)) { part(p, 0); part(p, 1); return; }
+  if (!ct_worker_running()) { part(p, 0); part(p, 1); __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE); return; }
+  ct_pool.part = part; ct_pool.p = p;
+  pthread_mutex_lock(&ct_pool.lock);
+  const long ticket = ct_pool.posted + 1;
+  __atomic_store_n(&ct_pool.posted, ticket, __ATOMIC_RELEASE);
+  if (ct_pool.sleeping) pthread_cond_signal(&ct_pool.wake);
+  pthread_mutex_unlock(&ct_pool.lock);
+  part(p, 0);
+  if (ct_claim(ticket)) part(p, 1);
+  else while (__atomic_load_n(&ct_pool.done, __ATOMIC_ACQUIRE) != ticket) { CT_PAUSE(); sched_yield(); }
+  __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
+}
+"""
+
+HEADER = TWO_THREADS + """#include <stdint.h>
 static inline float ct_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float ct_minf(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline double ct_max(double a, double b) { return (a > b || a != a) ? a : b; }
