@@ -207,7 +207,7 @@ def test_feeds_that_are_not_values():
 
 
 def test_the_cpu_backend_refuses_what_only_gpu_lowering_makes():
-    from cortado.backends.cupy.lowering.gemm import gemm
+    from cortado.backends.cupy.lowering.gemm_op import gemm
 
     a, b = ct.var("a", (3, 4)), ct.var("b", (4, 5))
     with pytest.raises(ct.errors.BackendError, match="numpy backend has no kernel for gemm"):

@@ -73,7 +73,7 @@ def test_neither_the_ir_nor_the_compiler_imports_a_backend():
 
 
 def test_the_gpus_own_op_is_not_in_the_general_table():
-    from cortado.backends.cupy.lowering.gemm import GEMM
+    from cortado.backends.cupy.lowering.gemm_op import GEMM
     from cortado.exprgraph.ops import OPS
 
     assert "gemm" not in OPS and GEMM.evaluate is not None

@@ -21,7 +21,7 @@ from ...exprgraph.ops import ADD, BROADCAST_TO, CONST, FUSED_OP, PAD, PARAM, RES
 from ...exprgraph.ops.collectives import ALL_REDUCE
 from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
-from .lowering.gemm import GEMM, gemm_operands
+from .lowering.gemm_op import GEMM, gemm_operands
 from ...memplan import Step
 from ...rules.horizontal import Horizontal
 from .calls.cublaslt import matrix

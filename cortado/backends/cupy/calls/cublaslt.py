@@ -21,7 +21,7 @@ import numpy as np
 
 from ....errors import BackendError
 from ..codegen import Operand
-from ..lowering.gemm import BIAS_GRADIENT_RESULTS, GELU_ARGUMENT_RESULTS
+from ..lowering.gemm_op import BIAS_GRADIENT_RESULTS, GELU_ARGUMENT_RESULTS
 from .timing import time_graph
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one

@@ -41,7 +41,7 @@ from ....exprgraph.scaling import exponents
 from ....exprgraph.semantics import implementation
 from ....exprgraph.term import dtype_violation, make, shape_violation
 from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
-from .gemm import gemm
+from .gemm_op import gemm
 
 FLOAT8_GEMM_EPILOGUES = ("none", "bias", "gelu", "bias_gelu")
 ROUNDED_ENOUGH = (BFLOAT16,)  # the outputs whose rounding covers the tensor cores' partial sums (see above)

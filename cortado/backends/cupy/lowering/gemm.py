@@ -1,7 +1,5 @@
-"""The GEMM target: the ``gemm`` op, cuBLASLt's form of a product, and the rules that build it.
-
-``gemm`` is the GPU backend's own op, not the general table's: its attributes, shape, dtype and
-reference semantics are here, and ``calls.cublaslt`` runs it. ``rules`` turn ``matmul`` into cuBLASLt's form
+"""The GEMM target: the rules that build ``gemm`` terms (the op, cuBLASLt's form of a product, is
+``gemm_op.py``'s; ``calls.cublaslt`` runs it). ``rules`` turn ``matmul`` into cuBLASLt's form
 and then fold what surrounds it into the one call: a transpose of an operand into the operation
 flags, a scalar factor into ``alpha``, an added term of the product's shape into ``beta`` and
 ``c``, an added row into the bias epilogue, a ``relu`` or ``gelu`` of it all into that epilogue,
@@ -15,138 +13,12 @@ holds at the memory peak.
 
 import math
 
-import numpy as np
-
 from ....exprgraph import constructors as ct
-from ....exprgraph.dtypes import BFLOAT16, is_float, is_narrow_float
 from ....exprgraph.graph import post_order, users
-from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, GELU_GRAD, LOWERED, RESHAPE, SUM, TRANSPOSE, Op
-from ....exprgraph.ops.base import broadcast_shapes
-from ....exprgraph.semantics import implementation
-from ....exprgraph.term import dtype_violation, make, shape_violation
+from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, GELU_GRAD, RESHAPE, SUM, TRANSPOSE
 from ....memplan import live_bytes
 from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
-
-# ``gemm(a, b[, c][, bias][, aux])``: what ``matmul`` lowers to for a BLAS library, cuBLASLt's form
-# ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)``. ``op`` swaps the last two axes where
-# ``transpose_a`` / ``transpose_b`` say; ``c`` is there when ``beta`` is not 0, ``bias`` (a row
-# added to every row of the product) when the epilogue names it. The epilogue ``dgelu`` is gelu's
-# backward: ``alpha * op(a) @ op(b) * gelu_grad(aux)``, ``aux`` the gelu argument of the forward
-# pass (of the product's shape). Some epilogues have a second result, the term with ``output=1``
-# (``output=0`` is the product): ``bgrad_a`` the sums of ``op(a)`` over the contracted axis (a
-# bias gradient of length m), ``bgrad_b`` those of ``op(b)`` (length n), ``dgelu_bgrad`` the
-# column sums of its dgelu product (length n), ``gelu_aux`` and ``bias_gelu_aux`` (gelu's result)
-# the gelu's argument (the product's shape). Only lowering rules build gemms.
-GEMM_EPILOGUES = ("none", "bias", "relu", "bias_relu", "gelu", "bias_gelu", "gelu_aux", "bias_gelu_aux", "dgelu",
-                  "dgelu_bgrad", "bgrad_a", "bgrad_b")
-BIAS_GRADIENT_RESULTS = ("dgelu_bgrad", "bgrad_a", "bgrad_b")  # the epilogues whose second result is a bias gradient
-GELU_ARGUMENT_RESULTS = ("gelu_aux", "bias_gelu_aux")  # those whose second result is their gelu's argument
-TWO_RESULTS = BIAS_GRADIENT_RESULTS + GELU_ARGUMENT_RESULTS
-
-
-def gemm_operands(args, beta, epilogue):
-    """``(a, b, c, bias, aux)`` of a gemm's arguments, None for those it has not."""
-    a, b, *rest = args
-    c = rest.pop(0) if beta else None
-    bias = rest.pop(0) if "bias" in epilogue else None
-    aux = rest.pop(0) if epilogue.startswith("dgelu") else None
-    return a, b, c, bias, aux
-
-
-def _gemm_shape(args, transpose_a, transpose_b, alpha, beta, epilogue, output):
-    if epilogue not in GEMM_EPILOGUES:
-        raise shape_violation(f"unknown epilogue {epilogue!r}; the epilogues are {GEMM_EPILOGUES}")
-    if output not in ((0, 1) if epilogue in TWO_RESULTS else (0,)):
-        raise shape_violation(f"the {epilogue} epilogue has no result {output}")
-    if len(args) != 2 + bool(beta) + ("bias" in epilogue) + epilogue.startswith("dgelu"):
-        raise shape_violation("gemm takes a, b, then c when beta is not 0, then bias when the epilogue adds one, "
-                              "then the gelu argument when the epilogue is dgelu")
-    if beta and epilogue.startswith("dgelu"):
-        raise shape_violation("the dgelu epilogue scales the product alone: it takes no c")
-    a, b, c, bias, aux = gemm_operands(args, beta, epilogue)
-    if a.ndim < 2 or b.ndim < 2:
-        raise shape_violation("gemm needs operands of rank 2 or more")
-    if epilogue in TWO_RESULTS and (a.ndim, b.ndim) != (2, 2):
-        raise shape_violation(f"the {epilogue} epilogue takes matrices, not batches of them")
-    m, k = a.shape[-2:][::-1] if transpose_a else a.shape[-2:]
-    k2, n = b.shape[-2:][::-1] if transpose_b else b.shape[-2:]
-    if k != k2:
-        raise shape_violation(f"the contracted dimensions differ: {k} and {k2}")
-    out = broadcast_shapes(a.shape[:-2], b.shape[:-2]) + (m, n)
-    if c is not None and c.shape != out:
-        raise shape_violation(f"c has shape {c.shape}, the product {out}")
-    if bias is not None and bias.shape != (n,):
-        raise shape_violation(f"the bias has shape {bias.shape}; it must be ({n},)")
-    if aux is not None and aux.shape != out:
-        raise shape_violation(f"the gelu argument has shape {aux.shape}, the product {out}")
-    if output and epilogue in BIAS_GRADIENT_RESULTS:
-        return (m,) if epilogue == "bgrad_a" else (n,)
-    return out
-
-
-def _gemm_normalize(args, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", output=0):
-    return (bool(transpose_a), bool(transpose_b), float(alpha) + 0.0, float(beta) + 0.0, epilogue, int(output))  # no -0.0
-
-
-def _gemm_dtype(args, *attrs):
-    dtypes = {a.dtype for a in args}
-    if len(dtypes) != 1 or not is_float(next(iter(dtypes))):
-        raise dtype_violation("gemm needs operands of one floating dtype")
-    return args[0].dtype
-
-
-def _reference(xs, transpose_a, transpose_b, alpha, beta, epilogue, output):
-    """What a gemm computes, with NumPy (the reference interpreter's; float16 and bfloat16 come in float32)."""
-    a, b, c, bias, aux = gemm_operands(xs, beta, epilogue)
-    a = np.swapaxes(a, -1, -2) if transpose_a else a
-    b = np.swapaxes(b, -1, -2) if transpose_b else b
-    if output and epilogue in BIAS_GRADIENT_RESULTS:  # sums over the contracted axis, or of the product's columns
-        summed = {"bgrad_a": (a, -1), "bgrad_b": (b, -2)}.get(epilogue)
-        x, axis = summed or (_reference(xs, transpose_a, transpose_b, alpha, beta, epilogue, 0), -2)
-        return np.sum(x, axis=axis, dtype=np.promote_types(x.dtype, np.float32)).astype(x.dtype)
-    dtype = a.dtype.type
-    out = np.matmul(a, b) * dtype(alpha)
-    if c is not None:
-        out = out + dtype(beta) * c
-    if bias is not None:
-        out = out + bias
-    if output:  # the gelu's argument
-        return out
-    if "gelu" in epilogue:  # in float32 for float16 and bfloat16, as the gelu ops (and cuBLASLt's epilogues) take them
-        if epilogue.startswith("dgelu"):
-            return out * implementation(GELU_GRAD)([aux.astype(out.dtype)])
-        return implementation(GELU)([out])
-    return np.maximum(out, dtype(0)) if "relu" in epilogue else out
-
-
-def _evaluate(xs, *attrs):
-    return _reference([x.astype(np.float32) if is_narrow_float(x.dtype) else x for x in xs], *attrs)
-
-
-GEMM = Op("gemm", None, ("transpose_a", "transpose_b", "alpha", "beta", "epilogue", "output"), _gemm_shape,
-          _gemm_dtype, LOWERED, _gemm_normalize,
-          results=lambda transpose_a, transpose_b, alpha, beta, epilogue, output: 2 if epilogue in TWO_RESULTS else 1,
-          result_attr="output", evaluate=_evaluate)
-
-GEMM_DTYPES = (np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)) + ((BFLOAT16,) if BFLOAT16 else ())
-# cuBLASLt's gelu epilogues were up to 5e-7 (relative) off in float64 on the H200: float64 keeps its own kernel
-GELU_EPILOGUE_DTYPES = tuple(d for d in GEMM_DTYPES if d != np.float64)
-
-
-def gemm(a, b, transpose_a=False, transpose_b=False, alpha=1.0, beta=0.0, epilogue="none", c=None, bias=None, aux=None,
-         output=0):
-    """The term ``epilogue(alpha * op(a) @ op(b) + beta * c + bias)`` (``aux``: the dgelu epilogue's gelu argument),
-    or with ``output=1`` its epilogue's second result (see ``ops.TWO_RESULTS``)."""
-    args = (a, b) + ((c,) if beta else ()) + ((bias,) if bias is not None else ()) + ((aux,) if aux is not None else ())
-    return make(GEMM, args, GEMM.normalize(args, transpose_a, transpose_b, alpha, beta, epilogue, output))
-
-
-def _parts(g):
-    """A gemm's attributes and operands as keywords of ``gemm``."""
-    attrs = dict(zip(g.op.attr_names, g.attrs))
-    a, b, c, bias, aux = gemm_operands(g.args, attrs["beta"], attrs["epilogue"])
-    attrs.update(a=a, b=b, c=c, bias=bias, aux=aux)
-    return attrs
+from .gemm_op import GELU_EPILOGUE_DTYPES, GEMM, GEMM_DTYPES, gemm, gemm_parts
 
 
 def _batch_strideable(shape, batch):
@@ -185,7 +57,7 @@ def _swaps_last_two(t):
 
 
 def _fold_transposes(b):
-    parts = _parts(b.term)
+    parts = gemm_parts(b.term)
     changed = False
     for side in ("a", "b"):
         if _swaps_last_two(parts[side]):
@@ -223,7 +95,7 @@ def _gemm_and_other(b):
     for t, other, first in ((b["_x"], b["_y"], True), (b["_y"], b["_x"], False)):
         g, wrap = _product(b, t)
         if g is not None and t.shape == b.term.shape and g.dtype == b.term.dtype:
-            return _parts(g), wrap, other, first
+            return gemm_parts(g), wrap, other, first
     return None, None, None, None
 
 
@@ -239,7 +111,7 @@ def _negate(b):
     g, wrap = _product(b, b["_x"])
     if g is None:
         return None
-    parts = _parts(g)
+    parts = gemm_parts(g)
     if parts["epilogue"] not in ("none", "dgelu"):  # both linear in the product
         return None
     return wrap(gemm(**{**parts, "alpha": -parts["alpha"], "beta": -parts["beta"]}))
@@ -269,7 +141,7 @@ def _activation(b, name):
     g, wrap = _product(b, b["_x"])
     if g is None or (name == "gelu" and g.dtype not in GELU_EPILOGUE_DTYPES):
         return None
-    parts = _parts(g)
+    parts = gemm_parts(g)
     if parts["epilogue"] not in ("none", "bias"):
         return None
     return wrap(gemm(**{**parts, "epilogue": name if parts["epilogue"] == "none" else f"bias_{name}"}))
@@ -283,7 +155,7 @@ def _gelu_backward(b):
         if not (g is not None and slope.op is GELU_GRAD and t.shape == b.term.shape and g.ndim == 2
                 and g.dtype in GELU_EPILOGUE_DTYPES):
             continue
-        parts, z = _parts(g), slope.args[0]
+        parts, z = gemm_parts(g), slope.args[0]
         if parts["epilogue"] == "none" and parts["c"] is None and z.shape == t.shape and z.dtype == g.dtype \
                 and g.shape[-1] % 8 == 0:
             return wrap(gemm(**{**parts, "epilogue": "dgelu", "aux": z if z.shape == g.shape else ct.reshape(z, g.shape)}))
@@ -320,7 +192,7 @@ def _bias_gradient_sources(order):
     for g in order:
         if g.op is not GEMM or g.ndim != 2 or g.dtype not in BGRAD_DTYPES:
             continue
-        parts = _parts(g)
+        parts = gemm_parts(g)
         if parts["output"] or parts["bias"] is not None:
             continue
         if parts["epilogue"] == "dgelu" and g.shape[0] <= DGELU_BGRAD_MOST_ROWS:
@@ -359,7 +231,7 @@ def _gelu_of_a_kept_product(h, readers):
     g = reshaped.args[0] if reshaped is not None else t
     if g.op is not GEMM or g.attr("output") or g.ndim != 2 or g.dtype not in GELU_EPILOGUE_DTYPES or g.shape[-1] % 8:
         return None
-    parts = _parts(g)
+    parts = gemm_parts(g)
     others = [r for r, _ in readers[g] if r is not reshaped]
     if reshaped is not None:
         others += [r for r, _ in readers[t] if r is not h]
@@ -396,7 +268,7 @@ def _with_gelu_arguments(roots, trace):
     def finish(original, rebuilt):
         if original in products:
             h = products[original]
-            parts = {**_parts(rebuilt), "epilogue": "gelu_aux" if _parts(rebuilt)["bias"] is None else "bias_gelu_aux"}
+            parts = {**gemm_parts(rebuilt), "epilogue": "gelu_aux" if gemm_parts(rebuilt)["bias"] is None else "bias_gelu_aux"}
             made[h] = gemm(**parts)
             if trace is not None:
                 trace.append(Rewrite("gemm-gelu-argument", h, made[h]))
@@ -447,10 +319,10 @@ def finish(roots, trace=None, keep=frozenset()):
 
     def finish(original, rebuilt):
         if original in epilogue:
-            return gemm(**{**_parts(rebuilt), "epilogue": epilogue[original]})
+            return gemm(**{**gemm_parts(rebuilt), "epilogue": epilogue[original]})
         if original in taken_by:
             product = bottom_up(taken_by[original], memo, finish)
-            result = gemm(**{**_parts(product), "output": 1})
+            result = gemm(**{**gemm_parts(product), "output": 1})
             if trace is not None:
                 trace.append(Rewrite("gemm-bias-gradient", original, result))
             return result

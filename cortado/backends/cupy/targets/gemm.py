@@ -1,10 +1,10 @@
-"""cuBLASLt's GEMMs: ``gemm`` terms (``lowering/gemm.py`` builds them), each one call with its epilogue, the bias
+"""cuBLASLt's GEMMs: ``gemm`` terms (``lowering/gemm.py``'s rules build them), each one call with its epilogue, the bias
 gradient it makes written through the bias pointer, the gelu argument it keeps through the auxiliary pointer."""
 
 from ..calls.cublaslt import Gemm, GemmCall
 from ..codegen import Operand
 from ..layout import gemm_copies
-from ..lowering.gemm import GELU_ARGUMENT_RESULTS, GEMM, gemm_operands
+from ..lowering.gemm_op import GELU_ARGUMENT_RESULTS, GEMM, gemm_operands
 from . import Target
 from .library import LibraryCall
 
