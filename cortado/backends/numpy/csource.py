@@ -4,9 +4,9 @@ registers from its operands, read at their own strides (0 along a broadcast axis
 Only float32 and float64 values (and the bools of comparisons) take part, and only ops whose C gives NumPy's bits:
 arithmetic and ``sqrt`` (correctly rounded in both), ``abs``, ``maximum``/``minimum``/``relu`` (NaN wins, as in
 NumPy), comparisons, ``where`` and casts between them, so a program computes what the reference does, bit for bit.
-The transcendentals stay NumPy's calls, between loop nests (``fused._native``): glibc's vector ``tanhf`` ran at
-NumPy's speed but differs from it by an ulp, and its scalar one is 45 times slower. Any other term makes the
-region NumPy's (``loop_nest`` gives None).
+The transcendentals stay NumPy's, its own loops called from C between loop nests (``fused._native``, ``loops``):
+glibc's vector ``tanhf`` ran at NumPy's speed but differs from it by an ulp, and its scalar one is 45 times slower.
+Any other term makes the region NumPy's (``loop_nest`` gives None).
 """
 
 import functools

@@ -75,17 +75,9 @@ class Batch:
 
     def add(self, pieces, numpy_calls):
         """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` (each
-        pointer an address, or an array at its first element) or a call of NumPy's (a transcendental between two
-        loop nests); where the library cannot be built, ``numpy_calls`` run in their place."""
-        parts = []
-        for piece in pieces:
-            if callable(piece):
-                parts.append(piece)
-                continue
-            name, source, pointers = piece
-            self.define(name, source)
-            addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
-            parts.append((name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)))
+        pointer an address, or an array at its first element) or a call of NumPy's (a maximum between two loop
+        nests); where the library cannot be built, ``numpy_calls`` run in their place."""
+        parts = [piece if callable(piece) else self._part(piece) for piece in pieces]
         parts = [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
 
         def stand_in():
@@ -93,6 +85,27 @@ class Batch:
 
         self.stand_ins[id(stand_in)] = (stand_in, parts, numpy_calls)
         return stand_in
+
+    def _part(self, piece):
+        """The C part ``(name, its pointer array)`` of C piece ``piece``, its function defined."""
+        name, source, pointers = piece
+        self.define(name, source)
+        addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
+        return name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+
+    def halves(self, halves):
+        """One C piece running the C pieces of each of ``halves`` (two lists: one work cut in two parts that share
+        nothing they write) in turn, each list on a thread of its own (``ct_in_two``)."""
+        parts = []
+        for pieces in halves:
+            run = [self._part(piece) for piece in pieces]
+            parts.append(self._one_call(run) if len(run) > 1 else run[0])
+        self.kept.extend(pointers for _, pointers in parts)
+        text = f"{{\n  if (part) {parts[1][0]}((void* const*)p[1]);\n  else {parts[0][0]}((void* const*)p[0]);\n}}\n"
+        name = "halves_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        source = (f"static void {name}_half(void* const* p, long part) {text}"
+                  f"void {name}(void* const* p) {{ ct_in_two({name}_half, p); }}\n")
+        return name, source, [ctypes.addressof(pointers) for _, pointers in parts]
 
     def define(self, name, source):
         """C function ``name`` of text ``source`` in the library, once (another's C may call it)."""
