@@ -186,6 +186,17 @@ def test_regions_that_do_not_part_cleanly_stay_whole(case, monkeypatch):
     _assert_same_bits(ours, numpy)
 
 
+def test_regions_run_whole_in_a_step_that_runs_numpys_blas(monkeypatch):
+    """A matrix times its own transpose is NumPy's (syrk), on OpenBLAS's threads, whose idle threads spin on the second
+    core: the step's large regions run on one thread."""
+    x, b = ct.var("x", (256, 300)), ct.var("b", (300,))
+    outputs = [ct.gelu(x + b), x @ ct.transpose(x)]
+    program, ours, numpy = _with_and_without_c(outputs, [x, b], _feeds([x, b]), monkeypatch)
+    assert _halves(program) >= 1 and not program._executor.native.halved
+    _assert_same_bits(ours, numpy)
+    assert ct.compile(outputs[:1], inputs=[x, b])._executor.native.halved
+
+
 def test_regions_called_from_two_python_threads_at_once_keep_their_bits():
     """Two programs of the same regions (one library), each called from a thread of its own: a call made while the
     other holds the worker runs both halves itself."""

@@ -277,10 +277,10 @@ SPLIT_SMALLEST = 1 << 14
 
 
 def _in_two(batch, pieces, order, stage, arrays):
-    """``pieces``, or, where a ``batch`` is given and the region is large (``SPLIT_SMALLEST``), one piece running
-    them on two threads (``native.Batch.halves``), each on its part of the elements (``_split_axis``): every value
-    an element of a part writes depends on elements of that part alone, so each part is computed as the whole
-    computes it, with the same bits."""
+    """``pieces``, or, where a ``batch`` is given and the region is large (``SPLIT_SMALLEST``), the choice of them
+    and of one piece running them on two threads (``native.Batch.halves``), each on its part of the elements
+    (``_split_axis``): every value an element of a part writes depends on elements of that part alone, so each part
+    is computed as the whole computes it, with the same bits."""
     if batch is None or arrays.outs[0][1].size < SPLIT_SMALLEST or any(callable(p) for p in pieces):
         return pieces
     axis = _split_axis(order, arrays)
@@ -290,7 +290,7 @@ def _in_two(batch, pieces, order, stage, arrays):
     halves = [_pieces(order, stage, arrays.part(axis, cut, k)) for k in (0, 1)]
     if None in halves or any(callable(p) for half in halves for p in half):
         return pieces
-    return [batch.halves(halves)]
+    return [batch.halves(halves, pieces)]
 
 
 def _split_axis(order, arrays):
