@@ -46,15 +46,52 @@ def test_nans_and_infinities_pass_as_numpy_passes_them(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
-def test_a_transcendental_stays_numpys_between_loop_nests_where_that_saves_passes(monkeypatch):
+def test_a_transcendental_is_numpys_own_loop_called_from_c_between_loop_nests_where_that_saves_passes(monkeypatch):
+    """Where NumPy's loop is not found (or differs from the ufunc), the transcendental is NumPy's call instead."""
+    from cortado.backends.numpy import loops
+
     x = ct.var("x", (64, 16))
     few = ct.compile([ct.tanh(x * 2.0)], inputs=[x])  # NumPy: 2 passes; C around tanh: 2 or more
     assert not few._executor.native.names
     gelu = ct.gelu(x) * x + 1.0  # spelled out: exp between a dozen arithmetic ops
-    program, (ours,), (numpy,) = _both([gelu], [x], {"x": np.linspace(-6, 6, 1024, dtype=np.float32).reshape(64, 16)},
-                                       monkeypatch)
-    assert len(program._executor.native.names) == 2  # the loop nests before and after exp
+    feeds = {"x": np.linspace(-6, 6, 1024, dtype=np.float32).reshape(64, 16)}
+    program, (ours,), (numpy,) = _both([gelu], [x], feeds, monkeypatch)
+    names = sorted(name.split("_")[0] for name in program._executor.native.names)
+    assert names == ["loop", "region", "region", "sequence"]  # the loop nests before and after exp, in one call
     np.testing.assert_array_equal(ours, numpy)
+    monkeypatch.setattr(loops, "unary", lambda ufunc, dtype: None)
+    program, (ours,), _ = _both([gelu], [x], feeds, monkeypatch)
+    assert sorted(name.split("_")[0] for name in program._executor.native.names) == ["region", "region"]
+    np.testing.assert_array_equal(ours, numpy)
+
+
+@pytest.mark.parametrize("labels_dtype", ["int32", "int64"])
+def test_integers_compared_with_their_own_kind_are_read_by_c_loop_nests(labels_dtype, monkeypatch):
+    """A cross-entropy's gradient compares each label with every class's index: that region is C, with NumPy's bits;
+    integers in any other op (a label plus one, an integer compared with a float) leave their region NumPy's."""
+    logits, labels = ct.var("logits", (6, 50, 11)), ct.var("labels", (6, 50), labels_dtype)
+    classes = ct.var("classes", (11,), labels_dtype)
+    outputs = [*ct.grad(nn.cross_entropy(logits, labels), [logits]),
+               ct.cast(ct.equal(labels[..., None], classes), "float32") * 2.0 - logits]
+    rng = np.random.default_rng(6)
+    feeds = {"logits": rng.standard_normal((6, 50, 11)).astype(np.float32),
+             "labels": rng.integers(0, 11, (6, 50)).astype(labels_dtype), "classes": np.arange(11, dtype=labels_dtype)}
+    program, ours, numpy = _both(outputs, [logits, labels, classes], feeds, monkeypatch)
+    assert not _numpys_fused_calls(program)
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(a.view(np.uint32), b.view(np.uint32))
+    for kept_numpys in ([ct.cast(labels + 1, "float32") * 2.0 - logits[..., 0]],
+                        [ct.cast(ct.less(ct.cast(labels, "float32"), logits[..., 0]), "float32") * 2.0 + logits[..., 1]]):
+        program, ours, numpy = _both(kept_numpys, [logits, labels], {k: feeds[k] for k in ("logits", "labels")},
+                                     monkeypatch)
+        assert _numpys_fused_calls(program)
+        np.testing.assert_array_equal(ours[0], numpy[0])
+
+
+def _numpys_fused_calls(program):
+    """The calls of NumPy's that run fused regions' ops."""
+    return [call for call, k in zip(program._executor.calls, program._executor.call_kernel)
+            if k.term.op.name == "fused" and not isinstance(getattr(call, "func", call), ctypes._CFuncPtr)]
 
 
 def test_convolution_windows_and_their_gradients_taps_are_c_copies_with_numpys_bits(monkeypatch):
@@ -73,9 +110,10 @@ def test_convolution_windows_and_their_gradients_taps_are_c_copies_with_numpys_b
     calls = {}
     for call, kernel in zip(executor.calls, executor.call_kernel):
         calls.setdefault(kernel.term.op.name, []).append(getattr(call, "func", call))
-    assert "overlap_add" in calls and all(f is native._in_turn for f in calls["overlap_add"])  # fill, then C taps
+    overlap_adds = sum(k.term.op.name == "overlap_add" for k in program.kernels)
+    assert overlap_adds and all(isinstance(f, ctypes._CFuncPtr) for f in calls.get("overlap_add", []))  # fill and taps
     conv_kernels = sum(k.term.op.name == "conv" for k in program.kernels)
-    assert sum(isinstance(f, ctypes._CFuncPtr) for f in calls["conv"]) == conv_kernels  # each one's window copy
+    assert sum(isinstance(f, ctypes._CFuncPtr) for f in calls["conv"]) >= conv_kernels  # each one's window copy, a pad
     for a, b in zip(ours, numpy):
         np.testing.assert_array_equal(a, b)
 

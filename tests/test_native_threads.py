@@ -1,6 +1,8 @@
 """The CPU's attention in C a head at a time, its large products in two halves on two threads, NumPy's own loops
 called from C: the same bits as NumPy's calls, and NumPy's where a check says otherwise."""
 
+import ctypes
+
 import numpy as np
 import pytest
 
@@ -84,3 +86,162 @@ def test_large_products_are_two_halves_on_two_threads_with_numpys_bits(dtype):
     for ours, numpy in zip(program(**feeds), ct.evaluate(outputs, feeds)):
         np.testing.assert_array_equal(ours, numpy)
     assert (blas.threads()[1]() if blas.threads() is not None else None) == before
+
+
+def _halves(program):
+    return sum(name.startswith("halves_") for name in program._executor.native.names)
+
+
+def _with_and_without_c(outputs, inputs, feeds, monkeypatch):
+    """The program compiled with native code, and its outputs with it and without (NumPy's calls op by op)."""
+    program = ct.compile(outputs, inputs=inputs)
+    with monkeypatch.context() as patch:
+        patch.setattr(native, "toolchain", lambda: None)
+        without = ct.compile(outputs, inputs=inputs)
+    return program, program(**feeds), without(**feeds)
+
+
+def _feeds(variables, seed=9):
+    """Random feeds, a few values not finite, some large enough that exp overflows."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for v in variables:
+        value = (rng.standard_normal(v.shape) * 10.0 ** rng.uniform(-2, 2, v.shape)).astype(v.dtype)
+        value.reshape(-1)[:3] = [np.inf, -np.nan, -np.inf][:value.size]
+        feeds[v.name] = value
+    return feeds
+
+
+def _assert_same_bits(ours, numpy):
+    """Bit for bit (the signs of zeros included), but for a NaN's sign: C's arithmetic and NumPy's give either."""
+    for a, b in zip(ours, numpy):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        numbers = ~np.isnan(b)
+        np.testing.assert_array_equal(a[numbers].view(np.uint8), b[numbers].view(np.uint8))
+
+
+@pytest.mark.parametrize("shape,dtype", [((64, 257), "float32"),  # halves of 32 rows
+                                         ((33, 700), "float32"),  # 16 rows and 17
+                                         ((1, 3, 5, 1201), "float64"),  # cut along the first axis of more than one
+                                         ((40000,), "float32")])  # one axis: halves of elements
+def test_large_elementwise_regions_run_in_two_halves_with_numpys_bits(shape, dtype, monkeypatch):
+    """A gelu with its bias and its gradient (exp between loop nests: NumPy's own loop called from C on each half's
+    elements), a tanh and a log1p: each region one C call of two halves, with NumPy's bits."""
+    x, b, g = ct.var("x", shape, dtype), ct.var("b", shape[-1:], dtype), ct.var("g", shape, dtype)
+    y = ct.gelu(x + b)
+    outputs = [y, *ct.grad(ct.sum(y * g), [x]), ct.tanh(x) * g + ct.log1p(ct.abs(g))]
+    program, ours, numpy = _with_and_without_c(outputs, [x, b, g], _feeds([x, b, g]), monkeypatch)
+    assert _halves(program) >= 2
+    _assert_same_bits(ours, numpy)
+
+
+def test_layer_norms_run_in_two_halves_of_rows_their_sums_numpys(monkeypatch):
+    """A layer norm forward and backward: its rows' sums and means in C, as NumPy sums them, each half's rows on a
+    thread."""
+    from cortado import nn
+
+    x, g = ct.var("x", (37, 3, 160)), ct.var("g", (37, 3, 160))
+    model = nn.LayerNorm(160)
+    y = model(x)
+    params = {name: p.var for name, p in model.named_parameters()}
+    outputs = [y, *ct.grad(ct.sum(y * g), [x])]
+    feeds = _feeds([x, g])
+    feeds.update({v.name: np.asarray(value) for v, value in model.initial_values(0).items()})
+    program, ours, numpy = _with_and_without_c(outputs, [x, g, *params.values()], feeds, monkeypatch)
+    assert _halves(program) >= 2
+    _assert_same_bits(ours, numpy)
+
+
+def test_an_update_in_place_runs_in_two_halves_each_reading_an_element_before_writing_it():
+    n = 50001  # halves of 25000 and 25001 elements
+    w, g, m = ct.var("w", (n,)), ct.var("g", (n,)), ct.var("m", (n,))
+    m_new = 0.9 * m + 0.1 * g
+    step = ct.compile([], inputs=[g], state={w: np.ones(n, np.float32), m: np.zeros(n, np.float32)},
+                      updates={m: m_new, w: w - 0.01 * m_new / (ct.sqrt(m_new * m_new) + 1e-8)})
+    assert _halves(step) >= 1
+    grads = np.linspace(-1, 1, n, dtype=np.float32)
+    step(g=grads)
+    m1 = np.float32(0.9) * np.zeros(n, np.float32) + np.float32(0.1) * grads
+    np.testing.assert_array_equal(step.state["m"], m1)
+    np.testing.assert_array_equal(step.state["w"], 1 - np.float32(0.01) * m1 / (np.sqrt(m1 * m1) + np.float32(1e-8)))
+
+
+@pytest.mark.parametrize("case", ["small", "kept_broadcast", "sum_over_first_axis", "no_loop"])
+def test_regions_that_do_not_part_cleanly_stay_whole(case, monkeypatch):
+    """Below the size that pays; a value computed once for every row (exp of a bias) that both halves would write; a
+    sum over the axis the halves would cut; NumPy's loop not found (its call stays NumPy's, between loop nests)."""
+    rows = 4 if case == "small" else 300
+    x, b = ct.var("x", (rows, 128)), ct.var("b", (128,))
+    if case == "kept_broadcast":
+        outputs = [ct.exp(b * 2.0) * x + 1.0]
+    elif case == "sum_over_first_axis":
+        outputs = [ct.sum(ct.exp(x * 2.0) * 3.0 + x, axis=0) - b]
+    else:
+        outputs = [ct.gelu(x + b)]
+    if case == "no_loop":
+        monkeypatch.setattr(loops, "unary", lambda ufunc, dtype: None)
+    program, ours, numpy = _with_and_without_c(outputs, [x, b], _feeds([x, b]), monkeypatch)
+    assert _halves(program) == 0
+    assert program._executor.native.names  # C still computes the region's loop nests
+    _assert_same_bits(ours, numpy)
+
+
+def test_regions_run_whole_in_a_step_that_runs_numpys_blas(monkeypatch):
+    """A matrix times its own transpose is NumPy's (syrk), on OpenBLAS's threads, whose idle threads spin on the second
+    core: the step's large regions run on one thread."""
+    x, b = ct.var("x", (256, 300)), ct.var("b", (300,))
+    outputs = [ct.gelu(x + b), x @ ct.transpose(x)]
+    program, ours, numpy = _with_and_without_c(outputs, [x, b], _feeds([x, b]), monkeypatch)
+    assert _halves(program) >= 1 and not program._executor.native.halved
+    _assert_same_bits(ours, numpy)
+    assert ct.compile(outputs[:1], inputs=[x, b])._executor.native.halved
+
+
+def test_regions_called_from_two_python_threads_at_once_keep_their_bits():
+    """Two programs of the same regions (one library), each called from a thread of its own: a call made while the
+    other holds the worker runs both halves itself."""
+    import threading
+
+    x, b = ct.var("x", (256, 300)), ct.var("b", (300,))
+    outputs = [ct.gelu(x + b), ct.tanh(x) * 2.0 + b]
+    programs = [ct.compile(outputs, inputs=[x, b]) for _ in range(2)]
+    assert all(_halves(p) >= 1 for p in programs)
+    feeds = [_feeds([x, b], seed) for seed in (1, 2)]
+    expected = [ct.evaluate(outputs, f) for f in feeds]
+    failures = []
+
+    def run(program, feed, want):
+        for _ in range(200):
+            got = program(**feed)
+            if any(a.tobytes() != w.tobytes() for a, w in zip(got, want)):
+                failures.append(program)
+                return
+
+    threads = [threading.Thread(target=run, args=args) for args in zip(programs, feeds, expected)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not failures
+
+
+@pytest.mark.parametrize("ufunc", [np.exp, np.tanh, np.log1p])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_numpys_loops_give_the_same_bits_at_every_start_and_length_of_a_stretch(ufunc, dtype):
+    """What lets a region's halves call the loop each on its own elements: an element's result depends neither on
+    where its stretch starts (its alignment) nor on how long it is."""
+    loop, data = loops.unary(ufunc, np.dtype(dtype))
+    call = loops._LOOP(loop)
+    rng = np.random.default_rng(3)
+    x = (rng.standard_normal(400) * 10.0 ** rng.uniform(-3, 2, 400)).astype(dtype)
+    x[::37] = np.inf
+    with np.errstate(all="ignore"):
+        expected = ufunc(x)
+    itemsize = x.itemsize
+    for start in range(17):
+        for length in (1, 2, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 65, 200):
+            out = np.zeros_like(x)
+            arguments = (ctypes.c_void_p * 2)(x.ctypes.data + start * itemsize, out.ctypes.data + start * itemsize)
+            call(arguments, (ctypes.c_ssize_t * 1)(length), (ctypes.c_ssize_t * 2)(itemsize, itemsize), data or None)
+            np.testing.assert_array_equal(out[start:start + length].view(np.uint8),
+                                          expected[start:start + length].view(np.uint8))

@@ -1,12 +1,13 @@
 """The C of one fused region of elementwise ops: a loop nest over its outputs' shape, each element's body computed in
 registers from its operands, read at their own strides (0 along a broadcast axis), as NumPy would compute it op by op.
 
-Only float32 and float64 values (and the bools of comparisons) take part, and only ops whose C gives NumPy's bits:
+Only float32 and float64 values (and the bools of comparisons, and int32 and int64 values read and compared with
+their own kind: a label with each class's index) take part, and only ops whose C gives NumPy's bits:
 arithmetic and ``sqrt`` (correctly rounded in both), ``abs``, ``maximum``/``minimum``/``relu`` (NaN wins, as in
 NumPy), comparisons, ``where`` and casts between them, so a program computes what the reference does, bit for bit.
-The transcendentals stay NumPy's calls, between loop nests (``fused._native``): glibc's vector ``tanhf`` ran at
-NumPy's speed but differs from it by an ulp, and its scalar one is 45 times slower. Any other term makes the
-region NumPy's (``loop_nest`` gives None).
+The transcendentals stay NumPy's, its own loops called from C between loop nests (``fused._native``, ``loops``):
+glibc's vector ``tanhf`` ran at NumPy's speed but differs from it by an ulp, and its scalar one is 45 times slower.
+Any other term makes the region NumPy's (``loop_nest`` gives None).
 """
 
 import functools
@@ -23,6 +24,10 @@ from ...exprgraph.ops import (
 
 C_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double", np.dtype(np.bool_): "unsigned char"}
 FLOATING = (np.dtype(np.float32), np.dtype(np.float64))
+# integers a loop nest reads and compares with integers of their own dtype (a label with each class's index), exactly as
+# NumPy compares them; no other op takes them
+INTEGERS = {np.dtype(np.int32): "int", np.dtype(np.int64): "long long"}
+COMPARISONS = frozenset({LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL, NOT_EQUAL})
 INFIX = {ADD: "+", SUBTRACT: "-", MULTIPLY: "*", DIVIDE: "/", LESS: "<", LESS_EQUAL: "<=", GREATER: ">",
          GREATER_EQUAL: ">=", EQUAL: "==", NOT_EQUAL: "!="}
 INLINE = {SQRT: "sqrt", ABS: "fabs"}  # instructions, correctly rounded, no library call
@@ -37,6 +42,8 @@ def _literal(value, dtype):
     value = np.asarray(value).astype(dtype)
     if dtype == np.bool_:
         return "1" if value else "0"
+    if dtype in INTEGERS:
+        return f"(({INTEGERS[dtype]}){int(value)}LL)"
     number = float(value)
     if np.isnan(number):
         return "(0.0/0.0)" if dtype == np.float64 else "(0.0f/0.0f)"
@@ -47,6 +54,8 @@ def _literal(value, dtype):
 
 def _expression(t, operand):
     """The C expression of term ``t`` from its operands' C names (``operand(a)``), or None if it has none here."""
+    if any(x.dtype in INTEGERS for x in t.args) and (t.op not in COMPARISONS or t.args[0].dtype != t.args[1].dtype):
+        return None
     a = [operand(x) for x in t.args]
     f = _suffix(t.dtype)
     if t.op in INFIX:
@@ -64,6 +73,11 @@ def _expression(t, operand):
     if t.op in INLINE:
         return f"__builtin_{INLINE[t.op]}{f}({a[0]})"
     return None
+
+
+def _c_type(dtype):
+    """The C type of a value of ``dtype`` a loop nest holds (``C_TYPES``, ``INTEGERS``), or None."""
+    return C_TYPES.get(dtype) or INTEGERS.get(dtype)
 
 
 def _collapsed(shape, strides_of):
@@ -128,7 +142,7 @@ def loop_nest(targets, sources, shape):
     read += [t for t, _ in targets if t in sources and t not in read]
     arrays = [sources[t] for t in read] + [a for _, a in targets]
     strides = [_element_strides(a, shape) for a in arrays]
-    if any(s is None for s in strides) or any(a.dtype not in C_TYPES for a in arrays):
+    if any(s is None for s in strides) or any(_c_type(a.dtype) is None for a in arrays):
         return None
     sizes, steps = _collapsed(shape, strides)
     index = [f"i{d}" for d in range(len(sizes))]
@@ -143,7 +157,7 @@ def loop_nest(targets, sources, shape):
     depth = {t: max((d for d, step in enumerate(steps[k]) if step), default=-1) for k, t in enumerate(read)}
     lines = []
     for t in order:
-        if t.dtype not in C_TYPES:
+        if _c_type(t.dtype) is None:
             return None
         if t.op is BROADCAST_TO:
             names[t], depth[t] = names[t.args[0]], depth[t.args[0]]
@@ -153,14 +167,14 @@ def loop_nest(targets, sources, shape):
                 return None
             names[t], depth[t] = _literal(t.attr("value").scalar, t.dtype), -1
             continue
-        expression = _expression(t, names.__getitem__) if t.op is not PARAM else None
+        expression = _expression(t, names.__getitem__) if t.op is not PARAM and t.dtype in C_TYPES else None
         if expression is None:
             return None
         names[t], depth[t] = f"v{len(lines)}", max(depth[a] for a in t.args)
         lines.append((depth[t], f"const {C_TYPES[t.dtype]} {names[t]} = {expression};"))
     innermost = len(sizes) - 1
     lines += [(innermost, f"o{k}[{place(len(read) + k)}] = {names[t]};") for k, (t, _) in enumerate(targets)]
-    pointers = [f"const {C_TYPES[sources[t].dtype]}* a{k} = (const {C_TYPES[sources[t].dtype]}*)p[{k}];"
+    pointers = [f"const {_c_type(sources[t].dtype)}* a{k} = (const {_c_type(sources[t].dtype)}*)p[{k}];"
                 for k, t in enumerate(read)]
     pointers += [f"{C_TYPES[a.dtype]}* o{k} = ({C_TYPES[a.dtype]}*)p[{len(read) + k}];"
                  for k, (_, a) in enumerate(targets)]

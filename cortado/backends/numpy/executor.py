@@ -125,8 +125,8 @@ class Executor(interface.Executor):
             numpy_blas |= em.numpy_blas
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
-        if self.native is not None:
-            self.calls, firsts = self.native.bind(self.calls)
+        if self.native is not None:  # regions on one thread where NumPy's BLAS runs: its idle threads spin on the other core
+            self.calls, firsts = self.native.bind(self.calls, halved=not numpy_blas)
             self.call_kernel = [self.call_kernel[i] for i in firsts]  # a merged run of C calls raises nothing
         # OpenBLAS's threads held to one while the step's own two threads compute (``blas.one_thread``), where every
         # product is C's, checked to give NumPy's bits on one thread: NumPy's own may give others there

@@ -350,12 +350,18 @@ def _place_into(em, out, x, lows, dilations, fill):
     """``windowing.place_into``: ``out`` filled, then ``x``'s elements copied into their places (a C copy where native
     code is at hand: a pad of a head's columns is a copy with short inner rows)."""
     views = windowing.placed(out, x, lows, dilations)
-    _strided(em, [functools.partial(out.fill, fill)] + ([(None, views[0], [views[1]])] if views is not None else []))
+    _strided(em, [_filled(out, fill)] + ([(None, views[0], [views[1]])] if views is not None else []))
 
 
 def _overlap_add(em, attrs, args, out):
     taps = windowing.overlap_taps(out, args[0], attrs.strides, attrs.dilation)
-    _strided(em, [functools.partial(out.fill, 0)] + [(ADD, target, [target, windows]) for target, windows in taps])
+    _strided(em, [_filled(out, 0)] + [(ADD, target, [target, windows]) for target, windows in taps])
+
+
+def _filled(out, value):
+    """``_strided``'s step filling ``out`` with ``value``: a copy of it broadcast, C where the steps after it are (one
+    call with them, where ``out.fill`` was a Python call of 6 to 19 us on a pad of 64 of 192 columns)."""
+    return None, out, [np.broadcast_to(np.array(value, out.dtype), out.shape)]
 
 
 def _strided(em, steps):

@@ -1,6 +1,7 @@
 """NumPy's own inner loops of its transcendental ufuncs, called from C: the same function ``np.exp(x, out=y)`` runs on
 each stretch of elements, so its bits, without a Python call, on as few elements as a loop nest needs at a time (a
-head's scores, kept in cache between the products around them).
+head's scores, kept in cache between the products around them; half of a fused region's elements, on a thread of its
+own).
 
 A ufunc object holds, for each of its type signatures, the address of its one-dimensional loop (the SIMD variant
 NumPy chose for this CPU when it was imported) and that loop's data (``PyUFuncObject.functions``/``.data``). The
@@ -12,6 +13,7 @@ places. Where anything differs the loop is not used.
 
 import ctypes
 import functools
+import hashlib
 
 import numpy as np
 
@@ -78,3 +80,18 @@ def call_text(loop, data, source, into, count, dtype):
     return (f"{{ char* ct_args[2] = {{(char*)({source}), (char*)({into})}}; const long ct_n = {count}; "
             f"const long ct_steps[2] = {{{size}, {size}}};\n"
             f"  (({C_SIGNATURE})({loop}))(ct_args, &ct_n, ct_steps, {data}); }}\n")
+
+
+def piece(ufunc, x, out):
+    """``(name, C source, pointers)`` of ``ufunc(x, out=out)`` as one call of its loop (``unary``) on all the elements
+    of ``x`` and ``out`` (both C-ordered, of one shape and dtype, the same elements or none in common), as NumPy calls
+    it; None elsewhere."""
+    if (x.shape != out.shape or x.dtype != out.dtype or not x.flags.c_contiguous or not out.flags.c_contiguous
+            or x.size == 0 or (x.ctypes.data != out.ctypes.data and np.may_share_memory(x, out))):
+        return None
+    found = unary(ufunc, x.dtype)
+    if found is None:
+        return None
+    text = "{\n  " + call_text("p[0]", "p[1]", "p[2]", "p[3]", x.size, x.dtype) + "}\n"
+    name = "loop_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {text}", [found[0], found[1], x, out]

@@ -19,6 +19,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from typing import NamedTuple
 
 import numpy as np
 
@@ -72,27 +73,50 @@ class Batch:
         self.sources, self.names, self.stand_ins, self.bound = [], set(), {}, {}
         self.kept = []  # the pointer arrays of C parts called by a sequence, which holds only their addresses
         self.in_two = False  # whether the bound library's calls run parts on two threads (``ct_in_two``)
+        self.halved = True  # whether the regions ``halves`` offers run so (``bind``)
 
     def add(self, pieces, numpy_calls):
         """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` (each
-        pointer an address, or an array at its first element) or a call of NumPy's (a transcendental between two
-        loop nests); where the library cannot be built, ``numpy_calls`` run in their place."""
-        parts = []
-        for piece in pieces:
-            if callable(piece):
-                parts.append(piece)
-                continue
-            name, source, pointers = piece
-            self.define(name, source)
-            addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
-            parts.append((name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)))
-        parts = [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
+        pointer an address, or an array at its first element), a call of NumPy's (a maximum between two loop nests)
+        or a choice of ``halves``; where the library cannot be built, ``numpy_calls`` run in their place."""
+        parts = {halved: self._parts(pieces, halved) for halved in (True, False)}
 
         def stand_in():
             raise RuntimeError("a native region was called before its library was bound")
 
         self.stand_ins[id(stand_in)] = (stand_in, parts, numpy_calls)
         return stand_in
+
+    def _parts(self, pieces, halved):
+        """The parts of ``add``'s ``pieces``, each run of C parts one, the choices of ``halves`` taken as ``halved``
+        says."""
+        chosen = []
+        for piece in pieces:
+            chosen += ([piece.halves] if halved else list(piece.whole)) if isinstance(piece, Halves) else [piece]
+        parts = [piece if callable(piece) else self._part(piece) for piece in chosen]
+        return [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
+
+    def _part(self, piece):
+        """The C part ``(name, its pointer array)`` of C piece ``piece``, its function defined."""
+        name, source, pointers = piece
+        self.define(name, source)
+        addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
+        return name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
+
+    def halves(self, halves, whole):
+        """A choice (``Halves``) between ``whole`` (C pieces on one thread) and one C piece running the C pieces of each
+        of ``halves`` (two lists: the same work cut in two parts that share nothing they write) in turn, each list
+        on a thread of its own (``ct_in_two``)."""
+        parts = []
+        for pieces in halves:
+            run = [self._part(piece) for piece in pieces]
+            parts.append(self._one_call(run) if len(run) > 1 else run[0])
+        self.kept.extend(pointers for _, pointers in parts)
+        text = f"{{\n  if (part) {parts[1][0]}((void* const*)p[1]);\n  else {parts[0][0]}((void* const*)p[0]);\n}}\n"
+        name = "halves_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+        source = (f"static void {name}_half(void* const* p, long part) {text}"
+                  f"void {name}(void* const* p) {{ ct_in_two({name}_half, p); }}\n")
+        return Halves((name, source, [ctypes.addressof(pointers) for _, pointers in parts]), tuple(whole))
 
     def define(self, name, source):
         """C function ``name`` of text ``source`` in the library, once (another's C may call it)."""
@@ -113,11 +137,12 @@ class Batch:
         key = id(self.add(pieces, numpy_calls))
         return lambda: self.bound[key]()
 
-    def bind(self, calls):
-        """``calls`` with every stand-in replaced by its C functions' calls, and each run of consecutive calls that
-        are one C function each (a step's backward pass: products, loop nests, updates) made one call of a
-        ``csource.sequence``: ``(calls, firsts)``, ``firsts[k]`` the index in ``calls`` of the first of those the
-        ``k``-th call made stands for."""
+    def bind(self, calls, halved=True):
+        """``calls`` with every stand-in replaced by its C functions' calls (a region ``halves`` offers on two threads
+        where ``halved``, else on one), and each run of consecutive calls that are one C function each (a step's
+        backward pass: products, loop nests, updates) made one call of a ``csource.sequence``: ``(calls, firsts)``,
+        ``firsts[k]`` the index in ``calls`` of the first of those the ``k``-th call made stands for."""
+        self.halved = halved
         if not self.stand_ins:
             return calls, list(range(len(calls)))
         runs = {}  # the index of a run's first call -> its C parts
@@ -137,7 +162,8 @@ class Batch:
             _notice(f"their C did not build ({str(error)[:300]})")
             library = None
         self.in_two = library is not None and any("ct_in_two(" in source for source in self.sources)
-        for key, (_, parts, numpy_calls) in self.stand_ins.items():
+        for key, (_, choices, numpy_calls) in self.stand_ins.items():
+            parts = choices[self.halved]
             if library is None:
                 self.bound[key] = functools.partial(_in_turn, tuple(numpy_calls))  # one call in its place, as planned
                 continue
@@ -162,9 +188,17 @@ class Batch:
         """The one C part ``(name, pointers)`` stand-in ``call`` is bound to, or None (NumPy's, several, or no
         stand-in)."""
         entry = self.stand_ins.get(id(call))
-        if entry is None or len(entry[1]) != 1 or callable(entry[1][0]):
+        parts = entry[1][self.halved] if entry is not None else None
+        if parts is None or len(parts) != 1 or callable(parts[0]):
             return None
-        return entry[1][0]
+        return parts[0]
+
+
+class Halves(NamedTuple):
+    """``Batch.halves``'s choice: C piece ``halves`` runs a region on two threads, the C pieces ``whole`` on one."""
+
+    halves: tuple
+    whole: tuple
 
 
 def _runs(parts):
