@@ -251,12 +251,12 @@ def _with_gelu_arguments(roots, trace):
     found = {h: kept for h in order if h.op is GELU and (kept := _gelu_of_a_kept_product(h, readers)) is not None}
     if not found:
         return list(roots)
-    late = {}  # a reader that waits for another: the gelu, or reshapes of it, that it reads
+    late = {}  # a reader that waits for another: the gelus, or reshapes of them, that it reads
     for h in found:
         read = _read_through_reshapes(h, readers)
         for r, views in read.items():
             if any(o is not r and o in post_order([r]) for o in read):
-                late[r] = views
+                late.setdefault(r, []).extend(views)
     products, made, computed_late = {g: h for h, (g, _) in found.items()}, {}, {}
 
     def late_form(v):
@@ -267,8 +267,8 @@ def _with_gelu_arguments(roots, trace):
 
     def finish(original, rebuilt):
         if original in products:
-            h = products[original]
-            parts = {**gemm_parts(rebuilt), "epilogue": "gelu_aux" if gemm_parts(rebuilt)["bias"] is None else "bias_gelu_aux"}
+            h, own = products[original], gemm_parts(rebuilt)
+            parts = {**own, "epilogue": "gelu_aux" if own["bias"] is None else "bias_gelu_aux"}
             made[h] = gemm(**parts)
             if trace is not None:
                 trace.append(Rewrite("gemm-gelu-argument", h, made[h]))
