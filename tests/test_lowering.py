@@ -239,6 +239,25 @@ def test_a_gelu_whose_argument_the_backward_pass_reads_is_written_by_the_gemm_be
         np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_a_reader_of_two_kept_gelus_reads_both_computed_late():
+    """A term that reads two gelus of products read on their own too, and waits for another reader of them, reads
+    both gelus computed again from the products each gemm keeps beside its gelu."""
+    x = ct.var("x", (6, 8))
+    W1, W2 = ct.var("W1", (8, 16)), ct.var("W2", (8, 16))
+    p1, p2 = x @ W1, x @ W2
+    a, b = ct.gelu(p1), ct.gelu(p2)
+    first = a + b
+    late = ct.where(ct.sum(first) > 0, a, b)  # waits for ``first``
+    roots, counts = lowered([first, late, p1, p2])
+    kept = {g for g in schedule(roots) if g.op.name == "gemm" and g.attr("epilogue") == "gelu_aux" and g.attr("output")}
+    again = [h for h in schedule(roots) if h.op.name == "gelu"]
+    assert counts["gemm-gelu-argument"] == 2 and len(again) == 2 and {h.args[0] for h in again} == kept
+    rng = np.random.default_rng(4)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(np.float32) for v in (x, W1, W2)}
+    for ours, expected in zip(ct.evaluate(roots, feeds), ct.evaluate([first, late, p1, p2], feeds)):
+        np.testing.assert_allclose(ours, expected, rtol=1e-5, atol=1e-6)
+
+
 CONVS_CUDNN_CANNOT_TAKE = [  # x shape, w shape, ct.conv keywords, dtype
     ((2, 4, 5, 4, 3, 3), (6, 2, 2, 1, 2, 2), dict(strides=(1, 2, 1, 1), padding=((1, 0), (0, 1), (1, 1), (-1, 0)),
                                                   lhs_dilation=(1, 1, 2, 1), rhs_dilation=(2, 1, 1, 1), groups=2),
