@@ -15,7 +15,6 @@ matrix times its own transpose) or the sequence needs many blocks, the attention
 import contextlib
 import ctypes
 import functools
-import hashlib
 import math
 
 import numpy as np
@@ -189,13 +188,10 @@ class _Writer:
         function filling ``extra``'s row of ones (the last of ``arrays``), then running ``header`` and ``body`` (each
         half of the heads, ``heads``) on two threads (``ct_in_two``), its pointers ``p[0..3]`` the gemm, the gemv,
         NumPy's exp loop and its data, then ``arrays``."""
-        text = f"{{\n{header}{body}}}\n"
-        name = f"{kind}_" + hashlib.sha256(text.encode()).hexdigest()[:16]
         exp = loops.unary(np.exp, self.q.dtype)
         ones = f"{self.c}* ones = ({self.c}*)p[{len(arrays) + 3}] + {math.prod(self.q.shape[:-2]) * 2 * self.rows}L"
-        source = (f"static void {name}_half(void* const* p, long part) {text}"
-                  f"void {name}(void* const* p) {{\n  {ones};\n  for (long j = 0; j < {self.keys}L; ++j) ones[j] = 1;\n"
-                  f"  ct_in_two({name}_half, p);\n}}\n")
+        name, source = csource.in_two(kind, f"{{\n{header}{body}}}\n",
+                                      f"  {ones};\n  for (long j = 0; j < {self.keys}L; ++j) ones[j] = 1;\n")
         return self.shifts, (name, source, [blas.gemm(self.q.dtype)[0], self.gemv[0], exp[0], exp[1], *arrays])
 
 

@@ -17,6 +17,8 @@ import hashlib
 
 import numpy as np
 
+from . import csource
+
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
 C_TYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
@@ -197,10 +199,8 @@ def product(a, b, out):
     c = C_TYPE[a.dtype]
     halves = [call(*part, "p[0]", [f"({c}*)p[{k + 1}] + {offset}L" for k, offset in enumerate(offsets)])
               for part, offsets in _halves(a, b, out)]
-    text = f"{{\n  if (part) {halves[1]}  else {halves[0]}}}\n"
-    name = "gemm_halves_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-    return name, (f"static void {name}_half(void* const* p, long part) {text}"
-                  f"void {name}(void* const* p) {{ ct_in_two({name}_half, p); }}\n"), pointers
+    name, source = csource.in_two("gemm_halves", f"{{\n  if (part) {halves[1]}  else {halves[0]}}}\n")
+    return name, source, pointers
 
 
 def _splits(a, b, out):

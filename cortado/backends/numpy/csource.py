@@ -309,6 +309,14 @@ def sequence(names):
     return name, f"void {name}(void* const* p) {{\n{calls}}}\n"
 
 
+def in_two(kind, half, before=""):
+    """``(name, C source)`` of a function running, after the statements ``before``, ``half`` (the body of a
+    ``void half(void* const* p, long part)``, for part 0 and part 1) on two threads (``native``'s ``ct_in_two``)."""
+    name = f"{kind}_" + hashlib.sha256((before + half).encode()).hexdigest()[:16]
+    return name, (f"static void {name}_half(void* const* p, long part) {half}"
+                  f"void {name}(void* const* p) {{\n{before}  ct_in_two({name}_half, p);\n}}\n")
+
+
 def _row_peak(c, suffix, keys):
     """C statements leaving in ``peak`` the max of ``row``'s ``keys`` values, 0 where that is not finite or one of them
     is NaN (``numerics.finite_peak`` of ``np.max``): the max of the others, which need not compare NaNs, vectorizes."""

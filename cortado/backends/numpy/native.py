@@ -113,9 +113,7 @@ class Batch:
             parts.append(self._one_call(run) if len(run) > 1 else run[0])
         self.kept.extend(pointers for _, pointers in parts)
         text = f"{{\n  if (part) {parts[1][0]}((void* const*)p[1]);\n  else {parts[0][0]}((void* const*)p[0]);\n}}\n"
-        name = "halves_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-        source = (f"static void {name}_half(void* const* p, long part) {text}"
-                  f"void {name}(void* const* p) {{ ct_in_two({name}_half, p); }}\n")
+        name, source = csource.in_two("halves", text)
         return Halves((name, source, [ctypes.addressof(pointers) for _, pointers in parts]), tuple(whole))
 
     def define(self, name, source):
