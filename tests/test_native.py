@@ -345,7 +345,7 @@ def test_without_a_compiler_regions_stay_numpys_and_it_says_so_once(monkeypatch,
 
 def test_a_library_that_does_not_build_leaves_its_regions_to_numpy(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("CORTADO_CACHE_DIR", str(tmp_path))
-    monkeypatch.setattr(native, "HEADER", "this is not C;\n")
+    monkeypatch.setattr(native, "header", lambda: "this is not C;\n")
     x, y = ct.var("x", (5,)), ct.var("y", (5,))
     program = ct.compile([x * y + 2.0, ct.tanh(x)], inputs=[x, y])
     assert "did not build" in capsys.readouterr().err

@@ -1,5 +1,8 @@
-"""The CPU's attention in C a head at a time, its large products in two halves on two threads, NumPy's own loops
-called from C: the same bits as NumPy's calls, and NumPy's where a check says otherwise."""
+"""The CPU's attention in C a head at a time, its large products and regions in parts on the pool's threads, NumPy's
+own loops called from C: the same bits as NumPy's calls, and NumPy's where a check says otherwise. The parts are
+tested on pools of two threads and of more (an odd number: parts of unequal sizes) than this machine may have."""
+
+import re
 
 import ctypes
 
@@ -12,6 +15,19 @@ from cortado.exprgraph import constructors
 
 pytestmark = pytest.mark.skipif(native.toolchain() is None or blas.gemm("float32") is None,
                                 reason="no C compiler or no BLAS entry point NumPy calls here")
+
+
+@pytest.fixture(params=[2, 3, 5])
+def threads(request, monkeypatch):
+    """The pool's size, as ``CORTADO_THREADS`` would set it."""
+    monkeypatch.setattr(native, "threads", lambda: request.param)
+    return request.param
+
+
+def _part_counts(program, kind):
+    """The number of parts of each C function of ``kind`` (a name's start) the program's library runs on the pool."""
+    return sorted(int(count) for source in program._executor.native.sources
+                  for count in re.findall(rf"ct_in_parts\({kind}_[0-9a-f]+_part, p, (\d+)\)", source))
 
 
 def _attention_program(q_shape, k_shape, dtype, causal, same=False):
@@ -37,10 +53,13 @@ def _attention_functions(program):
                                                    ((1, 5, 16, 4), (1, 5, 16, 4), "float32"),
                                                    ((3, 32, 8), (3, 48, 8), "float64"),
                                                    ((64, 16), (64, 16), "float32")])
-def test_attention_is_one_c_call_a_head_at_a_time_with_numpys_bits(q_shape, k_shape, dtype, causal):
-    """Heads even and odd in number, queries and keys of other lengths, no lead axes, float64, infinities and NaNs."""
+def test_attention_is_one_c_call_a_head_at_a_time_with_numpys_bits(q_shape, k_shape, dtype, causal, threads):
+    """Heads even and odd in number, queries and keys of other lengths, no lead axes, float64, infinities and NaNs;
+    the heads in as many parts as there are threads, or heads."""
     program, outputs, feeds = _attention_program(q_shape, k_shape, dtype, causal)
     assert _attention_functions(program) == ["attention", "attention_grad"]
+    heads = int(np.prod(q_shape[:-2]))
+    assert _part_counts(program, "attention(?:_grad)?") == [min(threads, heads)] * 2
     for ours, numpy in zip(program(**feeds), ct.evaluate(outputs, feeds)):
         np.testing.assert_array_equal(ours.view(np.uint8), numpy.view(np.uint8))
 
@@ -72,13 +91,13 @@ def test_numpys_own_loops_are_found_and_give_its_bits_in_stretches(ufunc, dtype)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
-def test_large_products_are_two_halves_on_two_threads_with_numpys_bits(dtype):
-    """Halves of rows (a tall result) and of columns (a wide one), either operand transposed; OpenBLAS's threads
-    are held to one during the step and given back after it."""
+def test_large_products_run_in_parts_on_the_pools_threads_with_numpys_bits(dtype, threads):
+    """Parts of rows (a tall result) and of columns (a wide one), either operand transposed, one a thread and each
+    of 2^21 multiply-adds or more; OpenBLAS's threads are held to one during the step and given back after it."""
     x, w, u = ct.var("x", (512, 96), dtype), ct.var("w", (96, 160), dtype), ct.var("u", (96, 700), dtype)
     outputs = [x @ w, ct.transpose(w) @ ct.transpose(x), ct.transpose(u) @ x[:96] * 2.0]
     program = ct.compile(outputs, inputs=[x, w, u])
-    assert sum(name.startswith("gemm_halves_") for name in program._executor.native.names) == 3
+    assert _part_counts(program, "gemm_parts") == [min(threads, 3)] * 2 + [min(threads, 3)]
     assert isinstance(program._executor.threads, blas.one_thread)
     rng = np.random.default_rng(8)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w, u)}
@@ -88,8 +107,8 @@ def test_large_products_are_two_halves_on_two_threads_with_numpys_bits(dtype):
     assert (blas.threads()[1]() if blas.threads() is not None else None) == before
 
 
-def _halves(program):
-    return sum(name.startswith("halves_") for name in program._executor.native.names)
+def _parted(program):
+    return sum(name.startswith("parts_") for name in program._executor.native.names)
 
 
 def _with_and_without_c(outputs, inputs, feeds, monkeypatch):
@@ -120,45 +139,44 @@ def _assert_same_bits(ours, numpy):
         np.testing.assert_array_equal(a[numbers].view(np.uint8), b[numbers].view(np.uint8))
 
 
-@pytest.mark.parametrize("shape,dtype", [((64, 257), "float32"),  # halves of 32 rows
-                                         ((33, 700), "float32"),  # 16 rows and 17
-                                         ((1, 3, 5, 1201), "float64"),  # cut along the first axis of more than one
-                                         ((40000,), "float32")])  # one axis: halves of elements
-def test_large_elementwise_regions_run_in_two_halves_with_numpys_bits(shape, dtype, monkeypatch):
-    """A gelu with its bias and its gradient (exp between loop nests: NumPy's own loop called from C on each half's
-    elements), a tanh and a log1p: each region one C call of two halves, with NumPy's bits."""
+@pytest.mark.parametrize("shape,dtype", [((64, 1031), "float32"),  # parts of 32 rows, of 21 and 22, of 12 and 13
+                                         ((1, 3, 5, 4801), "float64"),  # the first axis of more than one: 3 parts at most
+                                         ((120000,), "float32")])  # one axis: parts of elements
+def test_large_elementwise_regions_run_in_parts_with_numpys_bits(shape, dtype, monkeypatch, threads):
+    """A gelu with its bias and its gradient (exp between loop nests: NumPy's own loop called from C on each part's
+    elements), a tanh and a log1p: each region one C call of a part a thread, with NumPy's bits."""
     x, b, g = ct.var("x", shape, dtype), ct.var("b", shape[-1:], dtype), ct.var("g", shape, dtype)
     y = ct.gelu(x + b)
     outputs = [y, *ct.grad(ct.sum(y * g), [x]), ct.tanh(x) * g + ct.log1p(ct.abs(g))]
     program, ours, numpy = _with_and_without_c(outputs, [x, b, g], _feeds([x, b, g]), monkeypatch)
-    assert _halves(program) >= 2
+    assert _part_counts(program, "parts").count(min(threads, next(n for n in shape if n > 1))) >= 2
     _assert_same_bits(ours, numpy)
 
 
-def test_layer_norms_run_in_two_halves_of_rows_their_sums_numpys(monkeypatch):
-    """A layer norm forward and backward: its rows' sums and means in C, as NumPy sums them, each half's rows on a
+def test_layer_norms_run_in_parts_of_rows_their_sums_numpys(monkeypatch, threads):
+    """A layer norm forward and backward: its rows' sums and means in C, as NumPy sums them, each part's rows on a
     thread."""
     from cortado import nn
 
-    x, g = ct.var("x", (37, 3, 160)), ct.var("g", (37, 3, 160))
-    model = nn.LayerNorm(160)
+    x, g = ct.var("x", (37, 3, 640)), ct.var("g", (37, 3, 640))
+    model = nn.LayerNorm(640)
     y = model(x)
     params = {name: p.var for name, p in model.named_parameters()}
     outputs = [y, *ct.grad(ct.sum(y * g), [x])]
     feeds = _feeds([x, g])
     feeds.update({v.name: np.asarray(value) for v, value in model.initial_values(0).items()})
     program, ours, numpy = _with_and_without_c(outputs, [x, g, *params.values()], feeds, monkeypatch)
-    assert _halves(program) >= 2
+    assert _part_counts(program, "parts").count(threads) >= 2
     _assert_same_bits(ours, numpy)
 
 
-def test_an_update_in_place_runs_in_two_halves_each_reading_an_element_before_writing_it():
-    n = 50001  # halves of 25000 and 25001 elements
+def test_an_update_in_place_runs_in_parts_each_reading_an_element_before_writing_it(threads):
+    n = 50001  # parts of 25000 and 25001 elements, of 16667 and 16667, ...
     w, g, m = ct.var("w", (n,)), ct.var("g", (n,)), ct.var("m", (n,))
     m_new = 0.9 * m + 0.1 * g
     step = ct.compile([], inputs=[g], state={w: np.ones(n, np.float32), m: np.zeros(n, np.float32)},
                       updates={m: m_new, w: w - 0.01 * m_new / (ct.sqrt(m_new * m_new) + 1e-8)})
-    assert _halves(step) >= 1
+    assert _part_counts(step, "parts") == [threads]
     grads = np.linspace(-1, 1, n, dtype=np.float32)
     step(g=grads)
     m1 = np.float32(0.9) * np.zeros(n, np.float32) + np.float32(0.1) * grads
@@ -168,8 +186,8 @@ def test_an_update_in_place_runs_in_two_halves_each_reading_an_element_before_wr
 
 @pytest.mark.parametrize("case", ["small", "kept_broadcast", "sum_over_first_axis", "no_loop"])
 def test_regions_that_do_not_part_cleanly_stay_whole(case, monkeypatch):
-    """Below the size that pays; a value computed once for every row (exp of a bias) that both halves would write; a
-    sum over the axis the halves would cut; NumPy's loop not found (its call stays NumPy's, between loop nests)."""
+    """Below the size that pays; a value computed once for every row (exp of a bias) that every part would write; a
+    sum over the axis the parts would cut; NumPy's loop not found (its call stays NumPy's, between loop nests)."""
     rows = 4 if case == "small" else 300
     x, b = ct.var("x", (rows, 128)), ct.var("b", (128,))
     if case == "kept_broadcast":
@@ -181,7 +199,7 @@ def test_regions_that_do_not_part_cleanly_stay_whole(case, monkeypatch):
     if case == "no_loop":
         monkeypatch.setattr(loops, "unary", lambda ufunc, dtype: None)
     program, ours, numpy = _with_and_without_c(outputs, [x, b], _feeds([x, b]), monkeypatch)
-    assert _halves(program) == 0
+    assert _parted(program) == 0
     assert program._executor.native.names  # C still computes the region's loop nests
     _assert_same_bits(ours, numpy)
 
@@ -192,20 +210,20 @@ def test_regions_run_whole_in_a_step_that_runs_numpys_blas(monkeypatch):
     x, b = ct.var("x", (256, 300)), ct.var("b", (300,))
     outputs = [ct.gelu(x + b), x @ ct.transpose(x)]
     program, ours, numpy = _with_and_without_c(outputs, [x, b], _feeds([x, b]), monkeypatch)
-    assert _halves(program) >= 1 and not program._executor.native.halved
+    assert _parted(program) >= 1 and not program._executor.native.parted
     _assert_same_bits(ours, numpy)
-    assert ct.compile(outputs[:1], inputs=[x, b])._executor.native.halved
+    assert ct.compile(outputs[:1], inputs=[x, b])._executor.native.parted
 
 
-def test_regions_called_from_two_python_threads_at_once_keep_their_bits():
+def test_regions_called_from_two_python_threads_at_once_keep_their_bits(threads):
     """Two programs of the same regions (one library), each called from a thread of its own: a call made while the
-    other holds the worker runs both halves itself."""
+    other holds the pool runs every part itself."""
     import threading
 
     x, b = ct.var("x", (256, 300)), ct.var("b", (300,))
     outputs = [ct.gelu(x + b), ct.tanh(x) * 2.0 + b]
     programs = [ct.compile(outputs, inputs=[x, b]) for _ in range(2)]
-    assert all(_halves(p) >= 1 for p in programs)
+    assert all(_parted(p) >= 1 for p in programs)
     feeds = [_feeds([x, b], seed) for seed in (1, 2)]
     expected = [ct.evaluate(outputs, f) for f in feeds]
     failures = []
@@ -228,7 +246,7 @@ def test_regions_called_from_two_python_threads_at_once_keep_their_bits():
 @pytest.mark.parametrize("ufunc", [np.exp, np.tanh, np.log1p])
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_numpys_loops_give_the_same_bits_at_every_start_and_length_of_a_stretch(ufunc, dtype):
-    """What lets a region's halves call the loop each on its own elements: an element's result depends neither on
+    """What lets a region's parts call the loop each on its own elements: an element's result depends neither on
     where its stretch starts (its alignment) nor on how long it is."""
     loop, data = loops.unary(ufunc, np.dtype(dtype))
     call = loops._LOOP(loop)

@@ -20,7 +20,7 @@ import math
 import numpy as np
 
 from ...exprgraph import attending
-from . import blas, csource, loops
+from . import blas, csource, loops, native
 
 MAX_BLOCKS = 8  # blocks of queries written out in one function; a longer sequence stays NumPy's
 COL_MAJOR = 102  # CBLAS's enumeration: NumPy's gemv passes a row-major matrix as the transpose of a column-major one
@@ -129,6 +129,7 @@ class _Writer:
         self.c, self.keys, self.rows = csource.C_TYPES[q.dtype], k.shape[-2], attending.block_rows(q, k)
         self.shifts = []
         self.gemv = None
+        self.parts = min(native.threads(), math.prod(q.shape[:-2]))  # the heads' parts, one a thread
 
     def product(self, a, b, out, pointers):
         """``blas.call`` of one head's ``a @ b`` into ``out`` (2-D matrices of its shapes and strides), at the C
@@ -160,13 +161,13 @@ class _Writer:
                 f"s[i * {keys}L + j] = s[i * {keys}L + j] / sums[i];\n")
 
     def heads(self, body, scratch, zeroed=()):
-        """C running ``body`` for each head of one half (``part``; heads are independent, each has its own scratch): its
+        """C running ``body`` for each head of one part (``part``; heads are independent, each has its own scratch): its
         pointers ``<name>h`` set to the head's matrices of ``self.stacks``, ``scratch`` (``{name: elements a head}``)
         pointers to its part of the scratch of that name, ``sums`` and ``dots`` to its part of ``extra``; the matrices
         of ``zeroed`` (names) set to 0 first."""
         lead, rows = self.q.shape[:-2], self.rows
-        heads = math.prod(lead)
-        text = f"  for (long h = part * {heads // 2}L; h < (part ? {heads}L : {heads // 2}L); ++h) {{\n"
+        heads, count = math.prod(lead), self.parts
+        text = f"  for (long h = part * {heads}L / {count}; h < (part + 1) * {heads}L / {count}; ++h) {{\n"
         for d, n in enumerate(lead):
             text += f"    const long h{d} = h / {math.prod(lead[d + 1:])}L % {n}L;\n"
         for name, size in scratch.items():
@@ -186,12 +187,12 @@ class _Writer:
     def function(self, kind, header, body, arrays):
         """``(definitions, piece)``: the shift functions called, and the piece ``(name, C source, pointers)`` of a
         function filling ``extra``'s row of ones (the last of ``arrays``), then running ``header`` and ``body`` (each
-        half of the heads, ``heads``) on two threads (``ct_in_two``), its pointers ``p[0..3]`` the gemm, the gemv,
-        NumPy's exp loop and its data, then ``arrays``."""
+        part of the heads, ``heads``) on the pool's threads (``ct_in_parts``), its pointers ``p[0..3]`` the gemm, the
+        gemv, NumPy's exp loop and its data, then ``arrays``."""
         exp = loops.unary(np.exp, self.q.dtype)
         ones = f"{self.c}* ones = ({self.c}*)p[{len(arrays) + 3}] + {math.prod(self.q.shape[:-2]) * 2 * self.rows}L"
-        name, source = csource.in_two(kind, f"{{\n{header}{body}}}\n",
-                                      f"  {ones};\n  for (long j = 0; j < {self.keys}L; ++j) ones[j] = 1;\n")
+        name, source = csource.in_parts(kind, f"{{\n{header}{body}}}\n", self.parts,
+                                        f"  {ones};\n  for (long j = 0; j < {self.keys}L; ++j) ones[j] = 1;\n")
         return self.shifts, (name, source, [blas.gemm(self.q.dtype)[0], self.gemv[0], exp[0], exp[1], *arrays])
 
 

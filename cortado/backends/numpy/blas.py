@@ -17,7 +17,7 @@ import hashlib
 
 import numpy as np
 
-from . import csource
+from . import csource, native
 
 ROW_MAJOR, NO_TRANS, TRANS = 101, 111, 112  # CBLAS's enumerations
 PREFIX = {np.dtype(np.float32): "s", np.dtype(np.float64): "d"}
@@ -90,12 +90,12 @@ def _layout(a):
     return None
 
 
-def call(a, b, out, function, pointers):
+def call(a, b, out, function, pointers, checked=False):
     """The C statement of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm``, the gemm at the C pointer
     ``function``, the three matrices' first elements at the C pointers ``pointers`` (each matrix of another place
     with ``a``'s, ``b``'s and ``out``'s shapes and strides), or None where NumPy would call something else (a row, a
     column or one term: a vector product), no BLAS is at hand, or the call made on one thread (``one_thread``) gives
-    other bits than NumPy's. A matrix times its own transpose (``syrk``) is the caller's to rule out: it depends on
+    other bits than NumPy's (unless ``checked``: a part of a product whose parts were checked together). A matrix times its own transpose (``syrk``) is the caller's to rule out: it depends on
     the places."""
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or not (a.dtype == b.dtype == out.dtype):
         return None
@@ -103,7 +103,9 @@ def call(a, b, out, function, pointers):
     if min(m, n, p) < 2 or _layout(out) != (NO_TRANS, out.strides[0] // out.itemsize):
         return None
     found, layouts = gemm(a.dtype), (_layout(a), _layout(b))
-    if found is None or None in layouts or not one_thread_agrees(a.dtype, m, n, p, layouts[0][0], layouts[1][0]):
+    if found is None or None in layouts:
+        return None
+    if not checked and not one_thread_agrees(a.dtype, m, n, p, layouts[0][0], layouts[1][0]):
         return None
     (trans_a, lda), (trans_b, ldb) = layouts
     integer, scalar = ("long long" if found[1] else "int"), C_TYPE[a.dtype]
@@ -115,23 +117,22 @@ def call(a, b, out, function, pointers):
             f"{lda}, (const {scalar}*)({pb}), {ldb}, 0, ({scalar}*)({pc}), {ldc});\n")
 
 
-# a product of at least this many multiply-adds is computed in two halves, one a thread (``native``'s ``ct_in_two``),
+# a product is computed in parts of at least this many multiply-adds, one a thread (``native``'s ``ct_in_parts``),
 # with OpenBLAS's own threads held to one while a step runs (``one_thread``): OpenBLAS's idle threads spin for
-# 2^28 cycles after each threaded call (without yielding: ``nop`` loops), which took the second core from the
-# step's other work; the GPT example's smallest split product is 1024 x 64 x 64
-SPLIT_SMALLEST = 1 << 22
+# 2^28 cycles after each threaded call (without yielding: ``nop`` loops), which took the second core of two from the
+# step's other work; the GPT example's smallest parted product is 1024 x 64 x 64, in two
+PART_SMALLEST = 1 << 21
 
 
-def _halves(a, b, out):
-    """The two halves of ``a @ b`` into ``out``, ``((a, b, out), (a, b, out))``, cut along the longer of the
-    result's rows and columns, with the element offset of each half's first element of ``a``, ``b``, ``out``."""
+def _parts(a, b, out, count):
+    """``count`` parts of ``a @ b`` into ``out``, ``[(a, b, out), ...]``, cut along the longer of the result's rows
+    and columns, each with the element offset of its first element of ``a``, ``b``, ``out``."""
     m, p = out.shape
+    cuts = [(m if m >= p else p) * k // count for k in range(count + 1)]
     if m >= p:
-        cut = m // 2
-        parts = [(a[:cut], b, out[:cut]), (a[cut:], b, out[cut:])]
+        parts = [(a[start:stop], b, out[start:stop]) for start, stop in zip(cuts, cuts[1:])]
     else:
-        cut = p // 2
-        parts = [(a, b[:, :cut], out[:, :cut]), (a, b[:, cut:], out[:, cut:])]
+        parts = [(a, b[:, start:stop], out[:, start:stop]) for start, stop in zip(cuts, cuts[1:])]
     first = [x.ctypes.data for x in (a, b, out)]
     return [(part, [(x.ctypes.data - f) // x.itemsize for x, f in zip(part, first)]) for part in parts]
 
@@ -139,7 +140,7 @@ def _halves(a, b, out):
 @functools.lru_cache(maxsize=4)
 def _operands(dtype, m, n, p, trans_a, trans_b):
     """Random operands of an ``m x n`` times ``n x p`` product, stored as ``trans_a`` and ``trans_b`` say, and
-    ``np.matmul``'s product of them (on OpenBLAS's threads): what ``one_thread_agrees`` and ``halves_agree`` check
+    ``np.matmul``'s product of them (on OpenBLAS's threads): what ``one_thread_agrees`` and ``parts_agree`` check
     against, drawn once for both."""
     rng = np.random.default_rng(0)
     a = rng.random((m, n) if trans_a == NO_TRANS else (n, m), dtype) - dtype.type(0.5)
@@ -161,13 +162,14 @@ def one_thread_agrees(dtype, m, n, p, trans_a, trans_b):
 
 
 @functools.cache
-def halves_agree(dtype, m, n, p, trans_a, trans_b):
-    """Whether the two halves (``_halves``) of an ``m x n`` times ``n x p`` product (operands stored as ``trans_a``,
-    ``trans_b`` say), each one ``?gemm`` call on one thread, give ``np.matmul``'s bits on random values."""
+def parts_agree(dtype, m, n, p, trans_a, trans_b, count):
+    """Whether the ``count`` parts (``_parts``) of an ``m x n`` times ``n x p`` product (operands stored as
+    ``trans_a``, ``trans_b`` say), each one ``?gemm`` call on one thread, give ``np.matmul``'s bits on random
+    values."""
     a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
     out = np.empty((m, p), dtype)
     with one_thread():
-        for (x, y, z), _ in _halves(a, b, out):
+        for (x, y, z), _ in _parts(a, b, out, count):
             _gemm_call(gemm(dtype), dtype, x, y, z)
     return np.array_equal(out.view(np.uint8), expected.view(np.uint8))
 
@@ -185,28 +187,33 @@ def _gemm_call(found, dtype, a, b, out):
 
 
 def product(a, b, out):
-    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm`` (``call``), or two
-    halves on two threads where it is large and they give its bits; None where NumPy would call something else (a
+    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm`` (``call``), or as parts
+    on the pool's threads where it is large and they give its bits; None where NumPy would call something else (a
     matrix times its transpose: syrk) or no BLAS is at hand."""
     statement = call(a, b, out, "p[0]", ("p[1]", "p[2]", "p[3]")) if a.ctypes.data != b.ctypes.data else None
     if statement is None:
         return None
     pointers = [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
-    if not _splits(a, b, out):
+    count, c = _part_count(a, b, out), C_TYPE[a.dtype]
+    calls = [call(*part, "p[0]", [f"({c}*)p[{k + 1}] + {offset}L" for k, offset in enumerate(offsets)], checked=True)
+             for part, offsets in _parts(a, b, out, count)] if count > 1 else [None]
+    if None in calls:  # whole: small, or a part a vector product
         text = f"{{\n  {statement}}}\n"
         name = "gemm_" + hashlib.sha256(text.encode()).hexdigest()[:16]
         return name, f"void {name}(void* const* p) {text}", pointers
-    c = C_TYPE[a.dtype]
-    halves = [call(*part, "p[0]", [f"({c}*)p[{k + 1}] + {offset}L" for k, offset in enumerate(offsets)])
-              for part, offsets in _halves(a, b, out)]
-    name, source = csource.in_two("gemm_halves", f"{{\n  if (part) {halves[1]}  else {halves[0]}}}\n")
+    cases = "".join(f"    case {k}: {statement}      break;\n" for k, statement in enumerate(calls))
+    name, source = csource.in_parts("gemm_parts", f"{{\n  switch (part) {{\n{cases}  }}\n}}\n", count)
     return name, source, pointers
 
 
-def _splits(a, b, out):
+def _part_count(a, b, out):
+    """Into how many parts (``native.parts``, no more than the result's longer side) the product is cut: 1 where
+    it is small, OpenBLAS's threads cannot be held, or the parts would not give its bits."""
     (m, n), p = a.shape, b.shape[1]
-    return (m * n * p >= SPLIT_SMALLEST and threads() is not None
-            and halves_agree(a.dtype, m, n, p, _layout(a)[0], _layout(b)[0]))
+    count = min(native.parts(m * n * p, PART_SMALLEST), max(m, p))
+    if count < 2 or threads() is None or not parts_agree(a.dtype, m, n, p, _layout(a)[0], _layout(b)[0], count):
+        return 1
+    return count
 
 
 @functools.cache

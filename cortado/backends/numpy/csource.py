@@ -309,12 +309,13 @@ def sequence(names):
     return name, f"void {name}(void* const* p) {{\n{calls}}}\n"
 
 
-def in_two(kind, half, before=""):
-    """``(name, C source)`` of a function running, after the statements ``before``, ``half`` (the body of a
-    ``void half(void* const* p, long part)``, for part 0 and part 1) on two threads (``native``'s ``ct_in_two``)."""
-    name = f"{kind}_" + hashlib.sha256((before + half).encode()).hexdigest()[:16]
-    return name, (f"static void {name}_half(void* const* p, long part) {half}"
-                  f"void {name}(void* const* p) {{\n{before}  ct_in_two({name}_half, p);\n}}\n")
+def in_parts(kind, part, parts, before=""):
+    """``(name, C source)`` of a function running, after the statements ``before``, ``part`` (the body of a
+    ``void part(void* const* p, long part)``) for parts 0 to ``parts - 1`` on the pool's threads (``native``'s
+    ``ct_in_parts``)."""
+    name = f"{kind}_" + hashlib.sha256(f"{parts}:{before}{part}".encode()).hexdigest()[:16]
+    return name, (f"static void {name}_part(void* const* p, long part) {part}"
+                  f"void {name}(void* const* p) {{\n{before}  ct_in_parts({name}_part, p, {parts});\n}}\n")
 
 
 def _row_peak(c, suffix, keys):

@@ -125,12 +125,12 @@ class Executor(interface.Executor):
             numpy_blas |= em.numpy_blas
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
-        if self.native is not None:  # regions on one thread where NumPy's BLAS runs: its idle threads spin on the other core
-            self.calls, firsts = self.native.bind(self.calls, halved=not numpy_blas)
+        if self.native is not None:  # regions on one thread where NumPy's BLAS runs: its idle threads spin on the other cores
+            self.calls, firsts = self.native.bind(self.calls, parted=not numpy_blas)
             self.call_kernel = [self.call_kernel[i] for i in firsts]  # a merged run of C calls raises nothing
-        # OpenBLAS's threads held to one while the step's own two threads compute (``blas.one_thread``), where every
+        # OpenBLAS's threads held to one while the step's own threads compute (``blas.one_thread``), where every
         # product is C's, checked to give NumPy's bits on one thread: NumPy's own may give others there
-        held = self.native is not None and self.native.in_two and not numpy_blas
+        held = self.native is not None and self.native.pooled and not numpy_blas
         self.threads = blas.one_thread() if held else contextlib.nullcontext()
         for t in list(outputs) + list(updates.values()):
             if t not in arrays and t.op is CONST:

@@ -183,8 +183,8 @@ def _native(em, outputs, args, outs, batch=None):
     too), the values passed between them in workspace scratch, where that makes fewer passes over memory than NumPy's
     calls op by op; None where C cannot compute it, it would not pay, or the plan's workspace cannot hold the
     scratch. A stage's loop nests go largest first: a smaller one may write an output over an operand that a larger
-    one reads broadcast, never the other way round. Where a ``batch`` is given, a large region runs on two threads
-    (``_in_two``)."""
+    one reads broadcast, never the other way round. Where a ``batch`` is given, a large region runs in parts on the
+    pool's threads (``_in_parts``)."""
     order = post_order(outputs)
     if len(order) > MAX_TERMS:
         return None
@@ -192,7 +192,7 @@ def _native(em, outputs, args, outs, batch=None):
     stage = _stages(order)
     if max(stage.values()) == 0:
         found = csource.region(outputs, args, outs)
-        return None if found is None else _in_two(batch, [found], order, stage, _Arrays(sources, {}, targets))
+        return None if found is None else _in_parts(batch, [found], order, stage, _Arrays(sources, {}, targets))
     if any(_numpy_op(t) and any(a.op is CONST for a in t.args) for t in order):
         return None
     kept = {t for t in order if _numpy_op(t)}  # values kept in scratch between loop nests
@@ -207,7 +207,7 @@ def _native(em, outputs, args, outs, batch=None):
     for array in arrays.scratch.values():
         em.release(array)
     if pieces is not None and len(pieces) < _numpy_passes(outputs, args, outs):
-        return _in_two(batch, pieces, order, stage, arrays)
+        return _in_parts(batch, pieces, order, stage, arrays)
     em.rewind(mark)
     return None
 
@@ -221,21 +221,22 @@ class _Arrays:
     scratch: dict
     outs: tuple
 
-    def part(self, axis, cut, k):
-        """The arrays of part ``k`` of the region's elements: along its ``axis``, those before ``cut`` (``k`` 0) or
-        from it on (1); an operand broadcast along that axis whole."""
+    def part(self, axis, start, stop):
+        """The arrays of a part of the region's elements: those from ``start`` to ``stop`` along its ``axis``; an
+        operand broadcast along that axis whole."""
         ndim = self.outs[0][1].ndim
-        return _Arrays({t: _part(a, ndim, axis, cut, k) for t, a in self.sources.items()},
-                       {t: _part(a, ndim, axis, cut, k) for t, a in self.scratch.items()},
-                       tuple((t, _part(a, ndim, axis, cut, k)) for t, a in self.outs))
+        return _Arrays({t: _part(a, ndim, axis, start, stop) for t, a in self.sources.items()},
+                       {t: _part(a, ndim, axis, start, stop) for t, a in self.scratch.items()},
+                       tuple((t, _part(a, ndim, axis, start, stop)) for t, a in self.outs))
 
 
-def _part(a, ndim, axis, cut, k):
-    """Part ``k`` of ``a`` along axis ``axis`` of the ``ndim`` axes it broadcasts against (``_Arrays.part``)."""
+def _part(a, ndim, axis, start, stop):
+    """``a``'s elements from ``start`` to ``stop`` along axis ``axis`` of the ``ndim`` axes it broadcasts against
+    (``_Arrays.part``)."""
     d = axis - (ndim - a.ndim)
     if d < 0 or a.shape[d] == 1:
         return a
-    return a[(slice(None),) * d + (slice(None, cut) if k == 0 else slice(cut, None),)]
+    return a[(slice(None),) * d + (slice(start, stop),)]
 
 
 def _pieces(order, stage, arrays):
@@ -271,30 +272,32 @@ def _op_pieces(t, arrays, out):
     return [found] if found is not None else _numpy_calls(t, arrays, out)
 
 
-# a region of at least this many elements runs on two threads (``_in_two``): a hand-off took 1 to 3 us here, an AdamW
-# update of 16384 elements 4.9 us on one thread and 4.1 on two, one of 8192 2.6 and 3.1
-SPLIT_SMALLEST = 1 << 14
+# a region runs in parts of at least this many elements, one a thread (``_in_parts``): a hand-off took 1 to 3 us on
+# two cores, an AdamW update of 16384 elements 4.9 us on one thread and 4.1 on two, one of 8192 2.6 and 3.1
+PART_SMALLEST = 1 << 13
 
 
-def _in_two(batch, pieces, order, stage, arrays):
-    """``pieces``, or, where a ``batch`` is given and the region is large (``SPLIT_SMALLEST``), the choice of them
-    and of one piece running them on two threads (``native.Batch.halves``), each on its part of the elements
-    (``_split_axis``): every value an element of a part writes depends on elements of that part alone, so each part
-    is computed as the whole computes it, with the same bits."""
-    if batch is None or arrays.outs[0][1].size < SPLIT_SMALLEST or any(callable(p) for p in pieces):
+def _in_parts(batch, pieces, order, stage, arrays):
+    """``pieces``, or, where a ``batch`` is given and the region is large enough to part (``PART_SMALLEST``), the
+    choice of them and of one piece running them in parts on the pool's threads (``native.Batch.split``), each on
+    its stretch of the elements along ``_split_axis``: every value an element of a part writes depends on elements
+    of that part alone, so each part is computed as the whole computes it, with the same bits."""
+    if batch is None or any(callable(p) for p in pieces):
         return pieces
     axis = _split_axis(order, arrays)
-    if axis is None:
+    length = arrays.outs[0][1].shape[axis] if axis is not None else 1
+    count = min(native.parts(arrays.outs[0][1].size, PART_SMALLEST), length)
+    if count < 2:
         return pieces
-    cut = arrays.outs[0][1].shape[axis] // 2
-    halves = [_pieces(order, stage, arrays.part(axis, cut, k)) for k in (0, 1)]
-    if None in halves or any(callable(p) for half in halves for p in half):
+    cuts = [length * k // count for k in range(count + 1)]
+    parts = [_pieces(order, stage, arrays.part(axis, start, stop)) for start, stop in zip(cuts, cuts[1:])]
+    if None in parts or any(callable(p) for part in parts for p in part):
         return pieces
-    return [batch.halves(halves, pieces)]
+    return [batch.split(parts, pieces)]
 
 
 def _split_axis(order, arrays):
-    """The axis along which the region's elements part in two (its first of more than one element), or None where
+    """The axis along which the region's elements part (its first of more than one element), or None where
     a value it writes does not part along it (an output or a kept value broadcast along it, a reduction over it) or
     an output shares memory with an operand other than element for element."""
     shape = arrays.outs[0][1].shape

@@ -72,14 +72,14 @@ class Batch:
     def __init__(self):
         self.sources, self.names, self.stand_ins, self.bound = [], set(), {}, {}
         self.kept = []  # the pointer arrays of C parts called by a sequence, which holds only their addresses
-        self.in_two = False  # whether the bound library's calls run parts on two threads (``ct_in_two``)
-        self.halved = True  # whether the regions ``halves`` offers run so (``bind``)
+        self.pooled = False  # whether the bound library's calls run parts on the pool's threads (``ct_in_parts``)
+        self.parted = True  # whether the regions ``split`` offers run so (``bind``)
 
     def add(self, pieces, numpy_calls):
         """A stand-in for a region's calls: ``pieces`` in turn, each a C function ``(name, its text, pointers)`` (each
         pointer an address, or an array at its first element), a call of NumPy's (a maximum between two loop nests)
-        or a choice of ``halves``; where the library cannot be built, ``numpy_calls`` run in their place."""
-        parts = {halved: self._parts(pieces, halved) for halved in (True, False)}
+        or a choice of ``split``; where the library cannot be built, ``numpy_calls`` run in their place."""
+        parts = {parted: self._parts(pieces, parted) for parted in (True, False)}
 
         def stand_in():
             raise RuntimeError("a native region was called before its library was bound")
@@ -87,12 +87,12 @@ class Batch:
         self.stand_ins[id(stand_in)] = (stand_in, parts, numpy_calls)
         return stand_in
 
-    def _parts(self, pieces, halved):
-        """The parts of ``add``'s ``pieces``, each run of C parts one, the choices of ``halves`` taken as ``halved``
+    def _parts(self, pieces, parted):
+        """The parts of ``add``'s ``pieces``, each run of C parts one, the choices of ``split`` taken as ``parted``
         says."""
         chosen = []
         for piece in pieces:
-            chosen += ([piece.halves] if halved else list(piece.whole)) if isinstance(piece, Halves) else [piece]
+            chosen += ([piece.parted] if parted else list(piece.whole)) if isinstance(piece, Split) else [piece]
         parts = [piece if callable(piece) else self._part(piece) for piece in chosen]
         return [self._one_call(run) if len(run) > 1 else run[0] for run in _runs(parts)]
 
@@ -103,18 +103,18 @@ class Batch:
         addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
         return name, (ctypes.c_void_p * max(len(addresses), 1))(*addresses)
 
-    def halves(self, halves, whole):
-        """A choice (``Halves``) between ``whole`` (C pieces on one thread) and one C piece running the C pieces of each
-        of ``halves`` (two lists: the same work cut in two parts that share nothing they write) in turn, each list
-        on a thread of its own (``ct_in_two``)."""
-        parts = []
-        for pieces in halves:
+    def split(self, parts, whole):
+        """A choice (``Split``) between ``whole`` (C pieces on one thread) and one C piece running the C pieces of each
+        of ``parts`` (lists: the same work cut in parts that share nothing they write) in turn, each list on a thread
+        of the pool (``ct_in_parts``)."""
+        called = []
+        for pieces in parts:
             run = [self._part(piece) for piece in pieces]
-            parts.append(self._one_call(run) if len(run) > 1 else run[0])
-        self.kept.extend(pointers for _, pointers in parts)
-        text = f"{{\n  if (part) {parts[1][0]}((void* const*)p[1]);\n  else {parts[0][0]}((void* const*)p[0]);\n}}\n"
-        name, source = csource.in_two("halves", text)
-        return Halves((name, source, [ctypes.addressof(pointers) for _, pointers in parts]), tuple(whole))
+            called.append(self._one_call(run) if len(run) > 1 else run[0])
+        self.kept.extend(pointers for _, pointers in called)
+        cases = "".join(f"    case {k}: {name}((void* const*)p[{k}]); break;\n" for k, (name, _) in enumerate(called))
+        name, source = csource.in_parts("parts", f"{{\n  switch (part) {{\n{cases}  }}\n}}\n", len(called))
+        return Split((name, source, [ctypes.addressof(pointers) for _, pointers in called]), tuple(whole))
 
     def define(self, name, source):
         """C function ``name`` of text ``source`` in the library, once (another's C may call it)."""
@@ -135,12 +135,12 @@ class Batch:
         key = id(self.add(pieces, numpy_calls))
         return lambda: self.bound[key]()
 
-    def bind(self, calls, halved=True):
-        """``calls`` with every stand-in replaced by its C functions' calls (a region ``halves`` offers on two threads
-        where ``halved``, else on one), and each run of consecutive calls that are one C function each (a step's
+    def bind(self, calls, parted=True):
+        """``calls`` with every stand-in replaced by its C functions' calls (a region ``split`` offers on the pool's
+        threads where ``parted``, else on one), and each run of consecutive calls that are one C function each (a step's
         backward pass: products, loop nests, updates) made one call of a ``csource.sequence``: ``(calls, firsts)``,
         ``firsts[k]`` the index in ``calls`` of the first of those the ``k``-th call made stands for."""
-        self.halved = halved
+        self.parted = parted
         if not self.stand_ins:
             return calls, list(range(len(calls)))
         runs = {}  # the index of a run's first call -> its C parts
@@ -155,13 +155,13 @@ class Batch:
                 runs[i] = [part]
         runs = {first: self._one_call(parts) for first, parts in runs.items() if len(parts) > 1}
         try:
-            library = load(HEADER + "\n".join(self.sources))
+            library = load(header() + "\n".join(self.sources))
         except (OSError, RuntimeError, subprocess.SubprocessError) as error:
             _notice(f"their C did not build ({str(error)[:300]})")
             library = None
-        self.in_two = library is not None and any("ct_in_two(" in source for source in self.sources)
+        self.pooled = library is not None and any("ct_in_parts(" in source for source in self.sources)
         for key, (_, choices, numpy_calls) in self.stand_ins.items():
-            parts = choices[self.halved]
+            parts = choices[self.parted]
             if library is None:
                 self.bound[key] = functools.partial(_in_turn, tuple(numpy_calls))  # one call in its place, as planned
                 continue
@@ -186,16 +186,17 @@ class Batch:
         """The one C part ``(name, pointers)`` stand-in ``call`` is bound to, or None (NumPy's, several, or no
         stand-in)."""
         entry = self.stand_ins.get(id(call))
-        parts = entry[1][self.halved] if entry is not None else None
+        parts = entry[1][self.parted] if entry is not None else None
         if parts is None or len(parts) != 1 or callable(parts[0]):
             return None
         return parts[0]
 
 
-class Halves(NamedTuple):
-    """``Batch.halves``'s choice: C piece ``halves`` runs a region on two threads, the C pieces ``whole`` on one."""
+class Split(NamedTuple):
+    """``Batch.split``'s choice: C piece ``parted`` runs a region on the pool's threads, the C pieces ``whole`` on
+    one."""
 
-    halves: tuple
+    parted: tuple
     whole: tuple
 
 
@@ -221,15 +222,16 @@ def _in_turn(calls):
         call()
 
 
-# Two threads for a function whose work halves cleanly (an attention's heads, a product's rows): ``ct_in_two(part, p)``
-# runs ``part(p, 0)`` in the calling thread and ``part(p, 1)`` in whichever thread claims it first: a worker the
-# library starts once (again after a fork), or the caller itself once its own half is done, so a worker that a busy
-# machine has not scheduled (or that sleeps) holds nothing up. The worker spins at most ``CT_SPIN`` seconds for the
-# next call, yielding the core between looks, then sleeps: an OpenMP team's default spin ran for milliseconds on this
-# machine's AMD cores (their ``pause`` is slow), taking the second core from OpenBLAS's own thread in the products
-# that followed (the GPT example's step took 36 ms instead of 10). A call made while another thread holds the
-# worker, or on a machine of one core, runs both halves itself.
-TWO_THREADS = r"""#include <pthread.h>
+# A pool of threads for a function whose work parts cleanly (an attention's heads, a product's rows, a region's
+# elements): ``ct_in_parts(part, p, parts)`` runs ``part(p, 0)`` .. ``part(p, parts - 1)``, each part claimed by
+# whichever thread takes it first: the caller, or one of the workers the library starts once (again after a fork),
+# so a worker that a busy machine has not scheduled (or that sleeps) holds nothing up. A claim is one compare-and-swap
+# of a word holding the call's ticket and its next part, so a worker late from an earlier call never takes a part of
+# a later one. Each worker spins at most ``CT_SPIN`` seconds for the next call, yielding the core between looks, then
+# sleeps: an OpenMP team's default spin ran for milliseconds on AMD cores (their ``pause`` is slow), taking a core
+# from OpenBLAS's own thread in the products that followed (the GPT example's step took 36 ms instead of 10). A call
+# made while another thread holds the pool, or on a machine of one core, runs every part itself.
+POOL = r"""#include <pthread.h>
 #include <sched.h>
 #include <time.h>
 #include <unistd.h>
@@ -242,12 +244,17 @@ TWO_THREADS = r"""#include <pthread.h>
 typedef void (*ct_part)(void* const* p, long part);
 static struct {
   pthread_mutex_t lock; pthread_cond_t wake; ct_part part; void* const* p;
-  long posted, claimed, done; int sleeping, busy; pid_t pid;
+  long parts, posted, next, done; int sleeping, busy; pid_t pid;
 } ct_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 static double ct_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-static int ct_claim(long ticket) {  /* whether this thread takes the second half of call ``ticket`` */
-  long before = ticket - 1;
-  return __atomic_compare_exchange_n(&ct_pool.claimed, &before, ticket, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE);
+static void ct_take_parts(long ticket) {  /* run parts of call ``ticket`` until none is left to claim */
+  for (;;) {
+    long word = __atomic_load_n(&ct_pool.next, __ATOMIC_ACQUIRE);
+    if (word >> 16 != ticket || (word & 0xffff) >= ct_pool.parts) return;
+    if (!__atomic_compare_exchange_n(&ct_pool.next, &word, word + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
+    ct_pool.part(ct_pool.p, word & 0xffff);  /* the call cannot end, nor another begin, before this part is done */
+    __atomic_add_fetch(&ct_pool.done, 1, __ATOMIC_RELEASE);
+  }
 }
 static void* ct_worker(void* first) {
   long seen = (long)first;
@@ -255,48 +262,82 @@ static void* ct_worker(void* first) {
     const double until = ct_now() + CT_SPIN;
     while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen && ct_now() < until) { CT_PAUSE(); sched_yield(); }
     pthread_mutex_lock(&ct_pool.lock);
-    ct_pool.sleeping = 1;
+    ++ct_pool.sleeping;
     while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen) pthread_cond_wait(&ct_pool.wake, &ct_pool.lock);
-    ct_pool.sleeping = 0;
+    --ct_pool.sleeping;
     pthread_mutex_unlock(&ct_pool.lock);
     seen = __atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE);
-    if (ct_claim(seen)) {
-      ct_pool.part(ct_pool.p, 1);
-      __atomic_store_n(&ct_pool.done, seen, __ATOMIC_RELEASE);
-    }
+    ct_take_parts(seen);
   }
   return 0;
 }
-static int ct_worker_running(void) {
+static int ct_workers_running(void) {
   if (ct_pool.pid == getpid()) return 1;
-  pthread_t thread; pthread_attr_t attributes;
+  pthread_attr_t attributes;
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || pthread_attr_init(&attributes)) return 0;
   pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
   pthread_mutex_init(&ct_pool.lock, 0); pthread_cond_init(&ct_pool.wake, 0);  /* afresh in a forked child */
-  ct_pool.claimed = ct_pool.done = ct_pool.posted; ct_pool.sleeping = 0;
-  const int failed = pthread_create(&thread, &attributes, ct_worker, (void*)ct_pool.posted);
+  ct_pool.sleeping = 0;
+  int started = 0;
+  for (int k = 1; k < CT_THREADS; ++k) {
+    pthread_t thread;
+    started += !pthread_create(&thread, &attributes, ct_worker, (void*)ct_pool.posted);
+  }
   pthread_attr_destroy(&attributes);
-  if (failed) return 0;
+  if (!started) return 0;
   ct_pool.pid = getpid();
   return 1;
 }
-static void ct_in_two(ct_part part, void* const* p) {
-  if (__atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE)) { part(p, 0); part(p, 1); return; }
-  if (!ct_worker_running()) { part(p, 0); part(p, 1); __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE); return; }
-  ct_pool.part = part; ct_pool.p = p;
+static void ct_in_parts(ct_part part, void* const* p, long parts) {
+  if (parts < 2 || __atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE)) {
+    for (long k = 0; k < parts; ++k) part(p, k);
+    return;
+  }
+  if (!ct_workers_running()) {
+    for (long k = 0; k < parts; ++k) part(p, k);
+    __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
+    return;
+  }
+  ct_pool.part = part; ct_pool.p = p; ct_pool.parts = parts; ct_pool.done = 0;
   pthread_mutex_lock(&ct_pool.lock);
   const long ticket = ct_pool.posted + 1;
+  __atomic_store_n(&ct_pool.next, ticket << 16, __ATOMIC_RELEASE);
   __atomic_store_n(&ct_pool.posted, ticket, __ATOMIC_RELEASE);
-  if (ct_pool.sleeping) pthread_cond_signal(&ct_pool.wake);
+  if (ct_pool.sleeping) pthread_cond_broadcast(&ct_pool.wake);
   pthread_mutex_unlock(&ct_pool.lock);
-  part(p, 0);
-  if (ct_claim(ticket)) part(p, 1);
-  else while (__atomic_load_n(&ct_pool.done, __ATOMIC_ACQUIRE) != ticket) { CT_PAUSE(); sched_yield(); }
+  ct_take_parts(ticket);
+  while (__atomic_load_n(&ct_pool.done, __ATOMIC_ACQUIRE) != parts) { CT_PAUSE(); sched_yield(); }
   __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
 }
 """
 
-HEADER = TWO_THREADS + """#include <stdint.h>
+
+@functools.cache
+def threads():
+    """How many threads the step's C parts run on: ``CORTADO_THREADS``, else the cores this process may use."""
+    chosen = os.environ.get("CORTADO_THREADS")
+    if chosen:
+        try:
+            return max(1, int(chosen))
+        except ValueError:
+            raise ValueError(f"CORTADO_THREADS={chosen!r}: give a whole number of threads") from None
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def parts(amount, smallest):
+    """Into how many parts work of ``amount`` (elements, multiply-adds) is cut: one a thread, none below ``smallest``."""
+    return max(1, min(threads(), amount // smallest))
+
+
+def header():
+    """The C every library starts with: the pool (sized for ``threads()``) and the helpers its functions share."""
+    return f"#define CT_THREADS {threads()}\n" + POOL + HELPERS
+
+
+HELPERS = """#include <stdint.h>
 static inline float ct_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float ct_minf(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline double ct_max(double a, double b) { return (a > b || a != a) ? a : b; }
