@@ -95,8 +95,8 @@ def call(a, b, out, function, pointers, checked=False):
     ``function``, the three matrices' first elements at the C pointers ``pointers`` (each matrix of another place
     with ``a``'s, ``b``'s and ``out``'s shapes and strides), or None where NumPy would call something else (a row, a
     column or one term: a vector product), no BLAS is at hand, or the call made on one thread (``one_thread``) gives
-    other bits than NumPy's (unless ``checked``: a part of a product whose parts were checked together). A matrix times its own transpose (``syrk``) is the caller's to rule out: it depends on
-    the places."""
+    other bits than NumPy's (unless ``checked``: a part of a product whose parts were checked together). A matrix
+    times its own transpose (``syrk``) is the caller's to rule out: it depends on the places."""
     if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or not (a.dtype == b.dtype == out.dtype):
         return None
     (m, n), p = a.shape, b.shape[1]
