@@ -90,31 +90,47 @@ def _layout(a):
     return None
 
 
-def call(a, b, out, function, pointers, checked=False):
-    """The C statement of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm``, the gemm at the C pointer
-    ``function``, the three matrices' first elements at the C pointers ``pointers`` (each matrix of another place
-    with ``a``'s, ``b``'s and ``out``'s shapes and strides), or None where NumPy would call something else (a row, a
-    column or one term: a vector product), no BLAS is at hand, or the call made on one thread (``one_thread``) gives
-    other bits than NumPy's (unless ``checked``: a part of a product whose parts were checked together). A matrix
+def call(a, b, out, function, pointers):
+    """The C statements of ``np.matmul(a, b, out=out)`` as NumPy's ``?gemm``, the gemm at the C pointer ``function``,
+    the three matrices' first elements at the C pointers ``pointers`` (each matrix of another place with ``a``'s,
+    ``b``'s and ``out``'s shapes and strides): one call, or one a block of the sum (``blocks``) where that gives
+    NumPy's bits on one thread (``one_thread``) and one call does not; None where NumPy would call something else (a
+    row, a column or one term: a vector product), no BLAS is at hand, or no blocking gives NumPy's bits. A matrix
     times its own transpose (``syrk``) is the caller's to rule out: it depends on the places."""
-    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or not (a.dtype == b.dtype == out.dtype):
+    if not _gemm_shaped(a, b, out):
         return None
+    found = blocks(a.dtype, a.shape[0], a.shape[1], b.shape[1], _layout(a)[0], _layout(b)[0], 1)
+    return None if found is None else _statement(a, b, out, function, pointers, found)
+
+
+def _gemm_shaped(a, b, out):
+    """Whether NumPy computes ``a @ b`` into ``out`` as one ``?gemm`` and one is at hand."""
+    if a.ndim != 2 or b.ndim != 2 or out.ndim != 2 or not (a.dtype == b.dtype == out.dtype):
+        return False
     (m, n), p = a.shape, b.shape[1]
     if min(m, n, p) < 2 or _layout(out) != (NO_TRANS, out.strides[0] // out.itemsize):
-        return None
-    found, layouts = gemm(a.dtype), (_layout(a), _layout(b))
-    if found is None or None in layouts:
-        return None
-    if not checked and not one_thread_agrees(a.dtype, m, n, p, layouts[0][0], layouts[1][0]):
-        return None
-    (trans_a, lda), (trans_b, ldb) = layouts
+        return False
+    return gemm(a.dtype) is not None and None not in (_layout(a), _layout(b))
+
+
+def _statement(a, b, out, function, pointers, sums):
+    """The C of ``a @ b`` into ``out`` (``call``'s arguments) as one ``?gemm`` a block of the sum, ``sums`` the blocks'
+    lengths: the first writes the result, each other adds its block's products to it."""
+    found, (trans_a, lda), (trans_b, ldb) = gemm(a.dtype), _layout(a), _layout(b)
     integer, scalar = ("long long" if found[1] else "int"), C_TYPE[a.dtype]
     ldc = out.strides[0] // out.itemsize
     signature = (f"void (*)(int, int, int, {integer}, {integer}, {integer}, {scalar}, const {scalar}*, {integer}, "
                  f"const {scalar}*, {integer}, {scalar}, {scalar}*, {integer})")
     pa, pb, pc = pointers
-    return (f"(({signature})({function}))({ROW_MAJOR}, {trans_a}, {trans_b}, {m}, {p}, {n}, 1, (const {scalar}*)({pa}), "
-            f"{lda}, (const {scalar}*)({pb}), {ldb}, 0, ({scalar}*)({pc}), {ldc});\n")
+    text, start = "", 0
+    for length in sums:
+        at_a = start if trans_a == NO_TRANS else start * lda  # the block's first term: a column of a, a row of b
+        at_b = start * ldb if trans_b == NO_TRANS else start
+        text += (f"(({signature})({function}))({ROW_MAJOR}, {trans_a}, {trans_b}, {a.shape[0]}, {b.shape[1]}, {length}, "
+                 f"1, (const {scalar}*)({pa}) + {at_a}L, {lda}, (const {scalar}*)({pb}) + {at_b}L, {ldb}, "
+                 f"{0 if start == 0 else 1}, ({scalar}*)({pc}), {ldc});\n")
+        start += length
+    return text
 
 
 # a product is computed in parts of at least this many multiply-adds, one a thread (``native``'s ``ct_in_parts``),
@@ -140,8 +156,7 @@ def _parts(a, b, out, count):
 @functools.lru_cache(maxsize=4)
 def _operands(dtype, m, n, p, trans_a, trans_b):
     """Random operands of an ``m x n`` times ``n x p`` product, stored as ``trans_a`` and ``trans_b`` say, and
-    ``np.matmul``'s product of them (on OpenBLAS's threads): what ``one_thread_agrees`` and ``parts_agree`` check
-    against, drawn once for both."""
+    ``np.matmul``'s product of them (on OpenBLAS's threads): what ``blocks`` checks against, drawn once a shape."""
     rng = np.random.default_rng(0)
     a = rng.random((m, n) if trans_a == NO_TRANS else (n, m), dtype) - dtype.type(0.5)
     b = rng.random((n, p) if trans_b == NO_TRANS else (p, n), dtype) - dtype.type(0.5)
@@ -149,71 +164,89 @@ def _operands(dtype, m, n, p, trans_a, trans_b):
     return a, b, a @ b
 
 
-@functools.cache
-def one_thread_agrees(dtype, m, n, p, trans_a, trans_b):
-    """Whether the ``?gemm`` of an ``m x n`` times ``n x p`` product (operands stored as ``trans_a``, ``trans_b``
-    say) made on one thread gives the bits ``np.matmul`` gives on OpenBLAS's threads, on random values: for some
-    shapes they differ (436 x 600 x 8)."""
-    a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
-    out = np.empty((m, p), dtype)
-    with one_thread():
-        _gemm_call(gemm(dtype), dtype, a, b, out)
-    return np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+def _blockings(n):
+    """Ways OpenBLAS may cut a sum of ``n`` terms into blocks, each ``?gemm`` call's (it cuts its own on one thread
+    and on its threads alike, by sizes its build and the CPU fix): all ``n``; or blocks of ``q`` while ``2q`` or more
+    terms are left, then, of more than ``q``, half of them rounded up to a multiple of ``u``, then the rest. NumPy's
+    product of 128 x 784 x 256 on two OpenBLAS threads sums blocks of 392 and 392; on one, of 400 and 384."""
+    found = {(n,): None}
+    for q in range(64, n, 32):
+        for u in (1, 2, 4, 8, 16, 32, 64):
+            sums, left = [], n
+            while left:
+                length = q if left >= 2 * q else -(-(left // 2) // u) * u if left > q else left
+                sums.append(min(length, left))
+                left -= sums[-1]
+            found.setdefault(tuple(sums))
+    return list(found)
 
 
 @functools.cache
-def parts_agree(dtype, m, n, p, trans_a, trans_b, count):
-    """Whether the ``count`` parts (``_parts``) of an ``m x n`` times ``n x p`` product (operands stored as
-    ``trans_a``, ``trans_b`` say), each one ``?gemm`` call on one thread, give ``np.matmul``'s bits on random
-    values."""
+def blocks(dtype, m, n, p, trans_a, trans_b, count):
+    """The blocks of the sum (``_blockings``) in which ``count`` parts (``_parts``) of an ``m x n`` times ``n x p``
+    product (operands stored as ``trans_a``, ``trans_b`` say), each one ``?gemm`` call a block on one thread, give
+    ``np.matmul``'s bits on random values (on OpenBLAS's threads, which at some shapes sum in other blocks than one
+    thread does); None where none does."""
     a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
     out = np.empty((m, p), dtype)
-    with one_thread():
-        for (x, y, z), _ in _parts(a, b, out, count):
-            _gemm_call(gemm(dtype), dtype, x, y, z)
-    return np.array_equal(out.view(np.uint8), expected.view(np.uint8))
+    for sums in _blockings(n):
+        with one_thread():
+            for (x, y, z), _ in _parts(a, b, out, count):
+                _gemm_call(gemm(dtype), dtype, x, y, z, sums)
+        if np.array_equal(out.view(np.uint8), expected.view(np.uint8)):
+            return sums
+    return None
 
 
-def _gemm_call(found, dtype, a, b, out):
-    """``a @ b`` into ``out`` through ``?gemm`` (``found``) from Python, with NumPy's arguments."""
+def _gemm_call(found, dtype, a, b, out, sums=None):
+    """``a @ b`` into ``out`` through ``?gemm`` (``found``) from Python, with NumPy's arguments: one call, or one a
+    block of the sum (``sums``: the blocks' lengths)."""
     integer = ctypes.c_int64 if found[1] else ctypes.c_int32
     scalar = ctypes.c_float if dtype == np.float32 else ctypes.c_double
     pointer = ctypes.c_void_p
     call_ = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_int, ctypes.c_int, integer, integer, integer, scalar, pointer,
                              integer, pointer, integer, scalar, pointer, integer)(found[0])
     (trans_a, lda), (trans_b, ldb) = _layout(a), _layout(b)
-    call_(ROW_MAJOR, trans_a, trans_b, a.shape[0], b.shape[1], a.shape[1], 1.0, a.ctypes.data, lda, b.ctypes.data,
-          ldb, 0.0, out.ctypes.data, out.strides[0] // out.itemsize)
+    start = 0
+    for length in sums or (a.shape[1],):
+        block_a, block_b = a[:, start:start + length], b[start:start + length]
+        call_(ROW_MAJOR, trans_a, trans_b, a.shape[0], b.shape[1], length, 1.0, block_a.ctypes.data, lda,
+              block_b.ctypes.data, ldb, 0.0 if start == 0 else 1.0, out.ctypes.data, out.strides[0] // out.itemsize)
+        start += length
 
 
 def product(a, b, out):
-    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` as NumPy's one ``?gemm`` (``call``), or as parts
-    on the pool's threads where it is large and they give its bits; None where NumPy would call something else (a
-    matrix times its transpose: syrk) or no BLAS is at hand."""
-    statement = call(a, b, out, "p[0]", ("p[1]", "p[2]", "p[3]")) if a.ctypes.data != b.ctypes.data else None
+    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` as NumPy's ``?gemm`` (``call``), as parts on
+    the pool's threads where it is large and they give its bits; None where NumPy would call something else (a matrix
+    times its transpose: syrk), no BLAS is at hand, or no blocking of the sum gives NumPy's bits."""
+    if a.ctypes.data == b.ctypes.data or not _gemm_shaped(a, b, out):
+        return None
+    pointers, c = [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data], C_TYPE[a.dtype]
+    count, sums = _parting(a, b, out)
+    if count > 1:
+        cases = "".join(f"    case {k}: " + _statement(*part, "p[0]", [f"({c}*)p[{j + 1}] + {offset}L"
+                                                                        for j, offset in enumerate(offsets)], sums)
+                        + "      break;\n" for k, (part, offsets) in enumerate(_parts(a, b, out, count)))
+        name, source = csource.in_parts("gemm_parts", f"{{\n  switch (part) {{\n{cases}  }}\n}}\n", count)
+        return name, source, pointers
+    statement = call(a, b, out, "p[0]", ("p[1]", "p[2]", "p[3]"))
     if statement is None:
         return None
-    pointers = [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
-    count, c = _part_count(a, b, out), C_TYPE[a.dtype]
-    calls = [call(*part, "p[0]", [f"({c}*)p[{k + 1}] + {offset}L" for k, offset in enumerate(offsets)], checked=True)
-             for part, offsets in _parts(a, b, out, count)] if count > 1 else [None]
-    if None in calls:  # whole: small, or a part a vector product
-        text = f"{{\n  {statement}}}\n"
-        name = "gemm_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-        return name, f"void {name}(void* const* p) {text}", pointers
-    cases = "".join(f"    case {k}: {statement}      break;\n" for k, statement in enumerate(calls))
-    name, source = csource.in_parts("gemm_parts", f"{{\n  switch (part) {{\n{cases}  }}\n}}\n", count)
-    return name, source, pointers
+    text = f"{{\n  {statement}}}\n"
+    name = "gemm_" + hashlib.sha256(text.encode()).hexdigest()[:16]
+    return name, f"void {name}(void* const* p) {text}", pointers
 
 
-def _part_count(a, b, out):
-    """Into how many parts (``native.parts``, no more than the result's longer side) the product is cut: 1 where
-    it is small, OpenBLAS's threads cannot be held, or the parts would not give its bits."""
+def _parting(a, b, out):
+    """``(count, blocks)``: into how many parts (``native.parts``, no more than the result's longer side, each of at
+    least two rows and columns) the product is cut, and in which blocks each sums (``blocks``); ``(1, None)`` where it
+    is small, OpenBLAS's threads cannot be held, or no blocking of the parts gives its bits."""
     (m, n), p = a.shape, b.shape[1]
-    count = min(native.parts(m * n * p, PART_SMALLEST), max(m, p))
-    if count < 2 or threads() is None or not parts_agree(a.dtype, m, n, p, _layout(a)[0], _layout(b)[0], count):
-        return 1
-    return count
+    count = min(native.parts(m * n * p, PART_SMALLEST), max(m, p) // 2)
+    if count < 2 or threads() is None or min(m, p) < 2:
+        return 1, None
+    found = blocks(a.dtype, m, n, p, _layout(a)[0], _layout(b)[0], count)
+    return (1, None) if found is None else (count, found)
 
 
 @functools.cache
