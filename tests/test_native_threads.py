@@ -3,6 +3,7 @@ own loops called from C: the same bits as NumPy's calls, and NumPy's where a che
 tested on pools of two threads and of more (an odd number: parts of unequal sizes) than this machine may have."""
 
 import re
+import threading
 
 import ctypes
 
@@ -218,8 +219,6 @@ def test_regions_run_whole_in_a_step_that_runs_numpys_blas(monkeypatch):
 def test_regions_called_from_two_python_threads_at_once_keep_their_bits(threads):
     """Two programs of the same regions (one library), each called from a thread of its own: a call made while the
     other holds the pool runs every part itself."""
-    import threading
-
     x, b = ct.var("x", (256, 300)), ct.var("b", (300,))
     outputs = [ct.gelu(x + b), ct.tanh(x) * 2.0 + b]
     programs = [ct.compile(outputs, inputs=[x, b]) for _ in range(2)]
@@ -263,3 +262,36 @@ def test_numpys_loops_give_the_same_bits_at_every_start_and_length_of_a_stretch(
             call(arguments, (ctypes.c_ssize_t * 1)(length), (ctypes.c_ssize_t * 2)(itemsize, itemsize), data or None)
             np.testing.assert_array_equal(out[start:start + length].view(np.uint8),
                                           expected[start:start + length].view(np.uint8))
+
+
+POOL_CHECK = r"""
+static long ct_check_runs[64];
+static void ct_check_part(void* const* p, long k) {
+  __atomic_add_fetch(&ct_check_runs[k], 1, __ATOMIC_RELAXED);
+  for (volatile long i = 0; i < (long)p[0]; ++i) {}
+}
+long ct_check(long calls) {  /* the first call (from 1) in which a part ran other than once, or 0 */
+  for (long c = 1; c <= calls; ++c) {
+    const long parts = 2 + c % 15;
+    void* p[1] = {(void*)(c % 7 * 50)};
+    for (long k = 0; k < parts; ++k) ct_check_runs[k] = 0;
+    ct_in_parts(ct_check_part, p, parts);
+    for (long k = 0; k < parts; ++k) if (ct_check_runs[k] != 1) return c;
+  }
+  return 0;
+}
+"""
+
+
+@pytest.mark.parametrize("size", [2, 3, 16])
+def test_the_pool_runs_each_part_of_each_call_once(size, monkeypatch):
+    """Calls of 2 to 16 parts of uneven lengths in turn, on pools of more threads than cores too: a worker late from
+    one call, which read the next call's number of parts beside the word it claims from, once ran a part twice."""
+    monkeypatch.setattr(native, "threads", lambda: size)
+    check = native.load(native.header() + POOL_CHECK).ct_check
+    check.restype, check.argtypes = ctypes.c_long, [ctypes.c_long]
+    found = []
+    runner = threading.Thread(target=lambda: found.append(check(100000)), daemon=True)  # a pool that loses a part hangs
+    runner.start()
+    runner.join(timeout=120)
+    assert found == [0]

@@ -226,8 +226,9 @@ def _in_turn(calls):
 # elements): ``ct_in_parts(part, p, parts)`` runs ``part(p, 0)`` .. ``part(p, parts - 1)``, each part claimed by
 # whichever thread takes it first: the caller, or one of the workers the library starts once (again after a fork),
 # so a worker that a busy machine has not scheduled (or that sleeps) holds nothing up. A claim is one compare-and-swap
-# of a word holding the call's ticket and its next part, so a worker late from an earlier call never takes a part of
-# a later one. Each worker spins at most ``CT_SPIN`` seconds for the next call, yielding the core between looks, then
+# of a word holding the call's ticket, its number of parts and its next part, so a worker late from an earlier call
+# never takes a part of a later one, nor a part past the end of its own (the number read beside the word could be the
+# next call's). Each worker spins at most ``CT_SPIN`` seconds for the next call, yielding the core between looks, then
 # sleeps: an OpenMP team's default spin ran for milliseconds on AMD cores (their ``pause`` is slow), taking a core
 # from OpenBLAS's own thread in the products that followed (the GPT example's step took 36 ms instead of 10). A call
 # made while another thread holds the pool, or on a machine of one core, runs every part itself.
@@ -242,22 +243,22 @@ POOL = r"""#include <pthread.h>
 #define CT_PAUSE() ((void)0)
 #endif
 typedef void (*ct_part)(void* const* p, long part);
-static struct {
+static struct {  /* ``next``: the call's ticket (its low 32 bits), then its number of parts and its next part (16 each) */
   pthread_mutex_t lock; pthread_cond_t wake; ct_part part; void* const* p;
-  long parts, posted, next, done; int sleeping, busy; pid_t pid;
+  unsigned long posted, next; long done; int sleeping, busy; pid_t pid;
 } ct_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 static double ct_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
-static void ct_take_parts(long ticket) {  /* run parts of call ``ticket`` until none is left to claim */
+static void ct_take_parts(unsigned long ticket) {  /* run parts of call ``ticket`` until none is left to claim */
   for (;;) {
-    long word = __atomic_load_n(&ct_pool.next, __ATOMIC_ACQUIRE);
-    if (word >> 16 != ticket || (word & 0xffff) >= ct_pool.parts) return;
+    unsigned long word = __atomic_load_n(&ct_pool.next, __ATOMIC_ACQUIRE);
+    if (word >> 32 != (ticket & 0xffffffffUL) || (word & 0xffff) >= (word >> 16 & 0xffff)) return;
     if (!__atomic_compare_exchange_n(&ct_pool.next, &word, word + 1, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)) continue;
     ct_pool.part(ct_pool.p, word & 0xffff);  /* the call cannot end, nor another begin, before this part is done */
     __atomic_add_fetch(&ct_pool.done, 1, __ATOMIC_RELEASE);
   }
 }
 static void* ct_worker(void* first) {
-  long seen = (long)first;
+  unsigned long seen = (unsigned long)first;
   for (;;) {
     const double until = ct_now() + CT_SPIN;
     while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen && ct_now() < until) { CT_PAUSE(); sched_yield(); }
@@ -289,7 +290,7 @@ static int ct_workers_running(void) {
   return 1;
 }
 static void ct_in_parts(ct_part part, void* const* p, long parts) {
-  if (parts < 2 || __atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE)) {
+  if (parts < 2 || parts > 0xffff || __atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE)) {
     for (long k = 0; k < parts; ++k) part(p, k);
     return;
   }
@@ -298,10 +299,10 @@ static void ct_in_parts(ct_part part, void* const* p, long parts) {
     __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
     return;
   }
-  ct_pool.part = part; ct_pool.p = p; ct_pool.parts = parts; ct_pool.done = 0;
+  ct_pool.part = part; ct_pool.p = p; ct_pool.done = 0;
   pthread_mutex_lock(&ct_pool.lock);
-  const long ticket = ct_pool.posted + 1;
-  __atomic_store_n(&ct_pool.next, ticket << 16, __ATOMIC_RELEASE);
+  const unsigned long ticket = ct_pool.posted + 1;
+  __atomic_store_n(&ct_pool.next, (ticket & 0xffffffffUL) << 32 | (unsigned long)parts << 16, __ATOMIC_RELEASE);
   __atomic_store_n(&ct_pool.posted, ticket, __ATOMIC_RELEASE);
   if (ct_pool.sleeping) pthread_cond_broadcast(&ct_pool.wake);
   pthread_mutex_unlock(&ct_pool.lock);
