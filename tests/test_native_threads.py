@@ -94,11 +94,12 @@ def test_numpys_own_loops_are_found_and_give_its_bits_in_stretches(ufunc, dtype)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_large_products_run_in_parts_on_the_pools_threads_with_numpys_bits(dtype, threads):
     """Parts of rows (a tall result) and of columns (a wide one), either operand transposed, one a thread and each
-    of 2^21 multiply-adds or more; OpenBLAS's threads are held to one during the step and given back after it."""
+    of ``PART_SMALLEST`` multiply-adds or more; OpenBLAS's threads are held to one during the step and given back after it."""
     x, w, u = ct.var("x", (512, 96), dtype), ct.var("w", (96, 160), dtype), ct.var("u", (96, 700), dtype)
     outputs = [x @ w, ct.transpose(w) @ ct.transpose(x), ct.transpose(u) @ x[:96] * 2.0]
     program = ct.compile(outputs, inputs=[x, w, u])
-    assert _part_counts(program, "gemm_parts") == [min(threads, 3)] * 2 + [min(threads, 3)]
+    sizes = [512 * 96 * 160] * 2 + [700 * 96 * 96]
+    assert _part_counts(program, "gemm_parts") == sorted(min(threads, n // blas.PART_SMALLEST) for n in sizes)
     assert isinstance(program._executor.threads, blas.one_thread)
     rng = np.random.default_rng(8)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w, u)}
@@ -295,3 +296,18 @@ def test_the_pool_runs_each_part_of_each_call_once(size, monkeypatch):
     runner.start()
     runner.join(timeout=120)
     assert found == [0]
+
+
+@pytest.mark.parametrize("groups", [1, 2])
+def test_convolutions_products_are_numpys_gemms_from_c_in_parts(groups, monkeypatch, threads):
+    """A convolution and its gradients (themselves convolutions): each image's and group's product is the ?gemm
+    NumPy's stacked matmul makes, from C, the images in parts on the pool's threads, with NumPy's bits; OpenBLAS's
+    threads are held to one during the step."""
+    x, w = ct.var("x", (6, 16, 16, 16)), ct.var("w", (32, 16 // groups, 3, 3))
+    h = ct.conv(x, w, strides=(1, 1), padding=((1, 1), (1, 1)), groups=groups)
+    loss = ct.sum(ct.tanh(h) * h)
+    outputs = [h, *ct.grad(loss, [x, w])]
+    program, ours, numpy = _with_and_without_c(outputs, [x, w], _feeds([x, w]), monkeypatch)
+    assert _part_counts(program, "gemm_stack") and max(_part_counts(program, "gemm_stack")) == min(threads, 6)
+    assert isinstance(program._executor.threads, blas.one_thread)
+    _assert_same_bits(ours, numpy)

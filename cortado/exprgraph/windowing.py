@@ -110,10 +110,17 @@ def conv_into(out, xp, w, strides, rhs_dilation, groups, columns):
     conv_product(out, w, columns, groups)
 
 
+def conv_stacks(out, w, columns, groups):
+    """``(weights, columns, out)``: the stacks of matrices ``conv_product`` multiplies, weights by windows into
+    results, a product per image and group."""
+    weights = w.reshape(groups, w.shape[0] // groups, columns.shape[2])
+    return weights, columns, out.reshape(out.shape[0], groups, w.shape[0] // groups, columns.shape[3])
+
+
 def conv_product(out, w, columns, groups):
     """``out`` = the weights ``w`` times the windows copied into ``columns``, one batched product per group."""
-    weights = w.reshape(groups, w.shape[0] // groups, columns.shape[2])
-    np.matmul(weights, columns, out=out.reshape(out.shape[0], groups, w.shape[0] // groups, columns.shape[3]))
+    weights, columns, results = conv_stacks(out, w, columns, groups)
+    np.matmul(weights, columns, out=results)
 
 
 def overlap_taps(out, x, strides, dilation):

@@ -14,6 +14,7 @@ layouts before it is used; where it is not found or differs, products stay NumPy
 import ctypes
 import functools
 import hashlib
+import math
 
 import numpy as np
 
@@ -135,9 +136,9 @@ def _statement(a, b, out, function, pointers, sums):
 
 # a product is computed in parts of at least this many multiply-adds, one a thread (``native``'s ``ct_in_parts``),
 # with OpenBLAS's own threads held to one while a step runs (``one_thread``): OpenBLAS's idle threads spin for
-# 2^28 cycles after each threaded call (without yielding: ``nop`` loops), which took the second core of two from the
-# step's other work; the GPT example's smallest parted product is 1024 x 64 x 64, in two
-PART_SMALLEST = 1 << 21
+# 2^28 cycles after each threaded call (without yielding: ``nop`` loops), which took a core from the step's other
+# work. The GPT example's step took 5.6 ms on 16 cores with parts of 2^19, 7.1 with parts of 2^21; the same on two.
+PART_SMALLEST = 1 << 19
 
 
 def _parts(a, b, out, count):
@@ -235,6 +236,37 @@ def product(a, b, out):
     text = f"{{\n  {statement}}}\n"
     name = "gemm_" + hashlib.sha256(text.encode()).hexdigest()[:16]
     return name, f"void {name}(void* const* p) {text}", pointers
+
+
+def stacked_product(a, b, out):
+    """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` over stacks of matrices (``a`` and ``b``
+    broadcast against ``out``'s lead axes) as NumPy computes it, one ``?gemm`` a matrix (``call``), made from C, the
+    matrices in parts on the pool's threads; None where NumPy would call something else for them (a vector product;
+    syrk, for a matrix times its own transpose), no BLAS is at hand, or no blocking of the sum gives NumPy's bits."""
+    lead = out.shape[:-2]
+    a, b = np.broadcast_to(a, lead + a.shape[-2:]), np.broadcast_to(b, lead + b.shape[-2:])
+    first = (0,) * len(lead)
+    if not lead or not _gemm_shaped(a[first], b[first], out[first]):
+        return None
+    if any(a[i].ctypes.data == b[i].ctypes.data for i in np.ndindex(*lead)):
+        return None
+    (m, n), p = a.shape[-2:], b.shape[-1]
+    sums = blocks(a.dtype, m, n, p, _layout(a[first])[0], _layout(b[first])[0], 1)
+    if sums is None:
+        return None
+    matrices, c = math.prod(lead), C_TYPE[a.dtype]
+    count = min(native.parts(matrices * m * n * p, PART_SMALLEST), matrices)
+    index = f"  for (long i = part * {matrices}L / {count}; i < (part + 1) * {matrices}L / {count}; ++i) {{\n"
+    offsets = {"a": [], "b": [], "c": []}
+    for d in reversed(range(len(lead))):
+        index += f"    const long i{d} = i / {math.prod(lead[d + 1:])}L % {lead[d]}L;\n"
+        for name, x in (("a", a), ("b", b), ("c", out)):
+            if x.strides[d]:
+                offsets[name].append(f"i{d} * {x.strides[d] // x.itemsize}L")
+    places = [f"({c}*)p[{k + 1}] + {' + '.join(offsets[name]) or '0'}" for k, name in enumerate("abc")]
+    statement = _statement(a[first], b[first], out[first], "p[0]", places, sums)
+    name, source = csource.in_parts("gemm_stack", f"{{\n{index}    {statement}  }}\n}}\n", count)
+    return name, source, [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
 
 
 def _parting(a, b, out):

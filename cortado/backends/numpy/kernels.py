@@ -335,10 +335,22 @@ def _conv(em, attrs, args, out):
     columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
     windows = windowing.conv_windows(xp, w.shape, out.shape, attrs.strides, attrs.rhs_dilation, groups)
     _strided(em, [(None, columns.reshape(windows.shape), [windows])])
-    em.call(windowing.conv_product, out, weights, columns, groups)
-    em.numpy_blas = True
+    _conv_product(em, out, weights, columns, groups)
     for array in (columns, weights) + ((xp,) if xp is not x else ()):
         em.release(array)
+
+
+def _conv_product(em, out, weights, columns, groups):
+    """``windowing.conv_product``: NumPy's ``?gemm`` a matrix made from C where native code is at hand
+    (``blas.stacked_product``), else NumPy's stacked matmul."""
+    numpy_call = functools.partial(windowing.conv_product, out, weights, columns, groups)
+    stacks = windowing.conv_stacks(out, weights, columns, groups)
+    called = blas.stacked_product(*stacks) if em.native is not None else None
+    if called is None:
+        em.call(numpy_call)
+        em.numpy_blas = True
+        return
+    em.calls.append(em.native.add([called], [numpy_call]))
 
 
 def _pad(em, attrs, args, out):
