@@ -299,15 +299,19 @@ def test_the_pool_runs_each_part_of_each_call_once(size, monkeypatch):
 
 
 @pytest.mark.parametrize("groups", [1, 2])
-def test_convolutions_products_are_numpys_gemms_from_c_in_parts(groups, monkeypatch, threads):
-    """A convolution and its gradients (themselves convolutions): each image's and group's product is the ?gemm
-    NumPy's stacked matmul makes, from C, the images in parts on the pool's threads, with NumPy's bits; OpenBLAS's
-    threads are held to one during the step."""
+def test_convolutions_products_and_copies_run_in_parts_of_images_with_numpys_bits(groups, monkeypatch, threads):
+    """A convolution and its gradients (themselves convolutions), a pooling and the windows' sums: each image's and
+    group's product is the ?gemm NumPy's stacked matmul makes, from C, and the windows' copies into columns, the pads
+    and the gradients' windows added back tap by tap (overlapping) are C loop nests, all in parts of the images on
+    the pool's threads, with NumPy's bits; OpenBLAS's threads are held to one during the step."""
     x, w = ct.var("x", (6, 16, 16, 16)), ct.var("w", (32, 16 // groups, 3, 3))
     h = ct.conv(x, w, strides=(1, 1), padding=((1, 1), (1, 1)), groups=groups)
-    loss = ct.sum(ct.tanh(h) * h)
+    pooled, sums = ct.max_pool2d(ct.tanh(h), 2), ct.sum(ct.windows(h, (3, 3), strides=(2, 2)), axis=(4, 5))
+    loss = ct.sum(pooled * pooled) + ct.sum(sums * sums)
     outputs = [h, *ct.grad(loss, [x, w])]
     program, ours, numpy = _with_and_without_c(outputs, [x, w], _feeds([x, w]), monkeypatch)
     assert _part_counts(program, "gemm_stack") and max(_part_counts(program, "gemm_stack")) == min(threads, 6)
+    copies = [k for k in program.kernels if k.term.op.name in ("conv", "overlap_add", "pad")]
+    assert copies and _part_counts(program, "parts").count(min(threads, 6)) >= len(copies)
     assert isinstance(program._executor.threads, blas.one_thread)
     _assert_same_bits(ours, numpy)

@@ -272,13 +272,8 @@ def _op_pieces(t, arrays, out):
     return [found] if found is not None else _numpy_calls(t, arrays, out)
 
 
-# a region runs in parts of at least this many elements, one a thread (``_in_parts``): a hand-off took 1 to 3 us on
-# two cores, an AdamW update of 16384 elements 4.9 us on one thread and 4.1 on two, one of 8192 2.6 and 3.1
-PART_SMALLEST = 1 << 13
-
-
 def _in_parts(batch, pieces, order, stage, arrays):
-    """``pieces``, or, where a ``batch`` is given and the region is large enough to part (``PART_SMALLEST``), the
+    """``pieces``, or, where a ``batch`` is given and the region is large enough to part (``native.ELEMENTS_A_PART``), the
     choice of them and of one piece running them in parts on the pool's threads (``native.Batch.split``), each on
     its stretch of the elements along ``_split_axis``: every value an element of a part writes depends on elements
     of that part alone, so each part is computed as the whole computes it, with the same bits."""
@@ -286,7 +281,7 @@ def _in_parts(batch, pieces, order, stage, arrays):
         return pieces
     axis = _split_axis(order, arrays)
     length = arrays.outs[0][1].shape[axis] if axis is not None else 1
-    count = min(native.parts(arrays.outs[0][1].size, PART_SMALLEST), length)
+    count = min(native.parts(arrays.outs[0][1].size, native.ELEMENTS_A_PART), length)
     if count < 2:
         return pieces
     cuts = [length * k // count for k in range(count + 1)]

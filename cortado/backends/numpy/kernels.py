@@ -34,7 +34,7 @@ from ...exprgraph.ops import (
 from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
-from . import attention, blas, csource
+from . import attention, blas, csource, native
 
 SCRATCH_ALIGNMENT = 64
 
@@ -380,28 +380,68 @@ def _strided(em, steps):
     """Steps over strided views, in turn: each a NumPy call, or ``(op, target, sources)``, ``target = op(*sources)``
     (a copy where ``op`` is None), elementwise. NumPy walks a view whose inner axes are short (a convolution's
     windows, a pooling window's taps) an element at a time; a C loop nest of the same operations in the same order
-    gives the same bits several times faster, where native code is at hand (``em.native``)."""
-    numpy_calls, pieces = [], [] if em.native is not None else None
-    for step in steps:
-        if callable(step):
-            numpy_calls.append(step)
-            if pieces is not None:
-                pieces.append(step)
-            continue
-        op, target, sources = step
-        numpy_calls.append(functools.partial(np.copyto, target, sources[0], casting="unsafe") if op is None
-                           else functools.partial(UFUNCS[op], *sources, out=target))
-        if pieces is not None and all(a.dtype == target.dtype for a in sources):
-            params = [parameter(k, source) for k, source in enumerate(sources)]
-            term = params[0] if op is None else make(op, params)
-            found = csource.loop_nest([(term, target)], dict(zip(params, sources)), target.shape)
-            pieces = None if found is None else pieces + [found]
-        else:
-            pieces = None
+    gives the same bits several times faster, where native code is at hand (``em.native``), in parts of the first
+    axis on the pool's threads where the steps part cleanly along it (``_parts_of_first_axis``)."""
+    numpy_calls = [step if callable(step) else
+                   functools.partial(np.copyto, step[1], step[2][0], casting="unsafe") if step[0] is None
+                   else functools.partial(UFUNCS[step[0]], *step[2], out=step[1]) for step in steps]
+    pieces = _loop_nests(steps) if em.native is not None else None
     if pieces is None or all(callable(piece) for piece in pieces):
         em.calls.extend(numpy_calls)
-    else:
-        em.calls.append(em.native.add(pieces, numpy_calls))
+        return
+    count = _parts_of_first_axis(steps)
+    if count > 1:
+        cuts = [steps[0][1].shape[0] * k // count for k in range(count + 1)]
+        parts = [_loop_nests([(op, target[start:stop], [a[start:stop] for a in sources]) for op, target, sources in steps])
+                 for start, stop in zip(cuts, cuts[1:])]
+        if None not in parts:
+            pieces = [em.native.split(parts, pieces)]
+    em.calls.append(em.native.add(pieces, numpy_calls))
+
+
+def _loop_nests(steps):
+    """``_strided``'s pieces: a C loop nest a step, a NumPy call as it is; None where C cannot compute a step."""
+    pieces = []
+    for step in steps:
+        if callable(step):
+            pieces.append(step)
+            continue
+        op, target, sources = step
+        if any(a.dtype != target.dtype for a in sources):
+            return None
+        params = [parameter(k, source) for k, source in enumerate(sources)]
+        term = params[0] if op is None else make(op, params)
+        found = csource.loop_nest([(term, target)], dict(zip(params, sources)), target.shape)
+        if found is None:
+            return None
+        pieces.append(found)
+    return pieces
+
+
+def _parts_of_first_axis(steps):
+    """Into how many parts of their first axis ``_strided``'s steps are cut (``native.parts``), 1 where they do not
+    part cleanly: a NumPy call among them, or a step whose target or sources lack that axis, a target whose parts
+    would share memory, or a source that shares memory with a target other than element for element (its own)."""
+    if any(callable(step) for step in steps) or steps[0][1].ndim == 0:
+        return 1
+    n = steps[0][1].shape[0]
+    for _, target, sources in steps:
+        if any(a.ndim == 0 or a.shape[0] != n for a in (target, *sources)) or not _rows_apart(target):
+            return 1
+        for a in sources:
+            if any(np.may_share_memory(a, t) and not _same_view(a, t) for _, t, _ in steps):
+                return 1
+    return min(native.parts(sum(step[1].size for step in steps), native.ELEMENTS_A_PART), n)
+
+
+def _rows_apart(a):
+    """Whether the elements of ``a`` at each index of its first axis lie apart from those at every other."""
+    span = sum((n - 1) * abs(step) for n, step in zip(a.shape[1:], a.strides[1:])) + a.itemsize
+    return a.shape[0] == 1 or abs(a.strides[0]) >= span
+
+
+def _same_view(a, b):
+    return (a.ctypes.data, a.shape, a.strides) == (b.ctypes.data, b.shape, b.strides)
 
 
 def _take(em, attrs, args, out):

@@ -328,6 +328,11 @@ def threads():
         return max(1, os.cpu_count() or 1)
 
 
+# elementwise work runs in parts of at least this many elements, one a thread: a hand-off took 1 to 3 us on two cores,
+# an AdamW update of 16384 elements 4.9 us on one thread and 4.1 on two, one of 8192 2.6 and 3.1
+ELEMENTS_A_PART = 1 << 13
+
+
 def parts(amount, smallest):
     """Into how many parts work of ``amount`` (elements, multiply-adds) is cut: one a thread, none below ``smallest``."""
     return max(1, min(threads(), amount // smallest))
