@@ -315,3 +315,14 @@ def test_convolutions_products_and_copies_run_in_parts_of_images_with_numpys_bit
     assert copies and _part_counts(program, "parts").count(min(threads, 6)) >= len(copies)
     assert isinstance(program._executor.threads, blas.one_thread)
     _assert_same_bits(ours, numpy)
+
+
+def test_a_stack_of_fewer_matrices_than_threads_cuts_each_matrix_too(monkeypatch, threads):
+    """A convolution of one input channel: its weight gradient is one matrix (16 output channels by 9 taps, a sum over
+    every image's pixels), cut into parts of its rows on the pool's threads, with NumPy's bits."""
+    x, w = ct.var("x", (16, 1, 32, 32)), ct.var("w", (16, 1, 3, 3))
+    h = ct.conv(x, w, strides=(1, 1), padding=((1, 1), (1, 1)))
+    outputs = [h, *ct.grad(ct.sum(ct.tanh(h) * h), [w])]
+    program, ours, numpy = _with_and_without_c(outputs, [x, w], _feeds([x, w]), monkeypatch)
+    assert min(threads, 16 * 9 * 16 * 1024 // blas.PART_SMALLEST, 8) in _part_counts(program, "gemm_stack")
+    _assert_same_bits(ours, numpy)

@@ -240,9 +240,11 @@ def product(a, b, out):
 
 def stacked_product(a, b, out):
     """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` over stacks of matrices (``a`` and ``b``
-    broadcast against ``out``'s lead axes) as NumPy computes it, one ``?gemm`` a matrix (``call``), made from C, the
-    matrices in parts on the pool's threads; None where NumPy would call something else for them (a vector product;
-    syrk, for a matrix times its own transpose), no BLAS is at hand, or no blocking of the sum gives NumPy's bits."""
+    broadcast against ``out``'s lead axes) as NumPy computes it, one ``?gemm`` a matrix (``call``), made from C, on
+    the pool's threads: the matrices in parts, and each matrix cut into parts too (``_parts``) where there are fewer
+    matrices than threads (a convolution's weight gradient: a matrix an input channel); None where NumPy would call
+    something else for them (a vector product; syrk, for a matrix times its own transpose), no BLAS is at hand, or
+    no blocking of the sum gives NumPy's bits."""
     lead = out.shape[:-2]
     a, b = np.broadcast_to(a, lead + a.shape[-2:]), np.broadcast_to(b, lead + b.shape[-2:])
     first = (0,) * len(lead)
@@ -250,13 +252,18 @@ def stacked_product(a, b, out):
         return None
     if any(a[i].ctypes.data == b[i].ctypes.data for i in np.ndindex(*lead)):
         return None
-    (m, n), p = a.shape[-2:], b.shape[-1]
-    sums = blocks(a.dtype, m, n, p, _layout(a[first])[0], _layout(b[first])[0], 1)
+    (m, n), p, matrices = a.shape[-2:], b.shape[-1], math.prod(lead)
+    count = native.parts(matrices * m * n * p, PART_SMALLEST)
+    cuts = max(1, min(count // matrices, max(m, p) // 2))  # each matrix's parts
+    layouts = (a.dtype, m, n, p, _layout(a[first])[0], _layout(b[first])[0])
+    sums = blocks(*layouts, cuts) if cuts > 1 else None
     if sums is None:
-        return None
-    matrices, c = math.prod(lead), C_TYPE[a.dtype]
-    count = min(native.parts(matrices * m * n * p, PART_SMALLEST), matrices)
-    index = f"  for (long i = part * {matrices}L / {count}; i < (part + 1) * {matrices}L / {count}; ++i) {{\n"
+        cuts, sums = 1, blocks(*layouts, 1)
+        if sums is None:
+            return None
+    count, c = min(count, matrices * cuts), C_TYPE[a.dtype]
+    index = (f"  for (long q = part * {matrices * cuts}L / {count}; q < (part + 1) * {matrices * cuts}L / {count}; ++q) "
+             f"{{\n    const long i = q / {cuts}L;\n")
     offsets = {"a": [], "b": [], "c": []}
     for d in reversed(range(len(lead))):
         index += f"    const long i{d} = i / {math.prod(lead[d + 1:])}L % {lead[d]}L;\n"
@@ -264,8 +271,12 @@ def stacked_product(a, b, out):
             if x.strides[d]:
                 offsets[name].append(f"i{d} * {x.strides[d] // x.itemsize}L")
     places = [f"({c}*)p[{k + 1}] + {' + '.join(offsets[name]) or '0'}" for k, name in enumerate("abc")]
-    statement = _statement(a[first], b[first], out[first], "p[0]", places, sums)
-    name, source = csource.in_parts("gemm_stack", f"{{\n{index}    {statement}  }}\n}}\n", count)
+    index += "".join(f"    {c}* {name} = {place};\n" for name, place in zip(("ma", "mb", "mc"), places))
+    cases = "".join(f"    case {j}: " + _statement(*part, "p[0]", [f"{name} + {offset}L" for name, offset
+                                                                   in zip(("ma", "mb", "mc"), offsets)], sums)
+                    + "      break;\n" for j, (part, offsets) in enumerate(_parts(a[first], b[first], out[first], cuts)))
+    body = f"{{\n{index}    switch (q % {cuts}L) {{\n{cases}    }}\n  }}\n}}\n"
+    name, source = csource.in_parts("gemm_stack", body, count)
     return name, source, [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
 
 
