@@ -203,6 +203,19 @@ def test_fusing_ops_alone_never_changes_a_value(case):
         np.testing.assert_array_equal(got, expected)
 
 
+def test_a_value_each_fused_reader_computes_again_is_stored_for_a_reader_that_reads_it_as_an_operand():
+    """``cast(x)`` is read by ``negative``'s region, which computes it again, and by a pad, whose region reads its
+    operand at other indices: alone, the cast is a region of its own, not a bare elementwise op left between kernels."""
+    x = ct.var("x0", (1,), "float32")
+    wide = ct.cast(x, "float64")
+    outputs = [ct.pad(wide, ((0, 0),), constant_values=0), ct.negative(x), ct.negative(wide)]
+    fused, _ = fuse(outputs, shapes=KernelShapes(one_op=True))
+    assert not any(t.op.kind in ("elementwise", "reduction") for t in ct.schedule(list(fused)))
+    feeds = {"x0": np.array([0.5], np.float32)}
+    for got, expected in zip(ct.evaluate(list(fused), feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_array_equal(got, expected)
+
+
 def test_a_row_kernel_takes_no_reduction_but_of_its_rows():
     """``exp(sum(y, -1) + x - mean(x, -1))``: the row kernel of x's rows takes the mean, and the sum over y's last
     axis is a kernel of its own (a row kernel's body holding a reduction of other rows has no kernel form)."""

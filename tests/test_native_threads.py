@@ -326,3 +326,17 @@ def test_a_stack_of_fewer_matrices_than_threads_cuts_each_matrix_too(monkeypatch
     program, ours, numpy = _with_and_without_c(outputs, [x, w], _feeds([x, w]), monkeypatch)
     assert min(threads, 16 * 9 * 16 * 1024 // blas.PART_SMALLEST, 8) in _part_counts(program, "gemm_stack")
     _assert_same_bits(ours, numpy)
+
+
+def test_the_search_for_numpys_blocking_of_a_sum_is_bounded(monkeypatch):
+    """128 x 784 x 256 sums in two blocks of 392 on two OpenBLAS threads (on one call, 400 and 384): found among the
+    blockings where the search may try them, not where it may try only one call (the product then stays NumPy's)."""
+    shape = (np.dtype(np.float32), 128, 784, 256, blas.NO_TRANS, blas.NO_TRANS, 1)
+    blas.blocks.cache_clear()
+    found = blas.blocks(*shape)
+    if found in (None, (784,)):
+        pytest.skip(f"this OpenBLAS sums 128 x 784 x 256 as {found} on its threads")
+    blas.blocks.cache_clear()
+    monkeypatch.setattr(blas, "SEARCH_LIMIT", 0)
+    assert blas.blocks(*shape) is None
+    blas.blocks.cache_clear()

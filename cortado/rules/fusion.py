@@ -347,7 +347,8 @@ class _Fuser:
                        or shifted_read(term))
             if term in self.region_of or not fusible:  # a broadcast is no root: alone it is a free view
                 continue
-            if term in copied and all(u in self.region_of or u in copied for u in self.users[term]):
+            if term in copied and all(term in self.region_of[u].copied if u in self.region_of else u in copied
+                                      for u in self.users[term]):
                 continue  # computed in each region that reads it: a region of its own would store it for nobody
             region = self.grow(term)
             if len(region.members) > 1 or self.alone:

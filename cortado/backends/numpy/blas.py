@@ -171,7 +171,8 @@ def _blockings(n):
     terms are left, then, of more than ``q``, half of them rounded up to a multiple of ``u``, then the rest. NumPy's
     product of 128 x 784 x 256 on two OpenBLAS threads sums blocks of 392 and 392; on one, of 400 and 384."""
     found = {(n,): None}
-    for q in range(64, n, 32):
+    common = [q for q in (384, 512, 256, 320, 448, 640, 768, 1024, 192, 128) if q < n]  # OpenBLAS's usual sizes first
+    for q in common + [q for q in range(64, n, 32) if q not in common]:
         for u in (1, 2, 4, 8, 16, 32, 64):
             sums, left = [], n
             while left:
@@ -182,15 +183,20 @@ def _blockings(n):
     return list(found)
 
 
+SEARCH_LIMIT = 1 << 32  # the multiply-adds ``blocks`` spends on one shape's search: about 0.1 s on one core
+
+
 @functools.cache
 def blocks(dtype, m, n, p, trans_a, trans_b, count):
     """The blocks of the sum (``_blockings``) in which ``count`` parts (``_parts``) of an ``m x n`` times ``n x p``
     product (operands stored as ``trans_a``, ``trans_b`` say), each one ``?gemm`` call a block on one thread, give
     ``np.matmul``'s bits on random values (on OpenBLAS's threads, which at some shapes sum in other blocks than one
-    thread does); None where none does."""
+    thread does); None where none does, or none within ``SEARCH_LIMIT``'s work."""
     a, b, expected = _operands(dtype, m, n, p, trans_a, trans_b)
     out = np.empty((m, p), dtype)
-    for sums in _blockings(n):
+    for tried, sums in enumerate(_blockings(n)):
+        if tried * m * n * p > SEARCH_LIMIT:
+            return None
         with one_thread():
             for (x, y, z), _ in _parts(a, b, out, count):
                 _gemm_call(gemm(dtype), dtype, x, y, z, sums)
