@@ -2,10 +2,10 @@
 own loops called from C: the same bits as NumPy's calls, and NumPy's where a check says otherwise. The parts are
 tested on pools of two threads and of more (an odd number: parts of unequal sizes) than this machine may have."""
 
+import ctypes
+import os
 import re
 import threading
-
-import ctypes
 
 import numpy as np
 import pytest
@@ -340,3 +340,19 @@ def test_the_search_for_numpys_blocking_of_a_sum_is_bounded(monkeypatch):
     monkeypatch.setattr(blas, "SEARCH_LIMIT", 0)
     assert blas.blocks(*shape) is None
     blas.blocks.cache_clear()
+
+
+def test_the_pools_size_is_the_usable_cores_or_cortado_threads(monkeypatch):
+    native.threads.cache_clear()
+    try:
+        monkeypatch.setenv("CORTADO_THREADS", "3")
+        assert native.threads() == 3
+        native.threads.cache_clear()
+        monkeypatch.setenv("CORTADO_THREADS", "many")
+        with pytest.raises(ValueError, match="CORTADO_THREADS='many': give a whole number of threads"):
+            native.threads()
+        native.threads.cache_clear()
+        monkeypatch.delenv("CORTADO_THREADS")
+        assert native.threads() == len(os.sched_getaffinity(0))
+    finally:
+        native.threads.cache_clear()
