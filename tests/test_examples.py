@@ -52,7 +52,8 @@ def test_rewrite_tour(tmp_path):
     assert "a * b\nbar(2, 3, 1)\na * b + y" in out
     assert "stable: [    0. -1000. -1000.]" in out
     assert "\nsin(2 * v)\n4 rewrites by 4 rules: sin-double x1, pythagoras x1" in out
-    assert "sum-of-broadcast: sum(broadcast_to(x, shape=(3, 64, 10)), axes=(0,))  ->  multiply(3.0, x)" in out
+    assert ("sum-of-broadcast: sum(broadcast_to(log(exp(x)), shape=(3, 64, 10)), axes=(0,))  ->  "
+            "multiply(3.0, log(exp(x)))") in out
 
 
 def test_the_gpu_example_says_plainly_when_there_is_no_gpu(tmp_path):

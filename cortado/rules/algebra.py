@@ -286,8 +286,8 @@ algebra = RuleSet([
     Rule("self-sum", "_x + _x", "2 * _x"),
     Rule("collect-sums", "_a + (_b + _x)", _collect("+", _regroups_exactly), guard=constants("_a", "_b")),
     Rule("collect-products", "_a * (_b * _x)", _collect("*", _regroups_exactly), guard=constants("_a", "_b")),
-    Rule("log-exp", "log(exp(_x))", "_x"),
-    Rule("log1p-expm1", "log1p(expm1(_x))", "_x"),
+    Rule("log-exp", "log(exp(_x))", "_x", guard=exact_for_every_input),  # exp overflows, or rounds to 1
+    Rule("log1p-expm1", "log1p(expm1(_x))", "_x", guard=exact_for_every_input),
     Rule("where-same", "where(_c, _x, _x)", _identity("_x")),
     Rule("where-constant", "where(_c, _x, _y)", _where_constant, guard=constants("_c")),
     Rule("transpose-transpose", "transpose(transpose(_x, axes=_p), axes=_q)", _compose_transposes),
