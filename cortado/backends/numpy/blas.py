@@ -231,10 +231,8 @@ def product(a, b, out):
     pointers, c = [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data], C_TYPE[a.dtype]
     count, sums = _parting(a, b, out)
     if count > 1:
-        cases = "".join(f"    case {k}: " + _statement(*part, "p[0]", [f"({c}*)p[{j + 1}] + {offset}L"
-                                                                        for j, offset in enumerate(offsets)], sums)
-                        + "      break;\n" for k, (part, offsets) in enumerate(_parts(a, b, out, count)))
-        name, source = csource.in_parts("gemm_parts", f"{{\n  switch (part) {{\n{cases}  }}\n}}\n", count)
+        statements = _part_statements(a, b, out, count, [f"({c}*)p[{k + 1}]" for k in range(3)], sums)
+        name, source = csource.in_parts("gemm_parts", f"{{\n{csource.switch('part', statements)}}}\n", count)
         return name, source, pointers
     statement = call(a, b, out, "p[0]", ("p[1]", "p[2]", "p[3]"))
     if statement is None:
@@ -278,12 +276,17 @@ def stacked_product(a, b, out):
                 offsets[name].append(f"i{d} * {x.strides[d] // x.itemsize}L")
     places = [f"({c}*)p[{k + 1}] + {' + '.join(offsets[name]) or '0'}" for k, name in enumerate("abc")]
     index += "".join(f"    {c}* {name} = {place};\n" for name, place in zip(("ma", "mb", "mc"), places))
-    cases = "".join(f"    case {j}: " + _statement(*part, "p[0]", [f"{name} + {offset}L" for name, offset
-                                                                   in zip(("ma", "mb", "mc"), offsets)], sums)
-                    + "      break;\n" for j, (part, offsets) in enumerate(_parts(a[first], b[first], out[first], cuts)))
-    body = f"{{\n{index}    switch (q % {cuts}L) {{\n{cases}    }}\n  }}\n}}\n"
+    statements = _part_statements(a[first], b[first], out[first], cuts, ["ma", "mb", "mc"], sums)
+    body = f"{{\n{index}{csource.switch(f'q % {cuts}L', statements)}  }}\n}}\n"
     name, source = csource.in_parts("gemm_stack", body, count)
     return name, source, [gemm(a.dtype)[0], a.ctypes.data, b.ctypes.data, out.ctypes.data]
+
+
+def _part_statements(a, b, out, count, bases, sums):
+    """The C of each of ``count`` parts (``_parts``) of ``a @ b`` into ``out``, its matrices' first elements at the C
+    pointers ``bases`` plus each part's offsets, summed in blocks ``sums`` (``_statement``)."""
+    return [_statement(*part, "p[0]", [f"{base} + {offset}L" for base, offset in zip(bases, offsets)], sums)
+            for part, offsets in _parts(a, b, out, count)]
 
 
 def _parting(a, b, out):
@@ -292,7 +295,7 @@ def _parting(a, b, out):
     is small, OpenBLAS's threads cannot be held, or no blocking of the parts gives its bits."""
     (m, n), p = a.shape, b.shape[1]
     count = min(native.parts(m * n * p, PART_SMALLEST), max(m, p) // 2)
-    if count < 2 or threads() is None or min(m, p) < 2:
+    if count < 2 or threads() is None:
         return 1, None
     found = blocks(a.dtype, m, n, p, _layout(a)[0], _layout(b)[0], count)
     return (1, None) if found is None else (count, found)

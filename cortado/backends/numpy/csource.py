@@ -309,6 +309,12 @@ def sequence(names):
     return name, f"void {name}(void* const* p) {{\n{calls}}}\n"
 
 
+def switch(selector, statements):
+    """C running the ``k``-th of ``statements`` (each ending in ``;``) where ``selector`` is ``k``."""
+    cases = "".join(f"    case {k}: {statement.strip()}\n      break;\n" for k, statement in enumerate(statements))
+    return f"  switch ({selector}) {{\n{cases}  }}\n"
+
+
 def in_parts(kind, part, parts, before=""):
     """``(name, C source)`` of a function running, after the statements ``before``, ``part`` (the body of a
     ``void part(void* const* p, long part)``) for parts 0 to ``parts - 1`` on the pool's threads (``native``'s

@@ -18,7 +18,7 @@ from ...exprgraph.graph import post_order
 from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, MAX, MEAN, PARAM, SUM, TANH
 from ...memplan import aligned
 from . import csource, loops, native
-from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit
+from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit, same_elements
 
 
 @dataclass(frozen=True)
@@ -303,14 +303,9 @@ def _split_axis(order, arrays):
     if any(t.op in NUMPY_REDUCTIONS and (t.args[0].ndim != len(shape) or axis in t.attr("axes")) for t in order):
         return None
     outs = [a for _, a in arrays.outs]
-    if any(np.may_share_memory(out, a) and not _same_elements(out, a) for out in outs for a in arrays.sources.values()):
+    if any(np.may_share_memory(out, a) and not same_elements(out, a) for out in outs for a in arrays.sources.values()):
         return None
     return axis
-
-
-def _same_elements(a, b):
-    """Whether ``a`` and ``b`` are the same elements in the same layout."""
-    return (a.ctypes.data, a.shape, a.strides, a.dtype) == (b.ctypes.data, b.shape, b.strides, b.dtype)
 
 
 def _measure(outputs, arg_types, alias):

@@ -382,9 +382,7 @@ def _strided(em, steps):
     windows, a pooling window's taps) an element at a time; a C loop nest of the same operations in the same order
     gives the same bits several times faster, where native code is at hand (``em.native``), in parts of the first
     axis on the pool's threads where the steps part cleanly along it (``_parts_of_first_axis``)."""
-    numpy_calls = [step if callable(step) else
-                   functools.partial(np.copyto, step[1], step[2][0], casting="unsafe") if step[0] is None
-                   else functools.partial(UFUNCS[step[0]], *step[2], out=step[1]) for step in steps]
+    numpy_calls = [_numpy_step(step) for step in steps]
     pieces = _loop_nests(steps) if em.native is not None else None
     if pieces is None or all(callable(piece) for piece in pieces):
         em.calls.extend(numpy_calls)
@@ -397,6 +395,16 @@ def _strided(em, steps):
         if None not in parts:
             pieces = [em.native.split(parts, pieces)]
     em.calls.append(em.native.add(pieces, numpy_calls))
+
+
+def _numpy_step(step):
+    """``_strided``'s step as NumPy's call."""
+    if callable(step):
+        return step
+    op, target, sources = step
+    if op is None:
+        return functools.partial(np.copyto, target, sources[0], casting="unsafe")
+    return functools.partial(UFUNCS[op], *sources, out=target)
 
 
 def _loop_nests(steps):
@@ -429,7 +437,7 @@ def _parts_of_first_axis(steps):
         if any(a.ndim == 0 or a.shape[0] != n for a in (target, *sources)) or not _rows_apart(target):
             return 1
         for a in sources:
-            if any(np.may_share_memory(a, t) and not _same_view(a, t) for _, t, _ in steps):
+            if any(np.may_share_memory(a, t) and not same_elements(a, t) for _, t, _ in steps):
                 return 1
     return min(native.parts(sum(step[1].size for step in steps), native.ELEMENTS_A_PART), n)
 
@@ -440,8 +448,9 @@ def _rows_apart(a):
     return a.shape[0] == 1 or abs(a.strides[0]) >= span
 
 
-def _same_view(a, b):
-    return (a.ctypes.data, a.shape, a.strides) == (b.ctypes.data, b.shape, b.strides)
+def same_elements(a, b):
+    """Whether ``a`` and ``b`` are the same elements in the same layout."""
+    return (a.ctypes.data, a.shape, a.strides, a.dtype) == (b.ctypes.data, b.shape, b.strides, b.dtype)
 
 
 def _take(em, attrs, args, out):

@@ -112,8 +112,8 @@ class Batch:
             run = [self._part(piece) for piece in pieces]
             called.append(self._one_call(run) if len(run) > 1 else run[0])
         self.kept.extend(pointers for _, pointers in called)
-        cases = "".join(f"    case {k}: {name}((void* const*)p[{k}]); break;\n" for k, (name, _) in enumerate(called))
-        name, source = csource.in_parts("parts", f"{{\n  switch (part) {{\n{cases}  }}\n}}\n", len(called))
+        calls = [f"{name}((void* const*)p[{k}]);" for k, (name, _) in enumerate(called)]
+        name, source = csource.in_parts("parts", f"{{\n{csource.switch('part', calls)}}}\n", len(called))
         return Split((name, source, [ctypes.addressof(pointers) for _, pointers in called]), tuple(whole))
 
     def define(self, name, source):
@@ -290,13 +290,10 @@ static int ct_workers_running(void) {
   return 1;
 }
 static void ct_in_parts(ct_part part, void* const* p, long parts) {
-  if (parts < 2 || parts > 0xffff || __atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE)) {
+  const int held = parts >= 2 && parts <= 0xffff && !__atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE);
+  if (!held || !ct_workers_running()) {
     for (long k = 0; k < parts; ++k) part(p, k);
-    return;
-  }
-  if (!ct_workers_running()) {
-    for (long k = 0; k < parts; ++k) part(p, k);
-    __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
+    if (held) __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
     return;
   }
   ct_pool.part = part; ct_pool.p = p; ct_pool.done = 0;
