@@ -220,9 +220,27 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates, copies):
         for i in {defined_at[a] for reader in copy_readers for a in reader.args if a in defined_at} - waiting:
             after.append((i, j))
             users.setdefault(i, set()).add(j)
+    after += _bucket_by_bucket(kernels, defined_at, users)
     order = memory_order(steps, nbytes, external, live_out, after)
     order = overlapped(order, steps, _issue_order(kernels), after)
     return [kernels[i] for i in order], [steps[i] for i in order]
+
+
+def _bucket_by_bucket(kernels, defined_at, users):
+    """Orderings ``(i, j)`` that make the values of each asynchronous kernel (an all-reduce's gradients) before those
+    of the next one issued: each is issued once the last of its values exists, in turn, so a value of an earlier one
+    made late (a block of a gradient the schedule reached last) would hold back every later one. Where a value of
+    the later one must come first (through data), that pair is left to the data."""
+    found = []
+    issue = _issue_order(kernels)
+    for earlier, later in zip(issue, issue[1:]):
+        made = [{defined_at[v] for v in kernels[k].term.args if v in defined_at} for k in (earlier, later)]
+        for j in made[1]:
+            downstream = _downstream(j, users)
+            for i in made[0] - downstream - {j}:
+                found.append((i, j))
+                users.setdefault(i, set()).add(j)
+    return found
 
 
 def _issue_order(kernels):

@@ -3,7 +3,8 @@
     python -m cortado.launch --gpus 2 tests/distributed_job.py OUT (mlp|cnn) GLOBAL_BATCH
 
 Each rank trains ``STEPS`` SGD steps of the model on its shard of each global batch, with small buckets (several
-all-reduces, overlapping the backward pass; the first step eager, the second captured, then graph replays), and
+all-reduces, overlapping the backward pass; the MLP's first weight gradient, made last, in two blocks of rows; the
+first step eager, the second captured, then graph replays), and
 saves its losses and final state to ``OUT/rank{r}.npz``. ``model`` and ``batches`` build the same model and
 batches for the one-GPU step the test compares with.
 """
@@ -22,8 +23,8 @@ def model(kind, batch):
     """``(loss, inputs, parameters)``: a relu MLP, or a small CNN (two 3x3 convolutions, the second of stride 2,
     global average pooling, a linear classifier), softmax cross-entropy averaged over the batch."""
     if kind == "mlp":
-        x, y = ct.var("x", (batch, 40)), ct.var("y", (batch, 10))
-        shapes = {"W1": (40, 96), "b1": (96,), "W2": (96, 64), "b2": (64,), "W3": (64, 10), "b3": (10,)}
+        x, y = ct.var("x", (batch, 256)), ct.var("y", (batch, 10))
+        shapes = {"W1": (256, 96), "b1": (96,), "W2": (96, 64), "b2": (64,), "W3": (64, 10), "b3": (10,)}
         p = {name: ct.var(name, shape) for name, shape in shapes.items()}
         logits = ct.relu(ct.relu(x @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"]) @ p["W3"] + p["b3"]
     else:

@@ -94,6 +94,34 @@ def test_any_bucketing_of_any_mlp_is_the_plain_step_in_a_world_of_one(sizes, bat
         np.testing.assert_array_equal(parallel.state[name], plain.state[name])
 
 
+def test_the_last_gradient_larger_than_a_bucket_is_averaged_in_blocks_of_rows_as_they_are_made():
+    """The first layer's weight gradient is the last one made, and nothing would run beside its all-reduce: it is
+    made in blocks of 128 rows (a bucket's bytes at most), each averaged as soon as it exists, and the step is the
+    plain step."""
+    loss, inputs, params = mlp(sizes=(300, 200, 5))
+    grads = ct.grad(loss, params)
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    caps = {"bucket_bytes": 128 * 200 * 4, "first_bucket_bytes": 1024}
+    rewritten, buckets = distributed.data_parallel(updates, inputs, **caps)
+    blocks = [g for b in buckets for g in b.gradients if g.op.name == "matmul" and g.shape[1] == 200]
+    assert [g.shape for g in blocks] == [(128, 200), (128, 200), (44, 200)]
+    order = [g for b in buckets for g in b.gradients]
+    assert [g for g in order[order.index(blocks[0]):] if g.op.name == "matmul"] == blocks  # made last, in order
+    assert order.index(grads[1]) > order.index(blocks[-1])  # its bias's gradient, which may be made after them all
+    assert len({k for k, b in enumerate(buckets) if set(b.gradients) & set(blocks)}) == 3  # averaged one by one
+    assert len(averaged(rewritten[params[0]])) == 3 and grads[0] not in schedule(rewritten[params[0]])
+    state = values(params)
+    parallel = ct.compile([loss], inputs=inputs, state=state, updates=updates, data_parallel=caps, debug=True)
+    plain = ct.compile([loss], inputs=inputs, state=state, updates=updates)
+    for step in range(2):
+        feeds = batch_of(inputs, step)
+        np.testing.assert_allclose(parallel(**feeds)[0], plain(**feeds)[0], rtol=1e-6)
+    for p in params:
+        np.testing.assert_allclose(parallel.state[p.name], plain.state[p.name], rtol=1e-6, atol=1e-7)
+    small = {"bucket_bytes": 300 * 200 * 4, "first_bucket_bytes": 1024}  # the gradient fits a bucket: one piece
+    assert grads[0] in [g for b in distributed.data_parallel(updates, inputs, **small)[1] for g in b.gradients]
+
+
 def test_the_gradient_is_averaged_before_an_update_squares_it():
     """Adam reads ``g`` and ``g * g``: the average of the squares is not the square of the average, so the
     all-reduce must sit on ``g`` itself, the first gradient on the path, never above it."""

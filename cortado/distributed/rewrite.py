@@ -13,18 +13,28 @@ start of the backward pass, has the shortest), which any schedule must run in tu
 one dtype, the first at most ``FIRST_BUCKET_BYTES`` so that communication starts early, the others
 at most ``BUCKET_BYTES``. A backend reduces a bucket with one call, as soon as its last gradient
 exists, beside the rest of the backward pass.
+
+Nothing is left to run beside the buckets of the last gradient, so where that is a weight's gradient
+``x^T @ dy`` larger than a bucket, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``, a
+bucket's size at most), each averaged as soon as it exists while the next is computed, and the
+averaged blocks joined again: only the last block's all-reduce waits at the end of the step. Each
+element of the gradient is the same sum of products either way.
 """
 
 from dataclasses import dataclass
 
 from ..errors import FeedError
+from ..exprgraph import constructors as ct
 from ..exprgraph.graph import schedule
+from ..exprgraph.ops import MATMUL, TRANSPOSE
 from ..exprgraph.ops.collectives import ALL_REDUCE, all_reduce
+from ..exprgraph.slicing import concatenate
 from ..grad import is_gradient
 from ..rules.engine import substitute
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's defaults
 BUCKET_BYTES = 25 << 20
+BLOCK_ROWS = 128  # a block of the last gradient's rows is a multiple of this many (a GEMM's tile of rows)
 
 
 @dataclass(frozen=True)
@@ -54,8 +64,16 @@ def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes
     if not found:
         raise FeedError("compile(data_parallel=True): no update reads a gradient of the fed inputs (a term ct.grad "
                         "returned): there is nothing to average over the ranks")
-    buckets = _buckets(_by_readiness(found, order), bucket_bytes, first_bucket_bytes)
+    depth = _depths(order)
+    ready = _by_readiness(found, order, depth)
+    last, blocks = _last_product_in_blocks(ready, bucket_bytes)
+    if blocks:  # before the gradients ready with it (its bias's, say), which may be made after every block
+        at = next(i for i, g in enumerate(ready) if depth[g] >= depth[last])
+        ready = ready[:at] + blocks + [g for g in ready[at:] if g is not last]
+    buckets = _buckets(ready, bucket_bytes, first_bucket_bytes)
     averaged = {g: a for bucket in buckets for g, a in zip(bucket.gradients, bucket.averages)}
+    if blocks:
+        averaged[last] = concatenate([averaged.pop(b) for b in blocks], axis=0)
     rewritten = {var: substitute(value, averaged) for var, value in updates.items()}
     for var, value in rewritten.items():
         leaked = _fed_outside_averages(value, fed)
@@ -90,14 +108,34 @@ def _read_gradients(values, local):
     return list(found)
 
 
-def _by_readiness(gradients, order):
-    """``gradients`` by the longest chain of terms that computes each (``order``: a schedule of them all), ties in
-    schedule order."""
+def _depths(order):
+    """``{term: the length of the longest chain of terms that computes it}`` over ``order``, a schedule."""
     depth = {}
     for t in order:
         depth[t] = 1 + max((depth[a] for a in t.args), default=0)
+    return depth
+
+
+def _by_readiness(gradients, order, depth):
+    """``gradients`` by their ``depth`` (``_depths`` of ``order``, a schedule of them all), ties in schedule order."""
     position = {t: i for i, t in enumerate(order)}
     return sorted(gradients, key=lambda g: (depth[g], position[g]))
+
+
+def _last_product_in_blocks(ready, bucket_bytes):
+    """``(the gradient, its blocks of rows)`` for the last of ``ready`` that is a product ``x^T @ dy`` of more than
+    ``bucket_bytes``: blocks of a multiple of ``BLOCK_ROWS`` rows, a bucket's bytes at most, the last the rest;
+    ``(None, ())`` where there is none, or it has too few rows for two blocks."""
+    for g in reversed(ready):
+        nbytes = g.size * g.dtype.itemsize
+        if g.op is MATMUL and g.ndim == 2 and g.args[0].op is TRANSPOSE and nbytes > bucket_bytes:
+            rows = g.shape[0]
+            per = max(BLOCK_ROWS, bucket_bytes // (nbytes // rows) // BLOCK_ROWS * BLOCK_ROWS)
+            if per >= rows:
+                return None, ()
+            x, dy = g.args[0].args[0], g.args[1]
+            return g, [ct.transpose(x[:, a:a + per]) @ dy for a in range(0, rows, per)]
+    return None, ()
 
 
 def _buckets(gradients, bucket_bytes, first_bucket_bytes):
