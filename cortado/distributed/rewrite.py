@@ -15,10 +15,10 @@ at most ``BUCKET_BYTES``. A backend reduces a bucket with one call, as soon as i
 exists, beside the rest of the backward pass.
 
 Nothing is left to run beside the buckets of the last gradient, so where that is a weight's gradient
-``x^T @ dy`` larger than a bucket, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``, a
-bucket's size at most), each averaged as soon as it exists while the next is computed, and the
-averaged blocks joined again: only the last block's all-reduce waits at the end of the step. Each
-element of the gradient is the same sum of products either way.
+``x^T @ dy`` larger than a bucket, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``,
+the most rows a bucket holds in whole 128s, 128 at least), each averaged as soon as it exists while the
+next is computed, and the averaged blocks joined again: only the last block's all-reduce waits at
+the end of the step. Each element of the gradient sums the same products either way.
 """
 
 from dataclasses import dataclass
@@ -124,7 +124,7 @@ def _by_readiness(gradients, order, depth):
 
 def _last_product_in_blocks(ready, bucket_bytes):
     """``(the gradient, its blocks of rows)`` for the last of ``ready`` that is a product ``x^T @ dy`` of more than
-    ``bucket_bytes``: blocks of a multiple of ``BLOCK_ROWS`` rows, a bucket's bytes at most, the last the rest;
+    ``bucket_bytes``: blocks of the most rows a bucket holds in whole ``BLOCK_ROWS`` (``BLOCK_ROWS`` at least), the last the rest;
     ``(None, ())`` where there is none, or it has too few rows for two blocks."""
     for g in reversed(ready):
         nbytes = g.size * g.dtype.itemsize
