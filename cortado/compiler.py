@@ -56,6 +56,7 @@ class Signature:
     state: dict
     updates: dict
     single: bool  # one output term was given (not a list): calls return one array
+    ranks: int = 1  # the ranks a data-parallel step's all-reduces reach (1: a world of one, or none)
 
 
 @dataclass(frozen=True)
@@ -188,12 +189,14 @@ def _sinks(kernels, steps, updates, live_out):
     return sinks
 
 
-def _ordered(kernels, steps, nbytes, kept, live_out, updates, copies):
+def _ordered(kernels, steps, nbytes, kept, live_out, updates, copies, ranks=1):
     """The kernels and their steps in ``memplan.memory_order``. An update its kernel may write over its
     state variable (see ``_sinks``) costs no buffer and waits for every other reader of the variable,
     unless a reader must wait for it (through data, or an earlier update's wait): then it is computed into
     a buffer of its own and copied in after the step. A recomputed value's copy (``copies``: the value ->
-    its readers) waits for everything else its readers read, so that it is made where they need it."""
+    its readers) waits for everything else its readers read, so that it is made where they need it. Where
+    all-reduces reach other ranks (``ranks``), each bucket's gradients are made before the next one's
+    (``_bucket_by_bucket``)."""
     defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
     owner = owners(steps)
     users, readers = {}, {}  # step -> the steps reading what it defines; stored value -> the steps reading it
@@ -220,7 +223,8 @@ def _ordered(kernels, steps, nbytes, kept, live_out, updates, copies):
         for i in {defined_at[a] for reader in copy_readers for a in reader.args if a in defined_at} - waiting:
             after.append((i, j))
             users.setdefault(i, set()).add(j)
-    after += _bucket_by_bucket(kernels, defined_at, users)
+    if ranks > 1:
+        after += _bucket_by_bucket(kernels, defined_at, users)
     order = memory_order(steps, nbytes, external, live_out, after)
     order = overlapped(order, steps, _issue_order(kernels), after)
     return [kernels[i] for i in order], [steps[i] for i in order]
@@ -230,7 +234,9 @@ def _bucket_by_bucket(kernels, defined_at, users):
     """Orderings ``(i, j)`` that make the values of each asynchronous kernel (an all-reduce's gradients) before those
     of the next one issued: each is issued once the last of its values exists, in turn, so a value of an earlier one
     made late (a block of a gradient the schedule reached last) would hold back every later one. Where a value of
-    the later one must come first (through data), that pair is left to the data."""
+    the later one must come first (through data), that pair is left to the data. The order may keep more alive than
+    the greedy one (a value made early for its bucket): worth it only where the all-reduces take time beside the
+    step, over several ranks."""
     found = []
     issue = _issue_order(kernels)
     for earlier, later in zip(issue, issue[1:]):
@@ -359,7 +365,7 @@ def _planned(roots, signature, engine, options, traces, copies=None):
     kept = [t for t in schedule(roots) if t.op is CONST or t in signature.state]
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
-    kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates, copies or {})
+    kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates, copies or {}, signature.ranks)
     sinks = _sinks(kernels, steps, updates, live_out)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
@@ -437,8 +443,8 @@ def _data_parallel(signature, engine, caps):
                            f"and the {engine.name} backend cannot reduce over them; use backend='cupy'")
     if ranks > 1:
         distributed.init()  # a launched script that did not join its job yet: its ranks would train apart
-    updates, buckets = distributed.data_parallel(signature.updates, signature.inputs, **caps)
-    return replace(signature, updates=updates), buckets
+    updates, buckets = distributed.data_parallel(signature.updates, signature.inputs, blocks=ranks > 1, **caps)
+    return replace(signature, updates=updates, ranks=ranks), buckets
 
 
 def _label(t, i):

@@ -94,15 +94,16 @@ def test_any_bucketing_of_any_mlp_is_the_plain_step_in_a_world_of_one(sizes, bat
         np.testing.assert_array_equal(parallel.state[name], plain.state[name])
 
 
-def test_the_last_gradient_larger_than_a_bucket_is_averaged_in_blocks_of_rows_as_they_are_made():
-    """The first layer's weight gradient is the last one made, and nothing would run beside its all-reduce: it is
-    made in blocks of 128 rows (a bucket's bytes at most), each averaged as soon as it exists, and the step is the
-    plain step."""
+def test_over_several_ranks_the_last_gradient_larger_than_a_bucket_is_averaged_in_blocks_of_rows():
+    """Over several ranks (``blocks``) the first layer's weight gradient, the last one made, nothing else running
+    beside its all-reduce, is made in blocks of 128 rows (a bucket's bytes at most), each its own bucket, ahead of
+    the gradients ready with it; the updates mean what they meant. Where the blocks would share one bucket, or in a
+    world of one (``compile``'s own choice), it stays one piece."""
     loss, inputs, params = mlp(sizes=(300, 200, 5))
     grads = ct.grad(loss, params)
     updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
     caps = {"bucket_bytes": 128 * 200 * 4, "first_bucket_bytes": 1024}
-    rewritten, buckets = distributed.data_parallel(updates, inputs, **caps)
+    rewritten, buckets = distributed.data_parallel(updates, inputs, blocks=True, **caps)
     blocks = [g for b in buckets for g in b.gradients if g.op.name == "matmul" and g.shape[1] == 200]
     assert [g.shape for g in blocks] == [(128, 200), (128, 200), (44, 200)]
     order = [g for b in buckets for g in b.gradients]
@@ -110,16 +111,38 @@ def test_the_last_gradient_larger_than_a_bucket_is_averaged_in_blocks_of_rows_as
     assert order.index(grads[1]) > order.index(blocks[-1])  # its bias's gradient, which may be made after them all
     assert len({k for k, b in enumerate(buckets) if set(b.gradients) & set(blocks)}) == 3  # averaged one by one
     assert len(averaged(rewritten[params[0]])) == 3 and grads[0] not in schedule(rewritten[params[0]])
-    state = values(params)
-    parallel = ct.compile([loss], inputs=inputs, state=state, updates=updates, data_parallel=caps, debug=True)
-    plain = ct.compile([loss], inputs=inputs, state=state, updates=updates)
-    for step in range(2):
-        feeds = batch_of(inputs, step)
-        np.testing.assert_allclose(parallel(**feeds)[0], plain(**feeds)[0], rtol=1e-6)
-    for p in params:
-        np.testing.assert_allclose(parallel.state[p.name], plain.state[p.name], rtol=1e-6, atol=1e-7)
-    small = {"bucket_bytes": 300 * 200 * 4, "first_bucket_bytes": 1024}  # the gradient fits a bucket: one piece
-    assert grads[0] in [g for b in distributed.data_parallel(updates, inputs, **small)[1] for g in b.gradients]
+    feeds = {**batch_of(inputs), **{p.name: v for p, v in values(params).items()}}
+    for ours, plain in zip(ct.evaluate([rewritten[p] for p in params], feeds), ct.evaluate(list(updates.values()), feeds)):
+        np.testing.assert_allclose(ours, plain, rtol=1e-6, atol=1e-7)
+    for other in ({**caps, "first_bucket_bytes": 1 << 30}, {"bucket_bytes": 300 * 200 * 4, "first_bucket_bytes": 1024}):
+        one_piece = [g for b in distributed.data_parallel(updates, inputs, blocks=True, **other)[1] for g in b.gradients]
+        assert grads[0] in one_piece  # the blocks would share one bucket / the gradient fits one
+    program = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=caps)
+    assert grads[0] in [g for b in program.buckets for g in b.gradients]  # a world of one: nothing to overlap
+
+
+def test_over_several_ranks_each_buckets_gradients_are_made_before_the_next_ones():
+    """NCCL takes the buckets in order, so a gradient made late holds back every bucket after its own: over several
+    ranks the schedule makes each bucket's gradients before the next one's, each all-reduce issued right after
+    the product that completes it (the plan of a two-rank step, built on the CPU)."""
+    from dataclasses import replace
+
+    from cortado import compiler
+    from cortado.backends import backend_named
+
+    loss, inputs, params = mlp(sizes=(512, 512, 512, 512), batch=64)
+    grads = ct.grad(loss, params)
+    updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
+    rewritten, buckets = distributed.data_parallel(updates, inputs, bucket_bytes=256 << 10, first_bucket_bytes=1 << 20,
+                                                   blocks=True)
+    signature = replace(compiler._signature([loss], inputs, values(params), rewritten), ranks=2)
+    engine = backend_named("numpy")
+    kernels = compiler._built(signature, engine, compiler._options(engine, {})).kernels
+    names = [k.term.op.name for k in kernels]
+    reduces = [i for i, name in enumerate(names) if name == "all_reduce"]
+    assert len(reduces) == len(buckets) > 4
+    blocks = [i for i, k in enumerate(kernels) if k.term.op.name == "matmul" and k.term.shape == (128, 512)]
+    assert len(blocks) == 4 and all(names[i + 1] == "all_reduce" for i in blocks)  # product, all-reduce, product, ...
 
 
 def test_the_gradient_is_averaged_before_an_update_squares_it():

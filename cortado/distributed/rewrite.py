@@ -14,11 +14,13 @@ one dtype, the first at most ``FIRST_BUCKET_BYTES`` so that communication starts
 at most ``BUCKET_BYTES``. A backend reduces a bucket with one call, as soon as its last gradient
 exists, beside the rest of the backward pass.
 
-Nothing is left to run beside the buckets of the last gradient, so where that is a weight's gradient
-``x^T @ dy`` larger than a bucket, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``,
-the most rows a bucket holds in whole 128s, 128 at least), each averaged as soon as it exists while the
-next is computed, and the averaged blocks joined again: only the last block's all-reduce waits at
-the end of the step. Each element of the gradient sums the same products either way.
+Nothing is left to run beside the buckets of the last gradients, so over several ranks (``blocks``),
+where the last product ``x^T @ dy`` among the gradients (a first layer's weight gradient) is larger
+than a bucket, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``, the most rows a bucket
+holds in whole 128s, 128 at least), each averaged as soon as it exists while the next is computed,
+and the averaged blocks joined again: only the last block's all-reduce waits at the end of the step.
+Each element of the gradient sums the same products (in the order the product's kernel chooses). In
+a world of one the averages are copies and nothing runs beside them: blocks would cost without gain.
 """
 
 from dataclasses import dataclass
@@ -49,8 +51,9 @@ class Bucket:
         return sum(g.size * g.dtype.itemsize for g in self.gradients)
 
 
-def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes=FIRST_BUCKET_BYTES):
-    """``(updates with each gradient they read averaged over the ranks, the buckets)``.
+def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes=FIRST_BUCKET_BYTES, blocks=False):
+    """``(updates with each gradient they read averaged over the ranks, the buckets)``; with ``blocks``, the last
+    product among the gradients made and averaged in blocks of its rows where that puts them in several buckets.
 
     ``updates``: ``{state variable: new value}``; ``inputs``: the fed variables, which hold each rank's
     shard of the batch. A FeedError where no update reads a gradient of the inputs, or where an update
@@ -66,14 +69,16 @@ def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes
                         "returned): there is nothing to average over the ranks")
     depth = _depths(order)
     ready = _by_readiness(found, order, depth)
-    last, blocks = _last_product_in_blocks(ready, bucket_bytes)
-    if blocks:  # before the gradients ready with it (its bias's, say), which may be made after every block
+    last, parts = _last_product_in_blocks(ready, bucket_bytes) if blocks else (None, [])
+    if parts:  # before the gradients ready with it (its bias's, say), which may be made after every block
         at = next(i for i, g in enumerate(ready) if depth[g] >= depth[last])
-        ready = ready[:at] + blocks + [g for g in ready[at:] if g is not last]
+        ready = ready[:at] + parts + [g for g in ready[at:] if g is not last]
     buckets = _buckets(ready, bucket_bytes, first_bucket_bytes)
+    if parts and sum(bool(set(b.gradients) & set(parts)) for b in buckets) < 2:  # one bucket: nothing beside them
+        return data_parallel(updates, inputs, bucket_bytes, first_bucket_bytes)
     averaged = {g: a for bucket in buckets for g, a in zip(bucket.gradients, bucket.averages)}
-    if blocks:
-        averaged[last] = concatenate([averaged.pop(b) for b in blocks], axis=0)
+    if parts:
+        averaged[last] = concatenate([averaged.pop(b) for b in parts], axis=0)
     rewritten = {var: substitute(value, averaged) for var, value in updates.items()}
     for var, value in rewritten.items():
         leaked = _fed_outside_averages(value, fed)
