@@ -16,7 +16,7 @@ Every value is computed by the same expressions as before.
 """
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import FUSED_OP
+from ..exprgraph.ops import FUSED_OP, LEAF
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, rebased
@@ -56,7 +56,19 @@ def _target(t, kernels, position):
     first = {key: min(position[r] for r in kernels[key]) for key in reductions}
     target = max(reductions, key=first.__getitem__)
     others = [a for a in t.args if a.op is not FUSED_OP or _key(a) != target]
-    return target if all(position[a] < first[target] for a in others) else None
+    return target if all(position[a] < first[target] or a.op.kind == LEAF for a in others) else None
+
+
+def _reduced(body):
+    return [t for t in post_order(body) if t.op.kind == "reduction"]
+
+
+def _alike(a, b):
+    """Whether the reductions of bodies ``a`` and ``b`` reduce the same axes of values of one shape into one type
+    (one pass of one kernel folds them all)."""
+    reds = _reduced(a) + _reduced(b)
+    return all(r.args[0].shape == reds[0].args[0].shape and r.attr("axes") == reds[0].attr("axes")
+               and r.dtype == reds[0].dtype and r.op is reds[0].op for r in reds)
 
 
 def _merged(key, results, joining, trace):
@@ -104,8 +116,13 @@ def into_reductions(roots, trace):
         kernels, position = _kernels(roots)
         joining = {}
         for results in kernels.values():
-            if _scalars_of(results[0], ELEMENTWISE_KERNEL):
+            if _scalars_of(results[0], ELEMENTWISE_KERNEL) or _scalars_of(results[0], REDUCTION_KERNEL):
                 target = _target(results[0], kernels, position)
+                if target is not None and results[0].attr("kernel") == REDUCTION_KERNEL and not _alike(
+                        results[0].attr("outputs"), target[1]):
+                    target = None
+                if target is not None and any(_key(r) == target for r in joining.get(_key(results[0]), ())):
+                    target = None
                 if target is not None:
                     joining.setdefault(target, []).append(results)
         if not joining:

@@ -132,27 +132,31 @@ def partials_bytes(body, operands=()):
 
 
 def _row_lines(r):
-    """Each output a warp (short reductions) or a block, its threads striding along the row."""
-    if len(r.reds) != 1:
-        raise BackendError("a fused reduction along rows takes one reduction")
+    """Each output a warp (short reductions) or a block, its threads striding along the row, each reduction of the
+    body beside the others."""
     width = 32 if r.k_total <= ROW_WARP_LIMIT else THREADS
     per_block = THREADS // width
-    index, acc = r.index, r.acc
+    index, acc, count = r.index, r.acc, len(r.reds)
     lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
-             f"  const unsigned lane = threadIdx.x % {width};",
-             f"  {acc} acc0 = {r.identity()};",
-             f"  if (o < {r.outputs_n}) {{",
-             f"    for ({index} r = lane; r < {r.k_total}; r += {width}) {{"]
-    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold(0, "acc0"), "    }", "  }"]
-    lines += ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-              f"    acc0 = {r.combine(0, 'acc0', '__shfl_down_sync(0xffffffffu, acc0, s)')};", "  }"]
+             f"  const unsigned lane = threadIdx.x % {width};"]
+    lines += [f"  {acc} acc{j} = {r.identity(j)};" for j in range(count)]
+    lines += [f"  if (o < {r.outputs_n}) {{",
+              f"    for ({index} r = lane; r < {r.k_total}; r += {width}) {{"]
+    lines += ["      " + s for s in r.prologue.lines] + ["      " + r.fold(j, f"acc{j}") for j in range(count)]
+    lines += ["    }", "  }"]
+    def shuffle():
+        return ["  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {"] + [
+            f"    acc{j} = {r.combine(j, f'acc{j}', f'__shfl_down_sync(0xffffffffu, acc{j}, s)')};"
+            for j in range(count)] + ["  }"]
+    lines += shuffle()
     if width > 32:
-        lines += [f"  __shared__ {acc} partial[{THREADS // 32}];",
-                  "  if (threadIdx.x % 32 == 0) partial[threadIdx.x / 32] = acc0;", "  __syncthreads();",
-                  "  if (threadIdx.x >= 32) return;",
-                  f"  acc0 = threadIdx.x < {THREADS // 32} ? partial[threadIdx.x] : {r.identity()};",
-                  "  #pragma unroll", "  for (int s = 16; s > 0; s >>= 1) {",
-                  f"    acc0 = {r.combine(0, 'acc0', '__shfl_down_sync(0xffffffffu, acc0, s)')};", "  }"]
+        lines += [f"  __shared__ {acc} partial[{count}][{THREADS // 32}];"]
+        lines += ["  if (threadIdx.x % 32 == 0) {"] + [f"    partial[{j}][threadIdx.x / 32] = acc{j};"
+                                                      for j in range(count)] + ["  }", "  __syncthreads();",
+                                                                                 "  if (threadIdx.x >= 32) return;"]
+        lines += [f"  acc{j} = threadIdx.x < {THREADS // 32} ? partial[{j}][threadIdx.x] : {r.identity(j)};"
+                  for j in range(count)]
+        lines += shuffle()
     lines += [f"  if (lane != 0 || o >= {r.outputs_n}) return;"] + ["  " + s for s in r.finish]
     return lines, -(-r.outputs_n // per_block), (THREADS, 1, 1)
 
