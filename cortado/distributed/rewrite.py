@@ -70,12 +70,14 @@ def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes
     depth = _depths(order)
     ready = _by_readiness(found, order, depth)
     last, parts = _last_product_in_blocks(ready, bucket_bytes) if blocks else (None, [])
+    buckets = None
     if parts:  # before the gradients ready with it (its bias's, say), which may be made after every block
         at = next(i for i, g in enumerate(ready) if depth[g] >= depth[last])
-        ready = ready[:at] + parts + [g for g in ready[at:] if g is not last]
-    buckets = _buckets(ready, bucket_bytes, first_bucket_bytes)
-    if parts and sum(bool(set(b.gradients) & set(parts)) for b in buckets) < 2:  # one bucket: nothing beside them
-        return data_parallel(updates, inputs, bucket_bytes, first_bucket_bytes)
+        buckets = _buckets(ready[:at] + parts + [g for g in ready[at:] if g is not last], bucket_bytes,
+                           first_bucket_bytes)
+        if sum(bool(set(b.gradients) & set(parts)) for b in buckets) < 2:  # one bucket: nothing runs beside them
+            parts, buckets = [], None
+    buckets = buckets or _buckets(ready, bucket_bytes, first_bucket_bytes)
     averaged = {g: a for bucket in buckets for g, a in zip(bucket.gradients, bucket.averages)}
     if parts:
         averaged[last] = concatenate([averaged.pop(b) for b in parts], axis=0)
