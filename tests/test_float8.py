@@ -252,7 +252,7 @@ def test_a_matrix_stored_transposed_is_copied_by_tiles():
     from cortado.backends.cupy.sources import TILE, copy_source
 
     copy = copy_source(Operand((768, 8192), E4M3, (1, 768)))
-    assert "__shared__ __nv_fp8_e4m3 tile" in copy.text  # four elements a thread: a tile of 4 TILE a side
+    assert "__shared__ ct_vec<__nv_fp8_e4m3, 4> tile" in copy.text  # blocks of 4 x 4 a thread: a tile of 4 TILE a side
     assert copy.blocks == (768 // (4 * TILE), 8192 // (4 * TILE), 1) and "ct_vec<__nv_fp8_e4m3, 4>" in copy.text
     assert "ct_vec<__nv_fp8_e4m3, 1>" in copy_source(Operand((766, 8192), E4M3, (1, 766))).text  # no whole words
     assert "__shared__" not in copy_source(Operand((768, 8192), E4M3, (8192, 1))).text  # already in order

@@ -67,30 +67,36 @@ def _per_word(operand):
 
 
 def _transposing_copy(element, operand):
-    """``operand`` (rows x cols, stored column by column) written row by row, a tile at a time: each thread reads
-    ``per`` consecutive elements of a column as one word, and writes ``per`` consecutive elements of a row as one."""
+    """``operand`` (rows x cols, stored column by column) written row by row, a tile at a time. Each thread reads a
+    ``per`` x ``per`` block of elements as ``per`` words (``per`` consecutive elements of a column each), transposes
+    it in registers and keeps it as ``per`` words of rows in shared memory, from which whole words are written: a
+    byte at a time through shared memory, a float8 copy ran at about half the memory's speed. A word's place in its
+    tile row is turned by the row's block, so that neither the writes nor the reads of a warp meet in one bank."""
     rows, cols = operand.shape
     per = _per_word(operand)
     side = TILE * per
-    c = storage_type(operand.dtype)
-    word = f"ct_vec<{c}, {per}>"
-    text = (f"  __shared__ {c} tile[{side}][{side + per}];\n"
-            f"  const unsigned int r0 = blockIdx.x * {side}u, c0 = blockIdx.y * {side}u, lane = threadIdx.x * {per}u;\n"
-            f"  for (unsigned int k = threadIdx.y; k < {side}u; k += {TILE_ROWS}u) {{\n"
-            f"    const unsigned int r = r0 + lane, col = c0 + k;\n"
-            f"    if (r < {rows}u && col < {cols}u) {{\n"
-            f"      const {word} w = *reinterpret_cast<const {word}*>(in0 + (size_t)col * {rows}u + r);\n"
-            f"      for (int u = 0; u < {per}; ++u) tile[k][lane + u] = w.v[u];\n"
+    word = f"ct_vec<{storage_type(operand.dtype)}, {per}>"
+    text = (f"  __shared__ {word} tile[{side}][{TILE}];\n"
+            f"  const unsigned int r0 = blockIdx.x * {side}u, c0 = blockIdx.y * {side}u, x = threadIdx.x;\n"
+            f"  for (unsigned int i = threadIdx.y; i < {TILE}u; i += {TILE_ROWS}u) {{\n"
+            f"    const unsigned int r = r0 + x * {per}u, c = c0 + i * {per}u;\n"
+            f"    if (r < {rows}u && c < {cols}u) {{\n"
+            f"      {word} w[{per}], t[{per}];\n"
+            f"#pragma unroll\n"
+            f"      for (int k = 0; k < {per}; ++k) w[k] = *reinterpret_cast<const {word}*>(in0 + (size_t)(c + k) * {rows}u + r);\n"
+            f"#pragma unroll\n"
+            f"      for (int u = 0; u < {per}; ++u)\n"
+            f"#pragma unroll\n"
+            f"        for (int k = 0; k < {per}; ++k) t[u].v[k] = w[k].v[u];\n"
+            f"#pragma unroll\n"
+            f"      for (int u = 0; u < {per}; ++u) tile[x * {per}u + u][(i + x) % {TILE}u] = t[u];\n"
             f"    }}\n"
             f"  }}\n"
             f"  __syncthreads();\n"
             f"  for (unsigned int k = threadIdx.y; k < {side}u; k += {TILE_ROWS}u) {{\n"
-            f"    const unsigned int r = r0 + k, col = c0 + lane;\n"
-            f"    if (r < {rows}u && col < {cols}u) {{\n"
-            f"      {word} w;\n"
-            f"      for (int u = 0; u < {per}; ++u) w.v[u] = tile[lane + u][k];\n"
-            f"      *reinterpret_cast<{word}*>(out0 + (size_t)r * {cols}u + col) = w;\n"
-            f"    }}\n"
+            f"    const unsigned int r = r0 + k, c = c0 + x * {per}u;\n"
+            f"    if (r < {rows}u && c < {cols}u)\n"
+            f"      *reinterpret_cast<{word}*>(out0 + (size_t)r * {cols}u + c) = tile[k][(x + k / {per}u) % {TILE}u];\n"
             f"  }}\n")
     grid = (-(-rows // side), -(-cols // side), 1)
     return finished_source("transpose", text, (element,), [operand], (), grid, (TILE, TILE_ROWS, 1))
