@@ -52,6 +52,21 @@ def test_a_scalar_kernel_reading_what_is_made_after_the_reduction_stays_its_own(
     assert len(_scalar_kernels(merged, ELEMENTWISE_KERNEL)) == len(_scalar_kernels(fused, ELEMENTWISE_KERNEL)) == 1
 
 
+def test_a_reduction_of_what_another_reduction_makes_is_not_folded_in_its_pass():
+    """Two sums to one value alike (same op, shape and axes), the second summing what the first makes: one pass
+    cannot fold both (the first's result is only known at the end of it), so the second stays a kernel of its own."""
+    x = ct.var("x", ())
+    first = ct.sum(x, axis=())
+    outputs = [first, ct.sum(first * 2.0, axis=())]
+    fused, _ = fuse(outputs, None, KernelShapes(one_op=True))
+    merged = into_reductions(fused, Trace())
+    for _, body in _kernels_of(merged, REDUCTION_KERNEL):
+        reductions = [t for t in post_order(body) if t.op.kind == "reduction"]
+        assert not any(r in post_order([s.args[0]]) for s in reductions for r in reductions if r is not s)
+    for ours, theirs in zip(ct.evaluate(list(merged), {"x": np.float32(3)}), ct.evaluate(outputs, {"x": np.float32(3)})):
+        np.testing.assert_array_equal(ours, theirs)
+
+
 def test_a_float8_training_steps_product_scales_join_their_reductions_values_unchanged(monkeypatch):
     """The float8 MLP's step as the GPU plans it: each product's scale joins a reduction, and the loss and every
     update are the bits of the same program planned without merging."""

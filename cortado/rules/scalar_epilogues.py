@@ -16,7 +16,7 @@ Every value is computed by the same expressions as before.
 """
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import FUSED_OP, LEAF
+from ..exprgraph.ops import FUSED_OP, LEAF, PARAM
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, rebased
@@ -71,6 +71,14 @@ def _alike(a, b):
                and r.dtype == reds[0].dtype and r.op is reds[0].op for r in reds)
 
 
+def _folds_target(t, target):
+    """Whether a reduction of fused term ``t``'s kernel reduces a value computed from a result of kernel ``target``
+    (then it cannot be folded in the same pass as ``target``'s own reductions, which make that result)."""
+    read = {p.attr("index") for red in _reduced(t.attr("outputs")) for p in post_order([red.args[0]])
+            if p.op is PARAM}
+    return any(t.args[k].op is FUSED_OP and _key(t.args[k]) == target for k in read)
+
+
 def _merged(key, results, joining, trace):
     """``{old result: new result}``: reduction kernel ``key`` (its ``results``) and the elementwise kernels of
     ``joining`` (each the list of its results) as one fused reduction kernel, their bodies after its own."""
@@ -118,8 +126,8 @@ def into_reductions(roots, trace):
         for results in kernels.values():
             if _scalars_of(results[0], ELEMENTWISE_KERNEL) or _scalars_of(results[0], REDUCTION_KERNEL):
                 target = _target(results[0], kernels, position)
-                if target is not None and results[0].attr("kernel") == REDUCTION_KERNEL and not _alike(
-                        results[0].attr("outputs"), target[1]):
+                if target is not None and results[0].attr("kernel") == REDUCTION_KERNEL and (
+                        not _alike(results[0].attr("outputs"), target[1]) or _folds_target(results[0], target)):
                     target = None
                 if target is not None and any(_key(r) == target for r in joining.get(_key(results[0]), ())):
                     target = None
