@@ -8,7 +8,9 @@ that term reads, and such a scale is read by the reduction's other readers (the 
 
 So after fusion, an elementwise kernel whose results are all scalars, reading a result of a fused reduction to
 scalars, becomes more outputs of that reduction's epilogue, computed by the lane that finishes the reduction; its
-other operands become more of that kernel's. Each of those comes before the reduction in post-order (nothing
+other operands become more of that kernel's. A reduction to scalars reading one joins it the same way where one
+pass folds both (the same op over the same axes of values of one shape, none made from the other's results: a
+float8 layer's input and weight scales from their amax histories). Each of those comes before the reduction in post-order (nothing
 computed from the reduction is among them), so the merged kernel reads nothing made after it and makes no cycle.
 Every value is computed by the same expressions as before.
 
@@ -16,7 +18,7 @@ Every value is computed by the same expressions as before.
 """
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import FUSED_OP, LEAF, PARAM
+from ..exprgraph.ops import FUSED_OP, LEAF, PARAM, REDUCTION
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, rebased
@@ -60,7 +62,7 @@ def _target(t, kernels, position):
 
 
 def _reduced(body):
-    return [t for t in post_order(body) if t.op.kind == "reduction"]
+    return [t for t in post_order(body) if t.op.kind == REDUCTION]
 
 
 def _alike(a, b):
@@ -77,6 +79,20 @@ def _folds_target(t, target):
     read = {p.attr("index") for red in _reduced(t.attr("outputs")) for p in post_order([red.args[0]])
             if p.op is PARAM}
     return any(t.args[k].op is FUSED_OP and _key(t.args[k]) == target for k in read)
+
+
+def _joins(t, kernels, position, joining):
+    """The key of the reduction kernel that the kernel of scalars fused term ``t`` is a result of joins (``_target``),
+    or None: a kernel of reductions joins only one whose reductions it folds in the same pass (``_alike``), of
+    nothing that one makes; and none joins a kernel that is joining its own."""
+    if not (_scalars_of(t, ELEMENTWISE_KERNEL) or _scalars_of(t, REDUCTION_KERNEL)):
+        return None
+    target = _target(t, kernels, position)
+    if target is None or any(_key(r) == target for r in joining.get(_key(t), ())):
+        return None
+    if t.attr("kernel") == REDUCTION_KERNEL and (not _alike(t.attr("outputs"), target[1]) or _folds_target(t, target)):
+        return None
+    return target
 
 
 def _merged(key, results, joining, trace):
@@ -117,22 +133,16 @@ def _substituted(roots, replaced):
 
 
 def into_reductions(roots, trace):
-    """``roots`` with each elementwise kernel of scalars that may join the reduction it reads (see the module
-    docstring) merged into it."""
+    """``roots`` with each kernel of scalars that may join the reduction it reads (see the module docstring and
+    ``_joins``) merged into it."""
     roots = tuple(roots)
     for _ in range(ROUNDS):
         kernels, position = _kernels(roots)
         joining = {}
         for results in kernels.values():
-            if _scalars_of(results[0], ELEMENTWISE_KERNEL) or _scalars_of(results[0], REDUCTION_KERNEL):
-                target = _target(results[0], kernels, position)
-                if target is not None and results[0].attr("kernel") == REDUCTION_KERNEL and (
-                        not _alike(results[0].attr("outputs"), target[1]) or _folds_target(results[0], target)):
-                    target = None
-                if target is not None and any(_key(r) == target for r in joining.get(_key(results[0]), ())):
-                    target = None
-                if target is not None:
-                    joining.setdefault(target, []).append(results)
+            target = _joins(results[0], kernels, position, joining)
+            if target is not None:
+                joining.setdefault(target, []).append(results)
         if not joining:
             break
         replaced = {}

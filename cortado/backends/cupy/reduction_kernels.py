@@ -66,7 +66,6 @@ class _Reduction:
     prologue: object
     elements: tuple
     finish: list
-    padded: bool  # whether the prologue reads some operand shifted (a pad)
 
     def identity(self, j=0):
         return _identity(self.reds[j], self.acc)
@@ -74,9 +73,9 @@ class _Reduction:
     def combine(self, j, a, b):
         return _combine(self.reds[j], self.acc, a, b)
 
-    def fold(self, j, acc):
-        """The line adding reduction ``j``'s element to ``acc``."""
-        return f"{acc} = {self.combine(j, acc, f'(({self.acc}){self.elements[j]})')};"
+    def fold(self, j, acc, element=None):
+        """The line adding reduction ``j``'s element (the prologue's, unless ``element`` names another) to ``acc``."""
+        return f"{acc} = {self.combine(j, acc, f'(({self.acc}){element or self.elements[j]})')};"
 
 
 def _reduction_parts(body, operands):
@@ -93,9 +92,8 @@ def _reduction_parts(body, operands):
     results = [epilogue.value(t) for t in body]
     finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"
                                for k, (t, v) in enumerate(zip(body, results))]
-    padded = any(t.op is PAD for red in reds for t in post_order([red.args[0]]))
     return _Reduction(tuple(reds), math.prod(reds[0].shape), k_total, acc, _index_type(body, operands), prologue,
-                      elements, finish, padded)
+                      elements, finish)
 
 
 def _columns(body, operands=()):
@@ -143,8 +141,8 @@ def _row_vectors(r):
     contiguous = "r" if r.outputs_n == 1 else f"o * {r.k_total} + r"
     loaded = sorted(k for k in r.prologue.read if len(operands[k].shape) == len(space)
                     and offset(space, operands[k]) == contiguous)
-    if not loaded or r.padded:
-        return 1, ()
+    if not loaded or any(t.op is PAD for red in r.reds for t in post_order([red.args[0]])):
+        return 1, ()  # a pad reads its operand at shifted places
     per = max(1, min(8, 16 // min(operands[k].dtype.itemsize for k in loaded)))
     return (per, tuple(loaded)) if per > 1 and r.k_total % per == 0 else (1, ())
 
@@ -176,7 +174,7 @@ def _row_lines(r):
         lines += ["      #pragma unroll", f"      for (int u = 0; u < {per}; ++u) {{",
                   f"        const {index} r = v * {per} + u;"]
         lines += ["        " + s for s in writer.lines]
-        lines += [f"        acc{j} = {r.combine(j, f'acc{j}', f'(({acc}){e})')};" for j, e in enumerate(elements)]
+        lines += ["        " + r.fold(j, f"acc{j}", e) for j, e in enumerate(elements)]
         lines += ["      }"]
     lines += ["    }", "  }"]
 
