@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 import cortado as ct
+from cortado.memplan import recompute
 from cortado.memplan.recompute import Choice, choices, peak_step, recomputed
 from cortado.exprgraph.graph import post_order
 from cortado.rules.fusion import KernelShapes, fuse
@@ -119,3 +120,13 @@ def test_a_kernel_stops_computing_what_only_its_copy_is_read_for(late_first):
     for ours, theirs in zip(ct.evaluate([early_again, late_again], {"x": x_value}),
                             ct.evaluate([early, late], {"x": x_value})):
         np.testing.assert_allclose(ours, theirs, rtol=1e-6)
+
+
+def test_a_narrow_copy_of_a_wide_value_is_not_made_again():
+    """A float8 copy of a bfloat16 activation reads two bytes for each byte it makes: more time than the bytes it
+    frees are worth. A gelu's output from its input, or a layer norm's rows from its rows and their statistics,
+    read about a byte a byte: cheap."""
+    rows, stats = ct.var("rows", (8192, 768), "bfloat16"), ct.var("stats", (8192, 1))
+    assert not recompute.cheap([rows], 8192 * 768)  # float8 from bfloat16
+    assert recompute.cheap([rows, stats], 8192 * 768 * 2)  # bfloat16 from bfloat16 and a float32 a row
+    assert recompute.cheap([ct.var("h", (64, 64))], 64 * 64 * 4)

@@ -93,7 +93,7 @@ def _max_by_rows(b):
     x, term = b["_x"], b.term
     if x.ndim < 2 or term.size != 1 or x.size < MAXIMUM_SPLIT[0] or x.size // x.shape[-1] < MAXIMUM_SPLIT[1]:
         return None
-    stages = ct.max(ct.max(x, axis=-1))
+    stages = ct.max(ct.max(x, axis=-1, keepdims=True))
     return stages if stages.shape == term.shape else ct.reshape(stages, term.shape)
 
 

@@ -1,6 +1,7 @@
 """CUDA C for a row kernel (``rules.fusion``: a layer norm, a softmax, their gradients): each row a warp or a
 block, which reduces the row once per reduction in the body, every thread keeping each total, then writes the
-outputs.
+outputs. A reduction that only outputs of one value a row read (a float8 amax's row maxima of what the kernel
+writes, ``rules.row_epilogues``) is folded in the pass that writes the row instead of a pass of its own.
 """
 
 import math
@@ -11,6 +12,7 @@ from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
     finished_source, offset, storage_type,
 )
+from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
 
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
 ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row kernel's thread holds in registers (more spill)
@@ -89,38 +91,65 @@ def _row_cache(operands, read, index, n, width, vec, count):
     return lines
 
 
+def _trailing(body, shape):
+    """The reductions of ``body`` that no output of the row ``shape`` and no other reduction reads, where there is
+    such an output: only outputs of one value a row read them, so the pass writing the row folds them too."""
+    reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
+    full = [t for t in body if t.shape == shape]
+    read = set(post_order(full + [red.args[0] for red in reductions])) if full else set(reductions)
+    return {red for red in reductions if red not in read}
+
+
+def _total(red, j, width, n):
+    """Lines leaving every thread of a row with reduction ``red``'s total in ``total{j}``, from its ``acc{j}``."""
+    acc = _accumulator(red)
+    total = f"acc{j}" if red.op is not MEAN else f"(acc{j} / ({acc}){n})"
+    return _all_reduced(red, acc, f"acc{j}", width) + [
+        f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};"]
+
+
+def _fold(red, j, element):
+    acc = _accumulator(red)
+    return f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"
+
+
 def row_source(body, operands, aliased, shape):
-    """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``) or a block to each row, which reduces the row
-    once for each reduction of the body in order, every thread holding each total, then computes the outputs: those
-    of the row shape element by element, those of the reduced shape once. Nothing between the passes is stored.
-    Each thread takes 16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded
-    and the outputs stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads
-    them into registers once, before the first pass, instead of reading the row again (from cache) in each."""
+    """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``, or, in a kernel of one pass, rows of few
+    vectors where there are many: ``ROW_WARP_VECTORS``, ``ROW_WARP_ROWS``) or a block to each row, which reduces the
+    row once for each reduction of the body in order, every thread holding each total, then computes the outputs:
+    those of the row shape element by element, folding the reductions only outputs of one value a row read
+    (``_trailing``), then those of the reduced shape once. Nothing between the passes is stored. Each thread takes
+    16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded and the outputs
+    stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads them into
+    registers once, before the first pass, instead of reading the row again (from cache) in each."""
     n, rows = shape[-1], math.prod(shape[:-1])
-    width = 32 if n <= ROW_KERNEL_WARP_LIMIT else THREADS
-    per_block = THREADS // width
+    reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
+    trailing = _trailing(body, shape)
     index = _index_type(body, operands)
     last = (len(shape) - 1,)
     elements, row = _reduction_space(shape, last), _reduction_space(shape[:-1] + (1,), last)
     vec, vectors, across = _row_vector(shape, operands, elements, body)
+    one_pass = len(trailing) == len(reductions)
+    short = n <= ROW_KERNEL_WARP_LIMIT or one_pass and n // vec <= ROW_WARP_VECTORS and rows >= ROW_WARP_ROWS
+    width = 32 if short else THREADS
+    per_block = THREADS // width
     count = -(-(n // vec) // width) if vec > 1 else 0
-    cached = count if vectors and count * len(vectors) <= ROW_CACHE_VECTORS else 0
+    cached = count if vectors and not one_pass and count * len(vectors) <= ROW_CACHE_VECTORS else 0
 
     def loads(prefix):
         return {k: f"row{k}[i].v[u]" if cached and k in vectors else f"{prefix}{k}.v[u]" for k in vectors | across}
 
     lines, read, totals = [], set(), {}
-    for j, red in enumerate(t for t in post_order(body) if t.op in REDUCTIONS):
-        acc = _accumulator(red)
+    for j, red in enumerate(reductions):
+        lines.append(f"  {_accumulator(red)} acc{j} = {_identity(red, _accumulator(red))};")
+        if red in trailing:
+            continue
         writer = _Writer(elements, operands, f"a{j}_", loads(f"p{j}_"))
         writer.names.update(totals)
         element = writer.value(red.args[0])
-        lines.append(f"  {acc} acc{j} = {_identity(red, acc)};")
-        lines += _row_pass(writer, index, n, width, vec, vectors, across, f"p{j}_",
-                           [f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"], cached=cached)
-        lines += _all_reduced(red, acc, f"acc{j}", width)
-        total = f"acc{j}" if red.op is not MEAN else f"(acc{j} / ({acc}){n})"
-        lines.append(f"  const {compute_type(red.dtype)} total{j} = ({compute_type(red.dtype)}){total};")
+        lines += _row_pass(writer, index, n, width, vec, vectors, across, f"p{j}_", [_fold(red, j, element)],
+                           cached=cached)
+        lines += _total(red, j, width, n)
         totals[red] = f"total{j}"
         read |= writer.read
     full = [(k, t) for k, t in enumerate(body) if t.shape == shape]
@@ -128,10 +157,15 @@ def row_source(body, operands, aliased, shape):
         writer = _Writer(elements, operands, "e", loads("q"))
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
+        folded = [(j, red, writer.value(red.args[0])) for j, red in enumerate(reductions) if red in trailing]
         place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+        inner += [_fold(red, j, element) for j, red, element in folded]
         lines += _row_pass(writer, index, n, width, vec, vectors, across, "q", inner,
                            [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached)
+        for j, red, _ in folded:
+            lines += _total(red, j, width, n)
+            totals[red] = f"total{j}"
         read |= writer.read
     reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
     if reduced:

@@ -1,0 +1,80 @@
+"""``into_producers``: a row max of a kernel's result (a float8 amax's first stage) joins the kernel that makes it.
+
+A float8 layer takes the largest magnitude of its input, its weight and its gradient each step
+(``maxima_in_two_stages``: a max of each row, then of the rows). Apart, each row max is a kernel reading back a
+whole activation that the kernel before it has just written; joined, the kernel that writes the rows folds their
+maxima as it writes them (a row kernel's pass, ``backends/cupy/row_kernels``: a reduction only outputs of one value a
+row read costs no pass of its own), and a value that only the max read is no longer stored at all (a layer norm's
+bfloat16 output, whose float8 copy is what the product reads).
+
+Only a max joins: it is the same value in any order, so folding it elsewhere changes no bit. The max reads what a
+reader of the stored value would: a bfloat16 result rounded as it is stored (``_as_stored``).
+
+    roots = into_producers(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
+"""
+
+from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import is_narrow_float
+from ..exprgraph.graph import post_order
+from ..exprgraph.ops import CAST, FUSED_OP, MAX, PAD
+from ..exprgraph.term import make
+from .engine import Rewrite
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, rebased, row_reduction, row_shape
+from .scalar_epilogues import _key, _kernels, _substituted
+
+
+def _as_stored(t):
+    """Body term ``t`` as a reader of its stored value sees it: a float16/bfloat16 value rounded (a kernel computes
+    them in float32 and rounds only where it stores or casts)."""
+    return ct.cast(t, t.dtype) if is_narrow_float(t.dtype) and t.op is not CAST else t
+
+
+def into_producers(roots, trace):
+    """``roots`` with each fused reduction that is one ``max`` over the last axis of a row or elementwise kernel's
+    result (a float8 amax's first stage) joined to that kernel, its rows reduced where they are made instead of
+    read back; the kernel's results kept where others read them. Only a max: it is the same bits in any order."""
+    roots = tuple(roots)
+    kernels, position = _kernels(roots)
+    users = {}
+    for t in post_order(roots):
+        for a in set(t.args):
+            users.setdefault(a, set()).add(t)
+    final = set(roots)
+    replaced, taken = {}, set()
+    for key, results in kernels.items():
+        r = results[0]
+        if r.attr("kernel") != REDUCTION_KERNEL or r.attr("again") or len(key[1]) != 1:
+            continue
+        red = key[1][0]
+        shape = red.args[0].shape
+        if red.op is not MAX or not row_reduction(red, shape):  # a max is the same bits in any order; a sum is not
+            continue
+        wide = [a for a in r.args if a.shape == shape]
+        if len(wide) != 1 or wide[0].op is not FUSED_OP or wide[0].attr("again"):
+            continue
+        pkey = _key(wide[0])
+        made = kernels[pkey]
+        kind = wide[0].attr("kernel")
+        if pkey in taken or key in taken:
+            continue
+        if not (kind == ROW_KERNEL and row_shape(pkey[1]) == shape
+                or kind == ELEMENTWISE_KERNEL and all(o.shape == shape for o in pkey[1])):
+            continue
+        if any(t.op is PAD for t in post_order(pkey[1])):
+            continue  # a row kernel reads no shifted operand (fusion makes none)
+        first = min(position[t] for t in made)
+        if any(position[a] >= first for a in r.args if a not in made):
+            continue
+        body = pkey[1]
+        kept = [t for t in made if t in final or users.get(t, set()) - {r}]
+        inputs, index_of = list(pkey[0]), {a: i for i, a in enumerate(pkey[0])}
+        known = {t: _as_stored(body[t.attr("index")]) for t in made}
+        keep = sorted(t.attr("index") for t in kept)
+        new_body = tuple([body[i] for i in keep] + rebased(r, inputs, index_of, known))
+        shape_kind = kernel_shape(new_body)
+        for t in kept:
+            replaced[t] = make(FUSED_OP, inputs, (new_body, keep.index(t.attr("index")), False, shape_kind))
+        replaced[r] = make(FUSED_OP, inputs, (new_body, len(keep), False, shape_kind))
+        trace.append(Rewrite("row-reduction-into-producer", r, replaced[r]))
+        taken |= {key, pkey}
+    return _substituted(roots, replaced) if replaced else roots

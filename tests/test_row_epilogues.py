@@ -1,0 +1,147 @@
+"""A row max of a kernel's result joining the kernel that makes it (``rules.row_epilogues``), and the row kernels it
+makes: which join, that every value is as before, and that such a max costs the kernel no pass of its own."""
+
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import compiler, nn, optim
+from cortado.backends.cupy import backend as gpu_backend
+from cortado.backends.cupy import sources
+from cortado.backends.cupy.codegen import Operand, contiguous_strides
+from cortado.exprgraph.graph import post_order
+from cortado.exprgraph.ops import parameter
+from cortado.rules.fusion import ROW_KERNEL, row_shape
+from reference_checks import host, skip_without_device
+
+
+def _kernels(roots):
+    return {(t.args, t.attr("outputs"), t.attr("kernel")) for t in post_order(roots) if t.op.name == "fused"}
+
+
+def _planned(outputs, join=True, monkeypatch=None):
+    if not join:
+        monkeypatch.setattr(compiler, "into_producers", lambda roots, trace: tuple(roots))
+    traces = {}
+    return compiler._rewrite(outputs, gpu_backend, traces), traces["fusion"]
+
+
+def test_a_float8_steps_amax_row_maxima_join_the_kernels_that_make_their_rows_values_unchanged(monkeypatch):
+    """The float8 MLP's step as the GPU plans it: the row maxima of each layer's input, weight and gradient are
+    folded by the kernels that write those rows (fewer kernels, no row max reading an activation back), and the loss
+    and every update are the bits of the same program planned without the join."""
+    model = nn.MLP(256, 512, 256, activation=ct.gelu, float8=True).compute_in("bfloat16")
+    x, y = ct.var("x", (4, 128, 256), "bfloat16"), ct.var("y", (4, 128, 256))
+    loss = ct.mean((ct.cast(model(x), "float32") - y) ** 2)
+    params = model.parameters()
+    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, list(params.values())))
+    updates.update(model.state_updates(loss))
+    outputs = [loss, *updates.values()]
+    joined, trace = _planned(outputs)
+    apart, _ = _planned(outputs, join=False, monkeypatch=monkeypatch)
+    assert sum(r.rule == "row-reduction-into-producer" for r in trace) >= 4
+    assert len(_kernels(joined)) < len(_kernels(apart))
+    assert any(kind == ROW_KERNEL and any(o.shape == (4, 128, 1) for o in body) and len(body) < 6
+               for _, body, kind in _kernels(joined))  # an elementwise cast grew its rows' maxima
+    values = {v.name: np.asarray(a) for v, a in {**model.initial_values(seed=0), **state}.items()}
+    rng = np.random.default_rng(3)
+    history = {name: np.abs(rng.standard_normal(16)).astype(np.float32) for name in values if name.endswith("amax")}
+    feeds = {**values, **history, "x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
+             "y": rng.standard_normal(y.shape).astype(np.float32)}
+    for ours, theirs in zip(ct.evaluate(joined, feeds), ct.evaluate(apart, feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+
+
+def test_only_a_max_joins_and_it_reads_the_value_as_stored(monkeypatch):
+    """A max of a bfloat16 result joins its kernel and reads the result rounded as it is stored; a sum, whose
+    order would change its bits, stays a reduction of its own."""
+    x = ct.var("x", (512, 768), "bfloat16")
+    y = ct.gelu(x) * 3.0
+    biggest, total = ct.max(ct.abs(ct.cast(y, "float32"))), ct.sum(ct.cast(y, "float32"))
+    joined, trace = _planned([y, biggest])
+    assert [r.rule for r in trace].count("row-reduction-into-producer") == 1
+    assert not any(r.rule == "row-reduction-into-producer" for r in _planned([y, total])[1])
+    feeds = {"x": (np.random.default_rng(0).standard_normal((512, 768)) * 4).astype(ml_dtypes.bfloat16)}
+    ours_y, ours_max = ct.evaluate(joined, feeds)
+    assert np.float32(ours_max) == np.abs(np.asarray(ours_y, np.float32)).max()
+    np.testing.assert_array_equal(np.float32(ours_max), np.float32(ct.evaluate([biggest], feeds)[0]))
+
+
+def test_a_max_that_only_one_value_a_row_reads_costs_the_row_kernel_no_pass():
+    """A row kernel writing ``y`` and its rows' max folds the max in the pass that writes ``y``: one loop over
+    the row's 384 vectors, where a max that the row's outputs read takes a pass before them."""
+    shape = (4096, 3072)
+    operand = Operand(shape, np.dtype(ml_dtypes.bfloat16), contiguous_strides(shape))
+    x = parameter(0, operand)
+    y = ct.cast(ct.tanh(ct.cast(x, "float32")) * 2.0, "bfloat16")
+    trailing = (y, ct.max(ct.abs(ct.cast(y, "float32")), axis=-1, keepdims=True))
+    assert row_shape(trailing) == shape
+    (one,) = sources.kernel_sources(trailing, [operand])
+    assert one.text.count("r = c * 8 + u;") == 1
+    assert one.block == (256, 1, 1) and one.blocks == 4096 // 8  # a warp a row: many rows of 384 vectors
+    leading = (x / ct.max(ct.abs(x), axis=-1, keepdims=True),)
+    (two,) = sources.kernel_sources(leading, [operand])
+    assert two.text.count("r = c * 8 + u;") == 2 and two.blocks == 4096  # two passes, a block a row of 3072
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("shape", [(512, 768), (300, 3000), (4096, 3072)])
+def test_on_the_gpu_a_row_max_folded_as_its_rows_are_written_is_the_max_of_what_is_stored(shape, dtype):
+    """``gelu(x) * 3`` and the largest magnitude of it: the rows' maxima folded by the kernel that writes the rows (a
+    warp a row of 768, a block a row of 3000, a warp a row of 3072 in a kernel of one pass), then the max of the
+    rows. Exactly the max of the values the kernel stored; those values as the reference's."""
+    skip_without_device("cupy")
+    x = ct.var("x", shape, dtype)
+    y = ct.gelu(x) * 3.0
+    amax = ct.max(ct.abs(ct.cast(y, "float32")))
+    program = ct.compile([y, amax], inputs=[x], backend="cupy")
+    assert "row-reduction-into-producer" in program.traces["fusion"].counts()
+    values = (np.random.default_rng(2).standard_normal(shape) * 5).astype(np.dtype(ml_dtypes.bfloat16) if dtype ==
+                                                                          "bfloat16" else np.float32)
+    values[shape[0] // 2, 7] = 60.0
+    ours, biggest = (host(v) for v in program(x=values))
+    assert np.float32(biggest) == np.abs(ours.astype(np.float32)).max()
+    expected = ct.evaluate([y], {"x": values}, precision="float64")[0]
+    tolerance = 2e-2 if dtype == "bfloat16" else 1e-5
+    np.testing.assert_allclose(ours.astype(np.float64), expected, rtol=tolerance, atol=tolerance)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_float8_gpt_step_is_the_same_bits_with_its_row_maxima_joined(monkeypatch):
+    """A one-layer float8 GPT: its amax row maxima folded where the rows are written, against the same step with
+    each row max a kernel of its own: fewer kernels, and three steps give the same losses and state, bit for bit.
+    Both planned without recomputation: joined, a layer norm's rows become worth making again after the peak, and
+    such a copy of a kernel may contract its multiply-adds otherwise than the kernel did, a change the join itself
+    does not make."""
+    skip_without_device("cupy")
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+    from gpt import BETAS, GPT, WEIGHT_DECAY, windows
+
+    def trained(steps=3):
+        model = GPT(65, 256, 256, 4, None, 1, True).compute_in("bfloat16")
+        tokens, labels = ct.var("tokens_in", (4, 256), "int32"), ct.var("labels", (4, 256), "int32")
+        loss = nn.cross_entropy(model(tokens), labels)
+        params = model.parameters()
+        adamw = optim.AdamW(lr=3e-3, betas=BETAS, weight_decay=WEIGHT_DECAY, decay=lambda name, p: p.ndim == 2)
+        state, updates = adamw.updates(params, ct.grad(loss, list(params.values())))
+        updates.update(model.state_updates(loss))
+        step = ct.compile([loss], inputs=[tokens, labels], backend="cupy", updates=updates,
+                          state={**model.initial_values(0), **state}, recompute=False)
+        rng = np.random.default_rng(0)
+        data = rng.integers(0, 65, 100000).astype(np.int32)
+        losses = [float(host(step(tokens_in=x, labels=y)[0])) for x, y in (windows(data, 4, 256, rng)
+                                                                          for _ in range(steps))]
+        return len(step.kernels), losses, {k: np.asarray(host(v)) for k, v in step.state.items()}
+
+    joined = trained()
+    monkeypatch.setattr(compiler, "into_producers", lambda roots, trace: tuple(roots))
+    apart = trained()
+    assert joined[0] < apart[0]
+    assert joined[1] == apart[1]
+    for name, value in apart[2].items():
+        np.testing.assert_array_equal(joined[2][name], value, err_msg=name)
