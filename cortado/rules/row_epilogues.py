@@ -20,7 +20,7 @@ from ..exprgraph.ops import CAST, FUSED_OP, MAX, PAD
 from ..exprgraph.term import make
 from .engine import Rewrite
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, rebased, row_reduction, row_shape
-from .scalar_epilogues import _key, _kernels, _substituted
+from .scalar_epilogues import fused_kernels, kernel_key, substituted
 
 
 def _as_stored(t):
@@ -34,7 +34,7 @@ def into_producers(roots, trace):
     result (a float8 amax's first stage) joined to that kernel, its rows reduced where they are made instead of
     read back; the kernel's results kept where others read them. Only a max: it is the same bits in any order."""
     roots = tuple(roots)
-    kernels, position = _kernels(roots)
+    kernels, position = fused_kernels(roots)
     users = {}
     for t in post_order(roots):
         for a in set(t.args):
@@ -52,7 +52,7 @@ def into_producers(roots, trace):
         wide = [a for a in r.args if a.shape == shape]
         if len(wide) != 1 or wide[0].op is not FUSED_OP or wide[0].attr("again"):
             continue
-        pkey = _key(wide[0])
+        pkey = kernel_key(wide[0])
         made = kernels[pkey]
         kind = wide[0].attr("kernel")
         if pkey in taken or key in taken:
@@ -77,4 +77,4 @@ def into_producers(roots, trace):
         replaced[r] = make(FUSED_OP, inputs, (new_body, len(keep), False, shape_kind))
         trace.append(Rewrite("row-reduction-into-producer", r, replaced[r]))
         taken |= {key, pkey}
-    return _substituted(roots, replaced) if replaced else roots
+    return substituted(roots, replaced) if replaced else roots

@@ -26,7 +26,7 @@ from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, rebased
 ROUNDS = 3  # a scalar kernel reading one that joined a reduction in a round joins it in the next
 
 
-def _key(t):
+def kernel_key(t):
     """Which kernel fused term ``t`` is a result of: its operands and its body."""
     return t.args, t.attr("outputs")
 
@@ -37,13 +37,13 @@ def _scalars_of(t, kind):
             and all(o.size == 1 for o in t.attr("outputs")))
 
 
-def _kernels(roots):
-    """Each fused kernel's results (by output index) by its ``_key``, and every term's post-order position."""
+def fused_kernels(roots):
+    """Each fused kernel's results (by output index) by its ``kernel_key``, and every term's post-order position."""
     order = post_order(roots)
     kernels = {}
     for t in order:
         if t.op is FUSED_OP:
-            kernels.setdefault(_key(t), []).append(t)
+            kernels.setdefault(kernel_key(t), []).append(t)
     return ({key: sorted(results, key=lambda t: t.attr("index")) for key, results in kernels.items()},
             {t: i for i, t in enumerate(order)})
 
@@ -52,12 +52,12 @@ def _target(t, kernels, position):
     """The key of the reduction kernel that elementwise kernel ``t`` (a result of it) may join: of the reductions
     to scalars it reads, the latest, where every other operand comes before that reduction's first result in
     post-order; else None."""
-    reductions = {_key(a) for a in t.args if _scalars_of(a, REDUCTION_KERNEL)}
+    reductions = {kernel_key(a) for a in t.args if _scalars_of(a, REDUCTION_KERNEL)}
     if not reductions:
         return None
     first = {key: min(position[r] for r in kernels[key]) for key in reductions}
     target = max(reductions, key=first.__getitem__)
-    others = [a for a in t.args if a.op is not FUSED_OP or _key(a) != target]
+    others = [a for a in t.args if a.op is not FUSED_OP or kernel_key(a) != target]
     return target if all(position[a] < first[target] or a.op.kind == LEAF for a in others) else None
 
 
@@ -78,7 +78,7 @@ def _folds_target(t, target):
     (then it cannot be folded in the same pass as ``target``'s own reductions, which make that result)."""
     read = {p.attr("index") for red in _reduced(t.attr("outputs")) for p in post_order([red.args[0]])
             if p.op is PARAM}
-    return any(t.args[k].op is FUSED_OP and _key(t.args[k]) == target for k in read)
+    return any(t.args[k].op is FUSED_OP and kernel_key(t.args[k]) == target for k in read)
 
 
 def _joins(t, kernels, position, joining):
@@ -88,7 +88,7 @@ def _joins(t, kernels, position, joining):
     if not (_scalars_of(t, ELEMENTWISE_KERNEL) or _scalars_of(t, REDUCTION_KERNEL)):
         return None
     target = _target(t, kernels, position)
-    if target is None or any(_key(r) == target for r in joining.get(_key(t), ())):
+    if target is None or any(kernel_key(r) == target for r in joining.get(kernel_key(t), ())):
         return None
     if t.attr("kernel") == REDUCTION_KERNEL and (not _alike(t.attr("outputs"), target[1]) or _folds_target(t, target)):
         return None
@@ -118,7 +118,7 @@ def _merged(key, results, joining, trace):
     return replaced
 
 
-def _substituted(roots, replaced):
+def substituted(roots, replaced):
     """``roots`` with each key of ``replaced`` replaced by its value, whose own operands are replaced in turn."""
     memo = {}
 
@@ -137,7 +137,7 @@ def into_reductions(roots, trace):
     ``_joins``) merged into it."""
     roots = tuple(roots)
     for _ in range(ROUNDS):
-        kernels, position = _kernels(roots)
+        kernels, position = fused_kernels(roots)
         joining = {}
         for results in kernels.values():
             target = _joins(results[0], kernels, position, joining)
@@ -148,5 +148,5 @@ def into_reductions(roots, trace):
         replaced = {}
         for key, joined in joining.items():
             replaced.update(_merged(key, kernels[key], joined, trace))
-        roots = _substituted(roots, replaced)
+        roots = substituted(roots, replaced)
     return roots
