@@ -16,6 +16,7 @@ from cortado.backends.cupy.codegen import Operand, contiguous_strides
 from cortado.exprgraph.graph import post_order
 from cortado.exprgraph.ops import parameter
 from cortado.rules.fusion import ROW_KERNEL, row_shape
+from float8_plans import assert_same_bits, float8_mlp_step
 from reference_checks import host, skip_without_device
 
 
@@ -34,26 +35,14 @@ def test_a_float8_steps_amax_row_maxima_join_the_kernels_that_make_their_rows_va
     """The float8 MLP's step as the GPU plans it: the row maxima of each layer's input, weight and gradient are
     folded by the kernels that write those rows (fewer kernels, no row max reading an activation back), and the loss
     and every update are the bits of the same program planned without the join."""
-    model = nn.MLP(256, 512, 256, activation=ct.gelu, float8=True).compute_in("bfloat16")
-    x, y = ct.var("x", (4, 128, 256), "bfloat16"), ct.var("y", (4, 128, 256))
-    loss = ct.mean((ct.cast(model(x), "float32") - y) ** 2)
-    params = model.parameters()
-    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, list(params.values())))
-    updates.update(model.state_updates(loss))
-    outputs = [loss, *updates.values()]
+    outputs, values, x, y = float8_mlp_step((256, 512, 256), (4, 128))
     joined, trace = _planned(outputs)
     apart, _ = _planned(outputs, join=False, monkeypatch=monkeypatch)
     assert sum(r.rule == "row-reduction-into-producer" for r in trace) >= 4
     assert len(_kernels(joined)) < len(_kernels(apart))
     assert any(kind == ROW_KERNEL and any(o.shape == (4, 128, 1) for o in body) and len(body) < 6
                for _, body, kind in _kernels(joined))  # an elementwise cast grew its rows' maxima
-    values = {v.name: np.asarray(a) for v, a in {**model.initial_values(seed=0), **state}.items()}
-    rng = np.random.default_rng(3)
-    history = {name: np.abs(rng.standard_normal(16)).astype(np.float32) for name in values if name.endswith("amax")}
-    feeds = {**values, **history, "x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
-             "y": rng.standard_normal(y.shape).astype(np.float32)}
-    for ours, theirs in zip(ct.evaluate(joined, feeds), ct.evaluate(apart, feeds)):
-        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+    assert_same_bits(joined, apart, values, x, y)
 
 
 def test_only_a_max_joins_and_it_reads_the_value_as_stored(monkeypatch):

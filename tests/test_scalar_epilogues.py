@@ -1,18 +1,18 @@
 """Scalar kernels joining the reduction whose result they read (``rules.scalar_epilogues``): which join, that the
 merged kernel makes no cycle, and that every value is as before."""
 
-import ml_dtypes
 import numpy as np
 from hypothesis import given
 
 import cortado as ct
-from cortado import compiler, nn, optim
+from cortado import compiler
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.exprgraph.graph import post_order
 from cortado.rules.engine import Trace
 from cortado.rules.fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, KernelShapes, fuse
 from cortado.rules.scalar_epilogues import into_reductions
 from cortado.testing import graphs_with_feeds
+from float8_plans import assert_same_bits, float8_mlp_step
 
 
 def _kernels_of(roots, kind):
@@ -70,24 +70,13 @@ def test_a_reduction_of_what_another_reduction_makes_is_not_folded_in_its_pass()
 def test_a_float8_training_steps_product_scales_join_their_reductions_values_unchanged(monkeypatch):
     """The float8 MLP's step as the GPU plans it: each product's scale joins a reduction, and the loss and every
     update are the bits of the same program planned without merging."""
-    model = nn.MLP(64, 128, 64, activation=ct.gelu, float8=True).compute_in("bfloat16")
-    x, y = ct.var("x", (4, 16, 64), "bfloat16"), ct.var("y", (4, 16, 64))
-    loss = ct.mean((ct.cast(model(x), "float32") - y) ** 2)
-    params = model.parameters()
-    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, list(params.values())))
-    updates.update(model.state_updates(loss))
+    outputs, values, x, y = float8_mlp_step((64, 128, 64), (4, 16))
     traces = {}
-    roots = compiler._rewrite([loss, *updates.values()], gpu_backend, traces)
+    roots = compiler._rewrite(outputs, gpu_backend, traces)
     monkeypatch.setattr(compiler, "into_reductions", lambda roots, trace: roots)
-    plain = compiler._rewrite([loss, *updates.values()], gpu_backend, {})
+    plain = compiler._rewrite(outputs, gpu_backend, {})
     assert sum(r.rule == "scalar-into-reduction" for r in traces["fusion"]) >= 6  # 1 / (sx sw), sx / sg, sw / sg
-    values = {v.name: np.asarray(a) for v, a in {**model.initial_values(seed=0), **state}.items()}
-    rng = np.random.default_rng(3)
-    history = {name: np.abs(rng.standard_normal(16)).astype(np.float32) for name in values if name.endswith("amax")}
-    feeds = {**values, **history, "x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
-             "y": rng.standard_normal(y.shape).astype(np.float32)}
-    for ours, theirs in zip(ct.evaluate(roots, feeds), ct.evaluate(plain, feeds)):
-        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+    assert_same_bits(roots, plain, values, x, y)
 
 
 @given(graphs_with_feeds(ops=["add", "multiply", "divide", "exp", "sum", "mean", "max", "where", "greater", "matmul"],
