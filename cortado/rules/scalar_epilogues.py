@@ -10,8 +10,9 @@ So after fusion, an elementwise kernel whose results are all scalars, reading a 
 scalars, becomes more outputs of that reduction's epilogue, computed by the lane that finishes the reduction; its
 other operands become more of that kernel's. A reduction to scalars reading one joins it the same way where one
 pass folds both (the same op over the same axes of values of one shape, none made from the other's results: a
-float8 layer's input and weight scales from their amax histories). Each of those comes before the reduction in post-order (nothing
-computed from the reduction is among them), so the merged kernel reads nothing made after it and makes no cycle.
+float8 layer's input and weight scales from their amax histories). Each of those comes before the reduction in
+post-order (nothing computed from the reduction is among them), so the merged kernel reads nothing made after it
+and makes no cycle.
 Every value is computed by the same expressions as before.
 
     roots = into_reductions(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``

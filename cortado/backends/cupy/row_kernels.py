@@ -109,6 +109,7 @@ def _total(red, j, width, n):
 
 
 def _fold(red, j, element):
+    """The line folding ``element`` into reduction ``red``'s ``acc{j}``."""
     acc = _accumulator(red)
     return f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"
 
@@ -141,7 +142,8 @@ def row_source(body, operands, aliased, shape):
 
     lines, read, totals = [], set(), {}
     for j, red in enumerate(reductions):
-        lines.append(f"  {_accumulator(red)} acc{j} = {_identity(red, _accumulator(red))};")
+        acc = _accumulator(red)
+        lines.append(f"  {acc} acc{j} = {_identity(red, acc)};")
         if red in trailing:
             continue
         writer = _Writer(elements, operands, f"a{j}_", loads(f"p{j}_"))
