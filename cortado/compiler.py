@@ -143,7 +143,7 @@ def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     if backend.kernel_shapes.horizontal:
         joined = into_reductions(into_producers(roots, traces["fusion"]), traces["fusion"])
         roots = side_by_side(joined, traces["fusion"])
-    return list(roots)
+    return list(backend.after_fusion(roots, traces["fusion"]))
 
 
 def _kernels(roots, signature):

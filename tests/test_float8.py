@@ -249,7 +249,8 @@ def test_a_large_amax_is_taken_in_two_stages_on_the_gpu_to_the_same_value(keepdi
 def test_a_matrix_stored_transposed_is_copied_by_tiles():
     """How a float8 GEMM's operand stored the other way is copied: a tile at a time through shared memory."""
     from cortado.backends.cupy.codegen import Operand
-    from cortado.backends.cupy.sources import TILE, copy_source
+    from cortado.backends.cupy.sources import copy_source
+    from cortado.backends.cupy.transposed_kernels import TILE
 
     copy = copy_source(Operand((768, 8192), E4M3, (1, 768)))
     assert "__shared__ ct_vec<__nv_fp8_e4m3, 4> tile" in copy.text  # blocks of 4 x 4 a thread: a tile of 4 TILE a side

@@ -63,6 +63,11 @@ class Backend:
         then leaves out."""
         return []
 
+    def after_fusion(self, roots, trace):
+        """``roots`` with the backend's own rewrites of its fused kernels made (recording them in ``trace``): what
+        only its calls need of the kernels that make their operands. None by default."""
+        return roots
+
     def alternatives(self, planned):
         """Other ``variant``s of the lowering worth planning besides the one ``planned`` (a ``PlannedStep``); the
         compiler keeps the plan with the smallest arena."""

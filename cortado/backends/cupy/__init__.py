@@ -12,6 +12,7 @@ from ..interface import Backend
 from . import layout
 from .runtime.executor import Executor
 from .lowering import lowering
+from .lowering.float8_transposes import written_transposed
 
 
 class CupyBackend(Backend):
@@ -38,6 +39,9 @@ class CupyBackend(Backend):
 
     def direct_outputs(self, kernels, steps, outputs, sinks, options):
         return layout.direct_outputs(kernels, steps, outputs, sinks, options)
+
+    def after_fusion(self, roots, trace):
+        return written_transposed(roots, trace)
 
     def alternatives(self, planned):
         return self.lowering.alternatives(planned)

@@ -23,6 +23,7 @@ from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
 from .lowering.gemm_op import GEMM, gemm_operands
 from ...memplan import Step
+from ...rules.fusion import transposed_outputs
 from ...rules.horizontal import Horizontal
 from .calls.cublaslt import matrix
 from .calls.cudnn_conv import packed
@@ -377,7 +378,9 @@ def _inplace(k, strides, views):
     readers = [a for j, a in enumerate(t.args) if j not in shifted]
     if any(s.op in REDUCTIONS for s in post_order(t.attr("outputs"))):
         readers = _epilogue_operands(t)
-    return _same_places(k.terms, readers, strides, views)
+    turned = transposed_outputs(t.attr("outputs"))  # written by other threads than those that read their elements
+    results = [d for d in k.terms if d.attr("outputs")[d.attr("index")] not in turned]
+    return _same_places(results, readers, strides, views)
 
 
 def _same_places(results, readers, strides, views):

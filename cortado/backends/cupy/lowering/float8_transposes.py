@@ -1,0 +1,89 @@
+"""``written_transposed``: a float8 product's operand that is the transpose of an elementwise kernel's float8 result
+is written transposed by that kernel, instead of copied by the product's call.
+
+cuBLASLt multiplies float8 matrices only with the contracted axis innermost (``lowering/float8.py``), so a weight
+gradient ``x8^T @ dy8`` of a float8 layer reads both its operands transposed, and its call copied each into its
+workspace first: a read and a write of every element, two kernels for each of a layer's products. The kernel that
+casts the operand to float8 (its scale is a value the step computes, so the cast is a kernel of its own) now also
+writes it transposed, a tile at a time through shared memory (``transposed_kernels``): one more write, no read, and no
+copy. Where the cast's result is read only transposed, it is written only so. The values are the same: the same
+elements, stored in another order.
+
+Only an elementwise kernel's results are taken: a row kernel's (a layer norm's float8 output, folding its rows'
+maxima) walks whole rows, which a tile does not.
+
+    roots = written_transposed(roots, trace)   # after fusion (``Backend.after_fusion``)
+"""
+
+import math
+
+from ....exprgraph import constructors as ct
+from ....exprgraph.graph import post_order
+from ....exprgraph.ops import FUSED_OP, RESHAPE, TRANSPOSE
+from ....exprgraph.term import make
+from ....rules.engine import Rewrite
+from ....rules.fusion import ELEMENTWISE_KERNEL, kernel_shape
+from ....rules.scalar_epilogues import fused_kernels, kernel_key, substituted
+from ..transposed_kernels import writes_transposed
+from .float8 import FLOAT8_GEMM
+
+MOST_TRANSPOSED = 2  # transposed results a kernel writes: each keeps a tile in shared memory
+
+
+def _transposed_result(operand):
+    """``(result, matrix)`` where ``operand`` is the transpose of ``matrix``, an elementwise kernel's float8
+    ``result`` (with its leading axes merged into rows, or a matrix itself) that a kernel can write transposed;
+    else None."""
+    if operand.op is not TRANSPOSE or operand.ndim != 2:
+        return None
+    matrix = operand.args[0]
+    result = matrix.args[0] if matrix.op is RESHAPE else matrix
+    rows, cols = matrix.shape
+    if (result.op is not FUSED_OP or result.attr("kernel") != ELEMENTWISE_KERNEL or result.attr("again")
+            or result.ndim < 2 or result.shape[-1] != cols or math.prod(result.shape[:-1]) != rows):
+        return None
+    return (result, matrix) if writes_transposed(rows, cols, result.dtype) else None
+
+
+def written_transposed(roots, trace):
+    """``roots`` with each float8 product's operand that is the transpose of an elementwise kernel's float8 result
+    written transposed by that kernel (see the module docstring); the result kept where others read it."""
+    roots = tuple(roots)
+    users = {}
+    for t in post_order(roots):
+        for a in set(t.args):
+            users.setdefault(a, set()).add(t)
+    wanted = {}  # kernel key -> {transposed operand: (result, matrix)}
+    for t in post_order(roots):
+        if t.op is FLOAT8_GEMM:
+            for operand in t.args[:2]:
+                found = _transposed_result(operand)
+                if found is not None:
+                    wanted.setdefault(kernel_key(found[0]), {})[operand] = found
+    if not wanted:
+        return roots
+    kernels, _ = fused_kernels(roots)
+    final = set(roots)
+    replaced = {}
+    for key, operands in wanted.items():
+        operands = dict(list(operands.items())[:MOST_TRANSPOSED])
+        body, inputs = key[1], key[0]
+        made = kernels[key]
+
+        def read_otherwise(t):
+            """Whether a term other than the transposes taken reads result ``t`` (or the matrix it is)."""
+            through = {m for r, m in operands.values() if r is t and m is not t}
+            others = users.get(t, set()) - through - set(operands)
+            return t in final or bool(others) or any(users.get(m, set()) - set(operands) for m in through)
+
+        kept = sorted((t for t in made if read_otherwise(t)), key=lambda t: t.attr("index"))
+        turned = [ct.transpose(body[r.attr("index")] if m is r else ct.reshape(body[r.attr("index")], m.shape))
+                  for r, m in operands.values()]
+        new_body = tuple(body[t.attr("index")] for t in kept) + tuple(turned)
+        kind = kernel_shape(new_body)
+        for j, t in enumerate(kept):
+            replaced[t] = make(FUSED_OP, inputs, (new_body, j, False, kind))
+        for j, operand in enumerate(operands, start=len(kept)):
+            replaced[operand] = make(FUSED_OP, inputs, (new_body, j, False, kind))
+            trace.append(Rewrite("float8-operand-written-transposed", operand, replaced[operand]))
+    return substituted(roots, replaced)

@@ -1,0 +1,149 @@
+"""Kernels that write matrices transposed, by tiles through shared memory: the copy of a matrix stored column by
+column into rows (``sources.copy_source``), and elementwise work that writes some of its results transposed as well
+as, or instead of, in order (a float8 cast whose result a float8 product also reads transposed,
+``lowering/float8_transposes.py``).
+
+A block takes a tile of ``TILE`` x ``TILE`` words, ``TILE x TILE_ROWS`` threads, each thread a block of ``per x per``
+elements at a time (``per``: the elements of a 4-byte word, or one element where wider): it reads or computes them, turns them in registers into ``PER`` words of ``PER`` consecutive
+elements of the transposed matrix (one word is 4 bytes of float8), and keeps those in shared memory, from which
+whole words are written a row of the transposed matrix at a time. A word's place in its tile row is turned by the
+row's block, so that neither the writes nor the reads of a warp meet in one bank.
+"""
+
+import math
+
+from ...errors import BackendError
+from ...exprgraph.graph import post_order
+from ...exprgraph.ops import PARAM, RESHAPE
+from ...rules.fusion import transposed_outputs
+from .codegen import (
+    Operand, _index_type, _space, _Writer, contiguous_strides, finished_source, offset, shifted_operands, storage_type,
+)
+
+TILE = 32  # a tile side in words (of 4 bytes, or one element where wider)
+TILE_ROWS = 8  # threads across a tile: TILE x TILE_ROWS
+PER = 4  # the float8 elements of a word: a transposed output's elements a thread writes at once
+SIDE = TILE * PER  # a transposed output's tile side, in elements
+
+
+def stored_transposed(operand):
+    """Whether ``operand`` is a matrix stored column by column, large enough for tiles (and few enough of them for
+    a grid's second axis)."""
+    if len(operand.shape) != 2:
+        return False
+    rows, cols = operand.shape
+    side = TILE * _per_word(operand)
+    return operand.strides == (1, rows) and min(rows, cols) >= side and -(-cols // side) < 1 << 16
+
+
+def _per_word(operand):
+    """Elements a thread moves at once: a 4-byte word of them where both sides of the matrix are whole words (a
+    float8 tile moved a byte a thread ran at a quarter of the memory's speed), else one."""
+    count = max(1, 4 // operand.dtype.itemsize)
+    return count if all(side % count == 0 for side in operand.shape) else 1
+
+
+def transposing_copy(element, operand):
+    """``operand`` (rows x cols, stored column by column) written row by row, a tile at a time: each thread reads its
+    block of elements as ``per`` words of a column each (a byte at a time through shared memory, a float8 copy ran
+    at about half the memory's speed)."""
+    rows, cols = operand.shape
+    per = _per_word(operand)
+    side = TILE * per
+    word = f"ct_vec<{storage_type(operand.dtype)}, {per}>"
+    text = (f"  __shared__ {word} tile[{side}][{TILE}];\n"
+            f"  const unsigned int r0 = blockIdx.x * {side}u, c0 = blockIdx.y * {side}u, x = threadIdx.x;\n"
+            f"  for (unsigned int i = threadIdx.y; i < {TILE}u; i += {TILE_ROWS}u) {{\n"
+            f"    const unsigned int r = r0 + x * {per}u, c = c0 + i * {per}u;\n"
+            f"    if (r < {rows}u && c < {cols}u) {{\n"
+            f"      {word} w[{per}], t[{per}];\n"
+            f"#pragma unroll\n"
+            f"      for (int k = 0; k < {per}; ++k)\n"
+            f"        w[k] = *reinterpret_cast<const {word}*>(in0 + (size_t)(c + k) * {rows}u + r);\n"
+            f"#pragma unroll\n"
+            f"      for (int u = 0; u < {per}; ++u)\n"
+            f"#pragma unroll\n"
+            f"        for (int k = 0; k < {per}; ++k) t[u].v[k] = w[k].v[u];\n"
+            f"#pragma unroll\n"
+            f"      for (int u = 0; u < {per}; ++u) tile[x * {per}u + u][(i + x) % {TILE}u] = t[u];\n"
+            f"    }}\n"
+            f"  }}\n"
+            f"  __syncthreads();\n"
+            f"  for (unsigned int k = threadIdx.y; k < {side}u; k += {TILE_ROWS}u) {{\n"
+            f"    const unsigned int r = r0 + k, c = c0 + x * {per}u;\n"
+            f"    if (r < {rows}u && c < {cols}u)\n"
+            f"      *reinterpret_cast<{word}*>(out0 + (size_t)r * {cols}u + c) = tile[k][(x + k / {per}u) % {TILE}u];\n"
+            f"  }}\n")
+    grid = (-(-rows // side), -(-cols // side), 1)
+    return finished_source("transpose", text, (element,), [operand], (), grid, (TILE, TILE_ROWS, 1))
+
+
+def transposed_matrix(output):
+    """The term a transposed output transposes, before its leading axes are merged into rows."""
+    matrix = output.args[0]
+    return matrix.args[0] if matrix.op is RESHAPE else matrix
+
+
+def writes_transposed(rows, cols, dtype):
+    """Whether a kernel can write a ``rows x cols`` matrix of ``dtype`` transposed: float8, whole words on both
+    sides, and few enough tiles down the rows for a grid's second axis."""
+    return dtype.itemsize == 1 and rows % PER == 0 and cols % PER == 0 and -(-rows // SIDE) < 1 << 16
+
+
+def transposed_source(body, operands, aliased=()):
+    """The kernel of an elementwise ``body`` some of whose outputs are ``transposed_outputs``: each thread computes
+    ``PER`` consecutive elements of ``PER`` rows of the matrix the body walks (its outputs' shape, leading axes as
+    rows), reading an operand stored in that order ``PER`` elements at once, writes the outputs in order a word of
+    ``PER`` elements a row, and hands the transposed ones' words to shared memory, from which the block writes them
+    transposed."""
+    transposed = transposed_outputs(body)
+    values = [transposed_matrix(o) if o in transposed else o for o in body]
+    shape = values[0].shape
+    rows, cols = math.prod(shape[:-1]), shape[-1]
+    if any(v.shape != shape for v in values) or not all(writes_transposed(rows, cols, o.dtype) for o in transposed):
+        raise BackendError(f"a transposed kernel writes float8 matrices of whole words, not {body}")
+    if len(transposed) * SIDE * TILE * PER > 48 << 10:
+        raise BackendError(f"a transposed kernel keeps at most {(48 << 10) // (SIDE * TILE * PER)} tiles")
+    space = _space(shape[:-1], "r") + _space(shape[-1:], "c")
+    in_order = offset(space, Operand(shape, None, contiguous_strides(shape)))
+    shifted = shifted_operands(body)
+    read = sorted({t.attr("index") for t in post_order(values) if t.op is PARAM})
+    rowwise = [k for k in read if k not in shifted and offset(space, operands[k]) == in_order]  # a word a row
+    writer = _Writer(space, operands, "v", {k: f"a{k}.v[u]" for k in rowwise})
+    names = [writer.value(v) for v in values]
+    index = _index_type(body, operands)
+    plain = [k for k, o in enumerate(body) if o not in transposed]
+    turned = [k for k, o in enumerate(body) if o in transposed]
+
+    def word(k):
+        return f"ct_vec<{storage_type(body[k].dtype)}, {PER}>"
+
+    lines = [f"  __shared__ {word(k)} tile{k}[{SIDE}][{TILE}];" for k in turned]
+    lines += [f"  const {index} r0 = ({index})blockIdx.y * {SIDE}u, c0 = ({index})blockIdx.x * {SIDE}u;",
+              "  const unsigned int x = threadIdx.x;",
+              f"  for (unsigned int i = threadIdx.y; i < {TILE}u; i += {TILE_ROWS}u) {{",
+              f"    const {index} rb = r0 + i * {PER}u, cb = c0 + x * {PER}u;",
+              f"    if (rb < {rows}u && cb < {cols}u) {{"]
+    lines += [f"      {word(k)} t{k}[{PER}];" for k in turned]
+    lines += ["      #pragma unroll", f"      for (int h = 0; h < {PER}; ++h) {{", f"        const {index} r = rb + h;"]
+    lines += [f"        const ct_vec<{storage_type(operands[k].dtype)}, {PER}> a{k} = *reinterpret_cast<const "
+              f"ct_vec<{storage_type(operands[k].dtype)}, {PER}>*>(in{k} + (size_t)r * {cols}u + cb);" for k in rowwise]
+    lines += [f"        {word(k)} o{k};" for k in plain]
+    lines += ["        #pragma unroll", f"        for (int u = 0; u < {PER}; ++u) {{", f"          const {index} c = cb + u;"]
+    lines += ["          " + s for s in writer.lines]
+    lines += [f"          o{k}.v[u] = ct_store<{storage_type(body[k].dtype)}>({names[k]});" for k in plain]
+    lines += [f"          t{k}[u].v[h] = ct_store<{storage_type(body[k].dtype)}>({names[k]});" for k in turned]
+    lines += ["        }"]
+    lines += [f"        *reinterpret_cast<{word(k)}*>(out{k} + (size_t)r * {cols}u + cb) = o{k};" for k in plain]
+    lines += ["      }"]
+    lines += ["      #pragma unroll", f"      for (int u = 0; u < {PER}; ++u) {{"]
+    lines += [f"        tile{k}[x * {PER}u + u][(i + x) % {TILE}u] = t{k}[u];" for k in turned]
+    lines += ["      }", "    }", "  }", "  __syncthreads();",
+              f"  for (unsigned int q = threadIdx.y; q < {SIDE}u; q += {TILE_ROWS}u) {{",
+              f"    const {index} c = c0 + q, r = r0 + x * {PER}u;",
+              f"    if (c < {cols}u && r < {rows}u) {{"]
+    lines += [f"      *reinterpret_cast<{word(k)}*>(out{k} + (size_t)c * {rows}u + r) = tile{k}[q][(x + q / {PER}u) % {TILE}u];"
+              for k in turned]
+    lines += ["    }", "  }"]
+    grid = (-(-cols // SIDE), -(-rows // SIDE), 1)
+    return finished_source("transposed", "\n".join(lines) + "\n", body, operands, aliased, grid, (TILE, TILE_ROWS, 1))

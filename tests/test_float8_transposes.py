@@ -1,0 +1,122 @@
+"""A float8 product's operand that is the transpose of an elementwise kernel's float8 result, written transposed by
+that kernel (``backends/cupy/lowering/float8_transposes``, ``transposed_kernels``) instead of copied by the call."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import compiler
+from cortado.backends.cupy import backend as gpu_backend
+from cortado.backends.cupy import sources
+from cortado.backends.cupy.codegen import Operand, contiguous_strides
+from cortado.backends.cupy.lowering.float8 import FLOAT8_GEMM
+from cortado.errors import BackendError
+from cortado.exprgraph.graph import post_order
+from cortado.exprgraph.ops import FUSED_OP, TRANSPOSE, parameter
+from cortado.rules.fusion import TRANSPOSED_KERNEL
+from float8_plans import assert_same_bits, float8_mlp_step
+from reference_checks import skip_without_device
+
+E4M3, E5M2, BF16 = (np.dtype(d) for d in (ml_dtypes.float8_e4m3fn, ml_dtypes.float8_e5m2, ml_dtypes.bfloat16))
+
+
+def _planned(outputs, transposed=True, monkeypatch=None):
+    if not transposed:
+        monkeypatch.setattr(type(gpu_backend), "after_fusion", lambda self, roots, trace: roots)
+    traces = {}
+    return compiler._rewrite(outputs, gpu_backend, traces), traces["fusion"]
+
+
+def _copied_operands(roots):
+    """The float8 products' operands that are transposes of fused results: what their calls copy."""
+    return [a for t in post_order(roots) if t.op is FLOAT8_GEMM for a in t.args[:2]
+            if a.op is TRANSPOSE and any(s.op is FUSED_OP for s in post_order([a]))]
+
+
+def test_a_float8_steps_casts_write_the_weight_gradients_operands_transposed(monkeypatch):
+    """The float8 MLP's step as the GPU plans it: each gradient's e5m2 cast, and the cast of the input, also write
+    the transposes that the weight gradients read, so no product's call copies them; the first layer's gradient,
+    which only its weight gradient reads (the input needs none), is written only transposed. Every value is the
+    bits of the plan without."""
+    outputs, values, x, y = float8_mlp_step((256, 512, 256), (4, 128))
+    ours, trace = _planned(outputs)
+    apart, _ = _planned(outputs, transposed=False, monkeypatch=monkeypatch)
+    assert sum(r.rule == "float8-operand-written-transposed" for r in trace) == 3
+    assert len(_copied_operands(apart)) - len(_copied_operands(ours)) == 3
+    casts = {t.attr("outputs") for t in post_order(ours) if t.op is FUSED_OP and t.attr("kernel") == TRANSPOSED_KERNEL}
+    assert sorted((len(body), body[-1].dtype.name) for body in casts) == [
+        (1, "float8_e5m2"), (2, "float8_e4m3fn"), (2, "float8_e5m2")]
+    assert_same_bits(ours, apart, values, x, y)
+
+
+def test_a_result_only_read_transposed_is_written_only_transposed():
+    """``q^T @ y8``: both operands are read only transposed, so their casts write them only so."""
+    x, y = ct.var("x", (512, 256), "bfloat16"), ct.var("y", (512, 128), "bfloat16")
+    scale = ct.var("s", (), "float32")
+    q = ct.cast(ct.cast(x, "float32") * scale, "float8_e5m2")
+    y8 = ct.cast(ct.cast(y, "float32") * scale, "float8_e4m3fn")
+    product = ct.cast(ct.matmul(ct.transpose(q), y8), "bfloat16")
+    ours, trace = _planned([product])
+    assert sum(r.rule == "float8-operand-written-transposed" for r in trace) == 2
+    kernels = [t for t in post_order(ours) if t.op is FUSED_OP]
+    assert kernels and all(len(t.attr("outputs")) == 1 and t.attr("outputs")[0].op is TRANSPOSE for t in kernels)
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
+             "y": rng.standard_normal(y.shape).astype(ml_dtypes.bfloat16), "s": np.float32(4.0)}
+    np.testing.assert_array_equal(*(np.asarray(ct.evaluate(r, feeds)[0], np.float32) for r in (ours, [product])))
+
+
+def test_the_kernel_writes_rows_and_their_transpose_a_tile_of_words_at_a_time():
+    """A cast of a bfloat16 (8, 1024, 768) activation written as it is and transposed: 128 x 128 tiles, the
+    activation read 4 elements at once, both results written 4 at once, the transposed ones through shared memory."""
+    shape = (8, 1024, 768)
+    operand = Operand(shape, BF16, contiguous_strides(shape))
+    bias = Operand((768,), BF16, (1,))
+    x, b = parameter(0, operand), parameter(1, bias)
+    q = ct.cast(ct.cast(x, "float32") + ct.cast(b, "float32"), "float8_e4m3fn")
+    (source,) = sources.kernel_sources((q, ct.transpose(ct.reshape(q, (8192, 768)))), [operand, bias])
+    assert source.blocks == (768 // 128, 8192 // 128, 1) and source.block == (32, 8, 1)
+    assert "ct_vec<__nv_bfloat16, 4>*>(in0 + (size_t)r * 768u + cb)" in source.text  # the activation, 8 bytes a load
+    assert "in1[c]" in source.text  # the bias row, an element at a time
+    assert "__shared__ ct_vec<__nv_fp8_e4m3, 4> tile1[128][32]" in source.text
+    assert "(out1 + (size_t)c * 8192u + r)" in source.text and "(out0 + (size_t)r * 768u + cb)" in source.text
+
+
+def test_a_transposed_kernel_refuses_what_it_cannot_write():
+    """Not float8, or sides that are not whole words: a BackendError, never a kernel writing out of place."""
+    for shape, dtype in (((64, 32), "bfloat16"), ((64, 30), "float8_e4m3fn")):
+        operand = Operand(shape, np.dtype(np.float32), contiguous_strides(shape))
+        q = ct.cast(parameter(0, operand), dtype)
+        with pytest.raises(BackendError, match="whole words"):
+            sources.kernel_sources((ct.transpose(q),), [operand])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8, 1024, 768), (2, 130, 260), (4, 66, 132), (36, 12)])
+def test_on_the_gpu_a_cast_is_written_as_it_is_and_transposed(shape):
+    """Both results, in order and transposed, are the reference's bits, whether the sides are whole tiles or not;
+    a bias row read along the columns and a scale of one value."""
+    skip_without_device("cupy")
+    import cupy
+
+    from cortado.backends.cupy.kernels import launcher
+
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    operands = [Operand(shape, BF16, contiguous_strides(shape)), Operand((cols,), BF16, (1,)),
+                Operand((), np.dtype(np.float32), ())]
+    x, b, s = (parameter(k, o) for k, o in enumerate(operands))
+    q = ct.cast((ct.cast(x, "float32") + ct.cast(b, "float32")) * s, "float8_e5m2")
+    body = (q, ct.transpose(ct.reshape(q, (rows, cols))))
+    (source,) = sources.kernel_sources(body, operands)
+    rng = np.random.default_rng(2)
+    given = [(rng.standard_normal(shape) * 300).astype(BF16), rng.standard_normal(cols).astype(BF16), np.float32(8.0)]
+    expected = ct.evaluate(ct.cast((ct.cast(ct.const(given[0]), "float32") + ct.cast(ct.const(given[1]), "float32"))
+                                   * float(given[2]), "float8_e5m2"), {})
+    on_device = [cupy.asarray(np.asarray(g).reshape(-1).view(np.uint8)) for g in given]
+    outs = [cupy.zeros(rows * cols, np.uint8) for _ in body]
+    launcher(source, [a.data.ptr for a in on_device + outs])()
+    cupy.cuda.Device().synchronize()
+    expected = np.asarray(expected).reshape(rows, cols).view(np.uint8)
+    np.testing.assert_array_equal(outs[0].get().reshape(rows, cols), expected)
+    np.testing.assert_array_equal(outs[1].get().reshape(cols, rows), expected.T)
