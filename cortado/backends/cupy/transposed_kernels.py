@@ -3,11 +3,12 @@ column into rows (``sources.copy_source``), and elementwise work that writes som
 as, or instead of, in order (a float8 cast whose result a float8 product also reads transposed,
 ``lowering/float8_transposes.py``).
 
-A block takes a tile of ``TILE`` x ``TILE`` words, ``TILE x TILE_ROWS`` threads, each thread a block of ``per x per``
-elements at a time (``per``: the elements of a 4-byte word, or one element where wider): it reads or computes them, turns them in registers into ``PER`` words of ``PER`` consecutive
-elements of the transposed matrix (one word is 4 bytes of float8), and keeps those in shared memory, from which
-whole words are written a row of the transposed matrix at a time. A word's place in its tile row is turned by the
-row's block, so that neither the writes nor the reads of a warp meet in one bank.
+A block takes a tile of ``TILE`` x ``TILE`` words with ``TILE x TILE_ROWS`` threads, each thread a block of
+``per x per`` elements at a time (``per``: the elements of a 4-byte word, four of float8, or one where wider): it
+reads or computes them, turns them in registers into ``per`` words of ``per`` consecutive elements of the transposed
+matrix, and keeps those in shared memory, from which whole words are written a row of the transposed matrix at a
+time. A word's place in its tile row is turned by the row's block, so that neither the writes nor the reads of a
+warp meet in one bank.
 """
 
 import math

@@ -45,6 +45,14 @@ def _transposed_result(operand):
     return (result, matrix) if writes_transposed(rows, cols, result.dtype) else None
 
 
+def _read_otherwise(t, operands, users, final):
+    """Whether a root, or a term other than the transposes ``operands`` taken, reads result ``t`` (or the matrix it
+    is, its leading axes merged)."""
+    through = {m for r, m in operands.values() if r is t and m is not t}
+    others = users.get(t, set()) - through - set(operands)
+    return t in final or bool(others) or any(users.get(m, set()) - set(operands) for m in through)
+
+
 def written_transposed(roots, trace):
     """``roots`` with each float8 product's operand that is the transpose of an elementwise kernel's float8 result
     written transposed by that kernel (see the module docstring); the result kept where others read it."""
@@ -70,13 +78,7 @@ def written_transposed(roots, trace):
         body, inputs = key[1], key[0]
         made = kernels[key]
 
-        def read_otherwise(t):
-            """Whether a term other than the transposes taken reads result ``t`` (or the matrix it is)."""
-            through = {m for r, m in operands.values() if r is t and m is not t}
-            others = users.get(t, set()) - through - set(operands)
-            return t in final or bool(others) or any(users.get(m, set()) - set(operands) for m in through)
-
-        kept = sorted((t for t in made if read_otherwise(t)), key=lambda t: t.attr("index"))
+        kept = sorted((t for t in made if _read_otherwise(t, operands, users, final)), key=lambda t: t.attr("index"))
         turned = [ct.transpose(body[r.attr("index")] if m is r else ct.reshape(body[r.attr("index")], m.shape))
                   for r, m in operands.values()]
         new_body = tuple(body[t.attr("index")] for t in kept) + tuple(turned)
