@@ -34,19 +34,22 @@ def _copied_operands(roots):
             if a.op is TRANSPOSE and any(s.op is FUSED_OP for s in post_order([a]))]
 
 
-def test_a_float8_steps_casts_write_the_weight_gradients_operands_transposed(monkeypatch):
-    """The float8 MLP's step as the GPU plans it: each gradient's e5m2 cast, and the cast of the input, also write
-    the transposes that the weight gradients read, so no product's call copies them; the first layer's gradient,
-    which only its weight gradient reads (the input needs none), is written only transposed. Every value is the
-    bits of the plan without."""
+def test_a_float8_steps_casts_write_the_products_operands_transposed(monkeypatch):
+    """The float8 MLP's step as the GPU plans it: every float8 operand a product reads transposed is written so by
+    the kernel that casts it (the input's and the gradients' elementwise casts, the gelu's and the second weight's
+    row kernels, which fold their rows' maxima too), so no product's call copies one; the first layer's gradient,
+    which only its weight gradient reads (the input needs none), is written only transposed. Every value is the bits
+    of the plan without."""
     outputs, values, x, y = float8_mlp_step((256, 512, 256), (4, 128))
     ours, trace = _planned(outputs)
     apart, _ = _planned(outputs, transposed=False, monkeypatch=monkeypatch)
-    assert sum(r.rule == "float8-operand-written-transposed" for r in trace) == 3
-    assert len(_copied_operands(apart)) - len(_copied_operands(ours)) == 3
-    casts = {t.attr("outputs") for t in post_order(ours) if t.op is FUSED_OP and t.attr("kernel") == TRANSPOSED_KERNEL}
-    assert sorted((len(body), body[-1].dtype.name) for body in casts) == [
-        (1, "float8_e5m2"), (2, "float8_e4m3fn"), (2, "float8_e5m2")]
+    assert sum(r.rule == "float8-operand-written-transposed" for r in trace) == 5
+    assert len(_copied_operands(apart)) == 5 and not _copied_operands(ours)
+    writing = {(t.attr("kernel"), t.attr("outputs")) for t in post_order(ours)
+               if t.op is FUSED_OP and any(o.op is TRANSPOSE for o in t.attr("outputs"))}
+    assert sorted((kind, len(body), body[-1].dtype.name) for kind, body in writing) == [
+        ("row", 3, "float8_e4m3fn"), ("row", 3, "float8_e4m3fn"),  # the gelu's rows and the weight's: their maxima
+        (TRANSPOSED_KERNEL, 1, "float8_e5m2"), (TRANSPOSED_KERNEL, 2, "float8_e4m3fn"), (TRANSPOSED_KERNEL, 2, "float8_e5m2")]
     assert_same_bits(ours, apart, values, x, y)
 
 
@@ -92,31 +95,81 @@ def test_a_transposed_kernel_refuses_what_it_cannot_write():
             sources.kernel_sources((ct.transpose(q),), [operand])
 
 
+def _rows_scaled(x):
+    """Each row scaled to its largest magnitude and cast to float8, and the largest magnitude of each float8 row: a
+    row kernel of two passes, both reductions maxima, which are the same bits in any order."""
+    wide = ct.cast(x, "float32")
+    y = ct.cast(wide * (400.0 / ct.max(ct.abs(wide), axis=-1, keepdims=True)), "float8_e4m3fn")
+    return y, ct.max(ct.abs(ct.cast(y, "float32")), axis=-1, keepdims=True)
+
+
+def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
+    """A row kernel's float8 rows written as they are and transposed: a warp a row, four rows a warp into shared
+    memory, then a sector of the block's 32 rows a column; rows that are not whole blocks, or whose block would take
+    more than 48 KiB of shared memory, are refused."""
+    shape = (8, 1024, 768)
+    operand = Operand(shape, BF16, contiguous_strides(shape))
+    y, peak = _rows_scaled(parameter(0, operand))
+    (source,) = sources.kernel_sources((y, peak, ct.transpose(ct.reshape(y, (8192, 768)))), [operand])
+    assert source.blocks == 8192 // 32 and source.block == (256, 1, 1) and source.shared == 32 * 768
+    assert "tile2 = reinterpret_cast<__nv_fp8_e4m3 (*)[768]>(ct_rows + 0)" in source.text
+    assert "(out2 + (size_t)r * 8192u + blockIdx.x * 32u)" in source.text
+    for shape in ((48, 64), (64, 3072)):  # rows that are not whole blocks; a block's rows past 48 KiB
+        odd = Operand(shape, BF16, (shape[1], 1))
+        y, peak = _rows_scaled(parameter(0, odd))
+        with pytest.raises(BackendError, match="blocks of 32 whole rows"):
+            sources.kernel_sources((y, peak, ct.transpose(y)), [odd])
+
+
+def _launched(body, operands, given, outputs):
+    """``outputs`` (sizes in bytes) written by ``body``'s kernel on the device, fed ``given``, as bytes."""
+    import cupy
+
+    from cortado.backends.cupy.kernels import launcher
+
+    (source,) = sources.kernel_sources(body, operands)
+    on_device = [cupy.asarray(np.asarray(g).reshape(-1).view(np.uint8)) for g in given]
+    outs = [cupy.zeros(size, np.uint8) for size in outputs]
+    launcher(source, [a.data.ptr for a in on_device + outs])()
+    cupy.cuda.Device().synchronize()
+    return [out.get() for out in outs]
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(8, 1024, 768), (2, 130, 260), (4, 66, 132), (36, 12)])
 def test_on_the_gpu_a_cast_is_written_as_it_is_and_transposed(shape):
     """Both results, in order and transposed, are the reference's bits, whether the sides are whole tiles or not;
     a bias row read along the columns and a scale of one value."""
     skip_without_device("cupy")
-    import cupy
-
-    from cortado.backends.cupy.kernels import launcher
-
     rows, cols = int(np.prod(shape[:-1])), shape[-1]
     operands = [Operand(shape, BF16, contiguous_strides(shape)), Operand((cols,), BF16, (1,)),
                 Operand((), np.dtype(np.float32), ())]
     x, b, s = (parameter(k, o) for k, o in enumerate(operands))
     q = ct.cast((ct.cast(x, "float32") + ct.cast(b, "float32")) * s, "float8_e5m2")
-    body = (q, ct.transpose(ct.reshape(q, (rows, cols))))
-    (source,) = sources.kernel_sources(body, operands)
     rng = np.random.default_rng(2)
     given = [(rng.standard_normal(shape) * 300).astype(BF16), rng.standard_normal(cols).astype(BF16), np.float32(8.0)]
     expected = ct.evaluate(ct.cast((ct.cast(ct.const(given[0]), "float32") + ct.cast(ct.const(given[1]), "float32"))
                                    * float(given[2]), "float8_e5m2"), {})
-    on_device = [cupy.asarray(np.asarray(g).reshape(-1).view(np.uint8)) for g in given]
-    outs = [cupy.zeros(rows * cols, np.uint8) for _ in body]
-    launcher(source, [a.data.ptr for a in on_device + outs])()
-    cupy.cuda.Device().synchronize()
+    written, turned = _launched((q, ct.transpose(ct.reshape(q, (rows, cols)))), operands, given, [rows * cols] * 2)
     expected = np.asarray(expected).reshape(rows, cols).view(np.uint8)
-    np.testing.assert_array_equal(outs[0].get().reshape(rows, cols), expected)
-    np.testing.assert_array_equal(outs[1].get().reshape(cols, rows), expected.T)
+    np.testing.assert_array_equal(written.reshape(rows, cols), expected)
+    np.testing.assert_array_equal(turned.reshape(cols, rows), expected.T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(8, 1024, 768), (64, 1536), (32, 36), (32, 33)])
+def test_on_the_gpu_a_row_kernel_writes_its_rows_and_their_transpose(shape):
+    """A row kernel's float8 rows, their maxima and their transpose are the reference's bits, at the GPT's shapes,
+    at rows of few vectors a lane and at rows read an element at a time."""
+    skip_without_device("cupy")
+    rows, cols = int(np.prod(shape[:-1])), shape[-1]
+    operand = Operand(shape, BF16, contiguous_strides(shape))
+    y, peak = _rows_scaled(parameter(0, operand))
+    given = (np.random.default_rng(4).standard_normal(shape) * 5).astype(BF16)
+    expected_y, expected_peak = (np.asarray(v) for v in ct.evaluate(list(_rows_scaled(ct.const(given))), {}))
+    written, peaks, turned = _launched((y, peak, ct.transpose(ct.reshape(y, (rows, cols)))), [operand], [given],
+                                       [rows * cols, rows * 4, rows * cols])
+    expected_y = expected_y.reshape(rows, cols).view(np.uint8)
+    np.testing.assert_array_equal(written.reshape(rows, cols), expected_y)
+    np.testing.assert_array_equal(turned.reshape(cols, rows), expected_y.T)
+    np.testing.assert_array_equal(peaks.view(np.float32), expected_peak.reshape(-1))

@@ -60,8 +60,8 @@ from .engine import Rewrite, Trace, bottom_up
 
 # The kernels a fused term is, as fusion decides and every backend reads (``Op`` attribute ``kernel``): elementwise
 # work, a fused reduction (a prologue, one reduction, an epilogue; or sibling column reductions), a row kernel, or
-# elementwise work that also writes results transposed (a backend's own rewrite makes these: the GPU's float8
-# products read their operands only with the contracted axis innermost, ``transposed_outputs``)
+# elementwise work that also writes results transposed (a backend's own rewrite adds such results, to row kernels
+# too: the GPU's float8 products read their operands only with the contracted axis innermost, ``transposed_outputs``)
 ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, TRANSPOSED_KERNEL = "elementwise", "reduction", "row", "transposed"
 
 
@@ -151,19 +151,21 @@ def row_shape(body):
 
 
 def transposed_outputs(body):
-    """The outputs of an elementwise ``body`` written transposed: ``transpose(x)`` of a matrix ``x`` that is a body
-    term of the other outputs' shape with its leading axes merged (``reshape``), or of that shape itself."""
+    """The outputs of an elementwise or row kernel's ``body`` written transposed: ``transpose(x)`` of a matrix ``x``
+    that is a body term of the kernel's shape (its row shape) with its leading axes merged (``reshape``), or of that
+    shape itself."""
     return [o for o in body if o.op is TRANSPOSE]
 
 
 def kernel_shape(body):
     """Which kernel computes the fused ``body`` (a tuple of output terms): a row kernel, a fused reduction or an
     elementwise kernel. Decided here, once, for fusion's regions and for the regions others make of them (a region
-    made again after the peak, one of fewer outputs), and read by the backends from the fused term."""
-    if transposed_outputs(body):
-        return TRANSPOSED_KERNEL
+    made again after the peak, one of fewer outputs), and read by the backends from the fused term. A row kernel
+    may write results transposed too; elementwise work that does is a kernel of its own."""
     if row_shape(body) is not None:
         return ROW_KERNEL
+    if transposed_outputs(body):
+        return TRANSPOSED_KERNEL
     return REDUCTION_KERNEL if any(t.op.kind == REDUCTION for t in post_order(body)) else ELEMENTWISE_KERNEL
 
 

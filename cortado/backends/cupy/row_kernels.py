@@ -1,20 +1,31 @@
 """CUDA C for a row kernel (``rules.fusion``: a layer norm, a softmax, their gradients): each row a warp or a
 block, which reduces the row once per reduction in the body, every thread keeping each total, then writes the
 outputs. A reduction that only outputs of one value a row read (a float8 amax's row maxima of what the kernel
-writes, ``rules.row_epilogues``) is folded in the pass that writes the row instead of a pass of its own.
+writes, ``rules.row_epilogues``) is folded in the pass that writes the row instead of a pass of its own. A float8
+result may be written transposed as well (a float8 product's operand, ``lowering/float8_transposes.py``).
 """
 
 import math
+from dataclasses import replace
 
+import numpy as np
+
+from ...errors import BackendError
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import MEAN
+from ...rules.fusion import transposed_outputs
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
     finished_source, offset, storage_type,
 )
 from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
+from .transposed_kernels import transposed_matrix
 
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
+TRANSPOSED_ROWS = 32  # a row kernel writing rows transposed: a block's rows, a 32-byte sector of each column
+# the most shared memory a block's rows to be written transposed may take: on the H100 a block's 32 float8 rows of
+# 3072 (96 KiB, two blocks a multiprocessor) made a gelu's row kernel 35 us slower, more than the copy it saved
+SHARED_ROWS_LIMIT = 48 << 10
 ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row kernel's thread holds in registers (more spill)
 
 
@@ -46,11 +57,12 @@ def _row_vector(shape, operands, elements, body):
     return (vec, rows, across) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set(), set())
 
 
-def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=(), cached=0):
+def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=(), cached=0, tiles=()):
     """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, or taken from
     the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running
     ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype)`` of the outputs ``inner``
-    puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself)."""
+    puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself);
+    ``tiles``: likewise, of the outputs written into the warp's row of shared memory ``tile{k}`` (``_turned``)."""
     if vec == 1:
         return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
     if cached:
@@ -62,11 +74,13 @@ def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=
                   for k in sorted(writer.read & rows)]
     lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, 0, vec)};"
               for k in sorted(writer.read & across)]
-    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in stores]
+    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in (*stores, *tiles)]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
     lines += ["      " + s for s in writer.lines + inner] + ["    }"]
     lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(out{k})[o * {n // vec} + c] = s{k};"
               for k, dtype in stores]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(tile{k}[slot])[c] = s{k};"
+              for k, dtype in tiles]
     return lines + ["  }"]
 
 
@@ -114,6 +128,26 @@ def _fold(red, j, element):
     return f"acc{j} = {_combine(red, acc, f'acc{j}', f'(({acc}){element})')};"
 
 
+def writes_rows_transposed(rows, n, dtypes):
+    """Whether a row kernel of ``rows`` rows of ``n`` can write results of ``dtypes`` transposed: float8, in blocks of
+    ``TRANSPOSED_ROWS`` whole rows, a sector of them a column, whose rows fit in shared memory."""
+    return (all(np.dtype(d).itemsize == 1 for d in dtypes) and rows % TRANSPOSED_ROWS == 0
+            and len(dtypes) * TRANSPOSED_ROWS * n <= SHARED_ROWS_LIMIT)
+
+
+def _turned(turned, n, rows):
+    """Lines writing each transposed output of ``turned`` (``(k, dtype)``) from the block's rows in shared memory
+    (``tile{k}``): a column of the block's ``TRANSPOSED_ROWS`` rows, one full sector (a part of one would have the
+    memory read the rest to write it), a thread at a time."""
+    lines = ["  __syncthreads();", f"  for (unsigned int r = threadIdx.x; r < {n}u; r += {THREADS}u) {{"]
+    for k, dtype in turned:
+        word = f"ct_vec<{storage_type(dtype)}, {TRANSPOSED_ROWS}>"
+        lines += [f"    {word} w{k};", "    #pragma unroll",
+                  f"    for (int h = 0; h < {TRANSPOSED_ROWS}; ++h) w{k}.v[h] = tile{k}[h][r];",
+                  f"    *reinterpret_cast<{word}*>(out{k} + (size_t)r * {rows}u + blockIdx.x * {TRANSPOSED_ROWS}u) = w{k};"]
+    return lines + ["  }"]
+
+
 def row_source(body, operands, aliased, shape):
     """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``, or, in a kernel of one pass, rows of few
     vectors where there are many: ``ROW_WARP_VECTORS``, ``ROW_WARP_ROWS``) or a block to each row, which reduces the
@@ -122,8 +156,16 @@ def row_source(body, operands, aliased, shape):
     (``_trailing``), then those of the reduced shape once. Nothing between the passes is stored. Each thread takes
     16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded and the outputs
     stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads them into
-    registers once, before the first pass, instead of reading the row again (from cache) in each."""
+    registers once, before the first pass, instead of reading the row again (from cache) in each. Results written
+    transposed (``rules.fusion.transposed_outputs``) take a warp a row, each warp ``TRANSPOSED_ROWS / 8`` rows in
+    turn into shared memory, from which the block writes a sector of its ``TRANSPOSED_ROWS`` rows a column
+    (``_turned``)."""
     n, rows = shape[-1], math.prod(shape[:-1])
+    transposed = transposed_outputs(body)
+    turned = [(k, t) for k, t in enumerate(body) if t in transposed]
+    if turned and not writes_rows_transposed(rows, n, [t.dtype for _, t in turned]):
+        raise BackendError(f"a row kernel writes float8 rows transposed by blocks of {TRANSPOSED_ROWS} whole rows "
+                           f"within {SHARED_ROWS_LIMIT >> 10} KiB of shared memory, not {body}")
     reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
     trailing = _trailing(body, shape)
     index = _index_type(body, operands)
@@ -132,7 +174,7 @@ def row_source(body, operands, aliased, shape):
     vec, vectors, across = _row_vector(shape, operands, elements, body)
     one_pass = len(trailing) == len(reductions)
     short = n <= ROW_KERNEL_WARP_LIMIT or one_pass and n // vec <= ROW_WARP_VECTORS and rows >= ROW_WARP_ROWS
-    width = 32 if short else THREADS
+    width = 32 if short or turned else THREADS
     per_block = THREADS // width
     count = -(-(n // vec) // width) if vec > 1 else 0
     cached = count if vectors and not one_pass and count * len(vectors) <= ROW_CACHE_VECTORS else 0
@@ -154,22 +196,26 @@ def row_source(body, operands, aliased, shape):
         lines += _total(red, j, width, n)
         totals[red] = f"total{j}"
         read |= writer.read
-    full = [(k, t) for k, t in enumerate(body) if t.shape == shape]
-    if full:
+    full = [(k, t) for k, t in enumerate(body) if t.shape == shape and t not in transposed]
+    if full or turned:
         writer = _Writer(elements, operands, "e", loads("q"))
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
+        matrices = [writer.value(transposed_matrix(t)) for _, t in turned]
         folded = [(j, red, writer.value(red.args[0])) for j, red in enumerate(reductions) if red in trailing]
         place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
+        into_tile = (lambda k: f"tile{k}[slot][r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
+        inner += [f"{into_tile(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(turned, matrices)]
         inner += [_fold(red, j, element) for j, red, element in folded]
         lines += _row_pass(writer, index, n, width, vec, vectors, across, "q", inner,
-                           [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached)
+                           [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached,
+                           tiles=[(k, t.dtype) for k, t in turned] if vec > 1 else ())
         for j, red, _ in folded:
             lines += _total(red, j, width, n)
             totals[red] = f"total{j}"
         read |= writer.read
-    reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape]
+    reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape and t not in transposed]
     if reduced:
         writer = _Writer(row, operands, "w")
         writer.names.update(totals)
@@ -177,10 +223,23 @@ def row_source(body, operands, aliased, shape):
         lines += ["  if (lane == 0) {"] + ["    " + s for s in writer.lines]
         lines += [f"    out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(reduced, values)]
         lines.append("  }")
-    head = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
-            f"  const unsigned lane = threadIdx.x % {width};",
-            f"  if (o >= {rows}) return;"]
+    if turned:  # a block's rows in groups of a row a warp, kept in shared memory, then written transposed
+        groups = TRANSPOSED_ROWS // per_block
+        first = f"(({index})blockIdx.x * {groups} + g) * {per_block}"
+        head = [f"  const {index} o = {first} + threadIdx.x / {width};",
+                f"  const unsigned int slot = g * {per_block} + threadIdx.x / {width};"]
+    else:
+        head = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};"]
+    head += [f"  const unsigned lane = threadIdx.x % {width};"] + ([] if turned else [f"  if (o >= {rows}) return;"])
     if cached:
         head += _row_cache(operands, read & vectors, index, n, width, vec, cached)
-    return finished_source("rows", "\n".join(head + lines) + "\n", body, operands, aliased, -(-rows // per_block),
-                           (THREADS, 1, 1))
+    if not turned:
+        return finished_source("rows", "\n".join(head + lines) + "\n", body, operands, aliased, -(-rows // per_block),
+                               (THREADS, 1, 1))
+    tiles = ["  extern __shared__ __align__(16) unsigned char ct_rows[];"]
+    tiles += [f"  auto tile{k} = reinterpret_cast<{storage_type(t.dtype)} (*)[{n}]>(ct_rows + {j * TRANSPOSED_ROWS * n});"
+              for j, (k, t) in enumerate(turned)]
+    loop = [f"  for (unsigned int g = 0; g < {groups}u; ++g) {{"] + ["  " + s for s in head + lines] + ["  }"]
+    text = "\n".join(tiles + loop + _turned([(k, t.dtype) for k, t in turned], n, rows)) + "\n"
+    source = finished_source("rows", text, body, operands, aliased, rows // TRANSPOSED_ROWS, (THREADS, 1, 1))
+    return replace(source, shared=len(turned) * TRANSPOSED_ROWS * n)

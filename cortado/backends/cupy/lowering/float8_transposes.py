@@ -9,8 +9,8 @@ writes it transposed, a tile at a time through shared memory (``transposed_kerne
 copy. Where the cast's result is read only transposed, it is written only so. The values are the same: the same
 elements, stored in another order.
 
-Only an elementwise kernel's results are taken: a row kernel's (a layer norm's float8 output, folding its rows'
-maxima) walks whole rows, which a tile does not.
+A row kernel (a layer norm's float8 output, folding its rows' maxima) writes its rows transposed a block of rows at
+a time (``row_kernels``): each warp's row goes into shared memory, and the block writes a word of its rows a column.
 
     roots = written_transposed(roots, trace)   # after fusion (``Backend.after_fusion``)
 """
@@ -22,27 +22,31 @@ from ....exprgraph.graph import post_order
 from ....exprgraph.ops import FUSED_OP, RESHAPE, TRANSPOSE
 from ....exprgraph.term import make
 from ....rules.engine import Rewrite
-from ....rules.fusion import ELEMENTWISE_KERNEL, kernel_shape
+from ....rules.fusion import ELEMENTWISE_KERNEL, ROW_KERNEL, kernel_shape, row_shape
 from ....rules.scalar_epilogues import fused_kernels, kernel_key, substituted
+from ..row_kernels import writes_rows_transposed
 from ..transposed_kernels import writes_transposed
 from .float8 import FLOAT8_GEMM
 
-MOST_TRANSPOSED = 2  # transposed results a kernel writes: each keeps a tile in shared memory
+MOST_TRANSPOSED = 2  # transposed results a kernel writes: each keeps a tile, or a block's rows, in shared memory
 
 
 def _transposed_result(operand):
-    """``(result, matrix)`` where ``operand`` is the transpose of ``matrix``, an elementwise kernel's float8
-    ``result`` (with its leading axes merged into rows, or a matrix itself) that a kernel can write transposed;
-    else None."""
+    """``(result, matrix)`` where ``operand`` is the transpose of ``matrix``, the float8 ``result`` of an elementwise
+    kernel or a row kernel's result of its row shape (with its leading axes merged into rows, or a matrix itself),
+    that its kernel can write transposed; else None."""
     if operand.op is not TRANSPOSE or operand.ndim != 2:
         return None
     matrix = operand.args[0]
     result = matrix.args[0] if matrix.op is RESHAPE else matrix
     rows, cols = matrix.shape
-    if (result.op is not FUSED_OP or result.attr("kernel") != ELEMENTWISE_KERNEL or result.attr("again")
-            or result.ndim < 2 or result.shape[-1] != cols or math.prod(result.shape[:-1]) != rows):
+    if (result.op is not FUSED_OP or result.attr("again") or result.ndim < 2 or result.shape[-1] != cols
+            or math.prod(result.shape[:-1]) != rows):
         return None
-    return (result, matrix) if writes_transposed(rows, cols, result.dtype) else None
+    kind = result.attr("kernel")
+    if kind == ROW_KERNEL and row_shape(result.attr("outputs")) == result.shape:
+        return (result, matrix) if writes_rows_transposed(rows, cols, [result.dtype]) else None
+    return (result, matrix) if kind == ELEMENTWISE_KERNEL and writes_transposed(rows, cols, result.dtype) else None
 
 
 def _read_otherwise(t, operands, users, final):
