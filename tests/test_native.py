@@ -158,6 +158,24 @@ def test_pads_and_reshapes_no_view_can_be_are_c_copies_with_numpys_bits(monkeypa
         np.testing.assert_array_equal(a, b)
 
 
+def test_a_pad_whose_rows_the_compiler_once_vectorised_wrongly_is_copied_right(monkeypatch):
+    """A pad of 2 x 4 images of 3 x 3 by a row above and below, less their last column: a copy of 8 x 3 x 2 doubles,
+    which GCC 12's AVX-512 permutes (``-O3 -march=native``) wrote with one element from the wrong row (a
+    convolution's weight gradient, a stride of 2 over its cropped columns, came out wrong); every element in its
+    place, and the gradient the reference's."""
+    x = ct.var("x", (2, 4, 3, 3), "float64")
+    padded = ct.pad(x, ((0, 0), (0, 0), (1, 1), (0, -1)))
+    values = np.arange(72, dtype=np.float64).reshape(2, 4, 3, 3) + 1
+    program, (ours,), (numpy,) = _both([padded], [x], {"x": values}, monkeypatch)
+    np.testing.assert_array_equal(ours, numpy)
+    np.testing.assert_array_equal(ours, np.pad(values, ((0, 0), (0, 0), (1, 1), (0, 0)))[..., :2])
+    w = ct.var("w", (2, 2, 1, 2), "float64")
+    y = ct.conv2d(x, w, stride=(1, 2), padding=(1, 0), groups=2)
+    (gradient,) = ct.grad(ct.sum(y * y), [w])
+    feeds = {"x": values / 72, "w": np.linspace(-1, 1, 8).reshape(2, 2, 1, 2)}
+    np.testing.assert_array_equal(ct.compile([gradient], inputs=[x, w])(**feeds)[0], ct.evaluate(gradient, feeds))
+
+
 def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypatch, capsys):
     """A layer norm forward and backward, and AdamW's updates of a gain and a bias from their gradients' column sums:
     each reduction sums in NumPy's order, its rows' means and sums in C as NumPy's pairwise sums, its column sums
