@@ -121,6 +121,26 @@ def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
             sources.kernel_sources((y, peak, ct.transpose(y)), [odd])
 
 
+def test_a_row_kernel_whose_rows_are_read_only_transposed_stays_a_row_kernel():
+    """Rows scaled to their largest magnitude, cast to float8 and read only transposed: the kernel keeps the rows'
+    maxima and the transpose, a row kernel still (its rows are the transposed result's), whose source is made; the
+    values are the reference's."""
+    x, z, s = ct.var("x", (256, 1024), "bfloat16"), ct.var("z", (256, 128), "bfloat16"), ct.var("s", (), "float32")
+    y, _ = _rows_scaled(x)
+    z8 = ct.cast(ct.cast(z, "float32") * s, "float8_e4m3fn")
+    product = ct.cast(ct.matmul(ct.transpose(y), z8), "bfloat16")
+    ours, _ = _planned([product])
+    rows = [t for t in post_order(ours) if t.op is FUSED_OP and t.attr("kernel") == "row"]
+    assert rows and all(o.op.name != "cast" for t in rows for o in t.attr("outputs"))  # no rows written in order
+    for t in rows:
+        operands = [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in t.args]
+        assert sources.kernel_sources(t.attr("outputs"), operands, (), None, t.attr("kernel"))[0].shared == 32 * 1024
+    rng = np.random.default_rng(8)
+    feeds = {"x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
+             "z": rng.standard_normal(z.shape).astype(ml_dtypes.bfloat16), "s": np.float32(2.0)}
+    np.testing.assert_array_equal(*(np.asarray(ct.evaluate(r, feeds)[0], np.float32) for r in (ours, [product])))
+
+
 def _launched(body, operands, given, outputs):
     """``outputs`` (sizes in bytes) written by ``body``'s kernel on the device, fed ``given``, as bytes."""
     import cupy
@@ -158,18 +178,21 @@ def test_on_the_gpu_a_cast_is_written_as_it_is_and_transposed(shape):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(8, 1024, 768), (64, 1536), (32, 36), (32, 33)])
-def test_on_the_gpu_a_row_kernel_writes_its_rows_and_their_transpose(shape):
-    """A row kernel's float8 rows, their maxima and their transpose are the reference's bits, at the GPT's shapes,
-    at rows of few vectors a lane and at rows read an element at a time."""
+@pytest.mark.parametrize("in_order", [True, False])
+def test_on_the_gpu_a_row_kernel_writes_its_rows_and_their_transpose(shape, in_order):
+    """A row kernel's float8 rows (or none, where they are read only transposed), their maxima and their transpose
+    are the reference's bits, at the GPT's shapes, at rows of few vectors a lane and at rows read an element at a
+    time."""
     skip_without_device("cupy")
     rows, cols = int(np.prod(shape[:-1])), shape[-1]
     operand = Operand(shape, BF16, contiguous_strides(shape))
     y, peak = _rows_scaled(parameter(0, operand))
     given = (np.random.default_rng(4).standard_normal(shape) * 5).astype(BF16)
     expected_y, expected_peak = (np.asarray(v) for v in ct.evaluate(list(_rows_scaled(ct.const(given))), {}))
-    written, peaks, turned = _launched((y, peak, ct.transpose(ct.reshape(y, (rows, cols)))), [operand], [given],
-                                       [rows * cols, rows * 4, rows * cols])
+    body = (y,) * in_order + (peak, ct.transpose(ct.reshape(y, (rows, cols))))
+    *written, peaks, turned = _launched(body, [operand], [given], [rows * cols] * in_order + [rows * 4, rows * cols])
     expected_y = expected_y.reshape(rows, cols).view(np.uint8)
-    np.testing.assert_array_equal(written.reshape(rows, cols), expected_y)
+    if in_order:
+        np.testing.assert_array_equal(written[0].reshape(rows, cols), expected_y)
     np.testing.assert_array_equal(turned.reshape(cols, rows), expected_y.T)
     np.testing.assert_array_equal(peaks.view(np.float32), expected_peak.reshape(-1))

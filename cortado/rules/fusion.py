@@ -52,8 +52,8 @@ from dataclasses import dataclass
 
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import (
-    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, PARAM, REDUCTION, SOFTMAX, SUM,
-    TRANSPOSE, parameter,
+    BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, PARAM, REDUCTION, RESHAPE,
+    SOFTMAX, SUM, TRANSPOSE, parameter,
 )
 from ..exprgraph.term import make
 from .engine import Rewrite, Trace, bottom_up
@@ -147,7 +147,7 @@ def row_shape(body):
     shape = reductions[0].args[0].shape
     if not all(row_reduction(t, shape) for t in reductions):
         return None
-    return shape if len(reductions) > 1 or any(t.shape == shape for t in body) else None
+    return shape if len(reductions) > 1 or any(untransposed(t).shape == shape for t in body) else None
 
 
 def transposed_outputs(body):
@@ -155,6 +155,15 @@ def transposed_outputs(body):
     that is a body term of the kernel's shape (its row shape) with its leading axes merged (``reshape``), or of that
     shape itself."""
     return [o for o in body if o.op is TRANSPOSE]
+
+
+def untransposed(output):
+    """The body term a transposed output transposes, before its leading axes are merged into rows; any other output
+    itself."""
+    if output.op is not TRANSPOSE:
+        return output
+    matrix = output.args[0]
+    return matrix.args[0] if matrix.op is RESHAPE else matrix
 
 
 def kernel_shape(body):

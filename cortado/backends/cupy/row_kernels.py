@@ -13,13 +13,12 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import MEAN
-from ...rules.fusion import transposed_outputs
+from ...rules.fusion import transposed_outputs, untransposed
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
     finished_source, offset, storage_type,
 )
 from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
-from .transposed_kernels import transposed_matrix
 
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
 TRANSPOSED_ROWS = 32  # a row kernel writing rows transposed: a block's rows, a 32-byte sector of each column
@@ -201,7 +200,7 @@ def row_source(body, operands, aliased, shape):
         writer = _Writer(elements, operands, "e", loads("q"))
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
-        matrices = [writer.value(transposed_matrix(t)) for _, t in turned]
+        matrices = [writer.value(untransposed(t)) for _, t in turned]
         folded = [(j, red, writer.value(red.args[0])) for j, red in enumerate(reductions) if red in trailing]
         place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         into_tile = (lambda k: f"tile{k}[slot][r]") if vec == 1 else (lambda k: f"s{k}.v[u]")

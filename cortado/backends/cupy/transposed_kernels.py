@@ -15,8 +15,8 @@ import math
 
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import PARAM, RESHAPE
-from ...rules.fusion import transposed_outputs
+from ...exprgraph.ops import PARAM
+from ...rules.fusion import transposed_outputs, untransposed
 from .codegen import (
     Operand, _index_type, _space, _Writer, contiguous_strides, finished_source, offset, shifted_operands, storage_type,
 )
@@ -79,12 +79,6 @@ def transposing_copy(element, operand):
     return finished_source("transpose", text, (element,), [operand], (), grid, (TILE, TILE_ROWS, 1))
 
 
-def transposed_matrix(output):
-    """The term a transposed output transposes, before its leading axes are merged into rows."""
-    matrix = output.args[0]
-    return matrix.args[0] if matrix.op is RESHAPE else matrix
-
-
 def writes_transposed(rows, cols, dtype):
     """Whether a kernel can write a ``rows x cols`` matrix of ``dtype`` transposed: float8, whole words on both
     sides, and few enough tiles down the rows for a grid's second axis."""
@@ -98,7 +92,7 @@ def transposed_source(body, operands, aliased=()):
     ``PER`` elements a row, and hands the transposed ones' words to shared memory, from which the block writes them
     transposed."""
     transposed = transposed_outputs(body)
-    values = [transposed_matrix(o) if o in transposed else o for o in body]
+    values = [untransposed(o) if o in transposed else o for o in body]
     shape = values[0].shape
     rows, cols = math.prod(shape[:-1]), shape[-1]
     if any(v.shape != shape for v in values) or not all(writes_transposed(rows, cols, o.dtype) for o in transposed):

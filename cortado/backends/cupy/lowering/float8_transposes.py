@@ -1,16 +1,17 @@
-"""``written_transposed``: a float8 product's operand that is the transpose of an elementwise kernel's float8 result
-is written transposed by that kernel, instead of copied by the product's call.
+"""``written_transposed``: a float8 product's operand that is the transpose of a kernel's float8 result is written
+transposed by that kernel, instead of copied by the product's call.
 
 cuBLASLt multiplies float8 matrices only with the contracted axis innermost (``lowering/float8.py``), so a weight
-gradient ``x8^T @ dy8`` of a float8 layer reads both its operands transposed, and its call copied each into its
-workspace first: a read and a write of every element, two kernels for each of a layer's products. The kernel that
-casts the operand to float8 (its scale is a value the step computes, so the cast is a kernel of its own) now also
-writes it transposed, a tile at a time through shared memory (``transposed_kernels``): one more write, no read, and no
-copy. Where the cast's result is read only transposed, it is written only so. The values are the same: the same
-elements, stored in another order.
+gradient ``x8^T @ dy8`` of a float8 layer reads both its operands transposed, and an input gradient ``dy8 @ w8`` its
+weight: a call copies such an operand into its workspace first, a read and a write of every element. The kernel that
+casts the operand to float8 (its scale is a value the step computes, so the cast is a kernel of its own) writes it
+transposed as well, for one more write and no copy; where nothing reads it in order, it writes it only transposed.
+The values are the same: the same elements, stored in another order.
 
-A row kernel (a layer norm's float8 output, folding its rows' maxima) writes its rows transposed a block of rows at
-a time (``row_kernels``): each warp's row goes into shared memory, and the block writes a word of its rows a column.
+An elementwise kernel (a gradient's e5m2 cast) writes a tile at a time through shared memory (``transposed_kernels``).
+A row kernel (a layer norm's float8 output, a weight's cast folding its rows' maxima) keeps a block of rows in
+shared memory and writes a sector of them a column (``row_kernels``), where they fit 48 KiB: a gelu's rows of 3072
+stay copied by the call.
 
     roots = written_transposed(roots, trace)   # after fusion (``Backend.after_fusion``)
 """
@@ -49,6 +50,18 @@ def _transposed_result(operand):
     return (result, matrix) if kind == ELEMENTWISE_KERNEL and writes_transposed(rows, cols, result.dtype) else None
 
 
+def _taken(operands):
+    """The first of ``operands`` (``{transposed operand: (result, matrix)}`` of one kernel, never empty) that its
+    kernel can write transposed together: ``MOST_TRANSPOSED``, and a row kernel's block of rows of each within its
+    shared memory."""
+    taken = list(operands.items())[:MOST_TRANSPOSED]
+    _, (result, matrix) = taken[0]
+    if result.attr("kernel") == ROW_KERNEL:
+        while len(taken) > 1 and not writes_rows_transposed(*matrix.shape, [r.dtype for _, (r, _) in taken]):
+            taken.pop()
+    return dict(taken)
+
+
 def _read_otherwise(t, operands, users, final):
     """Whether a root, or a term other than the transposes ``operands`` taken, reads result ``t`` (or the matrix it
     is, its leading axes merged)."""
@@ -58,8 +71,8 @@ def _read_otherwise(t, operands, users, final):
 
 
 def written_transposed(roots, trace):
-    """``roots`` with each float8 product's operand that is the transpose of an elementwise kernel's float8 result
-    written transposed by that kernel (see the module docstring); the result kept where others read it."""
+    """``roots`` with each float8 product's operand that is the transpose of a kernel's float8 result written
+    transposed by that kernel (see the module docstring); the result kept where others read it."""
     roots = tuple(roots)
     users = {}
     for t in post_order(roots):
@@ -78,10 +91,9 @@ def written_transposed(roots, trace):
     final = set(roots)
     replaced = {}
     for key, operands in wanted.items():
-        operands = dict(list(operands.items())[:MOST_TRANSPOSED])
+        operands = _taken(operands)
         body, inputs = key[1], key[0]
         made = kernels[key]
-
         kept = sorted((t for t in made if _read_otherwise(t, operands, users, final)), key=lambda t: t.attr("index"))
         turned = [ct.transpose(body[r.attr("index")] if m is r else ct.reshape(body[r.attr("index")], m.shape))
                   for r, m in operands.values()]
