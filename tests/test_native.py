@@ -7,6 +7,7 @@ from unittest import mock
 import numpy as np
 import pytest
 from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cortado as ct
 from cortado import nn, optim, testing
@@ -174,6 +175,28 @@ def test_a_pad_whose_rows_the_compiler_once_vectorised_wrongly_is_copied_right(m
     (gradient,) = ct.grad(ct.sum(y * y), [w])
     feeds = {"x": values / 72, "w": np.linspace(-1, 1, 8).reshape(2, 2, 1, 2)}
     np.testing.assert_array_equal(ct.compile([gradient], inputs=[x, w])(**feeds)[0], ct.evaluate(gradient, feeds))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.data())
+def test_pads_and_crops_of_strided_values_are_c_copies_with_the_references_elements(data):
+    """A pad of any widths, crops (negative widths) included, of a value read in place or through a transpose or a
+    slice: C copies of strided views (``_strided``) put every element where NumPy's pad puts it."""
+    rank = data.draw(st.integers(1, 4))
+    shape = tuple(data.draw(st.integers(1, 5)) for _ in range(rank))
+    dtype = data.draw(st.sampled_from(["float64", "float32", "int32", "int8"]))
+    x = ct.var("x", shape, dtype)
+    source = x
+    if rank > 1 and data.draw(st.booleans()):
+        source = ct.transpose(x, tuple(data.draw(st.permutations(range(rank)))))
+    if data.draw(st.booleans()):
+        source = source[tuple(slice(data.draw(st.integers(0, n - 1)), None) for n in source.shape)]
+    widths = tuple((data.draw(st.integers(-(n - 1), 2)), data.draw(st.integers(-(n - 1), 2))) for n in source.shape)
+    widths = tuple((low, max(high, -(n + low - 1))) for (low, high), n in zip(widths, source.shape))  # keep one
+    padded = ct.pad(source * 3, widths, 7)
+    values = (np.arange(np.prod(shape)) % 100 + 1).astype(dtype).reshape(shape)
+    (ours,) = ct.compile([padded], inputs=[x])(x=values)
+    np.testing.assert_array_equal(ours, ct.evaluate(padded, {"x": values}))
 
 
 def test_regions_with_reductions_keep_numpys_sums_between_c_loop_nests(monkeypatch, capsys):
