@@ -4,6 +4,8 @@ that kernel (``backends/cupy/lowering/float8_transposes``, ``transposed_kernels`
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cortado as ct
 from cortado import compiler
@@ -50,6 +52,21 @@ def test_a_float8_steps_casts_write_the_products_operands_transposed(monkeypatch
     assert sorted((kind, len(body), body[-1].dtype.name) for kind, body in writing) == [
         ("row", 3, "float8_e4m3fn"), ("row", 3, "float8_e4m3fn"),  # the gelu's rows and the weight's: their maxima
         (TRANSPOSED_KERNEL, 1, "float8_e5m2"), (TRANSPOSED_KERNEL, 2, "float8_e4m3fn"), (TRANSPOSED_KERNEL, 2, "float8_e5m2")]
+    assert_same_bits(ours, apart, values, x, y)
+
+
+@settings(max_examples=8, deadline=None)
+@given(st.sampled_from([16, 32, 48, 128]), st.sampled_from([16, 64, 96, 256]), st.sampled_from([16, 32]),
+       st.sampled_from([(2, 16), (3, 32), (1, 64), (96,)]))
+def test_float8_steps_of_any_sizes_keep_their_bits_with_their_operands_written_transposed(width, hidden, out, batch):
+    """MLP steps of several sizes (the multiples of 16 cuBLASLt's float8 products take), rows and columns of whole
+    tiles or not, rows of whole blocks or not, batches of one axis or two: the plan with the operands written
+    transposed computes the bits of the plan without."""
+    outputs, values, x, y = float8_mlp_step((width, hidden, out), batch)
+    with pytest.MonkeyPatch.context() as patch:
+        ours, trace = _planned(outputs)
+        apart, _ = _planned(outputs, transposed=False, monkeypatch=patch)
+    assert any(r.rule == "float8-operand-written-transposed" for r in trace)
     assert_same_bits(ours, apart, values, x, y)
 
 
