@@ -57,7 +57,7 @@ def test_a_float8_steps_casts_write_the_products_operands_transposed(monkeypatch
 
 @settings(max_examples=8, deadline=None)
 @given(st.sampled_from([16, 32, 48, 128]), st.sampled_from([16, 64, 96, 256]), st.sampled_from([16, 32]),
-       st.sampled_from([(2, 16), (3, 32), (1, 64), (96,)]))
+       st.sampled_from([(2, 16), (3, 32), (5, 16), (96,)]))
 def test_float8_steps_of_any_sizes_keep_their_bits_with_their_operands_written_transposed(width, hidden, out, batch):
     """MLP steps of several sizes (the multiples of 16 cuBLASLt's float8 products take), rows and columns of whole
     tiles or not, rows of whole blocks or not, batches of one axis or two: the plan with the operands written
