@@ -139,23 +139,27 @@ def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
 
 
 def test_a_row_kernel_whose_rows_are_read_only_transposed_stays_a_row_kernel():
-    """Rows scaled to their largest magnitude, cast to float8 and read only transposed: the kernel keeps the rows'
-    maxima and the transpose, a row kernel still (its rows are the transposed result's), whose source is made; the
-    values are the reference's."""
+    """Rows scaled to their largest magnitude, cast to float8 and read only transposed, the float8 rows' maxima
+    returned: the kernel keeps the maxima and the transpose, a row kernel still (its rows are the transposed
+    result's), which folds the maxima in the pass writing the rows; the values are the reference's."""
     x, z, s = ct.var("x", (256, 1024), "bfloat16"), ct.var("z", (256, 128), "bfloat16"), ct.var("s", (), "float32")
-    y, _ = _rows_scaled(x)
+    y, peak = _rows_scaled(x)
     z8 = ct.cast(ct.cast(z, "float32") * s, "float8_e4m3fn")
     product = ct.cast(ct.matmul(ct.transpose(y), z8), "bfloat16")
-    ours, _ = _planned([product])
+    ours, _ = _planned([product, peak])
     rows = [t for t in post_order(ours) if t.op is FUSED_OP and t.attr("kernel") == "row"]
     assert rows and all(o.op.name != "cast" for t in rows for o in t.attr("outputs"))  # no rows written in order
     for t in rows:
         operands = [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in t.args]
-        assert sources.kernel_sources(t.attr("outputs"), operands, (), None, t.attr("kernel"))[0].shared == 32 * 1024
+        (source,) = sources.kernel_sources(t.attr("outputs"), operands, (), None, t.attr("kernel"))
+        assert source.shared == 32 * 1024
+        assert [o.op.name for o in t.attr("outputs")] == ["max", "transpose"]
+        assert source.text.count("r = c * ") == 2  # the scale's max, then the pass writing the rows and their maxima
     rng = np.random.default_rng(8)
     feeds = {"x": rng.standard_normal(x.shape).astype(ml_dtypes.bfloat16),
              "z": rng.standard_normal(z.shape).astype(ml_dtypes.bfloat16), "s": np.float32(2.0)}
-    np.testing.assert_array_equal(*(np.asarray(ct.evaluate(r, feeds)[0], np.float32) for r in (ours, [product])))
+    for planned, written in zip(ct.evaluate(ours, feeds), ct.evaluate([product, peak], feeds)):
+        np.testing.assert_array_equal(np.asarray(planned, np.float32), np.asarray(written, np.float32))
 
 
 def _launched(body, operands, given, outputs):

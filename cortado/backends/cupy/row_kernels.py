@@ -105,10 +105,11 @@ def _row_cache(operands, read, index, n, width, vec, count):
 
 
 def _trailing(body, shape):
-    """The reductions of ``body`` that no output of the row ``shape`` and no other reduction reads, where there is
-    such an output: only outputs of one value a row read them, so the pass writing the row folds them too."""
+    """The reductions of ``body`` that no output of the row ``shape`` (written in order or transposed) and no other
+    reduction reads, where there is such an output: only outputs of one value a row read them, so the pass writing
+    the row folds them too."""
     reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
-    full = [t for t in body if t.shape == shape]
+    full = [untransposed(t) for t in body if untransposed(t).shape == shape]
     read = set(post_order(full + [red.args[0] for red in reductions])) if full else set(reductions)
     return {red for red in reductions if red not in read}
 

@@ -20,10 +20,10 @@ import math
 
 from ....exprgraph import constructors as ct
 from ....exprgraph.graph import post_order
-from ....exprgraph.ops import FUSED_OP, RESHAPE, TRANSPOSE
+from ....exprgraph.ops import FUSED_OP, TRANSPOSE
 from ....exprgraph.term import make
 from ....rules.engine import Rewrite
-from ....rules.fusion import ELEMENTWISE_KERNEL, ROW_KERNEL, kernel_shape, row_shape
+from ....rules.fusion import ELEMENTWISE_KERNEL, ROW_KERNEL, kernel_shape, row_shape, untransposed
 from ....rules.scalar_epilogues import fused_kernels, kernel_key, substituted
 from ..row_kernels import writes_rows_transposed
 from ..transposed_kernels import writes_transposed
@@ -38,8 +38,7 @@ def _transposed_result(operand):
     that its kernel can write transposed; else None."""
     if operand.op is not TRANSPOSE or operand.ndim != 2:
         return None
-    matrix = operand.args[0]
-    result = matrix.args[0] if matrix.op is RESHAPE else matrix
+    matrix, result = operand.args[0], untransposed(operand)
     rows, cols = matrix.shape
     if (result.op is not FUSED_OP or result.attr("again") or result.ndim < 2 or result.shape[-1] != cols
             or math.prod(result.shape[:-1]) != rows):
