@@ -213,6 +213,74 @@ def test_float8_gradient_is_the_identity_whose_cotangent_is_rounded_to_e5m2():
         ct.float8_gradient(x, "bfloat16")
 
 
+def test_a_float8_gradient_at_a_given_scale_rounds_its_cotangent_there_saturating():
+    """Delayed scaling: the cotangent is scaled by the scale given, whatever its own largest magnitude, so values
+    beyond the float8's range saturate and values below it lose their digits, as Transformer Engine's do."""
+    x, scale = ct.var("x", (64,)), ct.var("scale", ())
+    cotangent = np.linspace(-3e-6, 5e-6, 64, dtype=np.float32)
+    (dx,) = ct.grad(ct.sum(ct.float8_gradient(x * 1.0, scale=scale) * ct.const(cotangent)), [x])
+    program = ct.compile([dx], inputs=[x, scale])
+    for k in (10, 33, 40):  # far too small for the largest value, and past it: 5e-6 * 2^40 > 57344
+        got = program(x=np.zeros(64, np.float32), scale=np.float32(2.0 ** k))[0]
+        np.testing.assert_array_equal(got, _saturated(cotangent * 2.0 ** k, E5M2).astype(np.float32) / 2.0 ** k)
+    with pytest.raises(ct.ShapeError, match="scale is one value"):
+        ct.float8_gradient(x, scale=ct.var("s", (2,)))
+    with pytest.raises(ct.DTypeError, match="scale is a float32 value, not float64"):
+        ct.float8_gradient(x, scale=2.0)
+
+
+def test_cotangents_are_the_adjoints_grad_passes_through_a_models_terms():
+    """``grad.cotangents`` finds a term of the model where ``grad`` stabilised it (``log(softmax)`` becomes
+    ``log_softmax``, rebuilding every term above it) and gives the very adjoint term ``grad`` passes through it."""
+    from cortado.grad import cotangents
+
+    x, w = ct.var("x", (3, 4)), ct.var("w", (4, 5))
+    h = ct.tanh(x @ w)
+    weights = ct.const(np.arange(15, dtype=np.float32).reshape(3, 5))
+    loss = ct.sum(ct.log(ct.softmax(h, axis=-1)) * weights)
+    dh, unused = cotangents(loss, [h, ct.var("z", (2,))])
+    (dw,) = ct.grad(loss, [w])
+    assert dh in set(post_order([dw]))
+    values = {"x": np.linspace(-1, 1, 12, dtype=np.float32).reshape(3, 4),
+              "w": np.linspace(-2, 1, 20, dtype=np.float32).reshape(4, 5)}
+    hv = np.tanh(values["x"] @ values["w"])
+    p = np.exp(hv) / np.exp(hv).sum(-1, keepdims=True)
+    np.testing.assert_allclose(ct.evaluate(dh, values), weights.attr("value").array
+                               - p * weights.attr("value").array.sum(-1, keepdims=True), rtol=1e-5, atol=1e-6)
+    assert not np.asarray(ct.evaluate(unused, {})).any()
+    with pytest.raises(ct.GradError, match="one scalar output"):
+        cotangents(h, [h])
+
+
+def test_a_float8_layer_keeps_its_gradients_largest_magnitudes_and_rounds_the_next_at_their_scale():
+    """The layer's gradient history holds the largest magnitude of its product's cotangent each step (its output's
+    gradient divided by the operands' scales of that step), and the product's gradient is rounded at the scale the
+    history gives before the step (1 on the first, where the history is empty)."""
+    layer = nn.Linear(16, 8, float8=True, history=4)
+    x = ct.var("x", (32, 16))
+    weights = np.linspace(-2e-3, 6e-3, 32 * 8, dtype=np.float32).reshape(32, 8)
+    y = layer(x)
+    loss = ct.sum(y * ct.const(weights))
+    (rounding,) = [t for t in post_order([y]) if t.op.name == "float8_gradient"]
+    assert layer.buffers()["gradient_amax"] in set(post_order([rounding.args[1]]))
+    params = layer.parameters()
+    state, updates = optim.SGD(lr=0.0).updates(params, ct.grad(loss, list(params.values())))
+    updates.update(layer.state_updates(loss))
+    step = ct.compile([loss], inputs=[x], state={**layer.initial_values(seed=1), **state}, updates=updates)
+    feed = np.random.default_rng(2).standard_normal((32, 16)).astype(np.float32)
+
+    def scale(name):
+        return float(ct.evaluate(scale_for(ct.const(step.state[name].max()), "float8_e4m3fn"), {}))
+
+    for taken in range(1, 4):
+        operands = scale("input_amax") * scale("weight_amax")
+        step(x=feed)
+        history = step.state["gradient_amax"]
+        assert history[0] == np.float32(6e-3 / operands) and history[taken:].sum() == 0
+    with pytest.raises(ct.CortadoError, match="give state_updates the scalar loss"):
+        layer.state_updates([loss])
+
+
 @given(st.integers(0, 2 ** 32 - 1), st.sampled_from(FLOAT8), st.integers(-40, 40), st.integers(-40, 40))
 def test_moving_power_of_two_scales_out_of_a_float8_product_changes_no_bit(seed, name, k1, k2):
     """The proof ``float8-scales-out`` rests on, checked: (q * 2^a) @ (w * 2^b) == (q @ w) * 2^(a + b)."""
