@@ -89,25 +89,6 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     return gradients[0] if isinstance(wrt, Term) else gradients
 
 
-def cotangents(y, terms, *, rules=None):
-    """The adjoints reverse mode gives ``terms`` (any terms of ``y``'s graph, not only variables) on its way back from
-    the scalar ``y``: what a layer reads that keeps statistics of its gradients (a float8 layer's delayed gradient
-    scale). ``terms`` are stabilised together with ``y``, as ``grad`` stabilises it, so that each is found in the
-    graph ``grad`` differentiates, and each gets the very adjoint ``grad`` passes through it (terms are shared, so a
-    program computing both computes it once), simplified as ``grad`` simplifies; a term ``y`` does not depend on gets
-    zeros."""
-    if not isinstance(y, Term) or y.shape != ():
-        raise GradError(f"cotangents are taken from one scalar output (a loss), not {y!r}")
-    terms = list(terms)
-    for t in terms:
-        if not isinstance(t, Term) or not is_float(t.dtype):
-            raise GradError(f"only floating terms have cotangents, not {t!r}")
-    (output, *found) = stabiliser.run([y, *terms])
-    model = schedule([output])
-    adjoints = backpropagate(model, [output], _cotangents([output], [1]), found, derivatives if rules is None else rules)
-    return simplify([adjoints[t] if t in adjoints else _zeros(t) for t in found], keep=model)
-
-
 def hvp(y, wrt, vectors, *, rules=None, trace=None):
     """The Hessian of the scalar ``y`` times ``vectors`` (one per variable of ``wrt``), by
     differentiating the gradient in the direction of the vectors (reverse over reverse)."""

@@ -102,8 +102,6 @@ def _signatures(name):
             yield from (((dtype,), {"dtype": target}) for target in SUPPORTED)
         elif OPS[name].kind == REDUCTION:
             yield (dtype,), {"axis": 1}
-        elif OPS[name].arity is None:  # float8_gradient: its scale is optional
-            yield (dtype,), {}
         else:
             yield (dtype,) * OPS[name].arity, {}
 

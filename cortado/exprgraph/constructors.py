@@ -211,14 +211,12 @@ def cast(x, dtype):
     return _call("cast", x, dtype=dtype)
 
 
-def float8_gradient(x, dtype="float8_e5m2", scale=None):
-    """``x``, whose cotangent is rounded to float8 (e5m2 unless ``dtype`` says otherwise) on its way back: scaled,
-    rounded, and scaled back. The scale is ``scale`` where given (a float32 value, a power of two such as
-    ``scaling.scale_for`` makes from an amax history: delayed scaling), else the power of two that brings the
-    cotangent's own largest magnitude nearest the float8's largest (current scaling, which needs that amax before
-    the cast: one more pass over the cotangent). Float8 training marks a product's output with it, so that the
-    gradients of its operands are float8 products too. A compiled program computes it as ``x``."""
-    return _call("float8_gradient", x, dtype=dtype) if scale is None else _call("float8_gradient", x, scale, dtype=dtype)
+def float8_gradient(x, dtype="float8_e5m2"):
+    """``x``, whose cotangent is rounded to float8 (e5m2 unless ``dtype`` says otherwise) on its way back: scaled by
+    the power of two that brings its largest magnitude nearest the float8's largest (``scaling.scale_for``),
+    rounded, and scaled back. Float8 training marks a product's output with it, so that the gradients of its
+    operands are float8 products too. A compiled program computes it as ``x``."""
+    return _call("float8_gradient", x, dtype=dtype)
 
 
 def stop_gradient(x):

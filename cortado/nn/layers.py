@@ -12,7 +12,7 @@ from ..exprgraph.dtypes import BFLOAT16, finfo
 from ..exprgraph.scaling import scale_for
 from ..exprgraph.slicing import concatenate
 from . import init
-from .module import Buffer, FromCotangent, Function, Module, Parameter, Sequential
+from .module import Buffer, Function, Module, Parameter, Sequential
 
 
 class Linear(Module):
@@ -22,11 +22,10 @@ class Linear(Module):
     With ``float8=True`` the product is taken in float8, as Transformer Engine takes it: the input and the weight
     each scaled by a power of two and cast to float8_e4m3fn, multiplied (summed in float32), scaled back and rounded
     to the input's dtype, and the product's gradient rounded to float8_e5m2 on its way back (``ct.float8_gradient``),
-    so that the gradients of the input and the weight are float8 products too. The scales are delayed, as
-    Transformer Engine's: each comes from the largest magnitudes of the last ``history`` steps (buffers
-    ``input_amax``, ``weight_amax`` and ``gradient_amax``, which the step updates: ``Module.state_updates``), so
-    that no cast waits for a pass over its tensor. On the GPU, a bfloat16 model's product runs on the float8 tensor
-    cores (``backends/cupy/lowering/float8.py``)."""
+    so that the gradients of the input and the weight are float8 products too. The scales are delayed: each comes
+    from the largest magnitudes of the last ``history`` steps (buffers ``input_amax`` and ``weight_amax``, which the
+    step updates: ``Module.state_updates``), the gradient's from its own (``scaling.scale_for``). On the GPU, a
+    bfloat16 model's product runs on the float8 tensor cores (``backends/cupy/lowering/float8.py``)."""
 
     def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None, dtype="float32",
                  float8=False, history=16):
@@ -40,7 +39,6 @@ class Linear(Module):
                 raise ShapeError(f"Linear(float8=True) keeps the amax of at least one step, not history={history!r}")
             self.input_amax = Buffer((history,), init.zeros, "float32")
             self.weight_amax = Buffer((history,), init.zeros, "float32")
-            self.gradient_amax = Buffer((history,), init.zeros, "float32")
         self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
 
     def forward(self, x):
@@ -52,24 +50,17 @@ class Linear(Module):
 
     def _float8_product(self, x):
         """``x @ weight^T`` in float8 (see the class), rounded to ``x``'s dtype; in training, the new amax
-        histories recorded. The gradient's history holds the largest magnitudes of the product's cotangent (``y``'s
-        divided by the operands' scales), so that its scale is computed with theirs at the step's start, in one
-        kernel; where the operands' scales fall (their amax grew past a power of two), the cotangent grows with them,
-        and for that step its largest values may saturate."""
+        histories recorded."""
         wide_x, wide_w = ct.cast(x, "float32"), ct.cast(self.weight, "float32")
         x_scale = scale_for(ct.max(self.input_amax), FLOAT8_FORWARD)
         w_scale = scale_for(ct.max(self.weight_amax), FLOAT8_FORWARD)
         x8 = ct.cast(wide_x * x_scale, FLOAT8_FORWARD)
         w8 = ct.cast(wide_w * w_scale, FLOAT8_FORWARD)
-        gradient_scale = scale_for(ct.max(self.gradient_amax), FLOAT8_BACKWARD)
-        product = ct.float8_gradient(x8 @ ct.transpose(w8), FLOAT8_BACKWARD, gradient_scale)
+        product = ct.float8_gradient(x8 @ ct.transpose(w8), FLOAT8_BACKWARD)
         y = ct.cast(product * (1 / (x_scale * w_scale)), x.dtype)
         if self.training:
-            gradient_amax = self.gradient_amax
             self._record(y, {self.input_amax: _pushed(self.input_amax, ct.max(ct.abs(wide_x))),
-                             self.weight_amax: _pushed(self.weight_amax, ct.max(ct.abs(wide_w))),
-                             gradient_amax: FromCotangent(product, lambda dy: _pushed(
-                                 gradient_amax, ct.max(ct.abs(dy))))})
+                             self.weight_amax: _pushed(self.weight_amax, ct.max(ct.abs(wide_w)))})
         return y
 
 

@@ -18,7 +18,6 @@ import numpy as np
 from ..errors import CortadoError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import as_dtype
-from ..exprgraph.term import Term
 
 
 class Parameter:
@@ -42,31 +41,6 @@ class Buffer(Parameter):
     optimizer."""
 
     trained = False
-
-
-class FromCotangent:
-    """A state update a call records that is made from a gradient: ``function(cotangent)``, where ``cotangent`` is the
-    adjoint that reverse mode gives ``term`` on its way back from the loss (``grad.cotangents``), known only once
-    ``state_updates`` is given the loss (a float8 layer's history of its gradient's largest magnitudes)."""
-
-    def __init__(self, term, function):
-        self.term, self.function = term, function
-
-
-def _from_cotangents(loss, updates):
-    """The ``FromCotangent`` updates among ``updates`` made from the cotangents of ``loss``, one backward pass for
-    all of them."""
-    from ..grad import cotangents
-
-    wanted = {var: value for var, value in updates.items() if isinstance(value, FromCotangent)}
-    if not wanted:
-        return {}
-    if not isinstance(loss, Term) or loss.shape != ():
-        names = ", ".join(repr(var.name) for var in wanted)
-        raise CortadoError(f"{names} are updated from the gradient of the loss: give state_updates the scalar loss "
-                           f"that ct.grad differentiates, not {loss!r}")
-    found = cotangents(loss, [value.term for value in wanted.values()])
-    return {var: value.function(cotangent) for (var, value), cotangent in zip(wanted.items(), found)}
 
 
 class Module:
@@ -215,8 +189,7 @@ class Module:
     def state_updates(self, outputs):
         """``{buffer variable: new value}`` of the calls in training whose results ``outputs`` (a term or a list) read:
         what ``ct.compile``'s ``updates`` needs beside the optimizer's (a batch norm's running statistics). A buffer
-        updated by two calls that ``outputs`` read is an error: it can take one new value a step. An update made
-        from a gradient (``FromCotangent``) needs ``outputs`` to be the scalar loss that ``ct.grad`` differentiates."""
+        updated by two calls that ``outputs`` read is an error: it can take one new value a step."""
         from ..exprgraph.graph import Graph
 
         reached = set(Graph(outputs).schedule)
@@ -230,7 +203,7 @@ class Module:
                         raise CortadoError(f"{var.name!r} is updated by two calls of {type(module).__name__} in one "
                                            f"step; call it once a step in training, or use it in inference (eval())")
                     updates[var] = value
-        return {**updates, **_from_cotangents(outputs, updates)}
+        return updates
 
     def initial_values(self, seed=0):
         """``{variable: array}``: each parameter drawn by its initialiser from a generator seeded by ``seed`` and its

@@ -256,15 +256,13 @@ def _matmul_right(b):
 
 
 def _float8_gradient_vjp(b):
-    """``dy`` rounded to float8: scaled, cast (saturating), widened and scaled back, all exact but the one rounding
-    to float8. The scale is the one given (delayed scaling: the cast needs no pass over ``dy`` before it, so it
-    joins the kernel that makes ``dy``), else the power of two ``dy``'s largest magnitude allows
-    (``scaling.scale_for``). Either is a power of two, so that the lowering may move it out of the float8 products
-    that read this cotangent."""
-    dy, dtype = b["_dy"], b["_d"]
+    """``dy`` rounded to float8: scaled by the power of two its largest magnitude allows (``scaling.scale_for``),
+    cast (saturating), widened and scaled back, all exact but the one rounding to float8. The scales are powers of
+    two so that the lowering may move them out of the float8 products that read this cotangent."""
+    dy = b["_dy"]
     wide = ct.cast(dy, "float32")
-    scale = b["_s"][0] if b["_s"] else scale_for(ct.max(ct.abs(wide)), dtype)
-    rounded = ct.cast(ct.cast(wide * scale, dtype), "float32") * (1 / scale)
+    scale = scale_for(ct.max(ct.abs(wide)), b["_d"])
+    rounded = ct.cast(ct.cast(wide * scale, b["_d"]), "float32") * (1 / scale)
     return rounded if dy.dtype == np.float32 else ct.cast(rounded, dy.dtype)
 
 
@@ -406,7 +404,7 @@ derivatives = Derivatives([
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
     *[_constant_rule(op) for op in NOT_DIFFERENTIABLE],
     Derivative("stop_gradient", "stop_gradient(_x)", _x="0"),  # by definition
-    Derivative("float8_gradient", "float8_gradient(_x, *_s, dtype=_d)", _x=_float8_gradient_vjp, _s="0"),
+    Derivative("float8_gradient", "float8_gradient(_x, dtype=_d)", _x=_float8_gradient_vjp),
     Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_vjp),
     Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_vjp),
     Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_vjp),

@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import numerics
 from ..dtypes import converted, is_float, is_float8, is_narrow_float, kind_of
-from ..term import dtype_violation, shape_violation
+from ..term import dtype_violation
 from .leaves import CONST
 from .base import (
     ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, floating, narrow_once_floating, no_attributes, promoted,
@@ -124,24 +124,8 @@ def _float8_gradient_normalize(args, dtype="float8_e5m2"):
     return (dtype,)
 
 
-def _float8_gradient_shape(args, dtype):
-    """The operand's shape; a scale given beside it must be one value."""
-    if len(args) not in (1, 2):
-        raise shape_violation(f"float8_gradient takes a value and at most a scale, not {len(args)} operands")
-    if len(args) == 2 and args[1].shape != ():
-        raise shape_violation(f"float8_gradient's scale is one value, not an array of shape {args[1].shape}")
-    return args[0].shape
-
-
-def _float8_gradient_dtype(args, dtype):
-    if len(args) == 2 and args[1].dtype != np.float32:
-        raise dtype_violation(f"float8_gradient's scale is a float32 value, not {args[1].dtype.name}")
-    return _float_operand(args)
-
-
-# the identity, whose cotangent is rounded to a float8 dtype (rules.derivatives) at the scale given as its second
-# operand (delayed scaling), or without one at the scale of the cotangent's own largest magnitude (current scaling)
-FLOAT8_GRADIENT = Op("float8_gradient", None, ("dtype",), _float8_gradient_shape, _float8_gradient_dtype, ELEMENTWISE,
+# the identity, whose cotangent is rounded to a float8 dtype at a scale of its own (rules.derivatives)
+FLOAT8_GRADIENT = Op("float8_gradient", 1, ("dtype",), _broadcast_rule, lambda args, dtype: _float_operand(args), ELEMENTWISE,
                      _float8_gradient_normalize, evaluate=lambda xs, dtype: np.array(xs[0], copy=True))
 
 FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, SILU, WHERE, STOP_GRADIENT, CAST, FLOAT8_GRADIENT)
