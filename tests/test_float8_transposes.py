@@ -121,14 +121,15 @@ def _rows_scaled(x):
 
 
 def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
-    """A row kernel's float8 rows written as they are and transposed: a warp a row, four rows a warp into shared
-    memory, then a sector of the block's 32 rows a column; rows that are not whole blocks, or whose block would take
-    more than 48 KiB of shared memory, are refused."""
+    """A row kernel's float8 rows written as they are and transposed: a warp a row, sixteen warps two rows each into
+    shared memory, then a sector of the block's 32 rows a column; rows that are not whole blocks, or whose block
+    would take more than 48 KiB of shared memory, are refused."""
     shape = (8, 1024, 768)
     operand = Operand(shape, BF16, contiguous_strides(shape))
     y, peak = _rows_scaled(parameter(0, operand))
     (source,) = sources.kernel_sources((y, peak, ct.transpose(ct.reshape(y, (8192, 768)))), [operand])
-    assert source.blocks == 8192 // 32 and source.block == (256, 1, 1) and source.shared == 32 * 768
+    assert source.blocks == 8192 // 32 and source.block == (512, 1, 1) and source.shared == 32 * 768
+    assert "__launch_bounds__(512)" in source.text and "for (unsigned int g = 0; g < 2u; ++g)" in source.text
     assert "tile2 = reinterpret_cast<__nv_fp8_e4m3 (*)[768]>(ct_rows + 0)" in source.text
     assert "(out2 + (size_t)r * 8192u + blockIdx.x * 32u)" in source.text
     for shape in ((48, 64), (64, 3072)):  # rows that are not whole blocks; a block's rows past 48 KiB
@@ -136,6 +137,17 @@ def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
         y, peak = _rows_scaled(parameter(0, odd))
         with pytest.raises(BackendError, match="blocks of 32 whole rows"):
             sources.kernel_sources((y, peak, ct.transpose(y)), [odd])
+
+
+def test_a_row_kernel_gives_every_lane_of_a_warp_as_many_vectors_of_its_row():
+    """Rows cast to float8 take 16 elements a thread at a time (16 bytes of float8), but a row of 768 is then 48
+    vectors, which leave half a warp idle in its second turn: it takes vectors of 8 (96, three turns of every lane);
+    rows of 3072 keep 16 (192 vectors, six turns)."""
+    for n, width in ((768, 8), (3072, 16), (2304, 8)):
+        operand = Operand((4096, n), BF16, (n, 1))
+        y, peak = _rows_scaled(parameter(0, operand))
+        (source,) = sources.kernel_sources((y, peak), [operand])
+        assert f"ct_vec<__nv_fp8_e4m3, {width}> s0;" in source.text, n
 
 
 def test_a_row_kernel_whose_rows_are_read_only_transposed_stays_a_row_kernel():

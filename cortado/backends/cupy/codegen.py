@@ -491,12 +491,15 @@ def kernel_name(text):
 
 def finished_source(kind, body_text, outputs, operands, aliased, blocks, block, extra=None, before=""):
     """The kernel ``kind`` named by the hash of its text, with the prelude; ``outputs`` are what it writes (their
-    ``dtype`` is read); ``extra``: a last parameter's declaration; ``before``: device functions it calls."""
+    ``dtype`` is read); ``extra``: a last parameter's declaration; ``before``: device functions it calls. A block of
+    more than ``THREADS`` threads bounds the registers a thread takes, so that the block can be launched."""
     signature = _signature(operands, outputs, aliased) + (f", {extra}" if extra else "")
-    text = (f'{before}extern "C" __global__ void {kind}({signature}) {{\n'
+    threads = math.prod(block) if block else THREADS
+    bounds = f"__launch_bounds__({threads}) " if threads > THREADS else ""
+    text = (f'{before}extern "C" __global__ void {bounds}{kind}({signature}) {{\n'
             f'  {WAIT_PRIOR_GRIDS}\n{body_text}}}\n')
     name = kernel_name(text)
-    return Source(name, PRELUDE + text.replace(f"void {kind}(", f"void {name}(", 1), blocks, block)
+    return Source(name, PRELUDE + text.replace(f"void {bounds}{kind}(", f"void {bounds}{name}(", 1), blocks, block)
 
 
 def _index_type(outputs, operands):

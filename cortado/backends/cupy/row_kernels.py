@@ -22,6 +22,7 @@ from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
 
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
 TRANSPOSED_ROWS = 32  # a row kernel writing rows transposed: a block's rows, a 32-byte sector of each column
+TRANSPOSED_WARPS = 16  # of which this many are made at once, a warp each
 # the most shared memory a block's rows to be written transposed may take: on the H100 a block's 32 float8 rows of
 # 3072 (96 KiB, two blocks a multiprocessor) made a gelu's row kernel 35 us slower, more than the copy it saved
 SHARED_ROWS_LIMIT = 48 << 10
@@ -42,16 +43,21 @@ def _all_reduced(red, acc_type, acc, width):
 
 def _row_vector(shape, operands, elements, body):
     """``(width, rows, across)``: how many elements of a row each thread takes at a time (16 bytes of the narrowest
-    type where the row divides), the operands it then loads as one vector of its row (those laid out as the rows
-    themselves), and those it loads as one vector of the one row they hold for every row (a layer norm's gain and
-    bias): ``width`` scattered loads of those, a lane's elements ``width`` elements apart from its neighbours', would
-    take many times the memory pipeline's cycles of the vectors."""
+    type where the row divides; half that where only half gives each lane of a warp as many vectors as the others),
+    the operands it then loads as one vector of its row (those laid out as the rows themselves), and those it loads
+    as one vector of the one row they hold for every row (a layer norm's gain and bias): ``width`` scattered loads of
+    those, a lane's elements ``width`` elements apart from its neighbours', would take many times the memory
+    pipeline's cycles of the vectors. (A float8 result in a layer norm's gradient kernel, rows of 768: 48 vectors of
+    16 leave half a warp idle in its second turn, 96 of 8 none; on the H100 the float8 GPT step's gradient kernels
+    took 70 to 90 us with the first, about 50 with the second.)"""
     n = shape[-1]
     rows = {k for k, o in enumerate(operands) if offset(elements, o) == f"o * {n} + r"}
     across = {k for k, o in enumerate(operands) if offset(elements, o) == "r"}
     sizes = [operands[k].dtype.itemsize for k in rows] + [t.dtype.itemsize for t in body if t.shape == shape]
     vec = 16 // min(sizes, default=16)
     while vec > 1 and n % vec:
+        vec //= 2
+    if vec > 2 and (n // vec) % 32 and (n // (vec // 2)) % 32 == 0:
         vec //= 2
     return (vec, rows, across) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set(), set())
 
@@ -135,11 +141,11 @@ def writes_rows_transposed(rows, n, dtypes):
             and len(dtypes) * TRANSPOSED_ROWS * n <= SHARED_ROWS_LIMIT)
 
 
-def _turned(turned, n, rows):
+def _turned(turned, n, rows, threads):
     """Lines writing each transposed output of ``turned`` (``(k, dtype)``) from the block's rows in shared memory
     (``tile{k}``): a column of the block's ``TRANSPOSED_ROWS`` rows, one full sector (a part of one would have the
     memory read the rest to write it), a thread at a time."""
-    lines = ["  __syncthreads();", f"  for (unsigned int r = threadIdx.x; r < {n}u; r += {THREADS}u) {{"]
+    lines = ["  __syncthreads();", f"  for (unsigned int r = threadIdx.x; r < {n}u; r += {threads}u) {{"]
     for k, dtype in turned:
         word = f"ct_vec<{storage_type(dtype)}, {TRANSPOSED_ROWS}>"
         lines += [f"    {word} w{k};", "    #pragma unroll",
@@ -157,7 +163,7 @@ def row_source(body, operands, aliased, shape):
     16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded and the outputs
     stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads them into
     registers once, before the first pass, instead of reading the row again (from cache) in each. Results written
-    transposed (``rules.fusion.transposed_outputs``) take a warp a row, each warp ``TRANSPOSED_ROWS / 8`` rows in
+    transposed (``rules.fusion.transposed_outputs``) take a warp a row, each warp ``TRANSPOSED_ROWS / TRANSPOSED_WARPS`` rows in
     turn into shared memory, from which the block writes a sector of its ``TRANSPOSED_ROWS`` rows a column
     (``_turned``)."""
     n, rows = shape[-1], math.prod(shape[:-1])
@@ -175,7 +181,8 @@ def row_source(body, operands, aliased, shape):
     one_pass = len(trailing) == len(reductions)
     short = n <= ROW_KERNEL_WARP_LIMIT or one_pass and n // vec <= ROW_WARP_VECTORS and rows >= ROW_WARP_ROWS
     width = 32 if short or turned else THREADS
-    per_block = THREADS // width
+    threads = 32 * TRANSPOSED_WARPS if turned else THREADS
+    per_block = threads // width
     count = -(-(n // vec) // width) if vec > 1 else 0
     cached = count if vectors and not one_pass and count * len(vectors) <= ROW_CACHE_VECTORS else 0
 
@@ -240,6 +247,6 @@ def row_source(body, operands, aliased, shape):
     tiles += [f"  auto tile{k} = reinterpret_cast<{storage_type(t.dtype)} (*)[{n}]>(ct_rows + {j * TRANSPOSED_ROWS * n});"
               for j, (k, t) in enumerate(turned)]
     loop = [f"  for (unsigned int g = 0; g < {groups}u; ++g) {{"] + ["  " + s for s in head + lines] + ["  }"]
-    text = "\n".join(tiles + loop + _turned([(k, t.dtype) for k, t in turned], n, rows)) + "\n"
-    source = finished_source("rows", text, body, operands, aliased, rows // TRANSPOSED_ROWS, (THREADS, 1, 1))
+    text = "\n".join(tiles + loop + _turned([(k, t.dtype) for k, t in turned], n, rows, threads)) + "\n"
+    source = finished_source("rows", text, body, operands, aliased, rows // TRANSPOSED_ROWS, (threads, 1, 1))
     return replace(source, shared=len(turned) * TRANSPOSED_ROWS * n)
