@@ -7,7 +7,8 @@ from hypothesis import given
 
 import cortado as ct
 from cortado import nn, optim
-from cortado.backends.cupy.codegen import Operand, contiguous_strides, horizontal_source
+from cortado.backends.cupy.codegen import Operand, contiguous_strides
+from cortado.backends.cupy.horizontal_kernels import horizontal_source
 from cortado.compiler import Kernel
 from cortado.exprgraph.dtypes import BFLOAT16
 from cortado.rules import horizontal
@@ -184,6 +185,8 @@ def test_on_the_gpu_a_steps_weight_casts_side_by_side_equal_the_reference():
 
 
 def test_small_kernels_of_the_programs_leaves_become_one_kernel_before_their_readers():
+    """The casts of a weight and of two vectors, which read only the program's leaves, become one kernel; the sums
+    of one value the program returns read the casts, which other kernels read too, so they stay alone."""
     w, b, c, x = ct.var("w", (64, 32)), ct.var("b", (64,)), ct.var("c", (64,)), ct.var("x", (8, 32), "bfloat16")
     h = ct.matmul(x, ct.transpose(ct.cast(w, "bfloat16")))
     out = ct.sum(ct.cast(h * ct.cast(b, "bfloat16") + ct.cast(c, "bfloat16"), "float32"))
@@ -209,3 +212,88 @@ def test_grouping_both_ends_keeps_one_copy_of_everything_between():
     before, _ = fuse(roots, shapes=GPU)
     count = lambda rs: sum(t.op.name == "matmul" for t in ct.schedule(list(rs)))  # noqa: E731
     assert count(grouped) == count(before) == 2
+
+
+def test_a_float8_steps_one_value_kernels_join_groups_at_either_end():
+    """A float8 MLP step's one-value kernels join groups: the scales computed from the amax histories (state) at the
+    step's start, the initial group; the amaxes the histories take in (a max of a tensor's row maxima each), which
+    only the histories' updates read, one closing kernel. Only the gradients' scales, which the backward pass waits
+    for, and those whose operands other kernels read too (the loss: the backward pass reads its squares' operand;
+    an amax of a small tensor taken whole), stay alone; the step computes the bits of the plan without."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as gpu_backend
+    from float8_plans import assert_same_bits, float8_mlp_step
+
+    outputs, values, x, y = float8_mlp_step((64, 256, 64), (4, 64))  # the hidden rows' amax in two stages
+    ours = compiler._rewrite(outputs, gpu_backend, {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(horizontal, "_one_value", lambda body: False)
+        apart = compiler._rewrite(outputs, gpu_backend, {})
+
+    def kernels(roots):
+        return {(t.args, t.attr("outputs")): t for t in ct.schedule(list(roots)) if t.op.name == "fused"}
+
+    def alone(roots):
+        return [t for t in kernels(roots).values() if t.shape == () and t.attr("kernel") == "reduction"]
+
+    assert len(alone(ours)) == 3 and len(alone(apart)) == 9  # a gradient's scale a layer, the loss; and 6 more
+    closing = [sorted(o.op.name for o in t.attr("outputs")) for t in kernels(ours).values()
+               if isinstance(t.attr("kernel"), Horizontal) and all(o.shape == () for o in t.attr("outputs"))]
+    assert closing == [["max", "max", "max"]]  # of the hidden rows' maxima and both weights' (the first layer's
+    # input is fed: its amax reads a leaf, and starts the step)
+    assert_same_bits(ours, apart, values, x, y)
+
+
+def test_a_part_of_one_value_takes_a_block_of_its_own():
+    """One-value reductions side by side: each part a block (a warp for a short one), its block's index counted
+    from the part's first."""
+    a, b = ct.var("a", (64,)), ct.var("b", (8192,))
+    roots, _ = _grouped([ct.max(a) * 2.0, ct.sum(b * 2.0)])
+    (t,) = {(r.args, r.attr("outputs")): r for r in ct.schedule(list(roots)) if r.op.name == "fused"}.values()
+    assert isinstance(t.attr("kernel"), Horizontal) and len(t.attr("kernel").parts) == 2
+    source = horizontal_source(t.attr("outputs"), [Operand(p.shape, p.dtype, contiguous_strides(p.shape))
+                                                   for p in t.args], (), t.attr("kernel").spans())
+    assert source.text.count("(blockIdx.x - first)") == 2 and source.blocks == 2
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_one_value_reductions_side_by_side_equal_the_reference():
+    """Maxima, sums and means of a warp's length, a block's and more, one kernel: the CPU's values (the maxima's
+    bits, NaN included)."""
+    skip_without_device("cupy")
+    a, b, c = ct.var("a", (64,)), ct.var("b", (8192,)), ct.var("c", (65536,))
+    outputs = [ct.max(a) * 2.0, ct.sum(b * 2.0), ct.mean(c), ct.max(ct.abs(c))]
+    programs = [ct.compile(outputs, inputs=[a, b, c], backend=backend) for backend in ("numpy", "cupy")]
+    assert "fuse-side-by-side" in programs[1].explain()
+    rng = np.random.default_rng(4)
+    feeds = {"a": rng.standard_normal(64).astype(np.float32), "b": rng.standard_normal(8192).astype(np.float32),
+             "c": rng.standard_normal(65536).astype(np.float32)}
+    for fed in (feeds, {**feeds, "a": np.where(np.arange(64) == 9, np.nan, feeds["a"]).astype(np.float32)}):
+        cpu, gpu = ([np.asarray(host(v)) for v in program(**fed)] for program in programs)
+        np.testing.assert_array_equal(gpu[0], cpu[0])
+        np.testing.assert_array_equal(gpu[3], cpu[3])
+        np.testing.assert_allclose(gpu[1:3], cpu[1:3], rtol=1e-5, atol=1e-6)
+
+
+def test_a_kernel_side_by_side_may_read_values_made_again(monkeypatch):
+    """Planning for the GPU (on the CPU: no device is asked, and no call needs scratch), a float8 MLP step whose
+    one-value kernels are grouped even where they read what the backward pass reads too (which ``side_by_side``
+    does not do, so that it keeps no such value alive to the step's end) has recomputation make those values again
+    for the group, and the plan computes the bits of the plan without."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as gpu_backend, layout, targets
+    from test_float8 import _float8_mlp
+
+    monkeypatch.setattr(layout, "require_gpu", lambda: None)
+    monkeypatch.setattr(targets, "workspace_bytes", lambda kernel, view: 0)
+    monkeypatch.setattr(horizontal, "_read_only_by", lambda *args: True)
+    loss, inputs, values, updates, feeds = _float8_mlp()
+    signature = compiler._signature([loss], inputs, values, updates)
+    options = compiler._options(gpu_backend, {})
+    built = compiler._built(signature, gpu_backend, options)
+    again = compiler._recomputing(built, signature, gpu_backend, options)
+    assert any(k.term.op.name == "fused" and k.term.attr("again") for k in again.kernels)
+    assert again.plan.peak_bytes < built.plan.peak_bytes
+    given = {**{v.name: np.asarray(a) for v, a in values.items()}, **feeds}
+    for ours, theirs in zip(ct.evaluate(list(again.roots), given), ct.evaluate(list(built.roots), given)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))

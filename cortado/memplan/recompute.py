@@ -227,5 +227,5 @@ def recomputed(roots, chosen):
         elif any(n is not o for n, o in zip(args, t.args)):
             replaced[t] = t.rebuild(args)
         for copy in reading:
-            copies.setdefault(copy, []).append(replaced[t])
+            copies.setdefault(copy, []).append(replaced.get(t, t))  # unchanged where it read this copy already
     return [replaced.get(r, r) for r in roots], {c: tuple(rs) for c, rs in copies.items()}, made

@@ -1,22 +1,26 @@
-"""``side_by_side``: small elementwise kernels at either end of the step, and a training step's weight casts, become
-one kernel each, side by side.
+"""``side_by_side``: small kernels at either end of the step, and a training step's weight casts, become one kernel
+each, side by side.
 
 An optimizer's update of a bias or a gain is an elementwise kernel over a few thousand elements, and so is a bias's
 cast to bfloat16 at the step's start: each costs a launch and a round trip to memory, several microseconds, for
-well under one of work, and a GPT step has about a hundred of each. Two kinds of small fused elementwise kernels
-can run together in any number:
+well under one of work, and a GPT step has about a hundred of each; a float8 step has as many kernels of one value
+besides (each layer's scales from its amax histories, and the amaxes that the histories take in). Three kinds of
+small fused kernels can run together in any number:
 
-- final ones, every result of which is one of the program's own (an update, an output): nothing in the step waits
-  for them, so they run as one launch once the last of their operands exists;
-- initial ones, which read only the program's leaves (state, inputs, constants): their operands exist from the
-  start, so they run as one launch before their first reader. Large ones join too where each of their results is
-  read more than once (a weight's cast to bfloat16, which the forward pass reads and the backward pass again, so
-  it is held across the step anyway): one grid, at the copy rate, for the weights' dozens of launches.
+- final ones, elementwise, every result of which is one of the program's own (an update, an output): nothing in
+  the step waits for them, so they run as one launch once the last of their operands exists;
+- closing ones, which compute one-value results from whole reductions (an amax from a tensor's row maxima) that
+  only final kernels read, of operands nothing else reads: they run as one launch before the final one;
+- initial ones, elementwise or of one-value results, which read only the program's leaves (state, inputs,
+  constants): their operands exist from the start, so they run as one launch before their first reader. Large
+  elementwise ones join too where each of their results is read more than once (a weight's cast to bfloat16, which
+  the forward pass reads and the backward pass again, so it is held across the step anyway): one grid, at the copy
+  rate, for the weights' dozens of launches.
 
 Each kernel of a group keeps its own body, shape and threads (``Horizontal.parts``), and the blocks of one grid
-are dealt out among them. No kernel of a group reads another's results (a final one's are read by nothing, an
-initial one reads only leaves), so grouping makes no cycle; each part reads only its own operands, so every value
-is computed exactly as before.
+are dealt out among them. No kernel of a group reads another's results (a final one's are read by nothing, a
+closing one's by final ones only, an initial one reads only leaves), so grouping makes no cycle; each part reads
+only its own operands, so every value is computed exactly as before.
 
     roots = side_by_side(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
 """
@@ -24,10 +28,10 @@ is computed exactly as before.
 from dataclasses import dataclass
 
 from ..exprgraph.graph import post_order
-from ..exprgraph.ops import FUSED_OP, LEAF
+from ..exprgraph.ops import FUSED_OP, LAYOUT, LEAF, REDUCTION
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, inlined, rebased
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, inlined, rebased
 
 MOST_ELEMENTS = 1 << 16  # a kernel's results this small are launch-bound (a 768-wide AdamW update: ~3 us of a launch)
 MOST_POINTERS = 480  # a kernel's operands and results: its parameters stay within CUDA's 4 KiB of them
@@ -51,14 +55,22 @@ class Horizontal:
         return found
 
 
-def _end(results, users, roots):
-    """Which group the terms of one fused kernel may join: "final", "initial" or None. Only an elementwise body whose
-    every result has at most ``MOST_AXES`` axes may join one, a final group only where they are small."""
+def _end(results, users, roots, final=frozenset()):
+    """Which group the terms of one fused kernel may join: "final", "closing", "initial" or None. Only an elementwise
+    body whose every result has at most ``MOST_AXES`` axes may join one, a final group only where they are small; or
+    a body of one-value results reducing at most ``MOST_ELEMENTS`` elements, an initial group, or a closing one where
+    only the ``final`` kernels' terms read it."""
     t = results[0]
-    if t.attr("kernel") != ELEMENTWISE_KERNEL or t.attr("again"):
-        return None
     body = t.attr("outputs")
-    if len(results) != len(body) or any(o.ndim > MOST_AXES or o.size == 0 for o in body):
+    if t.attr("again") or len(results) != len(body):
+        return None
+    if t.attr("kernel") == REDUCTION_KERNEL and _one_value(body):
+        if all(a.op.kind == LEAF for a in t.args):
+            return "initial"
+        closing = all(_readers(r, users) <= final for r in results) and all(
+            _read_only_by(a, set(results), users) for a in t.args if a.op.kind != LEAF)
+        return "closing" if closing else None
+    if t.attr("kernel") != ELEMENTWISE_KERNEL or any(o.ndim > MOST_AXES or o.size == 0 for o in body):
         return None
     small = all(o.size <= MOST_ELEMENTS for o in body)
     if small and all(r in roots and not users.get(r) for r in results):
@@ -66,6 +78,29 @@ def _end(results, users, roots):
     if not all(a.op.kind == LEAF for a in t.args):
         return None
     return "initial" if small or all(len(users.get(r, ())) > 1 for r in results) else None
+
+
+def _readers(t, users):
+    """The terms that read ``t``, through the layout ops that only view it (a value reshaped to be concatenated)."""
+    found = set()
+    for u in users.get(t, ()):
+        found |= _readers(u, users) if u.op.kind == LAYOUT else {u}
+    return found
+
+
+def _read_only_by(t, readers, users):
+    """Whether nothing but ``readers`` reads ``t``, nor what ``t`` views: a closing kernel reads its operands at the
+    step's end, which would keep any other value alive that long (a tensor of the backward pass, where only a
+    float8 history's row maxima of it are meant)."""
+    if not set(users.get(t, ())) <= readers:
+        return False
+    return t.op.kind != LAYOUT or _read_only_by(t.args[0], {t}, users)
+
+
+def _one_value(body):
+    """Whether every result of ``body`` is one value, computed from reductions of at most ``MOST_ELEMENTS`` each."""
+    reductions = [t for t in post_order(body) if t.op.kind == REDUCTION]
+    return all(o.ndim == 0 for o in body) and all(r.args[0].size <= MOST_ELEMENTS for r in reductions)
 
 
 def _kernels(roots):
@@ -109,9 +144,9 @@ def _side_by_side(group, trace):
 
 
 def side_by_side(roots, trace):
-    """``roots`` with their small initial, then their small final elementwise kernels grouped (see the module
-    docstring): the final groups read what the initial ones made."""
-    for end in ("initial", "final"):
+    """``roots`` with their small initial, closing, then final kernels grouped (see the module docstring): the
+    closing groups are found while the final kernels are apart, and the final groups read what the others made."""
+    for end in ("initial", "closing", "final"):
         roots = _grouped(tuple(roots), end, trace)
     return roots
 
@@ -119,9 +154,10 @@ def side_by_side(roots, trace):
 def _grouped(roots, end, trace):
     """``roots`` with the small kernels of ``end`` grouped."""
     kernels, users = _kernels(roots)
-    final = set(roots)
+    own = set(roots)
+    final = frozenset(r for results in kernels if _end(results, users, own) == "final" for r in results)
     replaced = {}
-    for group in _groups([results for results in kernels if _end(results, users, final) == end]):
+    for group in _groups([results for results in kernels if _end(results, users, own, final) == end]):
         replaced.update(_side_by_side(group, trace))
     return _substituted(roots, replaced) if replaced else roots
 

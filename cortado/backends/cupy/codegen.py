@@ -29,9 +29,8 @@ from ...exprgraph.scaling import is_exact_power_of_two
 from ...exprgraph.ops import (
     ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, FLOAT8_GRADIENT, GREATER, GREATER_EQUAL,
     LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
-    RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail, parameter,
+    RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
 )
-from ...rules.engine import bottom_up
 from .launch import WAIT_PRIOR_GRIDS
 
 THREADS = 256
@@ -568,34 +567,6 @@ def elementwise_source(body, operands, aliased=(), order=None):
     which the kernel then walks in memory order."""
     lines, blocks = _elementwise_part(body, operands, order)
     return finished_source("elementwise", "\n".join(lines) + "\n", body, operands, aliased, blocks, (THREADS, 1, 1))
-
-
-def _own_parameters(body):
-    """``(body, read)``: ``body`` with the parameters it reads numbered from 0, and their old numbers, in order."""
-    read = sorted({t.attr("index") for t in post_order(body) if t.op is PARAM})
-    memo = {t: parameter(read.index(t.attr("index")), t) for t in post_order(body) if t.op is PARAM}
-    return tuple(bottom_up(t, memo, lambda original, rebuilt: rebuilt) for t in body), read
-
-
-def horizontal_source(body, operands, aliased, spans):
-    """Several elementwise bodies in one launch (``rules.horizontal``): the outputs ``body[start:end]`` of each of
-    ``spans`` computed by blocks of their own, as ``elementwise_source`` would alone, each in C order. Each part is
-    a device function of its own operands, not inlined, and equal parts (the updates of same-sized biases) are one
-    function: the compiler builds each once, where a kernel of fifty inlined parts took it seconds."""
-    functions, calls, first = {}, [], 0
-    for start, end in spans:
-        part, read = _own_parameters(body[start:end])
-        own = [operands[k] for k in read]
-        statements, blocks = _elementwise_part(part, own, offset="first")
-        signature = _signature(own, part, {j for j, k in enumerate(read) if k in aliased})
-        text = f"({signature}, unsigned int first) {{\n" + "\n".join(statements) + "\n}\n"
-        name = functions.setdefault(text, f"ct_part{len(functions)}")
-        arguments = [f"in{k}" for k in read] + [f"out{k}" for k in range(start, end)] + [f"{first}u"]
-        first += blocks
-        calls.append(f"  {'if' if start == 0 else 'else if'} (blockIdx.x < {first}u) {name}({', '.join(arguments)});")
-    definitions = "".join(f"__device__ __noinline__ void {name}{text}" for text, name in functions.items())
-    return finished_source("horizontal", "\n".join(calls) + "\n", body, operands, aliased, first, (THREADS, 1, 1),
-                           before=definitions)
 
 
 def _accumulator(reduction):

@@ -392,16 +392,23 @@ def _same_places(results, readers, strides, views):
 
 def _inplace_side_by_side(k, strides, views):
     """``_inplace`` of kernels side by side: each part's results over the operands that part alone reads, at its own
-    indices (another part's threads may read an operand both read while this one writes it)."""
+    indices (another part's threads may read an operand both read while this one writes it), and of a part of
+    reductions only those its epilogue reads."""
     t = k.term
     body, spans = t.attr("outputs"), t.attr("kernel").spans()
     read = [{p.attr("index") for p in post_order(body[start:end]) if p.op is PARAM} for start, end in spans]
     pairs = []
     for part, (start, end) in enumerate(spans):
         others = set().union(*(r for j, r in enumerate(read) if j != part))
-        own = read[part] - others - shifted_operands(body[start:end])
+        own = read[part] - others - shifted_operands(body[start:end]) - _reduced(body[start:end])
         pairs += _same_places(k.terms[start:end], [t.args[i] for i in sorted(own)], strides, views)
     return tuple(pairs)
+
+
+def _reduced(body):
+    """The indices of the parameters the reductions of ``body`` read."""
+    reductions = [s for s in post_order(body) if s.op in REDUCTIONS]
+    return {s.attr("index") for s in post_order(reductions) if s.op is PARAM}
 
 
 def _epilogue_operands(t):
@@ -409,8 +416,7 @@ def _epilogue_operands(t):
     the thread that writes the output there, after the reductions (an SGD step on a bias gradient, say). What any
     of its reductions reads is read by other threads while outputs are written (sibling sums: the second's may
     broadcast along the reduced axis)."""
-    reductions = [s for s in post_order(t.attr("outputs")) if s.op in REDUCTIONS]
-    prologue = {s.attr("index") for s in post_order(reductions) if s.op is PARAM}
+    prologue = _reduced(t.attr("outputs"))
     return [a for k, a in enumerate(t.args) if k not in prologue]
 
 

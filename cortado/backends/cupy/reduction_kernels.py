@@ -147,7 +147,17 @@ def _row_vectors(r):
     return (per, tuple(loaded)) if per > 1 and r.k_total % per == 0 else (1, ())
 
 
-def _row_lines(r):
+def one_value_lines(body, operands, block_index):
+    """``(statements, blocks)`` of a fused reduction whose every output is one value, as its kernel computes it
+    alone, with the block's index ``block_index`` (a part of kernels side by side: ``horizontal_kernels``)."""
+    r = _reduction_parts(body, operands)
+    if r.outputs_n != 1:
+        raise BackendError(f"a reduction side by side computes one value, not {r.outputs_n}: {body}")
+    lines, blocks, _ = _row_lines(r, block_index)
+    return lines, blocks
+
+
+def _row_lines(r, block_index="blockIdx.x"):
     """Each output a warp (short reductions, or rows of few vectors where there are many) or a block, its threads
     striding along the row (a vector of elements at a time, ``_row_vectors``), each reduction of the body beside
     the others."""
@@ -156,7 +166,7 @@ def _row_lines(r):
     width = 32 if r.k_total <= ROW_WARP_LIMIT or many else THREADS
     per_block = THREADS // width
     index, acc, count = r.index, r.acc, len(r.reds)
-    lines = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};",
+    lines = [f"  const {index} o = ({index}){block_index} * {per_block} + threadIdx.x / {width};",
              f"  const unsigned lane = threadIdx.x % {width};"]
     lines += [f"  {acc} acc{j} = {r.identity(j)};" for j in range(count)]
     lines += [f"  if (o < {r.outputs_n}) {{"]

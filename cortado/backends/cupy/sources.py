@@ -8,7 +8,8 @@ and the copy kernel.
 from ...exprgraph.ops import parameter
 from ...rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, TRANSPOSED_KERNEL, kernel_shape, row_shape
 from ...rules.horizontal import Horizontal
-from .codegen import elementwise_source, horizontal_source
+from .codegen import elementwise_source
+from .horizontal_kernels import horizontal_source
 from .reduction_kernels import partials_bytes, reduction_sources
 from .row_kernels import row_source
 from .transposed_kernels import stored_transposed, transposed_source, transposing_copy
