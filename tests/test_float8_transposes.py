@@ -141,9 +141,10 @@ def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
 
 def test_a_row_kernel_gives_every_lane_of_a_warp_as_many_vectors_of_its_row():
     """Rows cast to float8 take 16 elements a thread at a time (16 bytes of float8), but a row of 768 is then 48
-    vectors, which leave half a warp idle in its second turn: it takes vectors of 8 (96, three turns of every lane);
-    rows of 3072 keep 16 (192 vectors, six turns)."""
-    for n, width in ((768, 8), (3072, 16), (2304, 8)):
+    vectors, which leave half of the warp that takes it idle in its second turn: it takes vectors of 8 (96, three
+    turns of every lane); rows of 1536 keep 16 (96 vectors), and so do rows of 3072 and 2304, which a block of 256
+    threads takes (192 and 144 vectors, one turn)."""
+    for n, width in ((768, 8), (1536, 16), (3072, 16), (2304, 16)):
         operand = Operand((4096, n), BF16, (n, 1))
         y, peak = _rows_scaled(parameter(0, operand))
         (source,) = sources.kernel_sources((y, peak), [operand])

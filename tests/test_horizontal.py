@@ -1,5 +1,6 @@
-"""Kernels side by side (rules.horizontal): small elementwise kernels that only write the step's results become one
-kernel; values are unchanged, nothing else is grouped, and a part writes in place only what no other part reads."""
+"""Kernels side by side (rules.horizontal): small kernels at either end of the step (elementwise, or of one-value
+results from whole reductions) become one kernel each; values are unchanged, nothing else is grouped, and a part
+writes in place only what no other part reads."""
 
 import numpy as np
 import pytest
@@ -245,8 +246,8 @@ def test_a_float8_steps_one_value_kernels_join_groups_at_either_end():
 
 
 def test_a_part_of_one_value_takes_a_block_of_its_own():
-    """One-value reductions side by side: each part a block (a warp for a short one), its block's index counted
-    from the part's first."""
+    """One-value reductions side by side: each part a block (reducing with a warp for a short one), its block's index
+    counted from the part's first."""
     a, b = ct.var("a", (64,)), ct.var("b", (8192,))
     roots, _ = _grouped([ct.max(a) * 2.0, ct.sum(b * 2.0)])
     (t,) = {(r.args, r.attr("outputs")): r for r in ct.schedule(list(roots)) if r.op.name == "fused"}.values()
@@ -254,6 +255,8 @@ def test_a_part_of_one_value_takes_a_block_of_its_own():
     source = horizontal_source(t.attr("outputs"), [Operand(p.shape, p.dtype, contiguous_strides(p.shape))
                                                    for p in t.args], (), t.attr("kernel").spans())
     assert source.text.count("(blockIdx.x - first)") == 2 and source.blocks == 2
+    assert ", 0u);" in source.text and ", 1u);" in source.text  # the second part's blocks start at 1
+    assert "threadIdx.x % 32" in source.text and "threadIdx.x % 256" in source.text  # a warp reduces 64, a block 8192
 
 
 @pytest.mark.gpu
@@ -268,11 +271,13 @@ def test_on_the_gpu_one_value_reductions_side_by_side_equal_the_reference():
     rng = np.random.default_rng(4)
     feeds = {"a": rng.standard_normal(64).astype(np.float32), "b": rng.standard_normal(8192).astype(np.float32),
              "c": rng.standard_normal(65536).astype(np.float32)}
-    for fed in (feeds, {**feeds, "a": np.where(np.arange(64) == 9, np.nan, feeds["a"]).astype(np.float32)}):
+    nan = {"a": np.where(np.arange(64) == 9, np.nan, feeds["a"]).astype(np.float32),
+           "c": np.where(np.arange(65536) == 40000, np.nan, feeds["c"]).astype(np.float32)}
+    for fed in (feeds, {**feeds, **nan}):
         cpu, gpu = ([np.asarray(host(v)) for v in program(**fed)] for program in programs)
         np.testing.assert_array_equal(gpu[0], cpu[0])
         np.testing.assert_array_equal(gpu[3], cpu[3])
-        np.testing.assert_allclose(gpu[1:3], cpu[1:3], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(gpu[1:3], cpu[1:3], rtol=1e-5, atol=1e-6)  # NaN in the mean, too
 
 
 def test_a_kernel_side_by_side_may_read_values_made_again(monkeypatch):

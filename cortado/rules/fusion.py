@@ -70,8 +70,7 @@ class KernelShapes:
     """The kernels a backend's fused regions may be, as it declares them and fusion makes them: with ``one_op``, a
     region of one op alone too (a backend that builds every kernel from a fused body); with ``sibling_columns``, one
     reduction kernel summing the columns of two values of one shape in one pass; with ``rows``, row kernels; with
-    ``horizontal``, small elementwise kernels that only write the step's results as one kernel, side by side
-    (``rules.horizontal``)."""
+    ``horizontal``, small kernels at either end of the step as one kernel each, side by side (``rules.horizontal``)."""
 
     one_op: bool = False
     sibling_columns: bool = False

@@ -40,9 +40,9 @@ MOST_AXES = 2  # vectors and matrices: always stored in C order, so each part wa
 
 @dataclass(frozen=True)
 class Horizontal:
-    """The kernel a fused term is when it is several elementwise kernels side by side (a fused term's ``kernel``
-    attribute): its body's outputs in consecutive ``parts`` of these sizes, each part one elementwise body over its
-    own shape, reading only its own operands."""
+    """The kernel a fused term is when it is several kernels side by side (a fused term's ``kernel`` attribute): its
+    body's outputs in consecutive ``parts`` of these sizes, each part one elementwise body over its own shape, or one
+    body of one-value results from whole reductions, reading only its own operands."""
 
     parts: tuple
 
@@ -59,7 +59,8 @@ def _end(results, users, roots, final=frozenset()):
     """Which group the terms of one fused kernel may join: "final", "closing", "initial" or None. Only an elementwise
     body whose every result has at most ``MOST_AXES`` axes may join one, a final group only where they are small; or
     a body of one-value results reducing at most ``MOST_ELEMENTS`` elements, an initial group, or a closing one where
-    only the ``final`` kernels' terms read it."""
+    only the ``final`` kernels' terms read it and nothing else reads its operands (those it keeps alive to the step's
+    end: a float8 history's row maxima, or a small tensor it reduces whole)."""
     t = results[0]
     body = t.attr("outputs")
     if t.attr("again") or len(results) != len(body):
@@ -94,7 +95,7 @@ def _read_only_by(t, readers, users):
     float8 history's row maxima of it are meant)."""
     if not set(users.get(t, ())) <= readers:
         return False
-    return t.op.kind != LAYOUT or _read_only_by(t.args[0], {t}, users)
+    return t.op.kind != LAYOUT or t.args[0].op.kind == LEAF or _read_only_by(t.args[0], {t}, users)
 
 
 def _one_value(body):

@@ -43,7 +43,8 @@ def _all_reduced(red, acc_type, acc, width):
 
 def _row_vector(shape, operands, elements, body):
     """``(width, rows, across)``: how many elements of a row each thread takes at a time (16 bytes of the narrowest
-    type where the row divides; half that where only half gives each lane of a warp as many vectors as the others),
+    type where the row divides; half that where only half gives each lane of the warp that takes a row as many
+    vectors as the others),
     the operands it then loads as one vector of its row (those laid out as the rows themselves), and those it loads
     as one vector of the one row they hold for every row (a layer norm's gain and bias): ``width`` scattered loads of
     those, a lane's elements ``width`` elements apart from its neighbours', would take many times the memory
@@ -57,7 +58,7 @@ def _row_vector(shape, operands, elements, body):
     vec = 16 // min(sizes, default=16)
     while vec > 1 and n % vec:
         vec //= 2
-    if vec > 2 and (n // vec) % 32 and (n // (vec // 2)) % 32 == 0:
+    if vec > 2 and n <= ROW_KERNEL_WARP_LIMIT and (n // vec) % 32 and (n // (vec // 2)) % 32 == 0:
         vec //= 2
     return (vec, rows, across) if vec > 1 and math.prod(shape[:-1]) > 1 else (1, set(), set())
 
