@@ -156,7 +156,8 @@ def _grouped(roots, end, trace):
     """``roots`` with the small kernels of ``end`` grouped."""
     kernels, users = _kernels(roots)
     own = set(roots)
-    final = frozenset(r for results in kernels if _end(results, users, own) == "final" for r in results)
+    final = frozenset(r for results in kernels if _end(results, users, own) == "final" for r in results
+                      ) if end == "closing" else frozenset()  # what a closing kernel's readers must be
     replaced = {}
     for group in _groups([results for results in kernels if _end(results, users, own, final) == end]):
         replaced.update(_side_by_side(group, trace))

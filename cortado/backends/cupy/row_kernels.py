@@ -243,7 +243,7 @@ def row_source(body, operands, aliased, shape):
         head += _row_cache(operands, read & vectors, index, n, width, vec, cached)
     if not turned:
         return finished_source("rows", "\n".join(head + lines) + "\n", body, operands, aliased, -(-rows // per_block),
-                               (THREADS, 1, 1))
+                               (threads, 1, 1))
     tiles = ["  extern __shared__ __align__(16) unsigned char ct_rows[];"]
     tiles += [f"  auto tile{k} = reinterpret_cast<{storage_type(t.dtype)} (*)[{n}]>(ct_rows + {j * TRANSPOSED_ROWS * n});"
               for j, (k, t) in enumerate(turned)]
