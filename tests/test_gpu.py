@@ -72,8 +72,10 @@ def _least_precise(out):
 
 
 @pytest.mark.parametrize("dtype", FLOATS)
-@pytest.mark.parametrize("shape", [(33, 65, 17), (2, 3, 1030), (4096, 3), (1030, 129)])
+@pytest.mark.parametrize("shape", [(33, 65, 17), (2, 3, 1030), (4096, 3), (1030, 129), (520, 2, 64)])
 def test_fused_reductions_over_every_subset_of_axes(shape, dtype):
+    """Every reduction kernel: rows (a warp or a block an output), columns an element a thread or a 16-byte vector of
+    adjacent columns a thread (the last shape, whose columns are also split into parts), one value."""
     x = ct.var("x", shape, dtype)
     y = ct.var("y", shape[-1:], dtype)
     rng = np.random.default_rng(0)

@@ -14,6 +14,7 @@ from cortado.backends.cupy import launch, reduction_kernels, sources
 from cortado.backends.cupy.codegen import Operand, Source, contiguous_strides
 from cortado.backends.cupy.kernels import compiled
 from cortado.errors import BackendError
+from cortado.exprgraph.dtypes import BFLOAT16
 from cortado.exprgraph.ops import parameter
 from cortado.rules.fusion import row_shape
 
@@ -64,10 +65,11 @@ def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
     tall = Operand((4096, 8), np.dtype(np.float32), (8, 1))
     y = parameter(0, tall)
     column = (ct.sum(y, axis=0),)
-    assert reduction_kernels.column_splits(column) == 32 and sources.reduction_scratch_bytes(column, [tall]) == 32 * 8 * 4
+    assert reduction_kernels.column_splits(column, [tall]) == 32 and sources.reduction_scratch_bytes(column, [tall]) == 32 * 8 * 4
     parts, total = sources.kernel_sources(column, [tall])
     assert parts.blocks == (1, 32, 1) and "partials[" in parts.text and "partials[(0 + s) * 8 + o]" in total.text
-    assert reduction_kernels.column_splits((ct.sum(parameter(0, _operand()), axis=0),)) == 1  # too few rows to split
+    short = (ct.sum(parameter(0, _operand()), axis=0),)
+    assert reduction_kernels.column_splits(short, [_operand()]) == 1  # too few rows to split
     wide = Operand((4096, 8), np.dtype(np.int64), (8, 1))  # an int64 sum keeps 8 bytes a part
     assert sources.reduction_scratch_bytes((ct.sum(parameter(0, wide), axis=0),), [wide]) == 32 * 8 * 8
     both = (ct.sum(y, axis=0), ct.max(y, axis=0))  # sibling reductions: each its own parts
@@ -78,6 +80,18 @@ def test_split_columns_and_row_kernels_are_chosen_where_they_pay():
     assert row_shape((e / ct.sum(e, axis=1, keepdims=True),)) == (4096, 8)
     assert row_shape((ct.sum(y, axis=1, keepdims=True),)) is None  # one reduction, no row output
     assert sources.reduction_scratch_bytes((e / ct.sum(e, axis=1, keepdims=True),), [tall]) == 0
+
+
+def test_columns_whose_rows_are_whole_vectors_are_loaded_a_vector_a_thread():
+    """A bias gradient's column sums of 8192 rows of 768 bfloat16 load 16 bytes of adjacent columns a thread; rows of
+    770 columns, not whole vectors, an element a thread."""
+    for width, vector in ((768, True), (770, False)):
+        rows = Operand((8192, width), np.dtype(BFLOAT16), (width, 1))
+        body = (ct.sum(ct.cast(parameter(0, rows), "float32"), axis=0),)
+        parts, _ = sources.kernel_sources(body, [rows])
+        assert ("ct_vec<__nv_bfloat16, 8>" in parts.text) == vector
+        assert parts.block == ((reduction_kernels.COLUMN_VECTOR_ACROSS, 256 // reduction_kernels.COLUMN_VECTOR_ACROSS, 1)
+                               if vector else (32, 8, 1))
 
 
 def test_an_image_stored_channels_last_sums_its_channels_as_columns():

@@ -26,6 +26,9 @@ ROW_WARP_LIMIT = 64  # reductions this long or shorter take a warp per output, l
 ROW_WARP_VECTORS, ROW_WARP_ROWS = 1024, 4096
 COLUMN_TILE = (32, 8)  # threads across a block, threads down each reduced column
 COLUMN_VECTORS = 2  # the columns each thread of a column reduction sums, a warp's width apart
+# ... or, where its operands' rows are whole 16-byte loads, the threads across a block, each loading 16 bytes of
+# adjacent columns of a row (a warp reads a few rows' segments of 128 bytes)
+COLUMN_VECTOR_ACROSS = 16
 COLUMN_ROW_UNROLL = 4  # rows a column reduction's thread loads before it adds them
 # a column reduction of fewer tiles than this splits its columns into parts, summed by a second kernel in order
 # (so the result does not depend on timing): a column sum is latency-bound, the more loads in flight the faster.
@@ -112,18 +115,17 @@ def _columns(body, operands=()):
     return bool(full) and all(o.strides[kept_last] == 1 for o in full)
 
 
-def column_splits(body, operands=()):
+def column_splits(body, operands):
     """How many parts the reduced columns of ``body`` over ``operands`` are split into (1: none): enough for
     ``COLUMN_BLOCKS_WANTED`` blocks, each part ``SPLIT_ROWS_MIN`` rows at least."""
     if not _columns(body, operands):
         return 1
-    red = _reductions_of(body)[0]
-    tiles = -(-math.prod(red.shape) // _column_tile(math.prod(red.shape)))
-    rows = math.prod(red.args[0].shape[a] for a in red.attr("axes"))
-    return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), rows // SPLIT_ROWS_MIN))
+    r = _reduction_parts(body, operands)
+    tiles = -(-r.outputs_n // _column_tile(r).columns)
+    return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), r.k_total // SPLIT_ROWS_MIN))
 
 
-def partials_bytes(body, operands=()):
+def partials_bytes(body, operands):
     """The bytes of the parts a split column reduction of ``body`` over ``operands`` keeps between its two kernels
     (0: not split): each reduction's parts, laid out as ``reduction_sources`` writes them, in the accumulator's
     type."""
@@ -205,43 +207,82 @@ def _row_lines(r, block_index="blockIdx.x"):
     return lines, -(-r.outputs_n // per_block), (THREADS, 1, 1)
 
 
-def _column_tile(outputs):
-    """The outputs of a column reduction one block sums: ``COLUMN_VECTORS`` a thread where there are that many."""
-    return COLUMN_TILE[0] * max(1, min(COLUMN_VECTORS, -(-outputs // COLUMN_TILE[0])))
+@dataclass(frozen=True)
+class _ColumnTile:
+    """How a block of a column reduction covers its columns: ``across`` threads side by side, each summing
+    ``groups`` runs of ``per`` adjacent columns (a run ``across * per`` columns after the one before), ``down``
+    threads down every column. A run of more than one column is loaded as one vector of each operand in
+    ``loaded``."""
+
+    per: int
+    loaded: tuple
+    across: int
+    down: int
+    groups: int
+
+    @property
+    def columns(self):
+        return self.across * self.per * self.groups
+
+
+def _column_tile(r):
+    """Vectors of adjacent columns where every operand read whole is stored row after row and its rows are whole
+    16-byte loads (a warp then reads 128 contiguous bytes of a row where it read 64 in elements: the GPT's bias and
+    layer-norm gain gradients, 8192 x 768 bfloat16, ran at a third of the copy bandwidth); otherwise an element at a
+    time, ``COLUMN_VECTORS`` columns a thread a warp's width apart."""
+    space, operands, n = r.prologue.space, r.prologue.operands, r.outputs_n
+    loaded = sorted(k for k in r.prologue.read if len(operands[k].shape) == len(space)
+                    and offset(space, operands[k]) == f"r * {n} + o")
+    if loaded and not any(t.op is PAD for red in r.reds for t in post_order([red.args[0]])):
+        per = max(1, min(8, 16 // min(operands[k].dtype.itemsize for k in loaded)))
+        if per > 1 and n % per == 0:
+            return _ColumnTile(per, tuple(loaded), COLUMN_VECTOR_ACROSS, THREADS // COLUMN_VECTOR_ACROSS, 1)
+    across, down = COLUMN_TILE
+    return _ColumnTile(1, (), across, down, max(1, min(COLUMN_VECTORS, -(-n // across))))
 
 
 def _column_lines(r, first="0", last=None, store=None):
-    """A tile of ``_column_tile`` outputs a block, ``COLUMN_TILE[1]`` threads down each column, over the rows from
-    ``first`` to ``last``, each reduction of the body beside the others; the block's sums (``acc0``, ``acc1``, ...)
-    go to ``store`` (lines) or, by default, through the epilogue. Each thread sums several columns a warp's width
-    apart: each of its loads is one contiguous segment of a row across the warp, and its loads of one row are
-    independent, so they are in flight together."""
-    across, down = COLUMN_TILE
-    tile = _column_tile(r.outputs_n)
+    """A tile of columns a block (``_column_tile``) over the rows from ``first`` to ``last``, each reduction of the
+    body beside the others; the block's sums (``acc0``, ``acc1``, ...) go to ``store`` (lines) or, by default,
+    through the epilogue. A thread's loads of one row are independent, so they are in flight together; then the
+    tile's columns are each added down by one thread, in order."""
+    tile = _column_tile(r)
     index, acc, n, count = r.index, r.acc, r.outputs_n, len(r.reds)
-    lines = [f"  const {index} column = ({index})blockIdx.x * {tile} + threadIdx.x;",
-             f"  {acc} sums[{count}][{tile // across}];",
-             "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
+    per, across, down, width = tile.per, tile.across, tile.down, tile.per * tile.groups
+    operands = r.prologue.operands
+    writer = _Writer(r.prologue.space, operands, "p", {k: f"a{k}.v[u]" for k in tile.loaded})
+    elements = [writer.value(red.args[0]) for red in r.reds]
+    vector = {k: f"ct_vec<{storage_type(operands[k].dtype)}, {per}>" for k in tile.loaded}
+    lines = [f"  const {index} first_column = ({index})blockIdx.x * {tile.columns} + threadIdx.x * {per};",
+             f"  {acc} sums[{count}][{width}];",
+             "  #pragma unroll", f"  for (int u = 0; u < {width}; ++u) {{"]
     lines += [f"    sums[{j}][u] = {r.identity(j)};" for j in range(count)] + ["  }"]
     lines += [f"  #pragma unroll {COLUMN_ROW_UNROLL}",
               f"  for ({index} r = {first} + threadIdx.y; r < {last or r.k_total}; r += {down}) {{",
-              "    #pragma unroll", f"    for (int u = 0; u < {tile // across}; ++u) {{",
-              f"      const {index} o = column + u * {across};",
-              f"      if (o < {n}) {{"]
-    lines += ["        " + s for s in r.prologue.lines]
-    lines += ["        " + r.fold(j, f"sums[{j}][u]") for j in range(count)] + ["      }", "    }", "  }"]
-    lines += [f"  __shared__ {acc} partial[{count}][{down}][{tile}];",
-              "  #pragma unroll", f"  for (int u = 0; u < {tile // across}; ++u) {{"]
-    lines += [f"    partial[{j}][threadIdx.y][u * {across} + threadIdx.x] = sums[{j}][u];" for j in range(count)]
-    lines += ["  }", "  __syncthreads();", "  if (threadIdx.y != 0) return;",
-              f"  for (int u = 0; u < {tile // across}; ++u) {{",
-              f"    const {index} o = column + u * {across};",
-              f"    if (o >= {n}) break;"]
+              "    #pragma unroll", f"    for (int g = 0; g < {tile.groups}; ++g) {{",
+              f"      const {index} column = first_column + g * {across * per};",
+              f"      if (column < {n}) {{"]
+    lines += [f"        const {vector[k]} a{k} = reinterpret_cast<const {vector[k]}*>(in{k})"
+              f"[r * {n // per} + column / {per}];" for k in tile.loaded]
+    lines += ["        #pragma unroll", f"        for (int u = 0; u < {per}; ++u) {{",
+              f"          const {index} o = column + u;"]
+    lines += ["          " + s for s in writer.lines]
+    lines += ["          " + r.fold(j, f"sums[{j}][g * {per} + u]", e) for j, e in enumerate(elements)]
+    lines += ["        }", "      }", "    }", "  }"]
+    lines += [f"  __shared__ {acc} partial[{count}][{down}][{tile.columns}];",
+              "  #pragma unroll", f"  for (int g = 0; g < {tile.groups}; ++g) {{",
+              "    #pragma unroll", f"    for (int u = 0; u < {per}; ++u) {{"]
+    lines += [f"      partial[{j}][threadIdx.y][g * {across * per} + threadIdx.x * {per} + u] = sums[{j}][g * {per} + u];"
+              for j in range(count)]
+    lines += ["    }", "  }", "  __syncthreads();",
+              f"  const unsigned t = threadIdx.y * {across} + threadIdx.x;",
+              f"  if (t >= {tile.columns}) return;",
+              f"  const {index} o = ({index})blockIdx.x * {tile.columns} + t;",
+              f"  if (o >= {n}) return;"]
     for j in range(count):
-        lines += [f"    {acc} acc{j} = partial[{j}][0][u * {across} + threadIdx.x];",
-                  f"    for (int y = 1; y < {down}; ++y) "
-                  f"acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][u * {across} + threadIdx.x]')};"]
-    return lines + ["    " + s for s in (store or r.finish)] + ["  }"], -(-n // tile), (across, down, 1)
+        lines += [f"  {acc} acc{j} = partial[{j}][0][t];",
+                  f"  for (int y = 1; y < {down}; ++y) acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][t]')};"]
+    return lines + ["  " + s for s in (store or r.finish)], -(-n // tile.columns), (across, down, 1)
 
 
 def reduction_sources(body, operands, aliased=()):
