@@ -356,3 +356,16 @@ def test_a_planned_step_finds_what_a_lowering_rule_made_through_the_later_stages
     roots = _rewrite([loss, *ct.grad(loss, [W1, b1, W2, b2])], CupyBackend(), traces)
     made = PlannedStep(None, traces).made_by("lowering", "gemm-bias-gradient")
     assert len(made) == 2 and set(made) <= set(post_order(roots))
+
+
+def test_products_that_hold_the_card_at_its_power_limit_keep_the_heuristics_first_choice():
+    """The large MLP's 8192^3 products are not timed (``cublaslt.SETTLED_PRODUCT``); the GPT's largest, 8192 x 3072
+    over 768, and a 4096^3 product are."""
+    from cortado.backends.cupy.calls.cublaslt import WORKSPACE_LIMIT, GemmCall
+    from cortado.exprgraph.dtypes import BFLOAT16
+
+    def product(m, n, k):
+        return GemmCall.product(Operand((m, k), BFLOAT16, (k, 1)), Operand((k, n), BFLOAT16, (n, 1)))
+
+    assert not product(8192, 8192, 8192).timed and product(8192, 8192, 8192).workspace_limit == WORKSPACE_LIMIT[1]
+    assert product(8192, 3072, 768).timed and product(4096, 4096, 4096).timed and product(128, 256, 784).timed

@@ -7,7 +7,8 @@ beta in host memory. A call then only passes pointers, so it allocates nothing a
 in a CUDA graph (CuPy's own cuBLAS wrapper refuses to run during capture).
 
 The algorithm is the fastest of cuBLASLt's first ``CANDIDATES`` heuristic choices, each timed on
-the program's own buffers when it is built (``autotune=False``: the first choice). The heuristic
+the program's own buffers when it is built (``autotune=False``, or a product of ``SETTLED_PRODUCT``
+multiply-adds or more: the first choice). The heuristic
 alone often picks a tile too large for a small product: 128x1024x1024 float32 then fills a few of
 the 132 multiprocessors. A choice is remembered for the process, by everything that describes the
 call, so two programs with the same GEMM compute the same bits (timing alone could pick either of
@@ -26,6 +27,12 @@ from .timing import time_graph
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
 LARGE_PRODUCT = 1 << 30  # multiply-adds from which a product is large
+# ... and from which it keeps the heuristic's first choice, untimed: a card running products this large back to
+# back is held at its power limit (an H100: 1260-1480 MHz of its 1980), candidates timed when a program is built rank
+# by the clocks they happened to run at, and the large MLP step (three 8192^3 layers, 2^39 multiply-adds a product)
+# ran slower with its tuned GEMMs than with the first choices in every H100 run: 13.37 against 12.49 ms, 13.17
+# against 12.28, 13.39 against 12.45 (benchmarks/results/h100/experiments/sustained_tuning/)
+SETTLED_PRODUCT = 1 << 38
 CANDIDATES = 8  # heuristic choices timed when a program is built
 MARGIN = 0.03  # how much faster than the heuristic's first choice another must be to replace it
 
@@ -71,10 +78,18 @@ class GemmCall:
         return cls(a, b, shape, a.dtype, transpose_a, transpose_b, **rest)
 
     @property
+    def multiply_adds(self):
+        return math.prod(self.shape) * (self.a.shape[-2] if self.transpose_a else self.a.shape[-1])
+
+    @property
     def workspace_limit(self):
         """The scratch the call may ask for: more for a large product, where it buys faster algorithms."""
-        k = self.a.shape[-2] if self.transpose_a else self.a.shape[-1]
-        return WORKSPACE_LIMIT[math.prod(self.shape) * k >= LARGE_PRODUCT]
+        return WORKSPACE_LIMIT[self.multiply_adds >= LARGE_PRODUCT]
+
+    @property
+    def timed(self):
+        """Whether its candidates are timed when a program is built (``SETTLED_PRODUCT``)."""
+        return self.multiply_adds < SETTLED_PRODUCT
 
 
 def handle():
@@ -152,6 +167,8 @@ def matrix_layout(data, rows, cols, ld, count=1, stride=0):
 class Gemm:
     """The cuBLASLt call ``GemmCall`` describes, over fixed pointers."""
 
+    timed = True  # whether ``tune`` times its candidates (a float8 GEMM's always are)
+
     def __init__(self, call):
         lt = _lt()
         from nvmath.bindings.cublas import ComputeType
@@ -202,6 +219,7 @@ class Gemm:
         self.candidates = _heuristics[self.key]
         self.workspace_bytes = int(self.candidates["workspace_size"].max())  # what any candidate needs: often 0
         self.choice = 0
+        self.timed = call.timed
 
     def _set(self, attribute, value):
         set_attribute(self.desc, attribute, value)
@@ -221,6 +239,8 @@ class Gemm:
         that drift under load rank candidates by chance."""
         if self.key in _tuned:
             self.candidates, self.choice = _tuned[self.key], 0
+            return
+        if not self.timed:  # a product as large as ``SETTLED_PRODUCT``: the heuristic's first choice
             return
         times = [self._time(k, pointers, stream) for k in range(len(self.candidates))]
         if np.isinf(min(times)):
