@@ -1,69 +1,84 @@
-"""Why the large bf16 MLP step is slower with tuned GEMMs: each GEMM's candidates timed briefly (as tuning does) and
-under sustained load; the GPU's clocks and power while the two programs run in turns."""
-import sys, subprocess, time, statistics
-sys.path.insert(0, 'benchmarks'); sys.path.insert(0, 'examples')
-import numpy as np, cupy
-import bench_mlp_gpu as M
-from cortado.backends.cupy.calls import timing
-from cortado.backends.cupy.calls.cublaslt import Gemm
+"""Why the large bfloat16 MLP step is slower with tuned GEMMs: each GEMM's candidates timed briefly (as tuning does)
+and under sustained load, then the tuned and the heuristic's programs in turns, the card's clocks and power sampled
+all along. Run from the repository root on the GPU machine: python3 <this file>."""
 
-smi = subprocess.Popen(["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader", "-lms", "200"], stdout=open("/tmp/smi.txt", "w"))
-work = M.workload("large", "bfloat16")
-progs = {}
-for name, options in (("tuned", {}), ("heuristic", {"autotune": False})):
-    step = M.compiled_step(work.values, work.batch, work.sizes, work.dtype, **options)
-    progs[name] = step
-dtype = progs["tuned"].state["W1"].dtype
-feeds = {"x": cupy.asarray(work.x.astype(dtype)), "y": cupy.asarray(work.y.astype(dtype))}
-ex = progs["tuned"]._executor
-print("tuned GEMMs:", flush=True)
-gemms = [(made, ws) for made, ws in ex.tuned if isinstance(made.library, Gemm)]
-seen = {}
-for made, ws in gemms:
-    lib = made.library
-    if lib.key in seen: continue
-    seen[lib.key] = (made, ws)
-    print("  key", hash(lib.key) % 10000, "choice", lib.choice, "of", len(lib.candidates), flush=True)
-# time each distinct GEMM's candidates: brief (tuning's 30 ms) and sustained (~600 ms after ~600 ms of warm-up)
-pointers_all = ex._resolved([feeds[t.name].data.ptr for t in ex.feeds])
-stream = ex.stream
-for key, (made, ws) in seen.items():
-    lib = made.library
-    full = lib.candidates
-    import cortado.backends.cupy.calls.cublaslt as L
-    heur = L._heuristics[lib.key]
-    lib.candidates = heur
-    args = made._arguments([pointers_all[v] for v in made.values], ws)
-    res = []
-    for k in range(min(len(heur), 8)):
-        lib.choice = k
-        try:
-            timing.TIMED_MS, timing.TIMED_CALLS = 30.0, 20
-            brief = min(timing.time_graph(lambda: lib.call(*args, stream.ptr), stream) for _ in range(3))
-            timing.TIMED_MS, timing.TIMED_CALLS = 600.0, 1000
-            timing.time_graph(lambda: lib.call(*args, stream.ptr), stream)
-            sustained = timing.time_graph(lambda: lib.call(*args, stream.ptr), stream)
-        except Exception as e:
-            brief = sustained = float('inf')
-        res.append((k, brief, sustained))
-    lib.candidates = full
-    print(f"  GEMM {hash(key) % 10000}: " + "; ".join(f"{k}: {b*1e3:.0f}/{s*1e3:.0f} us" for k, b, s in res), flush=True)
-    lib.choice = 0
-timing.TIMED_MS, timing.TIMED_CALLS = 30.0, 20
-# note: choices above were reset to 0; rebuild the tuned program to time it in turns
-del progs["tuned"]
-progs["tuned"] = M.compiled_step(work.values, work.batch, work.sizes, work.dtype)
-def step_ms(p, n=20):
-    p(**feeds); s = p._executor.stream
-    a = s.record()
-    for _ in range(n): p(**feeds)
-    b = s.record(); b.synchronize()
-    return cupy.cuda.get_elapsed_time(a, b) / n
-for rnd in range(4):
-    for name in (["tuned", "heuristic"] if rnd % 2 == 0 else ["heuristic", "tuned"]):
-        t0 = time.time()
-        print(f"  round {rnd} {name}: {step_ms(progs[name]):.3f} ms  (t={t0:.1f})", flush=True)
-smi.terminate()
-lines = open("/tmp/smi.txt").read().splitlines()
-print("clocks/power samples (every 200 ms):", len(lines))
-for l in lines[::2]: print("  ", l)
+import functools
+import subprocess
+import sys
+
+import cupy
+
+sys.path.insert(0, "benchmarks")
+sys.path.insert(0, "examples")
+import bench_mlp_gpu as mlp  # noqa: E402
+
+from cortado.backends.cupy.calls import cublaslt, timing  # noqa: E402
+
+SAMPLES = "/tmp/clocks.csv"
+
+
+def timed(call, stream, ms, calls):
+    timing.TIMED_MS, timing.TIMED_CALLS = ms, calls
+    return timing.time_graph(call, stream)
+
+
+def candidates(step, feeds):
+    """Each distinct GEMM's candidates: 30 ms of calls (the least of three), then 600 ms after 600 ms of warm-up."""
+    executor = step._executor
+    pointers = executor._resolved([feeds[t.name].data.ptr for t in executor.feeds])
+    seen = set()
+    for made, workspace in executor.tuned:
+        gemm = made.library
+        if not isinstance(gemm, cublaslt.Gemm) or gemm.key in seen:
+            continue
+        seen.add(gemm.key)
+        chosen, gemm.candidates = gemm.choice, cublaslt._heuristics[gemm.key]
+        arguments = made._arguments([pointers[v] for v in made.values], workspace)
+        call = functools.partial(gemm.call, *arguments, executor.stream.ptr)
+        times = []
+        for k in range(len(gemm.candidates)):
+            gemm.choice = k
+            try:
+                brief = min(timed(call, executor.stream, 30.0, 20) for _ in range(3))
+                timed(call, executor.stream, 600.0, 1000)
+                times.append(f"{k}: {1e3 * brief:.0f}/{1e3 * timed(call, executor.stream, 600.0, 1000):.0f} us")
+            except cublaslt._lt().cuBLASLtError:
+                times.append(f"{k}: refused")
+        print(f"  GEMM {hash(gemm.key) % 10000}, tuned choice {chosen}: " + "; ".join(times), flush=True)
+    timing.TIMED_MS, timing.TIMED_CALLS = 30.0, 20
+
+
+def step_ms(step, feeds, calls=20):
+    step(**feeds)
+    stream = step._executor.stream
+    start = stream.record()
+    for _ in range(calls):
+        step(**feeds)
+    end = stream.record()
+    end.synchronize()
+    return cupy.cuda.get_elapsed_time(start, end) / calls
+
+
+def main():
+    query = ["nvidia-smi", "--query-gpu=timestamp,clocks.sm,power.draw,temperature.gpu", "--format=csv,noheader",
+             "-lms", "200"]
+    with open(SAMPLES, "w") as samples:
+        sampler = subprocess.Popen(query, stdout=samples)
+        work = mlp.workload("large", "bfloat16")
+        tuned = mlp.compiled_step(work.values, work.batch, work.sizes, work.dtype)
+        dtype = tuned.state["W1"].dtype
+        feeds = {"x": cupy.asarray(work.x.astype(dtype)), "y": cupy.asarray(work.y.astype(dtype))}
+        candidates(tuned, feeds)
+        programs = {"tuned": mlp.compiled_step(work.values, work.batch, work.sizes, work.dtype),  # its choices again
+                    "heuristic": mlp.compiled_step(work.values, work.batch, work.sizes, work.dtype, autotune=False)}
+        for turn in range(4):
+            for name in list(programs)[::1 if turn % 2 == 0 else -1]:
+                print(f"  round {turn} {name}: {step_ms(programs[name], feeds):.3f} ms", flush=True)
+        sampler.terminate()
+    lines = open(SAMPLES).read().splitlines()
+    print(f"clocks and power, every 400 ms of {len(lines)} samples:")
+    for line in lines[::2]:
+        print("  ", line)
+
+
+main()
