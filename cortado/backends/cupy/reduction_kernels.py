@@ -27,7 +27,8 @@ ROW_WARP_VECTORS, ROW_WARP_ROWS = 1024, 4096
 COLUMN_TILE = (32, 8)  # threads across a block, threads down each reduced column
 COLUMN_VECTORS = 2  # the columns each thread of a column reduction sums, a warp's width apart
 # ... or, where its operands' rows are whole 16-byte loads, the threads across a block, each loading 16 bytes of
-# adjacent columns of a row (a warp reads a few rows' segments of 128 bytes)
+# adjacent columns of a row (a warp reads two rows' segments of 256 bytes; 8 and 32 across were slower overall:
+# benchmarks/results/h100/experiments/column_vectors_ab.txt)
 COLUMN_VECTOR_ACROSS = 16
 COLUMN_ROW_UNROLL = 4  # rows a column reduction's thread loads before it adds them
 # a column reduction of fewer tiles than this splits its columns into parts, summed by a second kernel in order
@@ -227,9 +228,8 @@ class _ColumnTile:
 
 def _column_tile(r):
     """Vectors of adjacent columns where every operand read whole is stored row after row and its rows are whole
-    16-byte loads (a warp then reads 128 contiguous bytes of a row where it read 64 in elements: the GPT's bias and
-    layer-norm gain gradients, 8192 x 768 bfloat16, ran at a third of the copy bandwidth); otherwise an element at a
-    time, ``COLUMN_VECTORS`` columns a thread a warp's width apart."""
+    16-byte loads (on an H100, the sums of 8192 rows of 2304 bfloat16 columns took 17.0 us so, 20.3 an element a
+    thread); otherwise an element at a time, ``COLUMN_VECTORS`` columns a thread a warp's width apart."""
     space, operands, n = r.prologue.space, r.prologue.operands, r.outputs_n
     loaded = sorted(k for k in r.prologue.read if len(operands[k].shape) == len(space)
                     and offset(space, operands[k]) == f"r * {n} + o")
