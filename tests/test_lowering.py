@@ -145,7 +145,9 @@ def test_huge_tensors_index_in_64_bits_and_reductions_pick_rows_or_columns():
     rows = kernel_source((ct.sum(parameter(0, x), axis=1),), [_operand(x.shape)])
     columns, _ = kernel_sources((ct.sum(parameter(0, x), axis=0),), [_operand(x.shape)])  # two parts of 150 rows
     assert rows.block == (256, 1, 1) and rows.blocks == 300 and "__shfl_down_sync" in rows.text
-    assert columns.block == (32, 8, 1) and columns.blocks == (8, 2, 1) and "partial[1][8][64]" in columns.text
+    # rows of 500 float32 are whole 16-byte vectors: 16 threads across, 4 columns each
+    assert columns.block == (16, 16, 1) and columns.blocks == (8, 2, 1) and "partial[1][16][64]" in columns.text
+    assert "ct_vec<float, 4>" in columns.text
 
 
 def test_a_training_step_computes_each_product_once():
