@@ -295,7 +295,8 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     ``backend``: ``"numpy"`` or ``"cupy"`` (the GPU; options ``cuda_graph=True`` to replay each
     step as one CUDA graph, ``tf32=True`` to let float32 GEMMs and convolutions use TF32 tensor
     cores, ``autotune=True`` to time the candidates of each GEMM and convolution (cuBLASLt's
-    algorithms, cuDNN's plans) when building, ``nhwc`` to store the images that convolutions make,
+    algorithms, cuDNN's plans) when building (a GEMM of 2^38 multiply-adds or more keeps cuBLASLt's
+    first choice), ``nhwc`` to store the images that convolutions make,
     and the elementwise regions that follow them, channels last: ``"auto"`` (the default) for the
     dtypes cuDNN convolves on tensor cores (float16, bfloat16; float32 with ``tf32``), True or False
     for all or none; ``deterministic=False`` to let cuDNN add partial sums in any order, which is

@@ -92,6 +92,16 @@ def test_columns_whose_rows_are_whole_vectors_are_loaded_a_vector_a_thread():
         assert ("ct_vec<__nv_bfloat16, 8>" in parts.text) == vector
         assert parts.block == ((reduction_kernels.COLUMN_VECTOR_ACROSS, 256 // reduction_kernels.COLUMN_VECTOR_ACROSS, 1)
                                if vector else (32, 8, 1))
+    # a float32 operand beside a bfloat16 one takes vectors of as many elements (32 bytes); a value per row is read
+    # an element a row; sibling reductions (a sum, a max) each keep their own column of partials
+    halves, singles = (Operand((8192, 768), np.dtype(t), (768, 1)) for t in (BFLOAT16, np.float32))
+    per_row = Operand((8192, 1), np.dtype(np.float32), (1, 1))
+    x, y, z = parameter(0, halves), parameter(1, singles), parameter(2, per_row)
+    parts, _ = sources.kernel_sources((ct.sum(ct.cast(x, "float32") * y * z, axis=0), ct.max(y, axis=0)),
+                                      [halves, singles, per_row])
+    across = reduction_kernels.COLUMN_VECTOR_ACROSS
+    assert "ct_vec<__nv_bfloat16, 8>" in parts.text and "ct_vec<float, 8>" in parts.text and "in2[r]" in parts.text
+    assert f"partial[2][{256 // across}][{across * 8}]" in parts.text and "ct_max<float>(sums[1]" in parts.text
 
 
 def test_an_image_stored_channels_last_sums_its_channels_as_columns():

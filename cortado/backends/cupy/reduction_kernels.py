@@ -100,7 +100,7 @@ def _reduction_parts(body, operands):
                       elements, finish)
 
 
-def _columns(body, operands=()):
+def _columns(body, operands):
     """Whether ``body``'s reduction sums columns: it has more than one output, and its innermost axis is kept, or
     its full-size ``operands`` (``codegen.Operand``) hold the last kept axis innermost as they are stored (an
     image stored channels last, summed over all but its channels: a block an output, each reading elements a
@@ -227,15 +227,18 @@ class _ColumnTile:
 
 
 def _column_tile(r):
-    """Vectors of adjacent columns where every operand read whole is stored row after row and its rows are whole
-    16-byte loads (on an H100, the sums of 8192 rows of 2304 bfloat16 columns took 17.0 us so, 20.3 an element a
-    thread); otherwise an element at a time, ``COLUMN_VECTORS`` columns a thread a warp's width apart."""
+    """Vectors of adjacent columns where an operand read whole is stored row after row and its rows are whole
+    vectors (16 bytes of the narrowest type's elements, 8 at most; on an H100, the sums of 8192 rows of 2304
+    bfloat16 columns took 17.0 us so, 20.3 an element a thread): each such operand is loaded a vector at a time,
+    any other one (a broadcast row, a value per row, an operand stored transposed) an element at a time in the same
+    loop; otherwise an element at a time, ``COLUMN_VECTORS`` columns a thread a warp's width apart. The two forms
+    add a column's rows in different orders, each the same every run."""
     space, operands, n = r.prologue.space, r.prologue.operands, r.outputs_n
     loaded = sorted(k for k in r.prologue.read if len(operands[k].shape) == len(space)
                     and offset(space, operands[k]) == f"r * {n} + o")
     if loaded and not any(t.op is PAD for red in r.reds for t in post_order([red.args[0]])):
-        per = max(1, min(8, 16 // min(operands[k].dtype.itemsize for k in loaded)))
-        if per > 1 and n % per == 0:
+        per = min(8, 16 // min(operands[k].dtype.itemsize for k in loaded))
+        if n % per == 0:
             return _ColumnTile(per, tuple(loaded), COLUMN_VECTOR_ACROSS, THREADS // COLUMN_VECTOR_ACROSS, 1)
     across, down = COLUMN_TILE
     return _ColumnTile(1, (), across, down, max(1, min(COLUMN_VECTORS, -(-n // across))))
