@@ -137,17 +137,23 @@ def partials_bytes(body, operands):
     return splits * len(reds) * math.prod(reds[0].shape) * ACCUMULATOR_BYTES[_accumulator(reds[0])]
 
 
-def _row_vectors(r):
-    """``(elements a load, the operands loaded so)``: each operand the prologue reads whole and in row order is
-    loaded 16 bytes at a time where every row is whole loads of them (one element at a time otherwise: ``(1, ())``)."""
+def _vector_loads(r, stored_at, length):
+    """``(elements a load, the operands loaded so)``: each operand the prologue reads whole at element offset
+    ``stored_at`` (a C expression of ``o`` and ``r``, as ``codegen.offset`` writes it) is loaded 16 bytes of the
+    narrowest such type at a time (8 elements at most) where ``length`` (a row's elements) is whole loads of them;
+    ``(1, ())`` otherwise."""
     space, operands = r.prologue.space, r.prologue.operands
-    contiguous = "r" if r.outputs_n == 1 else f"o * {r.k_total} + r"
     loaded = sorted(k for k in r.prologue.read if len(operands[k].shape) == len(space)
-                    and offset(space, operands[k]) == contiguous)
+                    and offset(space, operands[k]) == stored_at)
     if not loaded or any(t.op is PAD for red in r.reds for t in post_order([red.args[0]])):
         return 1, ()  # a pad reads its operand at shifted places
-    per = max(1, min(8, 16 // min(operands[k].dtype.itemsize for k in loaded)))
-    return (per, tuple(loaded)) if per > 1 and r.k_total % per == 0 else (1, ())
+    per = min(8, 16 // min(operands[k].dtype.itemsize for k in loaded))
+    return (per, tuple(loaded)) if length % per == 0 else (1, ())
+
+
+def _row_vectors(r):
+    """The vector loads of a reduction along rows: each operand read whole and in row order."""
+    return _vector_loads(r, "r" if r.outputs_n == 1 else f"o * {r.k_total} + r", r.k_total)
 
 
 def one_value_lines(body, operands, block_index):
@@ -233,13 +239,10 @@ def _column_tile(r):
     any other one (a broadcast row, a value per row, an operand stored transposed) an element at a time in the same
     loop; otherwise an element at a time, ``COLUMN_VECTORS`` columns a thread a warp's width apart. The two forms
     add a column's rows in different orders, each the same every run."""
-    space, operands, n = r.prologue.space, r.prologue.operands, r.outputs_n
-    loaded = sorted(k for k in r.prologue.read if len(operands[k].shape) == len(space)
-                    and offset(space, operands[k]) == f"r * {n} + o")
-    if loaded and not any(t.op is PAD for red in r.reds for t in post_order([red.args[0]])):
-        per = min(8, 16 // min(operands[k].dtype.itemsize for k in loaded))
-        if n % per == 0:
-            return _ColumnTile(per, tuple(loaded), COLUMN_VECTOR_ACROSS, THREADS // COLUMN_VECTOR_ACROSS, 1)
+    n = r.outputs_n
+    per, loaded = _vector_loads(r, f"r * {n} + o", n)
+    if loaded:
+        return _ColumnTile(per, loaded, COLUMN_VECTOR_ACROSS, THREADS // COLUMN_VECTOR_ACROSS, 1)
     across, down = COLUMN_TILE
     return _ColumnTile(1, (), across, down, max(1, min(COLUMN_VECTORS, -(-n // across))))
 
