@@ -55,22 +55,24 @@ def configurations(draw):
 
 
 @st.composite
-def warpgroup_configurations(draw):
-    """A product whose operands are both read 16 bytes at a time, and a wgmma tiling."""
+def warpgroup_configurations(draw, instruction="wgmma"):
+    """A product whose operands are both read 16 bytes at a time, and a wgmma tiling (fed by ``cp.async``, or by
+    the tensor memory accelerator for ``instruction`` ``tma``)."""
     from cortado.backends.cupy.calls.int8.product import warpgroup_tiling
     from cortado.backends.cupy.calls.int8.tilings import WARPGROUP_SHAPES
 
     bm, bn = draw(st.sampled_from(WARPGROUP_SHAPES))
     bk = draw(st.sampled_from([32, 64, 128]))
-    stages = draw(st.integers(3, 6))
-    while stages > 3 and stages * (bm + bn) * bk > 200 << 10:
+    fewest = 3 if instruction == "wgmma" else 2
+    stages = draw(st.integers(fewest, 6))
+    while stages > fewest and stages * (bm + bn) * bk > 200 << 10:
         stages -= 1
     m, n, k = _shape(draw)
     k_tiles = math.ceil(k / bk)
     splits = draw(st.integers(1, min(k_tiles, 4)))
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
-    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits), dtypes, "padded rows", "k contiguous",
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction), dtypes, "padded rows", "k contiguous",
             (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
 
 
@@ -92,6 +94,7 @@ def _check_kernel(configuration, requantized):
     from cortado.backends.cupy.kernels import launcher
     from cortado.backends.cupy.calls.int8.product import Product, counters, partial_bytes, vector_readable
     from cortado.backends.cupy.calls.int8.source import gemm_source
+    from cortado.backends.cupy.calls.int8.specialised import tensor_maps
     from cortado.exprgraph.ops import parameter
 
     (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, constants, seed = configuration
@@ -120,8 +123,11 @@ def _check_kernel(configuration, requantized):
     partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)
     tile_counters = cupy.zeros(max(1, counters(product, tiling)), np.uint32)
     pointers = (_placed(cupy, a, a_strides), _placed(cupy, b, b_strides), *arrays, out, partials, tile_counters)
+    arguments = [p.data.ptr for p in pointers]
+    if tiling.instruction == "tma":
+        arguments += tensor_maps(product, tiling, arguments[0], arguments[1])
     for _ in range(2):
-        launcher(source, [p.data.ptr for p in pointers])()
+        launcher(source, arguments)()
         np.testing.assert_array_equal(out.get(), expected)
     assert not tile_counters.get().any()
 
@@ -140,6 +146,19 @@ def test_every_kernel_configuration_is_exact(configuration, requantized):
 def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantized):
     """The wgmma kernel (sm_90), at any tile, swizzle width, pipeline depth, split and signedness, on shapes that are
     no multiple of its tiles, equals NumPy's product bit for bit."""
+    import cupy
+
+    if cupy.cuda.Device().compute_capability != "90":
+        pytest.skip("wgmma runs on sm_90 only")
+    _check_kernel(configuration, requantized)
+
+
+@settings(max_examples=60, deadline=None)
+@given(warpgroup_configurations("tma"), st.booleans())
+def test_every_warp_specialised_kernel_configuration_is_exact(configuration, requantized):
+    """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
+    pipeline depth, split and signedness, on shapes that are no multiple of its tiles (the copies fill what lies
+    beyond with zeros), equals NumPy's product bit for bit."""
     import cupy
 
     if cupy.cuda.Device().compute_capability != "90":
@@ -170,7 +189,7 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times():
         np.testing.assert_array_equal(result, expected, candidate.describe())
         described.append(candidate.describe())
     if cupy.cuda.Device().compute_capability == "90":
-        assert any("wgmma" in d for d in described)
+        assert any("wgmma" in d for d in described) and any("tma" in d for d in described)
 
 
 def _quantized_layer(batch, k, n, rng, weights_as="constant"):

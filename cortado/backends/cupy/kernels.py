@@ -92,10 +92,11 @@ def _write_atomically(path, image):
 
 
 def launcher(source, pointers, grid=None, block=None):
-    """A call launching ``source``'s kernel over ``pointers`` on CuPy's current stream (on its own grid and block, or
-    those given), overlapping the kernel before it where the GPU can. Calls made again with the same pointers (a
-    library call's kernels, each step it runs without a CUDA graph) reuse one ``Launch`` and its driver structures."""
-    return _launch(source, tuple(int(p) for p in pointers), grid, block)
+    """A call launching ``source``'s kernel over ``pointers`` (and structures passed by value, as bytes) on CuPy's
+    current stream (on its own grid and block, or those given), overlapping the kernel before it where the GPU can.
+    Calls made again with the same pointers (a library call's kernels, each step it runs without a CUDA graph) reuse
+    one ``Launch`` and its driver structures."""
+    return _launch(source, tuple(p if isinstance(p, bytes) else int(p) for p in pointers), grid, block)
 
 
 @functools.lru_cache(maxsize=LAUNCHES_KEPT)

@@ -71,30 +71,39 @@ def _dimensions(value):
 
 
 class Launch:
-    """One launch of a loaded kernel (a CuPy ``RawKernel``) over pointer arguments, ready to repeat on CuPy's current
-    stream: its driver structures are built once."""
+    """One launch of a loaded kernel (a CuPy ``RawKernel``) over its arguments, ready to repeat on CuPy's current
+    stream: its driver structures are built once. An argument is a pointer (an int) or a structure passed by value
+    (its bytes: a tensor map), which only the driver's launch passes."""
 
-    def __init__(self, function, grid, block, pointers, shared=0):
+    def __init__(self, function, grid, block, arguments, shared=0):
         self.function, self.grid, self.block, self.shared = function, _dimensions(grid), _dimensions(block), shared
-        self.pointers = tuple(int(p) for p in pointers)
+        self.arguments = tuple(a if isinstance(a, bytes) else int(a) for a in arguments)
         self.config = None
-        if overlapping():
-            self.values = (ctypes.c_uint64 * len(self.pointers))(*self.pointers)
-            address, size = ctypes.addressof(self.values), ctypes.sizeof(ctypes.c_uint64)
-            self.arguments = (ctypes.c_void_p * len(self.pointers))(*(address + i * size for i in range(len(self.pointers))))
-            self.attribute = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
-            self.attribute.value[0] = 1
-            self.config = _Config(self.grid, self.block, shared, None, ctypes.pointer(self.attribute), 1)
+        if not overlapping():
+            if any(isinstance(a, bytes) for a in self.arguments):
+                raise BackendError("a kernel taking a structure by value needs the CUDA driver's cuLaunchKernelEx")
+            return
+        values = [a if isinstance(a, bytes) else a.to_bytes(8, "little") for a in self.arguments]
+        # one after another, each at a multiple of 64 bytes (a tensor map's alignment)
+        offsets = [64 * sum(-(-len(v) // 64) for v in values[:i]) for i in range(len(values))]
+        self.storage = ctypes.create_string_buffer(offsets[-1] + len(values[-1]) + 64)
+        base = -(-ctypes.addressof(self.storage) // 64) * 64
+        for value, offset in zip(values, offsets):
+            ctypes.memmove(base + offset, value, len(value))
+        self.parameters = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
+        self.attribute = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
+        self.attribute.value[0] = 1
+        self.config = _Config(self.grid, self.block, shared, None, ctypes.pointer(self.attribute), 1)
 
     def __call__(self):
         import cupy
 
         if self.config is None:
-            self.function(self.grid, self.block, tuple(np.uint64(p) for p in self.pointers), shared_mem=self.shared)
+            self.function(self.grid, self.block, tuple(np.uint64(p) for p in self.arguments), shared_mem=self.shared)
             return
         self.config.stream = cupy.cuda.get_current_stream().ptr
         driver = _driver()
-        result = driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function.kernel.ptr, self.arguments, None)
+        result = driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function.kernel.ptr, self.parameters, None)
         if result:
             name = ctypes.c_char_p()
             driver.cuGetErrorName(result, ctypes.byref(name))

@@ -20,6 +20,7 @@ from ...codegen import Operand, _Dim, _Writer, storage_type
 
 OPTIONS = ("--fmad=false",)
 STAGING_PAD = 16  # bytes after each row of a tile staged for its stores
+SYNC = "__syncthreads();"  # where the threads holding the sums meet: the whole block, unless a kernel says otherwise
 
 
 def parameters(product, body, extras):
@@ -104,7 +105,7 @@ def _staging_functions(out_type, row):
 """
 
 
-def store_all(fragments, staging):
+def store_all(fragments, staging, sync=SYNC):
     """C++ statements storing every pair of sums a thread holds: ``fragments`` calls ``store(s0, s1, m, n)`` for
     each. A tile wholly inside the result, stored in pairs, is stored without a bound check: with one per pair,
     each pair was a branch of its own, and every pair waited for its epilogue operands' loads in turn (on the H100
@@ -113,12 +114,12 @@ def store_all(fragments, staging):
     defines ``BM``, ``BN``, ``m0`` and ``n0``, after ``store_functions``'s statements."""
     inside = """    store_all(store_inside);"""
     if staging:
-        inside = """    if (staged) {
-      __syncthreads();
+        inside = f"""    if (staged) {{
+      {sync}
       store_all(stage_pair);
-      __syncthreads();
+      {sync}
       store_staged();
-    } else
+    }} else
 """ + inside
     return f"""  auto store_all = [&](auto store) {{
 {fragments}  }};
@@ -129,23 +130,23 @@ def store_all(fragments, staging):
 """
 
 
-def split_sums():
+def split_sums(sync=SYNC):
     """C++ statements that, with ``SPLITS > 1``, leave in the last block to finish of each output tile the sums of
     every split in ``acc[REGS]`` (the others return). Inside a kernel that defines ``SPLITS``, ``REGS`` and
-    ``THREADS``."""
+    ``THREADS``, whose threads ``0 .. THREADS - 1`` hold the sums and meet at ``sync``."""
     return """  if (SPLITS > 1) {  // the last block of this tile to finish adds every split's sums
     const int tile = blockIdx.y * gridDim.x + blockIdx.x;
     int* slot = partials + (size_t)tile * SPLITS * REGS * THREADS;
     #pragma unroll
     for (int r = 0; r < REGS; ++r) slot[(blockIdx.z * REGS + r) * THREADS + threadIdx.x] = acc[r];
     __threadfence();
-    __syncthreads();
+    SYNC_POINT
     __shared__ int last;
     if (threadIdx.x == 0) {
       last = atomicAdd(&counters[tile], 1u) == SPLITS - 1;
       if (last) counters[tile] = 0;
     }
-    __syncthreads();
+    SYNC_POINT
     if (!last) return;
     __threadfence();
     #pragma unroll
@@ -155,4 +156,4 @@ def split_sums():
       acc[r] = sum;
     }
   }
-"""
+""".replace("SYNC_POINT", sync)

@@ -6,13 +6,15 @@ import numpy as np
 
 PAD = 16  # bytes after each row of a tile staged for ldmatrix (mma.sync)
 SWIZZLE_ALIGNMENT = 1024  # bytes: the repeat of the 128-byte swizzle a wgmma tile is stored in
+PRODUCER_THREADS = 32  # the warp-specialised kernel's producer: one warp, of which one thread asks for the tiles
 
 
 @dataclass(frozen=True)
 class Tiling:
     """How one GEMM is cut: block tile ``bm x bn x bk``, its warps, the pipeline's depth, the split of ``K``, and the
-    tensor-core instruction: ``mma`` (``mma.sync``, sm_80 on, warps of ``(bm / warps_m) x (bn / warps_n)``) or
-    ``wgmma`` (sm_90, a warpgroup of four warps per 64 rows, ``warps_m = bm / 16``, ``warps_n = 1``)."""
+    tensor-core instruction: ``mma`` (``mma.sync``, sm_80 on, warps of ``(bm / warps_m) x (bn / warps_n)``),
+    ``wgmma`` (sm_90, a warpgroup of four warps per 64 rows, ``warps_m = bm / 16``, ``warps_n = 1``) or ``tma``
+    (the same warpgroups fed by the tensor memory accelerator, which a producer warp more asks)."""
 
     bm: int
     bn: int
@@ -25,25 +27,26 @@ class Tiling:
 
     @property
     def threads(self):
-        return 32 * self.warps_m * self.warps_n
+        return 32 * self.warps_m * self.warps_n + (PRODUCER_THREADS if self.instruction == "tma" else 0)
 
     @property
     def shared_bytes(self):
-        if self.instruction == "wgmma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
+        if self.instruction != "mma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
             return self.stages * (self.bm + self.bn) * self.bk + SWIZZLE_ALIGNMENT
         return self.stages * (self.bm + self.bn) * (self.bk + PAD)
 
     def __str__(self):
         split = f" split-K {self.splits}" if self.splits > 1 else ""
         groups = self.bm // 64
-        workers = (f"{groups} warpgroup{'s' if groups > 1 else ''}" if self.instruction == "wgmma"
+        workers = (f"{groups} warpgroup{'s' if groups > 1 else ''}" if self.instruction != "mma"
                    else f"{self.warps_m}x{self.warps_n} warps")
-        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}, {self.stages} stages{split}"
+        producer = " and a producer warp" if self.instruction == "tma" else ""
+        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}"
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1):
-    """A wgmma ``Tiling``: a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, "wgmma")
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma"):
+    """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction)
 
 
 @dataclass(frozen=True)

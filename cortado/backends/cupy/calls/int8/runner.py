@@ -21,9 +21,11 @@ from ..cublaslt import _lt, handle, heuristic, matrix_layout, set_attribute
 from ...codegen import Operand, contiguous_strides
 from ...sources import kernel_source
 from ...kernels import launcher
+from ...launch import overlapping
 from ..timing import time_graph
 from .epilogue import OPTIONS
 from .product import Product, counters, partial_bytes, vector_readable
+from . import specialised
 from .source import gemm_source
 from .tilings import candidates, warpgroup_candidates
 
@@ -31,6 +33,7 @@ from .tilings import candidates, warpgroup_candidates
 # shapes; of 40, for 784x256x128, the seventh (7% faster: benchmarks/results/h100/experiments/README.md)
 CANDIDATES = 6
 WARPGROUP_CANDIDATES = 4  # and wgmma tilings, on sm_90, for products large enough to fill their tiles
+SPECIALISED_CANDIDATES = 4  # and as many fed by the tensor memory accelerator
 LIBRARY_CANDIDATES = 3  # cuBLASLt's algorithms timed
 LIBRARY_WORKSPACE = 4 << 20
 ALIGNMENT = 256
@@ -60,20 +63,24 @@ class _Kernel:
     """One of our kernels, for one tiling; its tile counters (split-K) in a buffer of its own, zero between calls."""
 
     def __init__(self, product, tiling, body, extras, out_strides):
-        self.tiling = tiling
+        self.product, self.tiling = product, tiling
         self.source = gemm_source(product, tiling, body, extras, out_strides)
         self.workspace_bytes = partial_bytes(product, tiling)
         self.count = counters(product, tiling)
         self.counters = None
+        self.maps = {}  # the warp-specialised kernel's tensor maps of the operands at (a, b)
 
     def call(self, a, b, extras, out, workspace, stream):
         import cupy
 
         if self.counters is None:
             self.counters = cupy.zeros(max(self.count, 1), np.uint32)
-        pointers = (a, b, *extras, out, workspace, self.counters.data.ptr)
-        source = self.source
-        launcher(source, pointers)()
+        arguments = (a, b, *extras, out, workspace, self.counters.data.ptr)
+        if self.tiling.instruction == "tma":
+            if (a, b) not in self.maps:
+                self.maps[a, b] = specialised.tensor_maps(self.product, self.tiling, a, b)
+            arguments += self.maps[a, b]
+        launcher(self.source, arguments)()
 
     def describe(self):
         return f"int8 {self.tiling.instruction} kernel, {self.tiling}"
@@ -180,6 +187,8 @@ class Int8Gemm:
         tilings = candidates(m, n, k, multiprocessors, CANDIDATES)
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
+            if overlapping() and specialised.available():  # the driver's launch passes the tensor maps
+                tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma")
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         self.candidates = own + _library_candidates(product, body, operands, out_strides)
         self.vector = product.vector_a or product.vector_b

@@ -1,5 +1,6 @@
 """CUDA C of an int8 GEMM on the tensor cores, with its epilogue, every size and stride a constant: the
-``mma.sync`` form (sm_80 on) here, the ``wgmma`` form (sm_90) in ``warpgroup``; ``gemm_source`` picks by the tiling.
+``mma.sync`` form (sm_80 on) here, the ``wgmma`` form (sm_90) in ``warpgroup``, its warp-specialised form fed by
+the tensor memory accelerator in ``specialised``; ``gemm_source`` picks by the tiling.
 
 ``D[m, n] = epilogue(sum over k of A[m, k] * B[k, n])``, the sum exact in int32. A block computes a
 ``BM x BN`` tile of ``D``; its warps (``WARPS_M x WARPS_N``) each a ``BM/WARPS_M x BN/WARPS_N`` part
@@ -16,8 +17,8 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 """
 
 from ...codegen import PRELUDE, Source, kernel_name
-from . import warpgroup
-from .epilogue import OPTIONS, parameters, split_sums, staged, store_all, store_functions
+from . import specialised, warpgroup
+from .epilogue import OPTIONS, SYNC, parameters, split_sums, staged, store_all, store_functions
 from .product import PAD, ptx_type, tiles
 from .staging import load_function, prologue
 
@@ -25,13 +26,15 @@ from .staging import load_function, prologue
 def gemm_source(product, tiling, body, extras, out_strides):
     """The kernel computing ``body`` (the epilogue, a term over ``param(0)``, the int32 sum of shape ``(m, n)``, and
     ``param(k)`` the ``k``-th operand of ``extras``, ``codegen.Operand`` s of shape ``(m, n)`` with their strides) at
-    every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``."""
-    generate, options = ((warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE) if tiling.instruction == "wgmma"
-                         else (_kernel_text, OPTIONS))
+    every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``,
+and for the warp-specialised form the operands' tensor maps (``specialised.tensor_maps``)."""
+    generate, options = {"wgmma": (warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE),
+                         "tma": (specialised.kernel_text, OPTIONS + warpgroup.ARCHITECTURE)}.get(
+                             tiling.instruction, (_kernel_text, OPTIONS))
     staging = staged(tiling, body.dtype, out_strides)
 
-    def stores(fragments):
-        return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging)
+    def stores(fragments, sync=SYNC):
+        return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging, sync)
 
     text = generate(product, tiling, parameters(product, body, extras), stores)
     name = kernel_name(text)

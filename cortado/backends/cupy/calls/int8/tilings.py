@@ -86,27 +86,31 @@ def candidates(m, n, k, multiprocessors, count):
     return [tiling for _, _, tiling in ranked[:count]]
 
 
-def warpgroup_candidates(m, n, k, multiprocessors, count):
-    """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product; none for a small one."""
+def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
+    """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, fed by ``cp.async``
+    (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``); none for a small product."""
     if m * n * k < WARPGROUP_MIN_MULTIPLY_ADDS:
         return []
+    # the cp.async kernel refills a stage two tiles after it was read, the warp-specialised one as soon as it is read
+    # (and keeps two barriers a stage in static shared memory)
+    fewest, ahead, barriers = (3, 2, 0) if instruction == "wgmma" else (2, 0, 16 * MAX_WARPGROUP_STAGES)
     ranked = []
     for bm, bn in WARPGROUP_SHAPES:
         if bm > 2 * max(m, 64) or bn > 2 * max(n, 64):
             continue
         for bk in (64, 128):
-            # a stage is refilled two tiles after it was read; a one-warpgroup block leaves room for a second
-            limit = SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT
+            # a one-warpgroup block leaves room for a second
+            limit = (SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT) - barriers
             k_tiles = math.ceil(k / bk)
-            stages = max(3, min(MAX_WARPGROUP_STAGES, k_tiles + 2))
-            while stages > 3 and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
+            stages = max(fewest, min(MAX_WARPGROUP_STAGES, k_tiles + ahead))
+            while stages > fewest and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
                 stages -= 1
-            if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT:
+            if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT - barriers:
                 continue
             tiles = math.ceil(m / bm) * math.ceil(n / bn)
             for splits in {1, min(MAX_SPLITS, k_tiles, max(1, multiprocessors // tiles))}:
                 splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))  # no split left empty
-                tiling = warpgroup_tiling(bm, bn, bk, stages, splits)
+                tiling = warpgroup_tiling(bm, bn, bk, stages, splits, instruction)
                 cost = _cost(m, n, k, tiling, multiprocessors, WARPGROUP_MULTIPLY_ADDS_PER_CYCLE)
                 ranked.append((cost, bm * bn, tiling))
     ranked.sort(key=lambda entry: entry[:2])

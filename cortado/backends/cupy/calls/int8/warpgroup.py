@@ -43,7 +43,7 @@ def _wgmma(product, bn):
 
 
 # every pair of sums a thread holds, to ``store(s0, s1, m, n)``
-_STORED = """    #pragma unroll
+STORED = """    #pragma unroll
     for (int j = 0; j < BN / 8; ++j)
       #pragma unroll
       for (int h = 0; h < 2; ++h)
@@ -59,10 +59,7 @@ def kernel_text(product, tiling, params, stores):
         raise ValueError(f"a wgmma kernel cannot take {p} cut as {t}")
     return f"""
 #define THREADS {t.threads}
-__device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
-  return (unsigned long long)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)({8 * t.bk} >> 4) << 32)
-         | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
-}}
+{descriptor_function(t)}
 extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(params)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, CHUNKS = BK / 16, PITCH = BK, STAGE_BYTES = (BM + BN) * BK;
@@ -85,22 +82,38 @@ extern "C" __global__ void __launch_bounds__(THREADS, 1) int8_gemm({", ".join(pa
     asm volatile("cp.async.commit_group;\\n" ::);
     const unsigned stage = smem_base + (i % STAGES) * STAGE_BYTES;
     const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
-    #pragma unroll
-    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
-    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
-    #pragma unroll
-    for (int kk = 0; kk < BK; kk += 32) {{
-      const unsigned long long da = ct_descriptor(a_tile + kk), db = ct_descriptor(b_tile + kk);
-      {_wgmma(p, t.bn)}
-    }}
-    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
-    asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");  // tile i's products run on past here
-    #pragma unroll
-    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+{tile_products(p, t)}
   }}
   asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
   #pragma unroll
   for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
   asm volatile("cp.async.wait_group 0;\\n" ::);
-{split_sums()}{stores(_STORED)}}}
+{split_sums()}{stores(STORED)}}}
 """
+
+
+def descriptor_function(tiling):
+    """``ct_descriptor(address)``: the shared-memory descriptor of a tile staged ``K``-major at ``address``, swizzled
+    as rows of ``tiling.bk`` bytes are."""
+    t = tiling
+    return f"""__device__ __forceinline__ unsigned long long ct_descriptor(unsigned address) {{
+  return (unsigned long long)((address & 0x3FFFF) >> 4) | (1ull << 16) | ((unsigned long long)({8 * t.bk} >> 4) << 32)
+         | ((unsigned long long){SWIZZLE_MODES[t.bk]} << 62);
+}}"""
+
+
+def tile_products(product, tiling):
+    """The statements issuing one staged tile's products (``a_tile``, ``b_tile``: its shared addresses) into ``acc``,
+    then waiting for all but these: the previous tile's products are done after them, this tile's run on."""
+    return f"""    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+    asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
+    #pragma unroll
+    for (int kk = 0; kk < BK; kk += 32) {{
+      const unsigned long long da = ct_descriptor(a_tile + kk), db = ct_descriptor(b_tile + kk);
+      {_wgmma(product, tiling.bn)}
+    }}
+    asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
+    asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");
+    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");"""

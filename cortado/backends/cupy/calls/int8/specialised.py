@@ -1,0 +1,156 @@
+"""The warp-specialised form of the int8 GEMM kernel, for sm_90: the ``wgmma`` kernel's products, its tiles
+brought into shared memory by the tensor memory accelerator (TMA), which one thread of a warp of its own asks for.
+
+The ``wgmma`` kernel's warps both stage their tiles (a ``cp.async`` and its address arithmetic per 16 bytes) and
+multiply them: at 4096^3 on the H100 they issued four times the instructions of cuBLASLt's int8 kernel, and their
+tensor cores were busy 42% of the time (``benchmarks/results/h100/experiments/int8_profile/``). Here the
+consumer warpgroups (one per 64 rows of the block's tile) only wait for a stage, multiply it and hand it back;
+the producer warp's one thread asks the TMA for each tile as soon as its stage is free, up to ``STAGES`` tiles
+ahead. A tile is one copy per operand (``cp.async.bulk.tensor``), described by a tensor map the host encodes
+(``tensor_maps``), written in the hardware's 128-, 64- or 32-byte swizzle that the ``wgmma`` descriptors name,
+and rows and ``K`` beyond the operands filled with zeros.
+
+Each stage has two barriers in shared memory: ``full`` (armed by the producer with the stage's bytes, which the
+copies count off as they land) and ``empty`` (each consumer warp arrives once its products of the stage are
+done). The consumers keep one tile's products running while they issue the next: after issuing tile ``i`` they
+wait for tile ``i - 1``'s, then hand its stage back. The epilogue is the other forms' (the consumers alone
+synchronise there, on barrier 1: the producer warp has nothing left to do).
+"""
+
+import ctypes
+import functools
+
+import numpy as np
+
+from .....errors import BackendError
+from ...launch import WAIT_PRIOR_GRIDS
+from .epilogue import split_sums
+from .product import PRODUCER_THREADS, SWIZZLE_ALIGNMENT
+from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
+
+CONSUMER_SYNC = 'asm volatile("bar.sync 1, %0;\\n" :: "n"(THREADS) : "memory");'  # the consumers alone
+MAP_PARAMETERS = ("const __grid_constant__ ct_tensor_map a_map", "const __grid_constant__ ct_tensor_map b_map")
+TENSOR_MAP_BYTES = 128
+_UINT8, _NO_INTERLEAVE, _L2_PROMOTION_256B, _ZERO_FILL = 0, 0, 3, 0
+_TENSOR_MAP_SWIZZLE = {128: 3, 64: 2, 32: 1}  # CUtensorMapSwizzle of rows of 128, 64, 32 bytes
+
+_COPY = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
+         " [%0], [%1, {%2, %3}], [%4];\\n")
+
+
+def kernel_text(product, tiling, params, stores):
+    """The warp-specialised kernel of ``product`` cut by ``tiling`` (``instruction == "tma"``); its parameters are
+    ``params`` and the two tensor maps. ``THREADS`` in it counts the consumers, which alone run the epilogue."""
+    p, t = product, tiling
+    if not (p.vector_a and p.vector_b) or t.bm % 64 or t.bm > 256 or t.bn > 256 or t.bk not in SWIZZLE_MODES \
+            or t.stages < 2:
+        raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
+    consumers, signature = t.bm // 64 * 128, params + list(MAP_PARAMETERS)
+    return f"""
+#define THREADS {consumers}
+struct alignas(64) ct_tensor_map {{ unsigned long long words[16]; }};
+{descriptor_function(t)}
+__device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity) {{
+  unsigned done = 0;
+  do {{
+    asm volatile("{{\\n.reg .pred p;\\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\\nselp.u32 %0, 1, 0, p;\\n}}\\n"
+                 : "=r"(done) : "r"(barrier), "r"(parity) : "memory");
+  }} while (!done);
+}}
+extern "C" __global__ void __launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
+  constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
+  constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32;
+  constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ __align__(8) unsigned long long barriers[2 * STAGES];  // each stage's full, then each one's empty
+  const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
+  const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
+  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
+  if (threadIdx.x == 0) {{
+    for (int s = 0; s < STAGES; ++s) {{
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(full0 + 8 * s) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(WARPS) : "memory");
+    }}
+    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
+  }}
+  __syncthreads();  // the barriers exist before any copy or arrival reaches them
+  {WAIT_PRIOR_GRIDS}
+  if (threadIdx.x >= THREADS) {{  // the producer warp
+    if (threadIdx.x == THREADS) {{
+      const unsigned long long a_map_address = (unsigned long long)&a_map, b_map_address = (unsigned long long)&b_map;
+      for (int i = 0; i < tiles; ++i) {{
+        const int s = i % STAGES, k0 = (kt0 + i) * BK;
+        if (i >= STAGES) ct_wait_phase(empty0 + 8 * s, ((i / STAGES) - 1) & 1);  // its last tile's products are done
+        const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
+        asm volatile("{_COPY}" :: "r"(a_dst), "l"(a_map_address), "r"(k0), "r"(m0), "r"(full) : "memory");
+        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
+      }}
+    }}
+    return;
+  }}
+  int acc[REGS];
+  #pragma unroll
+  for (int r = 0; r < REGS; ++r) acc[r] = 0;
+  for (int i = 0; i < tiles; ++i) {{
+    const int s = i % STAGES;
+    ct_wait_phase(full0 + 8 * s, (i / STAGES) & 1);
+    const unsigned stage = smem_base + s * STAGE_BYTES;
+    const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
+{tile_products(p, t)}
+    if (i > 0 && lane == 0)  // tile i - 1's products are done: its stage may be refilled
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty0 + 8 * ((i - 1) % STAGES)) : "memory");
+  }}
+  asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+  #pragma unroll
+  for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+{split_sums(CONSUMER_SYNC)}{stores(STORED, CONSUMER_SYNC)}}}
+"""
+
+
+@functools.cache
+def _encoder():
+    """The driver's ``cuTensorMapEncodeTiled``, typed, or None where the driver has none."""
+    try:
+        encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
+    except (OSError, AttributeError):
+        return None
+    u32s, u64s = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
+    encode.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64s, u64s, u32s, u32s,
+                       ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int]
+    return encode
+
+
+def available():
+    """Whether tensor maps can be encoded here (the driver's ``cuTensorMapEncodeTiled``)."""
+    return _encoder() is not None
+
+
+def tensor_map(pointer, rows, k, row_stride, box_rows, bk):
+    """The 128 bytes of a ``CUtensorMap`` describing an int8 operand of ``rows`` rows of ``k`` (``row_stride`` bytes
+    apart, ``K`` contiguous) at device address ``pointer``, copied in boxes of ``box_rows x bk``, swizzled as the
+    ``wgmma`` descriptors of rows of ``bk`` bytes read them."""
+    encode = _encoder()
+    if encode is None:
+        raise BackendError("the warp-specialised int8 kernel needs the CUDA driver's cuTensorMapEncodeTiled")
+    storage = ctypes.create_string_buffer(2 * TENSOR_MAP_BYTES)
+    address = -(-ctypes.addressof(storage) // TENSOR_MAP_BYTES) * TENSOR_MAP_BYTES  # the driver wants it aligned
+    u64, u32 = ctypes.c_uint64, ctypes.c_uint32
+    result = encode(ctypes.c_void_p(address), _UINT8, 2, ctypes.c_void_p(pointer), (u64 * 2)(k, rows),
+                    (u64 * 1)(row_stride), (u32 * 2)(bk, box_rows), (u32 * 2)(1, 1), _NO_INTERLEAVE,
+                    _TENSOR_MAP_SWIZZLE[bk], _L2_PROMOTION_256B, _ZERO_FILL)
+    if result:
+        raise BackendError(f"cuTensorMapEncodeTiled refused an int8 operand of {rows}x{k} (rows {row_stride} bytes "
+                           f"apart) at {pointer:#x} in boxes of {box_rows}x{bk}: error {result}")
+    return ctypes.string_at(address, TENSOR_MAP_BYTES)
+
+
+def tensor_maps(product, tiling, a, b):
+    """The tensor maps of ``A`` (at ``a``) and ``B`` (at ``b``, read as ``n x k``) the kernel is given after its
+    other parameters."""
+    p, t = product, tiling
+    itemsize = np.dtype(p.a_dtype).itemsize
+    return (tensor_map(a, p.m, p.k, p.a_strides[0] * itemsize, t.bm, t.bk),
+            tensor_map(b, p.n, p.k, p.b_strides[1] * itemsize, t.bn, t.bk))
