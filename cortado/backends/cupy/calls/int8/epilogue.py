@@ -38,11 +38,12 @@ def staged(tiling, dtype, out_strides):
     thread: results narrower than 4 bytes, in rows 16-byte aligned, the tile's rows whole chunks of 16 bytes, the
     staged tile no larger than the pipeline's buffers it reuses. A pair of int8 results is 2 bytes, so a warp's
     direct stores wrote 8 bytes into each of 8 sectors: on the H100 storing a 2048x1024x1024 product's sums as int8
-    took 1.7 us longer than storing them as int32, four times the bytes."""
+    took 1.7 us longer than storing them as int32, four times the bytes. Not in a persistent kernel, whose
+    buffers fill with the next tile's operands while it stores."""
     row, column = out_strides
     size = np.dtype(dtype).itemsize
     pipeline = tiling.stages * (tiling.bm + tiling.bn) * tiling.bk
-    return (size < 4 and column == 1 and row * size % 16 == 0 and tiling.bn * size % 16 == 0
+    return (not tiling.blocks and size < 4 and column == 1 and row * size % 16 == 0 and tiling.bn * size % 16 == 0
             and tiling.bm * (tiling.bn * size + STAGING_PAD) <= pipeline)
 
 

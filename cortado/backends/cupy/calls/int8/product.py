@@ -24,6 +24,7 @@ class Tiling:
     stages: int
     splits: int = 1
     instruction: str = "mma"
+    blocks: int = 0  # ``tma``: a persistent grid of this many blocks, each taking every blocks-th output tile
 
     @property
     def threads(self):
@@ -41,12 +42,13 @@ class Tiling:
         workers = (f"{groups} warpgroup{'s' if groups > 1 else ''}" if self.instruction != "mma"
                    else f"{self.warps_m}x{self.warps_n} warps")
         producer = " and a producer warp" if self.instruction == "tma" else ""
-        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}"
+        persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
+        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma"):
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0):
     """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction)
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks)
 
 
 @dataclass(frozen=True)
@@ -76,8 +78,18 @@ def vector_readable(strides):
 
 
 def tiles(product, tiling):
-    """The grid: ``(tiles across N, tiles down M, splits)``."""
+    """The output tiles: ``(tiles across N, tiles down M, splits)``."""
     return (-(-product.n // tiling.bn), -(-product.m // tiling.bm), tiling.splits)
+
+
+def grid(product, tiling):
+    """The blocks a kernel is launched on: one per output tile and split, ``(across, down, splits)``; for the
+    warp-specialised kernel, which numbers the output tiles in one row, ``(tiles, 1, splits)``, or its persistent
+    blocks (no more than there are tiles)."""
+    across, down, splits = tiles(product, tiling)
+    if tiling.instruction != "tma":
+        return across, down, splits
+    return min(tiling.blocks or across * down, across * down), 1, splits
 
 
 def partial_bytes(product, tiling):

@@ -19,7 +19,7 @@ product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sum
 from ...codegen import PRELUDE, Source, kernel_name
 from . import specialised, warpgroup
 from .epilogue import OPTIONS, SYNC, parameters, split_sums, staged, store_all, store_functions
-from .product import PAD, ptx_type, tiles
+from .product import PAD, grid, ptx_type
 from .staging import load_function, prologue
 
 
@@ -38,7 +38,7 @@ and for the warp-specialised form the operands' tensor maps (``specialised.tenso
 
     text = generate(product, tiling, parameters(product, body, extras), stores)
     name = kernel_name(text)
-    return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), tiles(product, tiling),
+    return Source(name, PRELUDE + text.replace(" int8_gemm(", f" {name}(", 1), grid(product, tiling),
                   (tiling.threads, 1, 1), shared=tiling.shared_bytes, options=options)
 
 

@@ -66,7 +66,8 @@ extern "C" __global__ void __launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) in
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
-  const int m0 = blockIdx.y * BM, n0 = blockIdx.x * BN;
+  // output tiles (jobs) in rows of TILES_N; a block takes every gridDim.x-th, starting at its own
+  constexpr int TILES_N = (N + BN - 1) / BN, JOBS = TILES_N * ((M + BM - 1) / BM);
   const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
@@ -80,34 +81,49 @@ extern "C" __global__ void __launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) in
   if (threadIdx.x >= THREADS) {{  // the producer warp
     if (threadIdx.x == THREADS) {{
       const unsigned long long a_map_address = (unsigned long long)&a_map, b_map_address = (unsigned long long)&b_map;
-      for (int i = 0; i < tiles; ++i) {{
-        const int s = i % STAGES, k0 = (kt0 + i) * BK;
-        if (i >= STAGES) ct_wait_phase(empty0 + 8 * s, ((i / STAGES) - 1) & 1);  // its last tile's products are done
-        const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
-        asm volatile("{_COPY}" :: "r"(a_dst), "l"(a_map_address), "r"(k0), "r"(m0), "r"(full) : "memory");
-        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
+      int it = 0;  // K tiles asked for so far, over every job
+      for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
+        const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
+        for (int i = 0; i < tiles; ++i, ++it) {{
+          const int s = it % STAGES, k0 = (kt0 + i) * BK;
+          if (it >= STAGES) ct_wait_phase(empty0 + 8 * s, ((it / STAGES) - 1) & 1);  // its last tile's products are done
+          const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
+          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
+          asm volatile("{_COPY}" :: "r"(a_dst), "l"(a_map_address), "r"(k0), "r"(m0), "r"(full) : "memory");
+          asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
+        }}
       }}
     }}
     return;
   }}
-  int acc[REGS];
-  #pragma unroll
-  for (int r = 0; r < REGS; ++r) acc[r] = 0;
-  for (int i = 0; i < tiles; ++i) {{
-    const int s = i % STAGES;
-    ct_wait_phase(full0 + 8 * s, (i / STAGES) & 1);
-    const unsigned stage = smem_base + s * STAGE_BYTES;
-    const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
-{tile_products(p, t)}
-    if (i > 0 && lane == 0)  // tile i - 1's products are done: its stage may be refilled
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty0 + 8 * ((i - 1) % STAGES)) : "memory");
+  int it = 0;  // K tiles multiplied so far, over every job
+  for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
+    const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
+    int acc[REGS];
+    #pragma unroll
+    for (int r = 0; r < REGS; ++r) acc[r] = 0;
+    for (int i = 0; i < tiles; ++i, ++it) {{
+      const int s = it % STAGES;
+      ct_wait_phase(full0 + 8 * s, (it / STAGES) & 1);
+      const unsigned stage = smem_base + s * STAGE_BYTES;
+      const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
+{_indented(tile_products(p, t))}
+      if (i > 0 && lane == 0)  // the tile before's products are done: its stage may be refilled
+        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty0 + 8 * ((it - 1) % STAGES)) : "memory");
+    }}
+    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+    if (lane == 0)  // and so are the last tile's: the producer may go on into the next job
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty0 + 8 * ((it - 1) % STAGES)) : "memory");
+{_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC))}
   }}
-  asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
-  #pragma unroll
-  for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
-{split_sums(CONSUMER_SYNC)}{stores(STORED, CONSUMER_SYNC)}}}
+}}
 """
+
+
+def _indented(text):
+    return "\n".join("  " + line if line else line for line in text.split("\n"))
 
 
 @functools.cache

@@ -19,6 +19,7 @@ was slower on the H100 at every shape tried; it is in the history, commit 493b47
 """
 
 import math
+from dataclasses import replace
 
 from .product import SWIZZLE_ALIGNMENT, Tiling, warpgroup_tiling
 
@@ -114,4 +115,9 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
                 cost = _cost(m, n, k, tiling, multiprocessors, WARPGROUP_MULTIPLY_ADDS_PER_CYCLE)
                 ranked.append((cost, bm * bn, tiling))
     ranked.sort(key=lambda entry: entry[:2])
-    return [tiling for _, _, tiling in ranked[:count]]
+    chosen = [tiling for _, _, tiling in ranked[:count]]
+    if instruction != "tma":
+        return chosen
+    # and each unsplit one with more tiles than SMs on a persistent grid: a block's next tile loads while it stores
+    return chosen + [replace(t, blocks=multiprocessors) for t in chosen
+                     if t.splits == 1 and math.ceil(m / t.bm) * math.ceil(n / t.bn) > multiprocessors]
