@@ -15,7 +15,8 @@ cuBLASLt's int8 kernels read) into int32 sums; float16 into float16.
   timed when it is built), replayed; and apart, the fastest of our own kernels among the candidates it timed
   ("own kernel"). On sm_90 our kernels are launched to overlap the kernel before them (programmatic dependent
   launch, ``cortado/backends/cupy/launch.py``), in a model's step as here; the fastest is also timed launched
-  plainly, as CuPy launches ("own, plain launch").
+  plainly, as CuPy launches ("own, plain launch"), unless it is the warp-specialised kernel, which only the
+  driver's launch can give its tensor maps.
 - cuBLASLt int8: nvmath's bindings, int32 sums, each of its first 3 heuristic algorithms, the fastest.
 - torch._int_mm: PyTorch's int8 product (cuBLASLt underneath), int32 sums.
 - cuBLASLt float16: cortado's ``gemm`` call of the same shape in float16 (cuBLASLt, its algorithm timed as
@@ -121,7 +122,10 @@ def ours(m, n, k, repeats, operands, expected):
         return ms
 
     def plainly(candidate):
-        """``candidate`` launched as CuPy launches, not overlapping the kernel before it."""
+        """``candidate`` launched as CuPy launches, not overlapping the kernel before it; None for the
+        warp-specialised kernel, whose tensor maps (structures passed by value) CuPy's launch cannot pass."""
+        if candidate.tiling.instruction == "tma":
+            return None
         source = candidate.source
         args = tuple(np.uint64(p) for p in (a.data.ptr, b_stored.data.ptr, result.data.ptr, workspace,
                                              candidate.counters.data.ptr))

@@ -72,10 +72,12 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     splits = draw(st.integers(1, min(k_tiles, 4)))
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
-    # a persistent grid of a few blocks, each taking many output tiles in turn
-    blocks = draw(st.sampled_from([0, 1, 2, 5])) if instruction == "tma" and splits == 1 else 0
-    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks), dtypes, "padded rows",
-            "k contiguous",
+    # a persistent grid of a few blocks, each taking many output tiles in turn; clusters of two blocks sharing A
+    blocks = draw(st.sampled_from([0, 1, 2, 6])) if instruction == "tma" and splits == 1 else 0
+    cluster = 2 if instruction == "tma" and splits == 1 and math.ceil(n / bn) % 2 == 0 and draw(st.booleans()) else 1
+    blocks = blocks // cluster * cluster
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster), dtypes,
+            "padded rows", "k contiguous",
             (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
 
 
@@ -160,7 +162,7 @@ def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantize
 @given(warpgroup_configurations("tma"), st.booleans())
 def test_every_warp_specialised_kernel_configuration_is_exact(configuration, requantized):
     """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
-    pipeline depth, split, persistent grid and signedness, on shapes that are no multiple of its tiles (the copies
+    pipeline depth, split, persistent grid, cluster and signedness, on shapes that are no multiple of its tiles (the copies
     fill what lies beyond with zeros), equals NumPy's product bit for bit."""
     import cupy
 

@@ -7,7 +7,10 @@ from cortado.backends.cupy.calls.int8.runner import Int8Call, Int8Gemm
 from cortado.backends.cupy.codegen import Operand
 from cortado.exprgraph.ops import parameter
 
-for m, n, k in [(4096, 4096, 4096), (2048, 1024, 1024), (512, 1024, 784), (8192, 8192, 8192)]:
+import sys
+
+SHAPES = [(4096, 4096, 4096), (2048, 1024, 1024), (512, 1024, 784), (8192, 8192, 8192)]
+for m, n, k in [SHAPES[int(i)] for i in sys.argv[1:]] or SHAPES:
     rng = np.random.default_rng(0)
     a = rng.integers(-128, 128, (m, k), dtype=np.int8)
     b = rng.integers(-128, 128, (n, k), dtype=np.int8)

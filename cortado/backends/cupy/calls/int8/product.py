@@ -25,6 +25,7 @@ class Tiling:
     splits: int = 1
     instruction: str = "mma"
     blocks: int = 0  # ``tma``: a persistent grid of this many blocks, each taking every blocks-th output tile
+    cluster: int = 1  # ``tma``: blocks of a cluster take neighbouring tiles of a row and share their tile of A
 
     @property
     def threads(self):
@@ -43,12 +44,14 @@ class Tiling:
                    else f"{self.warps_m}x{self.warps_n} warps")
         producer = " and a producer warp" if self.instruction == "tma" else ""
         persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
-        return f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
+        cluster = f", A shared by clusters of {self.cluster}" if self.cluster > 1 else ""
+        return (f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
+                f"{cluster}")
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0):
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1):
     """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks)
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster)
 
 
 @dataclass(frozen=True)

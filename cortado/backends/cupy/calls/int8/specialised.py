@@ -36,6 +36,8 @@ _TENSOR_MAP_SWIZZLE = {128: 3, 64: 2, 32: 1}  # CUtensorMapSwizzle of rows of 12
 
 _COPY = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
          " [%0], [%1, {%2, %3}], [%4];\\n")
+_MULTICAST = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
+              " [%0], [%1, {%2, %3}], [%4], %5;\\n")  # into the same place of every block of the mask
 
 
 def kernel_text(product, tiling, params, stores):
@@ -43,9 +45,16 @@ def kernel_text(product, tiling, params, stores):
     ``params`` and the two tensor maps. ``THREADS`` in it counts the consumers, which alone run the epilogue."""
     p, t = product, tiling
     if not (p.vector_a and p.vector_b) or t.bm % 64 or t.bm > 256 or t.bn > 256 or t.bk not in SWIZZLE_MODES \
-            or t.stages < 2:
+            or t.stages < 2 or t.cluster not in (1, 2) or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2)):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
-    consumers, signature = t.bm // 64 * 128, params + list(MAP_PARAMETERS)
+    consumers, signature, cluster = t.bm // 64 * 128, params + list(MAP_PARAMETERS), t.cluster
+    dims = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
+    together = ("barrier.cluster.arrive.release.aligned;\\nbarrier.cluster.wait.acquire.aligned;\\n" if cluster > 1
+                else "bar.sync 0;\\n")
+    a_copy = (f'asm volatile("{_MULTICAST}" :: "r"(a_dst + rank * (BM / CLUSTER) * BK), "l"(a_map_address), "r"(k0), '
+              f'"r"(m0 + (int)rank * (BM / CLUSTER)), "r"(full), "h"((unsigned short)((1 << CLUSTER) - 1)) : "memory");'
+              if cluster > 1 else
+              f'asm volatile("{_COPY}" :: "r"(a_dst), "l"(a_map_address), "r"(k0), "r"(m0), "r"(full) : "memory");')
     return f"""
 #define THREADS {consumers}
 struct alignas(64) ct_tensor_map {{ unsigned long long words[16]; }};
@@ -57,26 +66,30 @@ __device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity)
                  : "=r"(done) : "r"(barrier), "r"(parity) : "memory");
   }} while (!done);
 }}
-extern "C" __global__ void __launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
+{_release_function(cluster)}
+extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
-  constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32;
+  constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32, CLUSTER = {cluster};
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long barriers[2 * STAGES];  // each stage's full, then each one's empty
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
-  // output tiles (jobs) in rows of TILES_N; a block takes every gridDim.x-th, starting at its own
+  // output tiles (jobs) in rows of TILES_N; a block takes every gridDim.x-th, starting at its own (the blocks of a
+  // cluster take neighbours in a row, whose A tile is the same: each copies its share of it to all)
   constexpr int TILES_N = (N + BN - 1) / BN, JOBS = TILES_N * ((M + BM - 1) / BM);
   const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
+  unsigned rank = 0;
+  if (CLUSTER > 1) asm("mov.u32 %0, %%cluster_ctarank;\\n" : "=r"(rank));
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(full0 + 8 * s) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(WARPS) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(WARPS * CLUSTER) : "memory");
     }}
     asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
-  __syncthreads();  // the barriers exist before any copy or arrival reaches them
+  asm volatile("{together}" ::: "memory");  // the barriers exist before any copy or arrival reaches them
   {WAIT_PRIOR_GRIDS}
   if (threadIdx.x >= THREADS) {{  // the producer warp
     if (threadIdx.x == THREADS) {{
@@ -89,37 +102,54 @@ extern "C" __global__ void __launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) in
           if (it >= STAGES) ct_wait_phase(empty0 + 8 * s, ((it / STAGES) - 1) & 1);  // its last tile's products are done
           const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
           asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
-          asm volatile("{_COPY}" :: "r"(a_dst), "l"(a_map_address), "r"(k0), "r"(m0), "r"(full) : "memory");
+          {a_copy}
           asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
         }}
       }}
     }}
-    return;
-  }}
-  int it = 0;  // K tiles multiplied so far, over every job
-  for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
-    const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
-    int acc[REGS];
-    #pragma unroll
-    for (int r = 0; r < REGS; ++r) acc[r] = 0;
-    for (int i = 0; i < tiles; ++i, ++it) {{
-      const int s = it % STAGES;
-      ct_wait_phase(full0 + 8 * s, (it / STAGES) & 1);
-      const unsigned stage = smem_base + s * STAGE_BYTES;
-      const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
-{_indented(tile_products(p, t))}
-      if (i > 0 && lane == 0)  // the tile before's products are done: its stage may be refilled
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty0 + 8 * ((it - 1) % STAGES)) : "memory");
+  }} else {{
+    int it = 0;  // K tiles multiplied so far, over every job
+    for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
+      const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
+      int acc[REGS];
+      #pragma unroll
+      for (int r = 0; r < REGS; ++r) acc[r] = 0;
+      for (int i = 0; i < tiles; ++i, ++it) {{
+        const int s = it % STAGES;
+        ct_wait_phase(full0 + 8 * s, (it / STAGES) & 1);
+        const unsigned stage = smem_base + s * STAGE_BYTES;
+        const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
+{_indented(_indented(tile_products(p, t)))}
+        if (i > 0) ct_release(empty0 + 8 * ((it - 1) % STAGES));  // the tile before's products are done
+      }}
+      asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
+      #pragma unroll
+      for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
+      ct_release(empty0 + 8 * ((it - 1) % STAGES));  // and the last one's: on to the next job
+{_indented(_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC)))}
     }}
-    asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
-    #pragma unroll
-    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
-    if (lane == 0)  // and so are the last tile's: the producer may go on into the next job
-      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty0 + 8 * ((it - 1) % STAGES)) : "memory");
-{_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC))}
   }}
+  {f'asm volatile("{together}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
+   if cluster > 1 else ""}
 }}
 """
+
+
+def _release_function(cluster):
+    """``ct_release(empty)``: a stage of this block's is free; each block of the cluster hears it, since each one's
+    copies land in the stage too."""
+    if cluster == 1:
+        return """__device__ __forceinline__ void ct_release(unsigned empty) {  // by a warp's first lane
+  if ((threadIdx.x & 31) == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(empty) : "memory");
+}"""
+    return f"""__device__ __forceinline__ void ct_release(unsigned empty) {{  // lane c tells block c
+  const unsigned lane = threadIdx.x & 31;
+  if (lane < {cluster}) {{
+    unsigned remote;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\\n" : "=r"(remote) : "r"(empty), "r"(lane));
+    asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];\\n" :: "r"(remote) : "memory");
+  }}
+}}"""
 
 
 def _indented(text):
@@ -168,5 +198,5 @@ def tensor_maps(product, tiling, a, b):
     other parameters."""
     p, t = product, tiling
     itemsize = np.dtype(p.a_dtype).itemsize
-    return (tensor_map(a, p.m, p.k, p.a_strides[0] * itemsize, t.bm, t.bk),
+    return (tensor_map(a, p.m, p.k, p.a_strides[0] * itemsize, t.bm // t.cluster, t.bk),
             tensor_map(b, p.n, p.k, p.b_strides[1] * itemsize, t.bn, t.bk))

@@ -42,6 +42,7 @@ MAX_WARPGROUP_STAGES = 8
 WARPGROUP_SHAPES = ((64, 64), (64, 128), (64, 256), (128, 64), (128, 128), (128, 256), (256, 128))
 WARPGROUP_MULTIPLY_ADDS_PER_CYCLE = 4096  # wgmma's int8 rate, twice mma.sync's
 WARPGROUP_MIN_MULTIPLY_ADDS = 1 << 25  # below this a product is latency-bound, and mma.sync's small tiles win
+SPECIALISED_MIN_MULTIPLY_ADDS = 1 << 22  # the warp-specialised kernel's lower overhead is worth timing from here
 
 
 def _cost(m, n, k, tiling, multiprocessors, rate=MULTIPLY_ADDS_PER_CYCLE):
@@ -90,7 +91,7 @@ def candidates(m, n, k, multiprocessors, count):
 def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
     """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, fed by ``cp.async``
     (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``); none for a small product."""
-    if m * n * k < WARPGROUP_MIN_MULTIPLY_ADDS:
+    if m * n * k < (WARPGROUP_MIN_MULTIPLY_ADDS if instruction == "wgmma" else SPECIALISED_MIN_MULTIPLY_ADDS):
         return []
     # the cp.async kernel refills a stage two tiles after it was read, the warp-specialised one as soon as it is read
     # (and keeps two barriers a stage in static shared memory)
@@ -118,6 +119,8 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
     chosen = [tiling for _, _, tiling in ranked[:count]]
     if instruction != "tma":
         return chosen
-    # and each unsplit one with more tiles than SMs on a persistent grid: a block's next tile loads while it stores
-    return chosen + [replace(t, blocks=multiprocessors) for t in chosen
-                     if t.splits == 1 and math.ceil(m / t.bm) * math.ceil(n / t.bn) > multiprocessors]
+    # and each unsplit one with more tiles than SMs on a persistent grid (a block's next tile loads while it stores),
+    # alone and in clusters of two blocks (neighbours in a row), which read their tile of A once for both
+    persistent = [replace(t, blocks=multiprocessors // 2 * 2) for t in chosen
+                  if t.splits == 1 and math.ceil(m / t.bm) * math.ceil(n / t.bn) > multiprocessors]
+    return chosen + persistent + [replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
