@@ -90,10 +90,18 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
     asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
   asm volatile("{together}" ::: "memory");  // the barriers exist before any copy or arrival reaches them
-  {WAIT_PRIOR_GRIDS}
   if (threadIdx.x >= THREADS) {{  // the producer warp
     if (threadIdx.x == THREADS) {{
       const unsigned long long a_map_address = (unsigned long long)&a_map, b_map_address = (unsigned long long)&b_map;
+      // a constant B's first tiles (a quantized layer's weights) are asked for before the kernel before is waited for
+      const int early = min({"STAGES" if p.constant_b else "0"}, tiles);
+      for (int s = 0; s < early; ++s) {{
+        const unsigned full = full0 + 8 * s, b_dst = smem_base + s * STAGE_BYTES + BM * BK;
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
+        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"((kt0 + s) * BK), "r"(blockIdx.x % TILES_N * BN),
+                     "r"(full) : "memory");
+      }}
+      {WAIT_PRIOR_GRIDS}
       int it = 0;  // K tiles asked for so far, over every job
       for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
         const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
@@ -101,13 +109,16 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
           const int s = it % STAGES, k0 = (kt0 + i) * BK;
           if (it >= STAGES) ct_wait_phase(empty0 + 8 * s, ((it / STAGES) - 1) & 1);  // its last tile's products are done
           const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
-          asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
+          if (it >= early)
+            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
           {a_copy}
-          asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
+          if (it >= early)
+            asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
         }}
       }}
     }}
   }} else {{
+    {WAIT_PRIOR_GRIDS}
     int it = 0;  // K tiles multiplied so far, over every job
     for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
