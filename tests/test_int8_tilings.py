@@ -1,5 +1,6 @@
 """The int8 GEMM candidates chosen for a shape (CPU: no kernel runs): every one launchable, none wasted, the
-wgmma ones only where they can run and pay."""
+wgmma ones only where they can run and pay, the warp-specialised ones persistent and clustered only where they
+can be."""
 
 import math
 
@@ -8,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from cortado.backends.cupy.calls.int8.product import Product, Tiling, partial_bytes, warpgroup_tiling
+from cortado.backends.cupy.calls.int8.product import Product, Tiling, grid, partial_bytes, warpgroup_tiling
 from cortado.backends.cupy.calls.int8.source import gemm_source
 from cortado.backends.cupy.calls.int8.tilings import (SHARED_LIMIT, WARPGROUP_MIN_MULTIPLY_ADDS, candidates,
                                                warpgroup_candidates)
@@ -25,11 +26,57 @@ def _no_empty_split(k, tiling):
 @settings(max_examples=200, deadline=None)
 @given(SIZES, SIZES, SIZES)
 def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
-    for tiling in candidates(m, n, k, 132, 6) + warpgroup_candidates(m, n, k, 132, 4):
-        assert tiling.shared_bytes <= SHARED_LIMIT and tiling.threads <= 1024
+    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma")
+    for tiling in candidates(m, n, k, 132, 6) + warpgroup_candidates(m, n, k, 132, 4) + specialised:
+        barriers = 16 * tiling.stages if tiling.instruction == "tma" else 0
+        assert tiling.shared_bytes + barriers <= SHARED_LIMIT and tiling.threads <= 1024
         assert _no_empty_split(k, tiling), tiling
     for tiling in warpgroup_candidates(m, n, k, 132, 4):
         assert tiling.instruction == "wgmma" and tiling.bm % 64 == 0 and tiling.stages >= 3
+    tiles = {t: (math.ceil(n / t.bn), math.ceil(m / t.bm)) for t in specialised}
+    for tiling in specialised:
+        across, down = tiles[tiling]
+        assert tiling.instruction == "tma" and tiling.bm % 64 == 0 and tiling.stages >= 2
+        if tiling.blocks:  # a persistent grid only where there are more tiles than SMs, and no split
+            assert tiling.splits == 1 and across * down > 132 and tiling.blocks == 132
+            assert grid(_product(m, n, k), tiling) == (132, 1, 1)
+        else:
+            assert grid(_product(m, n, k), tiling) == (across * down, 1, tiling.splits)
+        if tiling.cluster > 1:  # pairs of neighbours in a row, on a persistent grid
+            assert tiling.blocks and across % 2 == 0
+
+
+def _product(m, n, k, constant_b=False):
+    return Product(m, n, k, (k, 1), (1, k), np.dtype(np.int8), np.dtype(np.int8), True, True, False, constant_b)
+
+
+def test_a_warp_specialised_kernel_refuses_clusters_it_cannot_pair():
+    """Clustered blocks take neighbouring tiles of a row and share their tile of A: a split, or a row of an odd
+    number of tiles, would leave a block without its neighbour."""
+    from cortado.backends.cupy.codegen import Operand
+
+    sums = parameter(0, Operand((256, 384), np.dtype(np.int32), (384, 1)))
+    product = _product(256, 384, 256)
+    for tiling in (warpgroup_tiling(64, 128, 128, 2, 2, "tma", 0, 2), warpgroup_tiling(64, 128, 128, 2, 1, "tma", 0, 2)):
+        with pytest.raises(ValueError, match="warp-specialised kernel cannot take"):
+            gemm_source(product, tiling, sums, [], (384, 1))
+    text = gemm_source(product, warpgroup_tiling(64, 192, 128, 2, 1, "tma", 0, 2), sums, [], (384, 1)).text
+    assert "__cluster_dims__(2, 1, 1)" in text and ".multicast::cluster" in text
+
+
+def test_a_warp_specialised_kernel_asks_for_a_constant_b_before_waiting_for_the_kernel_before():
+    """The producer's first copies of a constant B (a quantized layer's weights) go out before it waits; A, and a
+    B some kernel writes, only after."""
+    from cortado.backends.cupy.codegen import Operand
+
+    sums = parameter(0, Operand((784, 256), np.dtype(np.int32), (256, 1)))
+    tiling = warpgroup_tiling(64, 64, 128, 4, 1, "tma")
+    for constant in (False, True):
+        text = gemm_source(_product(784, 256, 128, constant), tiling, sums, [], (256, 1)).text
+        producer = text[text.index("the producer warp"):text.index("} else {")]
+        before = producer[:producer.index("ct_wait_prior_grids();")]
+        assert ("min(STAGES, tiles)" if constant else "min(0, tiles)") in before
+        assert '"l"(b_map_address)' in before and '"l"(a_map_address)' not in before and "out0[" not in producer
 
 
 def test_small_products_get_no_wgmma_candidates_and_large_ones_do():

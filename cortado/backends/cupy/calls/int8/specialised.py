@@ -14,7 +14,16 @@ Each stage has two barriers in shared memory: ``full`` (armed by the producer wi
 copies count off as they land) and ``empty`` (each consumer warp arrives once its products of the stage are
 done). The consumers keep one tile's products running while they issue the next: after issuing tile ``i`` they
 wait for tile ``i - 1``'s, then hand its stage back. The epilogue is the other forms' (the consumers alone
-synchronise there, on barrier 1: the producer warp has nothing left to do).
+synchronise there, on barrier 1: the producer warp has nothing left to do). A constant ``B`` (a quantized layer's
+weights) has its first tiles asked for before the kernel before is waited for.
+
+A block works through output tiles ("jobs", numbered along rows) from its own index in steps of the grid: one
+job each, or on a persistent grid (``Tiling.blocks``) many, the producer running on into the next job's tiles
+while the consumers store the last. In clusters of two (``Tiling.cluster``) the blocks take neighbouring jobs of
+a row, whose tile of ``A`` is the same: each block copies half of it into both (TMA multicast), and a stage is
+refilled only once both blocks' consumers are done with it, so each warp hands a stage back to both. On the H100
+the clustered kernel was twice as slow while that hand-back was a release at cluster scope, as fast as the
+unclustered one with a plain arrive (``benchmarks/results/h100/experiments/README.md``).
 """
 
 import ctypes
