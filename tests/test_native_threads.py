@@ -12,7 +12,7 @@ import pytest
 
 import cortado as ct
 from cortado.backends.numpy import attention, blas, loops, native
-from cortado.exprgraph import constructors
+from cortado.exprgraph import attending, constructors
 
 pytestmark = pytest.mark.skipif(native.toolchain() is None or blas.gemm("float32") is None,
                                 reason="no C compiler or no BLAS entry point NumPy calls here")
@@ -59,11 +59,30 @@ def test_attention_is_one_c_call_a_head_at_a_time_with_numpys_bits(q_shape, k_sh
     """Heads even and odd in number, queries and keys of other lengths, no lead axes, float64, infinities and NaNs;
     the heads in as many parts as there are threads, or heads."""
     program, outputs, feeds = _attention_program(q_shape, k_shape, dtype, causal)
-    assert _attention_functions(program) == ["attention", "attention_grad"]
-    heads = int(np.prod(q_shape[:-2]))
-    assert _part_counts(program, "attention(?:_grad)?") == [min(threads, heads)] * 2
+    if q_shape[-2] == 600 and not _c_attention_gives_numpys_bits(q_shape, k_shape, dtype, causal):
+        # some BLAS builds (OpenBLAS running its Haswell kernels on some AMD EPYCs) sum 600 keys on their threads in
+        # blocks no call from C reproduces: the attention stays NumPy's there
+        assert _attention_functions(program) == []
+    else:
+        assert _attention_functions(program) == ["attention", "attention_grad"]
+        heads = int(np.prod(q_shape[:-2]))
+        assert _part_counts(program, "attention(?:_grad)?") == [min(threads, heads)] * 2
     for ours, numpy in zip(program(**feeds), ct.evaluate(outputs, feeds)):
         np.testing.assert_array_equal(ours.view(np.uint8), numpy.view(np.uint8))
+
+
+def _c_attention_gives_numpys_bits(q_shape, k_shape, dtype, causal, same=False):
+    """Whether attention and its gradient at these shapes run in C here (``attention.forward`` and ``backward`` asked
+    as the executor asks them): only where this BLAS's calls from C give NumPy's bits."""
+    rng = np.random.default_rng(0)
+    q = rng.standard_normal(q_shape).astype(dtype)
+    k, v = (q if same else rng.standard_normal(k_shape).astype(dtype)), rng.standard_normal(k_shape).astype(dtype)
+    scratch = [np.empty(n, dtype) for n in attending.scratch_sizes(q, k, v)]
+    extra = np.empty(attention.extra_size(q, k), dtype)
+    forward = attention.forward(np.empty_like(q), q, k, v, 0.37, causal, scratch[0], extra)
+    gradients = [np.empty_like(x) for x in (q, k, v)]
+    backward = attention.backward(*gradients, q, k, v, np.empty_like(q), 0.37, causal, *scratch[:3], extra)
+    return forward is not None and backward is not None
 
 
 @pytest.mark.parametrize("q_shape,same", [((2, 2, 1, 8), False),  # one query: NumPy's vector products
@@ -72,8 +91,12 @@ def test_attention_is_one_c_call_a_head_at_a_time_with_numpys_bits(q_shape, k_sh
 def test_attention_stays_numpys_where_c_would_not_give_its_bits(q_shape, same):
     k_shape = q_shape[:-2] + (16 if q_shape[-2] == 1 else q_shape[-2], q_shape[-1])
     program, outputs, feeds = _attention_program(q_shape, k_shape, "float32", True, same)
-    assert _attention_functions(program) == []
-    assert not isinstance(program._executor.threads, blas.one_thread)  # NumPy's products keep OpenBLAS's threads
+    if q_shape == (2, 3, 7, 4) and _c_attention_gives_numpys_bits(q_shape, k_shape, "float32", True):
+        # where this BLAS's ?gemv sums each head's rows as it sums all heads' rows at once, C may take them
+        assert _attention_functions(program) == ["attention", "attention_grad"]
+    else:
+        assert _attention_functions(program) == []
+        assert not isinstance(program._executor.threads, blas.one_thread)  # NumPy's products keep OpenBLAS's threads
     for ours, numpy in zip(program(**feeds), ct.evaluate(outputs, feeds)):
         np.testing.assert_array_equal(ours, numpy)
 
@@ -94,13 +117,23 @@ def test_numpys_own_loops_are_found_and_give_its_bits_in_stretches(ufunc, dtype)
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_large_products_run_in_parts_on_the_pools_threads_with_numpys_bits(dtype, threads):
     """Parts of rows (a tall result) and of columns (a wide one), either operand transposed, one a thread and each
-    of ``PART_SMALLEST`` multiply-adds or more; OpenBLAS's threads are held to one during the step and given back after it."""
+    of ``PART_SMALLEST`` multiply-adds or more, where this BLAS's parts give NumPy's bits; OpenBLAS's threads are held
+    to one during the step where no product is left to NumPy, and given back after it."""
     x, w, u = ct.var("x", (512, 96), dtype), ct.var("w", (96, 160), dtype), ct.var("u", (96, 700), dtype)
     outputs = [x @ w, ct.transpose(w) @ ct.transpose(x), ct.transpose(u) @ x[:96] * 2.0]
     program = ct.compile(outputs, inputs=[x, w, u])
-    sizes = [512 * 96 * 160] * 2 + [700 * 96 * 96]
-    assert _part_counts(program, "gemm_parts") == sorted(min(threads, n // blas.PART_SMALLEST) for n in sizes)
-    assert isinstance(program._executor.threads, blas.one_thread)
+    # the parts a product is cut into, where this BLAS's calls on one thread give NumPy's bits in some blocking of its
+    # sums (OpenBLAS running its Haswell kernels on some AMD EPYCs gives other bits on one thread than on its own)
+    a, b, c = (np.zeros(shape, dtype) for shape in ((512, 96), (96, 160), (96, 700)))
+    products = [(a, b), (b.T, a.T), (c.T, a[:96])]
+    found = [blas.product(left, right, np.empty((left.shape[0], right.shape[1]), dtype)) for left, right in products]
+    parted = [f for f in found if f is not None and f[0].startswith("gemm_parts")]
+    assert _part_counts(program, "gemm_parts") == sorted(
+        int(count) for _, source, _ in parted for count in re.findall(r"ct_in_parts\(\w+, p, (\d+)\)", source))
+    if len(parted) == len(products):
+        assert _part_counts(program, "gemm_parts") == sorted(min(threads, left.shape[0] * left.shape[1] * right.shape[1]
+                                                                 // blas.PART_SMALLEST) for left, right in products)
+    assert isinstance(program._executor.threads, blas.one_thread) == (None not in found)
     rng = np.random.default_rng(8)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w, u)}
     before = blas.threads()[1]() if blas.threads() is not None else None
@@ -303,7 +336,7 @@ def test_convolutions_products_and_copies_run_in_parts_of_images_with_numpys_bit
     """A convolution and its gradients (themselves convolutions), a pooling and the windows' sums: each image's and
     group's product is the ?gemm NumPy's stacked matmul makes, from C, and the windows' copies into columns, the pads
     and the gradients' windows added back tap by tap (overlapping) are C loop nests, all in parts of the images on
-    the pool's threads, with NumPy's bits; OpenBLAS's threads are held to one during the step."""
+    the pool's threads, with NumPy's bits."""
     x, w = ct.var("x", (6, 16, 16, 16)), ct.var("w", (32, 16 // groups, 3, 3))
     h = ct.conv(x, w, strides=(1, 1), padding=((1, 1), (1, 1)), groups=groups)
     pooled, sums = ct.max_pool2d(ct.tanh(h), 2), ct.sum(ct.windows(h, (3, 3), strides=(2, 2)), axis=(4, 5))
@@ -313,7 +346,6 @@ def test_convolutions_products_and_copies_run_in_parts_of_images_with_numpys_bit
     assert _part_counts(program, "gemm_stack") and max(_part_counts(program, "gemm_stack")) == min(threads, 6)
     copies = [k for k in program.kernels if k.term.op.name in ("conv", "overlap_add", "pad")]
     assert copies and _part_counts(program, "parts").count(min(threads, 6)) >= len(copies)
-    assert isinstance(program._executor.threads, blas.one_thread)
     _assert_same_bits(ours, numpy)
 
 
