@@ -144,6 +144,18 @@ def test_the_launch_structures_have_the_drivers_layout():
             launch._Config.count.offset) == (24, 32, 40, 48)
 
 
+def test_a_launch_passes_pointers_and_structures_by_value(monkeypatch):
+    """Each argument's bytes lie where the driver is told to read them: a pointer's 8, a tensor map's 128 at a
+    64-byte boundary; a kernel without arguments has none to pass."""
+    monkeypatch.setattr(launch, "overlapping", lambda: True)
+    structure = bytes(range(128))
+    made = launch.Launch(None, 4, 32, [0x1234, structure, 7])
+    read = [ctypes.string_at(address, size) for address, size in zip(made.parameters, (8, 128, 8))]
+    assert read == [(0x1234).to_bytes(8, "little"), structure, (7).to_bytes(8, "little")]
+    assert all(address % 64 == 0 for address in made.parameters)
+    assert len(launch.Launch(None, 1, 1, []).parameters) == 0
+
+
 @pytest.mark.parametrize("captured", [False, True], ids=["stream", "cuda graph"])
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")

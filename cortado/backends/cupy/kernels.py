@@ -91,15 +91,15 @@ def _write_atomically(path, image):
             os.unlink(partial)
 
 
-def launcher(source, pointers, grid=None, block=None):
-    """A call launching ``source``'s kernel over ``pointers`` (and structures passed by value, as bytes) on CuPy's
-    current stream (on its own grid and block, or those given), overlapping the kernel before it where the GPU can.
-    Calls made again with the same pointers (a library call's kernels, each step it runs without a CUDA graph) reuse
-    one ``Launch`` and its driver structures."""
-    return _launch(source, tuple(p if isinstance(p, bytes) else int(p) for p in pointers), grid, block)
+def launcher(source, arguments, grid=None, block=None):
+    """A call launching ``source``'s kernel over ``arguments`` (pointers, and structures passed by value as bytes) on
+    CuPy's current stream (on its own grid and block, or those given), overlapping the kernel before it where the GPU
+    can. Calls made again with the same arguments (a library call's kernels, each step it runs without a CUDA graph)
+    reuse one ``Launch`` and its driver structures."""
+    return _launch(source, tuple(a if isinstance(a, bytes) else int(a) for a in arguments), grid, block)
 
 
 @functools.lru_cache(maxsize=LAUNCHES_KEPT)
-def _launch(source, pointers, grid, block):
+def _launch(source, arguments, grid, block):
     return Launch(compiled(source), source.blocks if grid is None else grid, source.block if block is None else block,
-                  pointers, source.shared)
+                  arguments, source.shared)

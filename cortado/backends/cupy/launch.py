@@ -38,16 +38,17 @@ class _Config(ctypes.Structure):
 
 
 @functools.cache
-def _driver():
-    """The driver library with ``cuLaunchKernelEx`` typed, or None where it has none."""
+def driver():
+    """The CUDA driver library with ``cuLaunchKernelEx`` typed, or None where it has none (the launches here need
+    it; other entries are typed where they are used)."""
     try:
-        driver = ctypes.CDLL("libcuda.so.1")
-        entry = driver.cuLaunchKernelEx
+        library = ctypes.CDLL("libcuda.so.1")
+        entry = library.cuLaunchKernelEx
     except (OSError, AttributeError):
         return None
     entry.argtypes = [ctypes.POINTER(_Config), ctypes.c_void_p, ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p]
-    driver.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
-    return driver
+    library.cuGetErrorName.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_char_p)]
+    return library
 
 
 @functools.cache
@@ -55,7 +56,7 @@ def _overlaps(device):
     import cupy
 
     architecture = int(cupy.cuda.Device(device).compute_capability)
-    return architecture >= _OVERLAPPING_ARCHITECTURE and _driver() is not None
+    return architecture >= _OVERLAPPING_ARCHITECTURE and driver() is not None
 
 
 def overlapping():
@@ -85,12 +86,12 @@ class Launch:
             return
         values = [a if isinstance(a, bytes) else a.to_bytes(8, "little") for a in self.arguments]
         # one after another, each at a multiple of 64 bytes (a tensor map's alignment)
-        offsets = [64 * sum(-(-len(v) // 64) for v in values[:i]) for i in range(len(values))]
-        self.storage = ctypes.create_string_buffer(offsets[-1] + len(values[-1]) + 64)
+        offsets = [64 * sum(-(-len(v) // 64) for v in values[:i]) for i in range(len(values) + 1)]
+        self.storage = ctypes.create_string_buffer(offsets[-1] + 64)
         base = -(-ctypes.addressof(self.storage) // 64) * 64
         for value, offset in zip(values, offsets):
             ctypes.memmove(base + offset, value, len(value))
-        self.parameters = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets))
+        self.parameters = (ctypes.c_void_p * len(values))(*(base + offset for offset in offsets[:-1]))
         self.attribute = _Attribute(id=_PROGRAMMATIC_STREAM_SERIALIZATION)
         self.attribute.value[0] = 1
         self.config = _Config(self.grid, self.block, shared, None, ctypes.pointer(self.attribute), 1)
@@ -102,10 +103,10 @@ class Launch:
             self.function(self.grid, self.block, tuple(np.uint64(p) for p in self.arguments), shared_mem=self.shared)
             return
         self.config.stream = cupy.cuda.get_current_stream().ptr
-        driver = _driver()
-        result = driver.cuLaunchKernelEx(ctypes.byref(self.config), self.function.kernel.ptr, self.parameters, None)
+        library = driver()
+        result = library.cuLaunchKernelEx(ctypes.byref(self.config), self.function.kernel.ptr, self.parameters, None)
         if result:
             name = ctypes.c_char_p()
-            driver.cuGetErrorName(result, ctypes.byref(name))
+            library.cuGetErrorName(result, ctypes.byref(name))
             raise BackendError(f"launching a generated kernel failed: {(name.value or b'?').decode()} "
                                f"(grid {self.grid}, block {self.block}, {self.shared} bytes of shared memory)")

@@ -14,7 +14,8 @@ class Tiling:
     """How one GEMM is cut: block tile ``bm x bn x bk``, its warps, the pipeline's depth, the split of ``K``, and the
     tensor-core instruction: ``mma`` (``mma.sync``, sm_80 on, warps of ``(bm / warps_m) x (bn / warps_n)``),
     ``wgmma`` (sm_90, a warpgroup of four warps per 64 rows, ``warps_m = bm / 16``, ``warps_n = 1``) or ``tma``
-    (the same warpgroups fed by the tensor memory accelerator, which a producer warp more asks)."""
+    (the same warpgroups fed by the tensor memory accelerator, which one more warp, the producer, asks for each
+    tile)."""
 
     bm: int
     bn: int
@@ -59,7 +60,7 @@ class Product:
     """The GEMM itself: sizes, the element strides of ``A`` (``m, k``) and ``B`` (``k, n``), the operands' dtypes,
     whether each is read 16 bytes at a time (``K`` stride 1, rows 16-byte aligned), and whether each is a constant
     of the program, which no kernel writes (a quantized layer's weights): those are read before the kernel waits
-    for the one before it (``staging.prologue``)."""
+    for the one before it (``staging.prologue``; a constant ``B``, by the warp-specialised kernel's producer)."""
 
     m: int
     n: int
@@ -81,7 +82,7 @@ def vector_readable(strides):
 
 
 def tiles(product, tiling):
-    """The output tiles: ``(tiles across N, tiles down M, splits)``."""
+    """The output tiles and the split of each: ``(tiles across N, tiles down M, splits)``."""
     return (-(-product.n // tiling.bn), -(-product.m // tiling.bm), tiling.splits)
 
 

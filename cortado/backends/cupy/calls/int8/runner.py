@@ -33,7 +33,7 @@ from .tilings import candidates, warpgroup_candidates
 # shapes; of 40, for 784x256x128, the seventh (7% faster: benchmarks/results/h100/experiments/README.md)
 CANDIDATES = 6
 WARPGROUP_CANDIDATES = 4  # and wgmma tilings, on sm_90, for products large enough to fill their tiles
-SPECIALISED_CANDIDATES = 4  # and as many fed by the tensor memory accelerator
+SPECIALISED_CANDIDATES = 4  # and warp-specialised ones fed by the tensor memory accelerator, with their other forms
 LIBRARY_CANDIDATES = 3  # cuBLASLt's algorithms timed
 LIBRARY_WORKSPACE = 4 << 20
 ALIGNMENT = 256
@@ -68,7 +68,7 @@ class _Kernel:
         self.workspace_bytes = partial_bytes(product, tiling)
         self.count = counters(product, tiling)
         self.counters = None
-        self.maps = {}  # the warp-specialised kernel's tensor maps of the operands at (a, b)
+        self.maps = (None, None)  # the warp-specialised kernel's operands (a, b) and their tensor maps
 
     def call(self, a, b, extras, out, workspace, stream):
         import cupy
@@ -77,9 +77,9 @@ class _Kernel:
             self.counters = cupy.zeros(max(self.count, 1), np.uint32)
         arguments = (a, b, *extras, out, workspace, self.counters.data.ptr)
         if self.tiling.instruction == "tma":
-            if (a, b) not in self.maps:
-                self.maps[a, b] = specialised.tensor_maps(self.product, self.tiling, a, b)
-            arguments += self.maps[a, b]
+            if self.maps[0] != (a, b):  # a program calls with the same operands every step: encoded once
+                self.maps = (a, b), specialised.tensor_maps(self.product, self.tiling, a, b)
+            arguments += self.maps[1]
         launcher(self.source, arguments)()
 
     def describe(self):

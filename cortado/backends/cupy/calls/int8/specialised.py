@@ -21,9 +21,9 @@ A block works through output tiles ("jobs", numbered along rows) from its own in
 job each, or on a persistent grid (``Tiling.blocks``) many, the producer running on into the next job's tiles
 while the consumers store the last. In clusters of two (``Tiling.cluster``) the blocks take neighbouring jobs of
 a row, whose tile of ``A`` is the same: each block copies half of it into both (TMA multicast), and a stage is
-refilled only once both blocks' consumers are done with it, so each warp hands a stage back to both. On the H100
-the clustered kernel was twice as slow while that hand-back was a release at cluster scope, as fast as the
-unclustered one with a plain arrive (``benchmarks/results/h100/experiments/README.md``).
+refilled only once both blocks' consumers are done with it, so each warp hands a stage back to both, lane ``c``
+to block ``c``, with a plain arrive: a release at cluster scope there, per warp and tile, made the clustered kernel
+twice as slow on the H100 (``benchmarks/results/h100/experiments/README.md``).
 """
 
 import ctypes
@@ -32,7 +32,7 @@ import functools
 import numpy as np
 
 from .....errors import BackendError
-from ...launch import WAIT_PRIOR_GRIDS
+from ...launch import WAIT_PRIOR_GRIDS, driver
 from .epilogue import split_sums
 from .product import PRODUCER_THREADS, SWIZZLE_ALIGNMENT
 from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
@@ -45,6 +45,8 @@ _TENSOR_MAP_SWIZZLE = {128: 3, 64: 2, 32: 1}  # CUtensorMapSwizzle of rows of 12
 
 _COPY = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
          " [%0], [%1, {%2, %3}], [%4];\\n")
+# a stage armed with the bytes its copies will count off as they land
+_ARM = 'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");'
 _MULTICAST = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
               " [%0], [%1, {%2, %3}], [%4], %5;\\n")  # into the same place of every block of the mask
 
@@ -53,13 +55,19 @@ def kernel_text(product, tiling, params, stores):
     """The warp-specialised kernel of ``product`` cut by ``tiling`` (``instruction == "tma"``); its parameters are
     ``params`` and the two tensor maps. ``THREADS`` in it counts the consumers, which alone run the epilogue."""
     p, t = product, tiling
-    if not (p.vector_a and p.vector_b) or t.bm % 64 or t.bm > 256 or t.bn > 256 or t.bk not in SWIZZLE_MODES \
-            or t.stages < 2 or t.cluster not in (1, 2) or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2)):
+    # a split's last block returns from its job: never on a persistent grid; clustered blocks come in pairs of a row
+    if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
+            or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
+            or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, signature, cluster = t.bm // 64 * 128, params + list(MAP_PARAMETERS), t.cluster
     dims = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
+    rank = 'unsigned rank;\n  asm("mov.u32 %0, %%cluster_ctarank;\\n" : "=r"(rank));' if cluster > 1 else ""
+    # the blocks meet: the whole cluster (at the end without .aligned: the producer warp's lanes may arrive apart)
     together = ("barrier.cluster.arrive.release.aligned;\\nbarrier.cluster.wait.acquire.aligned;\\n" if cluster > 1
                 else "bar.sync 0;\\n")
+    apart = "barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n"
+    early, later = _early_copies(p.constant_b)
     a_copy = (f'asm volatile("{_MULTICAST}" :: "r"(a_dst + rank * (BM / CLUSTER) * BK), "l"(a_map_address), "r"(k0), '
               f'"r"(m0 + (int)rank * (BM / CLUSTER)), "r"(full), "h"((unsigned short)((1 << CLUSTER) - 1)) : "memory");'
               if cluster > 1 else
@@ -89,8 +97,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
   // cluster take neighbours in a row, whose A tile is the same: each copies its share of it to all)
   constexpr int TILES_N = (N + BN - 1) / BN, JOBS = TILES_N * ((M + BM - 1) / BM);
   const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
-  unsigned rank = 0;
-  if (CLUSTER > 1) asm("mov.u32 %0, %%cluster_ctarank;\\n" : "=r"(rank));
+  {rank}
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(full0 + 8 * s) : "memory");
@@ -102,15 +109,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
   if (threadIdx.x >= THREADS) {{  // the producer warp
     if (threadIdx.x == THREADS) {{
       const unsigned long long a_map_address = (unsigned long long)&a_map, b_map_address = (unsigned long long)&b_map;
-      // a constant B's first tiles (a quantized layer's weights) are asked for before the kernel before is waited for
-      const int early = min({"STAGES" if p.constant_b else "0"}, tiles);
-      for (int s = 0; s < early; ++s) {{
-        const unsigned full = full0 + 8 * s, b_dst = smem_base + s * STAGE_BYTES + BM * BK;
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
-        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"((kt0 + s) * BK), "r"(blockIdx.x % TILES_N * BN),
-                     "r"(full) : "memory");
-      }}
-      {WAIT_PRIOR_GRIDS}
+{early}      {WAIT_PRIOR_GRIDS}
       int it = 0;  // K tiles asked for so far, over every job
       for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
         const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
@@ -118,11 +117,9 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
           const int s = it % STAGES, k0 = (kt0 + i) * BK;
           if (it >= STAGES) ct_wait_phase(empty0 + 8 * s, ((it / STAGES) - 1) & 1);  // its last tile's products are done
           const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
-          if (it >= early)
-            asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");
+          {later}{_ARM}
           {a_copy}
-          if (it >= early)
-            asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
+          {later}asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"(k0), "r"(n0), "r"(full) : "memory");
         }}
       }}
     }}
@@ -149,10 +146,27 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
 {_indented(_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC)))}
     }}
   }}
-  {f'asm volatile("{together}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
+  {f'asm volatile("{apart}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
    if cluster > 1 else ""}
 }}
 """
+
+
+def _early_copies(constant_b):
+    """``(statements, condition)``: a constant ``B``'s (a quantized layer's weights) first tiles asked for before the
+    kernel before is waited for (by the producer's thread, its block's first job), and the condition under which
+    the producer's loop still arms a stage and copies ``B``'s tile into it; nothing for a ``B`` some kernel writes."""
+    if not constant_b:
+        return "", ""
+    return (f"""      // a constant B's first tiles are asked for before the kernel before is waited for
+      const int early = blockIdx.x < JOBS ? min(STAGES, tiles) : 0;
+      for (int s = 0; s < early; ++s) {{
+        const unsigned full = full0 + 8 * s, b_dst = smem_base + s * STAGE_BYTES + BM * BK;
+        {_ARM}
+        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"((kt0 + s) * BK), "r"(blockIdx.x % TILES_N * BN),
+                     "r"(full) : "memory");
+      }}
+""", "if (it >= early) ")
 
 
 def _release_function(cluster):
@@ -179,9 +193,9 @@ def _indented(text):
 @functools.cache
 def _encoder():
     """The driver's ``cuTensorMapEncodeTiled``, typed, or None where the driver has none."""
-    try:
-        encode = ctypes.CDLL("libcuda.so.1").cuTensorMapEncodeTiled
-    except (OSError, AttributeError):
+    library = driver()
+    encode = getattr(library, "cuTensorMapEncodeTiled", None) if library is not None else None
+    if encode is None:
         return None
     u32s, u64s = ctypes.POINTER(ctypes.c_uint32), ctypes.POINTER(ctypes.c_uint64)
     encode.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_uint32, ctypes.c_void_p, u64s, u64s, u32s, u32s,

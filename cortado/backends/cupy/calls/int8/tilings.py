@@ -12,10 +12,11 @@ fastest (on the H100 the fastest of 30 was always among the first 6).
 
 A large product's blocks read much from L2 (``A`` once per column of tiles, ``B`` once per row of
 them: 768 MB for 128x256 tiles at 4096^3), so the cost is the larger of the two, and a split adds
-its partial sums' trip through L2. (A rough guide, not the bound itself: a kernel that halved
-``B``'s reads, multicasting its tiles to a cluster of two blocks by the tensor memory accelerator,
-was slower on the H100 at every shape tried; it is in the history, commit 493b47c.)
-``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at twice the multiply-add rate.
+its partial sums' trip through L2. (A rough guide, not the bound itself: on the H100 the kernels sharing a tile of
+``A`` between two blocks of a cluster, which halves its reads, were no faster than the others at 4096^3.)
+``warpgroup_candidates`` ranks the ``wgmma`` tiles (sm_90) the same way, at twice the multiply-add rate, for the
+``cp.async`` kernel and for the warp-specialised one, which also comes on a persistent grid where a product has
+more tiles than SMs, alone and in clusters of two.
 """
 
 import math
@@ -90,24 +91,24 @@ def candidates(m, n, k, multiprocessors, count):
 
 def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
     """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, fed by ``cp.async``
-    (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``); none for a small product."""
+    (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``: and the persistent and clustered forms
+    of those, up to three times ``count`` in all); none for a small product."""
     if m * n * k < (WARPGROUP_MIN_MULTIPLY_ADDS if instruction == "wgmma" else SPECIALISED_MIN_MULTIPLY_ADDS):
         return []
     # the cp.async kernel refills a stage two tiles after it was read, the warp-specialised one as soon as it is read
-    # (and keeps two barriers a stage in static shared memory)
-    fewest, ahead, barriers = (3, 2, 0) if instruction == "wgmma" else (2, 0, 16 * MAX_WARPGROUP_STAGES)
+    fewest, ahead = (3, 2) if instruction == "wgmma" else (2, 0)
     ranked = []
     for bm, bn in WARPGROUP_SHAPES:
         if bm > 2 * max(m, 64) or bn > 2 * max(n, 64):
             continue
         for bk in (64, 128):
             # a one-warpgroup block leaves room for a second
-            limit = (SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT) - barriers
+            limit = SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT
             k_tiles = math.ceil(k / bk)
             stages = max(fewest, min(MAX_WARPGROUP_STAGES, k_tiles + ahead))
             while stages > fewest and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
                 stages -= 1
-            if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT - barriers:
+            if stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > SHARED_LIMIT:
                 continue
             tiles = math.ceil(m / bm) * math.ceil(n / bn)
             for splits in {1, min(MAX_SPLITS, k_tiles, max(1, multiprocessors // tiles))}:
