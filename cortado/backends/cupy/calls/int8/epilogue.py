@@ -135,26 +135,26 @@ def split_sums(sync=SYNC):
     """C++ statements that, with ``SPLITS > 1``, leave in the last block to finish of each output tile the sums of
     every split in ``acc[REGS]`` (the others return). Inside a kernel that defines ``SPLITS``, ``REGS`` and
     ``THREADS``, whose threads ``0 .. THREADS - 1`` hold the sums and meet at ``sync``."""
-    return """  if (SPLITS > 1) {  // the last block of this tile to finish adds every split's sums
+    return f"""  if (SPLITS > 1) {{  // the last block of this tile to finish adds every split's sums
     const int tile = blockIdx.y * gridDim.x + blockIdx.x;
     int* slot = partials + (size_t)tile * SPLITS * REGS * THREADS;
     #pragma unroll
     for (int r = 0; r < REGS; ++r) slot[(blockIdx.z * REGS + r) * THREADS + threadIdx.x] = acc[r];
     __threadfence();
-    SYNC_POINT
+    {sync}
     __shared__ int last;
-    if (threadIdx.x == 0) {
+    if (threadIdx.x == 0) {{
       last = atomicAdd(&counters[tile], 1u) == SPLITS - 1;
       if (last) counters[tile] = 0;
-    }
-    SYNC_POINT
+    }}
+    {sync}
     if (!last) return;
     __threadfence();
     #pragma unroll
-    for (int r = 0; r < REGS; ++r) {
+    for (int r = 0; r < REGS; ++r) {{
       int sum = 0;
       for (int s = 0; s < SPLITS; ++s) sum += __ldcg(&slot[(s * REGS + r) * THREADS + threadIdx.x]);
       acc[r] = sum;
-    }
-  }
-""".replace("SYNC_POINT", sync)
+    }}
+  }}
+"""
