@@ -34,7 +34,7 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, HERE)
 
 from bench_fused_gpu import attempt, log, print_table, require_gpu, versions  # noqa: E402
-from bench_int8_gpu import float_gemm_ms, replayed, step_time  # noqa: E402
+from bench_int8_gpu import float_gemm, replayed, step_time  # noqa: E402
 from machine import describe  # noqa: E402
 from reporting import command_line, write_results  # noqa: E402
 
@@ -138,7 +138,7 @@ def cublaslt_bfloat16(m, n, k, repeats, operands):
 
     a = cupy.random.standard_normal((m, k), np.float32).astype(cupy.float16).view(cupy.uint16)
     b = cupy.random.standard_normal((n, k), np.float32).astype(cupy.float16).view(cupy.uint16)
-    return {"ms": float_gemm_ms(a, b, BFLOAT16, repeats, _calls(m, n, k))}
+    return {"ms": float_gemm(a, b, BFLOAT16, repeats, _calls(m, n, k))()}
 
 
 CONTESTANTS = (("cortado_float8", ours), ("torch_scaled_mm", torch_scaled_mm), ("cortado_bfloat16", cublaslt_bfloat16),
