@@ -4,8 +4,8 @@
 # them), runs every test marked gpu, the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|gpt|dp|profile|ours|all]    (conv, int8, float8: those
-#     benchmarks alone;
+#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]    (conv, int8,
+#     float8, compile: those benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), layer
 #     norm and cross-entropy against torch's (bench_norms_gpu.py), and gelu over values of three ranges (bench_gelu_gpu.py);
 #     cpu: the CPU benchmarks (MLP, CNN and GPT steps against NumPy and torch's CPU eager mode) on this machine's cores;
@@ -48,6 +48,9 @@ if [ "$what" = bench ] || [ "$what" = float8 ] || [ "$what" = all ]; then
     python3 benchmarks/bench_float8_gpu.py --out "$out/float8_gpu.json" 2>&1 | tee "$out/bench_float8.log" || status=1
     python3 benchmarks/bench_float8_gpt_gpu.py --out "$out/float8_gpt_gpu.json" 2>&1 | tee "$out/bench_float8_gpt.log" \
         || status=1
+fi
+if [ "$what" = bench ] || [ "$what" = compile ] || [ "$what" = all ]; then
+    python3 benchmarks/bench_compile_gpu.py --out "$out/compile_gpu.json" 2>&1 | tee "$out/bench_compile.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1

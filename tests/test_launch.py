@@ -217,3 +217,54 @@ def test_kernels_keep_subnormals_and_a_second_run_reads_them_from_disk(tmp_path,
 
     monkeypatch.setattr(compiler, "compile_using_nvrtc", refuse)
     np.testing.assert_array_equal(halved(), tiny * np.float32(0.5))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+def test_kernels_compile_side_by_side_and_one_nvrtc_rejects_fails_the_build(tmp_path, monkeypatch):
+    """Sources handed to the compiling threads (``prepare``) are compiled on them, not on the building thread, and
+    loaded by ``finish``; a kernel NVRTC rejects raises there, and leaves nothing waiting."""
+    import dataclasses
+    import threading
+
+    from cupy.cuda import compiler
+
+    from cortado.backends.cupy import kernels
+
+    monkeypatch.setenv("CORTADO_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(kernels, "_cache", {})
+    compiling = compiler.compile_using_nvrtc
+    threads = set()
+
+    def noted(*args, **kwargs):
+        threads.add(threading.get_ident())
+        return compiling(*args, **kwargs)
+
+    monkeypatch.setattr(compiler, "compile_using_nvrtc", noted)
+    x = parameter(0, ct.var("x", SHAPE, "float32"))
+    made = [sources.kernel_source((x * float(k + 2),), [_operand()]) for k in range(6)]
+    for source in made:
+        kernels.prepare(source)
+    kernels.finish()
+    assert not kernels._pending and all((s.name, s.options) in kernels._cache for s in made)
+    assert threads and threading.get_ident() not in threads
+    broken = dataclasses.replace(made[0], name="ct_broken", text=made[0].text + "\nthis is not C++;\n")
+    kernels.prepare(broken)
+    with pytest.raises(Exception, match="(?i)compil|error"):
+        kernels.finish()
+    assert not kernels._pending
+
+
+def test_the_compiling_threads_are_as_many_as_asked(monkeypatch):
+    """``CORTADO_COMPILE_THREADS`` sets how many kernels NVRTC compiles at once; without it, one a processor up to
+    16; a count that is no whole number of threads is refused in words."""
+    from cortado.backends.cupy import kernels
+
+    monkeypatch.setenv("CORTADO_COMPILE_THREADS", "3")
+    assert kernels.compiling_threads() == 3
+    monkeypatch.delenv("CORTADO_COMPILE_THREADS")
+    assert 1 <= kernels.compiling_threads() <= kernels.COMPILING_THREADS
+    for wrong in ("0", "two", "-1"):
+        monkeypatch.setenv("CORTADO_COMPILE_THREADS", wrong)
+        with pytest.raises(BackendError, match="CORTADO_COMPILE_THREADS"):
+            kernels.compiling_threads()

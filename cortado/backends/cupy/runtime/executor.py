@@ -20,6 +20,7 @@ from ....memplan import joins
 from ... import interface
 from ..codegen import channels_last_strides, contiguous_strides
 from ..device import require_gpu
+from ..kernels import finish
 from ..layout import channels_last_for, concatenated_in_place, direct_outputs, io_strides, layouts, stored_strides
 from ..targets import View, forget, runner
 from ..targets.copies import Copy
@@ -101,6 +102,7 @@ class Executor(interface.Executor):
             if made.tuned:
                 self.tuned.append((made, scratch))
         forget()  # the runners the planner asked are this program's now: no other program gets them
+        finish()  # the kernels the runners asked for, compiled side by side: one NVRTC rejects fails the build here
         self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
         if len(steps) in waits:
             self.binders.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))

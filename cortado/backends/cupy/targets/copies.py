@@ -6,7 +6,7 @@ import numpy as np
 
 from ....memplan import aligned
 from ..codegen import Operand, contiguous_strides, memory_order
-from ..kernels import compiled, launcher
+from ..kernels import launcher, prepare
 from ..sources import copy_source
 
 
@@ -30,7 +30,7 @@ class Copy:
         self.kernel = None
         if self.nbytes and strides != to and int(np.prod(shape, dtype=np.int64)) != 1:
             self.kernel = copy_source(Operand(shape, np.dtype(dtype), strides), memory_order(shape, to))
-            compiled(self.kernel)  # now, so that a kernel NVRTC rejects fails the build
+            prepare(self.kernel)  # compiled beside the program's other kernels; the build waits for them
 
     def bind(self, source, destination, stream):
         """The call copying from address ``source`` to ``destination`` on ``stream``."""

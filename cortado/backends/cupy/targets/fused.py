@@ -6,7 +6,7 @@ from ....rules.horizontal import Horizontal
 from ....exprgraph.ops import FLIP, FUSED_OP, OVERLAP_ADD, PAD, RANDOM_UNIFORM, RESHAPE, TAKE, TAKE_ALONG_AXIS
 from ..codegen import Operand, memory_order
 from ..index_kernels import take_along_axis_source, take_source
-from ..kernels import compiled, launcher
+from ..kernels import launcher, prepare
 from ..random_kernels import random_source
 from ..sources import copy_source, kernel_sources, reduction_scratch_bytes
 from ..window_kernels import flip_source, overlap_add_source, pad_source
@@ -55,7 +55,7 @@ class Kernels(Runner):
             self.sources = kernel_sources(t.attrs.outputs, [operand(a) for a in t.args], aliased, order,
                                           t.attrs.kernel)
         for source in self.sources:
-            compiled(source)  # now, so that a kernel NVRTC rejects fails the build
+            prepare(source)  # compiled beside the program's other kernels; the build waits for them
         self.scratch = len(self.sources) > 1
 
     def bind(self, addresses, workspace, stream):

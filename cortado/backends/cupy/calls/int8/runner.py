@@ -20,7 +20,7 @@ from .....memplan import aligned
 from ..cublaslt import _lt, handle, heuristic, matrix_layout, set_attribute
 from ...codegen import Operand, contiguous_strides
 from ...sources import kernel_source
-from ...kernels import launcher
+from ...kernels import launcher, prepare
 from ...launch import overlapping
 from ..timing import time_graph
 from .epilogue import OPTIONS
@@ -107,6 +107,8 @@ class _Library:
         sums = Operand((p.m, p.n), np.dtype(np.int32), contiguous_strides((p.m, p.n)))
         self.direct = body.op is PARAM  # the sums are the result (C order, as they are written)
         self.epilogue = None if self.direct else replace(kernel_source((body,), [sums, *extras]), options=OPTIONS)
+        if self.epilogue is not None:
+            prepare(self.epilogue)
         self.sums_bytes = 0 if self.direct else aligned(p.m * p.n * 4, ALIGNMENT)
         self.workspace_bytes = self.sums_bytes + int(self.algorithms["workspace_size"].max())
 
@@ -190,6 +192,8 @@ class Int8Gemm:
             if overlapping() and specialised.available():  # the driver's launch passes the tensor maps
                 tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma")
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
+        for kernel in own:
+            prepare(kernel.source)  # every candidate compiled side by side before they are timed
         self.candidates = own + _library_candidates(product, body, operands, out_strides)
         self.vector = product.vector_a or product.vector_b
         self.unaligned = _Kernel(replace(product, vector_a=False, vector_b=False), own[0].tiling, body, operands,
