@@ -104,7 +104,8 @@ def _forget_threads():
     _pending.clear()
 
 
-os.register_at_fork(after_in_child=_forget_threads)
+if hasattr(os, "register_at_fork"):  # not on Windows, which does not fork
+    os.register_at_fork(after_in_child=_forget_threads)
 
 
 def _compilation(source):
