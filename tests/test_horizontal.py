@@ -245,6 +245,40 @@ def test_a_float8_steps_one_value_kernels_join_groups_at_either_end():
     assert_same_bits(ours, apart, values, x, y)
 
 
+def test_a_float8_steps_weight_casts_run_side_by_side_after_their_scales():
+    """A float8 MLP step casts each weight at the scale its amax history gives (a one-value kernel of the initial
+    group), folding the weight's row maxima for the history (a row kernel): the casts run as one kernel after the
+    initial group, each part a row kernel; the step computes the bits of the plan without."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as gpu_backend
+    from float8_plans import assert_same_bits, float8_mlp_step
+
+    outputs, values, x, y = float8_mlp_step((256, 512, 256), (4, 128))
+    ours = compiler._rewrite(outputs, gpu_backend, {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(horizontal, "_made_from_leaves", lambda t: False)
+        apart = compiler._rewrite(outputs, gpu_backend, {})
+    casts = [body for _, body in _side_by_side_kernels(ours) if any(o.dtype.name == "float8_e4m3fn" for o in body)]
+    assert len(casts) == 1 and {(256, 512), (256, 1)} <= {o.shape for o in casts[0]}  # the second weight's, its maxima
+    assert not any(o.dtype.name == "float8_e4m3fn" for _, body in _side_by_side_kernels(apart) for o in body)
+    assert_same_bits(ours, apart, values, x, y)
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_a_float8_steps_weight_casts_side_by_side_are_the_same_bits(monkeypatch):
+    """A one-layer float8 GPT with its weights' casts (row kernels folding their rows' maxima) side by side, against
+    the same step with each cast a kernel of its own: fewer kernels, and three steps give the same losses and state,
+    bit for bit."""
+    from float8_plans import assert_same_training, float8_gpt_trained
+
+    skip_without_device("cupy")
+    grouped = float8_gpt_trained()
+    monkeypatch.setattr(horizontal, "_made_from_leaves", lambda t: False)
+    apart = float8_gpt_trained()
+    assert grouped[0] < apart[0]
+    assert_same_training(grouped, apart)
+
+
 def test_a_part_of_one_value_takes_a_block_of_its_own():
     """One-value reductions side by side: each part a block (reducing with a warp for a short one), its block's index
     counted from the part's first."""

@@ -1,22 +1,19 @@
 """A row max of a kernel's result joining the kernel that makes it (``rules.row_epilogues``), and the row kernels it
 makes: which join, that every value is as before, and that such a max costs the kernel no pass of its own."""
 
-import sys
-from pathlib import Path
-
 import ml_dtypes
 import numpy as np
 import pytest
 
 import cortado as ct
-from cortado import compiler, nn, optim
+from cortado import compiler
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy import sources
 from cortado.backends.cupy.codegen import Operand, contiguous_strides
 from cortado.exprgraph.graph import post_order
 from cortado.exprgraph.ops import parameter
 from cortado.rules.fusion import ROW_KERNEL, row_shape
-from float8_plans import assert_same_bits, float8_mlp_step
+from float8_plans import assert_same_bits, assert_same_training, float8_gpt_trained, float8_mlp_step
 from reference_checks import host, skip_without_device
 
 
@@ -60,6 +57,27 @@ def test_only_a_max_joins_and_it_reads_the_value_as_stored(monkeypatch):
     np.testing.assert_array_equal(np.float32(ours_max), np.float32(ct.evaluate([biggest], feeds)[0]))
 
 
+def test_a_row_max_of_a_value_no_kernel_makes_joins_its_cast_where_neither_waits_for_the_other():
+    """The row maxima of a product's result (a GEMM makes it: no kernel of ours to fold them) join the kernel that
+    casts it at a scale given beforehand, which then folds them as it reads the rows; where the cast's scale comes
+    from those maxima, the cast waits for them, and they stay a kernel of their own. Same bits either way."""
+    x, w = ct.var("x", (256, 128), "bfloat16"), ct.var("w", (128, 768), "bfloat16")
+    scale = ct.var("s", (), "float32")
+    h = ct.cast(ct.matmul(x, w), "float32")
+    amax = ct.max(ct.abs(h))
+    delayed = ct.cast(h * scale, "float8_e4m3fn")
+    current = ct.cast(h * (448.0 / amax), "float8_e4m3fn")
+    joined, trace = _planned([delayed, amax])
+    assert [r.rule for r in trace].count("row-reduction-into-sibling") == 1
+    assert any(kind == ROW_KERNEL for _, _, kind in _kernels(joined))
+    assert "row-reduction-into-sibling" not in [r.rule for r in _planned([current, amax])[1]]
+    rng = np.random.default_rng(4)
+    feeds = {"x": rng.standard_normal((256, 128)).astype(ml_dtypes.bfloat16),
+             "w": rng.standard_normal((128, 768)).astype(ml_dtypes.bfloat16), "s": np.float32(4.0)}
+    for ours, expected in zip(ct.evaluate(list(joined), feeds), ct.evaluate([delayed, amax], feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(expected, np.float32))
+
+
 def test_a_max_that_only_one_value_a_row_reads_costs_the_row_kernel_no_pass():
     """A row kernel writing ``y`` and its rows' max folds the max in the pass that writes ``y``: one loop over
     the row's 384 vectors, where a max that the row's outputs read takes a pass before them."""
@@ -101,36 +119,14 @@ def test_on_the_gpu_a_row_max_folded_as_its_rows_are_written_is_the_max_of_what_
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_a_float8_gpt_step_is_the_same_bits_with_its_row_maxima_joined(monkeypatch):
-    """A one-layer float8 GPT: its amax row maxima folded where the rows are written, against the same step with
-    each row max a kernel of its own: fewer kernels, and three steps give the same losses and state, bit for bit.
-    Both planned without recomputation: joined, a layer norm's rows become worth making again after the peak, and
-    such a copy of a kernel may contract its multiply-adds otherwise than the kernel did, a change the join itself
-    does not make."""
+@pytest.mark.parametrize("join", ["into_producers", "into_siblings"])
+def test_on_the_gpu_a_float8_gpt_step_is_the_same_bits_with_its_row_maxima_joined(monkeypatch, join):
+    """A one-layer float8 GPT: its amax row maxima folded where the rows are written (or, of the attention's output,
+    where its cast reads them), against the same step with each such row max a kernel of its own: fewer kernels,
+    and three steps give the same losses and state, bit for bit."""
     skip_without_device("cupy")
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
-    from gpt import BETAS, GPT, WEIGHT_DECAY, windows
-
-    def trained(steps=3):
-        model = GPT(65, 256, 256, 4, None, 1, True).compute_in("bfloat16")
-        tokens, labels = ct.var("tokens_in", (4, 256), "int32"), ct.var("labels", (4, 256), "int32")
-        loss = nn.cross_entropy(model(tokens), labels)
-        params = model.parameters()
-        adamw = optim.AdamW(lr=3e-3, betas=BETAS, weight_decay=WEIGHT_DECAY, decay=lambda name, p: p.ndim == 2)
-        state, updates = adamw.updates(params, ct.grad(loss, list(params.values())))
-        updates.update(model.state_updates(loss))
-        step = ct.compile([loss], inputs=[tokens, labels], backend="cupy", updates=updates,
-                          state={**model.initial_values(0), **state}, recompute=False)
-        rng = np.random.default_rng(0)
-        data = rng.integers(0, 65, 100000).astype(np.int32)
-        losses = [float(host(step(tokens_in=x, labels=y)[0])) for x, y in (windows(data, 4, 256, rng)
-                                                                          for _ in range(steps))]
-        return len(step.kernels), losses, {k: np.asarray(host(v)) for k, v in step.state.items()}
-
-    joined = trained()
-    monkeypatch.setattr(compiler, "into_producers", lambda roots, trace: tuple(roots))
-    apart = trained()
+    joined = float8_gpt_trained()
+    monkeypatch.setattr(compiler, join, lambda roots, trace: tuple(roots))
+    apart = float8_gpt_trained()
     assert joined[0] < apart[0]
-    assert joined[1] == apart[1]
-    for name, value in apart[2].items():
-        np.testing.assert_array_equal(joined[2][name], value, err_msg=name)
+    assert_same_training(joined, apart)

@@ -13,9 +13,13 @@ small fused kernels can run together in any number:
   only final kernels read, of operands nothing else reads: they run as one launch before the final one;
 - initial ones, elementwise or of one-value results, which read only the program's leaves (state, inputs,
   constants): their operands exist from the start, so they run as one launch before their first reader. Large
-  elementwise ones join too where each of their results is read more than once (a weight's cast to bfloat16, which
-  the forward pass reads and the backward pass again, so it is held across the step anyway): one grid, at the copy
-  rate, for the weights' dozens of launches.
+  elementwise ones join too where each of their results is read more than once or is small (a weight's cast to
+  bfloat16, which the forward pass reads and the backward pass again, so it is held across the step anyway): one
+  grid, at the copy rate, for the weights' dozens of launches;
+- early ones, elementwise kernels like the initial ones that also read one-value results of kernels that read only
+  leaves (a float8 weight's cast, at the scale its amax history gives, with its row maxima for the history: a row
+  kernel, which joins the initial and early groups as an elementwise kernel does): one launch after the initial
+  one.
 
 Each kernel of a group keeps its own body, shape and threads (``Horizontal.parts``), and the blocks of one grid
 are dealt out among them. No kernel of a group reads another's results (a final one's are read by nothing, a
@@ -31,7 +35,7 @@ from ..exprgraph.graph import post_order
 from ..exprgraph.ops import FUSED_OP, LAYOUT, LEAF, REDUCTION
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, inlined, rebased
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, inlined, rebased, transposed_outputs
 
 MOST_ELEMENTS = 1 << 16  # a kernel's results this small are launch-bound (a 768-wide AdamW update: ~3 us of a launch)
 MOST_POINTERS = 480  # a kernel's operands and results: its parameters stay within CUDA's 4 KiB of them
@@ -56,8 +60,10 @@ class Horizontal:
 
 
 def _end(results, users, roots, final=frozenset()):
-    """Which group the terms of one fused kernel may join: "final", "closing", "initial" or None. Only an elementwise
-    body whose every result has at most ``MOST_AXES`` axes may join one, a final group only where they are small; or
+    """Which group the terms of one fused kernel may join: "final", "closing", "initial", "early" or None. Only an
+    elementwise body whose every result has at most ``MOST_AXES`` axes may join one, a final group only where they
+    are small, an early one where it reads one-value results the initial kernels make; a row kernel's likewise
+    (writing nothing transposed), but never a final group; or
     a body of one-value results reducing at most ``MOST_ELEMENTS`` elements, an initial group, or a closing one where
     only the ``final`` kernels' terms read it and nothing else reads its operands (those it keeps alive to the step's
     end: a float8 history's row maxima, or a small tensor it reduces whole)."""
@@ -71,14 +77,24 @@ def _end(results, users, roots, final=frozenset()):
         closing = all(_readers(r, users) <= final for r in results) and all(
             _read_only_by(a, set(results), users) for a in t.args if a.op.kind != LEAF)
         return "closing" if closing else None
-    if t.attr("kernel") != ELEMENTWISE_KERNEL or any(o.ndim > MOST_AXES or o.size == 0 for o in body):
+    kind = t.attr("kernel")
+    if kind not in (ELEMENTWISE_KERNEL, ROW_KERNEL) or any(o.ndim > MOST_AXES or o.size == 0 for o in body) or (
+            kind == ROW_KERNEL and transposed_outputs(body)):
         return None
     small = all(o.size <= MOST_ELEMENTS for o in body)
-    if small and all(r in roots and not users.get(r) for r in results):
+    if kind == ELEMENTWISE_KERNEL and small and all(r in roots and not users.get(r) for r in results):
         return "final"
-    if not all(a.op.kind == LEAF for a in t.args):
+    start = "initial" if all(a.op.kind == LEAF for a in t.args) else \
+        "early" if all(a.op.kind == LEAF or _made_from_leaves(a) for a in t.args) else None
+    if start is None:
         return None
-    return "initial" if small or all(len(users.get(r, ())) > 1 for r in results) else None
+    return start if small or all(len(users.get(r, ())) > 1 or r.size <= MOST_ELEMENTS for r in results) else None
+
+
+def _made_from_leaves(t):
+    """Whether ``t`` is one value that a kernel reading only the program's leaves computes (a scale from an amax
+    history): it exists once the initial kernels have run."""
+    return t.op is FUSED_OP and t.ndim == 0 and all(a.op.kind == LEAF for a in t.args)
 
 
 def _readers(t, users):
@@ -145,9 +161,10 @@ def _side_by_side(group, trace):
 
 
 def side_by_side(roots, trace):
-    """``roots`` with their small initial, closing, then final kernels grouped (see the module docstring): the
-    closing groups are found while the final kernels are apart, and the final groups read what the others made."""
-    for end in ("initial", "closing", "final"):
+    """``roots`` with their small initial, early, closing, then final kernels grouped (see the module docstring): the
+    early groups read what the initial ones made, the closing groups are found while the final kernels are apart,
+    and the final groups read what the others made."""
+    for end in ("initial", "early", "closing", "final"):
         roots = _grouped(tuple(roots), end, trace)
     return roots
 

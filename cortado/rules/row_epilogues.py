@@ -10,7 +10,12 @@ bfloat16 output, whose float8 copy is what the product reads).
 Only a max joins: it is the same value in any order, so folding it elsewhere changes no bit. The max reads what a
 reader of the stored value would: a bfloat16 result rounded as it is stored (``_as_stored``).
 
+A row max of a value no kernel of ours makes, or none that may fold it (an attention's output; a concatenation,
+whose kernel reads shifted operands), joins instead a sibling: an elementwise kernel reading that value as rows (a
+float8 cast at a delayed scale), which then folds the maxima of the rows it reads (``into_siblings``).
+
     roots = into_producers(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
+    roots = into_siblings(roots, trace)
 """
 
 from ..exprgraph import constructors as ct
@@ -77,4 +82,55 @@ def into_producers(roots, trace):
         replaced[r] = make(FUSED_OP, inputs, (new_body, len(keep), False, shape_kind))
         trace.append(Rewrite("row-reduction-into-producer", r, replaced[r]))
         taken |= {key, pkey}
+    return substituted(roots, replaced) if replaced else roots
+
+
+def _row_max(r):
+    """``(max, row shape)`` where fused term ``r`` is a kernel of one row ``max`` over the last axis; else None."""
+    body = r.attr("outputs")
+    if r.attr("kernel") != REDUCTION_KERNEL or r.attr("again") or len(body) != 1 or body[0].op is not MAX:
+        return None
+    shape = body[0].args[0].shape
+    return (body[0], shape) if row_reduction(body[0], shape) else None
+
+
+def _rows_reader(key, results, shape):
+    """Whether kernel ``key`` is elementwise over ``shape`` alone, reading no shifted operand: it can fold a row
+    reduction of what it reads."""
+    return (results[0].attr("kernel") == ELEMENTWISE_KERNEL and not results[0].attr("again")
+            and all(o.shape == shape for o in key[1]) and not any(t.op is PAD for t in post_order(key[1])))
+
+
+def into_siblings(roots, trace):
+    """``roots`` with each fused row max (a float8 amax's first stage) of a value ``x`` joined to an elementwise
+    kernel over ``x``'s shape that reads ``x`` too, where neither kernel waits for the other's results: the
+    maxima are folded as that kernel reads the rows. Only a max: it is the same bits in any order."""
+    roots = tuple(roots)
+    kernels, _ = fused_kernels(roots)
+    readers = {}
+    for key in kernels:
+        for a in set(key[0]):
+            readers.setdefault(a, []).append(key)
+    replaced, taken = {}, set()
+    for key, results in kernels.items():
+        found = _row_max(results[0])
+        wide = [a for a in key[0] if found and a.shape == found[1]]
+        if len(wide) != 1 or key in taken:
+            continue
+        r = results[0]
+        for skey in readers.get(wide[0], ()):
+            sibling = kernels[skey]
+            if skey in taken or skey == key or not _rows_reader(skey, sibling, found[1]):
+                continue
+            if r in set(post_order(skey[0])) or set(sibling) & set(post_order(key[0])):
+                continue  # one would wait for the other
+            inputs, index_of = list(skey[0]), {a: i for i, a in enumerate(skey[0])}
+            new_body = tuple(skey[1]) + tuple(rebased(r, inputs, index_of))
+            shape_kind = kernel_shape(new_body)
+            for t in sibling:
+                replaced[t] = make(FUSED_OP, inputs, (new_body, t.attr("index"), False, shape_kind))
+            replaced[r] = make(FUSED_OP, inputs, (new_body, len(skey[1]), False, shape_kind))
+            trace.append(Rewrite("row-reduction-into-sibling", r, replaced[r]))
+            taken |= {key, skey}
+            break
     return substituted(roots, replaced) if replaced else roots

@@ -1,14 +1,17 @@
 """CUDA C of kernels side by side (``rules.horizontal``): several bodies in one launch, each computed by blocks of
-its own as it would be alone. A part is an elementwise body (``codegen``'s loop over its elements, in C order) or a
+its own as it would be alone. A part is an elementwise body (``codegen``'s loop over its elements, in C order), a
 body of one-value results from whole reductions (``reduction_kernels``' kernel of one output: a warp or a block
-reducing, then its first thread computing the results), such as a float8 scale computed from a history of amaxes.
+reducing, then its first thread computing the results), such as a float8 scale computed from a history of amaxes,
+or a row kernel's body (``row_kernels``: a float8 weight's cast with its row maxima).
 """
 
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import PARAM, parameter
 from ...rules.engine import bottom_up
+from ...rules.fusion import row_shape
 from .codegen import REDUCTIONS, THREADS, _elementwise_part, _signature, finished_source
 from .reduction_kernels import one_value_lines
+from .row_kernels import row_lines
 
 
 def _own_parameters(body):
@@ -20,9 +23,11 @@ def _own_parameters(body):
 
 def _part(body, operands):
     """``(statements, blocks)`` of one part over its own ``operands``, its blocks counted from ``first``."""
-    if any(t.op in REDUCTIONS for t in post_order(body)):
+    if not any(t.op in REDUCTIONS for t in post_order(body)):
+        return _elementwise_part(body, operands, offset="first")
+    if all(t.ndim == 0 for t in body):
         return one_value_lines(body, operands, "(blockIdx.x - first)")
-    return _elementwise_part(body, operands, offset="first")
+    return row_lines(body, operands, row_shape(body), "(blockIdx.x - first)")
 
 
 def horizontal_source(body, operands, aliased, spans):

@@ -156,6 +156,19 @@ def _turned(turned, n, rows, threads):
 
 
 def row_source(body, operands, aliased, shape):
+    """A row kernel (``_row_kernel``)."""
+    return _row_kernel(body, operands, aliased, shape)
+
+
+def row_lines(body, operands, shape, block_index):
+    """``(statements, blocks)`` of a row kernel writing nothing transposed, as it computes alone, with the block's
+    index ``block_index`` (a part of kernels side by side: ``horizontal_kernels``)."""
+    if transposed_outputs(body):
+        raise BackendError(f"a row kernel side by side writes nothing transposed: {body}")
+    return _row_kernel(body, operands, (), shape, block_index)
+
+
+def _row_kernel(body, operands, aliased, shape, block_index=None):
     """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``, or, in a kernel of one pass, rows of few
     vectors where there are many: ``ROW_WARP_VECTORS``, ``ROW_WARP_ROWS``) or a block to each row, which reduces the
     row once for each reduction of the body in order, every thread holding each total, then computes the outputs:
@@ -166,7 +179,7 @@ def row_source(body, operands, aliased, shape):
     registers once, before the first pass, instead of reading the row again (from cache) in each. Results written
     transposed (``rules.fusion.transposed_outputs``) take a warp a row, each warp ``TRANSPOSED_ROWS / TRANSPOSED_WARPS`` rows in
     turn into shared memory, from which the block writes a sector of its ``TRANSPOSED_ROWS`` rows a column
-    (``_turned``)."""
+    (``_turned``). With ``block_index``, its statements and block count, for a kernel of parts to call."""
     n, rows = shape[-1], math.prod(shape[:-1])
     transposed = transposed_outputs(body)
     turned = [(k, t) for k, t in enumerate(body) if t in transposed]
@@ -237,10 +250,12 @@ def row_source(body, operands, aliased, shape):
         head = [f"  const {index} o = {first} + threadIdx.x / {width};",
                 f"  const unsigned int slot = g * {per_block} + threadIdx.x / {width};"]
     else:
-        head = [f"  const {index} o = ({index})blockIdx.x * {per_block} + threadIdx.x / {width};"]
+        head = [f"  const {index} o = ({index}){block_index or 'blockIdx.x'} * {per_block} + threadIdx.x / {width};"]
     head += [f"  const unsigned lane = threadIdx.x % {width};"] + ([] if turned else [f"  if (o >= {rows}) return;"])
     if cached:
         head += _row_cache(operands, read & vectors, index, n, width, vec, cached)
+    if block_index is not None:
+        return head + lines, -(-rows // per_block)
     if not turned:
         return finished_source("rows", "\n".join(head + lines) + "\n", body, operands, aliased, -(-rows // per_block),
                                (threads, 1, 1))
