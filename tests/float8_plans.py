@@ -37,7 +37,7 @@ def assert_same_bits(roots, others, values, x, y):
 
 
 def float8_gpt_trained(steps=3):
-    """``(kernels, losses, state)`` of a one-layer float8 GPT (examples/gpt.py) after ``steps`` AdamW steps on the GPU,
+    """``(kernel terms, losses, state)`` of a one-layer float8 GPT (examples/gpt.py) after ``steps`` AdamW steps on the GPU,
     planned without recomputation (a copy of a kernel made again after the peak may contract its multiply-adds
     otherwise than the kernel did, which would hide whether a pass under test changed a bit)."""
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
@@ -56,7 +56,7 @@ def float8_gpt_trained(steps=3):
     data = rng.integers(0, 65, 100000).astype(np.int32)
     losses = [float(host(step(tokens_in=x, labels=y)[0])) for x, y in (windows(data, 4, 256, rng)
                                                                       for _ in range(steps))]
-    return len(step.kernels), losses, {k: np.asarray(host(v)) for k, v in step.state.items()}
+    return [k.term for k in step.kernels], losses, {k: np.asarray(host(v)) for k, v in step.state.items()}
 
 
 def assert_same_training(ours, theirs):

@@ -16,7 +16,7 @@ from cortado.backends.cupy.lowering.float8 import FLOAT8_GEMM
 from cortado.errors import BackendError
 from cortado.exprgraph.graph import post_order
 from cortado.exprgraph.ops import FUSED_OP, TRANSPOSE, parameter
-from cortado.rules.fusion import TRANSPOSED_KERNEL
+from cortado.rules.fusion import TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL
 from float8_plans import assert_same_bits, float8_mlp_step
 from reference_checks import skip_without_device
 
@@ -52,7 +52,8 @@ def test_a_float8_steps_casts_write_the_products_operands_transposed(monkeypatch
                if t.op is FUSED_OP and any(o.op is TRANSPOSE for o in t.attr("outputs"))}
     assert sorted((kind, len(body), body[-1].dtype.name) for kind, body in writing) == [
         ("row", 3, "float8_e4m3fn"), ("row", 3, "float8_e4m3fn"),  # the gelu's rows and the input's: their maxima
-        (TRANSPOSED_KERNEL, 1, "float8_e5m2"), (TRANSPOSED_KERNEL, 2, "float8_e5m2")]
+        (TRANSPOSED_KERNEL, 2, "float8_e5m2"),
+        (TRANSPOSED_SUMS_KERNEL, 4, "float32")]  # the first layer's gradient, its bias's gradient and AdamW step
     assert_same_bits(ours, apart, values, x, y)
 
 

@@ -128,5 +128,5 @@ def test_on_the_gpu_a_float8_gpt_step_is_the_same_bits_with_its_row_maxima_joine
     joined = float8_gpt_trained()
     monkeypatch.setattr(compiler, join, lambda roots, trace: tuple(roots))
     apart = float8_gpt_trained()
-    assert joined[0] < apart[0]
+    assert len(joined[0]) < len(apart[0])
     assert_same_training(joined, apart)

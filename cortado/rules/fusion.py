@@ -61,8 +61,10 @@ from .engine import Rewrite, Trace, bottom_up
 # The kernels a fused term is, as fusion decides and every backend reads (``Op`` attribute ``kernel``): elementwise
 # work, a fused reduction (a prologue, one reduction, an epilogue; or sibling column reductions), a row kernel, or
 # elementwise work that also writes results transposed (a backend's own rewrite adds such results, to row kernels
-# too: the GPU's float8 products read their operands only with the contracted axis innermost, ``transposed_outputs``)
+# too: the GPU's float8 products read their operands only with the contracted axis innermost, ``transposed_outputs``),
+# and such work that also sums the columns of what it reads (the GPU's float8 gradient cast with its bias gradient)
 ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, TRANSPOSED_KERNEL = "elementwise", "reduction", "row", "transposed"
+TRANSPOSED_SUMS_KERNEL = "transposed sums"
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from . import layout
 from .runtime.executor import Executor
 from .lowering import lowering
 from .lowering.float8_transposes import written_transposed
+from .lowering.transposed_sums import sums_into_transposed
 
 
 class CupyBackend(Backend):
@@ -41,7 +42,7 @@ class CupyBackend(Backend):
         return layout.direct_outputs(kernels, steps, outputs, sinks, options)
 
     def after_fusion(self, roots, trace):
-        return written_transposed(roots, trace)
+        return sums_into_transposed(written_transposed(roots, trace), trace)
 
     def alternatives(self, planned):
         return self.lowering.alternatives(planned)

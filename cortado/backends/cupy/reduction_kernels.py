@@ -82,7 +82,8 @@ class _Reduction:
         return f"{acc} = {self.combine(j, acc, f'(({self.acc}){element or self.elements[j]})')};"
 
 
-def _reduction_parts(body, operands):
+def reduction_parts(body, operands, first_output=0):
+    """The ``_Reduction`` of ``body``, whose outputs are ``out{first_output}``, ``out{first_output + 1}``, ..."""
     reds = _reductions_of(body)
     source_shape, axes = reds[0].args[0].shape, reds[0].attr("axes")
     k_total = math.prod(source_shape[a] for a in axes)
@@ -95,7 +96,7 @@ def _reduction_parts(body, operands):
         epilogue.bind(red, f"(({compute_type(red.dtype)}){total})")
     results = [epilogue.value(t) for t in body]
     finish = epilogue.lines + [f"out{k}[o] = ct_store<{storage_type(t.dtype)}>({v});"
-                               for k, (t, v) in enumerate(zip(body, results))]
+                               for k, (t, v) in enumerate(zip(body, results), start=first_output)]
     return _Reduction(tuple(reds), math.prod(reds[0].shape), k_total, acc, _index_type(body, operands), prologue,
                       elements, finish)
 
@@ -121,7 +122,7 @@ def column_splits(body, operands):
     ``COLUMN_BLOCKS_WANTED`` blocks, each part ``SPLIT_ROWS_MIN`` rows at least."""
     if not _columns(body, operands):
         return 1
-    r = _reduction_parts(body, operands)
+    r = reduction_parts(body, operands)
     tiles = -(-r.outputs_n // _column_tile(r).columns)
     return max(1, min(-(-COLUMN_BLOCKS_WANTED // tiles), r.k_total // SPLIT_ROWS_MIN))
 
@@ -159,7 +160,7 @@ def _row_vectors(r):
 def one_value_lines(body, operands, block_index):
     """``(statements, blocks)`` of a fused reduction whose every output is one value, as its kernel computes it
     alone, with the block's index ``block_index`` (a part of kernels side by side: ``horizontal_kernels``)."""
-    r = _reduction_parts(body, operands)
+    r = reduction_parts(body, operands)
     if r.outputs_n != 1:
         raise BackendError(f"a reduction side by side computes one value, not {r.outputs_n}: {body}")
     lines, blocks, _ = _row_lines(r, block_index)
@@ -298,7 +299,7 @@ def reduction_sources(body, operands, aliased=()):
     The second adds a column of parts as the first adds a column of rows: ``TOTAL_DOWN`` threads down it, each
     adding every ``TOTAL_DOWN``-th part in order, then the first of them adding the others' sums in order; a thread
     adding all 1024 parts of an output alone took 15 us of a 22 us channel sum on an H100."""
-    r = _reduction_parts(body, operands)
+    r = reduction_parts(body, operands)
     splits = column_splits(body, operands)
     if splits == 1:
         lines, blocks, block = (_column_lines if _columns(body, operands) else _row_lines)(r)
@@ -309,6 +310,14 @@ def reduction_sources(body, operands, aliased=()):
                                         f"min(({index})(blockIdx.y + 1) * {rows}, ({index}){r.k_total})", stores)
     parts = finished_source("reduction_parts", "\n".join(lines) + "\n", body, operands, aliased, (tiles, splits, 1),
                             block, f"{r.acc}* __restrict__ partials")
+    return [parts, parts_total(r, splits, body, operands, aliased)]
+
+
+def parts_total(r, splits, body, operands, aliased):
+    """The kernel adding each output's ``splits`` parts (``partials``: each reduction's parts, then the next's, a part
+    an output's row) and running ``r``'s epilogue (``reduction_sources``' second kernel; also the second of a
+    transposed kernel that sums its tiles' columns, ``transposed_kernels``)."""
+    n, index = r.outputs_n, r.index
     across, down = COLUMN_TILE[0], min(TOTAL_DOWN, splits)
     lines = [f"  const {index} o = ({index})blockIdx.x * {across} + threadIdx.x;"]
     for j in range(len(r.reds)):
@@ -322,6 +331,5 @@ def reduction_sources(body, operands, aliased=()):
         lines += [f"  for (int y = 1; y < {down}; ++y) "
                   f"acc{j} = {r.combine(j, f'acc{j}', f'partial[{j}][y][threadIdx.x]')};"]
     lines += ["  " + s for s in r.finish]
-    total = finished_source("reduction_total", "\n".join(lines) + "\n", body, operands, aliased,
-                            -(-n // across), (across, down, 1), f"const {r.acc}* __restrict__ partials")
-    return [parts, total]
+    return finished_source("reduction_total", "\n".join(lines) + "\n", body, operands, aliased,
+                           -(-n // across), (across, down, 1), f"const {r.acc}* __restrict__ partials")

@@ -6,13 +6,17 @@ and the copy kernel.
 """
 
 from ...exprgraph.ops import parameter
-from ...rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, TRANSPOSED_KERNEL, kernel_shape, row_shape
+from ...rules.fusion import (
+    REDUCTION_KERNEL, ROW_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, kernel_shape, row_shape,
+)
 from ...rules.horizontal import Horizontal
 from .codegen import elementwise_source
 from .horizontal_kernels import horizontal_source
 from .reduction_kernels import partials_bytes, reduction_sources
 from .row_kernels import row_source
-from .transposed_kernels import stored_transposed, transposed_source, transposing_copy
+from .transposed_kernels import (
+    stored_transposed, sum_partials_bytes, transposed_source, transposed_sum_sources, transposing_copy,
+)
 
 
 def kernel_sources(body, operands, aliased=(), order=None, kernel=None):
@@ -29,6 +33,8 @@ def kernel_sources(body, operands, aliased=(), order=None, kernel=None):
         return reduction_sources(body, operands, aliased)
     if kernel == TRANSPOSED_KERNEL:
         return [transposed_source(body, operands, aliased)]
+    if kernel == TRANSPOSED_SUMS_KERNEL:
+        return transposed_sum_sources(body, operands, aliased)
     return [elementwise_source(body, operands, aliased, order)]
 
 
@@ -51,9 +57,13 @@ def copy_source(operand, order=None):
 
 
 def reduction_scratch_bytes(body, operands, kernel=None):
-    """The bytes of the partial sums a split column reduction of ``body`` over ``operands`` keeps between its two
-    kernels (0: not split, or no reduction at all); ``kernel`` as ``kernel_sources``'s."""
-    if (kernel_shape(body) if kernel is None else kernel) != REDUCTION_KERNEL:
+    """The bytes of the partial sums a split column reduction of ``body`` over ``operands``, or a transposed kernel
+    summing columns, keeps between its two kernels (0: not split, or no reduction at all); ``kernel`` as
+    ``kernel_sources``'s."""
+    kernel = kernel_shape(body) if kernel is None else kernel
+    if kernel == TRANSPOSED_SUMS_KERNEL:
+        return sum_partials_bytes(body)
+    if kernel != REDUCTION_KERNEL:
         return 0
     return partials_bytes(body, operands)
 

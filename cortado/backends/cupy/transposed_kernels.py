@@ -18,8 +18,10 @@ from ...exprgraph.graph import post_order
 from ...exprgraph.ops import PARAM
 from ...rules.fusion import transposed_outputs, untransposed
 from .codegen import (
-    Operand, _index_type, _space, _Writer, contiguous_strides, finished_source, offset, shifted_operands, storage_type,
+    REDUCTIONS, Operand, _accumulator, _index_type, _space, _Writer, contiguous_strides, finished_source, offset,
+    shifted_operands, storage_type,
 )
+from .reduction_kernels import ACCUMULATOR_BYTES, parts_total, reduction_parts
 
 TILE = 32  # a tile side in words (of 4 bytes, or one element where wider)
 TILE_ROWS = 8  # threads across a tile: TILE x TILE_ROWS
@@ -91,21 +93,65 @@ def transposed_source(body, operands, aliased=()):
     rows), reading an operand stored in that order ``PER`` elements at once, writes the outputs in order a word of
     ``PER`` elements a row, and hands the transposed ones' words to shared memory, from which the block writes them
     transposed."""
+    lines, grid = _tile_lines(body, operands)
+    return finished_source("transposed", "\n".join(lines) + "\n", body, operands, aliased, grid, (TILE, TILE_ROWS, 1))
+
+
+def transposed_sum_sources(body, operands, aliased=()):
+    """The two kernels of a transposed kernel whose ``body`` also sums columns of what it reads (a float8 gradient's
+    cast and its bias gradient, ``lowering/transposed_sums.py``): the outputs without a reduction come first, then
+    the sums'. The first kernel is ``transposed_source``'s, each block also adding each column of its tile's rows
+    (a thread its rows in order, then the block's threads down the column in order) into the workspace, a part a
+    tile row; the second adds each output's parts in order and runs the sums' epilogue (``parts_total``)."""
+    tiles = _tiles_of(body)
+    r = reduction_parts(body[len(tiles):], operands, first_output=len(tiles))
+    lines, grid = _tile_lines(tiles, operands, r)
+    first = finished_source("transposed_sums", "\n".join(lines) + "\n", body, operands, aliased, grid,
+                            (TILE, TILE_ROWS, 1), f"{r.acc}* __restrict__ partials")
+    return [first, parts_total(r, grid[1], body, operands, aliased)]
+
+
+def _tiles_of(body):
+    """The outputs of a transposed kernel's ``body`` that sum nothing: its first ones."""
+    return tuple(o for o in body if not any(t.op in REDUCTIONS for t in post_order([o])))
+
+
+def sum_parts(rows):
+    """How many parts a transposed kernel over ``rows`` rows adds each column sum in: one a tile row."""
+    return -(-rows // SIDE)
+
+
+def sum_partials_bytes(body):
+    """The bytes of the parts ``transposed_sum_sources``' kernels of ``body`` keep between them: each reduction's
+    parts of every column, in its accumulator's type."""
+    reductions = [t for t in post_order(body[len(_tiles_of(body)):]) if t.op in REDUCTIONS]
+    rows, cols = math.prod(reductions[0].args[0].shape[:-1]), reductions[0].args[0].shape[-1]
+    return sum_parts(rows) * len(reductions) * cols * ACCUMULATOR_BYTES[_accumulator(reductions[0])]
+
+
+def _tile_lines(body, operands, sums=None):
+    """``(lines, grid)`` of ``transposed_source``'s kernel over ``body``; with ``sums`` (a ``reduction_parts`` whose
+    reductions sum the columns of values of the body's shape), each block's column sums of its tile's rows stored
+    into ``partials``, a part a tile row."""
     transposed = transposed_outputs(body)
     values = [untransposed(o) if o in transposed else o for o in body]
     shape = values[0].shape
     rows, cols = math.prod(shape[:-1]), shape[-1]
     if any(v.shape != shape for v in values) or not all(writes_transposed(rows, cols, o.dtype) for o in transposed):
         raise BackendError(f"a transposed kernel writes float8 matrices of whole words, not {body}")
-    if len(transposed) * SIDE * TILE * PER > 48 << 10:
-        raise BackendError(f"a transposed kernel keeps at most {(48 << 10) // (SIDE * TILE * PER)} tiles")
+    reds = sums.reds if sums is not None else ()
+    if any(red.args[0].shape != shape for red in reds) or (sums is not None and sums.outputs_n != cols):
+        raise BackendError(f"a transposed kernel sums the columns of values of its own shape {shape}, not {reds}")
+    if len(transposed) * SIDE * TILE * PER + len(reds) * TILE_ROWS * SIDE * 4 > 48 << 10:
+        raise BackendError(f"a transposed kernel keeps at most 48 KiB of tiles and sums, not those of {body}")
     space = _space(shape[:-1], "r") + _space(shape[-1:], "c")
     in_order = offset(space, Operand(shape, None, contiguous_strides(shape)))
     shifted = shifted_operands(body)
-    read = sorted({t.attr("index") for t in post_order(values) if t.op is PARAM})
+    read = sorted({t.attr("index") for t in post_order(values + [red.args[0] for red in reds]) if t.op is PARAM})
     rowwise = [k for k in read if k not in shifted and offset(space, operands[k]) == in_order]  # a word a row
     writer = _Writer(space, operands, "v", {k: f"a{k}.v[u]" for k in rowwise})
     names = [writer.value(v) for v in values]
+    elements = [writer.value(red.args[0]) for red in reds]
     index = _index_type(body, operands)
     plain = [k for k, o in enumerate(body) if o not in transposed]
     turned = [k for k, o in enumerate(body) if o in transposed]
@@ -114,6 +160,7 @@ def transposed_source(body, operands, aliased=()):
         return f"ct_vec<{storage_type(body[k].dtype)}, {PER}>"
 
     lines = [f"  __shared__ {word(k)} tile{k}[{SIDE}][{TILE}];" for k in turned]
+    lines += [f"  {sums.acc} s{j}[{PER}] = {{{', '.join([sums.identity(j)] * PER)}}};" for j in range(len(reds))]
     lines += [f"  const {index} r0 = ({index})blockIdx.y * {SIDE}u, c0 = ({index})blockIdx.x * {SIDE}u;",
               "  const unsigned int x = threadIdx.x;",
               f"  for (unsigned int i = threadIdx.y; i < {TILE}u; i += {TILE_ROWS}u) {{",
@@ -128,17 +175,29 @@ def transposed_source(body, operands, aliased=()):
     lines += ["          " + s for s in writer.lines]
     lines += [f"          o{k}.v[u] = ct_store<{storage_type(body[k].dtype)}>({names[k]});" for k in plain]
     lines += [f"          t{k}[u].v[h] = ct_store<{storage_type(body[k].dtype)}>({names[k]});" for k in turned]
+    lines += ["          " + sums.fold(j, f"s{j}[u]", e) for j, e in enumerate(elements)]
     lines += ["        }"]
     lines += [f"        *reinterpret_cast<{word(k)}*>(out{k} + (size_t)r * {cols}u + cb) = o{k};" for k in plain]
     lines += ["      }"]
     lines += ["      #pragma unroll", f"      for (int u = 0; u < {PER}; ++u) {{"]
     lines += [f"        tile{k}[x * {PER}u + u][(i + x) % {TILE}u] = t{k}[u];" for k in turned]
-    lines += ["      }", "    }", "  }", "  __syncthreads();",
+    lines += ["      }", "    }", "  }"]
+    lines += [f"  __shared__ {sums.acc} column{j}[{TILE_ROWS}][{SIDE}];" for j in range(len(reds))]
+    lines += [f"  for (int u = 0; u < {PER}; ++u) column{j}[threadIdx.y][x * {PER}u + u] = s{j}[u];"
+              for j in range(len(reds))]
+    lines += ["  __syncthreads();",
               f"  for (unsigned int q = threadIdx.y; q < {SIDE}u; q += {TILE_ROWS}u) {{",
               f"    const {index} c = c0 + q, r = r0 + x * {PER}u;",
               f"    if (c < {cols}u && r < {rows}u) {{"]
     lines += [f"      *reinterpret_cast<{word(k)}*>(out{k} + (size_t)c * {rows}u + r) = tile{k}[q][(x + q / {PER}u) % {TILE}u];"
               for k in turned]
     lines += ["    }", "  }"]
-    grid = (-(-cols // SIDE), -(-rows // SIDE), 1)
-    return finished_source("transposed", "\n".join(lines) + "\n", body, operands, aliased, grid, (TILE, TILE_ROWS, 1))
+    if reds:  # each column of the tile added down its threads' sums, in order, by one thread
+        lines += [f"  const unsigned int t = threadIdx.y * {TILE}u + x;",
+                  f"  if (t < {SIDE}u && c0 + t < {cols}u) {{"]
+        for j in range(len(reds)):
+            lines += [f"    {sums.acc} total = column{j}[0][t];",
+                      f"    for (int y = 1; y < {TILE_ROWS}; ++y) total = {sums.combine(j, 'total', f'column{j}[y][t]')};",
+                      f"    partials[({index})({j * sum_parts(rows)}u + blockIdx.y) * {cols}u + c0 + t] = total;"]
+        lines += ["  }"]
+    return lines, (-(-cols // SIDE), sum_parts(rows), 1)

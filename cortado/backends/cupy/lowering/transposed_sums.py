@@ -1,0 +1,130 @@
+"""``sums_into_transposed``: a column sum of a value that a transposed kernel reads as rows (a float8 layer's bias
+gradient, its optimizer's step in the sum's epilogue, beside the cast of that gradient to float8 written transposed)
+joins that kernel, which reads every row of it anyway.
+
+A bfloat16 product adds a bias's gradient in its GEMM's epilogue; a float8 product cannot, so a float8 layer's bias
+gradient is a column reduction of its own, reading the whole gradient again (on the H100, 8192 rows of 3072 bfloat16:
+about 50 us, where the cast kernel takes 38). Joined, each block of the cast kernel adds the columns of its tile's rows
+into the workspace, and a second kernel adds those parts in order and runs the sum's epilogue
+(``transposed_kernels.transposed_sum_sources``). The parts are of other rows than the column reduction's own, so a
+sum may round otherwise, never by more than a reassociation of its terms; each is the same every run.
+
+    roots = sums_into_transposed(roots, trace)   # after ``written_transposed``
+"""
+
+from ....exprgraph.dtypes import is_float
+from ....exprgraph.graph import post_order
+from ....exprgraph.ops import FUSED_OP, PAD, PARAM, REDUCTION, SUM, parameter
+from ....exprgraph.term import make
+from ....rules.engine import Rewrite, bottom_up
+from ....rules.fusion import REDUCTION_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, rebased, untransposed
+from ....rules.scalar_epilogues import fused_kernels, substituted
+from ..transposed_kernels import SIDE, TILE, TILE_ROWS, PER
+
+SHARED_BYTES = 48 << 10  # a transposed kernel's tiles and its blocks' column sums
+
+
+def _column_sums(results):
+    """The shape whose columns every reduction of fused kernel ``results`` sums over all its rows, of floating values
+    (added in float32; one kernel, its epilogue per column); else None."""
+    t = results[0]
+    body = t.attr("outputs")
+    if t.attr("kernel") != REDUCTION_KERNEL or t.attr("again") or len(results) != len(body):
+        return None
+    reductions = [s for s in post_order(body) if s.op.kind == REDUCTION]
+    shape = reductions[0].args[0].shape
+    if any(s.op is not SUM or s.args[0].shape != shape or s.attr("axes") != tuple(range(len(shape) - 1))
+           or not is_float(s.dtype) for s in reductions):
+        return None
+    if any(s.op is PAD for red in reductions for s in post_order([red.args[0]])):
+        return None
+    return shape if len(shape) >= 2 and all(o.shape == shape[-1:] for o in body) else None
+
+
+def _tiles_shape(results):
+    """The shape a transposed kernel's rows are of; None for any other kernel."""
+    t = results[0]
+    if t.attr("kernel") != TRANSPOSED_KERNEL or t.attr("again") or len(results) != len(t.attr("outputs")):
+        return None
+    return untransposed(t.attr("outputs")[0]).shape
+
+
+def _fits(tiles, sums):
+    """Whether the transposed kernel of ``tiles`` keeps its tiles and the column sums of ``sums`` in shared memory."""
+    turned = sum(o.op.name == "transpose" for o in tiles.attr("outputs"))
+    reductions = sum(s.op.kind == REDUCTION for s in post_order(sums.attr("outputs")))
+    return turned * SIDE * TILE * PER + reductions * TILE_ROWS * SIDE * 4 <= SHARED_BYTES
+
+
+def _apart(results):
+    """``[(its results, a fused term of it alone)]``: each reduction of fused column sums ``results`` with the
+    outputs that read it (sibling sums of two layers' bias gradients are one kernel, ``rules.fusion``), each over
+    only the operands it reads; None where an output reads two of them."""
+    t = results[0]
+    body = t.attr("outputs")
+    reductions = [s for s in post_order(body) if s.op.kind == REDUCTION]
+    owners = []
+    for o in body:
+        mine = [j for j, red in enumerate(reductions) if red in set(post_order([o]))]
+        if len(mine) != 1:
+            return None
+        owners.append(mine[0])
+    parts = []
+    for j in range(len(reductions)):
+        outputs = tuple(o for o, k in zip(body, owners) if k == j)
+        read = sorted({p.attr("index") for p in post_order(outputs) if p.op is PARAM})
+        memo = {p: parameter(read.index(p.attr("index")), p) for p in post_order(outputs) if p.op is PARAM}
+        own = tuple(bottom_up(o, memo, lambda original, rebuilt: rebuilt) for o in outputs)
+        parts.append(([r for r, k in zip(results, owners) if k == j],
+                      make(FUSED_OP, tuple(t.args[i] for i in read), (own, 0, False, REDUCTION_KERNEL))))
+    return parts
+
+
+def _joined(sums, tiles, tkey, results):
+    """``{old term: new term}``: the transposed kernel ``tkey`` (its ``tiles``) computing the column sums of fused
+    term ``sums`` too, whose terms were ``results``."""
+    inputs, index_of = list(tkey[0]), {a: i for i, a in enumerate(tkey[0])}
+    body = tuple(tkey[1]) + tuple(rebased(sums, inputs, index_of))
+    replaced = {t: make(FUSED_OP, inputs, (body, t.attr("index"), False, TRANSPOSED_SUMS_KERNEL)) for t in tiles}
+    for k, t in enumerate(results):
+        replaced[t] = make(FUSED_OP, inputs, (body, len(tkey[1]) + k, False, TRANSPOSED_SUMS_KERNEL))
+    return replaced
+
+
+def sums_into_transposed(roots, trace):
+    """``roots`` with each column sum (a fused reduction, see ``_column_sums``; sibling sums taken apart) of values of
+    a shape that a transposed kernel reads as rows joined to that kernel, where the sum reads no value of that shape
+    that the kernel does not, and neither waits for the other's results."""
+    roots = tuple(roots)
+    kernels, _ = fused_kernels(roots)
+    by_shape = {}
+    for key, results in kernels.items():
+        shape = _tiles_shape(results)
+        if shape is not None:
+            by_shape.setdefault(shape, []).append(key)
+    replaced, taken = {}, set()
+    for results in kernels.values():
+        shape = _column_sums(results)
+        parts = _apart(results) if shape is not None else None
+        if parts is None:
+            continue
+        joins = {}
+        for k, (old, sums) in enumerate(parts):
+            wide = {a for a in sums.args if a.shape == shape}
+            for tkey in by_shape.get(shape, ()):
+                tiles = kernels[tkey]
+                if tkey in taken or not wide <= set(tkey[0]) or not _fits(tiles[0], sums):
+                    continue
+                if set(old) & set(post_order(tkey[0])) or set(tiles) & set(post_order(sums.args)):
+                    continue  # one would wait for the other
+                joins[k] = _joined(sums, tiles, tkey, old)
+                taken.add(tkey)
+                trace.append(Rewrite("column-sum-into-transposed", results[0], joins[k][old[0]]))
+                break
+        if not joins:
+            continue
+        for k, (old, sums) in enumerate(parts):  # a sum that joins no kernel stays a reduction, of its own operands
+            apart = {t: make(FUSED_OP, sums.args, (sums.attr("outputs"), j, False, REDUCTION_KERNEL))
+                     for j, t in enumerate(old)}
+            replaced.update(joins.get(k, apart))
+    return substituted(roots, replaced) if replaced else roots
