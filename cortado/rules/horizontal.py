@@ -18,8 +18,7 @@ small fused kernels can run together in any number:
   grid, at the copy rate, for the weights' dozens of launches;
 - early ones, elementwise kernels like the initial ones that also read one-value results of kernels that read only
   leaves (a float8 weight's cast, at the scale its amax history gives, with its row maxima for the history: a row
-  kernel, which joins the initial and early groups as an elementwise kernel does): one launch after the initial
-  one.
+  kernel, which joins no other group): one launch after the initial one.
 
 Each kernel of a group keeps its own body, shape and threads (``Horizontal.parts``), and the blocks of one grid
 are dealt out among them. No kernel of a group reads another's results (a final one's are read by nothing, a
@@ -62,8 +61,8 @@ class Horizontal:
 def _end(results, users, roots, final=frozenset()):
     """Which group the terms of one fused kernel may join: "final", "closing", "initial", "early" or None. Only an
     elementwise body whose every result has at most ``MOST_AXES`` axes may join one, a final group only where they
-    are small, an early one where it reads one-value results the initial kernels make; a row kernel's likewise
-    (writing nothing transposed), but never a final group; or
+    are small, an early one where it reads one-value results the initial kernels make; a row kernel's only an
+    early one (writing nothing transposed: a float8 weight's cast); or
     a body of one-value results reducing at most ``MOST_ELEMENTS`` elements, an initial group, or a closing one where
     only the ``final`` kernels' terms read it and nothing else reads its operands (those it keeps alive to the step's
     end: a float8 history's row maxima, or a small tensor it reduces whole)."""
@@ -86,7 +85,7 @@ def _end(results, users, roots, final=frozenset()):
         return "final"
     start = "initial" if all(a.op.kind == LEAF for a in t.args) else \
         "early" if all(a.op.kind == LEAF or _made_from_leaves(a) for a in t.args) else None
-    if start is None:
+    if start is None or (kind == ROW_KERNEL and start != "early"):
         return None
     return start if small or all(len(users.get(r, ())) > 1 or r.size <= MOST_ELEMENTS for r in results) else None
 
