@@ -264,6 +264,17 @@ def test_a_float8_steps_weight_casts_run_side_by_side_after_their_scales():
     assert_same_bits(ours, apart, values, x, y)
 
 
+def test_a_row_kernel_reading_only_inputs_stays_a_row_kernel():
+    """Small row kernels reading only the program's inputs (a layer norm, a softmax) keep their own kernels: only a
+    float8 weight's cast, after its scale, is a row kernel that runs side by side."""
+    x, g = ct.var("x", (33, 7)), ct.var("g", (7,))
+    centered = x - ct.mean(x, axis=-1, keepdims=True)
+    y = centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g
+    roots, _ = _grouped([y, ct.softmax(x * 2.0, axis=-1), g * 3.0, x.sum()])
+    assert not any(o.shape == (33, 7) for _, body in _side_by_side_kernels(roots) for o in body)
+    assert any(t.op.name == "fused" and t.attr("kernel") == "row" for t in ct.schedule(list(roots)))
+
+
 @pytest.mark.gpu
 def test_on_the_gpu_a_float8_steps_weight_casts_side_by_side_are_the_same_bits(monkeypatch):
     """A one-layer float8 GPT with its weights' casts (row kernels folding their rows' maxima) side by side, against
