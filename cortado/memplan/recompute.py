@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, PARAM, RESHAPE, TRANSPOSE, WINDOWS, parameter
 from ..exprgraph.term import make
-from ..rules.fusion import kernel_shape
+from ..rules.fusion import TRANSPOSED_SUMS_KERNEL, kernel_shape
 from ..rules.horizontal import Horizontal
 from .liveness import intervals, owners
 from .offsets import Request, live_bytes
@@ -117,7 +117,8 @@ def choices(kernels, steps, plan, nbytes, external, live_out):
     found = []
     for kernel in kernels[:peak]:
         t, terms = kernel.term, kernel.terms
-        if t.op is not FUSED_OP or len(terms) > MOST_OUTPUTS or isinstance(t.attr("kernel"), Horizontal):
+        if t.op is not FUSED_OP or len(terms) > MOST_OUTPUTS or isinstance(t.attr("kernel"), Horizontal) \
+                or t.attr("kernel") == TRANSPOSED_SUMS_KERNEL:  # kinds a body of fewer outputs is not: kept whole
             continue
         body, best = t.attr("outputs"), None
         candidates = [j for j, v in enumerate(terms) if held(v)]
