@@ -78,6 +78,25 @@ def test_a_row_max_of_a_value_no_kernel_makes_joins_its_cast_where_neither_waits
         np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(expected, np.float32))
 
 
+def test_two_row_maxima_that_would_each_wait_for_the_others_sibling_join_one_only():
+    """Each max reads a value made from the other's sibling cast: each join is fine alone, both would make the two
+    kernels wait for each other; the second, checked on the graph the first made, is refused. Same bits."""
+    x1, x2 = ct.var("x1", (256, 128), "bfloat16"), ct.var("x2", (256, 128), "bfloat16")
+    w, scale = ct.var("w", (128, 768), "bfloat16"), ct.var("s", (), "float32")
+    h1, h2 = (ct.cast(ct.matmul(x, w), "float32") for x in (x1, x2))
+    e1, e2 = (ct.cast(h * scale, "float8_e4m3fn") for h in (h1, h2))
+    k1, k2 = (ct.sum(ct.cast(e, "float32")) for e in (e1, e2))
+    outputs = [e1, e2, ct.max(ct.abs(h1) * k2), ct.max(ct.abs(h2) * k1)]
+    joined, trace = _planned(outputs)
+    assert [r.rule for r in trace].count("row-reduction-into-sibling") == 1
+    rng = np.random.default_rng(3)
+    feeds = {"x1": rng.standard_normal((256, 128)).astype(ml_dtypes.bfloat16),
+             "x2": rng.standard_normal((256, 128)).astype(ml_dtypes.bfloat16),
+             "w": rng.standard_normal((128, 768)).astype(ml_dtypes.bfloat16), "s": np.float32(0.5)}
+    for ours, expected in zip(ct.evaluate(list(joined), feeds), ct.evaluate(outputs, feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(expected, np.float32))
+
+
 def test_a_max_that_only_one_value_a_row_reads_costs_the_row_kernel_no_pass():
     """A row kernel writing ``y`` and its rows' max folds the max in the pass that writes ``y``: one loop over
     the row's 384 vectors, where a max that the row's outputs read takes a pass before them."""

@@ -48,11 +48,14 @@ def test_a_float8_steps_bias_gradients_join_the_casts_of_their_gradients(monkeyp
     assert_same_bits(ours, apart, values, x, y)
 
 
+Y8 = ct.var("y", (512, 128), "float8_e4m3fn")
+
+
 def _cast_and_product(x, scale):
-    """``x`` cast to e5m2 and read transposed by a float8 product, so that its cast writes it transposed."""
+    """``x`` (512 rows) cast to e5m2 and read transposed by a float8 product with ``Y8``, so that its cast writes it
+    transposed."""
     q = ct.cast(ct.cast(x, "float32") * scale, "float8_e5m2")
-    y8 = ct.cast(ct.var("y", (x.shape[0], 128), "float8_e4m3fn"), "float8_e4m3fn")
-    return ct.cast(ct.matmul(ct.transpose(q), y8), "bfloat16")
+    return ct.cast(ct.matmul(ct.transpose(q), Y8), "bfloat16")
 
 
 def test_a_column_sum_joins_only_a_cast_that_reads_its_rows_and_waits_for_nothing_of_it():
@@ -86,6 +89,25 @@ def test_sibling_sums_are_taken_apart_each_joining_its_own_cast():
              "s": np.float32(2.0), "t": np.float32(0.5), "y": rng.standard_normal((512, 128)).astype(ml_dtypes.float8_e4m3fn)}
     for ours, expected in zip(ct.evaluate(list(roots), feeds),
                               ct.evaluate([_cast_and_product(x, scale), *sums], feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(expected, np.float32))
+
+
+def test_two_sums_that_would_each_wait_for_the_others_cast_join_one_cast_only():
+    """Each sum reads a value made from the other gradient's cast: each join is fine alone, but both would make the
+    two kernels wait for each other; one join, checked on the graph the other made, is refused."""
+    a, c = ct.var("a", (512, 64), "bfloat16"), ct.var("c", (512, 64), "bfloat16")
+    w, scale = ct.var("w", (64, 256), "bfloat16"), ct.var("s", (), "float32")
+    x, z = ct.matmul(a, w), ct.matmul(c, w)
+    casts = [_cast_and_product(v, scale) for v in (x, z)]
+    totals = [ct.sum(ct.cast(ct.cast(ct.cast(v, "float32") * scale, "float8_e5m2"), "float32")) for v in (x, z)]
+    sums = [ct.sum(ct.cast(x, "float32"), axis=0) * totals[1], ct.sum(ct.cast(z, "float32"), axis=0) * totals[0]]
+    roots, trace = _planned([*casts, *sums])
+    assert [r.rule for r in trace].count("column-sum-into-transposed") == 1
+    rng = np.random.default_rng(2)
+    feeds = {"a": rng.standard_normal((512, 64)).astype(BF16), "c": rng.standard_normal((512, 64)).astype(BF16),
+             "w": rng.standard_normal((64, 256)).astype(BF16), "s": np.float32(2.0),
+             "y": rng.standard_normal((512, 128)).astype(ml_dtypes.float8_e4m3fn)}
+    for ours, expected in zip(ct.evaluate(list(roots), feeds), ct.evaluate([*casts, *sums], feeds)):
         np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(expected, np.float32))
 
 

@@ -34,7 +34,7 @@ from ..exprgraph.graph import post_order
 from ..exprgraph.ops import FUSED_OP, LAYOUT, LEAF, REDUCTION
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, inlined, rebased, transposed_outputs
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, inlined, rebased
 
 MOST_ELEMENTS = 1 << 16  # a kernel's results this small are launch-bound (a 768-wide AdamW update: ~3 us of a launch)
 MOST_POINTERS = 480  # a kernel's operands and results: its parameters stay within CUDA's 4 KiB of them
@@ -62,7 +62,8 @@ def _end(results, users, roots, final=frozenset()):
     """Which group the terms of one fused kernel may join: "final", "closing", "initial", "early" or None. Only an
     elementwise body whose every result has at most ``MOST_AXES`` axes may join one, a final group only where they
     are small, an early one where it reads one-value results the initial kernels make; a row kernel's only an
-    early one (writing nothing transposed: a float8 weight's cast); or
+    early one (a float8 weight's cast: grouped, it writes nothing transposed, so a product reading the weight
+    transposed copies it, ``lowering/float8_transposes``); or
     a body of one-value results reducing at most ``MOST_ELEMENTS`` elements, an initial group, or a closing one where
     only the ``final`` kernels' terms read it and nothing else reads its operands (those it keeps alive to the step's
     end: a float8 history's row maxima, or a small tensor it reduces whole)."""
@@ -77,8 +78,7 @@ def _end(results, users, roots, final=frozenset()):
             _read_only_by(a, set(results), users) for a in t.args if a.op.kind != LEAF)
         return "closing" if closing else None
     kind = t.attr("kernel")
-    if kind not in (ELEMENTWISE_KERNEL, ROW_KERNEL) or any(o.ndim > MOST_AXES or o.size == 0 for o in body) or (
-            kind == ROW_KERNEL and transposed_outputs(body)):
+    if kind not in (ELEMENTWISE_KERNEL, ROW_KERNEL) or any(o.ndim > MOST_AXES or o.size == 0 for o in body):
         return None
     small = all(o.size <= MOST_ELEMENTS for o in body)
     if kind == ELEMENTWISE_KERNEL and small and all(r in roots and not users.get(r) for r in results):

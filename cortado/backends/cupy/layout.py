@@ -377,7 +377,7 @@ def _inplace(k, strides, views):
     shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
     readers = [a for j, a in enumerate(t.args) if j not in shifted]
     if any(s.op in REDUCTIONS for s in post_order(t.attr("outputs"))):
-        readers = _epilogue_operands(t)
+        readers = [a for a in _epilogue_operands(t) if a in readers]
     turned = transposed_outputs(t.attr("outputs"))  # written by other threads than those that read their elements
     results = [d for d in k.terms if d.attr("outputs")[d.attr("index")] not in turned]
     return _same_places(results, readers, strides, views)

@@ -116,6 +116,13 @@ def _tiles_of(body):
     return tuple(o for o in body if not any(t.op in REDUCTIONS for t in post_order([o])))
 
 
+def keeps_in_shared(transposed, reductions=()):
+    """Whether a transposed kernel's block keeps the tiles of ``transposed`` results and its column sums of
+    ``reductions`` within 48 KiB of shared memory."""
+    sums = sum(TILE_ROWS * SIDE * ACCUMULATOR_BYTES[_accumulator(red)] for red in reductions)
+    return transposed * SIDE * TILE * PER + sums <= 48 << 10
+
+
 def sum_parts(rows):
     """How many parts a transposed kernel over ``rows`` rows adds each column sum in: one a tile row."""
     return -(-rows // SIDE)
@@ -142,7 +149,7 @@ def _tile_lines(body, operands, sums=None):
     reds = sums.reds if sums is not None else ()
     if any(red.args[0].shape != shape for red in reds) or (sums is not None and sums.outputs_n != cols):
         raise BackendError(f"a transposed kernel sums the columns of values of its own shape {shape}, not {reds}")
-    if len(transposed) * SIDE * TILE * PER + len(reds) * TILE_ROWS * SIDE * 4 > 48 << 10:
+    if not keeps_in_shared(len(transposed), reds):
         raise BackendError(f"a transposed kernel keeps at most 48 KiB of tiles and sums, not those of {body}")
     space = _space(shape[:-1], "r") + _space(shape[-1:], "c")
     in_order = offset(space, Operand(shape, None, contiguous_strides(shape)))

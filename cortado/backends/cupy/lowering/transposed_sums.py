@@ -17,11 +17,11 @@ from ....exprgraph.graph import post_order
 from ....exprgraph.ops import FUSED_OP, PAD, PARAM, REDUCTION, SUM, parameter
 from ....exprgraph.term import make
 from ....rules.engine import Rewrite, bottom_up
-from ....rules.fusion import REDUCTION_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, rebased, untransposed
+from ....rules.fusion import (
+    REDUCTION_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, rebased, transposed_outputs, untransposed,
+)
 from ....rules.scalar_epilogues import fused_kernels, substituted
-from ..transposed_kernels import SIDE, TILE, TILE_ROWS, PER
-
-SHARED_BYTES = 48 << 10  # a transposed kernel's tiles and its blocks' column sums
+from ..transposed_kernels import keeps_in_shared
 
 
 def _column_sums(results):
@@ -38,7 +38,7 @@ def _column_sums(results):
         return None
     if any(s.op is PAD for red in reductions for s in post_order([red.args[0]])):
         return None
-    return shape if len(shape) >= 2 and all(o.shape == shape[-1:] for o in body) else None
+    return shape if len(shape) >= 2 and 0 not in shape and all(o.shape == shape[-1:] for o in body) else None
 
 
 def _tiles_shape(results):
@@ -51,9 +51,8 @@ def _tiles_shape(results):
 
 def _fits(tiles, sums):
     """Whether the transposed kernel of ``tiles`` keeps its tiles and the column sums of ``sums`` in shared memory."""
-    turned = sum(o.op.name == "transpose" for o in tiles.attr("outputs"))
-    reductions = sum(s.op.kind == REDUCTION for s in post_order(sums.attr("outputs")))
-    return turned * SIDE * TILE * PER + reductions * TILE_ROWS * SIDE * 4 <= SHARED_BYTES
+    turned = len(transposed_outputs(tiles.attr("outputs")))
+    return keeps_in_shared(turned, [s for s in post_order(sums.attr("outputs")) if s.op.kind == REDUCTION])
 
 
 def _apart(results):
@@ -94,37 +93,40 @@ def _joined(sums, tiles, tkey, results):
 def sums_into_transposed(roots, trace):
     """``roots`` with each column sum (a fused reduction, see ``_column_sums``; sibling sums taken apart) of values of
     a shape that a transposed kernel reads as rows joined to that kernel, where the sum reads no value of that shape
-    that the kernel does not, and neither waits for the other's results."""
+    that the kernel does not, and neither waits for the other's results. One join at a time, each checked on the
+    graph the joins before it made: two joins each fine alone may wait for each other."""
     roots = tuple(roots)
+    while True:
+        replaced = _first_join(roots, trace)
+        if not replaced:
+            return roots
+        roots = substituted(roots, replaced)
+
+
+def _first_join(roots, trace):
+    """``{old term: new term}`` of the first column sum of ``roots`` that may join a transposed kernel, with the
+    other sums of its kernel, if any, each a reduction of its own; empty where none may."""
     kernels, _ = fused_kernels(roots)
     by_shape = {}
     for key, results in kernels.items():
         shape = _tiles_shape(results)
         if shape is not None:
             by_shape.setdefault(shape, []).append(key)
-    replaced, taken = {}, set()
     for results in kernels.values():
         shape = _column_sums(results)
         parts = _apart(results) if shape is not None else None
-        if parts is None:
-            continue
-        joins = {}
-        for k, (old, sums) in enumerate(parts):
+        for k, (old, sums) in enumerate(parts or ()):
             wide = {a for a in sums.args if a.shape == shape}
-            for tkey in by_shape.get(shape, ()):
+            for tkey in by_shape.get(shape, ()) if wide else ():
                 tiles = kernels[tkey]
-                if tkey in taken or not wide <= set(tkey[0]) or not _fits(tiles[0], sums):
+                if not wide <= set(tkey[0]) or not _fits(tiles[0], sums):
                     continue
                 if set(old) & set(post_order(tkey[0])) or set(tiles) & set(post_order(sums.args)):
                     continue  # one would wait for the other
-                joins[k] = _joined(sums, tiles, tkey, old)
-                taken.add(tkey)
-                trace.append(Rewrite("column-sum-into-transposed", results[0], joins[k][old[0]]))
-                break
-        if not joins:
-            continue
-        for k, (old, sums) in enumerate(parts):  # a sum that joins no kernel stays a reduction, of its own operands
-            apart = {t: make(FUSED_OP, sums.args, (sums.attr("outputs"), j, False, REDUCTION_KERNEL))
-                     for j, t in enumerate(old)}
-            replaced.update(joins.get(k, apart))
-    return substituted(roots, replaced) if replaced else roots
+                replaced = _joined(sums, tiles, tkey, old)
+                trace.append(Rewrite("column-sum-into-transposed", results[0], replaced[old[0]]))
+                for others, rest in parts[:k] + parts[k + 1:]:
+                    replaced.update({t: make(FUSED_OP, rest.args, (rest.attr("outputs"), j, False, REDUCTION_KERNEL))
+                                     for j, t in enumerate(others)})
+                return replaced
+    return {}
