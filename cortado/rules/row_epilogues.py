@@ -25,7 +25,7 @@ from ..exprgraph.ops import CAST, FUSED_OP, MAX, PAD
 from ..exprgraph.term import make
 from .engine import Rewrite
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, rebased, row_reduction, row_shape
-from .scalar_epilogues import fused_kernels, kernel_key, substituted
+from .scalar_epilogues import Joining, fused_kernels, kernel_key, substituted
 
 
 def _as_stored(t):
@@ -103,41 +103,35 @@ def _rows_reader(key, results, shape):
 
 def into_siblings(roots, trace):
     """``roots`` with each fused row max (a float8 amax's first stage) of a value ``x`` joined to an elementwise
-    kernel over ``x``'s shape that reads ``x`` too, where neither kernel waits for the other's results: the
-    maxima are folded as that kernel reads the rows. Only a max: it is the same bits in any order. One join at a
-    time, each checked on the graph the joins before it made: two joins each fine alone may wait for each other."""
+    kernel over ``x``'s shape that reads ``x`` too, where neither kernel waits for the other's results (nor, through
+    the joins before it, for its own: ``Joining``): the maxima are folded as that kernel reads the rows. Only a max:
+    it is the same bits in any order."""
     roots = tuple(roots)
-    while True:
-        replaced = _first_sibling(roots, trace)
-        if not replaced:
-            return roots
-        roots = substituted(roots, replaced)
-
-
-def _first_sibling(roots, trace):
-    """``{old term: new term}`` of the first row max of ``roots`` that may join a sibling; empty where none may."""
     kernels, _ = fused_kernels(roots)
     readers = {}
     for key in kernels:
         for a in set(key[0]):
             readers.setdefault(a, []).append(key)
+    replaced, taken, joining = {}, set(), Joining()
     for key, results in kernels.items():
         found = _row_max(results[0])
         wide = [a for a in key[0] if found and a.shape == found[1]]
-        if len(wide) != 1:
+        if len(wide) != 1 or key in taken:
             continue
         r = results[0]
         for skey in readers.get(wide[0], ()):
             sibling = kernels[skey]
-            if skey == key or not _rows_reader(skey, sibling, found[1]):
+            if skey in taken or skey == key or not _rows_reader(skey, sibling, found[1]):
                 continue
-            if r in set(post_order(skey[0])) or set(sibling) & set(post_order(key[0])):
-                continue  # one would wait for the other
+            if not joining.accept((results, key[0]), (sibling, skey[0])):
+                continue
             inputs, index_of = list(skey[0]), {a: i for i, a in enumerate(skey[0])}
             new_body = tuple(skey[1]) + tuple(rebased(r, inputs, index_of))
             shape_kind = kernel_shape(new_body)
-            replaced = {t: make(FUSED_OP, inputs, (new_body, t.attr("index"), False, shape_kind)) for t in sibling}
+            for t in sibling:
+                replaced[t] = make(FUSED_OP, inputs, (new_body, t.attr("index"), False, shape_kind))
             replaced[r] = make(FUSED_OP, inputs, (new_body, len(skey[1]), False, shape_kind))
             trace.append(Rewrite("row-reduction-into-sibling", r, replaced[r]))
-            return replaced
-    return {}
+            taken |= {key, skey}
+            break
+    return substituted(roots, replaced) if replaced else roots

@@ -119,6 +119,31 @@ def _merged(key, results, joining, trace):
     return replaced
 
 
+class Joining:
+    """Pairs of kernels to be joined, accepted one at a time, each only where the kernel it makes would wait for
+    none of its own results, counting the pairs accepted before it as one kernel each: two joins each fine alone
+    may make two kernels wait for each other."""
+
+    def __init__(self):
+        self.reads = {}  # a result of a kernel accepted into a pair -> the operands of the whole pair
+
+    def accept(self, first, second):
+        """Whether kernels ``first`` and ``second`` (each ``(results, operands)``) may be one; if so, they are."""
+        results = set(first[0]) | set(second[0])
+        operands = tuple(dict.fromkeys(first[1] + second[1]))
+        seen, stack = set(), list(operands)
+        while stack:
+            t = stack.pop()
+            if t in results:
+                return False
+            if t not in seen:
+                seen.add(t)
+                stack.extend(t.args)
+                stack.extend(self.reads.get(t, ()))
+        self.reads.update({t: operands for t in results})
+        return True
+
+
 def substituted(roots, replaced):
     """``roots`` with each key of ``replaced`` replaced by its value, whose own operands are replaced in turn."""
     memo = {}

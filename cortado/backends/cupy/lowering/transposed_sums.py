@@ -20,7 +20,7 @@ from ....rules.engine import Rewrite, bottom_up
 from ....rules.fusion import (
     REDUCTION_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, rebased, transposed_outputs, untransposed,
 )
-from ....rules.scalar_epilogues import fused_kernels, substituted
+from ....rules.scalar_epilogues import Joining, fused_kernels, substituted
 from ..transposed_kernels import keeps_in_shared
 
 
@@ -93,40 +93,34 @@ def _joined(sums, tiles, tkey, results):
 def sums_into_transposed(roots, trace):
     """``roots`` with each column sum (a fused reduction, see ``_column_sums``; sibling sums taken apart) of values of
     a shape that a transposed kernel reads as rows joined to that kernel, where the sum reads no value of that shape
-    that the kernel does not, and neither waits for the other's results. One join at a time, each checked on the
-    graph the joins before it made: two joins each fine alone may wait for each other."""
+    that the kernel does not, and neither waits for the other's results (nor, through the joins before it, for its
+    own: ``Joining``); a sum of a kernel of several that joins none stays a reduction of its own."""
     roots = tuple(roots)
-    while True:
-        replaced = _first_join(roots, trace)
-        if not replaced:
-            return roots
-        roots = substituted(roots, replaced)
-
-
-def _first_join(roots, trace):
-    """``{old term: new term}`` of the first column sum of ``roots`` that may join a transposed kernel, with the
-    other sums of its kernel, if any, each a reduction of its own; empty where none may."""
     kernels, _ = fused_kernels(roots)
     by_shape = {}
     for key, results in kernels.items():
         shape = _tiles_shape(results)
         if shape is not None:
             by_shape.setdefault(shape, []).append(key)
+    replaced, taken, joining = {}, set(), Joining()
     for results in kernels.values():
         shape = _column_sums(results)
         parts = _apart(results) if shape is not None else None
+        joins = {}
         for k, (old, sums) in enumerate(parts or ()):
             wide = {a for a in sums.args if a.shape == shape}
             for tkey in by_shape.get(shape, ()) if wide else ():
                 tiles = kernels[tkey]
-                if not wide <= set(tkey[0]) or not _fits(tiles[0], sums):
+                if tkey in taken or not wide <= set(tkey[0]) or not _fits(tiles[0], sums):
                     continue
-                if set(old) & set(post_order(tkey[0])) or set(tiles) & set(post_order(sums.args)):
-                    continue  # one would wait for the other
-                replaced = _joined(sums, tiles, tkey, old)
-                trace.append(Rewrite("column-sum-into-transposed", results[0], replaced[old[0]]))
-                for others, rest in parts[:k] + parts[k + 1:]:
-                    replaced.update({t: make(FUSED_OP, rest.args, (rest.attr("outputs"), j, False, REDUCTION_KERNEL))
-                                     for j, t in enumerate(others)})
-                return replaced
-    return {}
+                if not joining.accept((old, sums.args), (tiles, tkey[0])):
+                    continue
+                joins[k] = _joined(sums, tiles, tkey, old)
+                taken.add(tkey)
+                trace.append(Rewrite("column-sum-into-transposed", results[0], joins[k][old[0]]))
+                break
+        for k, (old, sums) in enumerate(parts if joins else ()):
+            apart = {t: make(FUSED_OP, sums.args, (sums.attr("outputs"), j, False, REDUCTION_KERNEL))
+                     for j, t in enumerate(old)}
+            replaced.update(joins.get(k, apart))
+    return substituted(roots, replaced) if replaced else roots
