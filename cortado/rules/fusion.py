@@ -433,6 +433,14 @@ def _body(region, position):
     return inputs, produced, tuple(body[t] for t in produced)
 
 
+def own_parameters(body):
+    """``(body, read)``: ``body`` with the parameters it reads numbered from 0, and their old numbers, in order (a part
+    of a fused body, as a body over its own operands)."""
+    read = sorted({t.attr("index") for t in post_order(body) if t.op is PARAM})
+    memo = {t: parameter(read.index(t.attr("index")), t) for t in post_order(body) if t.op is PARAM}
+    return tuple(bottom_up(t, memo, lambda original, rebuilt: rebuilt) for t in body), read
+
+
 def rebased(kernel, inputs, index_of, known=None):
     """The body of fused term ``kernel`` over the parameters of a kernel reading ``inputs`` (``index_of``: each one's
     place), its own operands appended to both, in order, where they are not there yet; an operand in ``known``

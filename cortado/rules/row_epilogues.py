@@ -25,7 +25,7 @@ from ..exprgraph.ops import CAST, FUSED_OP, MAX, PAD
 from ..exprgraph.term import make
 from .engine import Rewrite
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, rebased, row_reduction, row_shape
-from .scalar_epilogues import Joining, fused_kernels, kernel_key, substituted
+from .scalar_epilogues import Joining, appended, fused_kernels, kernel_key, substituted
 
 
 def _as_stored(t):
@@ -86,12 +86,12 @@ def into_producers(roots, trace):
 
 
 def _row_max(r):
-    """``(max, row shape)`` where fused term ``r`` is a kernel of one row ``max`` over the last axis; else None."""
+    """The row shape where fused term ``r`` is a kernel of one row ``max`` over the last axis; else None."""
     body = r.attr("outputs")
     if r.attr("kernel") != REDUCTION_KERNEL or r.attr("again") or len(body) != 1 or body[0].op is not MAX:
         return None
     shape = body[0].args[0].shape
-    return (body[0], shape) if row_reduction(body[0], shape) else None
+    return shape if row_reduction(body[0], shape) else None
 
 
 def _rows_reader(key, results, shape):
@@ -114,23 +114,18 @@ def into_siblings(roots, trace):
             readers.setdefault(a, []).append(key)
     replaced, taken, joining = {}, set(), Joining()
     for key, results in kernels.items():
-        found = _row_max(results[0])
-        wide = [a for a in key[0] if found and a.shape == found[1]]
+        shape = _row_max(results[0])
+        wide = [a for a in key[0] if shape and a.shape == shape]
         if len(wide) != 1 or key in taken:
             continue
         r = results[0]
         for skey in readers.get(wide[0], ()):
             sibling = kernels[skey]
-            if skey in taken or skey == key or not _rows_reader(skey, sibling, found[1]):
+            if skey in taken or skey == key or not _rows_reader(skey, sibling, shape):
                 continue
             if not joining.accept((results, key[0]), (sibling, skey[0])):
                 continue
-            inputs, index_of = list(skey[0]), {a: i for i, a in enumerate(skey[0])}
-            new_body = tuple(skey[1]) + tuple(rebased(r, inputs, index_of))
-            shape_kind = kernel_shape(new_body)
-            for t in sibling:
-                replaced[t] = make(FUSED_OP, inputs, (new_body, t.attr("index"), False, shape_kind))
-            replaced[r] = make(FUSED_OP, inputs, (new_body, len(skey[1]), False, shape_kind))
+            replaced.update(appended(skey, sibling, r, results, None))
             trace.append(Rewrite("row-reduction-into-sibling", r, replaced[r]))
             taken |= {key, skey}
             break

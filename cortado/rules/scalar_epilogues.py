@@ -22,7 +22,7 @@ from ..exprgraph.graph import post_order
 from ..exprgraph.ops import FUSED_OP, LEAF, PARAM, REDUCTION
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, rebased
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, kernel_shape, rebased
 
 ROUNDS = 3  # a scalar kernel reading one that joined a reduction in a round joins it in the next
 
@@ -142,6 +142,18 @@ class Joining:
                 stack.extend(self.reads.get(t, ()))
         self.reads.update({t: operands for t in results})
         return True
+
+
+def appended(key, results, guest, guest_results, kind):
+    """``{old term: new term}``: kernel ``key`` (its ``results``) computing fused term ``guest``'s body too, after its
+    own, as a kernel of ``kind``; ``guest_results``: the terms of ``guest``'s kernel, in order."""
+    inputs, index_of = list(key[0]), {a: i for i, a in enumerate(key[0])}
+    body = tuple(key[1]) + tuple(rebased(guest, inputs, index_of))
+    kind = kernel_shape(body) if kind is None else kind
+    replaced = {t: make(FUSED_OP, inputs, (body, t.attr("index"), False, kind)) for t in results}
+    replaced.update({t: make(FUSED_OP, inputs, (body, len(key[1]) + k, False, kind))
+                     for k, t in enumerate(guest_results)})
+    return replaced
 
 
 def substituted(roots, replaced):

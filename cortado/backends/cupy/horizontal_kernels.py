@@ -6,19 +6,10 @@ or a row kernel's body (``row_kernels``: a float8 weight's cast with its row max
 """
 
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import PARAM, parameter
-from ...rules.engine import bottom_up
-from ...rules.fusion import row_shape
+from ...rules.fusion import own_parameters, row_shape
 from .codegen import REDUCTIONS, THREADS, _elementwise_part, _signature, finished_source
 from .reduction_kernels import one_value_lines
 from .row_kernels import row_lines
-
-
-def _own_parameters(body):
-    """``(body, read)``: ``body`` with the parameters it reads numbered from 0, and their old numbers, in order."""
-    read = sorted({t.attr("index") for t in post_order(body) if t.op is PARAM})
-    memo = {t: parameter(read.index(t.attr("index")), t) for t in post_order(body) if t.op is PARAM}
-    return tuple(bottom_up(t, memo, lambda original, rebuilt: rebuilt) for t in body), read
 
 
 def _part(body, operands):
@@ -36,7 +27,7 @@ def horizontal_source(body, operands, aliased, spans):
     function: the compiler builds each once, where a kernel of fifty inlined parts took it seconds."""
     functions, calls, first = {}, [], 0
     for start, end in spans:
-        part, read = _own_parameters(body[start:end])
+        part, read = own_parameters(body[start:end])
         own = [operands[k] for k in read]
         statements, blocks = _part(part, own)
         signature = _signature(own, part, {j for j, k in enumerate(read) if k in aliased})

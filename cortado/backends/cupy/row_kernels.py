@@ -155,20 +155,15 @@ def _turned(turned, n, rows, threads):
     return lines + ["  }"]
 
 
-def row_source(body, operands, aliased, shape):
-    """A row kernel (``_row_kernel``)."""
-    return _row_kernel(body, operands, aliased, shape)
-
-
 def row_lines(body, operands, shape, block_index):
     """``(statements, blocks)`` of a row kernel writing nothing transposed, as it computes alone, with the block's
     index ``block_index`` (a part of kernels side by side: ``horizontal_kernels``)."""
     if transposed_outputs(body):
         raise BackendError(f"a row kernel side by side writes nothing transposed: {body}")
-    return _row_kernel(body, operands, (), shape, block_index)
+    return row_source(body, operands, (), shape, block_index)
 
 
-def _row_kernel(body, operands, aliased, shape, block_index=None):
+def row_source(body, operands, aliased, shape, block_index=None):
     """A row kernel: a warp (rows of up to ``ROW_KERNEL_WARP_LIMIT``, or, in a kernel of one pass, rows of few
     vectors where there are many: ``ROW_WARP_VECTORS``, ``ROW_WARP_ROWS``) or a block to each row, which reduces the
     row once for each reduction of the body in order, every thread holding each total, then computes the outputs:

@@ -14,13 +14,13 @@ sum may round otherwise, never by more than a reassociation of its terms; each i
 
 from ....exprgraph.dtypes import is_float
 from ....exprgraph.graph import post_order
-from ....exprgraph.ops import FUSED_OP, PAD, PARAM, REDUCTION, SUM, parameter
+from ....exprgraph.ops import FUSED_OP, PAD, REDUCTION, SUM
 from ....exprgraph.term import make
-from ....rules.engine import Rewrite, bottom_up
+from ....rules.engine import Rewrite
 from ....rules.fusion import (
-    REDUCTION_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, rebased, transposed_outputs, untransposed,
+    REDUCTION_KERNEL, TRANSPOSED_KERNEL, TRANSPOSED_SUMS_KERNEL, own_parameters, transposed_outputs, untransposed,
 )
-from ....rules.scalar_epilogues import Joining, fused_kernels, substituted
+from ....rules.scalar_epilogues import Joining, appended, fused_kernels, substituted
 from ..transposed_kernels import keeps_in_shared
 
 
@@ -70,24 +70,10 @@ def _apart(results):
         owners.append(mine[0])
     parts = []
     for j in range(len(reductions)):
-        outputs = tuple(o for o, k in zip(body, owners) if k == j)
-        read = sorted({p.attr("index") for p in post_order(outputs) if p.op is PARAM})
-        memo = {p: parameter(read.index(p.attr("index")), p) for p in post_order(outputs) if p.op is PARAM}
-        own = tuple(bottom_up(o, memo, lambda original, rebuilt: rebuilt) for o in outputs)
+        own, read = own_parameters(tuple(o for o, k in zip(body, owners) if k == j))
         parts.append(([r for r, k in zip(results, owners) if k == j],
                       make(FUSED_OP, tuple(t.args[i] for i in read), (own, 0, False, REDUCTION_KERNEL))))
     return parts
-
-
-def _joined(sums, tiles, tkey, results):
-    """``{old term: new term}``: the transposed kernel ``tkey`` (its ``tiles``) computing the column sums of fused
-    term ``sums`` too, whose terms were ``results``."""
-    inputs, index_of = list(tkey[0]), {a: i for i, a in enumerate(tkey[0])}
-    body = tuple(tkey[1]) + tuple(rebased(sums, inputs, index_of))
-    replaced = {t: make(FUSED_OP, inputs, (body, t.attr("index"), False, TRANSPOSED_SUMS_KERNEL)) for t in tiles}
-    for k, t in enumerate(results):
-        replaced[t] = make(FUSED_OP, inputs, (body, len(tkey[1]) + k, False, TRANSPOSED_SUMS_KERNEL))
-    return replaced
 
 
 def sums_into_transposed(roots, trace):
@@ -115,7 +101,7 @@ def sums_into_transposed(roots, trace):
                     continue
                 if not joining.accept((old, sums.args), (tiles, tkey[0])):
                     continue
-                joins[k] = _joined(sums, tiles, tkey, old)
+                joins[k] = appended(tkey, tiles, sums, old, TRANSPOSED_SUMS_KERNEL)
                 taken.add(tkey)
                 trace.append(Rewrite("column-sum-into-transposed", results[0], joins[k][old[0]]))
                 break
