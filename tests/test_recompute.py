@@ -1,14 +1,20 @@
 """Recomputation: elementwise values the backward pass reads are made again where they are read, instead of
 being held across the memory peak, only where that shrinks the arena, and never changing a value."""
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
 import cortado as ct
+from cortado import nn, optim
 from cortado.memplan import recompute
 from cortado.memplan.recompute import Choice, choices, peak_step, recomputed
 from cortado.exprgraph.graph import post_order
 from cortado.rules.fusion import KernelShapes, fuse
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 
 
 def _block(batch=32, width=16):
@@ -57,16 +63,21 @@ def test_the_copies_run_after_the_peak_just_before_their_readers():
         assert i > peak and readers and min(readers) - i <= 3
 
 
-def test_what_is_chosen_is_made_from_what_is_held_anyway():
-    """The gelu's output again from its input, which gelu's gradient holds anyway, costs nothing extra: chosen."""
+def _chosen(block):
+    """The recomputations ``choices`` finds in ``(loss, inputs, state, updates)``'s step, and the step as built."""
     from cortado import compiler
     from cortado.backends import backend_named
 
-    loss, x, state, updates = _block()
-    signature = compiler._signature([loss], [x], state, updates)
+    loss, inputs, state, updates = block
+    signature = compiler._signature([loss], inputs if isinstance(inputs, list) else [inputs], state, updates)
     engine = backend_named("numpy")
     built = compiler._built(signature, engine, compiler._options(engine, {}))
-    chosen = choices(built.kernels, built.steps, built.plan, built.nbytes, built.kept, built.live_out)
+    return choices(built.kernels, built.steps, built.plan, built.nbytes, built.kept, built.live_out), built
+
+
+def test_what_is_chosen_is_made_from_what_is_held_anyway():
+    """The gelu's output again from its input, which gelu's gradient holds anyway, costs nothing extra: chosen."""
+    chosen, built = _chosen(_block())
     assert chosen
     for choice in chosen:
         again = [choice.terms[j] for j in choice.again]
@@ -74,6 +85,35 @@ def test_what_is_chosen_is_made_from_what_is_held_anyway():
         assert not set(again) & set(choice.leaves)
         assert all(choice.late[j] for j in choice.again)
         assert not set(again) & set(built.live_out)
+
+
+def _gpt_step(dtype):
+    """The training step of examples/gpt.py's GPT (one small layer, AdamW)."""
+    import gpt
+
+    model = gpt.GPT(63, context=64, width=64, heads=4, layers=1).compute_in(dtype)
+    tokens, labels = ct.var("tokens_in", (8, 64), "int32"), ct.var("labels", (8, 64), "int32")
+    loss = nn.cross_entropy(model(tokens), labels)
+    params = model.parameters()
+    state, updates = optim.AdamW(lr=1e-3).updates(params, ct.grad(loss, list(params.values())))
+    return loss, [tokens, labels], {**model.initial_values(0), **state}, updates
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_what_is_made_again_together_has_one_shape(dtype):
+    """A layer norm's reciprocal spread (one value a row, which its gradient reads) is elementwise over the spread
+    the copy keeps, but made beside the normalized rows it would be an elementwise kernel of two shapes, whose loop
+    writes each output over the rows' elements (on the GPU past the end of the small one): it is kept instead."""
+    loss, inputs, state, updates = _gpt_step(dtype)
+    chosen, _ = _chosen((loss, inputs, state, updates))
+    assert any(choice.terms[j].shape[-1] == 1 for choice in chosen for j in range(len(choice.terms)))  # the spreads
+    assert chosen and all(len({choice.terms[j].shape for j in choice.again}) == 1 for choice in chosen)
+    rng = np.random.default_rng(0)
+    feed = {"tokens_in": rng.integers(0, 63, (8, 64)).astype(np.int32),
+            "labels": rng.integers(0, 63, (8, 64)).astype(np.int32)}
+    kept, again = (ct.compile([loss], inputs=inputs, state=state, updates=updates, recompute=r) for r in (False, True))
+    assert again.memory.peak_bytes < kept.memory.peak_bytes
+    np.testing.assert_array_equal(again(**feed)[0], kept(**feed)[0])
 
 
 def test_a_program_without_a_backward_pass_is_left_as_it_was():
@@ -130,3 +170,16 @@ def test_a_narrow_copy_of_a_wide_value_is_not_made_again():
     assert not recompute.cheap([rows], 8192 * 768)  # float8 from bfloat16
     assert recompute.cheap([rows, stats], 8192 * 768 * 2)  # bfloat16 from bfloat16 and a float32 a row
     assert recompute.cheap([ct.var("h", (64, 64))], 64 * 64 * 4)
+
+
+def test_an_elementwise_kernel_of_two_shapes_is_refused_where_it_is_generated():
+    """The GPU's elementwise loop writes every output over the first one's elements: a body of two shapes is an
+    error when its source is made, never a kernel writing past a buffer."""
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides, elementwise_source
+    from cortado.errors import BackendError
+    from cortado.exprgraph.ops import parameter
+
+    rows, spread = ct.var("rows", (8, 4)), ct.var("spread", (8, 1))
+    body = (parameter(0, rows) * 2.0, 1 / parameter(1, spread))
+    with pytest.raises(BackendError, match="outputs of one shape"):
+        elementwise_source(body, [Operand(v.shape, v.dtype, contiguous_strides(v.shape)) for v in (rows, spread)])

@@ -6,12 +6,13 @@ live there. Some are cheap to make again from values that are live there anyway:
 input (which its gradient reads), a layer norm's normalized rows and output from its centered rows and
 statistics. ``choices`` finds, for each fused kernel with outputs live across the peak step, the set of
 them whose recomputation frees the most bytes: each output made again must be elementwise over what is
-kept (the kernel's other outputs and its operands), and every kept value that would not be live at the
-peak anyway costs its bytes. A copy reading much more than it makes (a float8 activation from its bfloat16
-source) costs more time than the bytes are worth, and is not made (``MOST_READ_PER_BYTE``). ``recomputed``
-rewrites the program: the later readers (after the peak) read the copy's outputs. The compiler plans the
-result and keeps it where its arena is smaller (``compiler._recomputing``); the copy waits for its readers'
-other operands, so it runs where they do.
+kept (the kernel's other outputs and its operands), all of one shape (the copy is one elementwise kernel: a
+layer norm's rows are made again, its reciprocal spread, one value a row, is kept), and every kept value
+that would not be live at the peak anyway costs its bytes. A copy reading much more than it makes (a float8
+activation from its bfloat16 source) costs more time than the bytes are worth, and is not made
+(``MOST_READ_PER_BYTE``). ``recomputed`` rewrites the program: the later readers (after the peak) read the copy's
+outputs. The compiler plans the result and keeps it where its arena is smaller (``compiler._recomputing``); the
+copy waits for its readers' other operands, so it runs where they do.
 
     chosen = choices(kernels, steps, plan, nbytes, external, live_out)
     roots, copies, made = recomputed(roots, chosen)   # copies: {copy's term: the terms that read it}
@@ -124,6 +125,8 @@ def choices(kernels, steps, plan, nbytes, external, live_out):
         candidates = [j for j, v in enumerate(terms) if held(v)]
         for size in range(1, len(candidates) + 1):
             for again in itertools.combinations(candidates, size):
+                if len({terms[j].shape for j in again}) > 1:  # a copy is one elementwise kernel: one shape
+                    continue
                 kept = [j for j in range(len(terms)) if j not in again]
                 if not _elementwise_over([body[j] for j in again], {body[j] for j in kept}):
                     continue

@@ -525,6 +525,8 @@ def _elementwise_part(body, operands, order=None, offset=None):
     taking the tail, over ``blocks`` blocks of ``THREADS``: the whole grid, or, from the block named by the C
     expression ``offset`` on, its own of a grid shared with other parts. ``order`` as ``elementwise_source``'s."""
     shape = body[0].shape
+    if any(t.shape != shape for t in body):  # each output is written over the first one's elements
+        raise BackendError(f"an elementwise kernel writes outputs of one shape, not {[t.shape for t in body]}")
     if order is not None:
         shape = tuple(shape[a] for a in order)
         operands = [_permuted(o, order) for o in operands]
