@@ -31,7 +31,7 @@ def layer_norm(x, gain, bias, eps=1e-5):
     mean = ct.mean(x, axis=-1, keepdims=True)
     centered = x - mean
     variance = ct.mean(centered * centered, axis=-1, keepdims=True)
-    return centered / ct.sqrt(variance + eps) * gain + bias
+    return centered * (1 / ct.sqrt(variance + eps)) * gain + bias
 
 
 def attention(h, p, heads, causal):

@@ -83,6 +83,13 @@ class Embedding(Module):
         return ct.take(self.weight, indices, axis=0)
 
 
+def _over_root(x, mean_square, eps):
+    """``x / sqrt(mean_square + eps)`` computed as PyTorch's norms compute it: ``x`` times one reciprocal a row (or a
+    channel). An element divided instead costs a division an element forward and more in the gradient, which made
+    a GPT's layer norm kernels compute-bound on the GPU (the float8 step 2.6% slower)."""
+    return x * (1 / ct.sqrt(mean_square + eps))
+
+
 class LayerNorm(Module):
     """Each row of the last axis centred and scaled to unit variance (biased, as PyTorch's), then ``* weight +
     bias`` (ones and zeros)."""
@@ -102,7 +109,7 @@ class LayerNorm(Module):
         mean = ct.mean(wide, axis=-1, keepdims=True)
         centered = wide - mean
         variance = ct.mean(centered * centered, axis=-1, keepdims=True)
-        y = ct.cast(centered / ct.sqrt(variance + self.eps), x.dtype)
+        y = ct.cast(_over_root(centered, variance, self.eps), x.dtype)
         if self.affine:
             y = y * self.weight + self.bias if self.has_bias else y * self.weight
         return y
@@ -121,7 +128,7 @@ class RMSNorm(Module):
         _last_axis("RMSNorm", self.size, x)
         wide = _in_float32(x)
         eps = self.eps if self.eps is not None else float(finfo(wide.dtype).eps)
-        return ct.cast(wide / ct.sqrt(ct.mean(wide * wide, axis=-1, keepdims=True) + eps), x.dtype) * self.weight
+        return ct.cast(_over_root(wide, ct.mean(wide * wide, axis=-1, keepdims=True), eps), x.dtype) * self.weight
 
 
 class Conv2d(Module):
@@ -175,11 +182,11 @@ class BatchNorm(Module):
             mean = ct.mean(x, axis=axes, keepdims=True)
             centered = x - mean
             variance = ct.mean(centered * centered, axis=axes, keepdims=True)
-            y = centered / ct.sqrt(variance + self.eps)
+            y = _over_root(centered, variance, self.eps)
         else:
             mean = ct.reshape(ct.cast(self.running_mean, x.dtype), channels)
             variance = ct.reshape(ct.cast(self.running_var, x.dtype), channels)
-            y = (x - mean) / ct.sqrt(variance + self.eps)
+            y = _over_root(x - mean, variance, self.eps)
         if self.affine:
             y = y * ct.reshape(self.weight, channels) + ct.reshape(self.bias, channels)
         if self.training:
