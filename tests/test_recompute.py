@@ -63,13 +63,12 @@ def test_the_copies_run_after_the_peak_just_before_their_readers():
         assert i > peak and readers and min(readers) - i <= 3
 
 
-def _chosen(block):
-    """The recomputations ``choices`` finds in ``(loss, inputs, state, updates)``'s step, and the step as built."""
+def _chosen(loss, inputs, state, updates):
+    """The recomputations ``choices`` finds in the step, and the step as built."""
     from cortado import compiler
     from cortado.backends import backend_named
 
-    loss, inputs, state, updates = block
-    signature = compiler._signature([loss], inputs if isinstance(inputs, list) else [inputs], state, updates)
+    signature = compiler._signature([loss], inputs, state, updates)
     engine = backend_named("numpy")
     built = compiler._built(signature, engine, compiler._options(engine, {}))
     return choices(built.kernels, built.steps, built.plan, built.nbytes, built.kept, built.live_out), built
@@ -77,7 +76,8 @@ def _chosen(block):
 
 def test_what_is_chosen_is_made_from_what_is_held_anyway():
     """The gelu's output again from its input, which gelu's gradient holds anyway, costs nothing extra: chosen."""
-    chosen, built = _chosen(_block())
+    loss, x, state, updates = _block()
+    chosen, built = _chosen(loss, [x], state, updates)
     assert chosen
     for choice in chosen:
         again = [choice.terms[j] for j in choice.again]
@@ -105,7 +105,7 @@ def test_what_is_made_again_together_has_one_shape(dtype):
     the copy keeps, but made beside the normalized rows it would be an elementwise kernel of two shapes, whose loop
     writes each output over the rows' elements (on the GPU past the end of the small one): it is kept instead."""
     loss, inputs, state, updates = _gpt_step(dtype)
-    chosen, _ = _chosen((loss, inputs, state, updates))
+    chosen, _ = _chosen(loss, inputs, state, updates)
     assert any(choice.terms[j].shape[-1] == 1 for choice in chosen for j in range(len(choice.terms)))  # the spreads
     assert chosen and all(len({choice.terms[j].shape for j in choice.again}) == 1 for choice in chosen)
     rng = np.random.default_rng(0)
