@@ -12,10 +12,14 @@ from cortado import nn, optim
 from reference_checks import host
 
 
-def float8_mlp_step(sizes, batch):
+def float8_mlp_step(sizes, batch, gradient_scaling="current"):
     """``(outputs, values, x, y)``: the loss and updates of an AdamW step of a gelu MLP of ``sizes`` with float8
-    layers, computing in bfloat16, on ``x`` of shape ``batch + (sizes[0],)``; its state's initial values."""
-    model = nn.MLP(*sizes, activation=ct.gelu, float8=True).compute_in("bfloat16")
+    layers (their gradients' scales ``gradient_scaling``), computing in bfloat16, on ``x`` of shape
+    ``batch + (sizes[0],)``; its state's initial values."""
+    layers = [nn.Linear(n_in, n_out, float8=True, gradient_scaling=gradient_scaling)
+              for n_in, n_out in zip(sizes, sizes[1:])]
+    between = [[layer, nn.Function(ct.gelu)] for layer in layers[:-1]]
+    model = nn.Sequential(*[m for pair in between for m in pair], layers[-1]).compute_in("bfloat16")
     x, y = ct.var("x", batch + sizes[:1], "bfloat16"), ct.var("y", batch + sizes[-1:])
     loss = ct.mean((ct.cast(model(x), "float32") - y) ** 2)
     params = model.parameters()

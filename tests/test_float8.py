@@ -213,6 +213,53 @@ def test_float8_gradient_is_the_identity_whose_cotangent_is_rounded_to_e5m2():
         ct.float8_gradient(x, "bfloat16")
 
 
+def test_a_delayed_float8_gradient_takes_its_scale_from_the_history_and_saturates_beyond_it():
+    """Given an amax history, the cotangent is scaled by ``scale_for`` of the history's largest entry (100: 2^9), a
+    value beyond that range saturating to e5m2's largest; the history's gradient is its next value, the
+    cotangent's largest magnitude pushed in front."""
+    x, history = ct.var("x", (64,)), ct.var("h", (4,))
+    cotangent = np.linspace(-300, 50, 64, dtype=np.float32)
+    y = ct.float8_gradient(x * 1.0, history=history)
+    dx, dh = ct.grad(ct.sum(y * ct.const(cotangent)), [x, history])
+    feeds = {"x": np.zeros(64, np.float32), "h": np.array([3, 100, 0, 7], np.float32)}
+    got_dx, got_dh = ct.compile([dx, dh], inputs=[x, history])(**feeds)
+    scale = np.float32(2.0 ** 9)  # the largest power of two keeping 100 within 57344
+    expected = np.clip(cotangent * scale, -57344, 57344).astype(E5M2).astype(np.float32) / scale
+    np.testing.assert_array_equal(got_dx, expected)
+    assert got_dx.min() == -57344 / scale  # -300 saturated
+    np.testing.assert_array_equal(got_dh, [300, 3, 100, 0])
+    with pytest.raises(ct.ShapeError, match="amax history is a float32 vector"):
+        ct.float8_gradient(x, history=ct.var("h2", (4, 1)))
+
+
+def test_a_float8_layer_records_its_gradients_amax_from_the_loss():
+    """A float8 layer's ``gradient_amax`` history takes the largest magnitude of its float8 product's cotangent each
+    step, as the step's state (here ``2 (y - t) / n`` of a mean squared error over the product's scales, 2^9 each
+    from histories of 0.5), and its gradient's scale the next step comes from it. With ``gradient_scaling="current"``
+    (the default) it keeps no such history."""
+    layer = nn.Linear(8, 4, bias=False, float8=True, history=3, gradient_scaling="delayed")
+    x, t = ct.var("x", (16, 8)), ct.var("t", (16, 4))
+    y = layer(x)
+    loss = ct.mean((y - t) ** 2)
+    updates = layer.state_updates(loss)
+    assert set(updates) == set(layer.buffers().values())
+    rng = np.random.default_rng(0)
+    feeds = {"x": rng.standard_normal((16, 8)).astype(np.float32), "t": rng.standard_normal((16, 4)).astype(np.float32),
+             **{v.name: a for v, a in layer.initial_values().items()},
+             **{name: np.array([0.5, 0.25, 0], np.float32) for name in ("input_amax", "weight_amax", "gradient_amax")}}
+    got_y, got_history = ct.evaluate([y, updates[layer.buffers()["gradient_amax"]]], feeds)
+    cotangent = 2 * (np.asarray(got_y, np.float32) - feeds["t"]) / y.size / 2.0 ** 18
+    np.testing.assert_allclose(got_history, [np.abs(cotangent).max(), 0.5, 0.25], rtol=1e-6)
+    with pytest.raises(ct.CortadoError, match="give state_updates the scalar loss"):
+        layer.state_updates([y])
+    current = nn.Linear(8, 4, float8=True)
+    current(x)
+    assert set(current.buffers()) == {"input_amax", "weight_amax"}
+    with pytest.raises(ct.CortadoError, match="'delayed' or 'current'"):
+        nn.Linear(8, 4, float8=True, gradient_scaling="late")
+
+
+
 @given(st.integers(0, 2 ** 32 - 1), st.sampled_from(FLOAT8), st.integers(-40, 40), st.integers(-40, 40))
 def test_moving_power_of_two_scales_out_of_a_float8_product_changes_no_bit(seed, name, k1, k2):
     """The proof ``float8-scales-out`` rests on, checked: (q * 2^a) @ (w * 2^b) == (q @ w) * 2^(a + b)."""

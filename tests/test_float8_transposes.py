@@ -57,6 +57,27 @@ def test_a_float8_steps_casts_write_the_products_operands_transposed(monkeypatch
     assert_same_bits(ours, apart, values, x, y)
 
 
+def test_with_delayed_gradient_scales_each_gradient_is_cast_in_the_kernel_that_makes_it():
+    """The float8 MLP's step with its gradients' scales delayed (``Linear(gradient_scaling="delayed")``): each
+    gradient is cast to e5m2 by the row kernel that makes it, written transposed for its weight gradient there too,
+    its rows' maxima folded for its history, so no kernel reads a gradient back to cast it and no product's call
+    copies an operand but the second weight's. Every value is the bits of the plan without."""
+    outputs, values, x, y = float8_mlp_step((256, 512, 256), (4, 128), gradient_scaling="delayed")
+    with pytest.MonkeyPatch.context() as patch:
+        ours, trace = _planned(outputs)
+        apart, _ = _planned(outputs, transposed=False, monkeypatch=patch)
+    assert [a.shape for a in _copied_operands(ours)] == [(512, 256)]
+    writing = {(t.attr("kernel"), t.attr("outputs")) for t in post_order(ours)
+               if t.op is FUSED_OP and any(o.op is TRANSPOSE for o in t.attr("outputs"))}
+    assert sorted((kind, len(body), body[-1].dtype.name) for kind, body in writing) == [
+        ("row", 3, "float8_e4m3fn"), ("row", 3, "float8_e4m3fn"),  # the gelu's rows and the input's
+        ("row", 3, "float8_e5m2"),  # the first layer's gradient: bfloat16 for its bias, float8 transposed
+        ("row", 4, "float8_e5m2")]  # the second's: bfloat16 for its bias, float8 and float8 transposed
+    assert not [t for t in post_order(ours) if t.op is FUSED_OP and t.attr("kernel") in (TRANSPOSED_KERNEL,
+                                                                                         TRANSPOSED_SUMS_KERNEL)]
+    assert_same_bits(ours, apart, values, x, y)
+
+
 @settings(max_examples=8, deadline=None)
 @given(st.sampled_from([16, 32, 48, 128]), st.sampled_from([16, 64, 96, 256]), st.sampled_from([16, 32]),
        st.sampled_from([(2, 16), (3, 32), (5, 16), (96,)]))

@@ -245,6 +245,29 @@ def test_a_float8_steps_one_value_kernels_join_groups_at_either_end():
     assert_same_bits(ours, apart, values, x, y)
 
 
+def test_with_delayed_gradient_scales_every_scale_joins_the_initial_group():
+    """With its gradients' scales delayed too, a float8 layer's three scales are one kernel reading only its amax
+    histories (``scalar_epilogues``: the values a joined kernel read from the reduction's results are dropped from
+    the merged kernel's outputs, not left unread), which joins the initial group; the gradients' amaxes join the
+    closing one. Only the loss stays alone; the step computes the bits of the plan without."""
+    from cortado import compiler
+    from cortado.backends.cupy import backend as gpu_backend
+    from float8_plans import assert_same_bits, float8_mlp_step
+
+    outputs, values, x, y = float8_mlp_step((64, 256, 64), (4, 64), gradient_scaling="delayed")
+    ours = compiler._rewrite(outputs, gpu_backend, {})
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(horizontal, "_one_value", lambda body: False)
+        apart = compiler._rewrite(outputs, gpu_backend, {})
+    kernels = {(t.args, t.attr("outputs")): t for t in ct.schedule(list(ours)) if t.op.name == "fused"}
+    alone = [t for t in kernels.values() if t.shape == () and t.attr("kernel") == "reduction"]
+    assert [[o.op.name for o in t.attr("outputs")] for t in alone] == [["mean"]]
+    closing = [sorted(o.op.name for o in t.attr("outputs")) for t in kernels.values()
+               if isinstance(t.attr("kernel"), Horizontal) and all(o.shape == () for o in t.attr("outputs"))]
+    assert closing == [["max"] * 5]  # the hidden rows', both weights' and both gradients'
+    assert_same_bits(ours, apart, values, x, y)
+
+
 def test_a_float8_steps_weight_casts_run_side_by_side_after_their_scales():
     """A float8 MLP step casts each weight at the scale its amax history gives (a one-value kernel of the initial
     group), folding the weight's row maxima for the history (a row kernel): the casts run as one kernel after the

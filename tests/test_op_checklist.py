@@ -102,8 +102,8 @@ def _signatures(name):
             yield from (((dtype,), {"dtype": target}) for target in SUPPORTED)
         elif OPS[name].kind == REDUCTION:
             yield (dtype,), {"axis": 1}
-        else:
-            yield (dtype,) * OPS[name].arity, {}
+        else:  # an op of several arities (float8_gradient: a value, and an amax history or not) with one
+            yield (dtype,) * (OPS[name].arity or 1), {}
 
 
 @pytest.mark.parametrize("name", sorted({op.name for op in (*codegen.C_EXPRESSIONS, *codegen.REDUCTIONS)}))

@@ -211,12 +211,19 @@ def cast(x, dtype):
     return _call("cast", x, dtype=dtype)
 
 
-def float8_gradient(x, dtype="float8_e5m2"):
-    """``x``, whose cotangent is rounded to float8 (e5m2 unless ``dtype`` says otherwise) on its way back: scaled by
-    the power of two that brings its largest magnitude nearest the float8's largest (``scaling.scale_for``),
-    rounded, and scaled back. Float8 training marks a product's output with it, so that the gradients of its
-    operands are float8 products too. A compiled program computes it as ``x``."""
-    return _call("float8_gradient", x, dtype=dtype)
+def float8_gradient(x, dtype="float8_e5m2", history=None):
+    """``x``, whose cotangent is rounded to float8 (e5m2 unless ``dtype`` says otherwise) on its way back: scaled by a
+    power of two (``scaling.scale_for``), rounded, and scaled back. Float8 training marks a product's output with it,
+    so that the gradients of its operands are float8 products too. A compiled program computes it as ``x``.
+
+    Without ``history`` the scale comes from the cotangent's own largest magnitude (two passes over it: its amax,
+    then its cast). With ``history``, a float32 vector of the largest magnitudes of past steps (a step-state
+    buffer), it comes from their maximum (delayed scaling, as Transformer Engine's: one pass, values beyond the
+    history's range saturating), and the gradient of ``history`` is its next value: the cotangent's largest
+    magnitude pushed in front, the oldest dropped (``scaling.pushed``), which the step takes as its new state
+    (``Module.state_updates``)."""
+    return _call("float8_gradient", x, dtype=dtype) if history is None else \
+        _call("float8_gradient", x, history, dtype=dtype)
 
 
 def stop_gradient(x):

@@ -10,6 +10,9 @@ exponents, from which those rules prove every result normal.
 
     scale = scale_for(amax, "float8_e4m3fn")    # 2^k, the largest with amax * 2^k <= 448, or 1 where amax is 0
     x8 = ct.cast(x * scale, "float8_e4m3fn")
+
+Delayed scaling takes ``scale_for`` of the largest of a history of past amaxes (a step-state vector), to which
+each step ``pushed`` its own.
 """
 
 import math
@@ -19,6 +22,7 @@ import numpy as np
 from . import constructors as ct
 from .dtypes import finfo
 from .ops import BROADCAST_TO, CAST, CONST, DIVIDE, MAXIMUM, MINIMUM, MULTIPLY, POWER, RESHAPE, RINT, WHERE
+from .slicing import concatenate
 
 # the powers of two a scale takes: 2^-40 to 2^40, room for a gradient as small as 5e-8 to fill e5m2's range, and
 # narrow enough that two scales together (a gradient's and a weight's) keep every sum of a float8 product of up to
@@ -34,6 +38,13 @@ def scale_for(amax, dtype):
     headroom = ct.log(float(finfo(np.dtype(dtype)).max) / amax) * (1 / math.log(2))  # log2 of how far amax may grow
     k = ct.minimum(ct.maximum(ct.rint(headroom - 0.5), float(low)), float(high))  # rint(z - 0.5) <= z
     return ct.where(amax > 0, ct.power(2.0, k), 1.0)
+
+
+def pushed(history, amax):
+    """``history`` (a vector of the largest magnitudes of past steps, newest first) with ``amax`` in front and its
+    oldest entry dropped: a delayed scale's next history."""
+    newest = ct.reshape(amax, (1,))
+    return concatenate([newest, history[:-1]]) if history.shape[0] > 1 else newest
 
 
 def _constant_exponent(t):

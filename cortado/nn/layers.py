@@ -6,13 +6,12 @@ import math
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import CortadoError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, finfo
-from ..exprgraph.scaling import scale_for
-from ..exprgraph.slicing import concatenate
+from ..exprgraph.scaling import pushed, scale_for
 from . import init
-from .module import Buffer, Function, Module, Parameter, Sequential
+from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential
 
 
 class Linear(Module):
@@ -22,13 +21,16 @@ class Linear(Module):
     With ``float8=True`` the product is taken in float8, as Transformer Engine takes it: the input and the weight
     each scaled by a power of two and cast to float8_e4m3fn, multiplied (summed in float32), scaled back and rounded
     to the input's dtype, and the product's gradient rounded to float8_e5m2 on its way back (``ct.float8_gradient``),
-    so that the gradients of the input and the weight are float8 products too. The scales are delayed: each comes
-    from the largest magnitudes of the last ``history`` steps (buffers ``input_amax`` and ``weight_amax``, which the
-    step updates: ``Module.state_updates``), the gradient's from its own (``scaling.scale_for``). On the GPU, a
+    so that the gradients of the input and the weight are float8 products too. The input's and the weight's scales
+    are delayed: each comes from the largest magnitudes of the last ``history`` steps (buffers ``input_amax`` and
+    ``weight_amax``, which the step updates: ``Module.state_updates``), so each is cast in the pass that makes it.
+    The gradient's comes from its own largest magnitude (``gradient_scaling="current"``: never saturating, for a
+    second pass over it), or, with ``gradient_scaling="delayed"``, from a history too (buffer ``gradient_amax``,
+    recorded from the loss's gradient), cast in one pass, saturating beyond its history's range. On the GPU, a
     bfloat16 model's product runs on the float8 tensor cores (``backends/cupy/lowering/float8.py``)."""
 
     def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None, dtype="float32",
-                 float8=False, history=16):
+                 float8=False, history=16, gradient_scaling="current"):
         super().__init__()
         default = init.fan_in_uniform(in_features)
         self.weight = Parameter((out_features, in_features), weight_init or default, dtype)
@@ -39,6 +41,11 @@ class Linear(Module):
                 raise ShapeError(f"Linear(float8=True) keeps the amax of at least one step, not history={history!r}")
             self.input_amax = Buffer((history,), init.zeros, "float32")
             self.weight_amax = Buffer((history,), init.zeros, "float32")
+            if gradient_scaling not in ("delayed", "current"):
+                raise CortadoError(f"Linear(float8=True) scales its gradient 'delayed' or 'current', not "
+                                   f"{gradient_scaling!r}")
+            if gradient_scaling == "delayed":
+                self.gradient_amax = Buffer((history,), init.zeros, "float32")
         self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
 
     def forward(self, x):
@@ -56,20 +63,19 @@ class Linear(Module):
         w_scale = scale_for(ct.max(self.weight_amax), FLOAT8_FORWARD)
         x8 = ct.cast(wide_x * x_scale, FLOAT8_FORWARD)
         w8 = ct.cast(wide_w * w_scale, FLOAT8_FORWARD)
-        product = ct.float8_gradient(x8 @ ct.transpose(w8), FLOAT8_BACKWARD)
+        gradient_amax = getattr(self, "gradient_amax", None)
+        product = ct.float8_gradient(x8 @ ct.transpose(w8), FLOAT8_BACKWARD, history=gradient_amax)
         y = ct.cast(product * (1 / (x_scale * w_scale)), x.dtype)
         if self.training:
-            self._record(y, {self.input_amax: _pushed(self.input_amax, ct.max(ct.abs(wide_x))),
-                             self.weight_amax: _pushed(self.weight_amax, ct.max(ct.abs(wide_w)))})
+            updates = {self.input_amax: pushed(self.input_amax, ct.max(ct.abs(wide_x))),
+                       self.weight_amax: pushed(self.weight_amax, ct.max(ct.abs(wide_w)))}
+            if gradient_amax is not None:
+                updates[gradient_amax] = FromGradient()
+            self._record(y, updates)
         return y
 
 
 FLOAT8_FORWARD, FLOAT8_BACKWARD = "float8_e4m3fn", "float8_e5m2"  # the usual choice: more digits, more range
-
-
-def _pushed(history, value):
-    """``history`` with ``value`` first and its oldest entry dropped."""
-    return concatenate([ct.reshape(value, (1,)), history[:-1]]) if history.shape[0] > 1 else ct.reshape(value, (1,))
 
 
 class Embedding(Module):

@@ -43,6 +43,12 @@ class Buffer(Parameter):
     trained = False
 
 
+class FromGradient:
+    """A buffer's update that is the step loss's gradient with respect to the buffer (a float8 layer's gradient amax
+    history: ``ct.float8_gradient``); ``Module.state_updates`` takes it. One per call, so that two calls updating one
+    buffer are told apart."""
+
+
 class Module:
     """The base of every layer: subclasses declare ``Parameter`` and ``Module`` attributes in ``__init__`` and compute
     in ``forward``; calling a module names its tree (once) and calls ``forward``."""
@@ -189,8 +195,10 @@ class Module:
     def state_updates(self, outputs):
         """``{buffer variable: new value}`` of the calls in training whose results ``outputs`` (a term or a list) read:
         what ``ct.compile``'s ``updates`` needs beside the optimizer's (a batch norm's running statistics). A buffer
-        updated by two calls that ``outputs`` read is an error: it can take one new value a step."""
+        updated by two calls that ``outputs`` read is an error: it can take one new value a step. Updates taken
+        from gradients (``FromGradient``: a float8 layer's gradient amax) need ``outputs`` to be the scalar loss."""
         from ..exprgraph.graph import Graph
+        from ..grad import grad
 
         reached = set(Graph(outputs).schedule)
         updates = {}
@@ -203,6 +211,13 @@ class Module:
                         raise CortadoError(f"{var.name!r} is updated by two calls of {type(module).__name__} in one "
                                            f"step; call it once a step in training, or use it in inference (eval())")
                     updates[var] = value
+        from_gradients = [var for var, value in updates.items() if isinstance(value, FromGradient)]
+        if from_gradients:
+            loss = outputs[0] if isinstance(outputs, (list, tuple)) and len(outputs) == 1 else outputs
+            if getattr(loss, "shape", None) != ():
+                raise CortadoError(f"{from_gradients[0].name!r} is updated from the loss's gradient (a float8 "
+                                   f"layer's gradient amax): give state_updates the scalar loss, not {outputs!r}")
+            updates.update(zip(from_gradients, grad(loss, from_gradients)))
         return updates
 
     def initial_values(self, seed=0):

@@ -262,7 +262,7 @@ algebra = RuleSet([
     Rule("fold-constants", "_e", _fold),
     Rule("scalar-constants", "_e", _scalar_splats),
     Rule("stop-gradient", "stop_gradient(_x)", _identity("_x")),  # gradients are taken before a program is built
-    Rule("float8-gradient", "float8_gradient(_x, dtype=_d)", _identity("_x")),  # likewise
+    Rule("float8-gradient", "float8_gradient(_x, *_history, dtype=_d)", _identity("_x")),  # likewise
     Rule("add-zero", "0 + _x", _identity("_x")),
     Rule("add-zero-right", "_x + 0", _identity("_x")),
     Rule("subtract-zero", "_x - 0", _identity("_x")),

@@ -33,7 +33,7 @@ from ..errors import RewriteError
 from ..exprgraph import constructors as ct
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
-from ..exprgraph.scaling import scale_for
+from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.ops import (
     EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
 )
@@ -256,14 +256,22 @@ def _matmul_right(b):
 
 
 def _float8_gradient_vjp(b):
-    """``dy`` rounded to float8: scaled by the power of two its largest magnitude allows (``scaling.scale_for``),
-    cast (saturating), widened and scaled back, all exact but the one rounding to float8. The scales are powers of
-    two so that the lowering may move them out of the float8 products that read this cotangent."""
-    dy = b["_dy"]
+    """``dy`` rounded to float8: scaled by a power of two (``scaling.scale_for``) of its own largest magnitude, or of
+    the largest in the amax history where one is given (delayed scaling), cast (saturating), widened and scaled
+    back, all exact but the one rounding to float8. The scales are powers of two so that the lowering may move them
+    out of the float8 products that read this cotangent."""
+    dy, history = b["_dy"], b["_history"]
     wide = ct.cast(dy, "float32")
-    scale = scale_for(ct.max(ct.abs(wide)), b["_d"])
+    amax = ct.max(history[0]) if history else ct.max(ct.abs(wide))
+    scale = scale_for(amax, b["_d"])
     rounded = ct.cast(ct.cast(wide * scale, b["_d"]), "float32") * (1 / scale)
     return rounded if dy.dtype == np.float32 else ct.cast(rounded, dy.dtype)
+
+
+def _float8_history_vjp(b):
+    """The amax history's next value, as its "gradient" (``ct.float8_gradient``): the cotangent's largest magnitude
+    pushed in front."""
+    return pushed(b["_history"][0], ct.max(ct.abs(ct.cast(b["_dy"], "float32"))))
 
 
 def _gelu_grad_vjp(b):
@@ -404,7 +412,8 @@ derivatives = Derivatives([
     Derivative("cast", "cast(_x, dtype=_d)", _x="_dy"),
     *[_constant_rule(op) for op in NOT_DIFFERENTIABLE],
     Derivative("stop_gradient", "stop_gradient(_x)", _x="0"),  # by definition
-    Derivative("float8_gradient", "float8_gradient(_x, dtype=_d)", _x=_float8_gradient_vjp),
+    Derivative("float8_gradient", "float8_gradient(_x, *_history, dtype=_d)", _x=_float8_gradient_vjp,
+               _history=_float8_history_vjp),
     Derivative("sum", "sum(_x, axis=_a, keepdims=_k)", _x=_sum_vjp),
     Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_vjp),
     Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_vjp),

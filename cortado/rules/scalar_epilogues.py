@@ -98,24 +98,29 @@ def _joins(t, kernels, position, joining):
 
 def _merged(key, results, joining, trace):
     """``{old result: new result}``: reduction kernel ``key`` (its ``results``) and the elementwise kernels of
-    ``joining`` (each the list of its results) as one fused reduction kernel, their bodies after its own."""
+    ``joining`` (each the list of its results) as one fused reduction kernel, their bodies after its own; an output
+    the body already computes (a scale that two joined kernels both pass on) is that output, not a second one."""
     inputs, body = list(key[0]), list(key[1])
     index_of = {a: i for i, a in enumerate(inputs)}
     own = {r: body[r.attr("index")] for r in results}  # the reduction's values, as its epilogue has them
+    placed = []  # per joined kernel, the body index of each of its outputs
     for joined in joining:
-        body += rebased(joined[0], inputs, index_of, own)
+        indices = []
+        for output in rebased(joined[0], inputs, index_of, own):
+            if output not in body:
+                body.append(output)
+            indices.append(body.index(output))
+        placed.append(indices)
     body = tuple(body)
 
     def result(index):
         return make(FUSED_OP, inputs, (body, index, False, REDUCTION_KERNEL))
 
     replaced = {r: result(r.attr("index")) for r in results}
-    start = len(key[1])
-    for joined in joining:
+    for joined, indices in zip(joining, placed):
         for t in joined:
-            replaced[t] = result(start + t.attr("index"))
+            replaced[t] = result(indices[t.attr("index")])
             trace.append(Rewrite("scalar-into-reduction", t, replaced[t]))
-        start += len(joined[0].attr("outputs"))
     return replaced
 
 
@@ -187,4 +192,17 @@ def into_reductions(roots, trace):
         for key, joined in joining.items():
             replaced.update(_merged(key, kernels[key], joined, trace))
         roots = substituted(roots, replaced)
-    return roots
+    return _unread_dropped(roots)
+
+
+def _unread_dropped(roots):
+    """``roots`` with the outputs that nothing reads dropped from each kernel of scalars (a value a joined kernel read
+    from the reduction's, which the merged body computes itself)."""
+    kernels, _ = fused_kernels(roots)
+    replaced = {}
+    for (inputs, body), results in kernels.items():
+        if len(results) < len(body) and _scalars_of(results[0], REDUCTION_KERNEL):
+            kept = tuple(body[r.attr("index")] for r in results)
+            replaced.update({r: make(FUSED_OP, inputs, (kept, k, r.attr("again"), r.attr("kernel")))
+                             for k, r in enumerate(results)})
+    return substituted(roots, replaced) if replaced else roots

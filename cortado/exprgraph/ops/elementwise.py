@@ -7,7 +7,7 @@ import numpy as np
 
 from .. import numerics
 from ..dtypes import converted, is_float, is_float8, is_narrow_float, kind_of
-from ..term import dtype_violation
+from ..term import dtype_violation, shape_violation
 from .leaves import CONST
 from .base import (
     ELEMENTWISE, Op, broadcast_shapes, dtype_attr, float_result, floating, narrow_once_floating, no_attributes, promoted,
@@ -124,8 +124,21 @@ def _float8_gradient_normalize(args, dtype="float8_e5m2"):
     return (dtype,)
 
 
-# the identity, whose cotangent is rounded to a float8 dtype at a scale of its own (rules.derivatives)
-FLOAT8_GRADIENT = Op("float8_gradient", 1, ("dtype",), _broadcast_rule, lambda args, dtype: _float_operand(args), ELEMENTWISE,
-                     _float8_gradient_normalize, evaluate=lambda xs, dtype: np.array(xs[0], copy=True))
+def _float8_gradient_shape(args, dtype):
+    """``x``'s shape; a second operand is the amax history its cotangent's scale comes from: a float32 vector."""
+    if len(args) not in (1, 2):
+        raise shape_violation(f"float8_gradient takes a value and at most an amax history, not {len(args)} operands")
+    if len(args) == 2 and (args[1].ndim != 1 or args[1].dtype != np.float32):
+        raise shape_violation(f"float8_gradient's amax history is a float32 vector, not a "
+                         f"{args[1].dtype.name} array of shape {args[1].shape}")
+    return args[0].shape
+
+
+# the identity, whose cotangent is rounded to a float8 dtype (rules.derivatives): at a scale from its own amax, or,
+# given an amax history, from the history's, the history's cotangent being its next value (the cotangent's amax
+# pushed in), so that the step that takes gradients records it
+FLOAT8_GRADIENT = Op("float8_gradient", None, ("dtype",), _float8_gradient_shape,
+                     lambda args, dtype: _float_operand(args), ELEMENTWISE, _float8_gradient_normalize,
+                     evaluate=lambda xs, dtype: np.array(xs[0], copy=True))
 
 FAMILY = (*UFUNCS, SIGMOID, RELU, SOFTPLUS, GELU, GELU_GRAD, SILU, WHERE, STOP_GRADIENT, CAST, FLOAT8_GRADIENT)
