@@ -17,7 +17,7 @@ def delayed(self, *args, **kwargs):
 
 
 layers.Linear.__init__ = delayed
-root = Path(__file__).resolve().parents[4]
+root = Path(__file__).resolve().parents[5]
 sys.path.insert(0, str(root / "benchmarks"))
 sys.argv[0] = str(root / "benchmarks" / "bench_float8_gpt_gpu.py")
 runpy.run_path(sys.argv[0], run_name="__main__")
