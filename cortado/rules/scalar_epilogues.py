@@ -103,14 +103,15 @@ def _merged(key, results, joining, trace):
     inputs, body = list(key[0]), list(key[1])
     index_of = {a: i for i, a in enumerate(inputs)}
     own = {r: body[r.attr("index")] for r in results}  # the reduction's values, as its epilogue has them
+    position = {output: k for k, output in reversed(list(enumerate(body)))}  # each output's first index
     placed = []  # per joined kernel, the body index of each of its outputs
     for joined in joining:
-        indices = []
-        for output in rebased(joined[0], inputs, index_of, own):
-            if output not in body:
+        outputs = rebased(joined[0], inputs, index_of, own)
+        for output in outputs:
+            if output not in position:
+                position[output] = len(body)
                 body.append(output)
-            indices.append(body.index(output))
-        placed.append(indices)
+        placed.append([position[output] for output in outputs])
     body = tuple(body)
 
     def result(index):

@@ -130,7 +130,7 @@ def _float8_gradient_shape(args, dtype):
         raise shape_violation(f"float8_gradient takes a value and at most an amax history, not {len(args)} operands")
     if len(args) == 2 and (args[1].ndim != 1 or args[1].dtype != np.float32):
         raise shape_violation(f"float8_gradient's amax history is a float32 vector, not a "
-                         f"{args[1].dtype.name} array of shape {args[1].shape}")
+                              f"{args[1].dtype.name} array of shape {args[1].shape}")
     return args[0].shape
 
 
