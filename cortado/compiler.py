@@ -308,7 +308,8 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     data-parallel job (``cortado.distributed``): each rank feeds its own shard of the batch, every gradient an
     update reads is averaged over the ranks in buckets, each one all-reduce that runs beside the rest of the
     backward pass, and the state starts as rank 0's; a dict instead of True sets the buckets' byte caps
-    (``{"bucket_bytes": 25 << 20, "first_bucket_bytes": 1 << 20}``, DDP's defaults). ``recompute=False`` keeps
+    (``{"bucket_bytes": 25 << 20, "first_bucket_bytes": 1 << 20}``, DDP's defaults) and the blocks' of the last
+    gradient (``"block_bytes"``, 64 MiB; ``distributed.rewrite``). ``recompute=False`` keeps
     every value the backward pass reads from the forward pass, instead of making again the elementwise ones that
     are cheap to make where that shrinks the arena (``memplan.recompute``: a gelu's output, a layer norm's rows).
     By default the program computes what the expressions say, each result within rounding of the written
@@ -437,7 +438,7 @@ def _data_parallel(signature, engine, caps):
     """The signature with its updates averaging the gradients they read over the ranks, and the buckets."""
     from . import distributed
 
-    known = {"bucket_bytes", "first_bucket_bytes"}
+    known = {"bucket_bytes", "first_bucket_bytes", "block_bytes"}
     if not isinstance(caps, Mapping) or set(caps) - known or not all(isinstance(v, int) and v > 0 for v in caps.values()):
         raise FeedError(f"compile: data_parallel is True, False or a dict of positive byte caps with keys "
                         f"{sorted(known)}, not {caps!r}")

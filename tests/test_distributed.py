@@ -96,13 +96,14 @@ def test_any_bucketing_of_any_mlp_is_the_plain_step_in_a_world_of_one(sizes, bat
 
 def test_over_several_ranks_the_last_gradient_larger_than_a_bucket_is_averaged_in_blocks_of_rows():
     """Over several ranks (``blocks``) the first layer's weight gradient, the last one made, nothing else running
-    beside its all-reduce, is made in blocks of 128 rows (a bucket's bytes at most), each its own bucket, ahead of
-    the gradients ready with it; the updates mean what they meant. Where the blocks would share one bucket, or in a
-    world of one (``compile``'s own choice), it stays one piece."""
+    beside its all-reduce, is made in blocks of 128 rows (``block_bytes`` at most), each its own bucket, ahead of
+    the gradients ready with it; the updates mean what they meant. Where the blocks would share one bucket, where it
+    fits one block (by default 64 MiB, whatever the buckets' caps), or in a world of one (``compile``'s own choice),
+    it stays one piece."""
     loss, inputs, params = mlp(sizes=(300, 200, 5))
     grads = ct.grad(loss, params)
     updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
-    caps = {"bucket_bytes": 128 * 200 * 4, "first_bucket_bytes": 1024}
+    caps = {"bucket_bytes": 128 * 200 * 4, "first_bucket_bytes": 1024, "block_bytes": 128 * 200 * 4}
     rewritten, buckets = distributed.data_parallel(updates, inputs, blocks=True, **caps)
     blocks = [g for b in buckets for g in b.gradients if g.op.name == "matmul" and g.shape[1] == 200]
     assert [g.shape for g in blocks] == [(128, 200), (128, 200), (44, 200)]
@@ -114,9 +115,10 @@ def test_over_several_ranks_the_last_gradient_larger_than_a_bucket_is_averaged_i
     feeds = {**batch_of(inputs), **{p.name: v for p, v in values(params).items()}}
     for ours, plain in zip(ct.evaluate([rewritten[p] for p in params], feeds), ct.evaluate(list(updates.values()), feeds)):
         np.testing.assert_allclose(ours, plain, rtol=1e-6, atol=1e-7)
-    for other in ({**caps, "first_bucket_bytes": 1 << 30}, {"bucket_bytes": 300 * 200 * 4, "first_bucket_bytes": 1024}):
+    for other in ({**caps, "first_bucket_bytes": 1 << 30}, {**caps, "block_bytes": 300 * 200 * 4},
+                  {"bucket_bytes": 128 * 200 * 4, "first_bucket_bytes": 1024}):
         one_piece = [g for b in distributed.data_parallel(updates, inputs, blocks=True, **other)[1] for g in b.gradients]
-        assert grads[0] in one_piece  # the blocks would share one bucket / the gradient fits one
+        assert grads[0] in one_piece  # the blocks would share one bucket / the gradient fits a block (64 MiB here)
     program = ct.compile([loss], inputs=inputs, state=values(params), updates=updates, data_parallel=caps)
     assert grads[0] in [g for b in program.buckets for g in b.gradients]  # a world of one: nothing to overlap
 
@@ -134,7 +136,7 @@ def test_over_several_ranks_each_buckets_gradients_are_made_before_the_next_ones
     grads = ct.grad(loss, params)
     updates = {p: p - 0.1 * g for p, g in zip(params, grads)}
     rewritten, buckets = distributed.data_parallel(updates, inputs, bucket_bytes=256 << 10, first_bucket_bytes=1 << 20,
-                                                   blocks=True)
+                                                   blocks=True, block_bytes=256 << 10)
     signature = replace(compiler._signature([loss], inputs, values(params), rewritten), ranks=2)
     engine = backend_named("numpy")
     kernels = compiler._built(signature, engine, compiler._options(engine, {})).kernels

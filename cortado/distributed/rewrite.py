@@ -16,9 +16,13 @@ exists, beside the rest of the backward pass.
 
 Nothing is left to run beside the buckets of the last gradients, so over several ranks (``blocks``),
 where the last product ``x^T @ dy`` among the gradients (a first layer's weight gradient) is larger
-than a bucket, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``, the most rows a bucket
-holds in whole 128s, 128 at least), each averaged as soon as it exists while the next is computed,
-and the averaged blocks joined again: only the last block's all-reduce waits at the end of the step.
+than ``BLOCK_BYTES``, it is computed in blocks of its rows (each ``x[:, a:b]^T @ dy``, the most rows
+``BLOCK_BYTES`` holds in whole 128s, 128 at least), each averaged as soon as it exists while the
+next is computed, and the averaged blocks joined again: only the last block's all-reduce waits at
+the end of the step. Blocks are larger than buckets: each block's product runs
+beside the all-reduce of the one before, and runs the slower the smaller it is (on four H200s the
+8192-wide MLP's step took 14.74 ms with blocks of 12 MiB, 14.30 with 24, 14.14 with 40, 14.10 with
+64; ``benchmarks/results/h200x4/experiments/``).
 Each element of the gradient sums the same products (in the order the product's kernel chooses). In
 a world of one the averages are copies and nothing runs beside them: blocks would cost without gain.
 """
@@ -36,6 +40,7 @@ from ..rules.engine import substitute
 
 FIRST_BUCKET_BYTES = 1 << 20  # DDP's defaults
 BUCKET_BYTES = 25 << 20
+BLOCK_BYTES = 64 << 20  # the most a block of the last gradient holds
 BLOCK_ROWS = 128  # a block of the last gradient's rows is a multiple of this many (a GEMM's tile of rows)
 
 
@@ -51,9 +56,11 @@ class Bucket:
         return sum(g.size * g.dtype.itemsize for g in self.gradients)
 
 
-def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes=FIRST_BUCKET_BYTES, blocks=False):
+def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes=FIRST_BUCKET_BYTES, blocks=False,
+                  block_bytes=BLOCK_BYTES):
     """``(updates with each gradient they read averaged over the ranks, the buckets)``; with ``blocks``, the last
-    product among the gradients made and averaged in blocks of its rows where that puts them in several buckets.
+    product among the gradients made and averaged in blocks of its rows, at most ``block_bytes`` each, where that
+    puts them in several buckets.
 
     ``updates``: ``{state variable: new value}``; ``inputs``: the fed variables, which hold each rank's
     shard of the batch. A FeedError where no update reads a gradient of the inputs, or where an update
@@ -69,7 +76,7 @@ def data_parallel(updates, inputs, bucket_bytes=BUCKET_BYTES, first_bucket_bytes
                         "returned): there is nothing to average over the ranks")
     depth = _depths(order)
     ready = _by_readiness(found, order, depth)
-    last, parts = _last_product_in_blocks(ready, bucket_bytes) if blocks else (None, [])
+    last, parts = _last_product_in_blocks(ready, block_bytes) if blocks else (None, [])
     buckets = None
     if parts:  # before the gradients ready with it (its bias's, say), which may be made after every block
         at = next(i for i, g in enumerate(ready) if depth[g] >= depth[last])
@@ -129,15 +136,15 @@ def _by_readiness(gradients, order, depth):
     return sorted(gradients, key=lambda g: (depth[g], position[g]))
 
 
-def _last_product_in_blocks(ready, bucket_bytes):
+def _last_product_in_blocks(ready, block_bytes):
     """``(the gradient, its blocks of rows)`` for the last of ``ready`` that is a product ``x^T @ dy`` of more than
-    ``bucket_bytes``: blocks of the most rows a bucket holds in whole ``BLOCK_ROWS`` (``BLOCK_ROWS`` at least), the last the rest;
-    ``(None, ())`` where there is none, or it has too few rows for two blocks."""
+    ``block_bytes``: blocks of the most rows ``block_bytes`` holds in whole ``BLOCK_ROWS`` (``BLOCK_ROWS`` at least),
+    the last the rest; ``(None, ())`` where there is none, or it has too few rows for two blocks."""
     for g in reversed(ready):
         nbytes = g.size * g.dtype.itemsize
-        if g.op is MATMUL and g.ndim == 2 and g.args[0].op is TRANSPOSE and nbytes > bucket_bytes:
+        if g.op is MATMUL and g.ndim == 2 and g.args[0].op is TRANSPOSE and nbytes > block_bytes:
             rows = g.shape[0]
-            per = max(BLOCK_ROWS, bucket_bytes // (nbytes // rows) // BLOCK_ROWS * BLOCK_ROWS)
+            per = max(BLOCK_ROWS, block_bytes // (nbytes // rows) // BLOCK_ROWS * BLOCK_ROWS)
             if per >= rows:
                 return None, ()
             x, dy = g.args[0].args[0], g.args[1]
