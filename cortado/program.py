@@ -117,11 +117,10 @@ class Program:
         return results[0] if self.signature.single else results
 
     def profile(self, *values, **named):
-        """The device time of each kernel of one step on these feeds (given as to a call; GPU programs): a table,
-        slowest first.
+        """The time of each kernel of one step on these feeds (given as to a call): a table, slowest first.
 
-        The step runs eagerly (no CUDA graph) with an event around each kernel; it updates the state as a
-        call does.
+        On the GPU the step runs eagerly (no CUDA graph) with an event around each kernel; on the CPU the host's
+        clock is read around each kernel's calls, made one by one. Either way it updates the state as a call does.
         """
         bound = feed_checks.bind(self._inputs, self._feeds(values, named))
         with self._running:

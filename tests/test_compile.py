@@ -414,7 +414,27 @@ def test_one_large_region_compiles_in_linear_time():
     assert seconds(2000) < 40 * seconds(200) + 0.5  # quadratic would be 100 times
 
 
-def test_profile_is_for_gpu_programs():
-    x = ct.var("x", (3,))
-    with pytest.raises(ct.BackendError, match="profile"):
-        ct.compile(x * 2.0, inputs=[x]).profile(x=np.ones(3, np.float32))
+def test_a_cpu_profile_times_every_kernel_and_steps_as_a_call_does():
+    """On the CPU each kernel's calls are timed one by one (a step makes consecutive C calls as one): every kernel
+    that runs has its line, the step's state moves on as a call moves it, and a failing value fails as in a call."""
+    x, w, count = ct.var("x", (64, 32)), ct.var("w", (32, 16)), ct.var("count", ())
+    h = ct.relu(x @ w)
+    loss = ct.sum(ct.gelu(h) * h)
+    step = ct.compile([loss], inputs=[x], state={w: np.ones((32, 16), np.float32), count: np.float32(0)},
+                      updates={w: w - 0.01 * ct.grad(loss, w), count: count + 1.0})
+    twin = ct.compile([loss], inputs=[x], state={w: np.ones((32, 16), np.float32), count: np.float32(0)},
+                      updates={w: w - 0.01 * ct.grad(loss, w), count: count + 1.0})
+    feed = np.random.default_rng(0).standard_normal((64, 32)).astype(np.float32)
+    table = step.profile(x=feed)
+    lines = table.splitlines()
+    assert lines[0].startswith(f"{len(lines) - 1} kernels, ") and "ms in all" in lines[0]
+    labels = [line.split("%", 1)[1].strip() for line in lines[1:]]
+    assert any(label.startswith("k") and ".matmul (64, 16)" in label for label in labels)
+    assert any(".fused " in label for label in labels)
+    twin(x=feed)
+    assert step.state["count"] == 1.0
+    np.testing.assert_array_equal(step.state["w"], twin.state["w"])  # the same step as a call
+    i = ct.var("i", (2,), "int32")
+    gathered = ct.compile(ct.take(x, i, axis=0), inputs=[x, i])
+    with pytest.raises(ct.IndexRangeError):
+        gathered.profile(x=feed, i=np.array([0, 64], np.int32))

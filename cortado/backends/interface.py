@@ -9,7 +9,6 @@ nothing special does: no lowering, no options, feeds copied into the arena, outp
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from ..errors import BackendError
 from ..rules.engine import bottom_up
 from ..rules.fusion import KernelShapes
 
@@ -108,5 +107,5 @@ class Executor:
         return 0
 
     def profile(self, feeds):
-        """``[(kernel label, milliseconds)]`` for one step on ``feeds``: backends with device timers."""
-        raise BackendError("profile: this backend has no device timers; it runs on the CPU")
+        """``[(kernel label, milliseconds)]`` for one step on ``feeds``, which updates the state as ``run`` does."""
+        raise NotImplementedError

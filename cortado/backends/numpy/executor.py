@@ -7,6 +7,7 @@ in, runs the calls, copies the outputs out and writes the updates.
 """
 
 import contextlib
+import time
 
 import numpy as np
 
@@ -105,7 +106,7 @@ class Executor(interface.Executor):
         self.feeds = {}
         arrays = {v: self.state[v] for v in signature.state}
         arrays.update({value: self.state[var] for value, var in sinks.items()})
-        self.calls, self.call_kernel = [], []
+        self.calls, self.call_kernel, self.labels = [], [], []
         self.native = native.Batch() if native.toolchain() else None
         numpy_blas = False
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
@@ -125,8 +126,11 @@ class Executor(interface.Executor):
             numpy_blas |= em.numpy_blas
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
+            self.labels += [f"k{i}.{kernel.term.op.name} {kernel.term.shape}"] * len(em.calls)
+        self.kernel_calls, self.kernel_of_call = self.calls, self.call_kernel  # each kernel's calls apart (``profile``)
         if self.native is not None:  # regions on one thread where NumPy's BLAS runs: its idle threads spin on the other cores
             self.calls, firsts = self.native.bind(self.calls, parted=not numpy_blas)
+            self.kernel_calls = self.native.unmerged(self.kernel_calls)
             self.call_kernel = [self.call_kernel[i] for i in firsts]  # a merged run of C calls raises nothing
         # OpenBLAS's threads held to one while the step's own threads compute (``blas.one_thread``), where every
         # product is C's, checked to give NumPy's bits on one thread: NumPy's own may give others there
@@ -189,19 +193,37 @@ class Executor(interface.Executor):
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: array}``); returns copies of the outputs."""
+        return self._step(feeds, self.calls, self.call_kernel, lambda call, done: call())
+
+    def profile(self, feeds):
+        """``[(kernel label, milliseconds)]`` for one step on ``feeds``, which updates the state as ``run`` does: the
+        host's clock around each kernel's calls, made one by one (a step makes consecutive calls of C as one)."""
+        kernels = dict.fromkeys(self.labels, 0.0)
+
+        def timed(call, done):
+            start = time.perf_counter()
+            call()
+            kernels[self.labels[done]] += (time.perf_counter() - start) * 1e3
+
+        self._step(feeds, self.kernel_calls, self.kernel_of_call, timed)
+        return list(kernels.items())
+
+    def _step(self, feeds, calls, call_kernel, make):
+        """Run ``calls`` (``call_kernel[k]``: the kernel call ``k`` belongs to) on checked ``feeds``, each through
+        ``make(call, its index)``; write the updates; return copies of the outputs."""
         for name, value in feeds.items():  # a feed of the program's own state must be its value before the call
             self.feeds[name] = value.copy() if np.may_share_memory(value, self.state_block) else value
         done = 0
         try:
             with _Quiet(), self.threads:
-                for call in self.calls:
-                    call()
+                for call in calls:
+                    make(call, done)
                     done += 1
         except (ArithmeticError, ValueError) as error:
-            term = self.call_kernel[done].term
+            term = call_kernel[done].term
             raise BackendError(f"{term!r}, built at {term.where_built}, failed on these values: {error}") from None
         except IndexRangeError as error:  # only gathers raise it
-            raise gathering.out_of_range(self.call_kernel[done].term, error) from None
+            raise gathering.out_of_range(call_kernel[done].term, error) from None
         finally:
             self.feeds.clear()  # the caller's arrays are not kept
         results = [np.array(out) for out in self.outputs]
