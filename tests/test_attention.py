@@ -197,17 +197,56 @@ def _reference_step(dtype, tq, d, feeds, step, causal=True):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float64"])
-def test_the_cpu_step_equals_the_reference_and_stores_no_score_matrix(dtype):
+@pytest.mark.parametrize("blocks", [1, 3])
+def test_the_cpu_step_equals_the_reference_and_keeps_scores_only_of_one_block(dtype, blocks, monkeypatch):
+    """Queries of one block keep the forward's probabilities (``lead + (Tq, Tk)``, at most a block's scores) for the
+    gradient, in float32 and float64 (bfloat16 computes in float32: nothing kept); in blocks, no score matrix is
+    stored. The same values either way: the gradient's probabilities are made as the forward makes them."""
+    from cortado.exprgraph import attending
+
     if dtype == "bfloat16" and BFLOAT16 is None:
         pytest.skip("ml_dtypes is not installed")
+    if blocks > 1:
+        monkeypatch.setattr(attending, "BLOCK_ELEMENTS", 16 * 48 * 4)  # 16 queries a block of 4 heads
     step, feeds = _training_step(dtype, 48, 8, "numpy")
     names = [k.term.op.name for k in step.kernels]
-    assert names.count("attention") == 1 and names.count("attention_grad") == 1
-    assert not [t for k in step.kernels for t in k.terms if t.ndim == 4 and t.shape[-2:] == (48, 48)]
+    kept = blocks == 1 and dtype != "bfloat16"
+    forward, gradient = ("attention_keeping", "attention_grad_given") if kept else ("attention", "attention_grad")
+    assert names.count(forward) == 1 and names.count(gradient) == 1
+    scores = [t for k in step.kernels for t in k.terms if t.ndim == 4 and t.shape[-2:] == (48, 48)]
+    assert len(scores) == kept
     tolerance = 2e-2 if dtype == "bfloat16" else 1e-5
     for got, want in zip(step(**feeds), _reference_step(dtype, 48, 8, feeds, step)):
         np.testing.assert_allclose(np.asarray(got, np.float64), np.asarray(want, np.float64), rtol=tolerance,
                                    atol=tolerance)
+
+
+@pytest.mark.parametrize("native", ["1", "0"])
+def test_a_gradient_from_kept_probabilities_has_the_bits_of_one_that_makes_them_again(native, monkeypatch):
+    """The kept probabilities are the very values the gradient would make: the gradients have the reference's bits
+    (its attention makes them again), from the C and from NumPy's calls (``CORTADO_NATIVE=0``), NaNs and infinities
+    included."""
+    from cortado.backends.numpy import native as native_code
+
+    monkeypatch.setenv("CORTADO_NATIVE", native)
+    native_code.toolchain.cache_clear()
+    try:
+        q, k, v = _operands((2, 3), 12, 12, 8, 8, "float32")
+        out = _where_after_scaling(q, k, v, 0.35)
+        dout = ct.var("dout", out.shape)
+        grads = ct.grad(ct.sum(out * dout), [q, k, v])
+        feeds = _feeds(np.random.default_rng(1), q, k, v, dout)
+        feeds["v"][0, 1, 4, 2] = np.inf
+        feeds["q"][1, 0, 3, 1] = np.nan
+        program = ct.compile([out, *grads], inputs=[q, k, v, dout])
+        assert (program._executor.native is None) == (native == "0")
+        assert {"attention_keeping", "attention_grad_given"} <= {k.term.op.name for k in program.kernels}
+        ours, reference = program(**feeds), ct.evaluate([out, *grads], feeds)
+        for got, want in zip(ours[1:], reference[1:]):
+            np.testing.assert_array_equal(got.view(np.uint8), want.view(np.uint8))
+        np.testing.assert_allclose(ours[0], reference[0], rtol=1e-6, atol=1e-6)  # the written form, rounded otherwise
+    finally:
+        native_code.toolchain.cache_clear()
 
 
 def _host(value):

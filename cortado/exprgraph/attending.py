@@ -5,7 +5,9 @@ the plain expressions (``0 * inf`` is NaN there too), whatever the blocks; each 
 ``softmax`` shifts (``numerics.shifted``: not where the max is infinite), so a row holding ``+inf`` is NaN where the
 plain expressions make it NaN and 0 at its masked keys, as they do. The gradient recomputes each block's
 probabilities (as flash attention's backward pass does) and takes a row's ``sum(dP * P)`` from them, not from the
-forward's stored result, so it is as exact as the plain expressions' gradient.
+forward's stored result, so it is as exact as the plain expressions' gradient. Where the queries are one block, the
+forward's probabilities may be kept instead (``attention_keeping``) and read by the gradient
+(``attention_grad_given``): they are the very values it would make again.
 
 The ``_into`` forms write into given arrays and take their scratch as flat arrays of the computing dtype, sized by
 ``scratch_sizes``; they compute in the dtype of their outputs.
@@ -90,13 +92,23 @@ def attention_into(out, q, k, v, scale, causal, scores, shifts=None):
         np.matmul(p, v, out=out[..., start:stop, :])
 
 
-def attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial, shifts=None):
+def one_block(q, k):
+    """Whether every query is in the first block: the scores' block is then all of the probabilities."""
+    return block_rows(q, k) >= q.shape[-2]
+
+
+def attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial, shifts=None,
+                        given=False):
+    """``given``: ``scores`` holds the probabilities already (the forward's, of one block), not scratch."""
     dq[...], dk[...], dv[...] = 0, 0, 0
     if k.shape[-2] == 0:
         return
     lead, keys = q.shape[:-2], k.shape[-2]
     for start, stop in blocks(q, k):
-        p = _probabilities(scores, q, k, scale, causal, start, stop, shifts)
+        if given:
+            p = block_scores(scores, q, k, start, stop)
+        else:
+            p = _probabilities(scores, q, k, scale, causal, start, stop, shifts)
         g, rows = dout[..., start:stop, :], q[..., start:stop, :]
         part = _carved(partial, lead + (keys, v.shape[-1]))
         np.matmul(np.swapaxes(p, -1, -2), g, out=part)
@@ -120,6 +132,24 @@ def attention(q, k, v, scale, causal):
     out = np.empty(q.shape[:-1] + v.shape[-1:], np.result_type(q, k, v))
     attention_into(out, q, k, v, scale, causal, _scratch(q, k, v, out.dtype)[0])
     return out
+
+
+def attention_keeping(q, k, v, scale, causal, result):
+    """``attention``'s output (``result`` 0) or its probabilities, ``lead + (Tq, Tk)`` (1), of one block of queries."""
+    out = np.empty(q.shape[:-1] + v.shape[-1:], np.result_type(q, k, v))
+    probabilities = np.zeros(q.shape[:-1] + k.shape[-2:], out.dtype)
+    attention_into(out, q, k, v, scale, causal, probabilities.reshape(-1))
+    return (out, probabilities)[result]
+
+
+def attention_grad_given(q, k, v, probabilities, dout, scale, causal, result):
+    """``attention_grad`` from the forward's ``probabilities`` (``attention_keeping``), not made again."""
+    dtype = np.result_type(q, k, v, dout)
+    grads = [np.empty(x.shape, dtype) for x in (q, k, v)]
+    scratch = _scratch(q, k, v, dtype)
+    attention_grad_into(*grads, q, k, v, dout, scale, causal, np.ascontiguousarray(probabilities, dtype).reshape(-1),
+                        *scratch[1:], given=True)
+    return grads[result]
 
 
 def attention_grad(q, k, v, out, dout, scale, causal, result):

@@ -3,30 +3,20 @@
 Transposes and broadcasts are views and cost nothing; a reshape is a view where the layout
 allows one. A fused region of elementwise arithmetic is one C loop nest (``csource``, ``native``);
 any other runs its body op by op through a small workspace (``fused``). NumPy's matmul is the GEMM;
-the one lowering is an einsum of two floating operands as transposes and reshapes around one matmul
-(``rules.decompositions.einsums_as_matmuls``): ``np.einsum`` contracts without BLAS.
+the lowering (``lowering``) makes an einsum of two floating operands one matmul, and an attention of few queries
+keep its probabilities for its gradient.
 """
 
-from ...rules.decompositions import einsums_as_matmuls
-from ...rules.engine import Postwalk
 from ..interface import Backend
 from . import layout
 from .executor import Executor
-
-
-class EinsumsAsMatmuls:
-    """The CPU's lowering: ``einsums_as_matmuls`` over the whole graph."""
-
-    rules = Postwalk(einsums_as_matmuls)
-
-    def run(self, roots, trace=None, variant=None):
-        return self.rules.run(list(roots), trace)
+from .lowering import Lowering
 
 
 class NumpyBackend(Backend):
     name = "numpy"
     alignment = 64
-    lowering = EinsumsAsMatmuls()
+    lowering = Lowering()
 
     def steps(self, kernels, options):
         return layout.steps(kernels, options)

@@ -193,7 +193,8 @@ class _Writer:
         ones = f"{self.c}* ones = ({self.c}*)p[{len(arrays) + 3}] + {math.prod(self.q.shape[:-2]) * 2 * self.rows}L"
         name, source = csource.in_parts(kind, f"{{\n{header}{body}}}\n", self.parts,
                                         f"  {ones};\n  for (long j = 0; j < {self.keys}L; ++j) ones[j] = 1;\n")
-        return self.shifts, (name, source, [blas.gemm(self.q.dtype)[0], self.gemv[0], exp[0], exp[1], *arrays])
+        gemv = self.gemv[0] if self.gemv else 0  # none where the probabilities are given, not made
+        return self.shifts, (name, source, [blas.gemm(self.q.dtype)[0], gemv, exp[0], exp[1], *arrays])
 
 
 def _distinct(first, second):
@@ -249,9 +250,10 @@ def forward(out, q, k, v, scale, causal, scores, extra):
     return writer.function("attention", header, writer.heads(body, {"s": rows * keys}), [q, k, v, out, scores, extra])
 
 
-def backward(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial, extra):
+def backward(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial, extra, given=False):
     """``(definitions, piece)`` of ``attending.attention_grad_into(dq, dk, dv, q, k, v, dout, scale, causal, scores,
-    adjoints, partial)`` in C (``extra``: ``extra_size`` more elements of scratch); None where it stays NumPy's."""
+    adjoints, partial, given=given)`` in C (``extra``: ``extra_size`` more elements of scratch); None where it stays
+    NumPy's. ``given``: ``scores`` holds the forward's probabilities, read as they are."""
     arrays = [dq, dk, dv, q, k, v, dout, scores, adjoints, partial, extra]
     if not _usable(arrays, q, k):
         return None
@@ -267,7 +269,7 @@ def backward(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial
             s, ds = scores[:n * keys].reshape(n, keys), adjoints[:n * keys].reshape(n, keys)
             part_v, part_k = partial[:keys * v.shape[-1]].reshape(keys, -1), partial[:keys * q.shape[-1]].reshape(keys, -1)
             g, qh, kh, vh, dqh = _head(dout)[start:stop], _head(q)[start:stop], _head(k), _head(v), _head(dq)[start:stop]
-            body += writer.probabilities(start, stop, scores)
+            body += "" if given else writer.probabilities(start, stop, scores)
             body += writer.product(s.T, g, part_v, ("s", _at("gh", _head(dout), start), "part"))
             body += _accumulate(c, "dvh", _head(dv))
             body += writer.product(g, vh.T, ds, (_at("gh", _head(dout), start), "vh", "ds"))

@@ -35,6 +35,7 @@ from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
 from . import attention, blas, csource, native
+from .lowering import ATTENTION_GRAD_GIVEN, ATTENTION_KEEPING
 
 SCRATCH_ALIGNMENT = 64
 
@@ -480,33 +481,60 @@ def _released(em, arrays):
 
 def _attention(em, attrs, args, out):
     scratch = _attention_scratch(em, *args, out.dtype, 1)
+    _forward_attention(em, attrs, args, out, scratch[0])
+    _released(em, scratch)
+
+
+def _attention_keeping(em, attrs, args, out):
+    """``out``: the output and the probabilities, which the forward leaves where its scores are (one block)."""
+    result, probabilities = out
+    _forward_attention(em, attrs, args, result, probabilities.reshape(-1))
+
+
+def _forward_attention(em, attrs, args, out, scores):
+    """``attending.attention_into``, its block's scores in the flat array ``scores``: C where it can be."""
     extra = em.scratch((attention.extra_size(*args[:2]),), out.dtype)
-    found = attention.forward(out, *args, attrs.scale, attrs.causal, *scratch, extra) if em.native is not None else None
+    found = attention.forward(out, *args, attrs.scale, attrs.causal, scores, extra) if em.native is not None else None
     if found is not None:
         _native_attention(em, found, functools.partial(attending.attention_into, out, *args, attrs.scale, attrs.causal,
-                                                       *scratch))
+                                                       scores))
     else:
-        shifts = _shifts(em, scratch[0], *args[:2], attrs)
-        em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, *scratch, shifts=shifts)
+        shifts = _shifts(em, scores, *args[:2], attrs)
+        em.call(attending.attention_into, out, *args, attrs.scale, attrs.causal, scores, shifts=shifts)
         em.numpy_blas = True
-    _released(em, scratch + [extra])
+    em.release(extra)
 
 
 def _attention_grad(em, attrs, args, out):
     """``out``: the three results, ``(dq, dk, dv)``; the forward's result (``args[3]``) is not read."""
     q, k, v, _, dout = args
-    scratch = _attention_scratch(em, q, k, v, out[0].dtype, 3)
+    _backward_attention(em, attrs, (q, k, v, dout), out, None)
+
+
+def _attention_grad_given(em, attrs, args, out):
+    q, k, v, probabilities, dout = args
+    _backward_attention(em, attrs, (q, k, v, dout), out, probabilities.reshape(-1))
+
+
+def _backward_attention(em, attrs, operands, out, given):
+    """``attending.attention_grad_into`` of ``operands`` (q, k, v, dout) into ``out`` (dq, dk, dv): from the
+    probabilities ``given`` (a flat array, one block), else making them in scratch. C where it can be."""
+    q, k, v, dout = operands
+    sizes = attending.scratch_sizes(q, k, v)
+    made = [em.scratch((n,), out[0].dtype) for n in sizes[given is not None:]]
+    scratch = ([given] if given is not None else []) + made
     extra = em.scratch((attention.extra_size(q, k),), out[0].dtype)
-    found = (attention.backward(*out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, extra)
+    found = (attention.backward(*out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, extra, given=given is not None)
              if em.native is not None else None)
+    numpy_call = functools.partial(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal,
+                                   *scratch, given=given is not None)
     if found is not None:
-        _native_attention(em, found, functools.partial(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale,
-                                                       attrs.causal, *scratch))
+        _native_attention(em, found, numpy_call)
     else:
-        shifts = _shifts(em, scratch[0], q, k, attrs)
-        em.call(attending.attention_grad_into, *out, q, k, v, dout, attrs.scale, attrs.causal, *scratch, shifts=shifts)
+        shifts = None if given is not None else _shifts(em, scratch[0], q, k, attrs)
+        em.call(numpy_call, shifts=shifts)
         em.numpy_blas = True
-    _released(em, scratch + [extra])
+    _released(em, made + [extra])
 
 
 def _native_attention(em, found, numpy_call):
@@ -567,7 +595,7 @@ EMITTERS.update({
     SUM: _sum, MEAN: _mean, MAX: _max, LOGSUMEXP: _logsumexp, SOFTMAX: _softmax, LOG_SOFTMAX: _log_softmax,
     MATMUL: _matmul, EINSUM: _einsum, RESHAPE: _reshape_copy, CONV: _conv, PAD: _pad, OVERLAP_ADD: _overlap_add,
     TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,
-    RANDOM_UNIFORM: _random_uniform,
+    ATTENTION_KEEPING: _attention_keeping, ATTENTION_GRAD_GIVEN: _attention_grad_given, RANDOM_UNIFORM: _random_uniform,
 })
 EMITTERS.update({op: _in_float32(emitter, op.computes_in_float32)
                  for op, emitter in EMITTERS.items() if op.computes_in_float32 is not None})
