@@ -144,16 +144,20 @@ def attention_keeping(q, k, v, scale, causal, result):
 
 def attention_grad_given(q, k, v, probabilities, dout, scale, causal, result):
     """``attention_grad`` from the forward's ``probabilities`` (``attention_keeping``), not made again."""
-    dtype = np.result_type(q, k, v, dout)
-    grads = [np.empty(x.shape, dtype) for x in (q, k, v)]
-    scratch = _scratch(q, k, v, dtype)
-    attention_grad_into(*grads, q, k, v, dout, scale, causal, np.ascontiguousarray(probabilities, dtype).reshape(-1),
-                        *scratch[1:], given=True)
-    return grads[result]
+    return _gradient(q, k, v, dout, scale, causal, result, probabilities)
 
 
 def attention_grad(q, k, v, out, dout, scale, causal, result):
+    return _gradient(q, k, v, dout, scale, causal, result)
+
+
+def _gradient(q, k, v, dout, scale, causal, result, probabilities=None):
+    """dq, dk or dv (``result``): from ``probabilities`` where given, else making them in scratch."""
     dtype = np.result_type(q, k, v, dout)
     grads = [np.empty(x.shape, dtype) for x in (q, k, v)]
-    attention_grad_into(*grads, q, k, v, dout, scale, causal, *_scratch(q, k, v, dtype))
+    scores, adjoints, partial = _scratch(q, k, v, dtype)
+    if probabilities is not None:
+        scores = np.ascontiguousarray(probabilities, dtype).reshape(-1)
+    attention_grad_into(*grads, q, k, v, dout, scale, causal, scores, adjoints, partial,
+                        given=probabilities is not None)
     return grads[result]

@@ -176,7 +176,7 @@ class Batch:
                     for part in parts]
             self.bound[key] = made[0] if len(made) == 1 else functools.partial(_in_turn, tuple(made))
         if library is None:
-            return [self.bound.get(id(call), call) for call in calls], list(range(len(calls)))
+            return self.unmerged(calls), list(range(len(calls)))
         bound, firsts, i = [], [], 0
         while i < len(calls):
             firsts.append(i)
