@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 # Deadlines measure the machine, not correctness; CI machines are small and shared.
@@ -8,3 +9,12 @@ settings.register_profile(
 )
 settings.register_profile("thorough", parent=settings.get_profile("default"), max_examples=1000)
 settings.load_profile(os.environ.get("CORTADO_HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture
+def blas_products(monkeypatch):
+    """Products of matrices on the CPU as NumPy's BLAS computes them (its bits), where the CPU would take cortado's own
+    (``backends.numpy.gemm``), as ``CORTADO_GEMM=blas`` asks: for tests of NumPy's bits through a step's products."""
+    from cortado.backends.numpy import gemm
+
+    monkeypatch.setattr(gemm, "available", lambda: False)

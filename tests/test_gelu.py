@@ -64,6 +64,7 @@ def test_gelu_and_gelu_grad_are_the_tanh_formula_to_rounding(dtype):
             assert (error <= bound).all(), (k, wide[error > bound])
 
 
+@pytest.mark.usefixtures("blas_products")
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_numpy_backend_computes_what_the_reference_does_bit_for_bit(dtype):
     x, w = ct.var("x", (16, 8), dtype), ct.var("w", (8, 8), dtype)

@@ -95,6 +95,7 @@ def _numpys_fused_calls(program):
             if k.term.op.name == "fused" and not isinstance(getattr(call, "func", call), ctypes._CFuncPtr)]
 
 
+@pytest.mark.usefixtures("blas_products")
 def test_convolution_windows_and_their_gradients_taps_are_c_copies_with_numpys_bits(monkeypatch):
     """A convolution's windows copied into columns, and a pooling gradient's windows added back tap by tap
     (overlapping windows too, a stride smaller than the window), are C loop nests: the same bits as NumPy's copies."""
@@ -159,6 +160,7 @@ def test_pads_and_reshapes_no_view_can_be_are_c_copies_with_numpys_bits(monkeypa
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.usefixtures("blas_products")
 def test_a_pad_whose_rows_the_compiler_once_vectorised_wrongly_is_copied_right(monkeypatch):
     """A pad of 2 x 4 images of 3 x 3 by a row above and below, less their last column: a copy of 8 x 3 x 2 doubles,
     which GCC 12's AVX-512 permutes (``-O3 -march=native``) wrote with one element from the wrong row (a
@@ -242,6 +244,7 @@ def test_a_sum_over_leading_axes_is_c_in_numpys_order_and_runs_with_its_region_a
     assert not np.signbit(ours[0][0, :4]).any()  # negative zeros sum to +0: 0.1 * +0 - 0 is +0
 
 
+@pytest.mark.usefixtures("blas_products")
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_products_of_matrices_call_numpys_blas_from_c_with_numpys_bits(dtype, monkeypatch):
     """A product of matrices (either operand transposed) is NumPy's own ?gemm call made from C; a matrix times its

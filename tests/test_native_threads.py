@@ -116,6 +116,7 @@ def test_numpys_own_loops_are_found_and_give_its_bits_in_stretches(ufunc, dtype)
     assert loops.unary(np.add, np.dtype(dtype)) is None  # two operands: not a unary loop
 
 
+@pytest.mark.usefixtures("blas_products")
 @pytest.mark.parametrize("dtype", ["float32", "float64"])
 def test_large_products_run_in_parts_on_the_pools_threads_with_numpys_bits(dtype, threads):
     """Parts of rows (a tall result) and of columns (a wide one), either operand transposed, one a thread and each
@@ -241,6 +242,7 @@ def test_regions_that_do_not_part_cleanly_stay_whole(case, monkeypatch):
     _assert_same_bits(ours, numpy)
 
 
+@pytest.mark.usefixtures("blas_products")
 def test_regions_run_whole_in_a_step_that_runs_numpys_blas(monkeypatch):
     """A matrix times its own transpose is NumPy's (syrk), on OpenBLAS's threads, whose idle threads spin on the second
     core: the step's large regions run on one thread."""
@@ -333,6 +335,7 @@ def test_the_pool_runs_each_part_of_each_call_once(size, monkeypatch):
     assert found == [0]
 
 
+@pytest.mark.usefixtures("blas_products")
 @pytest.mark.parametrize("groups", [1, 2])
 def test_convolutions_products_and_copies_run_in_parts_of_images_with_numpys_bits(groups, monkeypatch, threads):
     """A convolution and its gradients (themselves convolutions), a pooling and the windows' sums: each image's and
@@ -351,6 +354,7 @@ def test_convolutions_products_and_copies_run_in_parts_of_images_with_numpys_bit
     _assert_same_bits(ours, numpy)
 
 
+@pytest.mark.usefixtures("blas_products")
 def test_a_stack_of_fewer_matrices_than_threads_cuts_each_matrix_too(monkeypatch, threads):
     """A convolution of one input channel: its weight gradient is one matrix (16 output channels by 9 taps, a sum over
     every image's pixels), cut into parts of its rows on the pool's threads, with NumPy's bits."""
@@ -362,6 +366,7 @@ def test_a_stack_of_fewer_matrices_than_threads_cuts_each_matrix_too(monkeypatch
     _assert_same_bits(ours, numpy)
 
 
+@pytest.mark.usefixtures("blas_products")
 def test_the_search_for_numpys_blocking_of_a_sum_is_bounded(monkeypatch):
     """128 x 784 x 256 sums in two blocks of 392 on two OpenBLAS threads (on one call, 400 and 384): found among the
     blockings where the search may try them, not where it may try only one call (the product then stays NumPy's)."""

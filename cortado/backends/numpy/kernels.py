@@ -34,7 +34,7 @@ from ...exprgraph.ops import (
 from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
-from . import attention, blas, csource, native
+from . import attention, blas, csource, gemm, native
 from .lowering import ATTENTION_GRAD_GIVEN, ATTENTION_KEEPING
 
 SCRATCH_ALIGNMENT = 64
@@ -297,6 +297,8 @@ def _matmul(em, attrs, args, out):
     rows = _as_rows(a)
     if b.ndim == 2 and a.ndim > 2 and rows is not None and out.flags.c_contiguous:
         a, out = rows, out.reshape(rows.shape[0], out.shape[-1])
+    if _own_product(em, a, b, out, functools.partial(np.matmul, a, b, out=out)):
+        return
     called = blas.product(a, b, out) if em.native is not None else None
     if called is None:
         em.call(np.matmul, a, b, out=out)
@@ -346,12 +348,24 @@ def _conv_product(em, out, weights, columns, groups):
     (``blas.stacked_product``), else NumPy's stacked matmul."""
     numpy_call = functools.partial(windowing.conv_product, out, weights, columns, groups)
     stacks = windowing.conv_stacks(out, weights, columns, groups)
+    if _own_product(em, *stacks, numpy_call):
+        return
     called = blas.stacked_product(*stacks) if em.native is not None else None
     if called is None:
         em.call(numpy_call)
         em.numpy_blas = True
         return
     em.calls.append(em.native.add([called], [numpy_call]))
+
+
+def _own_product(em, a, b, out, numpy_call):
+    """Whether ``a @ b`` into ``out`` was emitted as cortado's own product (``gemm``), where native code is at hand and
+    the CPU has AVX-512."""
+    if em.native is None or not gemm.usable(a, b, out):
+        return False
+    em.native.define(gemm.NAME, gemm.SOURCE)
+    em.calls.append(em.native.add([gemm.product(a, b, out)], [numpy_call]))
+    return True
 
 
 def _pad(em, attrs, args, out):
