@@ -193,7 +193,11 @@ class Executor(interface.Executor):
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: array}``); returns copies of the outputs."""
-        return self._step(feeds, self.calls, self.call_kernel, lambda call, done: call())
+        def step():
+            return self._step(feeds, self.calls, self.call_kernel, lambda call, done: call())
+
+        pacing = self.native.pacing if self.native is not None else None
+        return step() if pacing is None else pacing.run(step)
 
     def profile(self, feeds):
         """``[(kernel label, milliseconds)]`` for one step on ``feeds``, which updates the state as ``run`` does: the
