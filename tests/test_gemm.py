@@ -48,11 +48,12 @@ def _own(*products):
     and called on their own; the last ``out``."""
     made = [gemm.product(*product) for product in products]
     sources = {name: source for name, source, _ in made}  # products of the same shapes and strides: one function
-    library = native.load(native.header() + gemm.SOURCE + "".join(sources.values()))
+    library = native.load(native.header() + "".join(sources.values()))
     for name, _, pointers in made:
         function = getattr(library, name)
         function.argtypes = [ctypes.c_void_p]
-        function((ctypes.c_void_p * len(pointers))(*[x.ctypes.data for x in pointers]))
+        addresses = [x.ctypes.data if isinstance(x, np.ndarray) else x for x in pointers]
+        function((ctypes.c_void_p * len(pointers))(*addresses))
     return products[-1][2]
 
 

@@ -14,6 +14,7 @@ rounding, as every compiled form is. ``CORTADO_GEMM=blas`` keeps NumPy's BLAS (i
 a CPU too.
 """
 
+import ctypes
 import functools
 import hashlib
 import os
@@ -25,7 +26,6 @@ from . import csource, native
 
 C_TYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
 SUFFIX = {np.dtype(np.float32): "f32", np.dtype(np.float64): "f64"}
-NAME = "ct_gemm"  # the library's functions: ct_gemm_f32 and ct_gemm_f64
 # a product is cut into parts of at least this many multiply-adds, one a thread
 PART_SMALLEST = 1 << 19
 
@@ -189,13 +189,23 @@ def available():
                          "'blas' (NumPy's BLAS)")
     if choice == "blas" or platform.machine().lower() not in ("x86_64", "amd64") or not _has_avx512f():
         return False
-    if native.toolchain() is None:
-        return False
+    return native.toolchain() is not None and _library() is not None
+
+
+@functools.cache
+def _library():
+    """``SOURCE``'s library, built once (then found in the disk cache) apart from every program's, whose products call
+    it through the address of ``ct_gemm_*``; None where it does not build."""
     try:
-        native.load(native.header() + SOURCE)  # built once, then found in the disk cache
+        return native.load(SOURCE)
     except (OSError, RuntimeError):
-        return False
-    return True
+        return None
+
+
+def address(dtype):
+    """The address of the product function for ``dtype``: ``void ct_gemm_*(m, n, k, a, a's row step, its term step,
+    b, b's term step, its column step, c, c's row step)``, steps in elements."""
+    return ctypes.cast(getattr(_library(), f"ct_gemm_{SUFFIX[np.dtype(dtype)]}"), ctypes.c_void_p).value
 
 
 def _has_avx512f():
@@ -242,7 +252,7 @@ def product(a, b, out):
     count = native.parts(matrices * m * k * n, PART_SMALLEST)
     cuts = max(1, min(count // matrices, max(m, n) // 2))  # each matrix's parts
     count = min(count, matrices * cuts)
-    c, suffix = C_TYPE[a.dtype], SUFFIX[a.dtype]
+    c, pointers = C_TYPE[a.dtype], [address(a.dtype), a, b, out]
     (ars, acs), (brs, bcs), ldc = _strides(a)[-2:], _strides(b)[-2:], _strides(out)[-2]
     along_rows = m >= n
     length = m if along_rows else n
@@ -258,17 +268,18 @@ def product(a, b, out):
                 offsets[name].append(f"i{d} * {step}L")
     place = {name: " + ".join(found) or "0" for name, found in offsets.items()}
     if along_rows:
-        call = (f"ct_gemm_{suffix}(stop - start, {n}L, {k}L, a + {place['a']} + start * {ars}L, {ars}L, {acs}L, "
+        call = (f"gemm(stop - start, {n}L, {k}L, a + {place['a']} + start * {ars}L, {ars}L, {acs}L, "
                 f"b + {place['b']}, {brs}L, {bcs}L, c + {place['c']} + start * {ldc}L, {ldc}L);")
     else:
-        call = (f"ct_gemm_{suffix}({m}L, stop - start, {k}L, a + {place['a']}, {ars}L, {acs}L, "
+        call = (f"gemm({m}L, stop - start, {k}L, a + {place['a']}, {ars}L, {acs}L, "
                 f"b + {place['b']} + start * {bcs}L, {brs}L, {bcs}L, c + {place['c']} + start, {ldc}L);")
     body += f"    {call}\n  }}\n"
-    before = f"  const {c}* a = (const {c}*)p[0]; const {c}* b = (const {c}*)p[1]; {c}* c = ({c}*)p[2];\n"
+    before = (f"  void (*gemm)(long, long, long, const {c}*, long, long, const {c}*, long, long, {c}*, long) = p[0];\n"
+              f"  const {c}* a = (const {c}*)p[1]; const {c}* b = (const {c}*)p[2]; {c}* c = ({c}*)p[3];\n")
     text = "{\n" + before + body + "}\n"
     if count == 1:
         name = "gemm_own_" + hashlib.sha256(text.encode()).hexdigest()[:16]
-        return name, f"void {name}(void* const* p) {{\n  const long part = 0;\n{text}}}\n", [a, b, out]
+        return name, f"void {name}(void* const* p) {{\n  const long part = 0;\n{text}}}\n", pointers
     name, source = csource.in_parts("gemm_own", text, count)
-    return name, source, [a, b, out]
+    return name, source, pointers
 

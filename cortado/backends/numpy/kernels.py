@@ -363,7 +363,6 @@ def _own_product(em, a, b, out, numpy_call):
     the CPU has AVX-512."""
     if em.native is None or not gemm.usable(a, b, out):
         return False
-    em.native.define(gemm.NAME, gemm.SOURCE)
     em.calls.append(em.native.add([gemm.product(a, b, out)], [numpy_call]))
     return True
 
