@@ -8,7 +8,7 @@
 #     float8, compile: those benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), layer
 #     norm and cross-entropy against torch's (bench_norms_gpu.py), and gelu over values of three ranges (bench_gelu_gpu.py);
-#     cpu: the CPU benchmarks (MLP, CNN and GPT steps against NumPy and torch's CPU eager mode) on this machine's cores;
+#     cpu: the CPU benchmarks (products, MLP, CNN and GPT steps against NumPy and torch's CPU eager mode) on this machine's cores;
 #     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are;
 #     ours: our side alone of the fused, MLP, CNN, GPT and norm benchmarks (no peers: plain CuPy, the copy floor and
 #     torch's norms stay), to hold one tree's figures against another's on one machine)
@@ -69,6 +69,7 @@ if [ "$what" = ours ]; then
 fi
 if [ "$what" = cpu ]; then
     python3 -c "import os; print(os.cpu_count(), 'cores,', len(os.sched_getaffinity(0)), 'usable')" | tee "$out/cpu.txt"
+    python3 benchmarks/bench_gemm_cpu.py --out "$out/gemm_cpu.json" 2>&1 | tee "$out/bench_gemm_cpu.log" || status=1
     python3 benchmarks/bench_step_cpu.py --out "$out/step_cpu.json" 2>&1 | tee "$out/bench_step_cpu.log" || status=1
     python3 benchmarks/bench_cnn_cpu.py --out "$out/cnn_cpu.json" 2>&1 | tee "$out/bench_cnn_cpu.log" || status=1
     python3 benchmarks/bench_gpt_cpu.py --out "$out/gpt_cpu.json" 2>&1 | tee "$out/bench_gpt_cpu.log" || status=1
