@@ -100,6 +100,7 @@ def test_data_parallel_example_trains_in_a_world_of_one_and_says_why_two_ranks_c
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert two.returncode != 0
     assert ("a job of several processes needs CuPy and NCCL" in two.stderr  # a machine without CuPy
+            or "LOCAL_RANK=1, but this node has 1 GPU(s)" in two.stderr  # a machine of one GPU
             or "the numpy backend cannot reduce over them; use backend='cupy'" in two.stderr)
 
 

@@ -204,6 +204,16 @@ def test_algebra_tidies_what_gradients_leave():
     assert folded.op.name == "const" and folded.attrs[0].scalar == 2 and folded.shape == (1024, 1024)
 
 
+def test_a_transposed_product_becomes_the_product_of_transposes_only_where_one_composes_away():
+    """``transpose(a @ b)`` as ``b^T @ a^T`` where an operand is a transpose itself (a weight gradient's ``x^T @ dy``):
+    the new transpose of that operand composes with it; where none is, two transposes would take one's place."""
+    x, dy = ct.var("x", (5, 4)), ct.var("dy", (5, 3))
+    assert simplify(ct.transpose(ct.transpose(x) @ dy)) is ct.transpose(dy) @ x
+    a, b = ct.var("a", (3, 4)), ct.var("b", (4, 2))
+    kept = ct.transpose(a @ b)
+    assert simplify(kept) is kept
+
+
 def test_evaluate_in_float64_takes_float64_feeds_for_float32_variables():
     x = ct.var("x", (2,))
     value = np.array([1 + 1e-12, 2.0])

@@ -38,7 +38,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..exprgraph import constructors as ct
-from ..exprgraph.ops import CONST, MATMUL
+from ..exprgraph.ops import CONST, MATMUL, TRANSPOSE
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
 from .guards import all_of, constants, exact_for_every_input, not_constant, same_type
@@ -185,12 +185,15 @@ def _is_identity_permutation(b):
 def _transposed_product(b):
     """``transpose(a @ b)`` over the last two axes as ``b^T @ a^T``: the same products summed for every element, so a
     product whose operands are stored transposed (a weight gradient, ``x @ W^T``'s) needs no transpose after it.
-    Only for tensors, operands of two or more axes, and a product read nowhere else (else it would be made twice)."""
+    Only for tensors, operands of two or more axes, a product read nowhere else (else it would be made twice), and an
+    operand that is itself a transpose, which the new one composes with: else two transposes would take one's place."""
     product = b["_m"]
     if not isinstance(product, Term) or product.op is not MATMUL or b.shared(product):
         return None
     (x, y), axes = product.args, _permutation(b["_p"])
     if axes is None or min(x.ndim, y.ndim) < 2 or axes != _last_two_swapped(len(axes)):
+        return None
+    if not any(isinstance(a, Term) and a.op is TRANSPOSE for a in (x, y)):
         return None
     return ct.matmul(ct.transpose(y, _last_two_swapped(y.ndim)), ct.transpose(x, _last_two_swapped(x.ndim)))
 
