@@ -1,12 +1,13 @@
-"""The CPU's own products of matrices (backends/numpy/gemm.py) against NumPy's matmul, one core each.
+"""The CPU's own products of matrices (backends/numpy/gemm.py) against NumPy's BLAS, one core each.
 
-    python benchmarks/bench_gemm_cpu.py [--repeats 5] [--out benchmarks/results/gemm_cpu.json]
+    python benchmarks/bench_gemm_cpu.py [--isa avx2] [--repeats 5] [--out benchmarks/results/gemm_cpu.json]
 
 float32 products at the shapes the CPU benchmarks' steps make (the MLP's layers, the GPT example's, the CNN
 example's convolutions an image at a time), each called from a C loop as a step calls it: ours through the address
 of its C function, NumPy's BLAS through the ``cblas_sgemm`` NumPy's matmul calls, with OpenBLAS held to one thread.
-Each time is the median of ``repeats`` loops of calls of about 4 ms each. On a CPU without AVX-512 there are no
-own products to time, and the benchmark says so.
+Each time is the median of ``repeats`` loops of calls of about 4 ms each. ``--isa`` times the tiles of another of
+the CPU's vector extensions than the widest (``avx2`` on a CPU with AVX-512). On a CPU without AVX2 and FMA there are
+no own products to time, and the benchmark says so.
 """
 
 import ctypes
@@ -68,12 +69,12 @@ def _median_seconds(loop, function, arrays, m, k, n, repeats):
     return statistics.median(seconds)
 
 
-def measure(name, loops, repeats):
+def measure(name, loops, own, repeats):
     m, k, n = SHAPES[name]
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32)
     ours, numpys = np.empty((m, n), np.float32), np.empty((m, n), np.float32)
-    own = _median_seconds(loops.own_loop, gemm.address(np.float32), (a, b, ours), m, k, n, repeats)
+    own = _median_seconds(loops.own_loop, own, (a, b, ours), m, k, n, repeats)
     with blas.one_thread():
         numpy = _median_seconds(loops.blas_loop, blas.gemm(np.float32)[0], (a, b, numpys), m, k, n, repeats)
     np.testing.assert_allclose(ours, a @ b, rtol=1e-3, atol=1e-3 * np.sqrt(k))
@@ -96,19 +97,27 @@ def openblas_core():
 
 
 def main():
+    if "--isa" in sys.argv:  # reporting's command line takes --repeats and --out
+        at = sys.argv.index("--isa")
+        isa = sys.argv[at + 1]
+        del sys.argv[at:at + 2]
+    else:
+        isa = gemm.isa()
     args = command_line(__doc__, "gemm_cpu.json", repeats=5)
     core = openblas_core()
-    print(f"OpenBLAS's kernels here: {core}")
+    print(f"OpenBLAS's kernels here: {core}; ours: {isa}")
     if not gemm.available():
-        print("this CPU has no AVX-512 (or no C compiler): products are NumPy's BLAS, nothing of ours to time")
+        print("this CPU has no AVX2 and FMA (or no C compiler): products are NumPy's BLAS, nothing of ours to time")
         write_results({"benchmark": "gemm_cpu", "machine": describe(), "openblas_core": core, "rows": []}, args.out)
         return
     loops = _loops()
-    rows = measured_rows(list(SHAPES), lambda name: measure(name, loops, args.repeats), [
+    own = ctypes.cast(native.load(gemm.source(isa)).ct_gemm_f32, ctypes.c_void_p).value
+    rows = measured_rows(list(SHAPES), lambda name: measure(name, loops, own, args.repeats), [
         ("shape", "shape", "30s"), ("m x k x n", "mkn", "16s"), ("cortado us", "cortado_us", "11.1f"),
         ("numpy us", "numpy_us", "9.1f"), ("cortado GFLOP/s", "cortado_gflops", "16.0f"),
         ("numpy GFLOP/s", "numpy_gflops", "14.0f"), ("speedup", "speedup", "8.2f")])
-    write_results({"benchmark": "gemm_cpu", "machine": describe(), "openblas_core": core, "rows": rows}, args.out)
+    write_results({"benchmark": "gemm_cpu", "machine": describe(), "openblas_core": core, "isa": isa, "rows": rows},
+                  args.out)
 
 
 if __name__ == "__main__":

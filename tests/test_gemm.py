@@ -1,6 +1,7 @@
-"""The CPU's own products of matrices (``backends.numpy.gemm``, where the CPU has AVX-512): each element the sum of its
-terms in blocks fixed by their number alone, each block one chain of fused multiply-adds, held bit for bit to a
-scalar loop of ``fma`` at every shape, operand layout, stack and number of threads; and a step's products run so."""
+"""The CPU's own products of matrices (``backends.numpy.gemm``, where the CPU has AVX2 and FMA): each element the sum of
+its terms in blocks fixed by their number alone, each block one chain of fused multiply-adds, held bit for bit to a
+scalar loop of ``fma`` at every shape, operand layout, stack, number of threads and width of vectors; and a step's
+products run so."""
 
 import ctypes
 
@@ -10,7 +11,7 @@ import pytest
 import cortado as ct
 from cortado.backends.numpy import gemm, native
 
-pytestmark = pytest.mark.skipif(not gemm.available(), reason="the CPU's own products need x86-64 with AVX-512F")
+pytestmark = pytest.mark.skipif(not gemm.available(), reason="the CPU's own products need x86-64 with AVX2 and FMA")
 
 MODEL = r"""#include <math.h>
 #define MODEL(T, S, FMA) \
@@ -133,6 +134,26 @@ def test_a_steps_products_are_the_cpus_own_with_the_scalar_chains_bits():
     dh = (2 * ours).astype(np.float32)
     np.testing.assert_array_equal(dx, _model(dh, feeds["w"].T))
     np.testing.assert_array_equal(dw, _model(feeds["x"].T, dh))
+
+
+@pytest.mark.parametrize("isa", ["avx2", "avx512"])
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_every_cpus_products_give_the_same_bits(isa, dtype):
+    """AVX2's tiles (6 rows, vectors of 8 floats) and AVX-512's (8 rows, 16 floats): the same chains of fused
+    multiply-adds, so the same bits, packed or read in place, one vector wide or two."""
+    if isa == "avx512" and gemm.isa() != "avx512":
+        pytest.skip("this CPU has no AVX-512")
+    function = getattr(native.load(gemm.source(isa)), f"ct_gemm_{gemm.SUFFIX[np.dtype(dtype)]}")
+    rng = np.random.default_rng(4)
+    for m, k, n in [(13, 300, 33), (7, 40, 5), (30, 300, 300), (3, 600, 70)]:
+        for transposed in (False, True):
+            a, b = _operand(rng, (m, k), False, dtype), _operand(rng, (k, n), transposed, dtype)
+            out = np.full((m, n), np.nan, dtype)
+            steps = [x // a.itemsize for x in (*a.strides, *b.strides)]
+            function(*(ctypes.c_long(v) for v in (m, n, k)), ctypes.c_void_p(a.ctypes.data),
+                     *(ctypes.c_long(v) for v in steps[:2]), ctypes.c_void_p(b.ctypes.data),
+                     *(ctypes.c_long(v) for v in steps[2:]), ctypes.c_void_p(out.ctypes.data), ctypes.c_long(n))
+            np.testing.assert_array_equal(out, _model(a, b))
 
 
 def test_cortado_gemm_chooses_and_is_checked(monkeypatch):
