@@ -9,8 +9,8 @@ optimizer included, one program.
                            [--checkpoint run.safetensors [--resume]] [--plot loss.png]
 
 It shows the training's progress (the loss of the last steps, as a progress bar where tqdm is installed), the loss
-on held-out text at the end, and text sampled from the trained model. The defaults train in 11 to 13 s on two CPU
-cores (7 to 8 ms a step; longer in a busy machine's slow spells) to a held-out loss of 1.96; ``--backend cupy``
+on held-out text at the end, and text sampled from the trained model. The defaults train in 6 to 10 s on two CPU
+cores (4 to 5 ms a step; longer in a busy machine's slow spells) to a held-out loss of 1.96; ``--backend cupy``
 compiles the same step for the GPU.
 ``--dtype float8`` computes in bfloat16 with every linear layer's product in float8 (``nn.Linear(...,
 float8=True)``: delayed power-of-two scales, gradients rounded to e5m2), on the GPU's float8 tensor cores.
