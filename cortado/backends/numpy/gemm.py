@@ -100,16 +100,29 @@ TEMPLATE = r"""#include <immintrin.h>
 #define CT_UNROLL _Pragma("GCC unroll @ROWS@")
 #define CT_TARGET __attribute__((target("@TARGET@")))
 @OPS@
-/* c[:rows, :cols] (rows ldc apart) = packed a (kc x CT_MR) times packed b (kc x NR), NR a whole number of vectors of
-   VL lanes: each element's terms one chain of fused multiply-adds from 0, added to c's value unless first */
-#define CT_TILE(T, S, NR, VL) \
-CT_TARGET static void ct_tile_##S##_##NR(long kc, const T* pa, const T* pb, T* c, long ldc, int first, int rows, \
-                                         int cols) { \
+/* a tile's start: the masks of its columns (cols of NR, in vectors of VL lanes) and its accumulators at 0 */
+#define CT_TILE_START(S, NR, VL) \
   CT_MASK_##S mask[NR / VL]; \
   for (int v = 0; v < NR / VL; ++v) mask[v] = CT_MASK_OF_##S(cols - v * VL); \
   CT_VEC_##S acc[CT_MR][NR / VL]; \
   CT_UNROLL for (int r = 0; r < CT_MR; ++r) \
-    for (int v = 0; v < NR / VL; ++v) acc[r][v] = CT_ZERO_##S(); \
+    for (int v = 0; v < NR / VL; ++v) acc[r][v] = CT_ZERO_##S();
+
+/* its end: c[:rows, :cols] (rows ldc apart) = the accumulators, added to c's values unless first */
+#define CT_TILE_END(T, S, NR, VL) \
+  CT_UNROLL for (int r = 0; r < CT_MR; ++r) \
+    if (r < rows) \
+      for (int v = 0; v < NR / VL; ++v) { \
+        T* at = c + r * ldc + v * VL; \
+        if (!first) acc[r][v] = CT_ADD_##S(CT_LOAD_MASKED_##S(mask[v], at), acc[r][v]); \
+        CT_STORE_MASKED_##S(at, mask[v], acc[r][v]); \
+      }
+
+/* a tile of packed a (kc x CT_MR) times packed b (kc x NR): each element's terms one chain of fused multiply-adds */
+#define CT_TILE(T, S, NR, VL) \
+CT_TARGET static void ct_tile_##S##_##NR(long kc, const T* pa, const T* pb, T* c, long ldc, int first, int rows, \
+                                         int cols) { \
+  CT_TILE_START(S, NR, VL) \
   for (long p = 0; p < kc; ++p) { \
     CT_VEC_##S b[NR / VL]; \
     for (int v = 0; v < NR / VL; ++v) b[v] = CT_LOAD_##S(pb + v * VL); \
@@ -119,13 +132,7 @@ CT_TARGET static void ct_tile_##S##_##NR(long kc, const T* pa, const T* pb, T* c
     } \
     pa += CT_MR; pb += NR; \
   } \
-  CT_UNROLL for (int r = 0; r < CT_MR; ++r) \
-    if (r < rows) \
-      for (int v = 0; v < NR / VL; ++v) { \
-        T* at = c + r * ldc + v * VL; \
-        if (!first) acc[r][v] = CT_ADD_##S(CT_LOAD_MASKED_##S(mask[v], at), acc[r][v]); \
-        CT_STORE_MASKED_##S(at, mask[v], acc[r][v]); \
-      } \
+  CT_TILE_END(T, S, NR, VL) \
 }
 
 /* the same, a read where it lies (its rows ars apart, its terms acs; rows past the last read as the first and left
@@ -133,13 +140,9 @@ CT_TARGET static void ct_tile_##S##_##NR(long kc, const T* pa, const T* pb, T* c
 #define CT_TILE_DIRECT(T, S, NR, VL) \
 CT_TARGET static void ct_direct_tile_##S##_##NR(long kc, const T* a, long ars, long acs, const T* b, long brs, T* c, \
                                                 long ldc, int first, int rows, int cols) { \
-  CT_MASK_##S mask[NR / VL]; \
-  for (int v = 0; v < NR / VL; ++v) mask[v] = CT_MASK_OF_##S(cols - v * VL); \
+  CT_TILE_START(S, NR, VL) \
   const T* row[CT_MR]; \
   for (int r = 0; r < CT_MR; ++r) row[r] = a + (r < rows ? r : 0) * ars; \
-  CT_VEC_##S acc[CT_MR][NR / VL]; \
-  CT_UNROLL for (int r = 0; r < CT_MR; ++r) \
-    for (int v = 0; v < NR / VL; ++v) acc[r][v] = CT_ZERO_##S(); \
   for (long p = 0; p < kc; ++p) { \
     CT_VEC_##S bv[NR / VL]; \
     for (int v = 0; v < NR / VL; ++v) bv[v] = CT_LOAD_MASKED_##S(mask[v], b + p * brs + v * VL); \
@@ -148,13 +151,7 @@ CT_TARGET static void ct_direct_tile_##S##_##NR(long kc, const T* a, long ars, l
       for (int v = 0; v < NR / VL; ++v) acc[r][v] = CT_FMA_##S(av, bv[v], acc[r][v]); \
     } \
   } \
-  CT_UNROLL for (int r = 0; r < CT_MR; ++r) \
-    if (r < rows) \
-      for (int v = 0; v < NR / VL; ++v) { \
-        T* at = c + r * ldc + v * VL; \
-        if (!first) acc[r][v] = CT_ADD_##S(CT_LOAD_MASKED_##S(mask[v], at), acc[r][v]); \
-        CT_STORE_MASKED_##S(at, mask[v], acc[r][v]); \
-      } \
+  CT_TILE_END(T, S, NR, VL) \
 }
 
 /* c (m x n, rows ldc apart, columns adjacent) = a (m x k) times b (k x n), any element strides: a's rows packed in
