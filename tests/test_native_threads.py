@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cortado as ct
-from cortado.backends.numpy import attention, blas, loops, native
+from cortado.backends.numpy import attention, blas, gemm, loops, native
 from cortado.exprgraph import attending, constructors
 
 pytestmark = pytest.mark.skipif(native.toolchain() is None or blas.gemm("float32") is None,
@@ -49,6 +49,7 @@ def _attention_functions(program):
     return sorted(name.rsplit("_", 1)[0] for name in program._executor.native.names if name.startswith("attention"))
 
 
+@pytest.mark.usefixtures("blas_products")
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("q_shape,k_shape,dtype", [((16, 4, 64, 16), (16, 4, 64, 16), "float32"),
                                                    ((1, 5, 16, 4), (1, 5, 16, 4), "float32"),
@@ -91,6 +92,7 @@ def _c_attention_gives_numpys_bits(q_shape, k_shape, dtype, causal, same=False):
     return len(_c_attention(q_shape, k_shape, dtype, causal, same)) == 2
 
 
+@pytest.mark.usefixtures("blas_products")
 @pytest.mark.parametrize("q_shape,same", [((2, 2, 1, 8), False),  # one query: NumPy's vector products
                                           ((2, 3, 7, 4), False),  # heads' row sums of other bits than all rows'
                                           ((2, 3, 16, 8), True)])  # q @ q^T: NumPy's syrk
@@ -107,6 +109,26 @@ def test_attention_stays_numpys_where_c_would_not_give_its_bits(q_shape, same):
         assert not isinstance(program._executor.threads, blas.one_thread)  # NumPy's products keep OpenBLAS's threads
     for ours, numpy in zip(program(**feeds), ct.evaluate(outputs, feeds)):
         np.testing.assert_array_equal(ours, numpy)
+
+
+@pytest.mark.skipif(not gemm.available(), reason="the CPU's own products need x86-64 with AVX2 and FMA")
+@pytest.mark.parametrize("q_shape,same", [((16, 4, 64, 16), False), ((2, 3, 7, 4), False), ((2, 3, 16, 8), True)])
+def test_attention_with_the_cpus_own_products_is_c_whatever_their_layout_and_the_same_bits_on_any_threads(
+        q_shape, same, monkeypatch):
+    """Each head's products the CPU's own (``gemm``): C for every head, ``q @ q^T`` too, within rounding of the
+    reference, and the same bits on one thread and on three."""
+    k_shape = q_shape[:-2] + (q_shape[-2], q_shape[-1])
+    results = []
+    for count in (1, 3):
+        monkeypatch.setattr(native, "threads", lambda count=count: count)
+        program, outputs, feeds = _attention_program(q_shape, k_shape, "float32", True, same)
+        assert _attention_functions(program) == ["attention", "attention_grad"]
+        results.append(program(**feeds))
+    for ours, other, reference in zip(*results, ct.evaluate(outputs, feeds)):
+        np.testing.assert_array_equal(ours.view(np.uint8), other.view(np.uint8))
+        np.testing.assert_array_equal(np.isnan(ours), np.isnan(reference))
+        finite = np.isfinite(reference)
+        np.testing.assert_allclose(ours[finite], reference[finite], rtol=1e-5, atol=1e-5 * np.abs(reference[finite]).max())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -1,15 +1,17 @@
 """Attention and its gradient as one C function a call: ``attending``'s blockwise computation one head (one element of
 the lead axes) at a time instead of all heads at once, so that a head's scores stay in cache from the product that
-makes them to the products that read them, with ``attending``'s bits.
+makes them to the products that read them.
 
 ``attending`` multiplies a block's stacks of matrices with one ``np.matmul``, which makes one BLAS call a head; here
-each head makes the same call (``blas.call``) from C. A block's exponentials are NumPy's own loop (``loops.unary``)
-on the head's scores. Its row sums (the scores times a column of ones: one ``?gemv`` over all heads' rows) are the
-same ``?gemv`` on the head's rows, checked to give the same sums at the call's shape (``rows_summed_per_head``); the
-gradient's ``einsum`` of each row of ``dP * P`` is NumPy's einsum loop written out (``_einsum_model``), checked
-against ``np.einsum`` at the call's shape (``einsum_rows_agree``). Every other step is elementwise, in C, in the same
-order of operations. Where a check fails, NumPy would take another path (a product of one row, column or term; a
-matrix times its own transpose) or the sequence needs many blocks, the attention stays ``attending``'s.
+each head's product is the CPU's own (``gemm.call``) where it has them, its bits otherwise than NumPy's in rounding
+only, else the same BLAS call from C (``blas.call``), with ``attending``'s bits. A block's exponentials are NumPy's own
+loop (``loops.unary``) on the head's scores. Its row sums (the scores times a column of ones: one ``?gemv`` over all
+heads' rows) are the same ``?gemv`` on the head's rows, checked to give the same sums at the call's shape
+(``rows_summed_per_head``); the gradient's ``einsum`` of each row of ``dP * P`` is NumPy's einsum loop written out
+(``_einsum_model``), checked against ``np.einsum`` at the call's shape (``einsum_rows_agree``). Every other step is
+elementwise, in C, in the same order of operations. Where a check fails, NumPy's BLAS would take another path (a
+product of one row, column or term; a matrix times its own transpose) or the sequence needs many blocks, the
+attention stays ``attending``'s.
 """
 
 import contextlib
@@ -20,7 +22,7 @@ import math
 import numpy as np
 
 from ...exprgraph import attending
-from . import blas, csource, loops, native
+from . import blas, csource, gemm, loops, native
 
 MAX_BLOCKS = 8  # blocks of queries written out in one function; a longer sequence stays NumPy's
 COL_MAJOR = 102  # CBLAS's enumeration: NumPy's gemv passes a row-major matrix as the transpose of a column-major one
@@ -130,11 +132,13 @@ class _Writer:
         self.shifts = []
         self.gemv = None
         self.parts = min(native.threads(), math.prod(q.shape[:-2]))  # the heads' parts, one a thread
+        self.own = gemm.available()  # the heads' products the CPU's own, else NumPy's BLAS calls
 
     def product(self, a, b, out, pointers):
-        """``blas.call`` of one head's ``a @ b`` into ``out`` (2-D matrices of its shapes and strides), at the C
-        pointers ``pointers``; a ValueError where NumPy would not call ``?gemm``."""
-        found = blas.call(a, b, out, "p[0]", pointers)
+        """One head's ``a @ b`` into ``out`` (2-D matrices of its shapes and strides), at the C pointers ``pointers``:
+        the CPU's own product (``gemm.call``) where it has them, else ``blas.call``; a ValueError where NumPy would not
+        call ``?gemm``."""
+        found = (gemm.call if self.own else blas.call)(a, b, out, "p[0]", pointers)
         if found is None:
             raise ValueError("not a gemm")
         return "  " + found
@@ -144,7 +148,7 @@ class _Writer:
         rows, keys, c = stop - start, self.keys, self.c
         lead = self.q.shape[:-2]
         gemv = rows_summed_per_head(self.q.dtype, lead, rows, keys)
-        if gemv is None or not _distinct(self.q[..., start:stop, :], self.k):
+        if gemv is None or not (self.own or _distinct(self.q[..., start:stop, :], self.k)):
             raise ValueError("not NumPy's calls")
         self.gemv = gemv
         q, s = _head(self.q), scratch[:rows * keys].reshape(rows, keys)
@@ -194,7 +198,8 @@ class _Writer:
         name, source = csource.in_parts(kind, f"{{\n{header}{body}}}\n", self.parts,
                                         f"  {ones};\n  for (long j = 0; j < {self.keys}L; ++j) ones[j] = 1;\n")
         gemv = self.gemv[0] if self.gemv else 0  # none where the probabilities are given, not made
-        return self.shifts, (name, source, [blas.gemm(self.q.dtype)[0], gemv, exp[0], exp[1], *arrays])
+        product = gemm.address(self.q.dtype) if self.own else blas.gemm(self.q.dtype)[0]
+        return self.shifts, (name, source, [product, gemv, exp[0], exp[1], *arrays])
 
 
 def _distinct(first, second):
@@ -264,7 +269,8 @@ def backward(dq, dk, dv, q, k, v, dout, scale, causal, scores, adjoints, partial
     try:
         for start, stop in attending.blocks(q, k):
             n = stop - start
-            if not einsum_rows_agree(q.dtype, q.shape[:-2] + (n, keys)) or not _distinct(dout[..., start:stop, :], v):
+            if not einsum_rows_agree(q.dtype, q.shape[:-2] + (n, keys)) or not (
+                    writer.own or _distinct(dout[..., start:stop, :], v)):
                 return None
             s, ds = scores[:n * keys].reshape(n, keys), adjoints[:n * keys].reshape(n, keys)
             part_v, part_k = partial[:keys * v.shape[-1]].reshape(keys, -1), partial[:keys * q.shape[-1]].reshape(keys, -1)

@@ -301,6 +301,23 @@ def usable(a, b, out):
             and _matrices(a, b, out) is not None)
 
 
+def call(a, b, out, function, pointers):
+    """The C statement of ``a @ b`` into ``out`` (2-D matrices, each of another place with these shapes and strides) as
+    one call of the product function at the C pointer ``function``, the matrices' first elements at the C pointers
+    ``pointers``; None where ``usable`` would say no."""
+    found = _matrices(a, b, out)
+    if not usable(a, b, out) or found is None:
+        return None
+    if found[2] is not out:  # a result stored by columns: the transposed product, its operands swapped
+        pointers = (pointers[1], pointers[0], pointers[2])
+    (a, b, out), c = found, C_TYPE[a.dtype]
+    (m, k), n = a.shape, b.shape[1]
+    (ars, acs), (brs, bcs), ldc = _strides(a), _strides(b), _strides(out)[0]
+    signature = f"void (*)(long, long, long, const {c}*, long, long, const {c}*, long, long, {c}*, long)"
+    return (f"(({signature})({function}))({m}L, {n}L, {k}L, (const {c}*)({pointers[0]}), {ars}L, {acs}L, "
+            f"(const {c}*)({pointers[1]}), {brs}L, {bcs}L, ({c}*)({pointers[2]}), {ldc}L);\n")
+
+
 def product(a, b, out):
     """``(name, C source, pointers)`` of ``np.matmul(a, b, out=out)`` (``a``, ``b`` broadcast against ``out``'s lead
     axes, if any) as ``ct_gemm`` calls on the pool's threads: the matrices in parts, each matrix cut into parts of its
