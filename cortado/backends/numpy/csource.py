@@ -243,9 +243,12 @@ def _pairwise(row):
 
 def _blocks(shape, axes):
     """``(outer, kept, inner)``: the elements of the reduced axes before the kept ones, of the kept ones, and of the
-    reduced axes after them, where the kept axes are one run; None where they are not."""
+    reduced axes after them, where the kept axes are one run (none: a sum of every element, one run of them all);
+    None where they are not."""
     kept = [a for a in range(len(shape)) if a not in axes]
-    if not kept or kept != list(range(kept[0], kept[-1] + 1)):
+    if not kept:
+        return 1, 1, math.prod(shape)
+    if kept != list(range(kept[0], kept[-1] + 1)):
         return None
     return math.prod(shape[:kept[0]]), math.prod(shape[kept[0]:kept[-1] + 1]), math.prod(shape[kept[-1] + 1:])
 
@@ -254,7 +257,8 @@ def _blocks(shape, axes):
 def numpy_sums_pairwise(dtype):
     """Whether this NumPy's ``np.add.reduce`` of a C-ordered value over all but a run of its axes adds, for each kept
     element, the pairwise sums (``_pairwise``) of its run of elements after the kept axes to 0, one after another
-    along the axes before them; checked bit for bit on runs of lengths around the pairwise block sizes."""
+    along the axes before them, and over all its axes the pairwise sum of all its elements to 0; checked bit for bit
+    on runs of lengths around the pairwise block sizes."""
     rng = np.random.default_rng(0)
     for inner in (1, 5, 8, 13, 64, 127, 128, 129, 200, 300, 1000):
         x = (rng.standard_normal((3, 2, inner)) * 10.0 ** rng.uniform(-3, 3, (3, 2, inner))).astype(dtype)
@@ -266,6 +270,8 @@ def numpy_sums_pairwise(dtype):
                     found = found + _pairwise(outer[a, k])
                 if found != total:
                     return False
+        if np.add.reduce(x, axis=(0, 1, 2)) != x.dtype.type(0) + _pairwise(x.reshape(-1)):  # every element: one run
+            return False
     return True
 
 

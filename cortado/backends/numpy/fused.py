@@ -182,7 +182,7 @@ def _native(em, outputs, args, outs, batch=None):
     NumPy's order; a sum or mean over all but a run of the axes of a value stored in C order is C's, in NumPy's order
     too), the values passed between them in workspace scratch, where that makes fewer passes over memory than NumPy's
     calls op by op; None where C cannot compute it, it would not pay, or the plan's workspace cannot hold the
-    scratch. A stage's loop nests go largest first: a smaller one may write an output over an operand that a larger
+    scratch (``_pays``). A stage's loop nests go largest first: a smaller one may write an output over an operand that a larger
     one reads broadcast, never the other way round. Where a ``batch`` is given, a large region runs in parts on the
     pool's threads (``_in_parts``)."""
     order = post_order(outputs)
@@ -198,6 +198,7 @@ def _native(em, outputs, args, outs, batch=None):
     kept = {t for t in order if _numpy_op(t)}  # values kept in scratch between loop nests
     kept |= {a for t in kept for a in t.args if a.op is not PARAM}
     kept |= {a for t in order if not _numpy_op(t) for a in t.args if stage[a] < stage[t] and a.op not in (PARAM, CONST)}
+    kept -= set(_written_directly(order, stage, _Arrays(sources, {}, targets)))  # those kept in their outputs
     need = sum(aligned(t.size * t.dtype.itemsize, SCRATCH_ALIGNMENT) for t in kept)
     if em.workspace is not None and em.top + need > len(em.workspace):
         return None
@@ -206,10 +207,17 @@ def _native(em, outputs, args, outs, batch=None):
     pieces = _pieces(order, stage, arrays)
     for array in arrays.scratch.values():
         em.release(array)
-    if pieces is not None and len(pieces) < _numpy_passes(outputs, args, outs):
+    if pieces is not None and _pays(pieces, _numpy_passes(outputs, args, outs)):
         return _in_parts(batch, pieces, order, stage, arrays)
     em.rewind(mark)
     return None
+
+
+def _pays(pieces, passes):
+    """Whether ``pieces`` beat NumPy's ``passes`` op by op: fewer passes over memory, or as many, every one C, which a
+    step calls with its neighbours from C at once rather than each from Python (a small layer's ``tanh(x @ W + b)``:
+    its add a loop nest and its tanh NumPy's own loop, called from C)."""
+    return len(pieces) < passes or (len(pieces) == passes and not any(callable(piece) for piece in pieces))
 
 
 @dataclass(frozen=True)
@@ -244,14 +252,16 @@ def _pieces(order, stage, arrays):
     (``_op_pieces``), then its loop nests, into the scratch of the values kept and, at the last stage, into the
     outputs; None where C does not compute a loop nest."""
     pieces, known, scratch, last = [], dict(arrays.sources), arrays.scratch, max(stage.values())
+    direct = _written_directly(order, stage, arrays)
     for s in range(last + 1):
         for t in order:
             if stage[t] == s and _numpy_op(t):
-                pieces += _op_pieces(t, [known[a] for a in t.args], scratch[t])
-                known[t] = scratch[t]
+                into = direct[t] if t in direct else scratch[t]
+                pieces += _op_pieces(t, [known[a] for a in t.args], into)
+                known[t] = into
         targets = [(t, scratch[t]) for t in order if stage[t] == s and t in scratch and t not in known]
         if s == last:
-            targets += list(arrays.outs)
+            targets += [(t, a) for t, a in arrays.outs if direct.get(t) is not a]
         for shape in sorted({a.shape for _, a in targets}, key=math.prod, reverse=True):
             found = csource.loop_nest([(t, a) for t, a in targets if a.shape == shape], known, shape)
             if found is None:
@@ -259,6 +269,20 @@ def _pieces(order, stage, arrays):
             pieces.append(found)
         known.update({t: a for t, a in targets if t not in known})
     return pieces
+
+
+def _written_directly(order, stage, arrays):
+    """``{term: output array}``: the outputs that a NumPy op of the region (a transcendental, a reduction) writes
+    straight into rather than into scratch a loop nest then copies, where every operand sharing the output's memory is
+    read only at earlier stages (a stage's NumPy ops run before its loop nests)."""
+    direct = {}
+    for t, out in arrays.outs:
+        if not _numpy_op(t) or t in direct:
+            continue
+        shared = {p for p, a in arrays.sources.items() if np.may_share_memory(out, a)}
+        if all(stage[r] < stage[t] for r in order if shared.intersection(r.args)):
+            direct[t] = out
+    return direct
 
 
 def _op_pieces(t, arrays, out):

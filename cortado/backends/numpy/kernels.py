@@ -27,14 +27,14 @@ from ...exprgraph.term import make
 from ...exprgraph.dtypes import as_strided, finfo, is_float, is_float8, kind_of
 from ...exprgraph.ops import random
 from ...exprgraph.ops import (
-    ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
-    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, FLOAT8_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS, UFUNCS, RANDOM_UNIFORM,
-    WHERE, parameter, ufunc_loop,
+    ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, DIVIDE, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
+    OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUBTRACT, FLOAT8_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS,
+    UFUNCS, RANDOM_UNIFORM, WHERE, parameter, ufunc_loop,
 )
 from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
-from . import attention, blas, csource, gemm, native
+from . import attention, blas, csource, gemm, loops, native
 from .lowering import ATTENTION_GRAD_GIVEN, ATTENTION_KEEPING
 
 SCRATCH_ALIGNMENT = 64
@@ -108,9 +108,11 @@ def _floating(em, x):
     return converted, True
 
 
-def _ufunc(ufunc):
+def _ufunc(op):
+    """An elementwise op alone (not in a fused region): a C loop nest where native code is at hand (``_strided``), so
+    a step makes it with its neighbours in one call from Python; NumPy's ufunc elsewhere."""
     def emit(em, attrs, args, out):
-        em.call(ufunc, *args, out=out)
+        _strided(em, [(op, out, list(args))])
 
     return emit
 
@@ -250,9 +252,25 @@ def _shifted(em, x, axes, out_dtype, into):
 
 def _log_total(em, shifted, axes, total, exponentials):
     """``total = log(sum(exp(shifted)))`` over ``axes``, the exponentials written into ``exponentials``."""
-    em.call(np.exp, shifted, out=exponentials)
-    em.call(np.add.reduce, exponentials, axis=axes, keepdims=True, out=total)
-    em.call(np.log, total, out=total)
+    _unary(em, np.exp, shifted, exponentials)
+    _sum_kept(em, exponentials, axes, total)
+    _unary(em, np.log, total, total)
+
+
+def _unary(em, ufunc, x, out):
+    """``ufunc(x, out=out)``: NumPy's own loop called from C where native code is at hand (``loops.piece``), so a step
+    makes it with its neighbours in one call from Python; NumPy's call elsewhere."""
+    found = loops.piece(ufunc, x, out) if em.native is not None else None
+    numpy_call = functools.partial(ufunc, x, out=out)
+    em.calls.append(numpy_call if found is None else em.native.add([found], [numpy_call]))
+
+
+def _sum_kept(em, x, axes, out):
+    """``out = sum(x)`` over ``axes``, kept as axes of one element: in NumPy's order from C where native code is at
+    hand and ``csource.reduction`` takes it; NumPy's call elsewhere."""
+    numpy_call = functools.partial(np.add.reduce, x, axis=axes, keepdims=True, out=out)
+    found = csource.reduction(SUM, axes, x, out) if em.native is not None else None
+    em.calls.append(numpy_call if found is None else em.native.add([found], [numpy_call]))
 
 
 def _logsumexp(em, attrs, args, out):
@@ -262,7 +280,7 @@ def _logsumexp(em, attrs, args, out):
     peak = _shifted(em, x, axes, out.dtype, shifted)
     total = out.reshape(peak.shape)
     _log_total(em, shifted, axes, total, shifted)
-    em.call(np.add, total, peak, out=total)
+    _strided(em, [(ADD, total, [total, peak])])
     for array in (shifted, peak) + ((x,) if converted else ()):
         em.release(array)
 
@@ -271,9 +289,9 @@ def _softmax(em, attrs, args, out):
     axes = attrs.axes
     x, converted = _floating(em, args[0])
     peak = _shifted(em, x, axes, out.dtype, out)
-    em.call(np.exp, out, out=out)
-    em.call(np.add.reduce, out, axis=axes, keepdims=True, out=peak)
-    em.call(np.true_divide, out, peak, out=out)
+    _unary(em, np.exp, out, out)
+    _sum_kept(em, out, axes, peak)
+    _strided(em, [(DIVIDE, out, [out, peak])])
     for array in (peak,) + ((x,) if converted else ()):
         em.release(array)
 
@@ -284,7 +302,7 @@ def _log_softmax(em, attrs, args, out):
     peak = _shifted(em, x, axes, out.dtype, out)
     exponentials = em.scratch(x.shape, out.dtype)
     _log_total(em, out, axes, peak, exponentials)
-    em.call(np.subtract, out, peak, out=out)
+    _strided(em, [(SUBTRACT, out, [out, peak])])
     for array in (exponentials, peak) + ((x,) if converted else ()):
         em.release(array)
 
@@ -601,7 +619,7 @@ def _in_float32(emitter, narrow):
     return emit
 
 
-EMITTERS = {op: _ufunc(ufunc) for op, ufunc in UFUNCS.items()}
+EMITTERS = {op: _ufunc(op) for op in UFUNCS}
 EMITTERS.update({
     RELU: _relu, WHERE: _where, CAST: _cast,
     STOP_GRADIENT: _cast, FLOAT8_GRADIENT: _cast,  # (identities: simplify takes them out before this)
