@@ -250,22 +250,23 @@ def test_an_update_in_place_runs_in_parts_each_reading_an_element_before_writing
     np.testing.assert_array_equal(step.state["w"], 1 - np.float32(0.01) * m1 / (np.sqrt(m1 * m1) + np.float32(1e-8)))
 
 
-def test_steps_try_their_parts_on_the_pool_and_alone_and_keep_the_faster_with_the_same_bits(threads):
-    """``native.Pacing``: after the first steps, steps alternate between the pool and the caller alone, timed, then keep
-    the faster; every step's results are the same bits."""
+def test_steps_try_their_parts_on_more_and_fewer_threads_and_keep_the_fastest_with_the_same_bits(threads):
+    """``native.Pacing``: after the first steps, steps try the caller alone and with 1, 3, ... and all workers, timed,
+    then keep the fastest; every step's results are the same bits."""
     x = ct.var("x", (64, 1024))
     program = ct.compile([ct.tanh(x) * x + 1], inputs=[x])
     pacing = program._executor.native.pacing
     assert _part_counts(program, "parts") == [threads] and pacing is not None
+    assert pacing.ways == {2: [0, 1], 3: [0, 1, 2], 5: [0, 1, 3, 4]}[threads]
     feed = np.random.default_rng(0).standard_normal((64, 1024)).astype(np.float32)
     first = program(x=feed)[0]
-    ways = []
-    for _ in range(pacing.WARM + pacing.TRIALS + 2):
+    trials = pacing.ROUNDS * len(pacing.ways)
+    helpers = []
+    for _ in range(pacing.WARM + trials + 2):
         np.testing.assert_array_equal(program(x=feed)[0], first)
-        ways.append(pacing.alone.value)
-    trials = ways[pacing.WARM - 1:pacing.WARM - 1 + pacing.TRIALS]
-    assert trials == [0, 1] * (pacing.TRIALS // 2) and all(pacing.seconds)
-    assert ways[-1] == ways[-2] == int(pacing.seconds[1] < pacing.seconds[0])
+        helpers.append(pacing.helpers.value)
+    assert helpers[pacing.WARM - 1:pacing.WARM - 1 + trials] == pacing.ways * pacing.ROUNDS and all(pacing.seconds)
+    assert helpers[-1] == helpers[-2] == pacing.ways[pacing.seconds.index(min(pacing.seconds))]
 
 
 @pytest.mark.parametrize("case", ["small", "kept_broadcast", "sum_over_first_axis", "no_loop"])

@@ -81,7 +81,7 @@ class Batch:
         self.sources, self.names, self.stand_ins, self.bound = [], set(), {}, {}
         self.kept = []  # the pointer arrays of C parts called by a sequence, which holds only their addresses
         self.pooled = False  # whether the bound library's calls run parts on the pool's threads (``ct_in_parts``)
-        self.pacing = None  # where they do, whether they run there or all on the caller (``Pacing``)
+        self.pacing = None  # where they do, on how many of its threads (``Pacing``)
         self.parted = True  # whether the regions ``split`` offers run so (``bind``)
 
     def add(self, pieces, numpy_calls):
@@ -169,7 +169,7 @@ class Batch:
             _notice(f"their C did not build ({str(error)[:300]})")
             library = None
         self.pooled = library is not None and any("ct_in_parts(" in source for source in self.sources)
-        self.pacing = Pacing(library) if self.pooled else None
+        self.pacing = Pacing(library, threads()) if self.pooled else None
         for key, (_, choices, numpy_calls) in self.stand_ins.items():
             parts = choices[self.parted]
             if library is None:
@@ -208,33 +208,38 @@ class Batch:
 
 
 class Pacing:
-    """Whether a step's parts run on the pool's threads or all on the caller: after the first ``WARM`` steps, ``TRIALS``
-    steps alternate between the two, timed whole, and the faster way is kept (tried again every ``RETRY`` steps).
-    Which thread computes a part changes none of its bits. Two cores of one host may share data slowly: on the 2-core
-    machine of the CPU benchmarks the CNN example's step took 0.95 ms on the caller alone, and 1.47 ms or 0.81 ms on
-    two threads, from one process to the next."""
+    """How many of the pool's threads a step's parts run on: after the first ``WARM`` steps, ``ROUNDS`` rounds of
+    steps try each of the caller alone, the caller and 1, 3, 7, ... workers and the caller and all of them, each step
+    timed whole, and the fastest is kept (tried again every ``RETRY`` steps). Which thread computes a part changes none
+    of its bits. Cores may share data slowly, and a small step's parts may take more handing over than computing: on
+    the 2-core machine of the CPU benchmarks the CNN example's step took 0.95 ms on the caller alone and, from one
+    process to the next, 1.47 ms or 0.81 ms on two threads, a part run by the worker taking up to twice the caller's
+    time for it."""
 
-    WARM, TRIALS, RETRY = 2, 8, 1000
+    WARM, ROUNDS, RETRY = 2, 2, 1000
 
-    def __init__(self, library):
-        self.alone = ctypes.c_int.in_dll(library, "ct_alone")
-        self.steps, self.seconds = 0, [0.0, 0.0]  # the trials' time on the pool, and alone
+    def __init__(self, library, count):
+        self.helpers = ctypes.c_int.in_dll(library, "ct_helpers")
+        self.ways = sorted({0, count - 1} | {2 ** k - 1 for k in range(1, count.bit_length()) if 2 ** k < count})
+        self.steps, self.seconds = 0, [0.0] * len(self.ways)  # each way's trials' time
 
     def run(self, step):
-        """``step()``, on the pool or alone as chosen so far."""
+        """``step()``, on as many threads as chosen so far."""
+        trials = self.ROUNDS * len(self.ways)
         phase, self.steps = self.steps % self.RETRY, self.steps + 1
-        if not self.WARM <= phase < self.WARM + self.TRIALS:
-            if phase == self.WARM + self.TRIALS:
-                self.alone.value = int(self.seconds[1] < self.seconds[0])
+        if not self.WARM <= phase < self.WARM + trials:
+            if phase == self.WARM + trials:
+                self.helpers.value = self.ways[self.seconds.index(min(self.seconds))]
             return step()
         if phase == self.WARM:
-            self.seconds = [0.0, 0.0]
-        self.alone.value = phase % 2
+            self.seconds = [0.0] * len(self.ways)
+        way = (phase - self.WARM) % len(self.ways)
+        self.helpers.value = self.ways[way]
         start = time.perf_counter()
         try:
             return step()
         finally:
-            self.seconds[phase % 2] += time.perf_counter() - start
+            self.seconds[way] += time.perf_counter() - start
 
 
 class Split(NamedTuple):
@@ -290,7 +295,7 @@ POOL = r"""#include <pthread.h>
 typedef void (*ct_part)(void* const* p, long part);
 static struct {  /* ``next``: the call's ticket (its low 32 bits), then its number of parts and its next part (16 each) */
   pthread_mutex_t lock; pthread_cond_t wake; ct_part part; void* const* p;
-  unsigned long posted, next; long done; int sleeping, busy; pid_t pid;
+  unsigned long posted, next; long done; int sleeping, busy, started; pid_t pid;
 } ct_pool = {PTHREAD_MUTEX_INITIALIZER, PTHREAD_COND_INITIALIZER};
 static double ct_now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + 1e-9 * t.tv_nsec; }
 static void ct_take_parts(unsigned long ticket) {  /* run parts of call ``ticket`` until none is left to claim */
@@ -302,8 +307,10 @@ static void ct_take_parts(unsigned long ticket) {  /* run parts of call ``ticket
     __atomic_add_fetch(&ct_pool.done, 1, __ATOMIC_RELEASE);
   }
 }
+int ct_helpers = 1 << 30;  /* how many workers take parts (``Pacing``); 0: every part on the caller */
 static void* ct_worker(void* first) {
   unsigned long seen = (unsigned long)first;
+  const int index = __atomic_add_fetch(&ct_pool.started, 1, __ATOMIC_RELAXED);  /* 1 to CT_THREADS - 1 */
   for (;;) {
     const double until = ct_now() + CT_SPIN;
     while (__atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE) == seen && ct_now() < until) { CT_PAUSE(); sched_yield(); }
@@ -313,7 +320,7 @@ static void* ct_worker(void* first) {
     --ct_pool.sleeping;
     pthread_mutex_unlock(&ct_pool.lock);
     seen = __atomic_load_n(&ct_pool.posted, __ATOMIC_ACQUIRE);
-    ct_take_parts(seen);
+    if (index <= __atomic_load_n(&ct_helpers, __ATOMIC_RELAXED)) ct_take_parts(seen);
   }
   return 0;
 }
@@ -323,7 +330,7 @@ static int ct_workers_running(void) {
   if (sysconf(_SC_NPROCESSORS_ONLN) < 2 || pthread_attr_init(&attributes)) return 0;
   pthread_attr_setdetachstate(&attributes, PTHREAD_CREATE_DETACHED);
   pthread_mutex_init(&ct_pool.lock, 0); pthread_cond_init(&ct_pool.wake, 0);  /* afresh in a forked child */
-  ct_pool.sleeping = 0;
+  ct_pool.sleeping = 0; ct_pool.started = 0;
   int started = 0;
   for (int k = 1; k < CT_THREADS; ++k) {
     pthread_t thread;
@@ -334,10 +341,9 @@ static int ct_workers_running(void) {
   ct_pool.pid = getpid();
   return 1;
 }
-int ct_alone;  /* every part on the caller (``Pacing``) */
 static void ct_in_parts(ct_part part, void* const* p, long parts) {
   const int held = parts >= 2 && parts <= 0xffff && !__atomic_exchange_n(&ct_pool.busy, 1, __ATOMIC_ACQUIRE);
-  if (!held || ct_alone || !ct_workers_running()) {
+  if (!held || ct_helpers <= 0 || !ct_workers_running()) {
     for (long k = 0; k < parts; ++k) part(p, k);
     if (held) __atomic_store_n(&ct_pool.busy, 0, __ATOMIC_RELEASE);
     return;
