@@ -27,7 +27,7 @@ from ...exprgraph.term import make
 from ...exprgraph.dtypes import as_strided, finfo, is_float, is_float8, kind_of
 from ...exprgraph.ops import random
 from ...exprgraph.ops import (
-    ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, DIVIDE, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MEAN,
+    ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, DIVIDE, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MAXIMUM, MEAN,
     OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUBTRACT, FLOAT8_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS,
     UFUNCS, RANDOM_UNIFORM, WHERE, parameter, ufunc_loop,
 )
@@ -177,20 +177,21 @@ def _max(em, attrs, args, out):
     if not _small_window(x, axes, out):
         em.call(np.maximum.reduce, x, axis=axes, out=out, keepdims=keepdims)
         return
-    _by_slices(em, np.maximum, x, axes, keepdims, out)
+    _by_slices(em, MAXIMUM, x, axes, keepdims, out)
 
 
 def _small_window(x, axes, out):
     return 1 < math.prod(x.shape[a] for a in axes) <= SMALL_WINDOW and out.size >= SMALL_WINDOW
 
 
-def _by_slices(em, ufunc, x, axes, keepdims, out):
-    """``out`` = ``ufunc`` of the slices of ``x`` at each place of the reduced ``axes``, in C order of them."""
+def _by_slices(em, op, x, axes, keepdims, out):
+    """``out`` = ``op`` (``MAXIMUM``, ``ADD``) of the slices of ``x`` at each place of the reduced ``axes``, in C order of
+    them: C loop nests where native code is at hand (``_strided``), else NumPy's calls."""
     places = itertools.product(*(range(x.shape[a]) for a in axes))
     slices = [x[tuple(_place(axis, axes, place, keepdims) for axis in range(x.ndim))] for place in places]
-    em.call(np.copyto, out, slices[0], casting="unsafe")
-    for part in slices[1:]:
-        em.call(ufunc, out, part, out=out)
+    first = functools.partial(np.copyto, out, slices[0], casting="unsafe")
+    _strided(em, [(None, out, [slices[0]]) if slices[0].dtype == out.dtype else first]
+             + [(op, out, [out, part]) for part in slices[1:]])
 
 
 def _exact_window_sum(em, term, args, out):
@@ -201,7 +202,7 @@ def _exact_window_sum(em, term, args, out):
     if summed.op is not CAST or summed.args[0].dtype != np.bool_ or not is_float(term.dtype) \
             or not _small_window(args[0], term.attrs.axes, out):
         return False
-    _by_slices(em, np.add, args[0], term.attrs.axes, term.attrs.keepdims, out)
+    _by_slices(em, ADD, args[0], term.attrs.axes, term.attrs.keepdims, out)
     return True
 
 
@@ -352,7 +353,8 @@ def _conv(em, attrs, args, out):
         xp = em.scratch(x.shape[:2] + spatial, out.dtype)
         _place_into(em, xp, x, (0, 0) + tuple(low for low, _ in padding), (1, 1) + lhs_dilation, 0)
     weights = em.scratch(w.shape, out.dtype)
-    em.call(np.copyto, weights, w, casting="unsafe")
+    _strided(em, [(None, weights, [w]) if w.dtype == weights.dtype else
+                  functools.partial(np.copyto, weights, w, casting="unsafe")])
     columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
     windows = windowing.conv_windows(xp, w.shape, out.shape, attrs.strides, attrs.rhs_dilation, groups)
     _strided(em, [(None, columns.reshape(windows.shape), [windows])])
