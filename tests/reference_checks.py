@@ -66,15 +66,20 @@ def agrees(ours, reference, dtype, normwise=False, magnitude=None):
     return same_nan & (same_inf | near_overflow) & close
 
 
+REORDERED_SPREAD = 8  # a sum in another order is off by up to this many times the reference's own rounding error
+
+
 def assert_computes_what_it_says(terms, feed, results, more_accurate=False, normwise=False, also=None,
-                                 non_finite_alike=False, magnitudes=None):
+                                 non_finite_alike=False, magnitudes=None, reordered=False):
     """Each of ``results`` agrees, element by element, with the reference in the declared dtypes; with
     ``more_accurate``, the float64 reference rounded to them will do too (a stable form, or half precision kept in
     float32 inside a kernel, gives the finite answer where the written form overflows); ``also``: lists of other
     values the results may have instead, element by element; ``non_finite_alike``: a NaN and an infinity agree;
-    ``magnitudes``: per result, the scale each element's rounding error is relative to (``agrees``)."""
+    ``magnitudes``: per result, the scale each element's rounding error is relative to (``agrees``); ``reordered``:
+    sums in another order than the reference's may be as far from float64 as ``REORDERED_SPREAD`` times the
+    reference's own error at each element (large where terms cancel: a product of weights of 2^33 summing to 3e5)."""
     declared = ct.evaluate(terms, feed)
-    exact = ct.evaluate(terms, feed, precision="float64") if more_accurate else declared
+    exact = ct.evaluate(terms, feed, precision="float64") if more_accurate or reordered else declared
     for n, (term, ours, said, precise) in enumerate(zip(terms, results, declared, exact)):
         ours = host(ours)
         assert ours.shape == term.shape and ours.dtype == term.dtype, term
@@ -82,6 +87,11 @@ def assert_computes_what_it_says(terms, feed, results, more_accurate=False, norm
             np.testing.assert_array_equal(ours, said, err_msg=repr(term))
             continue
         scale = None if magnitudes is None else magnitudes[n]
+        if reordered:
+            with np.errstate(all="ignore"):
+                spread = np.abs(np.asarray(said, np.float64) - np.asarray(precise, np.float64))
+            spread = np.where(np.isfinite(spread), spread, 0.0) * REORDERED_SPREAD / RTOL[np.dtype(term.dtype).name]
+            scale = spread if scale is None else np.maximum(scale, spread)
         ok = agrees(ours, said, term.dtype, normwise, scale) | agrees(ours, as_dtype(precise, term.dtype), term.dtype,
                                                                       normwise, scale)
         for values in also or ():
@@ -123,4 +133,5 @@ def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, magnitu
         fused = fuses_products(backend, terms)
         more_accurate = stabilised or (backend == "cupy" and half) or fused
         assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=sums_otherwise(backend, terms),
-                                     also=also, non_finite_alike=non_finite_alike or fused, magnitudes=magnitudes)
+                                     also=also, non_finite_alike=non_finite_alike or fused, magnitudes=magnitudes,
+                                     reordered=fused)

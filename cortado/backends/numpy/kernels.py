@@ -415,7 +415,10 @@ def _strided(em, steps):
     (a copy where ``op`` is None), elementwise. NumPy walks a view whose inner axes are short (a convolution's
     windows, a pooling window's taps) an element at a time; a C loop nest of the same operations in the same order
     gives the same bits several times faster, where native code is at hand (``em.native``), in parts of the first
-    axis on the pool's threads where the steps part cleanly along it (``_parts_of_first_axis``)."""
+    axis on the pool's threads where the steps part cleanly along it (``_parts_of_first_axis``). Sources broadcast
+    against their target as NumPy broadcasts them (a bias of fewer axes, a row's peak), taken at the target's shape."""
+    steps = [step if callable(step) else (step[0], step[1], [np.broadcast_to(a, step[1].shape) for a in step[2]])
+             for step in steps]
     numpy_calls = [_numpy_step(step) for step in steps]
     pieces = _loop_nests(steps) if em.native is not None else None
     if pieces is None or all(callable(piece) for piece in pieces):
