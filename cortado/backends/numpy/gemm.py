@@ -305,17 +305,21 @@ def call(a, b, out, function, pointers):
     """The C statement of ``a @ b`` into ``out`` (2-D matrices, each of another place with these shapes and strides) as
     one call of the product function at the C pointer ``function``, the matrices' first elements at the C pointers
     ``pointers``; None where ``usable`` would say no."""
-    found = _matrices(a, b, out)
-    if not usable(a, b, out) or found is None:
+    if not usable(a, b, out):
         return None
+    found = _matrices(a, b, out)
     if found[2] is not out:  # a result stored by columns: the transposed product, its operands swapped
         pointers = (pointers[1], pointers[0], pointers[2])
     (a, b, out), c = found, C_TYPE[a.dtype]
     (m, k), n = a.shape, b.shape[1]
     (ars, acs), (brs, bcs), ldc = _strides(a), _strides(b), _strides(out)[0]
-    signature = f"void (*)(long, long, long, const {c}*, long, long, const {c}*, long, long, {c}*, long)"
-    return (f"(({signature})({function}))({m}L, {n}L, {k}L, (const {c}*)({pointers[0]}), {ars}L, {acs}L, "
+    return (f"(({_function_type(c, '')})({function}))({m}L, {n}L, {k}L, (const {c}*)({pointers[0]}), {ars}L, {acs}L, "
             f"(const {c}*)({pointers[1]}), {brs}L, {bcs}L, ({c}*)({pointers[2]}), {ldc}L);\n")
+
+
+def _function_type(c, name):
+    """The C type of a pointer to the product function for C type ``c`` (``address``), declaring ``name``."""
+    return f"void (*{name})(long, long, long, const {c}*, long, long, const {c}*, long, long, {c}*, long)"
 
 
 def product(a, b, out):
@@ -346,13 +350,13 @@ def product(a, b, out):
                 offsets[name].append(f"i{d} * {step}L")
     place = {name: " + ".join(found) or "0" for name, found in offsets.items()}
     if along_rows:
-        call = (f"gemm(stop - start, {n}L, {k}L, a + {place['a']} + start * {ars}L, {ars}L, {acs}L, "
+        statement = (f"gemm(stop - start, {n}L, {k}L, a + {place['a']} + start * {ars}L, {ars}L, {acs}L, "
                 f"b + {place['b']}, {brs}L, {bcs}L, c + {place['c']} + start * {ldc}L, {ldc}L);")
     else:
-        call = (f"gemm({m}L, stop - start, {k}L, a + {place['a']}, {ars}L, {acs}L, "
+        statement = (f"gemm({m}L, stop - start, {k}L, a + {place['a']}, {ars}L, {acs}L, "
                 f"b + {place['b']} + start * {bcs}L, {brs}L, {bcs}L, c + {place['c']} + start, {ldc}L);")
-    body += f"    {call}\n  }}\n"
-    before = (f"  void (*gemm)(long, long, long, const {c}*, long, long, const {c}*, long, long, {c}*, long) = p[0];\n"
+    body += f"    {statement}\n  }}\n"
+    before = (f"  {_function_type(c, 'gemm')} = p[0];\n"
               f"  const {c}* a = (const {c}*)p[1]; const {c}* b = (const {c}*)p[2]; {c}* c = ({c}*)p[3];\n")
     text = "{\n" + before + body + "}\n"
     if count == 1:

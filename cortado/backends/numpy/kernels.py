@@ -189,9 +189,7 @@ def _by_slices(em, op, x, axes, keepdims, out):
     them: C loop nests where native code is at hand (``_strided``), else NumPy's calls."""
     places = itertools.product(*(range(x.shape[a]) for a in axes))
     slices = [x[tuple(_place(axis, axes, place, keepdims) for axis in range(x.ndim))] for place in places]
-    first = functools.partial(np.copyto, out, slices[0], casting="unsafe")
-    _strided(em, [(None, out, [slices[0]]) if slices[0].dtype == out.dtype else first]
-             + [(op, out, [out, part]) for part in slices[1:]])
+    _strided(em, [(None, out, [slices[0]])] + [(op, out, [out, part]) for part in slices[1:]])
 
 
 def _exact_window_sum(em, term, args, out):
@@ -353,8 +351,7 @@ def _conv(em, attrs, args, out):
         xp = em.scratch(x.shape[:2] + spatial, out.dtype)
         _place_into(em, xp, x, (0, 0) + tuple(low for low, _ in padding), (1, 1) + lhs_dilation, 0)
     weights = em.scratch(w.shape, out.dtype)
-    _strided(em, [(None, weights, [w]) if w.dtype == weights.dtype else
-                  functools.partial(np.copyto, weights, w, casting="unsafe")])
+    _strided(em, [(None, weights, [w])])
     columns = em.scratch(windowing.conv_columns_shape(x.shape, w.shape, out.shape, groups), out.dtype)
     windows = windowing.conv_windows(xp, w.shape, out.shape, attrs.strides, attrs.rhs_dilation, groups)
     _strided(em, [(None, columns.reshape(windows.shape), [windows])])
