@@ -44,8 +44,9 @@ LEARNING_RATE = 3e-3
 LAST = 50  # the steps whose mean loss is compared
 
 
-def program(size, dtype, backend, data):
-    """The compiled training step of the GPT of ``size`` in ``dtype`` ("bfloat16" or "float8"), from seed 0."""
+def program(size, dtype, backend, data, **options):
+    """The compiled training step of the GPT of ``size`` in ``dtype`` ("bfloat16" or "float8"), from seed 0, with
+    ``ct.compile``'s ``options``."""
     shape = SIZES[size]
     float8 = dtype == "float8"
     model = GPT(len(set(data.tolist())), shape["context"], shape["width"], shape["heads"], None, shape["layers"],
@@ -59,7 +60,7 @@ def program(size, dtype, backend, data):
     updates.update(model.state_updates(loss))
     started = time.perf_counter()
     step = ct.compile([loss], inputs=[tokens, labels], backend=backend, updates=updates,
-                      state={**model.initial_values(0), **state})
+                      state={**model.initial_values(0), **state}, **options)
     return step, time.perf_counter() - started
 
 

@@ -9,6 +9,9 @@ The pipeline, each stage a pass over values that returns new values:
    order that keeps the fewest bytes live (``memplan.memory_order``); asynchronous kernels (an
    all-reduce) as early as they can run, what waits for them last (``memplan.overlapped``), and
    what they read kept live until then (``held``), unless they write their results in its place;
+   so too what the kernels the backend runs beside the others read (an update that only writes
+   state: ``memplan.beside_joins``), where that adds nothing to the most bytes live
+   (``memplan.affordable``);
 4. plan memory: the backend says which kernels are views, what they may do in place and what
    workspace they need; an update that can be computed straight into its state buffer is. Where the
    backend proposes other variants of its lowering for the planned step (the GPU's: bias gradients
@@ -35,7 +38,8 @@ from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variabl
 from .exprgraph.ops import CONST, FUSED, VAR, may_fail
 from .exprgraph.term import Term
 from .memplan.recompute import choices, recomputed
-from .memplan import intervals, joins, memory_order, overlapped, owners, plan_memory, read_through_view, verify
+from .memplan import (affordable, beside_joins, intervals, joins, memory_order, overlapped, owners, plan_memory,
+                      read_through_view, verify)
 from .rules.api import fast_simplifier, simplifier
 from .rules.engine import Rewrite, Trace
 from .rules.fusion import fuse
@@ -258,13 +262,14 @@ def _issue_order(kernels):
     return sorted((i for i, k in enumerate(kernels) if k.term.op.asynchronous), key=lambda i: kernels[i].term.attrs)
 
 
-def _held(kernels, steps):
-    """``{value: step}``: what each asynchronous kernel reads, and the step that waits for it (until then the
-    kernel may still be reading it, beside the steps between; ``len(steps)``: the step's end)."""
+def _held(kernels, steps, beside):
+    """``{value: step}``: what each asynchronous kernel (and each kernel run ``beside`` the others) reads, its workspace,
+    and the step that waits for it (until then the kernel may still be using them, beside the steps between;
+    ``len(steps)``: the step's end)."""
     asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
     held = {}
-    for i, j in joins(steps, asynchronous).items():
-        for value in steps[i].reads:
+    for i, j in {**joins(steps, asynchronous), **beside}.items():
+        for value in (*steps[i].reads, ("workspace", i)):
             held[value] = max(held.get(value, j), j)
     return held
 
@@ -344,6 +349,7 @@ class _Built:
     kernels: list
     steps: list
     sinks: dict
+    beside: dict
     plan: object
     nbytes: dict
     kept: list
@@ -375,10 +381,12 @@ def _planned(roots, signature, engine, options, traces, copies=None):
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
-    plan = plan_memory(steps, nbytes, external, [v for v in live_out if v not in sinks and v not in direct],
-                       engine.alignment, labels,
-                       shared=sinks.items(), in_place_groups=_groups(kernels), held=_held(kernels, steps))
-    return _Built(traces, roots, outputs, updates, kernels, steps, sinks, plan, nbytes, kept, live_out)
+    placed_out = [v for v in live_out if v not in sinks and v not in direct]
+    beside = affordable(steps, nbytes, external, placed_out,
+                        beside_joins(steps, engine.beside(kernels, steps, sinks, options), sinks))
+    plan = plan_memory(steps, nbytes, external, placed_out, engine.alignment, labels,
+                       shared=sinks.items(), in_place_groups=_groups(kernels), held=_held(kernels, steps, beside))
+    return _Built(traces, roots, outputs, updates, kernels, steps, sinks, beside, plan, nbytes, kept, live_out)
 
 
 def _recomputing(built, signature, engine, options, rounds=3):
@@ -429,7 +437,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
     if debug:
         verify(built.plan)
     executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
-                               built.sinks, **options)
+                               built.sinks, built.beside, **options)
     return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
                    engine.name, built.sinks, buckets)
 

@@ -185,7 +185,7 @@ class Program:
             if t in self._executor.choices:
                 what += f"  [{self._executor.choices[t].describe()}]"
             where = ", ".join(self._where(d) for d in kernel.terms)
-            lines.append(f"  k{i:<3} {what}  -> {where}")
+            lines.append(f"  k{i:<3} {what}  -> {where}" + ("  (beside the step)" if i in self._executor.beside else ""))
         for var, value in self.updates.items():
             how = "computed in place" if self._sinks.get(value) is var else "copied in after the step"
             lines.append(f"  update {var.name} <- {inline(value, 1)}: {how}")

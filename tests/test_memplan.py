@@ -230,6 +230,76 @@ def test_an_asynchronous_step_runs_early_and_what_waits_for_it_last_in_the_order
     assert joins(placed, [1, 3]) == {1: 6, 3: 7}
 
 
+def test_a_step_beside_the_others_is_waited_for_where_its_values_are_needed_and_holds_its_reads_until_then():
+    from cortado.memplan import beside_joins
+
+    # u1 and u2 write state s1, s2 in place (sinks); w writes s3, which u2 reads; r reads u3's result
+    steps = [Step(("g1",)), Step(("u1",), ("g1", "s1")), Step(("g2",)), Step(("u2",), ("g2", "s2", "s3")),
+             Step(("w",), ("g2",)), Step(("u3",), ("g1",), workspace=64), Step(("r",), ("u3",))]
+    sinks = {"u1": "s1", "u2": "s2", "w": "s3"}
+    assert beside_joins(steps, [1, 3], sinks) == {1: 7, 3: 4}  # u2 is waited for before w writes over s3
+    assert beside_joins(steps, [3, 5], sinks) == {3: 4, 5: 6}  # r reads what u3 defines
+    sizes = {k: 64 for k in ("g1", "g2", "w", "u3", "r")}
+    external = ["s1", "s2", "s3", "u1", "u2"]
+    plan = plan_memory(steps, sizes, external=external, live_out=["r"], held={"g2": 7, ("workspace", 5): 7})
+    verify(plan)
+    assert plan["g2"].offset not in (plan["u3"].offset, plan["r"].offset)  # read beside until the end: kept
+    assert plan[("workspace", 5)].end == 7
+    alone = plan_memory(steps, sizes, external=external, live_out=["r"])
+    assert alone["g2"].offset == alone["u3"].offset and alone[("workspace", 5)].end == 5  # without: shared
+
+
+def test_a_step_runs_beside_only_where_holding_what_it_reads_adds_nothing_to_the_most_bytes_live():
+    from cortado.memplan import affordable, beside_joins
+
+    steps = [Step(("a",)), Step(("b",), ("a",)), Step(("u1",), ("a", "s1")), Step(("c",), ("b",)),
+             Step(("d",), ("c",)), Step(("u2",), ("d", "s2"), workspace=8), Step(("e",), ("d",))]
+    sizes = {"a": 100, "b": 100, "c": 300, "d": 10, "e": 10}
+    sinks = {"u1": "s1", "u2": "s2"}
+    joins = beside_joins(steps, [2, 5], sinks)
+    assert joins == {2: 7, 5: 7}
+    # u1 holding a (100 bytes) until the end would lie beside b and c, the most live (400): it runs in order
+    assert affordable(steps, sizes, ["s1", "s2", "u1", "u2"], ["e"], joins) == {5: 7}
+    assert affordable(steps, {**sizes, "a": 0}, ["s1", "s2", "u1", "u2"], ["e"], joins) == joins
+
+
+@st.composite
+def programs_with_updates(draw):
+    """Random steps (each reading earlier values and state), some of them updates written over their state."""
+    n = draw(st.integers(2, 12))
+    steps, sinks = [], {}
+    for j in range(n):
+        reads = tuple(f"v{i}" for i in range(j) if draw(st.integers(0, 3)) == 0)
+        reads += tuple(f"s{k}" for k in range(3) if draw(st.integers(0, 3)) == 0)
+        steps.append(Step((f"v{j}",), reads))
+        if draw(st.integers(0, 2)) == 0:
+            sinks[f"v{j}"] = f"s{draw(st.integers(0, 2))}"
+    beside = [j for j in range(n) if f"v{j}" in sinks and draw(st.booleans())]
+    return steps, sinks, beside
+
+
+@given(programs_with_updates())
+def test_a_step_beside_is_waited_for_before_anything_needs_it(program):
+    from cortado.memplan import affordable, beside_joins
+
+    steps, sinks, beside = program
+    found = beside_joins(steps, beside, sinks)
+    assert sorted(found) == sorted(beside)
+    def needs(i, k):  # step k reads what step i writes or writes over what it reads
+        return {f"v{i}", sinks.get(f"v{i}")} & set(steps[k].reads) or sinks.get(f"v{k}") in steps[i].reads
+
+    for i, j in found.items():
+        assert i < j <= len(steps)
+        assert not any(needs(i, k) for k in range(i + 1, j)) and (j == len(steps) or needs(i, j))
+    sizes = {f"v{j}": 64 * (1 + j % 3) for j in range(len(steps))}
+    external = [f"s{k}" for k in range(3)] + list(sinks)
+    taken = affordable(steps, sizes, external, [steps[-1].defines[0]], found)
+    held = {value: j for i, j in taken.items() for value in steps[i].reads}
+    plans = [plan_memory(steps, sizes, external, [steps[-1].defines[0]], held=h) for h in (held, {})]
+    verify(plans[0])
+    assert plans[0].lower_bound_bytes <= plans[1].lower_bound_bytes  # waiting for them adds nothing at the most
+
+
 def test_an_in_place_group_takes_the_place_of_the_group_it_reads_where_each_value_dies_there():
     steps = [Step(("g1",)), Step(("g2",)), Step(("r1", "r2"), ("g1", "g2")), Step(("u",), ("r1", "r2"))]
     sizes = {"g1": 64, "g2": 128, "r1": 64, "r2": 128, "u": 64}

@@ -62,6 +62,13 @@ class Backend:
         then leaves out."""
         return []
 
+    def beside(self, kernels, steps, sinks, options):
+        """The kernels (indices into the ordered ``kernels``) its executor runs beside the others, on a stream of
+        their own, each after what comes before it; what each reads stays where it is until a later step waits for
+        it (``memplan.beside_joins``). ``sinks``: ``{update value: the state variable it is written over}``. None by
+        default."""
+        return []
+
     def after_fusion(self, roots, trace):
         """``roots`` with the backend's own rewrites of its fused kernels made (recording them in ``trace``): what
         only its calls need of the kernels that make their operands. None by default."""
@@ -72,8 +79,9 @@ class Backend:
         compiler keeps the plan with the smallest arena."""
         return []
 
-    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
-        """The ``Executor`` running this plan."""
+    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, beside, **options):
+        """The ``Executor`` running this plan; ``beside``: ``{kernel run beside the others: the step that waits for
+        it}`` (``memplan.beside_joins`` of what ``beside`` chose)."""
         raise NotImplementedError
 
 
@@ -82,12 +90,14 @@ class Executor:
 
     ``state`` maps each state variable to its live array; ``direct_outputs`` are the outputs it
     writes straight into their buffers; ``choices`` maps the terms it computes with a library call
-    chosen among candidates to that call (whose ``describe()`` says which it is, for ``explain``).
+    chosen among candidates to that call (whose ``describe()`` says which it is, for ``explain``);
+    ``beside``: the indices of the kernels it runs beside the others (``Backend.beside``).
     """
 
     state = {}
     direct_outputs = frozenset()
     choices = {}
+    beside = frozenset()
 
     def layout(self, t):
         """How value ``t``'s elements lie in memory where that is not C order (``"channels-last"``), for ``explain``."""

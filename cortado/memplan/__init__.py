@@ -8,12 +8,12 @@
 """
 
 from .liveness import Interval, Step, intervals, owners
-from .order import joins, memory_order, overlapped
+from .order import affordable, beside_joins, joins, memory_order, overlapped
 from .offsets import ORDERS, Request, best_placement, live_bytes, most_live, place, sweep
 from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory, read_through_view, unallocatable
 from .verify import verify
 
-__all__ = ["Step", "Interval", "intervals", "owners", "memory_order", "overlapped", "joins",
+__all__ = ["Step", "Interval", "intervals", "owners", "memory_order", "overlapped", "joins", "beside_joins", "affordable",
            "Request", "place", "sweep", "best_placement",
            "live_bytes", "most_live", "ORDERS", "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned",
            "read_through_view", "unallocatable", "verify"]

@@ -14,13 +14,15 @@ state variable must run after every other step that reads the variable.
 ``overlapped`` then rearranges the order for asynchronous steps (an all-reduce on a stream of its
 own): each is issued as soon as what it reads exists, and whatever waits for one runs last, so
 that the communication runs beside the rest of the step; ``joins`` says where each is waited for.
+``beside_joins`` says the same of the steps a backend runs beside the others in the order given (the updates that
+only write state), and ``affordable`` keeps those whose waiting costs no memory.
 """
 
 import heapq
 
 from ..errors import PlanError
 from .liveness import intervals, owners
-from .offsets import Request, most_live
+from .offsets import Request, live_bytes, most_live
 
 
 def memory_order(steps, nbytes, external=(), live_out=(), after=()):
@@ -117,6 +119,51 @@ def joins(steps, asynchronous):
         found[i] = next((j for j in range(i + 1, len(steps)) if steps[j].view_of is None
                          and any(owner.get(key, key) in mine for key in steps[j].reads)), len(steps))
     return found
+
+
+def beside_joins(steps, beside, sinks):
+    """``{i: j}`` for each step ``i`` of ``beside`` (steps run on a stream beside the program's, in turn, each after
+    what the program's stream queued before it): ``j`` is the step that waits for it, until which what it reads and
+    its workspace stay where they are: the first later step that reads what it defines or writes over a state
+    variable it reads (``sinks``: ``{value: the state variable written in its place}``), else ``len(steps)``, the
+    step's end."""
+    owner = owners(steps)
+    found = {}
+    for i in beside:
+        mine = set(steps[i].defines) | {sinks[d] for d in steps[i].defines if d in sinks}
+        reads = {owner.get(key, key) for key in steps[i].reads}
+        found[i] = next((j for j in range(i + 1, len(steps)) if steps[j].view_of is None and (
+            any(owner.get(key, key) in mine for key in steps[j].reads)
+            or any(sinks.get(key) in reads for key in steps[j].defines))), len(steps))
+    return found
+
+
+def affordable(steps, nbytes, external, live_out, joins):
+    """The entries ``i: j`` of ``joins`` (steps beside the others and where each is waited for, ``beside_joins``)
+    whose hold adds nothing to the most bytes live at any step: what each reads, and its workspace, kept until its
+    join. Taken in order, each where the bytes live with it and the ones taken before stay within the most the
+    program has live without them; the others run in order."""
+    owner = owners(steps)
+    external = set(external)
+    lives = intervals(steps, live_out)
+    sized = {k: v for k, v in lives.items() if k not in external and owner.get(k, k) == k and k in nbytes}
+    curve = live_bytes([Request(k, nbytes[k], v.start, v.end) for k, v in sized.items()]
+                       + [Request(i, s.workspace, i, i) for i, s in enumerate(steps) if s.workspace], len(steps) + 1)
+    most, ends, taken = max(curve, default=0), {k: v.end for k, v in sized.items()}, {}
+    for i, j in sorted(joins.items()):
+        extra = [0] * len(curve)
+        grown = {}
+        for root in {owner.get(key, key) for key in steps[i].reads} & set(ends):
+            for t in range(ends[root] + 1, j + 1):
+                extra[t] += nbytes[root]
+            grown[root] = max(ends[root], j)
+        for t in range(i + 1, j + 1):
+            extra[t] += steps[i].workspace
+        if all(c + e <= most for c, e in zip(curve, extra)):
+            curve = [c + e for c, e in zip(curve, extra)]
+            ends.update(grown)
+            taken[i] = j
+    return taken
 
 
 def _greedy(steps, nbytes, external, live_out, after):

@@ -147,7 +147,8 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     groups, where each value of ``written`` may take the place of its match in ``read``; where one of
     ``read`` lives on after that step (or either holds a value the arena does not), ``written`` is placed
     as a group of its own. ``held``: ``{value: step}`` for the values an asynchronous step may still read until
-    that step (which waits for it), kept live until then, unless their step wrote its results in their places.
+    that step (which waits for it), kept live until then, unless their step wrote its results in their places; a
+    step's workspace (``("workspace", i)``) may be held so too.
     """
     if alignment <= 0 or alignment & (alignment - 1):
         raise PlanError(f"the alignment must be a power of two, not {alignment}")
@@ -180,7 +181,8 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
     requests = [Request(h, aligned(nbytes[h], alignment), *span) for h, span in spans.items() if h not in grouped]
     requests += [Request(("group", n), sum(aligned(nbytes[k], alignment) for k in g),
                          min(spans[k][0] for k in g), max(spans[k][1] for k in g)) for n, g in enumerate(groups)]
-    requests += [Request(key, aligned(size, alignment), key[1], key[1]) for key, size in workspaces.items()]
+    until = {key: max(key[1], (held or {}).get(key, key[1])) for key in workspaces}  # a step beside holds its own
+    requests += [Request(key, aligned(size, alignment), key[1], until[key]) for key, size in workspaces.items()]
     order, offsets, _ = best_placement(requests, len(steps) + 1)
     for n, g in enumerate(groups):
         at = offsets[("group", n)]
@@ -190,8 +192,8 @@ def plan_memory(steps, nbytes, external=(), live_out=(), alignment=64, labels=No
 
     placements = [Placement(k, labels[k] if k in labels else str(k), offsets[head[k]], nbytes[k], lives[k].start, lives[k].end,
                             takes.get(k)) for k in planned]
-    placements += [Placement(key, f"workspace of {steps[key[1]].label or key[1]}", offsets[key], size, key[1], key[1])
-                   for key, size in workspaces.items()]
+    placements += [Placement(key, f"workspace of {steps[key[1]].label or key[1]}", offsets[key], size, key[1],
+                             until[key]) for key, size in workspaces.items()]
     naive = sum(aligned(nbytes[k], alignment) for k in planned) + sum(aligned(s, alignment) for s in workspaces.values())
     return MemoryPlan(placements, len(steps) + 1, alignment, order, naive)
 

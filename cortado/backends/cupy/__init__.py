@@ -10,6 +10,7 @@ from ...errors import BackendError
 from ...rules.fusion import KernelShapes
 from ..interface import Backend
 from . import layout
+from .runtime.beside import chosen as chosen_beside
 from .runtime.executor import Executor
 from .lowering import lowering
 from .lowering.float8_transposes import written_transposed
@@ -20,7 +21,7 @@ class CupyBackend(Backend):
     name = "cupy"
     alignment = layout.ALIGNMENT
     options = {"cuda_graph": True, "tf32": False, "autotune": True, "nhwc": "auto", "deterministic": True,
-               "channels_last_io": False}
+               "channels_last_io": False, "overlap_updates": True}
     feeds_in_place = True  # the executor reads feeds where the caller keeps them (or stages them)
     lowering = lowering
     # codegen makes every kernel from a fused body, and reduction_kernels._column_lines sums several columns a pass
@@ -41,14 +42,18 @@ class CupyBackend(Backend):
     def direct_outputs(self, kernels, steps, outputs, sinks, options):
         return layout.direct_outputs(kernels, steps, outputs, sinks, options)
 
+    def beside(self, kernels, steps, sinks, options):
+        return chosen_beside(kernels, steps, sinks, options)
+
     def after_fusion(self, roots, trace):
         return sums_into_transposed(written_transposed(roots, trace), trace)
 
     def alternatives(self, planned):
         return self.lowering.alternatives(planned)
 
-    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
-        return Executor(kernels, steps, plan, signature, outputs, updates, sinks, **options)
+    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, beside, overlap_updates=True,
+                 **options):
+        return Executor(kernels, steps, plan, signature, outputs, updates, sinks, beside, **options)
 
 
 backend = CupyBackend()

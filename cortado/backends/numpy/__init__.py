@@ -21,7 +21,7 @@ class NumpyBackend(Backend):
     def steps(self, kernels, options):
         return layout.steps(kernels, options)
 
-    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, **options):
+    def executor(self, kernels, steps, plan, signature, outputs, updates, sinks, beside, **options):
         return Executor(kernels, steps, plan, signature, outputs, updates, sinks)
 
 

@@ -8,7 +8,8 @@ are made for each set of feed addresses (``feeds``: a CuPy feed packed as the pr
 caller keeps it); from the second call on (the first compiles, loads modules and warms cuBLASLt up) a step is one
 graph launch, and ``cuda_graph=False`` runs the same calls one by one. A data-parallel program's all-reduces run
 on a second stream, each as soon as its gradients exist, until the first kernel that reads an average waits for
-it: in a CUDA graph, a fork and a join. The state starts as rank 0's.
+it: in a CUDA graph, a fork and a join. The kernels that only write updates run on a third (``beside``). The state
+starts as rank 0's.
 """
 
 
@@ -24,6 +25,7 @@ from ..kernels import finish
 from ..layout import channels_last_for, concatenated_in_place, direct_outputs, io_strides, layouts, stored_strides
 from ..targets import View, forget, runner
 from ..targets.copies import Copy
+from .beside import Beside
 from .blocks import Block, captured, constants_block
 from .feeds import Feeds
 from .holding import Hold
@@ -36,8 +38,8 @@ HELD_CALLS = 100  # calls queued behind one hold of a profile: far fewer launche
 class Executor(interface.Executor):
     """Runs one compiled step on the GPU; see the module docstring."""
 
-    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, cuda_graph=True, tf32=False, autotune=True,
-                 nhwc="auto", deterministic=True, channels_last_io=False):
+    def __init__(self, kernels, steps, plan, signature, outputs, updates, sinks, beside, cuda_graph=True, tf32=False,
+                 autotune=True, nhwc="auto", deterministic=True, channels_last_io=False):
         import cupy
 
         require_gpu()
@@ -85,19 +87,25 @@ class Executor(interface.Executor):
         view = View(self.strides, self.pointers, self._constant, frozenset(self.channels_last_for),
                     {"tf32": tf32, "deterministic": deterministic}, self.side)
         asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
+        self.overlap = Beside(self.stream, cupy.cuda.Stream(non_blocking=True))  # runs the updates beside the step
+        self.beside = frozenset(beside)
+        finished = {i: [None] for i in beside}  # the event each kernel beside recorded last
         waits = {}
         for i, j in joins(steps, asynchronous).items():  # the kernel that first reads an average waits for it
+            waits.setdefault(j, []).append(i)
+        for i, j in beside.items():
             waits.setdefault(j, []).append(i)
         self.binders, self.labels, self.runners, self.tuned = [], [], {}, []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             if i in waits:
-                self.binders.append(self._join([self.runners[kernels[k].term].finished for k in waits[i]]))
-                self.labels.append(f"k{i} waits for all-reduce")
+                self.binders.append(self._join([finished.get(k) or self.runners[kernels[k].term].finished
+                                                for k in waits[i]]))
+                self.labels.append(f"k{i} waits for " + ("all-reduce" if set(waits[i]) - set(beside) else "updates"))
             if step.view_of is not None or kernel.is_load or not step.defines:  # no defines: concatenated in place
                 continue
             scratch = self.arena.memory.data.ptr + (plan["workspace", i].offset if ("workspace", i) in plan else 0)
             self.runners[kernel.term] = made = runner(kernel, view)
-            self.binders.append(self._bound(made, scratch))
+            self.binders.append(self._bound(made, scratch) if i not in beside else self._beside(made, scratch, finished[i]))
             self.labels.append(" ".join(filter(None, (f"k{i}.{kernel.term.op.name}", made.detail, str(kernel.term.shape)))))
             if made.tuned:
                 self.tuned.append((made, scratch))
@@ -105,7 +113,8 @@ class Executor(interface.Executor):
         finish()  # the kernels the runners asked for, compiled side by side: one NVRTC rejects fails the build here
         self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
         if len(steps) in waits:
-            self.binders.append(self._join([self.runners[kernels[k].term].finished for k in waits[len(steps)]]))
+            self.binders.append(self._join([finished.get(k) or self.runners[kernels[k].term].finished
+                                            for k in waits[len(steps)]]))
         self.binders += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
                          if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
@@ -144,6 +153,15 @@ class Executor(interface.Executor):
     def _bound(self, made, workspace):
         """A binder of the calls of runner ``made``: given every value's address, its call at them."""
         return lambda pointers: made.bind([pointers[v] for v in made.values], workspace, self.stream)
+
+    def _beside(self, made, workspace, finished):
+        """A binder of the calls of runner ``made`` beside the step (``beside.py``)."""
+        def bind(pointers):
+            addresses = [pointers[v] for v in made.values]
+            return self.overlap.call(made.bind(addresses, workspace, self.stream),
+                                     made.bind(addresses, workspace, self.overlap.stream), finished)
+
+        return bind
 
     def _copy(self, t, destination, strides=None, source=None):
         """A binder of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None); from
@@ -216,6 +234,7 @@ class Executor(interface.Executor):
         marks = []
 
         def timed(sources):
+            self.overlap.in_order = True  # every kernel on the program's stream, between its events
             hold = Hold(self.stream) if self.prepared else None
             calls = self._calls(sources)
             staged = len(calls) - len(self.binders)
@@ -234,7 +253,10 @@ class Executor(interface.Executor):
             for call in calls[staged + len(self.labels):]:
                 call()
 
-        self._on_stream(feeds, timed)
+        try:
+            self._on_stream(feeds, timed)
+        finally:
+            self.overlap.in_order = False
         self.stream.synchronize()
         return [(label, cupy.cuda.get_elapsed_time(start, end)) for label, start, end in marks]
 
