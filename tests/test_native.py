@@ -70,6 +70,24 @@ def test_a_transcendental_is_numpys_own_loop_called_from_c_between_loop_nests_wh
     np.testing.assert_array_equal(ours, numpy)
 
 
+@pytest.mark.parametrize("shape", [(), (5, 3)])
+def test_a_transcendental_written_over_an_operand_waits_for_every_other_output_read_from_it(shape, monkeypatch):
+    """``log(2 + relu(x))`` written over ``x`` (its last reader) by NumPy's loop, after the loop nest that keeps
+    ``2 + relu(x)`` for it: ``relu(x)``, another output, is computed by the last loop nest from ``x`` again, so the
+    log cannot go straight into ``x``'s place (it did, and ``relu(0)`` read ``log(2)``; found by 2000 examples of the
+    edge-value programs)."""
+    x = ct.var("x", shape)
+    outputs = [-x, ct.log(ct.relu(x) + 2.0)]
+    total = sum(ct.sum(ct.cast(o, "float64")) for o in outputs)
+    outputs += ct.grad(total, [x])  # -1 + (relu(x) <= 0 ? 0 : 1 / (relu(x) + 2)): reads relu(x)
+    feeds = {"x": np.linspace(-1.0, 1.0, max(1, int(np.prod(shape))), dtype=np.float32).reshape(shape)}
+    program, ours, numpy = _both(outputs, [x], feeds, monkeypatch)
+    assert "(in place of x)" in program.explain()
+    for a, b, said in zip(ours, numpy, ct.evaluate(outputs, feeds)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, said)
+
+
 @pytest.mark.parametrize("labels_dtype", ["int32", "int64"])
 def test_integers_compared_with_their_own_kind_are_read_by_c_loop_nests(labels_dtype, monkeypatch):
     """A cross-entropy's gradient compares each label with every class's index: that region is C, with NumPy's bits;

@@ -274,13 +274,23 @@ def _pieces(order, stage, arrays):
 def _written_directly(order, stage, arrays):
     """``{term: output array}``: the outputs that a NumPy op of the region (a transcendental, a reduction) writes
     straight into rather than into scratch a loop nest then copies, where every operand sharing the output's memory is
-    read only at earlier stages (a stage's NumPy ops run before its loop nests)."""
+    read only at earlier stages (a stage's NumPy ops run before its loop nests), and not by the last stage's loop
+    nest, which computes every other output, with what it reads at its own stage, from the operands again."""
+    late = set()
+    for o, _ in arrays.outs:
+        stack = [o]
+        while stack:
+            r = stack.pop()
+            if r not in late and not _numpy_op(r):
+                late.add(r)
+                stack += [a for a in r.args if stage[a] == stage[r]]
     direct = {}
     for t, out in arrays.outs:
         if not _numpy_op(t) or t in direct:
             continue
         shared = {p for p, a in arrays.sources.items() if np.may_share_memory(out, a)}
-        if all(stage[r] < stage[t] for r in order if shared.intersection(r.args)):
+        readers = [r for r in order if shared.intersection(r.args)]
+        if all(stage[r] < stage[t] and r not in late for r in readers):
             direct[t] = out
     return direct
 
