@@ -1,6 +1,6 @@
 """A GPT's training step on the GPU: cortado against torch eager, torch.compile and jax.jit.
 
-    python benchmarks/bench_gpt_gpu.py [--sizes small,large] [--steps N] [--only cortado,torch,compile,jax]
+    python benchmarks/bench_gpt_gpu.py [--sizes small,large] [--steps N] [--only cortado,in-order,torch,compile,jax]
                                        [--out benchmarks/results/gpt_gpu.json]
     python benchmarks/bench_gpt_gpu.py --backend numpy --sizes tiny    (a smoke test on the CPU, no GPU needed)
 
@@ -25,6 +25,8 @@ batch of windows every step, as the other GPU benchmarks do. The contestants:
   is ``ct.compile``'s wall time plus its first call (which builds and captures the CUDA graph).
 - cortado nondeterministic: the same with ``deterministic=False``, which lets cuDNN's attention backward pass add
   its gradients in whatever order its threads finish, as the peers' attention does.
+- cortado in order: the same with ``overlap_updates=False``, the optimizer's updates run in order on the program's
+  stream rather than beside the backward pass.
 - torch: eager; the same model with F.embedding, F.layer_norm, F.linear (the (in, out) weights transposed as
   views), F.scaled_dot_product_attention(is_causal=True), F.gelu(approximate="tanh") and F.cross_entropy on
   float32 logits; each float32 parameter cast to bfloat16 once a step, where the model reads it, as gpt_by_hand.py does
@@ -108,9 +110,10 @@ TARGETS = {"small_faster_than": 1.0, "large_within": 1.05, "memory_over_torch": 
 
 # The contestants by name, in the order they run; --only also takes "compile" for torch.compile. Ours runs last,
 # as in the other GPU benchmarks (here each runs in a process of its own anyway).
-ORDER = ("torch", "torch.compile", "jax", "cortado", "cortado nondeterministic")
-ALIASES = {"compile": "torch.compile", "nondeterministic": "cortado nondeterministic"}
+ORDER = ("torch", "torch.compile", "jax", "cortado", "cortado nondeterministic", "cortado in order")
+ALIASES = {"compile": "torch.compile", "nondeterministic": "cortado nondeterministic", "in-order": "cortado in order"}
 PEERS = ("torch", "torch.compile", "jax")
+GPU_OPTIONS = ("cortado nondeterministic", "cortado in order")  # ours with a cupy backend option: not on the CPU
 
 
 @dataclass
@@ -173,14 +176,13 @@ def cortado_graph(work):
     return loss, tokens, labels, state, updates
 
 
-def cortado_contestant(work, backend, compile_mode=None, deterministic=True):
+def cortado_contestant(work, backend, compile_mode=None, **options):
     """Ours: gpt_by_hand.py's model, gradients and AdamW compiled into one program; a call returns the loss, read from
     the program's own output. Times the graph's construction (``gpt``, ``ct.grad``, ``adamw``), ``ct.compile`` and
     the first call apart; ``compile_s`` is the last two, what the compile target counts."""
     began = time.perf_counter()
     loss, tokens, labels, state, updates = cortado_graph(work)
     built = time.perf_counter()
-    options = {} if deterministic else {"deterministic": False}
     step = ct.compile(loss, inputs=[tokens, labels], state=state, updates=updates, backend=backend, **options)
     compiled = time.perf_counter()
     if backend == "cupy":
@@ -396,8 +398,10 @@ def jax_contestant(work, backend, compile_mode=None):
 
 CONTESTANTS = {"torch": torch_contestant, "torch.compile": torch_contestant, "jax": jax_contestant,
                "cortado": cortado_contestant,
-               "cortado nondeterministic": functools.partial(cortado_contestant, deterministic=False)}
-PACKAGE = {"torch": "torch", "torch.compile": "torch", "jax": "jax", "cortado": None, "cortado nondeterministic": None}
+               "cortado nondeterministic": functools.partial(cortado_contestant, deterministic=False),
+               "cortado in order": functools.partial(cortado_contestant, overlap_updates=False)}
+PACKAGE = {"torch": "torch", "torch.compile": "torch", "jax": "jax", "cortado": None, "cortado nondeterministic": None,
+           "cortado in order": None}
 
 
 # -- one contestant in its own process -------------------------------------------------------------
@@ -578,6 +582,8 @@ NOTES = {
                "compile_s = ct.compile + first call; graph_s: building gpt(), ct.grad and adamw",
     "cortado nondeterministic": "the same with deterministic=False: cuDNN's attention backward adds its gradients in "
                                 "the order its threads finish",
+    "cortado in order": "the same with overlap_updates=False: the optimizer's updates in order on the program's "
+                        "stream rather than beside the backward pass",
     "torch": "eager; explicit bfloat16 casts of the float32 parameters once a step; F.layer_norm, F.linear, "
              "F.scaled_dot_product_attention(is_causal=True), F.gelu(approximate='tanh'), F.cross_entropy on "
              "float32 logits; torch.optim.AdamW(fused=True), decay 0.01 on 2-d parameters, 0 on the rest",
@@ -602,7 +608,8 @@ def command_line(argv=None):
     parser.add_argument("--steps", type=int, help="timed steps of every size (default: the size's)")
     parser.add_argument("--warmup", type=int, help="warm-up steps of every size (default: the size's)")
     parser.add_argument("--only", default=None, help="contestants, comma-separated, of: cortado, nondeterministic "
-                        "(cortado nondeterministic, the GPU's alone), torch, compile (torch.compile), jax (default: all)")
+                        "(cortado nondeterministic), in-order (cortado in order; these two the GPU's alone), torch, "
+                        "compile (torch.compile), jax (default: all)")
     parser.add_argument("--backend", choices=["cupy", "numpy"], default="cupy",
                         help="ours' backend; numpy: a smoke test on the CPU, the peers (where installed) on the CPU too")
     parser.add_argument("--compile-mode", default="default", help="torch.compile's mode (default: 'default')")
@@ -616,7 +623,7 @@ def command_line(argv=None):
     if args.child:
         return args
     args.sizes = list(filter(None, (args.sizes or ("small,large" if args.backend == "cupy" else "tiny")).split(",")))
-    every = [name for name in ORDER if args.backend == "cupy" or name != "cortado nondeterministic"]
+    every = [name for name in ORDER if args.backend == "cupy" or name not in GPU_OPTIONS]
     only = [ALIASES.get(name, name) for name in filter(None, (args.only or ",".join(every)).split(","))]
     for given, known in ((args.sizes, SIZES), (only, ORDER)):
         if set(given) - set(known):

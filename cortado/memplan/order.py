@@ -143,6 +143,8 @@ def affordable(steps, nbytes, external, live_out, joins):
     whose hold adds nothing to the most bytes live at any step: what each reads, and its workspace, kept until its
     join. Taken in order, each where the bytes live with it and the ones taken before stay within the most the
     program has live without them; the others run in order."""
+    if not joins:
+        return {}
     owner = owners(steps)
     external = set(external)
     lives = intervals(steps, live_out)
