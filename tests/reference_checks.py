@@ -156,7 +156,8 @@ def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, magnitu
         # where a product's sums may overflow in one order and not another (the written form's NaN of infinities
         # that meet, fused multiply-adds' first overflow, which the ops after it may turn into any value: a relu's
         # mask, then a gradient), there is no one answer to hold them to
-        assume(not (fused and _overflows_meet(terms, feed)))
+        if fused and _overflows_meet(terms, feed):
+            assume(False)
         more_accurate = stabilised or (backend == "cupy" and half) or fused
         assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=sums_otherwise(backend, terms),
                                      also=also, non_finite_alike=non_finite_alike or fused, magnitudes=magnitudes,

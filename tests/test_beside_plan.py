@@ -12,7 +12,9 @@ from cortado.backends.numpy import NumpyBackend
 
 class _Beside(NumpyBackend):
     name = "numpy-beside"
-    seen = {}
+
+    def __init__(self):
+        self.seen = {}  # what the executor was given (the instance, and so these terms, die with the test)
 
     def beside(self, kernels, steps, sinks, options):
         return [i for i, s in enumerate(steps) if s.view_of is None and s.defines and all(d in sinks for d in s.defines)]
@@ -33,9 +35,10 @@ def _step(backend):
 
 
 def test_what_a_kernel_beside_reads_stays_in_place_until_it_is_waited_for(monkeypatch):
-    monkeypatch.setitem(backends._REGISTRY, "numpy-beside", _Beside())
+    engine = _Beside()
+    monkeypatch.setitem(backends._REGISTRY, "numpy-beside", engine)
     beside, plain = _step("numpy-beside"), _step("numpy")
-    steps, joins = _Beside.seen["steps"], _Beside.seen["beside"]
+    steps, joins = engine.seen["steps"], engine.seen["beside"]
     assert joins  # the AdamW updates
     placed = {p.key: p for p in beside.memory.placements}
     for i, j in joins.items():
