@@ -19,6 +19,7 @@ from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, MAX, M
 from ...memplan import aligned
 from . import csource, loops, native
 from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit, same_elements
+from .standins import may_share_memory
 
 
 @dataclass(frozen=True)
@@ -288,7 +289,7 @@ def _written_directly(order, stage, arrays):
     for t, out in arrays.outs:
         if not _numpy_op(t) or t in direct:
             continue
-        shared = {p for p, a in arrays.sources.items() if np.may_share_memory(out, a)}
+        shared = {p for p, a in arrays.sources.items() if may_share_memory(out, a)}
         readers = [r for r in order if shared.intersection(r.args)]
         if all(stage[r] < stage[t] and r not in late for r in readers):
             direct[t] = out
@@ -337,7 +338,7 @@ def _split_axis(order, arrays):
     if any(t.op in NUMPY_REDUCTIONS and (t.args[0].ndim != len(shape) or axis in t.attr("axes")) for t in order):
         return None
     outs = [a for _, a in arrays.outs]
-    if any(np.may_share_memory(out, a) and not same_elements(out, a) for out in outs for a in arrays.sources.values()):
+    if any(may_share_memory(out, a) and not same_elements(out, a) for out in outs for a in arrays.sources.values()):
         return None
     return axis
 

@@ -35,19 +35,20 @@ from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
 from . import attention, blas, csource, gemm, loops, native
+from .standins import StandIn, may_share_memory
 from .lowering import ATTENTION_GRAD_GIVEN, ATTENTION_KEEPING
 
 SCRATCH_ALIGNMENT = 64
 
 
 def c_strided(shape, dtype):
-    """A stand-in array of ``shape`` for measuring: C strides over one element, never read."""
+    """A stand-in array of ``shape`` for measuring: C strides over one element, never read (``standins``)."""
     itemsize = np.dtype(dtype).itemsize
     strides, step = [], itemsize
     for d in reversed(shape):
         strides.append(step)
         step *= max(d, 1)
-    return as_strided(np.empty(1, dtype), shape, tuple(reversed(strides)), writeable=True)
+    return as_strided(np.empty(1, dtype), shape, tuple(reversed(strides)), writeable=True).view(StandIn)
 
 
 class Emitter:
@@ -471,7 +472,7 @@ def _parts_of_first_axis(steps):
         if any(a.ndim == 0 or a.shape[0] != n for a in (target, *sources)) or not _rows_apart(target):
             return 1
         for a in sources:
-            if any(np.may_share_memory(a, t) and not same_elements(a, t) for _, t, _ in steps):
+            if any(may_share_memory(a, t) and not same_elements(a, t) for _, t, _ in steps):
                 return 1
     return min(native.parts(sum(step[1].size for step in steps), native.ELEMENTS_A_PART), n)
 

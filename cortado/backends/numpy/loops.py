@@ -17,6 +17,8 @@ import hashlib
 
 import numpy as np
 
+from .standins import may_share_memory
+
 
 class _UfuncHead(ctypes.Structure):
     """The fields of NumPy's ``PyUFuncObject`` up to its types."""
@@ -87,7 +89,7 @@ def piece(ufunc, x, out):
     of ``x`` and ``out`` (both C-ordered, of one shape and dtype, the same elements or none in common), as NumPy calls
     it; None elsewhere."""
     if (x.shape != out.shape or x.dtype != out.dtype or not x.flags.c_contiguous or not out.flags.c_contiguous
-            or x.size == 0 or (x.ctypes.data != out.ctypes.data and np.may_share_memory(x, out))):
+            or x.size == 0 or (x.ctypes.data != out.ctypes.data and may_share_memory(x, out))):
         return None
     found = unary(ufunc, x.dtype)
     if found is None:
