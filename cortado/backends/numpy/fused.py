@@ -193,23 +193,24 @@ def _native(em, outputs, args, outs, batch=None):
     stage = _stages(order)
     if max(stage.values()) == 0:
         found = csource.region(outputs, args, outs)
-        return None if found is None else _in_parts(batch, [found], order, stage, _Arrays(sources, {}, targets))
+        return None if found is None else _in_parts(batch, [found], order, stage, _Arrays(sources, {}, targets), set())
     if any(_numpy_op(t) and any(a.op is CONST for a in t.args) for t in order):
         return None
     kept = {t for t in order if _numpy_op(t)}  # values kept in scratch between loop nests
     kept |= {a for t in kept for a in t.args if a.op is not PARAM}
     kept |= {a for t in order if not _numpy_op(t) for a in t.args if stage[a] < stage[t] and a.op not in (PARAM, CONST)}
-    kept -= set(_written_directly(order, stage, _Arrays(sources, {}, targets)))  # those kept in their outputs
+    written = set(_written_directly(order, stage, _Arrays(sources, {}, targets)))
+    kept -= written  # those kept in their outputs
     need = sum(aligned(t.size * t.dtype.itemsize, SCRATCH_ALIGNMENT) for t in kept)
     if em.workspace is not None and em.top + need > len(em.workspace):
         return None
     mark = em.mark()
     arrays = _Arrays(sources, {t: em.scratch(t.shape, t.dtype) for t in order if t in kept}, targets)
-    pieces = _pieces(order, stage, arrays)
+    pieces = _pieces(order, stage, arrays, written)
     for array in arrays.scratch.values():
         em.release(array)
     if pieces is not None and _pays(pieces, _numpy_passes(outputs, args, outs)):
-        return _in_parts(batch, pieces, order, stage, arrays)
+        return _in_parts(batch, pieces, order, stage, arrays, written)
     em.rewind(mark)
     return None
 
@@ -248,12 +249,13 @@ def _part(a, ndim, axis, start, stop):
     return a[(slice(None),) * d + (slice(start, stop),)]
 
 
-def _pieces(order, stage, arrays):
+def _pieces(order, stage, arrays, written):
     """The pieces computing the region (``order``, each term's ``stage``) from ``arrays``: each stage's NumPy ops
     (``_op_pieces``), then its loop nests, into the scratch of the values kept and, at the last stage, into the
-    outputs; None where C does not compute a loop nest."""
+    outputs (those ``written`` by a NumPy op straight into, ``_written_directly``); None where C does not compute a
+    loop nest."""
     pieces, known, scratch, last = [], dict(arrays.sources), arrays.scratch, max(stage.values())
-    direct = _written_directly(order, stage, arrays)
+    direct = {t: a for t, a in reversed(arrays.outs) if t in written}  # (an output's first array, where it is twice)
     for s in range(last + 1):
         for t in order:
             if stage[t] == s and _numpy_op(t):
@@ -307,7 +309,7 @@ def _op_pieces(t, arrays, out):
     return [found] if found is not None else _numpy_calls(t, arrays, out)
 
 
-def _in_parts(batch, pieces, order, stage, arrays):
+def _in_parts(batch, pieces, order, stage, arrays, written):
     """``pieces``, or, where a ``batch`` is given and the region is large enough to part (``native.ELEMENTS_A_PART``), the
     choice of them and of one piece running them in parts on the pool's threads (``native.Batch.split``), each on
     its stretch of the elements along ``_split_axis``: every value an element of a part writes depends on elements
@@ -320,7 +322,7 @@ def _in_parts(batch, pieces, order, stage, arrays):
     if count < 2:
         return pieces
     cuts = [length * k // count for k in range(count + 1)]
-    parts = [_pieces(order, stage, arrays.part(axis, start, stop)) for start, stop in zip(cuts, cuts[1:])]
+    parts = [_pieces(order, stage, arrays.part(axis, start, stop), written) for start, stop in zip(cuts, cuts[1:])]
     if None in parts or any(callable(p) for part in parts for p in part):
         return pieces
     return [batch.split(parts, pieces)]

@@ -260,17 +260,20 @@ def _log_total(em, shifted, axes, total, exponentials):
 def _unary(em, ufunc, x, out):
     """``ufunc(x, out=out)``: NumPy's own loop called from C where native code is at hand (``loops.piece``), so a step
     makes it with its neighbours in one call from Python; NumPy's call elsewhere."""
-    found = loops.piece(ufunc, x, out) if em.native is not None else None
-    numpy_call = functools.partial(ufunc, x, out=out)
-    em.calls.append(numpy_call if found is None else em.native.add([found], [numpy_call]))
+    _piece_or_call(em, loops.piece(ufunc, x, out) if em.native is not None else None,
+                   functools.partial(ufunc, x, out=out))
 
 
 def _sum_kept(em, x, axes, out):
     """``out = sum(x)`` over ``axes``, kept as axes of one element: in NumPy's order from C where native code is at
     hand and ``csource.reduction`` takes it; NumPy's call elsewhere."""
-    numpy_call = functools.partial(np.add.reduce, x, axis=axes, keepdims=True, out=out)
-    found = csource.reduction(SUM, axes, x, out) if em.native is not None else None
-    em.calls.append(numpy_call if found is None else em.native.add([found], [numpy_call]))
+    _piece_or_call(em, csource.reduction(SUM, axes, x, out) if em.native is not None else None,
+                   functools.partial(np.add.reduce, x, axis=axes, keepdims=True, out=out))
+
+
+def _piece_or_call(em, piece, numpy_call):
+    """C ``piece`` (``numpy_call`` where the library does not build), or ``numpy_call`` where there is none."""
+    em.calls.append(numpy_call if piece is None else em.native.add([piece], [numpy_call]))
 
 
 def _logsumexp(em, attrs, args, out):
@@ -315,14 +318,12 @@ def _matmul(em, attrs, args, out):
     rows = _as_rows(a)
     if b.ndim == 2 and a.ndim > 2 and rows is not None and out.flags.c_contiguous:
         a, out = rows, out.reshape(rows.shape[0], out.shape[-1])
-    if _own_product(em, a, b, out, functools.partial(np.matmul, a, b, out=out)):
+    numpy_call = functools.partial(np.matmul, a, b, out=out)
+    if _own_product(em, a, b, out, numpy_call):
         return
     called = blas.product(a, b, out) if em.native is not None else None
-    if called is None:
-        em.call(np.matmul, a, b, out=out)
-        em.numpy_blas = True
-        return
-    em.calls.append(em.native.add([called], [functools.partial(np.matmul, a, b, out=out)]))
+    em.numpy_blas |= called is None
+    _piece_or_call(em, called, numpy_call)
 
 
 def _as_rows(a):
@@ -369,11 +370,8 @@ def _conv_product(em, out, weights, columns, groups):
     if _own_product(em, *stacks, numpy_call):
         return
     called = blas.stacked_product(*stacks) if em.native is not None else None
-    if called is None:
-        em.call(numpy_call)
-        em.numpy_blas = True
-        return
-    em.calls.append(em.native.add([called], [numpy_call]))
+    em.numpy_blas |= called is None
+    _piece_or_call(em, called, numpy_call)
 
 
 def _own_product(em, a, b, out, numpy_call):
@@ -381,7 +379,7 @@ def _own_product(em, a, b, out, numpy_call):
     the CPU has AVX-512."""
     if em.native is None or not gemm.usable(a, b, out):
         return False
-    em.calls.append(em.native.add([gemm.product(a, b, out)], [numpy_call]))
+    _piece_or_call(em, gemm.product(a, b, out), numpy_call)
     return True
 
 
