@@ -30,9 +30,10 @@ def offset(strides, coordinate):
 def gather(kind, operands, out, statements):
     """A kernel over ``out``'s elements (a term or anything with ``shape`` and ``dtype``) reading ``operands``
     (``in0, in1, ...``) and running ``statements`` for each, with ``i`` its flat index and ``c0, c1, ...`` its
-    coordinates."""
+    coordinates. The loop runs once a thread but where the grid is capped, and is not unrolled: unrolled, working
+    out its trip count (a division by the grid's size) and its remainder cost more than an element's work."""
     n = math.prod(out.shape)
-    lines = ["  const long long stride = (long long)gridDim.x * blockDim.x;",
+    lines = ["  const long long stride = (long long)gridDim.x * blockDim.x;", "  #pragma unroll 1",
              f"  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
     lines += coordinates(out.shape) + statements + ["  }"]
     blocks = max(1, min(-(-n // THREADS), 1 << 20))
