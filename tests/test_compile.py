@@ -66,8 +66,10 @@ def test_random_state_and_updates_follow_the_reference_call_after_call(case, dat
         for ours, theirs in zip(results, expected):
             assert_same(ours, theirs)
         for v, theirs in zip(updates, expected[len(graph.outputs):]):
-            assert_same(np.array(program.state[v.name]), theirs, narrowest[v])
-            current[v.name] = theirs
+            ours = np.array(program.state[v.name])
+            assert_same(ours, theirs, narrowest[v])
+            current[v.name] = ours  # the next call from the same state: a value made in a narrower dtype may round
+            # otherwise than the reference (log(1 + x) is log1p(x)), and what reads it later is held to its own dtype
 
 
 def test_every_op_family_compiles_exactly():
