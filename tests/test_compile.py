@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.exprgraph.dtypes import is_float
+from cortado.exprgraph.graph import schedule
 from cortado.memplan import verify
 from cortado.testing import graphs_with_feeds
 
@@ -19,6 +20,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from mlp_numpy import initial_values, mlp  # noqa: E402
 
 TOLERANCE = {"bfloat16": (3e-2, 4e-3), "float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
+
+
+def made_in(term):
+    """The least precise float dtype of the values ``term`` is made from, where it is less precise than ``term``'s
+    own (a float32 convolution cast to float64 keeps float32's rounding, which the CPU's fused multiply-adds may take
+    otherwise than the reference); else None."""
+    floats = [t.dtype for t in schedule(term) if is_float(t.dtype)]
+    least = min(floats, key=lambda d: np.dtype(d).itemsize, default=None)
+    return least if least is not None and np.dtype(least).itemsize < np.dtype(term.dtype).itemsize else None
 
 
 def assert_same(ours, expected, computed_in=None):
@@ -40,8 +50,8 @@ def assert_same(ours, expected, computed_in=None):
 def test_random_graphs_compile_to_the_values_the_reference_computes(case):
     graph, feeds = case
     program = ct.compile(list(graph.outputs), inputs=graph.inputs, debug=True)
-    for ours, expected in zip(program(**feeds), ct.evaluate(graph.outputs, feeds)):
-        assert_same(ours, expected)
+    for output, ours, expected in zip(graph.outputs, program(**feeds), ct.evaluate(graph.outputs, feeds)):
+        assert_same(ours, expected, made_in(output))
     assert verify(program.memory)
     assert program.memory.peak_bytes >= program.memory.lower_bound_bytes
 
@@ -51,25 +61,23 @@ def test_random_state_and_updates_follow_the_reference_call_after_call(case, dat
     graph, feeds = case
     state = {v: feeds[v.name] for v in graph.inputs[:1]}
     inputs = graph.inputs[1:]
-    updates, narrowest = {}, {}
+    updates = {}
     for v in state:  # each update reads the old values of everything: its variable and the outputs
         out = graph.outputs[data.draw(st.integers(0, len(graph.outputs) - 1))]
         mixed = ct.sum(ct.cast(out, v.dtype)) * 0.001 if out.dtype.kind in "fiub" else 0.0
         updates[v] = v * 0.5 + mixed
-        narrower = is_float(out.dtype) and is_float(v.dtype) and out.dtype.itemsize < v.dtype.itemsize
-        narrowest[v] = out.dtype if narrower else None
     program = ct.compile(list(graph.outputs), inputs=inputs, state=state, updates=updates, debug=True)
     current = dict(feeds)
     for _ in range(2):
         expected = ct.evaluate(list(graph.outputs) + list(updates.values()), current)
         results = program(**{v.name: current[v.name] for v in inputs})
-        for ours, theirs in zip(results, expected):
-            assert_same(ours, theirs)
+        for output, ours, theirs in zip(graph.outputs, results, expected):
+            assert_same(ours, theirs, made_in(output))
         for v, theirs in zip(updates, expected[len(graph.outputs):]):
             ours = np.array(program.state[v.name])
-            assert_same(ours, theirs, narrowest[v])
+            assert_same(ours, theirs, made_in(updates[v]))
             current[v.name] = ours  # the next call from the same state: a value made in a narrower dtype may round
-            # otherwise than the reference (log(1 + x) is log1p(x)), and what reads it later is held to its own dtype
+            # otherwise than the reference (log(1 + x) is log1p(x))
 
 
 def test_every_op_family_compiles_exactly():
