@@ -9,6 +9,7 @@ import cortado as ct
 from cortado.backends import gpu_visible, names
 from cortado.backends.numpy import gemm
 from cortado.exprgraph.dtypes import finfo, is_float
+from cortado.exprgraph.graph import schedule
 from cortado.exprgraph.ops import CONV, EINSUM, MATMUL
 from cortado.exprgraph.term import make
 from cortado.rules.stability import stabiliser
@@ -57,6 +58,15 @@ def _past_range(magnitude, dtype):
     pass it), and finite (an infinite term overflows in every order)."""
     magnitude = np.asarray(magnitude, np.float64)
     return np.isfinite(magnitude) & (magnitude >= float(finfo(dtype).max) * (1 - 2.0 ** -10))
+
+
+def made_in(term):
+    """The least precise float dtype of the values ``term`` is made from, where it is less precise than ``term``'s
+    own (a float32 convolution cast to float64 keeps float32's rounding, which the CPU's fused multiply-adds may take
+    otherwise than the reference); else None."""
+    floats = [t.dtype for t in schedule(term) if is_float(t.dtype)]
+    least = min(floats, key=lambda d: np.dtype(d).itemsize, default=None)
+    return least if least is not None and np.dtype(least).itemsize < np.dtype(term.dtype).itemsize else None
 
 
 def host(array):

@@ -12,23 +12,14 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.exprgraph.dtypes import is_float
-from cortado.exprgraph.graph import schedule
 from cortado.memplan import verify
 from cortado.testing import graphs_with_feeds
+from reference_checks import made_in
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from mlp_numpy import initial_values, mlp  # noqa: E402
 
 TOLERANCE = {"bfloat16": (3e-2, 4e-3), "float16": (1e-2, 1e-3), "float32": (1e-5, 1e-6), "float64": (1e-12, 1e-14)}
-
-
-def made_in(term):
-    """The least precise float dtype of the values ``term`` is made from, where it is less precise than ``term``'s
-    own (a float32 convolution cast to float64 keeps float32's rounding, which the CPU's fused multiply-adds may take
-    otherwise than the reference); else None."""
-    floats = [t.dtype for t in schedule(term) if is_float(t.dtype)]
-    least = min(floats, key=lambda d: np.dtype(d).itemsize, default=None)
-    return least if least is not None and np.dtype(least).itemsize < np.dtype(term.dtype).itemsize else None
 
 
 def assert_same(ours, expected, computed_in=None):
