@@ -11,7 +11,7 @@ import cortado as ct
 from cortado import compiler, nn, optim
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy.lowering import lowering
-from cortado.backends.cupy.lowering.float8 import FLOAT8_GEMM
+from cortado.backends.cupy.lowering.float8_op import FLOAT8_GEMM
 from cortado.exprgraph.graph import post_order
 from cortado.exprgraph.scaling import EXPONENTS, exponents, scale_for
 from cortado.rules.engine import Trace

@@ -12,7 +12,7 @@ from cortado import compiler
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy import sources
 from cortado.backends.cupy.codegen import Operand, contiguous_strides
-from cortado.backends.cupy.lowering.float8 import FLOAT8_GEMM
+from cortado.backends.cupy.lowering.float8_op import FLOAT8_GEMM
 from cortado.errors import BackendError
 from cortado.exprgraph.graph import post_order
 from cortado.exprgraph.ops import FUSED_OP, TRANSPOSE, parameter

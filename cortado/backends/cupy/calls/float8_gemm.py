@@ -1,5 +1,6 @@
 """``float8_gemm`` terms as cuBLASLt calls: ``epilogue(scale * a @ b^T + bias)`` of float8 matrices, summed in
-float32 and rounded once to the output's dtype.
+float32 and rounded once to the output's dtype (a float8 output after its D scale, with its largest magnitude written
+through the AMAX_D pointer; a ``*_aux`` epilogue's gelu argument through the auxiliary pointer, in bfloat16).
 
 cuBLASLt multiplies float8 on Hopper only in its "TN" form: column-major, the first operand transposed, the second
 not. Our row-major ``a`` (m, k) and ``b`` (n, k), both with the contracted axis innermost, are exactly that: the
@@ -13,17 +14,23 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....exprgraph.dtypes import BFLOAT16
 from .cublaslt import _heuristics, _lt, Gemm, heuristic, matrix_layout
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float8_e4m3fn": 28, "float8_e5m2": 29}  # cudaDataType
-_EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "gelu": "GELU", "bias_gelu": "GELU_BIAS"}
+_EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "gelu": "GELU", "bias_gelu": "GELU_BIAS", "gelu_aux": "GELU_AUX",
+              "bias_gelu_aux": "GELU_AUX_BIAS"}
+_FLOAT8_OUTPUT_C = "bfloat16"  # the C type cuBLASLt pairs with a float8 D (C is not read: beta is 0)
+# what the heuristic sees of a pointer that each call sets: null, but for the amax, which a null pointer would ask
+# no algorithm to compute
+_AMAX_PLACEHOLDER = 256
 WORKSPACE_LIMIT = 32 << 20
 
 
 @dataclass(frozen=True)
 class Float8GemmCall:
-    """All a float8 call is made from: ``a`` (m, k) and ``b`` (n, k) stored in C order, their dtypes, the output's,
-    the epilogue, and whether a scale is read."""
+    """All a float8 call is made from: ``a`` (m, k) and ``b`` (n, k) stored in C order, their dtypes, the output's
+    (a float8 one reads a D scale and writes its amax), the epilogue, and whether a scale is read."""
 
     m: int
     n: int
@@ -43,38 +50,48 @@ class Float8Gemm(Gemm):
         lt = _lt()
         from nvmath.bindings.cublas import ComputeType
 
-        self.dtype = np.dtype(call.dtype)
+        output = np.dtype(call.dtype)
+        self.float8_output = output.name.startswith("float8")
+        wide = np.dtype(BFLOAT16) if self.float8_output else output  # the bias's, C's, and what tuning fills with
+        self.dtype = wide
         self.scalars = np.array([1.0, 0.0], np.float32)
         self.desc = lt.matmul_desc_create(ComputeType.COMPUTE_32F, 0)  # scales in float32 (CUDA_R_32F)
         self._set(lt.MatmulDescAttribute.TRANSA, 1)
         self._set(lt.MatmulDescAttribute.TRANSB, 0)
         self._set(lt.MatmulDescAttribute.EPILOGUE, int(getattr(lt.Epilogue, _EPILOGUES[call.epilogue])))
         self.bias = "bias" in call.epilogue
-        self.bias_gradient = self.aux = False
+        self.aux = call.epilogue.endswith("_aux")
+        self.bias_gradient = False
         self.pointed = {}
-        if self.bias:
-            self._set(lt.MatmulDescAttribute.BIAS_DATA_TYPE, _DATA_TYPES[self.dtype.name])
-        self.scaled = call.scaled
         m, n, k = call.m, call.n, call.k
+        if self.bias:
+            self._set(lt.MatmulDescAttribute.BIAS_DATA_TYPE, _DATA_TYPES[wide.name])
+        if self.aux:  # the gelu's argument, row-major like the product, in bfloat16
+            self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
+            self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_DATA_TYPE, _DATA_TYPES["bfloat16"])
+        self.scaled = call.scaled
         types = (_DATA_TYPES[np.dtype(call.b_dtype).name], _DATA_TYPES[np.dtype(call.a_dtype).name],
-                 _DATA_TYPES[self.dtype.name], _DATA_TYPES[self.dtype.name])
+                 _DATA_TYPES[_FLOAT8_OUTPUT_C if self.float8_output else output.name], _DATA_TYPES[output.name])
         shapes = [(k, n, k), (k, m, k), (n, m, n), (n, m, n)]
         self.layouts = [matrix_layout(data, *shape) for data, shape in zip(types, shapes)]
         self.key = ("float8", types, tuple(shapes), call.epilogue, call.scaled)
-        if self.key not in _heuristics:
-            if self.bias:  # the heuristic looks at the epilogue's pointers too
-                self._point("BIAS_POINTER", 0)
-            if self.scaled:
-                self._point("A_SCALE_POINTER", 0)
+        if self.key not in _heuristics:  # the heuristic looks at the epilogue's pointers too
+            for name, used in (("BIAS_POINTER", self.bias), ("A_SCALE_POINTER", self.scaled),
+                               ("EPILOGUE_AUX_POINTER", self.aux), ("D_SCALE_POINTER", self.float8_output),
+                               ("AMAX_D_POINTER", self.float8_output)):
+                if used:
+                    self._point(name, _AMAX_PLACEHOLDER if name == "AMAX_D_POINTER" else 0)
             _heuristics[self.key] = heuristic(self.desc, self.layouts, WORKSPACE_LIMIT)
         self.candidates = _heuristics[self.key]
         self.workspace_bytes = int(self.candidates["workspace_size"].max())
         self.choice = 0
 
-    def call(self, a, b, d, workspace, scale, bias, stream):
-        """Run on device pointers (``scale``, ``bias``: None where the call reads none) on ``stream``."""
-        if scale is not None:
-            self._point("A_SCALE_POINTER", scale)
-        if bias is not None:
-            self._point("BIAS_POINTER", bias)
-        self._matmul(a, b, d, d, workspace, stream)
+    def call(self, a, b, d, workspace, scale, bias, aux, d_scale, amax, stream):
+        """Run on device pointers (``scale``, ``bias``, ``aux``, ``d_scale``, ``amax``: None where the call has none)
+        on ``stream``. C is never read (beta is 0): it is ``aux`` where there is one (a float8 D pairs with a
+        bfloat16 C), else ``d``."""
+        for name, pointer in (("A_SCALE_POINTER", scale), ("BIAS_POINTER", bias), ("EPILOGUE_AUX_POINTER", aux),
+                              ("D_SCALE_POINTER", d_scale), ("AMAX_D_POINTER", amax)):
+            if pointer is not None:
+                self._point(name, pointer)
+        self._matmul(a, b, aux if aux is not None else d, d, workspace, stream)

@@ -1,4 +1,4 @@
-"""The float8 target: ``float8_gemm``, cuBLASLt's scaled float8 product, and the rules that find it in plain
+"""The float8 target: the rules that find ``float8_gemm`` (``float8_op``: cuBLASLt's scaled float8 product) in plain
 expressions.
 
 A float8 product is written as the arithmetic it is: ``cast(x * sx, float8_e4m3fn) @ cast(w * sw, float8_e4m3fn)``
@@ -18,9 +18,12 @@ call, each fold changing at most where a result is rounded:
   the same bits wherever every result stays a normal float32, which ``_exactly_scaled`` proves from the float8
   ranges, the scales' exponents and the contracted length; so a float8 layer's gradients are float8 products too;
 - a cast of it to bfloat16 is the call's output type; then a bias row of bfloat16 added to it, and gelu of it all,
-  are its epilogue (computed in float32 on the sums, rounded once to the output).
+  are its epilogue (computed in float32 on the sums, rounded once to the output);
+- a gelu of it that is then scaled and cast to float8 (the next float8 layer's input) is the call's float8 output,
+  the product before gelu its second result where gelu's gradient reads it, and the gelu's largest magnitude (the
+  next layer's amax) its third (``float8_gelu``, a pass over the whole graph in ``finish``).
 
-Only a product rounded to bfloat16 runs on the float8 tensor cores: their partial sums keep about 13 bits on
+Only a product rounded to bfloat16 (or float8) runs on the float8 tensor cores: their partial sums keep about 13 bits on
 Hopper (an H100's float8 product of 64 terms was up to 2^-13 off the float32 sum, with cuBLASLt's full
 accumulation), within bfloat16's rounding (8 bits) but a thousand float32 units off. A product kept in float32 or
 float16, and any other product with a float8 operand, is computed in the other operand's dtype, or float32, its
@@ -35,90 +38,16 @@ import operator
 import numpy as np
 
 from ....exprgraph import constructors as ct
-from ....exprgraph.dtypes import BFLOAT16, FLOAT8, finfo, is_float8
-from ....exprgraph.ops import BROADCAST_TO, CAST, CONST, GELU, LOWERED, MULTIPLY, RESHAPE, TRANSPOSE, Op
+from ....exprgraph.dtypes import FLOAT8, finfo, is_float8
+from ....exprgraph.ops import BROADCAST_TO, CAST, MULTIPLY, RESHAPE, TRANSPOSE
 from ....exprgraph.scaling import exponents
-from ....exprgraph.semantics import implementation
-from ....exprgraph.term import dtype_violation, make, shape_violation
+from ....exprgraph.term import make
 from ....rules.engine import Rewrite, Rule, RuleSet, bottom_up
+from .float8_gelu import gelus_into_float8_products
+from .float8_op import FLOAT8_GEMM, FLOAT8_OUTPUTS, ROUNDED_ENOUGH, float8_gemm, one_value, parts
 from .gemm_op import gemm
 
-FLOAT8_GEMM_EPILOGUES = ("none", "bias", "gelu", "bias_gelu")
-ROUNDED_ENOUGH = (BFLOAT16,)  # the outputs whose rounding covers the tensor cores' partial sums (see above)
-OUTPUT_DTYPES = (np.dtype(np.float32),) + ROUNDED_ENOUGH  # float32: before a cast folds in, or before ``finish``
 ALIGNMENT = 16  # elements of the contracted and the column dimension: cuBLASLt's float8 kernels read 16 bytes at once
-
-
-def float8_operands(args, scaled, epilogue):
-    """``(a, b, scale, bias)`` of a float8_gemm's arguments, None for those it has not."""
-    a, b, *rest = args
-    scale = rest.pop(0) if scaled else None
-    bias = rest.pop(0) if "bias" in epilogue else None
-    return a, b, scale, bias
-
-
-def _shape(args, dtype, epilogue, scaled):
-    if epilogue not in FLOAT8_GEMM_EPILOGUES:
-        raise shape_violation(f"unknown epilogue {epilogue!r}; the epilogues are {FLOAT8_GEMM_EPILOGUES}")
-    if len(args) != 2 + scaled + ("bias" in epilogue):
-        raise shape_violation("float8_gemm takes a, b, then the scale where it is scaled, then the bias where its "
-                              "epilogue adds one")
-    a, b, scale, bias = float8_operands(args, scaled, epilogue)
-    if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[1]:
-        raise shape_violation(f"float8_gemm multiplies a (m, k) matrix by the transpose of a (n, k) one, not "
-                              f"{a.shape} and {b.shape}")
-    if scale is not None and scale.shape != ():
-        raise shape_violation(f"the scale is one value, not of shape {scale.shape}")
-    if bias is not None and bias.shape != (b.shape[0],):
-        raise shape_violation(f"the bias has shape {bias.shape}; it must be ({b.shape[0]},)")
-    return a.shape[0], b.shape[0]
-
-
-def _dtype(args, dtype, epilogue, scaled):
-    a, b, scale, bias = float8_operands(args, scaled, epilogue)
-    if not (is_float8(a.dtype) and is_float8(b.dtype)) or a.dtype == b.dtype == FLOAT8[1]:
-        raise dtype_violation("float8_gemm multiplies float8 matrices, not two of float8_e5m2 (cuBLASLt does not)")
-    if scale is not None and scale.dtype != np.float32:
-        raise dtype_violation("the scale of a float8_gemm is float32")
-    if bias is not None and bias.dtype != dtype:
-        raise dtype_violation("a float8_gemm's bias has its output's dtype")
-    return dtype
-
-
-def _normalize(args, dtype=np.float32, epilogue="none", scaled=False):
-    dtype = np.dtype(dtype)
-    if dtype not in OUTPUT_DTYPES:
-        raise dtype_violation(f"a float8_gemm writes float32 or bfloat16, not {dtype}")
-    if "bias" in epilogue and dtype == np.float32:
-        raise dtype_violation("cuBLASLt adds a bias to a float8 product written in bfloat16 only")
-    return dtype, epilogue, bool(scaled)
-
-
-def _evaluate(xs, dtype, epilogue, scaled):
-    """The float32 sums of exact products, scaled, the bias added and gelu taken in float32; the caller rounds."""
-    a, b, scale, bias = float8_operands(xs, scaled, epilogue)
-    out = np.matmul(a.astype(np.float32), b.astype(np.float32).T)
-    if scale is not None:
-        out = out * scale.astype(np.float32)
-    if bias is not None:
-        out = out + bias.astype(np.float32)
-    return implementation(GELU)([out]) if "gelu" in epilogue else out
-
-
-FLOAT8_GEMM = Op("float8_gemm", None, ("dtype", "epilogue", "scaled"), _shape, _dtype, LOWERED, _normalize,
-                 evaluate=_evaluate)
-
-
-def float8_gemm(a, b, dtype=np.float32, epilogue="none", scale=None, bias=None):
-    """The term ``epilogue(scale * a @ b^T + bias)`` of float8 matrices ``a`` (m, k) and ``b`` (n, k), in float32,
-    rounded once to ``dtype``."""
-    args = (a, b) + ((scale,) if scale is not None else ()) + ((bias,) if bias is not None else ())
-    return make(FLOAT8_GEMM, args, FLOAT8_GEMM.normalize(args, dtype, epilogue, scale is not None))
-
-
-def _parts(g):
-    a, b, scale, bias = float8_operands(g.args, g.attr("scaled"), g.attr("epilogue"))
-    return {"a": a, "b": b, "dtype": g.dtype, "epilogue": g.attr("epilogue"), "scale": scale, "bias": bias}
 
 
 def _transposed(m):
@@ -153,21 +82,9 @@ def _product(b, t):
     g, wrap = t, (lambda rebuilt: rebuilt)
     if t.op is RESHAPE and t.args[0].op is FLOAT8_GEMM and not b.shared(t):
         g, wrap = t.args[0], (lambda rebuilt: ct.reshape(rebuilt, t.shape))
-    if g.op is not FLOAT8_GEMM or b.shared(g):
+    if g.op is not FLOAT8_GEMM or b.shared(g) or g.attr("output") or g.dtype in FLOAT8_OUTPUTS:
         return None, None
     return g, wrap
-
-
-def _scalar(t):
-    """The float32 value of one value that ``t`` is (a 0-d term, broadcast or not, or a constant), as a 0-d term;
-    else None."""
-    if t.dtype != np.float32:
-        return None
-    if t.op is CONST and t.attr("value").scalar is not None:
-        return ct.const(np.float32(t.attr("value").scalar))
-    while t.op is BROADCAST_TO:
-        t = t.args[0]
-    return t if t.shape == () else None
 
 
 def _exactly_scaled(a_dtype, b_dtype, k, scale):
@@ -185,15 +102,15 @@ def _exactly_scaled(a_dtype, b_dtype, k, scale):
 def _scale(b):
     for t, other in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
         g, wrap = _product(b, t)
-        scale = None if g is None else _scalar(other)
+        scale = None if g is None else one_value(other)
         if scale is None or t.shape != b.term.shape or g.dtype != np.float32 or g.attr("epilogue") != "none":
             continue
-        parts = _parts(g)
-        if parts["scale"] is not None:  # a second scale: exact only where both are powers of two
-            scale = parts["scale"] * scale
-            if not _exactly_scaled(parts["a"].dtype, parts["b"].dtype, parts["a"].shape[1], scale):
+        own = parts(g)
+        if own["scale"] is not None:  # a second scale: exact only where both are powers of two
+            scale = own["scale"] * scale
+            if not _exactly_scaled(own["a"].dtype, own["b"].dtype, own["a"].shape[1], scale):
                 continue
-        return wrap(float8_gemm(**{**parts, "scale": scale}))
+        return wrap(float8_gemm(**{**own, "scale": scale}))
     return None
 
 
@@ -209,7 +126,7 @@ def _scaled_float8(t):
         return None if inner is None else (make(t.op, (inner[0],), t.attrs), inner[1])
     if t.op is MULTIPLY:
         for x, s in (t.args, t.args[::-1]):
-            scale = _scalar(s)
+            scale = one_value(s)
             inner = None if scale is None or exponents(scale) is None else _scaled_float8(x)
             if inner is not None:
                 return inner[0], inner[1] + [scale]
@@ -241,7 +158,7 @@ def _cast(b):
     dtype = b.term.dtype
     if g is None or g.dtype != np.float32 or dtype not in ROUNDED_ENOUGH:
         return None
-    return wrap(float8_gemm(**{**_parts(g), "dtype": dtype}))
+    return wrap(float8_gemm(**{**parts(g), "dtype": dtype}))
 
 
 def _bias(b):
@@ -251,7 +168,7 @@ def _bias(b):
             continue
         bias = other.args[0] if other.op is BROADCAST_TO else other
         if bias.shape == (g.shape[1],) and bias.dtype == g.dtype:
-            return wrap(float8_gemm(**{**_parts(g), "epilogue": "bias", "bias": bias}))
+            return wrap(float8_gemm(**{**parts(g), "epilogue": "bias", "bias": bias}))
     return None
 
 
@@ -259,7 +176,7 @@ def _gelu(b):
     g, wrap = _product(b, b["_x"])
     if g is None or g.dtype == np.float32 or g.attr("epilogue") not in ("none", "bias"):
         return None
-    return wrap(float8_gemm(**{**_parts(g), "epilogue": "gelu" if g.attr("epilogue") == "none" else "bias_gelu"}))
+    return wrap(float8_gemm(**{**parts(g), "epilogue": "gelu" if g.attr("epilogue") == "none" else "bias_gelu"}))
 
 
 rules = RuleSet([
@@ -274,19 +191,20 @@ rules = RuleSet([
 
 def finish(roots, trace=None, keep=frozenset()):
     """``roots`` with each float8_gemm whose result is kept in float32 (see above) computed in float32 by
-    cuBLASLt's plain GEMM, its float8 operands converted exactly, its scale a multiply after it."""
+    cuBLASLt's plain GEMM, its float8 operands converted exactly, its scale a multiply after it; then the gelus
+    cast to float8 folded into their products (``float8_gelu``)."""
     def widened(original, rebuilt):
-        if rebuilt.op is not FLOAT8_GEMM or rebuilt.dtype in ROUNDED_ENOUGH:
+        if rebuilt.op is not FLOAT8_GEMM or rebuilt.attr("dtype") != np.float32:
             return rebuilt
-        parts = _parts(rebuilt)
-        product = gemm(ct.cast(parts["a"], np.float32), ct.cast(parts["b"], np.float32), transpose_b=True)
-        result = product if parts["scale"] is None else product * parts["scale"]
+        own = parts(rebuilt)
+        product = gemm(ct.cast(own["a"], np.float32), ct.cast(own["b"], np.float32), transpose_b=True)
+        result = product if own["scale"] is None else product * own["scale"]
         if trace is not None:
             trace.append(Rewrite("float8-widen", original, result))
         return result
 
     memo = {}
-    return [bottom_up(root, memo, widened) for root in roots]
+    return gelus_into_float8_products([bottom_up(root, memo, widened) for root in roots], trace)
 
 
 def alternatives(planned):

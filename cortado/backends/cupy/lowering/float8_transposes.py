@@ -27,7 +27,7 @@ from ....rules.fusion import ELEMENTWISE_KERNEL, ROW_KERNEL, kernel_shape, row_s
 from ....rules.scalar_epilogues import fused_kernels, kernel_key, substituted
 from ..row_kernels import writes_rows_transposed
 from ..transposed_kernels import writes_transposed
-from .float8 import FLOAT8_GEMM
+from .float8_op import FLOAT8_GEMM
 
 MOST_TRANSPOSED = 2  # transposed results a kernel writes: each keeps a tile, or a block's rows, in shared memory
 
