@@ -270,11 +270,13 @@ def torch_contestant(work, backend, compile_mode=None):
         update = torch.compile(optimizer.step, mode=compile_mode)
 
     def step():
+        if compile_mode is not None:  # a step's CUDA graphs ("reduce-overhead") may overwrite the last step's outputs
+            torch.compiler.cudagraph_mark_step_begin()
         loss = loss_fn(params, tokens, labels)
         loss.backward()
         update()
         optimizer.zero_grad(set_to_none=True)
-        return loss.detach()
+        return loss.detach() if compile_mode is None else loss.detach().clone()
 
     began = time.perf_counter()
     first = float(step())  # the compiled contestant compiles here
