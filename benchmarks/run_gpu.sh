@@ -6,8 +6,9 @@
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]    (conv, int8,
 #     float8, compile: those benchmarks alone;
-#     gpt: the GPT training step against torch eager, torch.compile and jax.jit alone (bench_gpt_gpu.py), layer
-#     norm and cross-entropy against torch's (bench_norms_gpu.py), and gelu over values of three ranges (bench_gelu_gpu.py);
+#     gpt: the GPT training step against torch eager, torch.compile (default and reduce-overhead) and jax.jit alone
+#     (bench_gpt_gpu.py), layer norm and cross-entropy against torch's (bench_norms_gpu.py), and gelu over values of
+#     three ranges (bench_gelu_gpu.py);
 #     cpu: the CPU benchmarks (products, MLP, CNN and GPT steps against NumPy and torch's CPU eager mode) on this machine's cores;
 #     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are;
 #     ours: our side alone of the fused, MLP, CNN, GPT and norm benchmarks (no peers: plain CuPy, the copy floor and
