@@ -28,7 +28,6 @@ def test_a_first_output_that_later_outputs_read_keeps_its_value():
     np.testing.assert_array_equal(outs[2], np.float32(1.0) + np.exp(-np.abs(square_value * np.float32(2.0))))
 
 
-
 def test_a_steps_workspace_does_not_depend_on_where_its_stand_ins_lie(monkeypatch):
     """A region is measured with stand-ins of one element each (``kernels.c_strided``), whose claimed spans overlap
     wherever the allocator puts them; a stand-in shares memory with no other array (``standins``), so what a region

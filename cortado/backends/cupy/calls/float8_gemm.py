@@ -14,13 +14,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ....exprgraph.dtypes import BFLOAT16
+from ....exprgraph.dtypes import BFLOAT16, is_float8
 from .cublaslt import _heuristics, _lt, Gemm, heuristic, matrix_layout
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float8_e4m3fn": 28, "float8_e5m2": 29}  # cudaDataType
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "gelu": "GELU", "bias_gelu": "GELU_BIAS", "gelu_aux": "GELU_AUX",
               "bias_gelu_aux": "GELU_AUX_BIAS"}
-_FLOAT8_OUTPUT_C = "bfloat16"  # the C type cuBLASLt pairs with a float8 D (C is not read: beta is 0)
 # what the heuristic sees of a pointer that each call sets: null, but for the amax, which a null pointer would ask
 # no algorithm to compute
 _AMAX_PLACEHOLDER = 256
@@ -51,8 +50,9 @@ class Float8Gemm(Gemm):
         from nvmath.bindings.cublas import ComputeType
 
         output = np.dtype(call.dtype)
-        self.float8_output = output.name.startswith("float8")
-        wide = np.dtype(BFLOAT16) if self.float8_output else output  # the bias's, C's, and what tuning fills with
+        self.float8_output = is_float8(output)
+        # the bias's, C's (cuBLASLt pairs a float8 D with a bfloat16 C, never read: beta is 0), what tuning fills with
+        wide = np.dtype(BFLOAT16) if self.float8_output else output
         self.dtype = wide
         self.scalars = np.array([1.0, 0.0], np.float32)
         self.desc = lt.matmul_desc_create(ComputeType.COMPUTE_32F, 0)  # scales in float32 (CUDA_R_32F)
@@ -71,7 +71,7 @@ class Float8Gemm(Gemm):
             self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_DATA_TYPE, _DATA_TYPES["bfloat16"])
         self.scaled = call.scaled
         types = (_DATA_TYPES[np.dtype(call.b_dtype).name], _DATA_TYPES[np.dtype(call.a_dtype).name],
-                 _DATA_TYPES[_FLOAT8_OUTPUT_C if self.float8_output else output.name], _DATA_TYPES[output.name])
+                 _DATA_TYPES[wide.name], _DATA_TYPES[output.name])
         shapes = [(k, n, k), (k, m, k), (n, m, n), (n, m, n)]
         self.layouts = [matrix_layout(data, *shape) for data, shape in zip(types, shapes)]
         self.key = ("float8", types, tuple(shapes), call.epilogue, call.scaled)
