@@ -144,21 +144,21 @@ def _rows_scaled(x):
 
 
 def test_a_row_kernel_writes_its_rows_transposed_a_block_of_rows_at_a_time():
-    """A row kernel's float8 rows written as they are and transposed: a warp a row, sixteen warps two rows each into
-    shared memory, then a sector of the block's 32 rows a column; rows that are not whole blocks, or whose block
-    would take more than 48 KiB of shared memory, are refused."""
+    """A row kernel's float8 rows written as they are and transposed: a warp a row, eight warps two rows each into
+    shared memory, then the block's 16 rows a column at a time; rows that are not whole blocks, or whose block would
+    take more than 24 KiB of shared memory, are refused."""
     shape = (8, 1024, 768)
     operand = Operand(shape, BF16, contiguous_strides(shape))
     y, peak = _rows_scaled(parameter(0, operand))
     (source,) = sources.kernel_sources((y, peak, ct.transpose(ct.reshape(y, (8192, 768)))), [operand])
-    assert source.blocks == 8192 // 32 and source.block == (512, 1, 1) and source.shared == 32 * 768
-    assert "__launch_bounds__(512)" in source.text and "for (unsigned int g = 0; g < 2u; ++g)" in source.text
+    assert source.blocks == 8192 // 16 and source.block == (256, 1, 1) and source.shared == 16 * 768
+    assert "__launch_bounds__" not in source.text and "for (unsigned int g = 0; g < 2u; ++g)" in source.text
     assert "tile2 = reinterpret_cast<__nv_fp8_e4m3 (*)[768]>(ct_rows + 0)" in source.text
-    assert "(out2 + (size_t)r * 8192u + blockIdx.x * 32u)" in source.text
-    for shape in ((48, 64), (64, 3072)):  # rows that are not whole blocks; a block's rows past 48 KiB
+    assert "(out2 + (size_t)r * 8192u + blockIdx.x * 16u)" in source.text
+    for shape in ((40, 64), (64, 3072)):  # rows that are not whole blocks; a block's rows past 24 KiB
         odd = Operand(shape, BF16, (shape[1], 1))
         y, peak = _rows_scaled(parameter(0, odd))
-        with pytest.raises(BackendError, match="blocks of 32 whole rows"):
+        with pytest.raises(BackendError, match="blocks of 16 whole rows"):
             sources.kernel_sources((y, peak, ct.transpose(y)), [odd])
 
 
@@ -188,7 +188,7 @@ def test_a_row_kernel_whose_rows_are_read_only_transposed_stays_a_row_kernel():
     for t in rows:
         operands = [Operand(a.shape, a.dtype, contiguous_strides(a.shape)) for a in t.args]
         (source,) = sources.kernel_sources(t.attr("outputs"), operands, (), None, t.attr("kernel"))
-        assert source.shared == 32 * 1024
+        assert source.shared == 16 * 1024
         assert [o.op.name for o in t.attr("outputs")] == ["max", "transpose"]
         assert source.text.count("r = c * ") == 2  # the scale's max, then the pass writing the rows and their maxima
     rng = np.random.default_rng(8)

@@ -21,11 +21,17 @@ from .codegen import (
 from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
 
 ROW_KERNEL_WARP_LIMIT = 2048  # a row kernel's rows this long or shorter take a warp each, longer ones a block
-TRANSPOSED_ROWS = 32  # a row kernel writing rows transposed: a block's rows, a 32-byte sector of each column
-TRANSPOSED_WARPS = 16  # of which this many are made at once, a warp each
-# the most shared memory a block's rows to be written transposed may take: on the H100 a block's 32 float8 rows of
-# 3072 (96 KiB, two blocks a multiprocessor) made a gelu's row kernel 35 us slower, more than the copy it saved
-SHARED_ROWS_LIMIT = 48 << 10
+# a row kernel writing rows transposed: a block's rows, 16 bytes of each column (two blocks fill a 32-byte sector),
+# made by this many warps at once, two rows each: blocks of 256 threads, two of which share a multiprocessor where
+# one of 512 (32 rows, 16 warps) held it alone (ncu: 25% occupancy), so that one computes while the other writes.
+# On an H200 the large float8 GPT step took 12.07-12.10 ms against 12.16-12.17 with 32 rows and 16 warps; 16 warps
+# of a row, or 8 rows a block, were slower (benchmarks/results/h200/experiments/transposed_row_blocks/)
+TRANSPOSED_ROWS = 16
+TRANSPOSED_WARPS = 8
+# the most shared memory a block's rows to be written transposed may take: rows of up to 1536 float8 values (768
+# written in both orders); on the H100 a block's 32 float8 rows of 3072 (96 KiB, two blocks a multiprocessor) made a
+# gelu's row kernel 35 us slower, more than the copy it saved
+SHARED_ROWS_LIMIT = 24 << 10
 ROW_CACHE_VECTORS = 8  # the most 16-byte vectors of its operands' rows a row kernel's thread holds in registers (more spill)
 
 
@@ -137,15 +143,15 @@ def _fold(red, j, element):
 
 def writes_rows_transposed(rows, n, dtypes):
     """Whether a row kernel of ``rows`` rows of ``n`` can write results of ``dtypes`` transposed: float8, in blocks of
-    ``TRANSPOSED_ROWS`` whole rows, a sector of them a column, whose rows fit in shared memory."""
+    ``TRANSPOSED_ROWS`` whole rows, whose rows fit in shared memory."""
     return (all(np.dtype(d).itemsize == 1 for d in dtypes) and rows % TRANSPOSED_ROWS == 0
             and len(dtypes) * TRANSPOSED_ROWS * n <= SHARED_ROWS_LIMIT)
 
 
 def _turned(turned, n, rows, threads):
     """Lines writing each transposed output of ``turned`` (``(k, dtype)``) from the block's rows in shared memory
-    (``tile{k}``): a column of the block's ``TRANSPOSED_ROWS`` rows, one full sector (a part of one would have the
-    memory read the rest to write it), a thread at a time."""
+    (``tile{k}``): a column of the block's ``TRANSPOSED_ROWS`` rows a thread at a time, half a 32-byte sector, whose
+    other half the next block writes."""
     lines = ["  __syncthreads();", f"  for (unsigned int r = threadIdx.x; r < {n}u; r += {threads}u) {{"]
     for k, dtype in turned:
         word = f"ct_vec<{storage_type(dtype)}, {TRANSPOSED_ROWS}>"
@@ -173,7 +179,7 @@ def row_source(body, operands, aliased, shape, block_index=None):
     stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads them into
     registers once, before the first pass, instead of reading the row again (from cache) in each. Results written
     transposed (``rules.fusion.transposed_outputs``) take a warp a row, each warp ``TRANSPOSED_ROWS / TRANSPOSED_WARPS`` rows in
-    turn into shared memory, from which the block writes a sector of its ``TRANSPOSED_ROWS`` rows a column
+    turn into shared memory, from which the block writes its ``TRANSPOSED_ROWS`` rows a column at a time
     (``_turned``). With ``block_index``, its statements and block count, for a kernel of parts to call."""
     n, rows = shape[-1], math.prod(shape[:-1])
     transposed = transposed_outputs(body)

@@ -10,8 +10,8 @@ The values are the same: the same elements, stored in another order.
 
 An elementwise kernel (a gradient's e5m2 cast) writes a tile at a time through shared memory (``transposed_kernels``).
 A row kernel (a layer norm's float8 output, a weight's cast folding its rows' maxima) keeps a block of rows in
-shared memory and writes a sector of them a column (``row_kernels``), where they fit 48 KiB: a gelu's rows of 3072
-stay copied by the call.
+shared memory and writes them a column at a time (``row_kernels``), where they fit 24 KiB (rows of up to 1536
+float8 values; longer ones stay copied by the call).
 
     roots = written_transposed(roots, trace)   # after fusion (``Backend.after_fusion``)
 """
