@@ -1,7 +1,8 @@
 """The GPT's training step in float8 against the same step in bfloat16, on the GPU: time a step, and the loss after
 a run of steps from the same seed.
 
-    python benchmarks/bench_float8_gpt_gpu.py [--size large] [--steps 2000] [--out benchmarks/results/float8_gpt_gpu.json]
+    python benchmarks/bench_float8_gpt_gpu.py [--size large] [--steps 2000] [--peers torch,compile,reduce-overhead]
+                                              [--out benchmarks/results/float8_gpt_gpu.json]
     python benchmarks/bench_float8_gpt_gpu.py --backend numpy --size tiny --steps 20    (a smoke test on the CPU)
 
 The model is examples/gpt.py's (``cortado.nn``): in bfloat16 (float32 master weights, AdamW), and in float8, where
@@ -12,9 +13,13 @@ bench_gpt_gpu.py's: large is 12 layers, width 768, 12 heads, context 1024, batch
 - loss: ``--steps`` steps from seed 0, each on a new batch of windows of examples/data/shakespeare.txt drawn from
   one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference;
 - step: then 50 calls back to back on one batch between two events, the device time per step (median of
-  ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first.
+  ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first;
+- each step: on the GPU, steps timed as bench_gpt_gpu.py times every contestant (10 warm-up steps, then 50, each
+  alone between two events and synchronised, the median), the time the peers' are set against.
 
-The peers' float8 (Transformer Engine, torchao) are not run: the GPU machine has neither installed, which the
+The peers (``--peers``, on the GPU by default): torch eager, torch.compile and torch.compile in "reduce-overhead"
+mode, bench_gpt_gpu.py's contestants of the same size, each in a process of its own after ours, in bfloat16: torch
+trains in float8 only through Transformer Engine or torchao, and the GPU machine has neither installed, which the
 results say.
 """
 
@@ -31,6 +36,8 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 sys.path.insert(0, HERE)
 
+from bench_fused_gpu import clock, time_calls  # noqa: E402
+from bench_gpt_gpu import ALIASES, run_child  # noqa: E402
 from reporting import write_results  # noqa: E402
 
 import cortado as ct  # noqa: E402
@@ -42,6 +49,8 @@ SIZES = {"large": dict(layers=12, width=768, heads=12, context=1024, batch=8),
          "tiny": dict(layers=1, width=32, heads=2, context=16, batch=4)}
 LEARNING_RATE = 3e-3
 LAST = 50  # the steps whose mean loss is compared
+EACH = (10, 50)  # warm-up and timed steps, each timed alone: bench_gpt_gpu.py's large size's
+PEERS = "torch,compile,reduce-overhead"  # bench_gpt_gpu.py's contestants (its --only names), the GPU's default
 
 
 def program(size, dtype, backend, data, **options):
@@ -102,6 +111,31 @@ def losses(step, data, size, steps, backend):
     return [float(np.asarray(v.get() if hasattr(v, "get") else v)) for v in found]
 
 
+def each_step_ms(step, tokens, labels):
+    """Device milliseconds a step, each step alone between two events and synchronised (the median of ``EACH``),
+    as bench_gpt_gpu.py times its contestants, ours and the peers alike."""
+    warmup, steps = EACH
+    device, _ = time_calls(lambda: step(tokens_in=tokens, labels=labels), clock("cupy"), steps, warmup)
+    return 1e3 * device
+
+
+def peers(names, size, backend, float8_ms):
+    """bench_gpt_gpu.py's contestants ``names`` on ``size``, each in a process of its own: their results, with their
+    step's time over ours in float8 (``over_float8``: above 1, ours is faster), and a line each."""
+    options = argparse.Namespace(backend=backend, compile_mode="default", steps=None, warmup=None, timeout=600)
+    found = {}
+    for name in names:
+        log(f"peer {name} (bfloat16) ...")
+        result = run_child(name, size, options)
+        if result.get("ms") and float8_ms:
+            result["over_float8"] = result["ms"] / float8_ms
+        found[name] = result
+        log(f"peer {name} (bfloat16): " + (f"{result['ms']:.3f} ms a step" + (
+            f", {result['over_float8']:.3f}x ours in float8" if "over_float8" in result else "")
+            if result.get("ms") else f"not run: {result.get('error')}"))
+    return found
+
+
 STARTED = time.perf_counter()
 
 
@@ -115,14 +149,18 @@ def main():
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--backend", default="cupy", choices=["cupy", "numpy"])
+    parser.add_argument("--peers", default=None, help=f"bench_gpt_gpu.py's contestants to run beside ours, comma-"
+                        f"separated, or none (default: {PEERS} on the GPU, none with --backend numpy)")
     parser.add_argument("--out", default=os.path.join(HERE, "results", "float8_gpt_gpu.json"))
     args = parser.parse_args()
     text = open(TEXT, encoding="utf-8").read()
     alphabet = sorted(set(text))
     data = np.array([alphabet.index(c) for c in text], np.int32)
-    peers = {name: importlib.util.find_spec(name) is not None for name in ("transformer_engine", "torchao")}
-    results = {"size": args.size, "steps": args.steps, "peers_installed": peers, "runs": {}}
-    print(f"float8 peers installed: {peers} (not run: cortado's bfloat16 step is the baseline)", flush=True)
+    installed = {name: importlib.util.find_spec(name) is not None for name in ("transformer_engine", "torchao")}
+    results = {"size": args.size, "steps": args.steps, "peers_installed": installed, "runs": {}}
+    print(f"float8 peers installed: {installed} (torch's float8 needs one; torch runs bfloat16 here)", flush=True)
+    names = args.peers if args.peers is not None else (PEERS if args.backend == "cupy" else "none")
+    names = [ALIASES.get(n, n) for n in names.split(",") if n and n != "none"]
     for dtype in ("bfloat16", "float8"):
         step, compile_s = program(args.size, dtype, args.backend, data)
         log(f"{dtype}: compiled in {compile_s:.1f} s")
@@ -134,9 +172,11 @@ def main():
             x, y = windows(data, SIZES[args.size]["batch"], SIZES[args.size]["context"], np.random.default_rng(0))
             x, y = _device(x, args.backend), _device(y, args.backend)
             run["ms"] = step_ms(step, x, y, args.repeats)
+            run["each_ms"] = each_step_ms(step, x, y)
             run["profile"] = step.profile(tokens_in=x, labels=y)
         results["runs"][dtype] = run
-        log(f"{dtype}: {run.get('ms')} ms a step, {run['kernels']} kernels; loss {run['losses'][0]:.4f} first, "
+        each = f" ({run['each_ms']:.3f} each alone)" if "each_ms" in run else ""
+        log(f"{dtype}: {run.get('ms')} ms a step{each}, {run['kernels']} kernels; loss {run['losses'][0]:.4f} first, "
             f"{run['final_loss']:.4f} over the last {min(LAST, args.steps)} of {args.steps}")
         if "profile" in run:
             print("\n".join(run["profile"].splitlines()[:25]), flush=True)
@@ -146,6 +186,8 @@ def main():
         results["float8_speedup"] = bf16["ms"] / fp8["ms"]
         print(f"float8 step {fp8['ms']:.3f} ms against bfloat16 {bf16['ms']:.3f} ms: {results['float8_speedup']:.3f}x "
               f"(target 1.3x)")
+    if names:
+        results["peers"] = peers(names, args.size, args.backend, fp8.get("each_ms"))
     results["loss_relative_difference"] = (fp8["final_loss"] - bf16["final_loss"]) / bf16["final_loss"]
     print(f"loss after {args.steps} steps: float8 {fp8['final_loss']:.4f}, bfloat16 {bf16['final_loss']:.4f}, "
           f"{results['loss_relative_difference']:+.2%} (target within 2%)")
