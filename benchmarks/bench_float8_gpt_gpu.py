@@ -7,8 +7,8 @@ a run of steps from the same seed.
 
 The model is examples/gpt.py's (``cortado.nn``): in bfloat16 (float32 master weights, AdamW), and in float8, where
 every linear layer of the blocks is ``nn.Linear(..., float8=True)`` (e4m3 products with delayed power-of-two
-scales, gradients rounded to e5m2; the attention, the embeddings and the tied head stay bfloat16). Sizes as
-bench_gpt_gpu.py's: large is 12 layers, width 768, 12 heads, context 1024, batch 8.
+scales, gradients rounded to e5m2; the attention, the embeddings and the tied head stay bfloat16). The sizes are
+bench_gpt_gpu.py's (its ``SIZES``): large is 12 layers, width 768, 12 heads, context 1024, batch 8.
 
 - loss: ``--steps`` steps from seed 0, each on a new batch of windows of examples/data/shakespeare.txt drawn from
   one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference;
@@ -37,19 +37,15 @@ sys.path.insert(0, os.path.join(os.path.dirname(HERE), "examples"))
 sys.path.insert(0, HERE)
 
 from bench_fused_gpu import clock, time_calls  # noqa: E402
-from bench_gpt_gpu import ALIASES, run_child  # noqa: E402
+from bench_gpt_gpu import ALIASES, SIZES, run_child  # noqa: E402
 from reporting import write_results  # noqa: E402
 
 import cortado as ct  # noqa: E402
 from cortado import nn, optim  # noqa: E402
 from gpt import BETAS, GPT, TEXT, WEIGHT_DECAY, windows  # noqa: E402
 
-SIZES = {"large": dict(layers=12, width=768, heads=12, context=1024, batch=8),
-         "small": dict(layers=6, width=384, heads=6, context=256, batch=64),
-         "tiny": dict(layers=1, width=32, heads=2, context=16, batch=4)}
 LEARNING_RATE = 3e-3
 LAST = 50  # the steps whose mean loss is compared
-EACH = (10, 50)  # warm-up and timed steps, each timed alone: bench_gpt_gpu.py's large size's
 PEERS = "torch,compile,reduce-overhead"  # bench_gpt_gpu.py's contestants (its --only names), the GPU's default
 
 
@@ -58,10 +54,10 @@ def program(size, dtype, backend, data, **options):
     ``ct.compile``'s ``options``."""
     shape = SIZES[size]
     float8 = dtype == "float8"
-    model = GPT(len(set(data.tolist())), shape["context"], shape["width"], shape["heads"], None, shape["layers"],
+    model = GPT(len(set(data.tolist())), shape.context, shape.width, shape.heads, None, shape.layers,
                 float8).compute_in("bfloat16")
-    tokens = ct.var("tokens_in", (shape["batch"], shape["context"]), "int32")
-    labels = ct.var("labels", (shape["batch"], shape["context"]), "int32")
+    tokens = ct.var("tokens_in", (shape.batch, shape.context), "int32")
+    labels = ct.var("labels", (shape.batch, shape.context), "int32")
     loss = nn.cross_entropy(model(tokens), labels)
     params = model.parameters()
     adamw = optim.AdamW(lr=LEARNING_RATE, betas=BETAS, weight_decay=WEIGHT_DECAY, decay=lambda name, p: p.ndim == 2)
@@ -106,16 +102,16 @@ def losses(step, data, size, steps, backend):
     rng = np.random.default_rng(1)
     found = []
     for _ in range(steps):
-        x, y = windows(data, shape["batch"], shape["context"], rng)
+        x, y = windows(data, shape.batch, shape.context, rng)
         found.append(step(tokens_in=_device(x, backend), labels=_device(y, backend))[0].copy())
     return [float(np.asarray(v.get() if hasattr(v, "get") else v)) for v in found]
 
 
-def each_step_ms(step, tokens, labels):
-    """Device milliseconds a step, each step alone between two events and synchronised (the median of ``EACH``),
-    as bench_gpt_gpu.py times its contestants, ours and the peers alike."""
-    warmup, steps = EACH
-    device, _ = time_calls(lambda: step(tokens_in=tokens, labels=labels), clock("cupy"), steps, warmup)
+def each_step_ms(step, tokens, labels, size):
+    """Device milliseconds a step, each step alone between two events and synchronised (the median of the steps
+    bench_gpt_gpu.py times at ``size``, after its warm-up steps), as that benchmark times its contestants."""
+    shape = SIZES[size]
+    device, _ = time_calls(lambda: step(tokens_in=tokens, labels=labels), clock("cupy"), shape.steps, shape.warmup)
     return 1e3 * device
 
 
@@ -169,10 +165,10 @@ def main():
         run["final_loss"] = float(np.mean(run["losses"][-LAST:]))  # (all of them, in a run of fewer steps)
         log(f"{dtype}: {args.steps} steps taken")
         if args.backend == "cupy":  # timed after the run: its state does not change a step's time
-            x, y = windows(data, SIZES[args.size]["batch"], SIZES[args.size]["context"], np.random.default_rng(0))
+            x, y = windows(data, SIZES[args.size].batch, SIZES[args.size].context, np.random.default_rng(0))
             x, y = _device(x, args.backend), _device(y, args.backend)
             run["ms"] = step_ms(step, x, y, args.repeats)
-            run["each_ms"] = each_step_ms(step, x, y)
+            run["each_ms"] = each_step_ms(step, x, y, args.size)
             run["profile"] = step.profile(tokens_in=x, labels=y)
         results["runs"][dtype] = run
         each = f" ({run['each_ms']:.3f} each alone)" if "each_ms" in run else ""
