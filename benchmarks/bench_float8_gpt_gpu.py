@@ -14,8 +14,8 @@ bench_gpt_gpu.py's (its ``SIZES``): large is 12 layers, width 768, 12 heads, con
   one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference;
 - step: then 50 calls back to back on one batch between two events, the device time per step (median of
   ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first;
-- each step: on the GPU, steps timed as bench_gpt_gpu.py times every contestant (10 warm-up steps, then 50, each
-  alone between two events and synchronised, the median), the time the peers' are set against.
+- each step: on the GPU, steps timed as bench_gpt_gpu.py times every contestant (its size's warm-up steps, then its
+  timed steps, each alone between two events and synchronised, the median), the time the peers' are set against.
 
 The peers (``--peers``, on the GPU by default): torch eager, torch.compile and torch.compile in "reduce-overhead"
 mode, bench_gpt_gpu.py's contestants of the same size, each in a process of its own after ours, in bfloat16: torch
