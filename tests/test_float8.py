@@ -1,6 +1,9 @@
 """float8 (e4m3fn, e5m2): saturating casts, exact products, straight-through gradients, and the GPU's scaled
 cuBLASLt float8 GEMM that the lowering finds in a plain expression; values against ml_dtypes and the reference."""
 
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -476,3 +479,18 @@ def test_on_the_gpu_a_matrix_stored_transposed_is_copied_as_numpy_transposes_it(
     launcher(source, (given_in.data.ptr, out.data.ptr))()
     cupy.cuda.Device().synchronize()
     np.testing.assert_array_equal(out.get(), stored.T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("contestant", ["ours", "ours_bias_gelu", "ours_e5m2"])
+def test_the_float8_benchmarks_calls_of_ours_run_on_the_gpu(contestant):
+    """bench_float8_gpu.py's contestants of ours at a small shape: the benchmark calls the float8 product as a program
+    does (its pointers follow the call's signature), and the plain product matches float32's."""
+    skip_without_device("cupy")
+    import cupy
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_float8_gpu
+
+    result = getattr(bench_float8_gpu, contestant)(256, 128, 64, 1, bench_float8_gpu._operands(cupy, 256, 128, 64))
+    assert result["ms"] > 0 and (result["max_rel_error"] is not None) == (contestant == "ours")
