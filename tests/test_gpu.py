@@ -7,6 +7,7 @@ import itertools
 import sys
 from pathlib import Path
 
+import ml_dtypes
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -429,6 +430,51 @@ def test_swapped_updates_and_outputs_of_state_on_the_gpu():
         v, w = (host(a) for a in program())
         sign = (-1) ** call
         assert np.array_equal(v, sign * np.arange(5)) and np.array_equal(w, -sign * np.arange(5))
+
+
+def test_a_batch_of_copies_writes_every_byte_of_every_copy_and_nothing_else():
+    """``CopyBatch``: sizes from a byte to its limit, addresses aligned to 16 bytes and not, one kernel launch."""
+    import cupy
+
+    from cortado.backends.cupy.targets.copies import BATCHED_BYTES, CopyBatch
+
+    sizes, offsets = [1, 3, 16, 17, 4101, 65536, BATCHED_BYTES], [0, 1, 16, 5, 0, 3, 0]
+    rng = np.random.default_rng(0)
+    sources = [cupy.asarray(rng.integers(0, 256, n + 32, dtype=np.uint8)) for n in sizes]
+    targets = [cupy.zeros(n + 32, np.uint8) for n in sizes]
+    stream = cupy.cuda.Stream(non_blocking=True)
+    batch = CopyBatch(sizes)
+    call = batch.bind([(s.data.ptr + o, t.data.ptr + o) for s, t, o in zip(sources, targets, offsets)], stream)
+    with stream:
+        call()
+    stream.synchronize()
+    for s, t, n, o in zip(sources, targets, sizes, offsets):
+        expected = np.zeros(n + 32, np.uint8)
+        expected[o:o + n] = host(s)[o:o + n]
+        np.testing.assert_array_equal(host(t), expected)
+    with pytest.raises(ValueError, match="1 to"):
+        CopyBatch([BATCHED_BYTES + 1])
+
+
+@pytest.mark.parametrize("cuda_graph", [False, True])
+def test_many_small_state_updates_copied_at_the_end_of_the_step_follow_the_cpus(cuda_graph):
+    """Rolled histories (each update reads its own variable, so it cannot be written in place) of several dtypes and
+    lengths, and two variables swapped (staged first): the copies into the state, batched, give the CPU's values."""
+    x = ct.var("x", (7,))
+    histories = {ct.var(f"h{n}_{dtype}", (n,), dtype): dtype for n in (1, 3, 16, 33) for dtype in ("float32", "int8")}
+    p, q = ct.var("p", (5,), "bfloat16"), ct.var("q", (5,), "bfloat16")
+    updates = {h: ct.concatenate([ct.cast(ct.reshape(ct.max(x), (1,)), dtype), h[:-1]]) for h, dtype in
+               histories.items()}
+    updates.update({p: q, q: p})
+    state = {h: np.arange(h.shape[0]).astype(dtype) for h, dtype in histories.items()}
+    state.update({p: np.arange(5).astype(ml_dtypes.bfloat16), q: -np.arange(5).astype(ml_dtypes.bfloat16)})
+    gpu = ct.compile([ct.sum(x)], inputs=[x], state=state, updates=updates, backend="cupy", cuda_graph=cuda_graph)
+    cpu = ct.compile([ct.sum(x)], inputs=[x], state=state, updates=updates, backend="numpy")
+    for step in range(4):
+        feed = np.linspace(-3, 3 + step, 7).astype(np.float32)
+        gpu(x=feed), cpu(x=feed)
+        for v in list(histories) + [p, q]:
+            np.testing.assert_array_equal(host(gpu.state[v.name]), cpu.state[v.name])
 
 
 def test_an_update_that_slices_another_states_old_value_reads_it_before_it_changes():

@@ -24,7 +24,7 @@ from ..device import require_gpu
 from ..kernels import finish
 from ..layout import channels_last_for, concatenated_in_place, direct_outputs, io_strides, layouts, stored_strides
 from ..targets import View, forget, runner
-from ..targets.copies import Copy
+from ..targets.copies import BATCHED_BYTES, Copy, CopyBatch
 from .beside import Beside
 from .blocks import Block, captured, constants_block
 from .feeds import Feeds
@@ -118,8 +118,9 @@ class Executor(interface.Executor):
         self.binders += [self._copy(t, self.output_block.pointer(k), self.io_strides[t]) for k, t in enumerate(outputs)
                          if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
-        self.stage_block, copies = staged_updates(final, self.pointers, self._viewed)
-        self.binders += [self._copy(value, destination, source=source) for value, source, destination in copies]
+        self.stage_block, phases = staged_updates(final, self.pointers, self._viewed)
+        for copies in phases:
+            self.binders += self._update_copies(copies)
         self.prepared, self.graphs = {}, {}
         if autotune and self.tuned:  # before the state is written: a gemm may write over a parameter in place
             self._tune()
@@ -171,6 +172,22 @@ class Executor(interface.Executor):
             return lambda pointers: copy.bind(source, destination, self.stream)
         copy = Copy(t.shape, t.dtype, self.strides[t], strides)
         return lambda pointers: copy.bind(pointers[t], destination, self.stream)
+
+    def _update_copies(self, copies):
+        """Binders writing ``copies`` (``(value, source, destination)`` triples, none reading what another writes):
+        the small packed ones, where there are several, by one batch (``CopyBatch``), the others one by one."""
+        small = [k for k, (t, source, _) in enumerate(copies) if 0 < t.size * t.dtype.itemsize <= BATCHED_BYTES
+                 and (source is not None or self.strides[t] == contiguous_strides(t.shape))]
+        small = small if len(small) > 1 else []
+        binders = [self._copy(t, destination, source=source)
+                   for k, (t, source, destination) in enumerate(copies) if k not in small]
+        if small:
+            batch = CopyBatch([copies[k][0].size * copies[k][0].dtype.itemsize for k in small])
+            chosen = [copies[k] for k in small]
+            binders.append(lambda pointers: batch.bind(
+                [(pointers[t] if source is None else source, destination) for t, source, destination in chosen],
+                self.stream))
+        return binders
 
     def _join(self, events):
         """A binder of the call that makes the program's stream wait for the asynchronous calls whose ``events`` (each
