@@ -297,14 +297,18 @@ def test_a_large_amax_is_taken_in_two_stages_on_the_gpu_to_the_same_value(keepdi
 
 
 def test_a_matrix_stored_transposed_is_copied_by_tiles():
-    """How a float8 GEMM's operand stored the other way is copied: a tile at a time through shared memory."""
+    """How a float8 GEMM's operand stored the other way is copied: a tile at a time through shared memory, the tiles
+    smaller where a matrix has few of them (a weight), so that every multiprocessor gets a few."""
     from cortado.backends.cupy.codegen import Operand
     from cortado.backends.cupy.sources import copy_source
-    from cortado.backends.cupy.transposed_kernels import TILE
+    from cortado.backends.cupy.transposed_kernels import COPY_BLOCKS, TILE, TILE_ROWS
 
-    copy = copy_source(Operand((768, 8192), E4M3, (1, 768)))
+    copy = copy_source(Operand((3072, 8192), E4M3, (1, 3072)))
     assert "__shared__ ct_vec<__nv_fp8_e4m3, 4> tile" in copy.text  # blocks of 4 x 4 a thread: a tile of 4 TILE a side
-    assert copy.blocks == (768 // (4 * TILE), 8192 // (4 * TILE), 1) and "ct_vec<__nv_fp8_e4m3, 4>" in copy.text
+    assert copy.blocks == (3072 // (4 * TILE), 8192 // (4 * TILE), 1) and copy.block == (TILE, TILE_ROWS, 1)
+    weight = copy_source(Operand((3072, 768), E4M3, (1, 3072)))  # 144 tiles of 4 TILE: halved to 576
+    assert weight.blocks == (3072 // (2 * TILE), 768 // (2 * TILE), 1) and weight.block == (TILE // 2, TILE_ROWS, 1)
+    assert weight.blocks[0] * weight.blocks[1] >= COPY_BLOCKS > 3072 * 768 // (4 * TILE) ** 2
     assert "ct_vec<__nv_fp8_e4m3, 1>" in copy_source(Operand((766, 8192), E4M3, (1, 766))).text  # no whole words
     assert "__shared__" not in copy_source(Operand((768, 8192), E4M3, (8192, 1))).text  # already in order
 

@@ -27,6 +27,7 @@ TILE = 32  # a tile side in words (of 4 bytes, or one element where wider)
 TILE_ROWS = 8  # threads across a tile: TILE x TILE_ROWS
 PER = 4  # the float8 elements of a word: a transposed output's elements a thread writes at once
 SIDE = TILE * PER  # a transposed output's tile side, in elements
+COPY_BLOCKS = 512  # a transposing copy's tiles, at least, where smaller tiles allow: a few blocks a multiprocessor
 
 
 def stored_transposed(operand):
@@ -49,14 +50,15 @@ def _per_word(operand):
 def transposing_copy(element, operand):
     """``operand`` (rows x cols, stored column by column) written row by row, a tile at a time: each thread reads its
     block of elements as ``per`` words of a column each (a byte at a time through shared memory, a float8 copy ran
-    at about half the memory's speed)."""
+    at about half the memory's speed). Tiles are smaller where the matrix has few (``_copy_tile``)."""
     rows, cols = operand.shape
     per = _per_word(operand)
-    side = TILE * per
+    tile = _copy_tile(rows, cols, per)
+    side = tile * per
     word = f"ct_vec<{storage_type(operand.dtype)}, {per}>"
-    text = (f"  __shared__ {word} tile[{side}][{TILE}];\n"
+    text = (f"  __shared__ {word} tile[{side}][{tile}];\n"
             f"  const unsigned int r0 = blockIdx.x * {side}u, c0 = blockIdx.y * {side}u, x = threadIdx.x;\n"
-            f"  for (unsigned int i = threadIdx.y; i < {TILE}u; i += {TILE_ROWS}u) {{\n"
+            f"  for (unsigned int i = threadIdx.y; i < {tile}u; i += {TILE_ROWS}u) {{\n"
             f"    const unsigned int r = r0 + x * {per}u, c = c0 + i * {per}u;\n"
             f"    if (r < {rows}u && c < {cols}u) {{\n"
             f"      {word} w[{per}], t[{per}];\n"
@@ -68,17 +70,27 @@ def transposing_copy(element, operand):
             f"#pragma unroll\n"
             f"        for (int k = 0; k < {per}; ++k) t[u].v[k] = w[k].v[u];\n"
             f"#pragma unroll\n"
-            f"      for (int u = 0; u < {per}; ++u) tile[x * {per}u + u][(i + x) % {TILE}u] = t[u];\n"
+            f"      for (int u = 0; u < {per}; ++u) tile[x * {per}u + u][(i + x) % {tile}u] = t[u];\n"
             f"    }}\n"
             f"  }}\n"
             f"  __syncthreads();\n"
             f"  for (unsigned int k = threadIdx.y; k < {side}u; k += {TILE_ROWS}u) {{\n"
             f"    const unsigned int r = r0 + k, c = c0 + x * {per}u;\n"
             f"    if (r < {rows}u && c < {cols}u)\n"
-            f"      *reinterpret_cast<{word}*>(out0 + (size_t)r * {cols}u + c) = tile[k][(x + k / {per}u) % {TILE}u];\n"
+            f"      *reinterpret_cast<{word}*>(out0 + (size_t)r * {cols}u + c) = tile[k][(x + k / {per}u) % {tile}u];\n"
             f"  }}\n")
     grid = (-(-rows // side), -(-cols // side), 1)
-    return finished_source("transpose", text, (element,), [operand], (), grid, (TILE, TILE_ROWS, 1))
+    return finished_source("transpose", text, (element,), [operand], (), grid, (tile, TILE_ROWS, 1))
+
+
+def _copy_tile(rows, cols, per):
+    """A transposing copy's tile side in words: ``TILE``, halved (down to ``TILE_ROWS``) while the matrix has fewer
+    tiles than ``COPY_BLOCKS``. A float8 weight of 3072 x 768 is 144 tiles of 128 x 128, barely one block a
+    multiprocessor, each with 16 KiB to move in turn: its copy took 19 us in the float8 GPT step."""
+    tile = TILE
+    while tile > TILE_ROWS and -(-rows // (tile * per)) * -(-cols // (tile * per)) < COPY_BLOCKS:
+        tile //= 2
+    return tile
 
 
 def writes_transposed(rows, cols, dtype):

@@ -41,6 +41,10 @@ def generated_names(step):
                 names[source.name] = describe(term, getattr(made, "detail", ""))
             except Exception as error:  # a diagnostic: a term it cannot describe is named by its error
                 names[source.name] = f"({error!r})"
+        for operand, _, copy in getattr(made, "copies", ()):  # a library call's copies of operands it cannot read
+            if copy.kernel is not None:
+                names[copy.kernel.name] = (f"copy of {operand.shape} {operand.dtype.name} for {term.op.name} "
+                                           f"{getattr(made, 'detail', '')} {term.shape}")
     return names
 
 
