@@ -119,6 +119,7 @@ class Executor(interface.Executor):
                          if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.stage_block, phases = staged_updates(final, self.pointers, self._viewed)
+        self.batches = []
         for copies in phases:
             self.binders += self._update_copies(copies)
         self.prepared, self.graphs = {}, {}
@@ -183,6 +184,7 @@ class Executor(interface.Executor):
                    for k, (t, source, destination) in enumerate(copies) if k not in small]
         if small:
             batch = CopyBatch([copies[k][0].size * copies[k][0].dtype.itemsize for k in small])
+            self.batches.append(batch)
             chosen = [copies[k] for k in small]
             binders.append(lambda pointers: batch.bind(
                 [(pointers[t] if source is None else source, destination) for t, source, destination in chosen],
@@ -213,7 +215,8 @@ class Executor(interface.Executor):
 
     @property
     def device_bytes(self):
-        return sum(b.nbytes for b in self._blocks()) + self.staging.nbytes
+        return (sum(b.nbytes for b in self._blocks()) + self.staging.nbytes
+                + sum(batch.table_bytes for batch in self.batches))
 
     def _sources(self, feeds):
         return self.staging.sources(feeds, self.prepared)
