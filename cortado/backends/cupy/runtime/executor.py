@@ -119,6 +119,7 @@ class Executor(interface.Executor):
                          if direct.get(t) != self.output_block.pointer(k)]
         final = [(var, value) for var, value in updates.items() if sinks.get(value) is not var and value is not var]
         self.stage_block, phases = staged_updates(final, self.pointers, self._viewed)
+        self.batches = []
         for copies in phases:
             self.binders += self._update_copies(copies)
         self.prepared, self.graphs = {}, {}
@@ -167,22 +168,26 @@ class Executor(interface.Executor):
     def _copy(self, t, destination, strides=None, source=None):
         """A binder of calls writing value ``t`` at ``destination``, packed with ``strides`` (C order if None); from
         ``source``, where given, an address holding it packed."""
-        if source is not None:
-            copy = Copy(t.shape, t.dtype, contiguous_strides(t.shape))
-            return lambda pointers: copy.bind(source, destination, self.stream)
-        copy = Copy(t.shape, t.dtype, self.strides[t], strides)
-        return lambda pointers: copy.bind(pointers[t], destination, self.stream)
+        return self._copy_binder(self._made_copy(t, strides, source), t, destination, source)
+
+    def _made_copy(self, t, strides=None, source=None):
+        """The ``Copy`` of value ``t`` into a place packed with ``strides``, from where it is or from ``source``."""
+        return Copy(t.shape, t.dtype, self.strides[t] if source is None else contiguous_strides(t.shape), strides)
+
+    def _copy_binder(self, copy, t, destination, source):
+        return lambda pointers: copy.bind(pointers[t] if source is None else source, destination, self.stream)
 
     def _update_copies(self, copies):
         """Binders writing ``copies`` (``(value, source, destination)`` triples, none reading what another writes):
-        the small packed ones, where there are several, by one batch (``CopyBatch``), the others one by one."""
-        small = [k for k, (t, source, _) in enumerate(copies) if 0 < t.size * t.dtype.itemsize <= BATCHED_BYTES
-                 and (source is not None or self.strides[t] == contiguous_strides(t.shape))]
+        the small memcpys, where there are several, by one batch (``CopyBatch``), the others one by one."""
+        made = [self._made_copy(t, source=source) for t, source, _ in copies]
+        small = [k for k, copy in enumerate(made) if copy.kernel is None and 0 < copy.nbytes <= BATCHED_BYTES]
         small = small if len(small) > 1 else []
-        binders = [self._copy(t, destination, source=source)
+        binders = [self._copy_binder(made[k], t, destination, source)
                    for k, (t, source, destination) in enumerate(copies) if k not in small]
         if small:
-            batch = CopyBatch([copies[k][0].size * copies[k][0].dtype.itemsize for k in small])
+            batch = CopyBatch([made[k].nbytes for k in small])
+            self.batches.append(batch)
             chosen = [copies[k] for k in small]
             binders.append(lambda pointers: batch.bind(
                 [(pointers[t] if source is None else source, destination) for t, source, destination in chosen],
@@ -213,7 +218,8 @@ class Executor(interface.Executor):
 
     @property
     def device_bytes(self):
-        return sum(b.nbytes for b in self._blocks()) + self.staging.nbytes
+        return (sum(b.nbytes for b in self._blocks()) + self.staging.nbytes
+                + sum(batch.table_bytes for batch in self.batches))
 
     def _sources(self, feeds):
         return self.staging.sources(feeds, self.prepared)

@@ -96,6 +96,8 @@ class CopyBatch:
         self.source = _batch_source()
         prepare(self.source)  # compiled beside the program's other kernels; the build waits for them
         self.blocks = min(BATCH_BLOCKS, -(-max(self.nbytes) // (BATCH_THREADS * 16)))
+        self.table_bytes = 0  # on the device, over the tables of every binding
+
 
     def bind(self, places, stream):
         """The call copying from each ``(source, destination)`` address pair of ``places`` (as many as ``nbytes``, in
@@ -107,6 +109,7 @@ class CopyBatch:
         jobs = np.array([(s, d, n) for (s, d), n in zip(places, self.nbytes)], np.uint64)
         with stream:
             table = cupy.asarray(jobs)
+        self.table_bytes += jobs.nbytes
         launches = [launcher(self.source, [table.data.ptr + jobs.itemsize * 3 * first],
                              grid=(self.blocks, min(GRID_ROWS, len(jobs) - first), 1))
                     for first in range(0, len(jobs), GRID_ROWS)]
