@@ -12,6 +12,7 @@ from cortado import compiler
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy import sources
 from cortado.backends.cupy.codegen import Operand, contiguous_strides
+from cortado.backends.cupy.transposed_kernels import TILE, TILE_ROWS
 from cortado.backends.cupy.lowering.float8_op import FLOAT8_GEMM
 from cortado.errors import BackendError
 from cortado.exprgraph.graph import post_order
@@ -119,7 +120,7 @@ def test_the_kernel_writes_rows_and_their_transpose_a_tile_of_words_at_a_time():
     x, b = parameter(0, operand), parameter(1, bias)
     q = ct.cast(ct.cast(x, "float32") + ct.cast(b, "float32"), "float8_e4m3fn")
     (source,) = sources.kernel_sources((q, ct.transpose(ct.reshape(q, (8192, 768)))), [operand, bias])
-    assert source.blocks == (768 // 128, 8192 // 128, 1) and source.block == (32, 8, 1)
+    assert source.blocks == (768 // 128, 8192 // 128, 1) and source.block == (TILE, TILE_ROWS, 1) == (32, 16, 1)
     assert "ct_vec<__nv_bfloat16, 4>*>(in0 + (size_t)r * 768u + cb)" in source.text  # the activation, 8 bytes a load
     assert "in1[c]" in source.text  # the bias row, an element at a time
     assert "__shared__ ct_vec<__nv_fp8_e4m3, 4> tile1[128][32]" in source.text

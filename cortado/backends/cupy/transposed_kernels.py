@@ -24,7 +24,7 @@ from .codegen import (
 from .reduction_kernels import ACCUMULATOR_BYTES, parts_total, reduction_parts
 
 TILE = 32  # a tile side in words (of 4 bytes, or one element where wider)
-TILE_ROWS = 8  # threads across a tile: TILE x TILE_ROWS
+TILE_ROWS = 16  # threads across a tile: TILE x TILE_ROWS
 PER = 4  # the float8 elements of a word: a transposed output's elements a thread writes at once
 SIDE = TILE * PER  # a transposed output's tile side, in elements
 COPY_BLOCKS = 512  # a transposing copy's tiles, at least, where smaller tiles allow: a few blocks a multiprocessor
