@@ -84,7 +84,8 @@ def ours(m, n, k, repeats, operands, epilogue="none", a_dtype=E4M3):
     bias = cupy.zeros(n, np.uint16)  # bfloat16 zeros
     workspace = cupy.empty(max(gemm.workspace_bytes, 1), np.uint8)
     pointers = (a.data.ptr, b.data.ptr, out.data.ptr, workspace.data.ptr, scale.data.ptr,
-                bias.data.ptr if "bias" in epilogue else None, None, None, None)  # no aux, bfloat16 D: no D scale, amax
+                bias.data.ptr if "bias" in epilogue else None, None, None, None, None)  # no c, no aux, bfloat16 D:
+    # no D scale, no amax
     stream = cupy.cuda.Stream(non_blocking=True)
     with stream:
         gemm.tune(pointers, stream)

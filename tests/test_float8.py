@@ -14,8 +14,9 @@ import cortado as ct
 from cortado import compiler, nn, optim
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy.lowering import lowering
-from cortado.backends.cupy.lowering.float8_op import FLOAT8_GEMM
+from cortado.backends.cupy.lowering.float8_op import FLOAT8_GEMM, float8_gemm
 from cortado.exprgraph.graph import post_order
+from cortado.exprgraph.term import RuleViolation
 from cortado.exprgraph.scaling import EXPONENTS, exponents, scale_for
 from cortado.rules.engine import Trace
 from reference_checks import host, skip_without_device
@@ -147,12 +148,53 @@ def test_the_gpu_lowering_makes_a_scaled_float8_linear_layer_one_call():
     lowered = lowering.run([y], trace)
     (g,) = _gemms(lowered)
     assert (g.dtype.name, g.attr("epilogue"), g.attr("scaled")) == ("bfloat16", "bias_gelu", True)
-    assert {"float8-gemm", "float8-gemm-scale", "float8-gemm-cast", "float8-gemm-bias", "float8-gemm-gelu"} \
+    assert {"float8-gemm", "float8-gemm-scale", "float8-gemm-cast", "float8-gemm-add", "float8-gemm-gelu"} \
         <= {r.rule for r in trace}
     feeds = _feeds()
     # the call rounds once where the expression rounds three times (after the scale, the bias, gelu)
     np.testing.assert_allclose(np.asarray(ct.evaluate(lowered[0], feeds), np.float32),
                                np.asarray(ct.evaluate(y, feeds), np.float32), rtol=2e-2, atol=2e-2)
+
+
+def _residual_feeds(shape, seed=1):
+    return {**_feeds(), "r": np.random.default_rng(seed).standard_normal(shape).astype(ml_dtypes.bfloat16)}
+
+
+@pytest.mark.parametrize("then_gelu", [False, True])
+def test_a_residual_added_to_a_float8_product_is_the_calls_c(then_gelu):
+    """``r + linear(x)`` in bfloat16: the residual is cuBLASLt's C, added to the float32 sums before the one
+    rounding; a gelu of that sum stays a kernel of its own (the call's gelu comes before C)."""
+    y, _ = _linear(activation=False)
+    r = ct.var("r", y.shape, "bfloat16")
+    out = ct.gelu(r + y) if then_gelu else r + y
+    lowered = lowering.run([out])
+    (g,) = _gemms(lowered)
+    assert (g.dtype.name, g.attr("epilogue"), g.attr("added")) == ("bfloat16", "bias", True)
+    assert any(t.op.name == "gelu" for t in post_order(lowered)) == then_gelu
+    feeds = _residual_feeds(y.shape)
+    np.testing.assert_allclose(np.asarray(ct.evaluate(lowered[0], feeds), np.float32),
+                               np.asarray(ct.evaluate(out, feeds), np.float32), rtol=2e-2, atol=2e-2)
+
+
+def test_a_broadcast_row_added_twice_is_the_bias_then_a_kernel_not_the_calls_c():
+    y, _ = _linear(activation=False)
+    row = ct.var("row", (y.shape[-1],), "bfloat16")
+    (g,) = _gemms(lowering.run([y + row]))
+    assert (g.attr("epilogue"), g.attr("added")) == ("bias", False)
+
+
+def test_a_float8_product_adds_a_term_only_where_cublaslt_does():
+    a, b = ct.var("a", (32, 64), "float8_e4m3fn"), ct.var("b", (48, 64), "float8_e4m3fn")
+    c = ct.var("c", (32, 48), "bfloat16")
+    assert float8_gemm(a, b, "bfloat16", "bias", bias=ct.var("bias", (48,), "bfloat16"), c=c).attr("added")
+    with pytest.raises(RuleViolation, match="only to a product it writes in bfloat16, without gelu"):
+        float8_gemm(a, b, "float32", c=ct.var("c32", (32, 48)))
+    with pytest.raises(RuleViolation, match="without gelu"):
+        float8_gemm(a, b, "bfloat16", "gelu", c=c)
+    with pytest.raises(ct.ShapeError, match="the added term has shape"):
+        float8_gemm(a, b, "bfloat16", c=ct.var("wide", (32, 64), "bfloat16"))
+    with pytest.raises(ct.DTypeError, match="added term of a float8_gemm writing bfloat16"):
+        float8_gemm(a, b, "bfloat16", c=ct.var("c16", (32, 48), "float16"))
 
 
 @pytest.mark.parametrize("case", ["kept in float32", "e5m2 by e5m2", "k not a multiple of 16", "batch of products"])
@@ -373,14 +415,20 @@ def test_on_the_gpu_a_cast_to_float8_gives_the_cpus_bits(name):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("activation", [True, False])
+@pytest.mark.parametrize("activation", [True, False, "residual"])
 def test_on_the_gpu_a_float8_linear_layer_is_one_cublaslt_call_equal_to_the_reference(activation):
+    """With gelu, without, or with a residual added (cuBLASLt's C)."""
     skip_without_device("cupy")
     rows, k, n = 256, 128, 96
-    y, inputs = _linear(rows, k, n, activation)
+    y, inputs = _linear(rows, k, n, activation is True)
+    feeds = _feeds(rows, k, n, seed=3)
+    if activation == "residual":
+        r = ct.var("r", y.shape, "bfloat16")
+        y, inputs = r + y, inputs + [r]
+        feeds = {**feeds, "r": np.random.default_rng(4).standard_normal(r.shape).astype(ml_dtypes.bfloat16)}
     step = ct.compile([y], inputs=inputs, backend="cupy")
     assert "float8-gemm-scale" in step.explain()
-    feeds = _feeds(rows, k, n, seed=3)
+    assert any("float8 bias + c" in label for label in step._executor.labels) == (activation == "residual")
     got = np.asarray(host(step(**feeds)[0]), np.float32)
     expected = np.asarray(ct.compile([y], inputs=inputs)(**feeds)[0], np.float32)
     np.testing.assert_allclose(got, expected, rtol=2e-2, atol=2e-2)

@@ -21,6 +21,7 @@ from ...exprgraph.ops import ADD, BROADCAST_TO, CONST, FUSED_OP, PAD, PARAM, RES
 from ...exprgraph.ops.collectives import ALL_REDUCE
 from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
+from .lowering.float8_op import FLOAT8_GEMM, operands_of
 from .lowering.gemm_op import GEMM, gemm_operands
 from ...memplan import Step
 from ...rules.fusion import transposed_outputs
@@ -355,10 +356,18 @@ def _flat_source(t, strides, views):
     return None if t in views else t
 
 
+def _added_term(t):
+    """The ``c`` that gemm or float8_gemm ``t`` adds to its product, else None."""
+    if t.op is GEMM:
+        return t.args[2] if t.attr("beta") else None
+    return operands_of(t)[4] if t.op is FLOAT8_GEMM else None
+
+
 def _gemm_c(t, strides, views):
-    """The value whose buffer gemm ``t`` may write over: its ``c``, or what ``c`` reshapes (the residual of a
-    linear layer over sequences, whose rows the gemm reads as a matrix); else None."""
-    c = _flat_source(t.args[2], strides, views) if t.attr("beta") else None
+    """The value whose buffer a gemm or float8_gemm ``t`` may write over: its ``c``, or what ``c`` reshapes (the
+    residual of a linear layer over sequences, whose rows the product reads as a matrix); else None."""
+    c = _added_term(t)
+    c = _flat_source(c, strides, views) if c is not None else None
     plain = c is not None and in_c_order(c.shape, strides[c]) and (c.size, c.dtype) == (t.size, t.dtype)
     return c if plain else None
 
@@ -367,7 +376,7 @@ def _inplace(k, strides, views):
     """Pairs ``(output, input)``: an input of the output's type read at the output's own index (the ``c`` of a
     gemm, or what it reshapes; an input of a fused region)."""
     t = k.term
-    if t.op is GEMM:
+    if t.op in (GEMM, FLOAT8_GEMM):
         c = _gemm_c(t, strides, views)
         return ((t, c),) if c is not None else ()
     if t.op is not FUSED_OP:  # the window kernels and cuDNN read elements at other indices than they write
@@ -464,8 +473,9 @@ def steps(kernels, options):
         else:
             workspace = workspace_bytes(k, view)
             within = tuple((d, parts[d][0]) for d in k.terms if d in parts)
-            c = _gemm_c(t, strides, views) if t.op is GEMM else None
-            reads = k.reads if c is None else tuple(c if r is t.args[2] else r for r in k.reads)  # as what c reshapes
+            c = _gemm_c(t, strides, views)
+            added = _added_term(t)
+            reads = k.reads if c is None else tuple(c if r is added else r for r in k.reads)  # as what c reshapes
             found.append(Step(tuple(dict.fromkeys(whole for _, whole in within)) + k.terms, reads,
                               inplace=_inplace(k, strides, views), workspace=workspace, label=t.op.name, within=within))
     return found

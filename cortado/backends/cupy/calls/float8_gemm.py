@@ -1,4 +1,4 @@
-"""``float8_gemm`` terms as cuBLASLt calls: ``epilogue(scale * a @ b^T + bias)`` of float8 matrices, summed in
+"""``float8_gemm`` terms as cuBLASLt calls: ``epilogue(scale * a @ b^T + bias + c)`` of float8 matrices, summed in
 float32 and rounded once to the output's dtype (a float8 output after its D scale, with its largest magnitude written
 through the AMAX_D pointer; a ``*_aux`` epilogue's gelu argument through the auxiliary pointer, in bfloat16).
 
@@ -29,7 +29,8 @@ WORKSPACE_LIMIT = 32 << 20
 @dataclass(frozen=True)
 class Float8GemmCall:
     """All a float8 call is made from: ``a`` (m, k) and ``b`` (n, k) stored in C order, their dtypes, the output's
-    (a float8 one reads a D scale and writes its amax), the epilogue, and whether a scale is read."""
+    (a float8 one reads a D scale and writes its amax), the epilogue, whether a scale is read, and whether a term
+    is added (C, read at beta 1, stored like the output)."""
 
     m: int
     n: int
@@ -39,6 +40,7 @@ class Float8GemmCall:
     dtype: np.dtype
     epilogue: str = "none"
     scaled: bool = False
+    added: bool = False
 
 
 class Float8Gemm(Gemm):
@@ -54,7 +56,8 @@ class Float8Gemm(Gemm):
         # the bias's, C's (cuBLASLt pairs a float8 D with a bfloat16 C, never read: beta is 0), what tuning fills with
         wide = np.dtype(BFLOAT16) if self.float8_output else output
         self.dtype = wide
-        self.scalars = np.array([1.0, 0.0], np.float32)
+        self.added = call.added
+        self.scalars = np.array([1.0, 1.0 if call.added else 0.0], np.float32)
         self.desc = lt.matmul_desc_create(ComputeType.COMPUTE_32F, 0)  # scales in float32 (CUDA_R_32F)
         self._set(lt.MatmulDescAttribute.TRANSA, 1)
         self._set(lt.MatmulDescAttribute.TRANSB, 0)
@@ -74,7 +77,7 @@ class Float8Gemm(Gemm):
                  _DATA_TYPES[wide.name], _DATA_TYPES[output.name])
         shapes = [(k, n, k), (k, m, k), (n, m, n), (n, m, n)]
         self.layouts = [matrix_layout(data, *shape) for data, shape in zip(types, shapes)]
-        self.key = ("float8", types, tuple(shapes), call.epilogue, call.scaled)
+        self.key = ("float8", types, tuple(shapes), call.epilogue, call.scaled, call.added)
         if self.key not in _heuristics:  # the heuristic looks at the epilogue's pointers too
             for name, used in (("BIAS_POINTER", self.bias), ("A_SCALE_POINTER", self.scaled),
                                ("EPILOGUE_AUX_POINTER", self.aux), ("D_SCALE_POINTER", self.float8_output),
@@ -86,12 +89,12 @@ class Float8Gemm(Gemm):
         self.workspace_bytes = int(self.candidates["workspace_size"].max())
         self.choice = 0
 
-    def call(self, a, b, d, workspace, scale, bias, aux, d_scale, amax, stream):
-        """Run on device pointers (``scale``, ``bias``, ``aux``, ``d_scale``, ``amax``: None where the call has none)
-        on ``stream``. C is never read (beta is 0): it is ``aux`` where there is one (a float8 D pairs with a
-        bfloat16 C), else ``d``."""
+    def call(self, a, b, d, workspace, scale, bias, c, aux, d_scale, amax, stream):
+        """Run on device pointers (``scale``, ``bias``, ``c``, ``aux``, ``d_scale``, ``amax``: None where the call has
+        none) on ``stream``. Without ``c``, C is not read (beta is 0): it is ``aux`` where there is one (a float8 D
+        pairs with a bfloat16 C), else ``d``."""
         for name, pointer in (("A_SCALE_POINTER", scale), ("BIAS_POINTER", bias), ("EPILOGUE_AUX_POINTER", aux),
                               ("D_SCALE_POINTER", d_scale), ("AMAX_D_POINTER", amax)):
             if pointer is not None:
                 self._point(name, pointer)
-        self._matmul(a, b, aux if aux is not None else d, d, workspace, stream)
+        self._matmul(a, b, c if c is not None else aux if aux is not None else d, d, workspace, stream)

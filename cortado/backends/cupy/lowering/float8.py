@@ -18,7 +18,9 @@ call, each fold changing at most where a result is rounded:
   the same bits wherever every result stays a normal float32, which ``_exactly_scaled`` proves from the float8
   ranges, the scales' exponents and the contracted length; so a float8 layer's gradients are float8 products too;
 - a cast of it to bfloat16 is the call's output type; then a bias row of bfloat16 added to it, and gelu of it all,
-  are its epilogue (computed in float32 on the sums, rounded once to the output);
+  are its epilogue (computed in float32 on the sums, rounded once to the output); a bfloat16 term of its shape added
+  to it (a residual) is cuBLASLt's C, read at beta 1 and added to the float32 sums before they are rounded, so the
+  residual's sum is rounded once instead of twice and no kernel after the product reads it again;
 - a gelu of it that is then scaled and cast to float8 (the next float8 layer's input) is the call's float8 output,
   the product before gelu its second result where gelu's gradient reads it, and the gelu's largest magnitude (the
   next layer's amax) its third (``float8_gelu``, a pass over the whole graph in ``finish``).
@@ -161,20 +163,25 @@ def _cast(b):
     return wrap(float8_gemm(**{**parts(g), "dtype": dtype}))
 
 
-def _bias(b):
+def _added(b):
+    """``g + other``: a bias row into the epilogue, or a term of the sum's shape (a residual) as the call's ``c``."""
     for t, other in ((b["_x"], b["_y"]), (b["_y"], b["_x"])):
         g, wrap = _product(b, t)
-        if g is None or g.attr("epilogue") != "none" or g.dtype == np.float32 or t.shape != b.term.shape:
+        if g is None or g.dtype not in ROUNDED_ENOUGH or t.shape != b.term.shape or other.dtype != g.dtype:
             continue
+        own = parts(g)
         bias = other.args[0] if other.op is BROADCAST_TO else other
-        if bias.shape == (g.shape[1],) and bias.dtype == g.dtype:
-            return wrap(float8_gemm(**{**parts(g), "epilogue": "bias", "bias": bias}))
+        if bias.shape == (g.shape[1],) and own["epilogue"] == "none":
+            return wrap(float8_gemm(**{**own, "epilogue": "bias", "bias": bias}))
+        if other.shape == b.term.shape and other.op is not BROADCAST_TO and own["c"] is None \
+                and own["epilogue"] in ("none", "bias"):
+            return wrap(float8_gemm(**{**own, "c": other if other.shape == g.shape else ct.reshape(other, g.shape)}))
     return None
 
 
 def _gelu(b):
     g, wrap = _product(b, b["_x"])
-    if g is None or g.dtype == np.float32 or g.attr("epilogue") not in ("none", "bias"):
+    if g is None or g.dtype == np.float32 or g.attr("epilogue") not in ("none", "bias") or g.attr("added"):
         return None
     return wrap(float8_gemm(**{**parts(g), "epilogue": "gelu" if g.attr("epilogue") == "none" else "bias_gelu"}))
 
@@ -184,7 +191,7 @@ rules = RuleSet([
     Rule("float8-gemm", "matmul(_a, _b)", _matmul),
     Rule("float8-gemm-scale", "multiply(_x, _y)", _scale),
     Rule("float8-gemm-cast", "cast(_x, dtype=_d)", _cast),
-    Rule("float8-gemm-bias", "add(_x, _y)", _bias),
+    Rule("float8-gemm-add", "add(_x, _y)", _added),
     Rule("float8-gemm-gelu", "gelu(_x)", _gelu),
 ], name="float8 lowering")
 

@@ -38,7 +38,8 @@ def _product_of(t, epilogues):
     reshaped = t if (t.op is RESHAPE and t.ndim >= 2 and t.args[0].ndim == 2
                      and t.shape[-1] == t.args[0].shape[-1]) else None
     g = reshaped.args[0] if reshaped is not None else t
-    if g.op is not FLOAT8_GEMM or g.attr("output") or g.dtype != BFLOAT16 or g.attr("epilogue") not in epilogues:
+    if (g.op is not FLOAT8_GEMM or g.attr("output") or g.dtype != BFLOAT16 or g.attr("epilogue") not in epilogues
+            or g.attr("added")):
         return None
     return g, reshaped
 
