@@ -1,11 +1,13 @@
 """Fusion: which regions become one fused term, and that fusing never changes a value."""
 
+import re
+
 import numpy as np
 import pytest
 from hypothesis import given
 
 import cortado as ct
-from cortado.rules.fusion import KernelShapes, fuse
+from cortado.rules.fusion import ROW_KERNEL, KernelShapes, fuse
 from cortado.rules.stability import stabiliser
 from cortado.testing import graphs_with_feeds
 
@@ -243,6 +245,40 @@ def _gpu_kernels(outputs, inputs):
     return roots, compiler._kernels(roots, compiler._signature(roots, inputs, None, None))
 
 
+def normed_residual(rows=64, n=768):
+    """``x + layer_norm(x) @ W``, and the gradient of its sum weighted by ``dy``: the layer norm's gradient kernel
+    reads three rows (the input, the product's gradient and the residual's), three vectors of each a lane."""
+    x, dy = ct.var("x", (rows, n), "bfloat16"), ct.var("dy", (rows, n), "bfloat16")
+    g, b, w = ct.var("g", (n,)), ct.var("b", (n,)), ct.var("w", (n, n), "bfloat16")
+    xf = ct.cast(x, "float32")
+    centered = xf - ct.mean(xf, axis=-1, keepdims=True)
+    y = ct.cast(centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5) * g + b, "bfloat16")
+    out = x + ct.matmul(y, w)
+    (dx,) = ct.grad(ct.sum(ct.cast(out * dy, "float32")), [x])
+    return [out, dx], [x, dy, g, b, w]
+
+
+def test_a_row_kernel_keeps_in_registers_the_rows_its_reductions_read_where_all_would_not_fit():
+    """The layer norm's gradient kernel of ``_normed_residual``: nine vectors a lane would spill, so it keeps the two
+    rows its reductions read (and its last pass reads again), and reads the residual's gradient in its last pass."""
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides
+    from cortado.backends.cupy.sources import kernel_sources
+
+    outputs, inputs = normed_residual()
+    _, kernels = _gpu_kernels(outputs, inputs)
+    rows = [k.term for k in kernels if k.term.op.name == "fused" and k.term.attr("kernel") == ROW_KERNEL
+            and sum(a.shape == (64, 768) for a in k.term.args) == 3]
+    assert len(rows) == 1
+    t = rows[0]
+    (source,) = kernel_sources(t.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape))
+                                                   for a in t.args], (), None, t.attr("kernel"))
+    kept = {int(k) for k in re.findall(r"ct_vec<__nv_bfloat16, 8> row(\d+)\[3\];", source.text)}
+    read = {k for k, a in enumerate(t.args) if a.shape == (64, 768)}
+    assert len(kept) == 2 and kept < read
+    (other,) = read - kept
+    assert source.text.count(f"(in{other})[o * 96 + c]") == 1  # once, in the last pass
+
+
 def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_the_gpu():
     """``logsumexp(logits) - take_along_axis(logits, labels)`` as the GPU plans it: each row's max, its sum of
     exponentials and its label's logit are reductions of one row kernel, which also writes what the backward pass
@@ -416,7 +452,7 @@ def test_a_lone_pick_of_one_place_a_row_stays_a_gather_on_the_gpu():
 def test_fusion_makes_only_the_kernels_a_backend_declares_and_each_says_which_it_is():
     """A layer norm's forward pass is one row kernel where the backend takes row kernels, and reductions and
     elementwise kernels where it does not; each fused term carries the kernel it is, which the backends read."""
-    from cortado.rules.fusion import REDUCTION_KERNEL, ROW_KERNEL, kernel_shape
+    from cortado.rules.fusion import REDUCTION_KERNEL, kernel_shape
 
     x = ct.var("x", (8, 16))
     centered = x - ct.mean(x, axis=-1, keepdims=True)

@@ -27,6 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from mlp_numpy import initial_values, mlp  # noqa: E402
+from test_fusion import normed_residual  # noqa: E402
 
 TOLERANCE = {"bfloat16": (1e-1, 1e-1), "float16": (2e-2, 2e-2), "float32": (2e-4, 2e-5), "float64": (1e-9, 1e-12)}
 FLOATS = ["bfloat16", "float16", "float32", "float64"]
@@ -116,6 +117,17 @@ def test_row_kernels_normalize_rows_and_take_their_gradients(shape, dtype):
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in (x, w, g, b)}
     for ours, theirs in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
         assert_close(ours, theirs, dtype)
+
+
+def test_a_row_kernel_keeping_some_rows_in_registers_is_the_reference():
+    """``test_fusion``'s layer norm gradient kernel that keeps two of its three rows in registers."""
+    outputs, inputs = normed_residual()
+    rng = np.random.default_rng(5)
+    feeds = {v.name: (rng.standard_normal(v.shape) * (0.05 if v.name == "w" else 1)).astype(
+        ml_dtypes.bfloat16 if v.dtype.name == "bfloat16" else np.float32) for v in inputs}
+    program = ct.compile(outputs, inputs=inputs, backend="cupy")
+    for ours, theirs in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+        assert_close(ours, theirs, "bfloat16")
 
 
 def _gemm_case(transpose_a, transpose_b, alpha, added, epilogue, dtype, batch=()):

@@ -12,7 +12,7 @@ import numpy as np
 
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import MEAN
+from ...exprgraph.ops import MEAN, PARAM
 from ...rules.fusion import transposed_outputs, untransposed
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
@@ -70,8 +70,8 @@ def _row_vector(shape, operands, elements, body):
 
 
 def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=(), cached=0, tiles=()):
-    """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, or taken from
-    the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running
+    """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, the others
+    taken from the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running
     ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype)`` of the outputs ``inner``
     puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself);
     ``tiles``: likewise, of the outputs written into the warp's row of shared memory ``tile{k}`` (``_turned``)."""
@@ -82,8 +82,8 @@ def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=
         lines += [f"    if (c >= {n // vec}) break;"] if (n // vec) % width else []
     else:
         lines = [f"  for ({index} c = lane; c < {n // vec}; c += {width}) {{"]
-        lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, n, vec)};"
-                  for k in sorted(writer.read & rows)]
+    lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, n, vec)};"
+              for k in sorted(writer.read & rows)]
     lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, 0, vec)};"
               for k in sorted(writer.read & across)]
     lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in (*stores, *tiles)]
@@ -176,8 +176,9 @@ def row_source(body, operands, aliased, shape, block_index=None):
     those of the row shape element by element, folding the reductions only outputs of one value a row read
     (``_trailing``), then those of the reduced shape once. Nothing between the passes is stored. Each thread takes
     16 bytes of a row at a time where the row divides, the operands laid out as the rows loaded and the outputs
-    stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS``, it loads them into
-    registers once, before the first pass, instead of reading the row again (from cache) in each. Results written
+    stored as vectors; where its share of those operands' rows fits ``ROW_CACHE_VECTORS`` (else its share of those
+    that the reductions' passes read, which a later pass reads again), it loads them into registers once, before
+    the first pass, instead of reading the row again (from cache) in each. Results written
     transposed (``rules.fusion.transposed_outputs``) take a warp a row, each warp ``TRANSPOSED_ROWS / TRANSPOSED_WARPS`` rows in
     turn into shared memory, from which the block writes its ``TRANSPOSED_ROWS`` rows a column at a time
     (``_turned``). With ``block_index``, its statements and block count, for a kernel of parts to call."""
@@ -199,10 +200,14 @@ def row_source(body, operands, aliased, shape, block_index=None):
     threads = 32 * TRANSPOSED_WARPS if turned else THREADS
     per_block = threads // width
     count = -(-(n // vec) // width) if vec > 1 else 0
-    cached = count if vectors and not one_pass and count * len(vectors) <= ROW_CACHE_VECTORS else 0
+    reread = vectors & {p.attr("index") for red in reductions if red not in trailing
+                        for p in post_order([red.args[0]]) if p.op is PARAM}
+    kept = next((s for s in (vectors, reread) if s and count * len(s) <= ROW_CACHE_VECTORS), set()) \
+        if not one_pass else set()
+    cached = count if kept else 0
 
     def loads(prefix):
-        return {k: f"row{k}[i].v[u]" if cached and k in vectors else f"{prefix}{k}.v[u]" for k in vectors | across}
+        return {k: f"row{k}[i].v[u]" if k in kept else f"{prefix}{k}.v[u]" for k in vectors | across}
 
     lines, read, totals = [], set(), {}
     for j, red in enumerate(reductions):
@@ -213,7 +218,7 @@ def row_source(body, operands, aliased, shape, block_index=None):
         writer = _Writer(elements, operands, f"a{j}_", loads(f"p{j}_"))
         writer.names.update(totals)
         element = writer.value(red.args[0])
-        lines += _row_pass(writer, index, n, width, vec, vectors, across, f"p{j}_", [_fold(red, j, element)],
+        lines += _row_pass(writer, index, n, width, vec, vectors - kept, across, f"p{j}_", [_fold(red, j, element)],
                            cached=cached)
         lines += _total(red, j, width, n)
         totals[red] = f"total{j}"
@@ -230,7 +235,7 @@ def row_source(body, operands, aliased, shape, block_index=None):
         inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
         inner += [f"{into_tile(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(turned, matrices)]
         inner += [_fold(red, j, element) for j, red, element in folded]
-        lines += _row_pass(writer, index, n, width, vec, vectors, across, "q", inner,
+        lines += _row_pass(writer, index, n, width, vec, vectors - kept, across, "q", inner,
                            [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached,
                            tiles=[(k, t.dtype) for k, t in turned] if vec > 1 else ())
         for j, red, _ in folded:
@@ -254,7 +259,7 @@ def row_source(body, operands, aliased, shape, block_index=None):
         head = [f"  const {index} o = ({index}){block_index or 'blockIdx.x'} * {per_block} + threadIdx.x / {width};"]
     head += [f"  const unsigned lane = threadIdx.x % {width};"] + ([] if turned else [f"  if (o >= {rows}) return;"])
     if cached:
-        head += _row_cache(operands, read & vectors, index, n, width, vec, cached)
+        head += _row_cache(operands, read & kept, index, n, width, vec, cached)
     if block_index is not None:
         return head + lines, -(-rows // per_block)
     if not turned:
