@@ -53,10 +53,10 @@ class Float8Gemm(Gemm):
 
         output = np.dtype(call.dtype)
         self.float8_output = is_float8(output)
-        # the bias's, C's (cuBLASLt pairs a float8 D with a bfloat16 C, never read: beta is 0), what tuning fills with
+        # the bias's, C's (read at beta 1 where a term is added; a float8 D pairs with a bfloat16 C, never read),
+        # what tuning fills with
         wide = np.dtype(BFLOAT16) if self.float8_output else output
         self.dtype = wide
-        self.added = call.added
         self.scalars = np.array([1.0, 1.0 if call.added else 0.0], np.float32)
         self.desc = lt.matmul_desc_create(ComputeType.COMPUTE_32F, 0)  # scales in float32 (CUDA_R_32F)
         self._set(lt.MatmulDescAttribute.TRANSA, 1)
