@@ -202,8 +202,8 @@ def row_source(body, operands, aliased, shape, block_index=None):
     count = -(-(n // vec) // width) if vec > 1 else 0
     reread = vectors & {p.attr("index") for red in reductions if red not in trailing
                         for p in post_order([red.args[0]]) if p.op is PARAM}
-    kept = next((s for s in (vectors, reread) if s and count * len(s) <= ROW_CACHE_VECTORS), set()) \
-        if not one_pass else set()
+    fitting = [s for s in (vectors, reread) if s and not one_pass and count * len(s) <= ROW_CACHE_VECTORS]
+    kept = fitting[0] if fitting else set()  # the operands whose rows the thread holds in registers
     cached = count if kept else 0
 
     def loads(prefix):

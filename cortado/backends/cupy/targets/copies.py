@@ -98,7 +98,6 @@ class CopyBatch:
         self.blocks = min(BATCH_BLOCKS, -(-max(self.nbytes) // (BATCH_THREADS * 16)))
         self.table_bytes = 0  # on the device, over the tables of every binding
 
-
     def bind(self, places, stream):
         """The call copying from each ``(source, destination)`` address pair of ``places`` (as many as ``nbytes``, in
         its order) on ``stream``: the table of addresses is written to the device here, on ``stream``."""
