@@ -279,6 +279,35 @@ def test_a_row_kernel_keeps_in_registers_the_rows_its_reductions_read_where_all_
     assert source.text.count(f"(in{other})[o * 96 + c]") == 1  # once, in the last pass
 
 
+def adam_step(shape=(256, 64)):
+    """An Adam step of float32 state with a bfloat16 gradient: one elementwise kernel of seven arrays."""
+    p, m, v, g = ct.var("p", shape), ct.var("m", shape), ct.var("v", shape), ct.var("g", shape, "bfloat16")
+    gf = ct.cast(g, "float32")
+    m2, v2 = 0.9 * m + 0.1 * gf, 0.999 * v + 0.001 * gf * gf
+    return [p - 1e-3 * m2 / (ct.sqrt(v2) + 1e-8), m2, v2], [p, m, v, g]
+
+
+@pytest.mark.parametrize("case", ["adam", "bfloat16 sum"])
+def test_an_elementwise_kernel_of_many_arrays_takes_16_bytes_of_its_widest_type_a_thread(case):
+    """Eight elements a thread (16 bytes of bfloat16) would hold 208 bytes of Adam's seven arrays: a thread takes 4
+    (16 bytes of float32); a sum of two bfloat16 arrays keeps 8."""
+    from cortado.backends.cupy.codegen import Operand, contiguous_strides
+    from cortado.backends.cupy.sources import kernel_sources
+
+    if case == "adam":
+        outputs, inputs = adam_step()
+    else:
+        x, y = ct.var("x", (256, 64), "bfloat16"), ct.var("y", (256, 64), "bfloat16")
+        outputs, inputs = [ct.exp(x) + y], [x, y]
+    _, kernels = _gpu_kernels(outputs, inputs)
+    (t,) = [k.term for k in kernels if k.term.op.name == "fused"]
+    (source,) = kernel_sources(t.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape))
+                                                   for a in t.args], (), None, t.attr("kernel"))
+    width = 4 if case == "adam" else 8
+    assert f"ct_vec<__nv_bfloat16, {width}>*>(in" in source.text
+    assert ("ct_vec<float, 4>*>(in" in source.text) == (case == "adam")
+
+
 def test_a_softmax_cross_entropy_is_one_row_kernel_forward_and_one_backward_on_the_gpu():
     """``logsumexp(logits) - take_along_axis(logits, labels)`` as the GPU plans it: each row's max, its sum of
     exponentials and its label's logit are reductions of one row kernel, which also writes what the backward pass

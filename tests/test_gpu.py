@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no 
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 from mlp_numpy import initial_values, mlp  # noqa: E402
-from test_fusion import normed_residual  # noqa: E402
+from test_fusion import adam_step, normed_residual  # noqa: E402
 
 TOLERANCE = {"bfloat16": (1e-1, 1e-1), "float16": (2e-2, 2e-2), "float32": (2e-4, 2e-5), "float64": (1e-9, 1e-12)}
 FLOATS = ["bfloat16", "float16", "float32", "float64"]
@@ -128,6 +128,17 @@ def test_a_row_kernel_keeping_some_rows_in_registers_is_the_reference():
     program = ct.compile(outputs, inputs=inputs, backend="cupy")
     for ours, theirs in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
         assert_close(ours, theirs, "bfloat16")
+
+
+def test_an_elementwise_kernel_of_many_arrays_at_4_elements_a_thread_is_the_reference():
+    """``test_fusion``'s Adam step of seven arrays (4 elements a thread), with a ragged tail."""
+    outputs, inputs = adam_step((301, 77))
+    rng = np.random.default_rng(6)
+    feeds = {v.name: np.abs(rng.standard_normal(v.shape)).astype(
+        ml_dtypes.bfloat16 if v.dtype.name == "bfloat16" else np.float32) for v in inputs}
+    program = ct.compile(outputs, inputs=inputs, backend="cupy")
+    for ours, theirs in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+        assert_close(ours, theirs, "float32")
 
 
 def _gemm_case(transpose_a, transpose_b, alpha, added, epilogue, dtype, batch=()):
