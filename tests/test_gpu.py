@@ -271,7 +271,8 @@ def test_a_linear_layer_over_sequences_keeps_its_gemm_epilogues(dtype):
 def test_a_gelu_layers_gemm_writes_the_gelu_and_keeps_its_argument(dtype):
     """A gelu layer in a training step: its gemm writes the gelu and, beside it, the argument gelu's backward reads
     (cuBLASLt's GELU_AUX_BIAS); the weight gradient, in the backward pass, reads a gelu computed again from the kept
-    argument. The step's results are the plain expressions'."""
+    argument, over bfloat16 and float16 by the kernel of gelu's backward (a plain product times gelu's slope), which
+    reads that argument too. The step's results are the plain expressions'."""
     x, y = ct.var("x", (4, 24, 32), dtype), ct.var("y", (4, 24, 16), dtype)
     W1, b1, W2 = (ct.var(n, s, dtype) for n, s in (("W1", (32, 64)), ("b1", (64,)), ("W2", (64, 16))))
     variables = [x, y, W1, b1, W2]
@@ -280,6 +281,9 @@ def test_a_gelu_layers_gemm_writes_the_gelu_and_keeps_its_argument(dtype):
     program = ct.compile(outputs, inputs=variables, backend="cupy")
     epilogues = [k.term.attr("epilogue") for k in program.kernels if k.term.op.name == "gemm"]
     assert "bias_gelu_aux" in epilogues, program.explain()
+    joined = program.traces["fusion"].counts()["elementwise-into-reader"]
+    dgelu = any(e.startswith("dgelu") for e in epilogues)
+    assert joined == (dtype != "float32") and dgelu == (dtype == "float32"), program.explain()
     rng = np.random.default_rng(8)
     feeds = {v.name: rng.standard_normal(v.shape).astype(dtype) for v in variables}
     for _ in range(2):  # captured, then replayed

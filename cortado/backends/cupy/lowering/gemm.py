@@ -6,14 +6,16 @@ flags, a scalar factor into ``alpha``, an added term of the product's shape into
 and a product times ``gelu_grad(z)`` (gelu's backward) into the dgelu epilogue, which reads ``z``.
 A product used more than once is not folded into its users (each would compute it again).
 ``finish`` then makes the gemm whose gelu and whose own value are both read (a training step's
-``gelu(z)``, with ``z`` kept for gelu's backward) write both, and takes bias gradients from the gemms
-that can compute them on the side; ``alternatives`` proposes planning again without those that a gemm
-holds at the memory peak.
+``gelu(z)``, with ``z`` kept for gelu's backward) write both, makes gelu's backward a plain product again
+where a late gelu of that ``z`` reads it too (over bfloat16 and float16: one kernel then computes both),
+and takes bias gradients from the gemms that can compute them on the side; ``alternatives`` proposes
+planning again without those of these that a gemm holds at the memory peak.
 """
 
 import math
 
 from ....exprgraph import constructors as ct
+from ....exprgraph.dtypes import is_narrow_float
 from ....exprgraph.graph import post_order, users
 from ....exprgraph.ops import BROADCAST_TO, CONST, GELU, GELU_GRAD, RESHAPE, SUM, TRANSPOSE
 from ....memplan import live_bytes
@@ -240,23 +242,27 @@ def _gelu_of_a_kept_product(h, readers):
     return g, reshaped
 
 
-def _with_gelu_arguments(roots, trace):
+def _with_gelu_arguments(roots, trace, keep):
     """``roots`` with each gelu of a gemm's product that other terms read too (``_gelu_of_a_kept_product``) and
     that product made by one gemm, which writes both (cuBLASLt's GELU_AUX epilogues: result 0 the gelu, result 1
     the product) instead of a product written, read back and written again as its gelu. A reader of the gelu
     (through reshapes) that must wait for another of its readers (a weight gradient, in the backward pass) reads the
-    gelu of result 1 instead, computed where it runs, so that result 0 is not held until then."""
+    gelu of result 1 instead, computed where it runs, so that result 0 is not held until then; gelu's backward
+    there, a dgelu gemm reading result 1, is a plain product times gelu's slope again (``_beside_gelu``), unless it
+    is in ``keep``."""
     order = post_order(roots)
     readers = users(order)
     found = {h: kept for h in order if h.op is GELU and (kept := _gelu_of_a_kept_product(h, readers)) is not None}
     if not found:
         return list(roots)
     late = {}  # a reader that waits for another: the gelus, or reshapes of them, that it reads
+    made_again = {}  # a gemm whose gelu a late reader computes again -> that gelu
     for h in found:
         read = _read_through_reshapes(h, readers)
         for r, views in read.items():
             if any(o is not r and o in post_order([r]) for o in read):
                 late.setdefault(r, []).extend(views)
+                made_again[found[h][0]] = h
     products, made, computed_late = {g: h for h, (g, _) in found.items()}, {}, {}
 
     def late_form(v):
@@ -278,10 +284,36 @@ def _with_gelu_arguments(roots, trace):
         if original in late:
             swapped = {memo[v]: late_form(v) for v in late[original]}
             return rebuilt.rebuild(tuple(swapped.get(a, a) for a in rebuilt.args))
+        if original.op is GEMM and original.attr("epilogue") == "dgelu" and is_narrow_float(original.dtype) \
+                and original not in keep:
+            h = made_again.get(_beneath_reshapes(gemm_parts(original)["aux"]))
+            if h is not None:
+                return _beside_gelu(original, rebuilt, bottom_up(h.args[0], memo, finish), trace)
         return rebuilt
 
     memo = {}
     return [bottom_up(root, memo, finish) for root in roots]
+
+
+def _beside_gelu(original, rebuilt, z, trace):
+    """dgelu gemm ``rebuilt`` as a plain product times ``gelu_grad(z)``, ``z`` the gelu argument as the late gelu of
+    it reads it (of its shape). Over bfloat16 or float16, whose gelu intermediates (float32) each kernel computes
+    for itself, the two are then elementwise kernels over one shape reading only the product and ``z``, which one
+    kernel computes (``rules.shared_reads``), gelu's sigmoid once for both: the bfloat16 GPT large step on an H200,
+    12.85 -> 12.74 ms (``benchmarks/results/h200/experiments/dgelu_beside_gelu/``)."""
+    product = gemm(**{**gemm_parts(rebuilt), "epilogue": "none", "aux": None})
+    viewed = product if product.shape == z.shape else ct.reshape(product, z.shape)
+    result = ct.multiply(viewed, ct.gelu_grad(z))
+    result = result if result.shape == product.shape else ct.reshape(result, product.shape)
+    if trace is not None:
+        trace.append(Rewrite("gemm-dgelu-beside-gelu", original, result))
+    return result
+
+
+def _beneath_reshapes(t):
+    while t.op is RESHAPE:
+        t = t.args[0]
+    return t
 
 
 def _read_through_reshapes(h, readers):
@@ -302,8 +334,9 @@ def finish(roots, trace=None, keep=frozenset()):
     and each ``sum(x, axis=0)`` of a matrix that a gemm can compute on the side (a bias gradient) taken from that
     gemm's second result: cuBLASLt's BGRAD epilogues reduce an operand over the contracted axis as they read it,
     and DGELU_BGRAD the product's columns as it writes them. One sum per gemm; the sums in ``keep`` stay
-    reductions (the compiler keeps those a gemm would hold at the memory peak)."""
-    roots = _with_gelu_arguments(roots, trace)
+    reductions, and the dgelu gemms in ``keep`` keep their epilogue (the compiler keeps either where the other
+    form would hold more at the memory peak)."""
+    roots = _with_gelu_arguments(roots, trace, keep)
     order = post_order(roots)
     sources = _bias_gradient_sources(order)
     epilogue, taken_by = {}, {}
@@ -333,15 +366,17 @@ def finish(roots, trace=None, keep=frozenset()):
 
 
 def alternatives(planned):
-    """The sums that gemms compute on the side (bias gradients) whose results are live where the arena holds
-    the most (the gemm runs where every other buffer is live too), as the one variant worth planning:
-    computed apart, such a sum can run earlier. ``planned`` is a ``backends.interface.PlannedStep``."""
-    made_by = planned.made_by("lowering", "gemm-bias-gradient")
-    if not made_by:
+    """The variants worth planning, each of what the rules below made whose results are live where the arena holds
+    the most: the sums that gemms compute on the side (bias gradients; the gemm runs where every other buffer is
+    live too, and computed apart, such a sum can run earlier), and the dgelu gemms made plain products beside a
+    gelu computed again (``_beside_gelu``: their product is one more buffer). ``planned`` is a
+    ``backends.interface.PlannedStep``."""
+    made = [m for rule in ("gemm-bias-gradient", "gemm-dgelu-beside-gelu") if (m := planned.made_by("lowering", rule))]
+    if not made:
         return []
     plan = planned.plan
     live = live_bytes(plan.buffers, plan.steps)
     peaks = [i for i, total in enumerate(live) if total == max(live)]
-    at_peak = frozenset(made_by[p.key] for p in plan.placements
-                        if p.key in made_by and any(p.start <= i <= p.end for i in peaks))
-    return [at_peak] if at_peak else []
+    at_peak = [frozenset(made_by[p.key] for p in plan.placements
+                         if p.key in made_by and any(p.start <= i <= p.end for i in peaks)) for made_by in made]
+    return [variant for variant in at_peak if variant]
