@@ -4,7 +4,10 @@ The pipeline, each stage a pass over values that returns new values:
 
 1. check the signature: every variable the outputs and updates read is an input or state;
 2. rules: ``simplify`` (algebra), ``stability``, the backend's lowering, the composite ops spelled out in
-   primitives (``rules.primitives``: no backend emits sigmoid, softplus or gelu), then ``fuse``;
+   primitives (``rules.primitives``: no backend emits sigmoid, softplus or gelu), then ``fuse``, and for a
+   backend that declares ``horizontal`` the joins of fused kernels (a row max into the kernel making its rows or
+   one reading them, an elementwise kernel into one reading all it reads, scalars into a reduction's epilogue,
+   small kernels side by side);
 3. schedule the rewritten outputs and update values, one kernel per op or fused region, in the
    order that keeps the fewest bytes live (``memplan.memory_order``); asynchronous kernels (an
    all-reduce) as early as they can run, what waits for them last (``memplan.overlapped``), and
