@@ -7,7 +7,6 @@ wave). ``python3 waves.py kernels.pkl out.json`` from the repository root, ``ker
 import json
 import re
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
