@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ....errors import BackendError
 from ....exprgraph.dtypes import BFLOAT16, is_float8
 from .cublaslt import _heuristics, _lt, Gemm, heuristic, matrix_layout
 
@@ -23,6 +24,8 @@ _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "gelu": "GELU", "bias_gelu": "G
 # what the heuristic sees of a pointer that each call sets: null, but for the amax, which a null pointer would ask
 # no algorithm to compute
 _AMAX_PLACEHOLDER = 256
+# the scratch a candidate may need where no algorithm needs none: cuBLASLt's float8 algorithms that take workspace ask
+# for it zeroed, a memset before each call (96 in the large GPT step, each with its gap)
 WORKSPACE_LIMIT = 32 << 20
 
 
@@ -84,7 +87,7 @@ class Float8Gemm(Gemm):
                                ("AMAX_D_POINTER", self.float8_output)):
                 if used:
                     self._point(name, _AMAX_PLACEHOLDER if name == "AMAX_D_POINTER" else 0)
-            _heuristics[self.key] = heuristic(self.desc, self.layouts, WORKSPACE_LIMIT)
+            _heuristics[self.key] = _workspace_free_first(self.desc, self.layouts)
         self.candidates = _heuristics[self.key]
         self.workspace_bytes = int(self.candidates["workspace_size"].max())
         self.choice = 0
@@ -98,3 +101,11 @@ class Float8Gemm(Gemm):
             if pointer is not None:
                 self._point(name, pointer)
         self._matmul(a, b, c if c is not None else aux if aux is not None else d, d, workspace, stream)
+
+
+def _workspace_free_first(desc, layouts):
+    """The heuristic's candidates that need no workspace, else those within ``WORKSPACE_LIMIT``."""
+    try:
+        return heuristic(desc, layouts, 0)
+    except BackendError:
+        return heuristic(desc, layouts, WORKSPACE_LIMIT)
