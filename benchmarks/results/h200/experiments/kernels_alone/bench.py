@@ -89,8 +89,8 @@ def timed(call, repeats=3, n=100):
     return float(np.median(times))
 
 
-def run(entry, ins, tag, text):
-    """``(us a call, the outputs' bytes)`` of ``entry``'s kernel with ``text``."""
+def run(entry, ins, tag, text, grid=None):
+    """``(us a call, the outputs' bytes)`` of ``entry``'s kernel with ``text`` (on ``grid`` blocks, where given)."""
     import cupy
 
     from cortado.backends.cupy.kernels import launcher
@@ -101,31 +101,37 @@ def run(entry, ins, tag, text):
     pointers = [ins[int(p[2:])].data.ptr if p.startswith("in") else outs[int(p[3:])].data.ptr
                 if p.startswith("out") else scratch.data.ptr
                 for p in (q.strip().split()[-1] for q in SIGNATURE.search(text).group(4).split(","))]
-    call = launcher(source, pointers)
+    call = launcher(source, pointers, grid=grid)
     call()
     cupy.cuda.Device().synchronize()
     return timed(call), [o.get() for o in outs]
 
 
-def main():
-    with open(sys.argv[1], "rb") as file:
+def cases(path, wanted=lambda entry: True):
+    """``(dtype, name, entry, its operands on the device)`` of each kernel pickled at ``path`` that is ``wanted``."""
+    with open(path, "rb") as file:
         kernels = pickle.load(file)
     rng = np.random.default_rng(0)
-    results = []
     for dtype, found in kernels.items():
         for name, entry in found.items():
-            ins = [data(shape, d, rng) for shape, d in entry["ins"]]
-            row = {"dtype": dtype, "name": name, "kind": entry["kind"], "ins": entry["ins"], "outs": entry["outs"],
-                   "bytes": sum(nbytes(shape, d) for shape, d in entry["ins"] + entry["outs"])}
-            row["base"], expected = run(entry, ins, "base", entry["source"].text)
-            for tag, change in VARIANTS.items():
-                text = change(entry["source"].text)
-                if text != entry["source"].text:
-                    row[tag], got = run(entry, ins, tag, text)
-                    row[tag + "_same"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
-            results.append(row)
-            print(dtype, name, entry["kind"][:20], {k: v for k, v in row.items() if k == "base" or k in VARIANTS
-                                                      or k.endswith("_same")}, flush=True)
+            if wanted(entry):
+                yield dtype, name, entry, [data(shape, d, rng) for shape, d in entry["ins"]]
+
+
+def main():
+    results = []
+    for dtype, name, entry, ins in cases(sys.argv[1]):
+        row = {"dtype": dtype, "name": name, "kind": entry["kind"], "ins": entry["ins"], "outs": entry["outs"],
+               "bytes": sum(nbytes(shape, d) for shape, d in entry["ins"] + entry["outs"])}
+        row["base"], expected = run(entry, ins, "base", entry["source"].text)
+        for tag, change in VARIANTS.items():
+            text = change(entry["source"].text)
+            if text != entry["source"].text:
+                row[tag], got = run(entry, ins, tag, text)
+                row[tag + "_same"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
+        results.append(row)
+        print(dtype, name, entry["kind"][:20], {k: v for k, v in row.items() if k == "base" or k in VARIANTS
+                                                  or k.endswith("_same")}, flush=True)
     with open(sys.argv[2], "w") as file:
         json.dump(results, file, indent=1)
 

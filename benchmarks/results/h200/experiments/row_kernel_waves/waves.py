@@ -2,7 +2,8 @@
 blocks for the GPT's 8192 rows, about 1.3 waves of the blocks an H200 holds at once) and with the same body in a loop
 over rows, ``o += gridDim.x * 8``, over fewer blocks (a whole number of blocks a multiprocessor: no last partial
 wave). ``python3 waves.py kernels.pkl out.json`` from the repository root, ``kernels.pkl`` from
-``../kernels_alone/dump.py``; outputs compared bit for bit with the generated kernel's."""
+``../kernels_alone/dump.py``; outputs compared bit for bit with the generated kernel's; each call timed by
+``../kernels_alone/bench.py``'s ``run`` (tidied into it after the run below, which timed the same calls)."""
 
 import json
 import re
@@ -14,7 +15,7 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE.parents[4]), str(HERE.parent / "kernels_alone")]
 
-from bench import data, nbytes, renamed, SIGNATURE, timed  # noqa: E402
+from bench import cases, run  # noqa: E402
 
 START = re.compile(r"  const unsigned int o = \(unsigned int\)blockIdx\.x \* 8 \+ threadIdx\.x / 32;\n"
                    r"(  const unsigned lane = threadIdx\.x % 32;\n)  if \(o >= (\d+)\) return;\n")
@@ -34,49 +35,26 @@ def looped(text):
     return body[:end] + "  }\n}\n"
 
 
-def run(entry, ins, source, blocks):
-    import cupy
-
-    from cortado.backends.cupy.kernels import launcher
-
-    outs = [cupy.zeros(nbytes(shape, dtype), np.uint8) for shape, dtype in entry["outs"]]
-    pointers = [ins[int(p[2:])].data.ptr if p.startswith("in") else outs[int(p[3:])].data.ptr
-                for p in (q.strip().split()[-1] for q in SIGNATURE.search(source.text).group(4).split(","))]
-    call = launcher(source, pointers, grid=blocks)
-    call()
-    cupy.cuda.Device().synchronize()
-    return timed(call), [o.get() for o in outs]
-
-
 def main():
     import cupy
 
     sms = cupy.cuda.Device().attributes["MultiProcessorCount"]
-    with open(sys.argv[1], "rb") as file:
-        import pickle
-        kernels = pickle.load(file)
-    rng = np.random.default_rng(0)
     results = []
-    for dtype, found in kernels.items():
-        for name, entry in found.items():
-            text = looped(entry["source"].text)
-            if text is None or entry["source"].blocks < 4 * sms:
+    for dtype, name, entry, ins in cases(sys.argv[1], lambda e: looped(e["source"].text) and e["source"].blocks >= 4 * sms):
+        text = looped(entry["source"].text)
+        row = {"dtype": dtype, "name": name, "ins": entry["ins"], "outs": entry["outs"],
+               "blocks": entry["source"].blocks, "count": entry["count"]}
+        row["base"], expected = run(entry, ins, "base", entry["source"].text)
+        for per_sm in (2, 3, 4, 5, 6, 7, 8):
+            blocks = per_sm * sms
+            if blocks >= entry["source"].blocks:
                 continue
-            ins = [data(shape, d, rng) for shape, d in entry["ins"]]
-            row = {"dtype": dtype, "name": name, "ins": entry["ins"], "outs": entry["outs"],
-                   "blocks": entry["source"].blocks, "count": entry["count"]}
-            row["base"], expected = run(entry, ins, entry["source"], None)
-            source = renamed(entry["source"], text, "looped")
-            for per_sm in (2, 3, 4, 5, 6, 7, 8):
-                blocks = per_sm * sms
-                if blocks >= entry["source"].blocks:
-                    continue
-                row[f"looped_{per_sm}"], got = run(entry, ins, source, blocks)
-                row[f"looped_{per_sm}_same"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
-            results.append(row)
-            print(dtype, name, entry["source"].blocks, {k: (round(v, 2) if isinstance(v, float) else v)
-                                                         for k, v in row.items() if k == "base" or k.startswith("looped")},
-                  flush=True)
+            row[f"looped_{per_sm}"], got = run(entry, ins, "looped", text, grid=blocks)
+            row[f"looped_{per_sm}_same"] = all(np.array_equal(a, b) for a, b in zip(got, expected))
+        results.append(row)
+        print(dtype, name, entry["source"].blocks, {k: (round(v, 2) if isinstance(v, float) else v)
+                                                     for k, v in row.items() if k == "base" or k.startswith("looped")},
+              flush=True)
     with open(sys.argv[2], "w") as file:
         json.dump(results, file, indent=1)
 
