@@ -80,6 +80,30 @@ def test_a_dgelu_gemm_the_compiler_keeps_keeps_its_epilogue():
     _assert_close(kept, outputs, feeds)
 
 
+def test_a_scaled_gelu_backward_keeps_its_epilogue_so_the_scale_is_not_applied_before_rounding():
+    """``3 * (p * gelu_grad(h))`` folds the 3 into the dgelu gemm's alpha, applied before the epilogue's one rounding;
+    as a plain product it would scale ``p`` before ``p`` is rounded to float16, where ``3 p`` overflows (p near 30000)
+    and the program as written does not. Such a product keeps its epilogue; one scaled by 1 or -1 (exact) does not,
+    and its values are the program's."""
+    x, t = ct.var("x", (2, 64, 32), "float16"), ct.var("t", (2, 64, 32), "float16")
+    W1, W2 = ct.var("W1", (32, 128), "float16"), ct.var("W2", (128, 32), "float16")
+    h = x @ W1
+    a = ct.gelu(h)
+    y = a @ W2
+    dy = y * t
+    late = ct.transpose(ct.reshape(a, (128, 128))) @ ct.reshape(dy, (128, 32))  # waits for y: reads gelu again
+    feeds = {"x": np.full(x.shape, -3 / 32, np.float16), "W1": np.ones(W1.shape, np.float16),
+             "W2": np.ones(W2.shape, np.float16), "t": np.full(t.shape, -1800, np.float16)}
+    for factor, unfolded in ((3.0, False), (-1.0, True), (1.0, True)):
+        outputs = [y, late, factor * ((dy @ ct.transpose(W2)) * ct.gelu_grad(h))]
+        trace = Trace()
+        roots = gpu_lowering.run(outputs, trace)
+        assert ("gemm-dgelu-beside-gelu" in trace.counts()) == unfolded, factor
+        ours, expected = ct.evaluate([roots[2]], feeds)[0], ct.evaluate([outputs[2]], feeds)[0]
+        assert np.isfinite(expected).all() and np.isfinite(ours).all()
+        np.testing.assert_allclose(np.asarray(ours, np.float32), np.asarray(expected, np.float32), rtol=2e-2)
+
+
 def test_a_kernel_reading_what_a_later_one_reads_joins_it_same_bits(monkeypatch):
     """exp(z), read by a product whose other operand needs another kernel's tanh(z * w), is computed by that kernel,
     which reads z anyway: one kernel fewer, every value the same bits."""

@@ -285,7 +285,7 @@ def _with_gelu_arguments(roots, trace, keep):
             swapped = {memo[v]: late_form(v) for v in late[original]}
             return rebuilt.rebuild(tuple(swapped.get(a, a) for a in rebuilt.args))
         if original.op is GEMM and original.attr("epilogue") == "dgelu" and is_narrow_float(original.dtype) \
-                and original not in keep:
+                and abs(original.attr("alpha")) == 1.0 and original not in keep:
             h = made_again.get(_beneath_reshapes(gemm_parts(original)["aux"]))
             if h is not None:
                 return _beside_gelu(original, rebuilt, bottom_up(h.args[0], memo, finish), trace)
@@ -297,10 +297,12 @@ def _with_gelu_arguments(roots, trace, keep):
 
 def _beside_gelu(original, rebuilt, z, trace):
     """dgelu gemm ``rebuilt`` as a plain product times ``gelu_grad(z)``, ``z`` the gelu argument as the late gelu of
-    it reads it (of its shape). Over bfloat16 or float16, whose gelu intermediates (float32) each kernel computes
-    for itself, the two are then elementwise kernels over one shape reading only the product and ``z``, which one
-    kernel computes (``rules.shared_reads``), gelu's sigmoid once for both: the bfloat16 GPT large step on an H200,
-    12.85 -> 12.74 ms (``benchmarks/results/h200/experiments/dgelu_beside_gelu/``)."""
+    it reads it (of its shape). Over bfloat16 or float16, whose gelu intermediates (float32) each kernel computes for
+    itself, the two are then elementwise kernels over one shape reading only the product and ``z``, which one kernel
+    computes (``rules.shared_reads``), gelu's sigmoid once for both: the bfloat16 GPT large step on an H200, 12.85 ->
+    12.74 ms (``benchmarks/results/h200/experiments/dgelu_beside_gelu/``). Only for a product scaled by 1 or -1: the
+    epilogue applies another factor before its one rounding, a plain product before the product is rounded, where it
+    can overflow though the program as written does not."""
     product = gemm(**{**gemm_parts(rebuilt), "epilogue": "none", "aux": None})
     viewed = product if product.shape == z.shape else ct.reshape(product, z.shape)
     result = ct.multiply(viewed, ct.gelu_grad(z))
