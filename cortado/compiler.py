@@ -47,6 +47,7 @@ from .rules.api import fast_simplifier, simplifier
 from .rules.engine import Rewrite, Trace
 from .rules.fusion import fuse
 from .rules.row_epilogues import into_producers, into_siblings
+from .rules.row_values import made_by_readers
 from .rules.shared_reads import into_readers
 from .rules.scalar_epilogues import into_reductions
 from .rules.horizontal import side_by_side
@@ -150,7 +151,7 @@ def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     roots, _ = fuse(roots, traces["fusion"], backend.kernel_shapes)
     if backend.kernel_shapes.horizontal:
         joined = into_siblings(into_producers(roots, traces["fusion"]), traces["fusion"])
-        joined = into_readers(joined, traces["fusion"])
+        joined = made_by_readers(into_readers(joined, traces["fusion"]), traces["fusion"])
         joined = into_reductions(joined, traces["fusion"])
         roots = side_by_side(joined, traces["fusion"])
     return list(backend.after_fusion(roots, traces["fusion"]))

@@ -292,6 +292,26 @@ def test_a_gelu_layers_gemm_writes_the_gelu_and_keeps_its_argument(dtype):
             assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
 
 
+def test_a_layer_norms_gain_gradient_makes_the_normalized_rows_it_reads():
+    """A bfloat16 layer norm between two products in a training step: its forward kernel stores no normalized rows,
+    its gain's gradient makes them from the layer's input and statistics (``rules.row_values``), and the step's
+    results are the plain expressions', captured and replayed."""
+    x, W1, W2 = ct.var("x", (4, 64, 96), "bfloat16"), ct.var("W1", (96, 128), "bfloat16"), ct.var("W2", (128, 32), "bfloat16")
+    norm = ct.nn.LayerNorm(128)
+    y = norm(x @ W1) @ W2
+    loss = ct.sum(ct.cast(y * y, "float32"))
+    variables = [x, W1, W2, norm.weight, norm.bias]
+    outputs = [loss, *ct.grad(loss, variables)]
+    program = ct.compile(outputs, inputs=variables, backend="cupy")
+    assert program.traces["fusion"].counts()["row-value-made-by-reader"] == 1, program.explain()
+    rng = np.random.default_rng(9)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(v.dtype) for v in variables}
+    for _ in range(2):  # captured, then replayed
+        for ours, expected in zip(program(**feeds), ct.evaluate(outputs, feeds, precision="float64")):
+            scale = max(1.0, float(np.abs(expected).max()))
+            assert_close(host(ours).astype(np.float64) / scale, expected / scale, "bfloat16")
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_slices_that_a_library_call_reads_are_views(dtype):
     """Splitting a projection in three (attention's q, k and v) costs no copy: each third is a view of the

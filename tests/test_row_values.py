@@ -1,0 +1,107 @@
+"""A row kernel's output made by its readers (``rules.row_values``): a layer norm's normalized rows computed by its
+gain's gradient from the layer's input and statistics instead of stored; where that is refused; and that every
+value is as before, to the bit."""
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import compiler
+from cortado.backends.cupy import backend as gpu_backend
+from cortado.exprgraph.graph import post_order
+from cortado.rules.fusion import ROW_KERNEL
+
+
+def _rewritten(outputs, monkeypatch=None):
+    """The GPU's rewritten program and its fusion trace; without ``made_by_readers`` where ``monkeypatch`` is given."""
+    if monkeypatch is not None:
+        monkeypatch.setattr(compiler, "made_by_readers", lambda roots, trace: tuple(roots))
+    traces = {}
+    return compiler._rewrite(outputs, gpu_backend, traces), traces
+
+
+def _row_kernel_bodies(roots):
+    return {t.attr("outputs") for t in post_order(roots) if t.op.name == "fused" and t.attr("kernel") == ROW_KERNEL}
+
+
+def _layer_norm_step():
+    """A layer norm between two bfloat16 products (the backward pass reads its input and statistics for the input's
+    gradient), its loss and every gradient."""
+    x = ct.var("x", (4, 16, 64), "bfloat16")
+    W1, W2 = ct.var("W1", (64, 64), "bfloat16"), ct.var("W2", (64, 32), "bfloat16")
+    norm = ct.nn.LayerNorm(64, dtype="float32")
+    y = norm(x @ W1) @ W2
+    loss = ct.sum(ct.cast(y * y, "float32"))
+    params = [x, W1, W2, norm.weight, norm.bias]
+    rng = np.random.default_rng(3)
+    feeds = {v.name: rng.standard_normal(v.shape).astype(ml_dtypes.bfloat16 if v.dtype == np.dtype(ml_dtypes.bfloat16)
+                                                          else v.dtype) for v in params if v.op.name == "var"}
+    feeds.update({norm.weight.name: rng.standard_normal(64).astype(np.float32),
+                  norm.bias.name: rng.standard_normal(64).astype(np.float32)})
+    return [loss, *ct.grad(loss, params)], feeds
+
+
+def _same_bits(roots, expected_roots, feeds):
+    for ours, expected in zip(ct.evaluate(list(roots), feeds), ct.evaluate(list(expected_roots), feeds)):
+        np.testing.assert_array_equal(ours, expected)
+
+
+def test_a_layer_norms_normalized_rows_are_made_by_its_gain_gradient_not_stored(monkeypatch):
+    """The forward kernel writes the output and the statistics, not the normalized rows; the gain's gradient reads
+    the layer's input and statistics instead, and every value is the same, bit for bit."""
+    outputs, feeds = _layer_norm_step()
+    roots, traces = _rewritten(outputs)
+    assert traces["fusion"].counts()["row-value-made-by-reader"] == 1
+    before, _ = _rewritten(outputs, monkeypatch)
+    wide = [sum(o.shape == (4, 16, 64) for o in body) for body in _row_kernel_bodies(roots)]
+    wide_before = [sum(o.shape == (4, 16, 64) for o in body) for body in _row_kernel_bodies(before)]
+    assert sum(wide) == sum(wide_before) - 1
+    _same_bits(roots, before, feeds)
+
+
+@pytest.mark.parametrize("product", [False, True])
+def test_rows_a_product_reads_too_are_stored(product):
+    """Normalized rows a product reads too (a library call reads stored values) stay an output of the kernel; read
+    by fused kernels alone, they are made by them."""
+    x = ct.var("x", (4, 16, 64), "bfloat16")
+    W = ct.var("W1", (64, 64), "bfloat16")
+    wide = ct.cast(x @ W, "float32")
+    mean = ct.mean(wide, axis=-1, keepdims=True)
+    rows = ct.cast((wide - mean) / ct.sqrt(ct.mean((wide - mean) * (wide - mean), axis=-1, keepdims=True) + 1e-5),
+                   "bfloat16")
+    gain, W2 = ct.var("g", (64,), "bfloat16"), ct.var("W2", (64, 32), "bfloat16")
+    y = (rows * gain) @ W2
+    loss = ct.sum(ct.cast(y * y, "float32"))
+    if product:
+        loss = loss + ct.sum(ct.cast(rows @ W2, "float32"))
+    _, traces = _rewritten([loss, *ct.grad(loss, [x, gain, W2])])
+    assert traces["fusion"].counts()["row-value-made-by-reader"] == (0 if product else 1)
+
+
+def test_rows_made_from_wider_values_are_stored():
+    """bfloat16 normalized rows of a float32 input stay stored: their reader would read twice their bytes."""
+    x = ct.var("x", (4, 16, 64), "float32")
+    W1, W2 = ct.var("W1", (64, 64), "float32"), ct.var("W2", (64, 32), "bfloat16")
+    gain, bias = ct.var("g", (64,), "bfloat16"), ct.var("b", (64,), "bfloat16")
+    h = x @ W1
+    mean = ct.mean(h, axis=-1, keepdims=True)
+    centered = h - mean
+    rows = ct.cast(centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5), "bfloat16")
+    loss = ct.sum(ct.cast((rows * gain + bias) @ W2, "float32"))
+    _, traces = _rewritten([loss, *ct.grad(loss, [x, W1, gain, bias])])
+    assert traces["fusion"].counts()["fuse-rows"] > 0
+    assert "row-value-made-by-reader" not in traces["fusion"].counts()
+
+
+def test_rows_the_program_returns_are_stored():
+    """Normalized rows that are an output of the program stay an output of the kernel."""
+    x = ct.var("x", (4, 16, 64), "bfloat16")
+    wide = ct.cast(x, "float32")
+    mean = ct.mean(wide, axis=-1, keepdims=True)
+    centered = wide - mean
+    rows = ct.cast(centered / ct.sqrt(ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5), "bfloat16")
+    gain = ct.var("g", (64,), "float32")
+    loss = ct.sum(ct.cast(rows, "float32") * gain)
+    _, traces = _rewritten([loss, rows, *ct.grad(loss, [x, gain])])
+    assert "row-value-made-by-reader" not in traces["fusion"].counts()
