@@ -292,12 +292,15 @@ def test_a_gelu_layers_gemm_writes_the_gelu_and_keeps_its_argument(dtype):
             assert_close(host(ours).astype(np.float64) / scale, expected / scale, dtype)
 
 
-def test_a_layer_norms_gain_gradient_makes_the_normalized_rows_it_reads():
+@pytest.mark.parametrize("width", [128, 97])
+def test_a_layer_norms_gain_gradient_makes_the_normalized_rows_it_reads(width):
     """A bfloat16 layer norm between two products in a training step: its forward kernel stores no normalized rows,
-    its gain's gradient makes them from the layer's input and statistics (``rules.row_values``), and the step's
-    results are the plain expressions', captured and replayed."""
-    x, W1, W2 = ct.var("x", (4, 64, 96), "bfloat16"), ct.var("W1", (96, 128), "bfloat16"), ct.var("W2", (128, 32), "bfloat16")
-    norm = ct.nn.LayerNorm(128)
+    its gain's gradient makes them from the layer's input and statistics (``rules.row_values``), over rows of whole
+    vectors and rows of single elements (97). The step's results are the plain expressions', captured and
+    replayed."""
+    x, W1 = ct.var("x", (4, 63, 96), "bfloat16"), ct.var("W1", (96, width), "bfloat16")
+    W2 = ct.var("W2", (width, 32), "bfloat16")
+    norm = ct.nn.LayerNorm(width)
     y = norm(x @ W1) @ W2
     loss = ct.sum(ct.cast(y * y, "float32"))
     variables = [x, W1, W2, norm.weight, norm.bias]

@@ -1,5 +1,5 @@
 """``made_by_readers``: a row kernel's output of its row shape that is elementwise over the kernel's operands and its
-row statistics is computed by the kernels that read it, from those, instead of being stored.
+other outputs (its row statistics) is computed by the kernels that read it, from those, instead of being stored.
 
 A layer norm's forward kernel writes its normalized rows ``x̂ = (x - mean) * rstd`` (rounded to bfloat16) for the
 gain's gradient, ``sum(dy * x̂)``, besides its output, its mean and its reciprocal deviation; the backward pass reads
@@ -10,8 +10,10 @@ many bytes.
 
 An output is made by its readers where:
 
-- it is elementwise over the kernel's operands and its outputs of fewer elements (the row statistics, which the
-  kernel keeps writing), by the same expressions, so each reader computes the very values the kernel did;
+- it is elementwise over the kernel's operands and its other outputs (the row statistics, or centered rows that the
+  layer's gradient reads), which the kernel keeps writing, by the same expressions: each reader computes the values
+  the kernel did, except where the kernel computed such an output wider than it stores it (a bfloat16 sum of two
+  embeddings), which the reader reads as stored: the result may round otherwise, never by more than that rounding;
 - every reader is a fused kernel (a library call reads stored values) that reads it unshifted;
 - a reader reads no more bytes so: the operands of the output's shape it reads instead (those it does not read
   already) are at most the output's bytes, and the statistics at most one value a row;
@@ -38,16 +40,16 @@ def _nbytes(t):
     return t.size * t.dtype.itemsize
 
 
-def _sources(output, statistics):
-    """The parameters and the ``statistics`` (body outputs) that body term ``output`` is elementwise over, or None
-    where a reduction (or anything else) lies between."""
+def _sources(output, stored):
+    """The parameters and the ``stored`` body outputs that body term ``output`` is elementwise over, or None where a
+    reduction (or anything else) lies between."""
     found, stack, seen = [], [output], set()
     while stack:
         t = stack.pop()
         if t in seen:
             continue
         seen.add(t)
-        if t in statistics or t.op is PARAM:
+        if t in stored and t is not output or t.op is PARAM:
             found.append(t)
         elif t.op is CONST:
             continue
@@ -84,7 +86,7 @@ class _Plan:
         return found
 
     def leaves(self, sources):
-        """The values a reader reads instead of a made output: the kernel's operands and statistics it is made of."""
+        """The values a reader reads instead of a made output: the kernel's operands and outputs it is made of."""
         index_of = {o: k for k, o in enumerate(self.body)}
         return [self.args[s.attr("index")] if s.op is PARAM else self.result(index_of[s]) for s in sources]
 
@@ -130,14 +132,17 @@ def _plan(key, results, users, kernels, taken, roots):
     rows = 1
     for side in plan.shape[:-1]:
         rows *= side
-    statistics = {o for o in plan.body if o.shape != plan.shape and o.size <= rows}
+    leaves_of_others = set()  # outputs that outputs made by readers are made from: stored
     turned = set(transposed_outputs(plan.body))
     for index, output in enumerate(plan.body):
         result = plan.results.get(index)
         if (result is None or result in roots or output.shape != plan.shape or output in turned
                 or output in plan.body[:index]):
             continue
-        sources = _sources(output, statistics)
+        dropped = {plan.body[k] for k in plan.dropped}
+        if output in leaves_of_others:
+            continue
+        sources = _sources(output, set(plan.body) - dropped)
         readers = _readers(result, users, kernels, taken) if sources is not None else None
         if readers is None or key in readers:
             continue
@@ -145,6 +150,7 @@ def _plan(key, results, users, kernels, taken, roots):
         skipped = {result} | set(plan.results.values())
         if all(_cheap(output, leaves, r, rows) and _live_beside(leaves, r, skipped, users, rows) for r in readers):
             plan.dropped[index] = (output, readers)
+            leaves_of_others |= {s for s in sources if s.op is not PARAM}
     return plan if plan.dropped else None
 
 
@@ -178,7 +184,7 @@ def _remade_reader(plan, key, results):
         for t in post_order([output]):
             if t.op is PARAM:
                 memo[t] = param(plan.args[t.attr("index")])
-            elif t in body_index and t is not output and t.shape != plan.shape:
+            elif t in body_index and t is not output and body_index[t] not in plan.dropped:
                 memo[t] = param(plan.result(body_index[t]))
         made[result] = bottom_up(output, memo, lambda original, rebuilt: rebuilt)
     memo = {p: made[inputs[p.attr("index")]] for p in post_order(key[1])
