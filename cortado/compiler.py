@@ -40,6 +40,7 @@ from .exprgraph import feeds as feed_checks
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
 from .exprgraph.ops import CONST, FUSED, VAR, may_fail
 from .exprgraph.term import Term
+from .memplan.copy_hosts import into_row_kernels
 from .memplan.recompute import choices, recomputed
 from .memplan import (affordable, beside_joins, intervals, joins, memory_order, overlapped, owners, plan_memory,
                       read_through_view, verify)
@@ -403,12 +404,15 @@ def _recomputing(built, signature, engine, options, rounds=3):
         if not chosen:
             break
         roots, copies, made = recomputed(built.roots, chosen)
+        roots, copies, joined = into_row_kernels(roots, copies)
         other = _planned(roots, signature, engine, options, built.traces, copies)
         if other.plan.peak_bytes >= built.plan.peak_bytes:
             break
         trace = built.traces.setdefault("recompute", Trace())
         for value, copy in made.items():
             trace.append(Rewrite("recompute-after-the-peak", value, copy))
+            if copy in joined:
+                trace.append(Rewrite("copy-into-row-kernel", copy, joined[copy]))
         built = other
     return built
 
