@@ -7,18 +7,14 @@ import numpy as np
 import pytest
 
 import cortado as ct
-from cortado import compiler
-from cortado.backends.cupy import backend as gpu_backend
 from cortado.exprgraph.graph import post_order
 from cortado.rules.fusion import ROW_KERNEL
+from gpu_rewrites import rewritten_for_the_gpu
 
 
 def _rewritten(outputs, monkeypatch=None):
-    """The GPU's rewritten program and its fusion trace; without ``made_by_readers`` where ``monkeypatch`` is given."""
-    if monkeypatch is not None:
-        monkeypatch.setattr(compiler, "made_by_readers", lambda roots, trace: tuple(roots))
-    traces = {}
-    return compiler._rewrite(outputs, gpu_backend, traces), traces
+    """The GPU's rewritten program and its traces; without ``made_by_readers`` where ``monkeypatch`` is given."""
+    return rewritten_for_the_gpu(outputs, monkeypatch, "made_by_readers")
 
 
 def _row_kernel_bodies(roots):

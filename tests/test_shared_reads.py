@@ -5,21 +5,17 @@ import ml_dtypes
 import numpy as np
 
 import cortado as ct
-from cortado import compiler
-from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy import sources
 from cortado.backends.cupy.codegen import Operand, contiguous_strides
 from cortado.backends.cupy.lowering import lowering as gpu_lowering
 from cortado.exprgraph.graph import post_order
 from cortado.rules.engine import Trace
+from gpu_rewrites import rewritten_for_the_gpu
 
 
 def _planned(outputs, monkeypatch=None):
-    """The GPU's rewritten program and its fusion trace; without the join where ``monkeypatch`` is given."""
-    if monkeypatch is not None:
-        monkeypatch.setattr(compiler, "into_readers", lambda roots, trace: tuple(roots))
-    traces = {}
-    return compiler._rewrite(outputs, gpu_backend, traces), traces
+    """The GPU's rewritten program and its traces; without the join where ``monkeypatch`` is given."""
+    return rewritten_for_the_gpu(outputs, monkeypatch, "into_readers")
 
 
 def _fused(roots):
