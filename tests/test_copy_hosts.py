@@ -8,6 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 import cortado as ct
 from cortado import compiler, nn
@@ -16,10 +17,10 @@ from cortado.backends.cupy import layout, targets
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import gpt  # noqa: E402
+from test_row_values import _normalized_steps  # noqa: E402
 
 
-@pytest.fixture
-def planned_on_the_cpu(monkeypatch):
+def _planner(monkeypatch):
     """``plan(outputs, inputs, join=True)``: the GPU's plan with recomputation, and without its copies joined."""
     monkeypatch.setattr(layout, "require_gpu", lambda: None)
     monkeypatch.setattr(targets, "workspace_bytes", lambda kernel, view: 0)
@@ -32,6 +33,11 @@ def planned_on_the_cpu(monkeypatch):
         return compiler._recomputing(compiler._built(signature, gpu_backend, options), signature, gpu_backend, options)
 
     return plan
+
+
+@pytest.fixture
+def planned_on_the_cpu(monkeypatch):
+    return _planner(monkeypatch)
 
 
 def _feeds(variables, seed=0):
@@ -74,3 +80,24 @@ def test_a_copy_no_backward_row_kernel_reads_for_stays_a_kernel_of_its_own(plann
     plan = planned_on_the_cpu([loss, *ct.grad(loss, params)], [x, *params])
     counts = plan.traces["recompute"].counts()
     assert counts["recompute-after-the-peak"] > 0 and "copy-into-row-kernel" not in counts
+
+
+@settings(max_examples=25)
+@given(_normalized_steps())
+def test_a_layer_norms_step_computes_the_same_bits_with_copies_joined(case):
+    """Layer norm steps in their written forms, planned with recomputation, with and without the copies joined:
+    the same bits."""
+    outputs, feeds = case
+    inputs = [v for v in _variables(outputs) if v.name in feeds]
+    with pytest.MonkeyPatch.context() as patched:
+        joined = _planner(patched)(outputs, inputs)
+        apart = _planner(patched)(outputs, inputs, join=False)
+    for ours, theirs in zip(ct.evaluate(list(joined.roots), feeds), ct.evaluate(list(apart.roots), feeds)):
+        np.testing.assert_array_equal(np.asarray(ours, np.float32), np.asarray(theirs, np.float32))
+
+
+def _variables(outputs):
+    from cortado.exprgraph.graph import post_order
+    from cortado.exprgraph.ops import VAR
+
+    return list(dict.fromkeys(t for t in post_order(outputs) if t.op is VAR))

@@ -5,6 +5,8 @@ value is as before, to the bit."""
 import ml_dtypes
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.exprgraph.graph import post_order
@@ -102,3 +104,52 @@ def test_rows_the_program_returns_are_stored():
     loss = ct.sum(ct.cast(rows, "float32") * gain)
     _, traces = _rewritten([loss, rows, *ct.grad(loss, [x, gain])])
     assert "row-value-made-by-reader" not in traces["fusion"].counts()
+
+
+@st.composite
+def _normalized_steps(draw, sides=((2, 3), (4, 1), (1, 5)), widths=(8, 12, 33)):
+    """A training step around a layer norm drawn in one of its written forms: the input made by a product or read
+    as fed, in bfloat16 or float32, its statistics in float32, its rows scaled by a reciprocal or divided, cast or
+    not, with a gain and a bias or without, then a product or an elementwise op; every gradient; and feeds. Rows of
+    the leading ``sides``, of ``widths`` values."""
+    dtype = draw(st.sampled_from(["bfloat16", "float32"]))
+    rows, n = draw(st.sampled_from(sides)), draw(st.sampled_from(widths))
+    x = ct.var("x", rows + (n,), dtype)
+    variables = [x]
+    h = x
+    if draw(st.booleans()):
+        W = ct.var("W", (n, n), dtype)
+        variables.append(W)
+        h = x @ W
+    wide = ct.cast(h, "float32")
+    centered = wide - ct.mean(wide, axis=-1, keepdims=True)
+    variance = ct.mean(centered * centered, axis=-1, keepdims=True) + 1e-5
+    normed = centered * (1 / ct.sqrt(variance)) if draw(st.booleans()) else centered / ct.sqrt(variance)
+    if draw(st.booleans()):
+        normed = ct.cast(normed, dtype)
+    if draw(st.booleans()):
+        gain, bias = ct.var("g", (n,), normed.dtype), ct.var("b", (n,), normed.dtype)
+        variables += [gain, bias]
+        normed = normed * gain + bias
+    if draw(st.booleans()):
+        V = ct.var("V", (n, 4), normed.dtype)
+        variables.append(V)
+        out = normed @ V
+    else:
+        out = ct.exp(normed) * normed
+    loss = ct.sum(ct.cast(out * out, "float32"))
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    feeds = {v.name: rng.standard_normal(v.shape).astype(v.dtype) for v in variables}
+    return [loss, *ct.grad(loss, variables)], feeds
+
+
+@settings(max_examples=30)
+@given(_normalized_steps())
+def test_a_layer_norms_step_computes_the_same_bits_with_rows_made_by_readers(case):
+    """Layer norm steps in their written forms, rewritten for the GPU with and without rows made by their readers:
+    the same bits."""
+    outputs, feeds = case
+    roots, _ = _rewritten(outputs)
+    with pytest.MonkeyPatch.context() as patched:
+        before, _ = _rewritten(outputs, patched)
+    _same_bits(roots, before, feeds)

@@ -9,8 +9,9 @@ writes the output, from the rows it holds, and one kernel's reads and launch go.
 
 A copy joins a row kernel of its shape (not one made again, nor the kernel it was made from) where the kernel reads
 every operand of the copy of its shape or of one value a row, the kernel already depends on every other operand of
-the copy's readers (so it makes the copy no earlier than they could run, and holds it no longer), and none of the
-readers' results flows into the kernel (no cycle). Every value is computed by the same expressions.
+the copy's readers (so it makes the copy no earlier than they could run, and holds it no longer), and neither the
+copy nor any of its readers' results flows into the kernel (no cycle: a kernel that reads the copy, or reads what
+was made from it, cannot make it). Every value is computed by the same expressions.
 
     roots, copies = into_row_kernels(roots, copies)   # after ``recomputed``
 """
@@ -33,9 +34,9 @@ def _viewed(a):
     return a
 
 
-def _host(copy_key, readers, hosts, taken):
-    """The key of the row kernel among ``hosts`` that the copy ``copy_key`` (its leaves, its body) may join, or
-    None."""
+def _host(copy_key, copy_results, readers, hosts, taken):
+    """The key of the row kernel among ``hosts`` that the copy ``copy_key`` (its leaves, its body; its results
+    ``copy_results``) may join, or None."""
     leaves, body = copy_key
     shape = body[0].shape
     rows = shape[:-1] + (1,)
@@ -49,7 +50,7 @@ def _host(copy_key, readers, hosts, taken):
         if key in taken or row_shape(key[1]) != shape or not read <= set(key[0]):
             continue
         above = _ancestors(first)
-        if needed <= above and not results & above:
+        if needed <= above and not (results | set(copy_results)) & above:
             return key
     return None
 
@@ -67,7 +68,7 @@ def into_row_kernels(roots, copies):
         by_copy.setdefault(kernel_key(copy), []).extend(readers)
     replaced, taken = {}, set()
     for copy_key, readers in by_copy.items():
-        host = _host(copy_key, readers, hosts, taken)
+        host = _host(copy_key, kernels[copy_key], readers, hosts, taken)
         if host is None:
             continue
         guest = kernels[copy_key]
