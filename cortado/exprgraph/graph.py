@@ -82,6 +82,15 @@ def users(order):
     return result
 
 
+def readers_of(order):
+    """For each term that a term of ``order`` reads, the set of those terms reading it (a term absent: none)."""
+    found = {}
+    for term in order:
+        for arg in set(term.args):
+            found.setdefault(arg, set()).add(term)
+    return found
+
+
 class Graph:
     """The outputs, their schedule and the users of each term, computed once."""
 

@@ -20,7 +20,7 @@ float8 cast at a delayed scale), which then folds the maxima of the rows it read
 
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_narrow_float
-from ..exprgraph.graph import post_order
+from ..exprgraph.graph import post_order, readers_of
 from ..exprgraph.ops import CAST, FUSED_OP, MAX, PAD
 from ..exprgraph.term import make
 from .engine import Rewrite
@@ -40,10 +40,7 @@ def into_producers(roots, trace):
     read back; the kernel's results kept where others read them. Only a max: it is the same bits in any order."""
     roots = tuple(roots)
     kernels, position = fused_kernels(roots)
-    users = {}
-    for t in post_order(roots):
-        for a in set(t.args):
-            users.setdefault(a, set()).add(t)
+    users = readers_of(post_order(roots))
     final = set(roots)
     replaced, taken = {}, set()
     for key, results in kernels.items():

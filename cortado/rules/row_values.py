@@ -25,13 +25,15 @@ The kernel stops writing the output; the readers' bodies compute it where they r
     roots = made_by_readers(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
 """
 
-from ..exprgraph.graph import post_order
+import math
+
+from ..exprgraph.graph import post_order, readers_of
 from ..exprgraph.ops import BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, PAD, PARAM, parameter
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
 from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL, kernel_shape, own_parameters, row_shape
 from .fusion import transposed_outputs
-from .scalar_epilogues import fused_kernels, substituted
+from .scalar_epilogues import fused_kernels, kernel_key, substituted
 
 READERS = (ELEMENTWISE_KERNEL, REDUCTION_KERNEL, ROW_KERNEL)  # the kernels that compute an output where they read it
 
@@ -98,7 +100,7 @@ def _readers(result, users, kernels, taken):
     for user in users.get(result, ()):
         if user.op is not FUSED_OP or user.attr("kernel") not in READERS or user.attr("again"):
             return None
-        key = (user.args, user.attr("outputs"))
+        key = kernel_key(user)
         if key in taken or not _reads_unshifted(user, result):
             return None
         found.append(key)
@@ -119,7 +121,7 @@ def _live_beside(leaves, reader, skipped, users, rows):
         if leaf in reader[0] or leaf.size <= rows:
             continue
         if not any(set(u.args) & (shared - {leaf}) for u in users.get(leaf, ())
-                   if (u.args, u.attr("outputs") if u.op is FUSED_OP else None) != reader):
+                   if u.op is not FUSED_OP or kernel_key(u) != reader):
             return False
     return True
 
@@ -129,20 +131,15 @@ def _plan(key, results, users, kernels, taken, roots):
     plan = _Plan(key, results)
     if plan.shape is None or results[0].attr("again"):
         return None
-    rows = 1
-    for side in plan.shape[:-1]:
-        rows *= side
+    rows = math.prod(plan.shape[:-1])
     leaves_of_others = set()  # outputs that outputs made by readers are made from: stored
     turned = set(transposed_outputs(plan.body))
     for index, output in enumerate(plan.body):
         result = plan.results.get(index)
         if (result is None or result in roots or output.shape != plan.shape or output in turned
-                or output in plan.body[:index]):
+                or output in plan.body[:index] or output in leaves_of_others):
             continue
-        dropped = {plan.body[k] for k in plan.dropped}
-        if output in leaves_of_others:
-            continue
-        sources = _sources(output, set(plan.body) - dropped)
+        sources = _sources(output, set(plan.body) - {plan.body[k] for k in plan.dropped})
         readers = _readers(result, users, kernels, taken) if sources is not None else None
         if readers is None or key in readers:
             continue
@@ -199,10 +196,7 @@ def made_by_readers(roots, trace):
     computed by those readers instead of stored."""
     roots = tuple(roots)
     kernels, position = fused_kernels(roots)
-    users = {}
-    for t in position:
-        for a in set(t.args):
-            users.setdefault(a, set()).add(t)
+    users = readers_of(position)
     replaced, taken = {}, set()
     for key, results in kernels.items():
         if results[0].attr("kernel") != ROW_KERNEL or key in taken:

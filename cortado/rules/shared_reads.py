@@ -18,7 +18,7 @@ shifted operands (pads) join none. Every value is computed by the same expressio
     roots = into_readers(roots, trace)   # after ``fusion.fuse``, for a backend that declares ``horizontal``
 """
 
-from ..exprgraph.graph import post_order
+from ..exprgraph.graph import post_order, readers_of
 from ..exprgraph.ops import LEAF, PAD
 from .engine import Rewrite
 from .fusion import ELEMENTWISE_KERNEL
@@ -50,10 +50,7 @@ def into_readers(roots, trace):
     to that kernel (the module's docstring says where)."""
     roots = tuple(roots)
     kernels, position = fused_kernels(roots)
-    users, readers = {}, {}
-    for t in position:
-        for a in set(t.args):
-            users.setdefault(a, set()).add(t)
+    users, readers = readers_of(position), {}
     for key in kernels:
         for a in set(key[0]):
             readers.setdefault(a, []).append(key)

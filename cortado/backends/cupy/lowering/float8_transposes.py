@@ -19,7 +19,7 @@ float8 values; longer ones stay copied by the call).
 import math
 
 from ....exprgraph import constructors as ct
-from ....exprgraph.graph import post_order
+from ....exprgraph.graph import post_order, readers_of
 from ....exprgraph.ops import FUSED_OP, TRANSPOSE
 from ....exprgraph.term import make
 from ....rules.engine import Rewrite
@@ -73,10 +73,7 @@ def written_transposed(roots, trace):
     """``roots`` with each float8 product's operand that is the transpose of a kernel's float8 result written
     transposed by that kernel (see the module docstring); the result kept where others read it."""
     roots = tuple(roots)
-    users = {}
-    for t in post_order(roots):
-        for a in set(t.args):
-            users.setdefault(a, set()).add(t)
+    users = readers_of(post_order(roots))
     wanted = {}  # kernel key -> {transposed operand: (result, matrix)}
     for t in post_order(roots):
         if t.op is FLOAT8_GEMM:
