@@ -1,7 +1,7 @@
 """The GPT's training step in float8 against the same step in bfloat16, on the GPU: time a step, and the loss after
 a run of steps from the same seed.
 
-    python benchmarks/bench_float8_gpt_gpu.py [--size large] [--steps 2000] [--peers torch,compile,reduce-overhead]
+    python benchmarks/bench_float8_gpt_gpu.py [--size large] [--steps 2000] [--seed 0] [--peers torch,compile,reduce-overhead]
                                               [--out benchmarks/results/float8_gpt_gpu.json]
     python benchmarks/bench_float8_gpt_gpu.py --backend numpy --size tiny --steps 20    (a smoke test on the CPU)
 
@@ -10,8 +10,9 @@ every linear layer of the blocks is ``nn.Linear(..., float8=True)`` (e4m3 produc
 scales, gradients rounded to e5m2; the attention, the embeddings and the tied head stay bfloat16). The sizes are
 bench_gpt_gpu.py's (its ``SIZES``): large is 12 layers, width 768, 12 heads, context 1024, batch 8.
 
-- loss: ``--steps`` steps from seed 0, each on a new batch of windows of examples/data/shakespeare.txt drawn from
-  one generator, the same for both; the mean loss of the last 50 steps, and float8's relative difference;
+- loss: ``--steps`` steps from the weights of ``--seed`` (0), each on a new batch of windows of
+  examples/data/shakespeare.txt drawn from one generator (of seed ``--seed`` + 1), the same for both; the mean loss
+  of the last 50 steps, and float8's relative difference;
 - step: then 50 calls back to back on one batch between two events, the device time per step (median of
   ``--repeats``), and the step's kernels timed one by one (``Program.profile``), slowest first;
 - each step: on the GPU, steps timed as bench_gpt_gpu.py times every contestant (its size's warm-up steps, then its
@@ -49,9 +50,9 @@ LAST = 50  # the steps whose mean loss is compared
 PEERS = "torch,compile,reduce-overhead"  # bench_gpt_gpu.py's contestants (its --only names), the GPU's default
 
 
-def program(size, dtype, backend, data, **options):
-    """The compiled training step of the GPT of ``size`` in ``dtype`` ("bfloat16" or "float8"), from seed 0, with
-    ``ct.compile``'s ``options``."""
+def program(size, dtype, backend, data, seed=0, **options):
+    """The compiled training step of the GPT of ``size`` in ``dtype`` ("bfloat16" or "float8"), from the initial
+    weights of ``seed``, with ``ct.compile``'s ``options``."""
     shape = SIZES[size]
     float8 = dtype == "float8"
     model = GPT(len(set(data.tolist())), shape.context, shape.width, shape.heads, None, shape.layers,
@@ -65,7 +66,7 @@ def program(size, dtype, backend, data, **options):
     updates.update(model.state_updates(loss))
     started = time.perf_counter()
     step = ct.compile([loss], inputs=[tokens, labels], backend=backend, updates=updates,
-                      state={**model.initial_values(0), **state}, **options)
+                      state={**model.initial_values(seed), **state}, **options)
     return step, time.perf_counter() - started
 
 
@@ -95,11 +96,11 @@ def step_ms(step, tokens, labels, repeats):
     return float(np.median(times))
 
 
-def losses(step, data, size, steps, backend):
-    """The loss of each of ``steps`` steps, each on new windows drawn from one generator of seed 1 (each copied as it
+def losses(step, data, size, steps, backend, seed=1):
+    """The loss of each of ``steps`` steps, each on new windows drawn from one generator of ``seed`` (each copied as it
     is made: a program writes every call's loss into the same buffer)."""
     shape = SIZES[size]
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     found = []
     for _ in range(steps):
         x, y = windows(data, shape.batch, shape.context, rng)
@@ -144,6 +145,7 @@ def main():
     parser.add_argument("--size", default="large", choices=sorted(SIZES))
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--seed", type=int, default=0, help="of the initial weights; the batches' is seed + 1")
     parser.add_argument("--backend", default="cupy", choices=["cupy", "numpy"])
     parser.add_argument("--peers", default=None, help=f"bench_gpt_gpu.py's contestants to run beside ours, comma-"
                         f"separated, or none (default: {PEERS} on the GPU, none with --backend numpy)")
@@ -153,15 +155,15 @@ def main():
     alphabet = sorted(set(text))
     data = np.array([alphabet.index(c) for c in text], np.int32)
     installed = {name: importlib.util.find_spec(name) is not None for name in ("transformer_engine", "torchao")}
-    results = {"size": args.size, "steps": args.steps, "peers_installed": installed, "runs": {}}
+    results = {"size": args.size, "steps": args.steps, "seed": args.seed, "peers_installed": installed, "runs": {}}
     print(f"float8 peers installed: {installed} (torch's float8 needs one; torch runs bfloat16 here)", flush=True)
     names = args.peers if args.peers is not None else (PEERS if args.backend == "cupy" else "none")
     names = [ALIASES.get(n, n) for n in names.split(",") if n and n != "none"]
     for dtype in ("bfloat16", "float8"):
-        step, compile_s = program(args.size, dtype, args.backend, data)
+        step, compile_s = program(args.size, dtype, args.backend, data, args.seed)
         log(f"{dtype}: compiled in {compile_s:.1f} s")
         run = {"compile_s": compile_s, "kernels": len(step.kernels)}
-        run["losses"] = losses(step, data, args.size, args.steps, args.backend)
+        run["losses"] = losses(step, data, args.size, args.steps, args.backend, args.seed + 1)
         run["final_loss"] = float(np.mean(run["losses"][-LAST:]))  # (all of them, in a run of fewer steps)
         log(f"{dtype}: {args.steps} steps taken")
         if args.backend == "cupy":  # timed after the run: its state does not change a step's time
