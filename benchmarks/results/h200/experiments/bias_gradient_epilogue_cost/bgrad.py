@@ -1,0 +1,39 @@
+"""A weight gradient with its bias gradient (the GPT's shapes, K = 8192 rows, bfloat16) in both orientations:
+dW (in, out) = x^T dy (cuBLASLt's BGRADA) and dW^T (out, in) = dy^T x (BGRADB), against the product alone."""
+import ml_dtypes
+import numpy as np
+import cupy as cp
+import cortado as ct
+
+
+def timed(step, calls=50, repeats=5):
+    step()
+    stream = step._executor.stream
+    times = []
+    for _ in range(repeats):
+        start = stream.record()
+        for _ in range(calls):
+            step()
+        end = stream.record()
+        end.synchronize()
+        times.append(cp.cuda.get_elapsed_time(start, end) / calls * 1e3)
+    return float(np.median(times))
+
+
+rng = np.random.default_rng(0)
+for K, I, O in [(8192, 768, 2304), (8192, 768, 768), (8192, 768, 3072), (8192, 3072, 768)]:
+    dy, x = ct.var("dy", (K, O), "bfloat16"), ct.var("x", (K, I), "bfloat16")
+    state = {dy: rng.standard_normal((K, O)).astype(ml_dtypes.bfloat16),
+             x: rng.standard_normal((K, I)).astype(ml_dtypes.bfloat16)}
+    db = ct.sum(dy, axis=0)
+    forms = {"(in,out) alone": [ct.matmul(ct.transpose(x), dy)],
+             "(in,out) + bias grad": [ct.matmul(ct.transpose(x), dy), db],
+             "(out,in) alone": [ct.matmul(ct.transpose(dy), x)],
+             "(out,in) + bias grad": [ct.matmul(ct.transpose(dy), x), db]}
+    for name, outs in forms.items():
+        step = ct.compile(outs, state=state, backend="cupy")
+        kernels = [k.term for k in step.kernels if k.term.op.name not in ("var", "reshape", "transpose")]
+        epilogues = [t.attrs.epilogue for t in kernels if t.op.name == "gemm"]
+        print(f"K{K} in{I} out{O} {name:22s} {timed(step):7.1f} us  kernels {len(kernels)} {epilogues}", flush=True)
+        if name.endswith("bias grad"):
+            print(step.profile(), flush=True)
