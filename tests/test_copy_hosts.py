@@ -13,7 +13,7 @@ from hypothesis import given, settings
 import cortado as ct
 from cortado import compiler, nn
 from cortado.backends.cupy import backend as gpu_backend
-from cortado.backends.cupy import layout, targets
+from gpu_rewrites import planning_without_a_device
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
 import gpt  # noqa: E402
@@ -22,8 +22,7 @@ from test_row_values import _normalized_steps  # noqa: E402
 
 def _planner(monkeypatch):
     """``plan(outputs, inputs, join=True)``: the GPU's plan with recomputation, and without its copies joined."""
-    monkeypatch.setattr(layout, "require_gpu", lambda: None)
-    monkeypatch.setattr(targets, "workspace_bytes", lambda kernel, view: 0)
+    planning_without_a_device(monkeypatch)
 
     def plan(outputs, inputs, join=True):
         if not join:

@@ -357,11 +357,11 @@ def test_a_kernel_side_by_side_may_read_values_made_again(monkeypatch):
     does not do, so that it keeps no such value alive to the step's end) has recomputation make those values again
     for the group, and the plan computes the bits of the plan without."""
     from cortado import compiler
-    from cortado.backends.cupy import backend as gpu_backend, layout, targets
+    from cortado.backends.cupy import backend as gpu_backend
+    from gpu_rewrites import planning_without_a_device
     from test_float8 import _float8_mlp
 
-    monkeypatch.setattr(layout, "require_gpu", lambda: None)
-    monkeypatch.setattr(targets, "workspace_bytes", lambda kernel, view: 0)
+    planning_without_a_device(monkeypatch)
     monkeypatch.setattr(horizontal, "_read_only_by", lambda *args: True)
     loss, inputs, values, updates, feeds = _float8_mlp()
     signature = compiler._signature([loss], inputs, values, updates)

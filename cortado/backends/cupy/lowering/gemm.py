@@ -313,6 +313,7 @@ def _beside_gelu(original, rebuilt, z, trace):
 
 
 def _beneath_reshapes(t):
+    """The value ``t`` is, or is reshapes of."""
     while t.op is RESHAPE:
         t = t.args[0]
     return t
