@@ -398,14 +398,16 @@ def _planned(roots, signature, engine, options, traces, copies=None):
 
 def _recomputing(built, signature, engine, options, rounds=3):
     """``built``, or the program that makes again what the backward pass reads of the forward pass's elementwise
-    values where that plans a smaller arena (``memplan.recompute``), a few rounds over (the peak moves)."""
+    values where that plans a smaller arena (``memplan.recompute``), a few rounds over (the peak moves); then with
+    the backend's rewrites of what recomputation made (``Backend.after_recomputation``)."""
+    copies = {}
     for _ in range(rounds):
         chosen = choices(built.kernels, built.steps, built.plan, built.nbytes, built.kept, built.live_out)
         if not chosen:
             break
-        roots, copies, made = recomputed(built.roots, chosen)
-        roots, copies, joined = into_row_kernels(roots, copies)
-        other = _planned(roots, signature, engine, options, built.traces, copies)
+        roots, round_copies, made = recomputed(built.roots, chosen)
+        roots, round_copies, joined = into_row_kernels(roots, round_copies)
+        other = _planned(roots, signature, engine, options, built.traces, round_copies)
         if other.plan.peak_bytes >= built.plan.peak_bytes:
             break
         trace = built.traces.setdefault("recompute", Trace())
@@ -413,8 +415,13 @@ def _recomputing(built, signature, engine, options, rounds=3):
             trace.append(Rewrite("recompute-after-the-peak", value, copy))
             if copy in joined:
                 trace.append(Rewrite("copy-into-row-kernel", copy, joined[copy]))
-        built = other
-    return built
+        built, copies = other, round_copies
+    rewritten = Trace()
+    roots = engine.after_recomputation(built.roots, copies, rewritten)
+    if not rewritten:
+        return built
+    built.traces.setdefault("recompute", Trace()).extend(rewritten)
+    return _planned(roots, signature, engine, options, built.traces, copies)
 
 
 def _sizes(kernels):

@@ -74,6 +74,12 @@ class Backend:
         only its calls need of the kernels that make their operands. None by default."""
         return roots
 
+    def after_recomputation(self, roots, copies, trace):
+        """``roots`` with the backend's own rewrites of the kernels that recomputation made or joined (recording them
+        in ``trace``), none of which rewrites a copy or a reader of one in ``copies`` (``{copy: its readers}``, which
+        the compiler orders). None by default."""
+        return roots
+
     def alternatives(self, planned):
         """Other ``variant``s of the lowering worth planning besides the one ``planned`` (a ``PlannedStep``); the
         compiler keeps the plan with the smallest arena."""

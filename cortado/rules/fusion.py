@@ -148,7 +148,7 @@ def row_shape(body):
     shape = reductions[0].args[0].shape
     if not all(row_reduction(t, shape) for t in reductions):
         return None
-    return shape if len(reductions) > 1 or any(untransposed(t).shape == shape for t in body) else None
+    return shape if len(reductions) > 1 or any(written_rows(t).shape == shape for t in body) else None
 
 
 def transposed_outputs(body):
@@ -165,6 +165,25 @@ def untransposed(output):
         return output
     matrix = output.args[0]
     return matrix.args[0] if matrix.op is RESHAPE else matrix
+
+
+def padded_rows(output):
+    """The body term a row kernel's ``output`` writes with constants after each of its rows (a ``pad`` of the last
+    axis, at its end only: a weight gradient's input with its columns of ones, ``lowering/bias_gradient_ones.py``);
+    None for any other output."""
+    if output.op is not PAD:
+        return None
+    widths = output.attr("pad_width")
+    if any(w != (0, 0) for w in widths[:-1]) or widths[-1][0] != 0 or widths[-1][1] <= 0:
+        return None
+    return output.args[0]
+
+
+def written_rows(output):
+    """The body term whose rows an output writes: the term it pads (``padded_rows``) or transposes
+    (``untransposed``), else itself."""
+    padded = padded_rows(output)
+    return untransposed(output) if padded is None else padded
 
 
 def kernel_shape(body):

@@ -13,6 +13,7 @@ from . import layout
 from .runtime.beside import chosen as chosen_beside
 from .runtime.executor import Executor
 from .lowering import lowering
+from .lowering.bias_gradient_ones import ones_into_row_kernels
 from .lowering.float8_transposes import written_transposed
 from .lowering.transposed_sums import sums_into_transposed
 
@@ -47,6 +48,9 @@ class CupyBackend(Backend):
 
     def after_fusion(self, roots, trace):
         return sums_into_transposed(written_transposed(roots, trace), trace)
+
+    def after_recomputation(self, roots, copies, trace):
+        return ones_into_row_kernels(roots, trace, {r for readers in copies.values() for r in readers} | set(copies))
 
     def alternatives(self, planned):
         return self.lowering.alternatives(planned)

@@ -31,6 +31,7 @@ from ...exprgraph.ops import (
     LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
     RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
 )
+from ...rules.fusion import padded_rows
 from .launch import WAIT_PRIOR_GRIDS
 
 THREADS = 256
@@ -406,8 +407,9 @@ def is_identity(space, operand):
 
 
 def shifted_operands(body):
-    """The indices of the parameters that a ``pad`` in ``body`` reads: at other indices than the outputs'."""
-    return {t.args[0].attr("index") for t in post_order(body) if t.op is PAD}
+    """The indices of the parameters that a ``pad`` in ``body`` reads: at other indices than the outputs'. (A row
+    kernel's padded output, ``rules.fusion.padded_rows``, pads what it computes at its rows' own indices.)"""
+    return {t.args[0].attr("index") for t in post_order(body) if t.op is PAD and t.args[0].op is PARAM}
 
 
 class _Writer:
@@ -514,11 +516,47 @@ def _index_type(outputs, operands):
 def _vector_width(outputs, operands, space):
     """The elements a thread takes at a time: 16 bytes of the narrowest type (8 elements at most), or of the widest
     where those would take a thread more than ``THREAD_VECTOR_BYTES`` of its operands' and results' elements."""
-    itemsizes = [t.dtype.itemsize for t in outputs] + [o.dtype.itemsize for o in operands if is_identity(space, o)]
+    itemsizes = [t.dtype.itemsize for t in outputs] + [o.dtype.itemsize for o in operands
+                                                       if is_identity(space, o) or _row_stride(space, o, 1)]
     vec = max(1, min(8, 16 // min(itemsizes)))
     while vec * sum(itemsizes) > THREAD_VECTOR_BYTES and vec * max(itemsizes) > 16:
         vec //= 2
     return vec
+
+
+def _row_stride(space, operand, vec):
+    """The elements between the rows of ``operand`` where it holds an elementwise ``space``'s elements in order but
+    for its rows lying further apart (a weight gradient cropped from the product with its bias gradient's columns,
+    ``lowering/bias_gradient_ones.py``), and ``vec`` elements at a time lie in one row; else None."""
+    shape = tuple(d.size for d in space)
+    if operand.shape != shape or len(shape) < 2 or operand.strides[-1] != 1:
+        return None
+    n, stride = shape[-1], operand.strides[-2]
+    rows = contiguous_strides(shape[:-1] + (stride,))
+    if stride <= n or n % vec or stride % vec or tuple(operand.strides[:-1]) != tuple(rows[:-1]):
+        return None
+    return stride
+
+
+def _row_vector(shape, padded, vec):
+    """The index of vector ``j`` of an elementwise kernel over ``shape`` in an output written plainly (``padded``
+    None) or with constants after each row (``padded``, its ``pad`` term: ``rules.fusion.padded_rows``)."""
+    if padded is None:
+        return "j"
+    per_row = shape[-1] // vec
+    return f"j / {per_row} * {padded.shape[-1] // vec} + j % {per_row}"
+
+
+def _row_constants(shape, padded, vec):
+    """Lines in which the thread of each row's first vector writes the constants after the row, in each output of
+    ``padded`` (``{k: its pad term}``)."""
+    lines = []
+    for k, t in padded.items():
+        n, length = shape[-1], t.shape[-1]
+        fill = f"ct_store<{storage_type(t.dtype)}>({literal(t.attr('constant_values'), t.dtype)})"
+        lines += [f"    if (j % {n // vec} == 0) {{",
+                  f"      for (int q = {n}; q < {length}; ++q) out{k}[j / {n // vec} * {length} + q] = {fill};", "    }"]
+    return lines
 
 
 def _permuted(operand, order):
@@ -533,19 +571,27 @@ def _elementwise_part(body, operands, order=None, offset=None):
     """``(statements, blocks)``: the loop computing ``body``'s outputs a thread per ``VEC`` elements, a scalar loop
     taking the tail, over ``blocks`` blocks of ``THREADS``: the whole grid, or, from the block named by the C
     expression ``offset`` on, its own of a grid shared with other parts. ``order`` as ``elementwise_source``'s."""
+    padded = {k: t for k, t in enumerate(body) if padded_rows(t) is not None}
+    body = [padded_rows(t) if k in padded else t for k, t in enumerate(body)]
     shape = body[0].shape
     if any(t.shape != shape for t in body):  # each output is written over the first one's elements
         raise BackendError(f"an elementwise kernel writes outputs of one shape, not {[t.shape for t in body]}")
     if order is not None:
+        if padded:
+            raise BackendError(f"an elementwise kernel writes padded rows in order only, not in {order}")
         shape = tuple(shape[a] for a in order)
         operands = [_permuted(o, order) for o in operands]
     n = math.prod(shape)
     space = _space(shape, "i")
     read = sorted({t.attr("index") for t in post_order(body) if t.op is PARAM})
     vec = _vector_width(body, [operands[k] for k in read], space)
+    while vec > 1 and padded and any(t.shape[-1] % vec for t in [body[0], *padded.values()]):  # vectors in rows
+        vec //= 2
     index = _index_type(body, [operands[k] for k in read])
     shifted = shifted_operands(body)
     identity = [k for k in read if k not in shifted and is_identity(space, operands[k])]
+    apart = {k: stride for k in read if k not in shifted and k not in identity
+             and (stride := _row_stride(space, operands[k], vec)) is not None}
     blocks = max(1, -(-max(n // vec, 1) // THREADS))
     block, grid = ("blockIdx.x", "gridDim.x") if offset is None else (f"(blockIdx.x - {offset})", f"{blocks}u")
 
@@ -554,16 +600,21 @@ def _elementwise_part(body, operands, order=None, offset=None):
         values = [w.value(t) for t in body]
         return w.lines + [store(k, t, v) for k, (t, v) in enumerate(zip(body, values))]
 
-    vector_loads = {k: f"a{k}.v[u]" for k in identity}
+    vector_loads = {k: f"a{k}.v[u]" for k in identity + list(apart)}
     lines = [f"  const {index} stride = ({index}){grid} * blockDim.x;",
              f"  for ({index} j = ({index}){block} * blockDim.x + threadIdx.x; j < {n // vec}; j += stride) {{"]
     lines += [f"    const ct_vec<{storage_type(operands[k].dtype)}, {vec}> a{k} = "
               f"reinterpret_cast<const ct_vec<{storage_type(operands[k].dtype)}, {vec}>*>(in{k})[j];" for k in identity]
+    lines += [f"    const ct_vec<{storage_type(operands[k].dtype)}, {vec}> a{k} = "
+              f"reinterpret_cast<const ct_vec<{storage_type(operands[k].dtype)}, {vec}>*>(in{k})"
+              f"[j / {shape[-1] // vec} * {stride // vec} + j % {shape[-1] // vec}];" for k, stride in apart.items()]
     lines += [f"    ct_vec<{storage_type(t.dtype)}, {vec}> o{k};" for k, t in enumerate(body)]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} i = j * {vec} + u;"]
     lines += ["      " + s for s in element(vector_loads, lambda k, t, v: f"o{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});")]
     lines += ["    }"]
-    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[j] = o{k};" for k, t in enumerate(body)]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[{_row_vector(shape, padded.get(k), vec)}] "
+              f"= o{k};" for k, t in enumerate(body)]
+    lines += _row_constants(shape, padded, vec)
     lines += ["  }"]
     if n % vec:
         lines += [f"  for ({index} i = {n - n % vec} + ({index}){block} * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]

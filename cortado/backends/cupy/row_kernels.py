@@ -13,10 +13,10 @@ import numpy as np
 from ...errors import BackendError
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import MEAN, PARAM
-from ...rules.fusion import transposed_outputs, untransposed
+from ...rules.fusion import padded_rows, transposed_outputs, untransposed, written_rows
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
-    finished_source, offset, storage_type,
+    finished_source, literal, offset, storage_type,
 )
 from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
 
@@ -60,9 +60,11 @@ def _row_vector(shape, operands, elements, body):
     n = shape[-1]
     rows = {k for k, o in enumerate(operands) if offset(elements, o) == f"o * {n} + r"}
     across = {k for k, o in enumerate(operands) if offset(elements, o) == "r"}
-    sizes = [operands[k].dtype.itemsize for k in rows] + [t.dtype.itemsize for t in body if t.shape == shape]
+    written = [t for t in body if t.shape == shape or _padded(t, shape) is not None]
+    sizes = [operands[k].dtype.itemsize for k in rows] + [t.dtype.itemsize for t in written]
+    lengths = {n} | {t.shape[-1] for t in written}
     vec = 16 // min(sizes, default=16)
-    while vec > 1 and n % vec:
+    while vec > 1 and any(length % vec for length in lengths):
         vec //= 2
     if vec > 2 and n <= ROW_KERNEL_WARP_LIMIT and (n // vec) % 32 and (n // (vec // 2)) % 32 == 0:
         vec //= 2
@@ -72,8 +74,9 @@ def _row_vector(shape, operands, elements, body):
 def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=(), cached=0, tiles=()):
     """A loop over a row, ``vec`` elements a thread at a time (the ``rows`` operands loaded as vectors, the others
     taken from the thread's ``cached`` vectors of them; the ``across`` operands' one row loaded as vectors), running
-    ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype)`` of the outputs ``inner``
-    puts in ``s{k}.v[u]``, stored as vectors (one element at a time where ``vec`` is 1, by ``inner`` itself);
+    ``writer``'s lines and then ``inner`` for each element ``r``; ``stores``: ``(k, dtype, length)`` of the outputs
+    ``inner`` puts in ``s{k}.v[u]``, stored as vectors into rows of ``length`` (one element at a time where ``vec`` is
+    1, by ``inner`` itself);
     ``tiles``: likewise, of the outputs written into the warp's row of shared memory ``tile{k}`` (``_turned``)."""
     if vec == 1:
         return [f"  for ({index} r = lane; r < {n}; r += {width}) {{"] + ["    " + s for s in writer.lines + inner] + ["  }"]
@@ -86,11 +89,12 @@ def _row_pass(writer, index, n, width, vec, rows, across, prefix, inner, stores=
               for k in sorted(writer.read & rows)]
     lines += [f"    const {_vector(writer.operands[k], vec)} {prefix}{k} = {_row_vector_read(writer.operands[k], k, 0, vec)};"
               for k in sorted(writer.read & across)]
-    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in (*stores, *tiles)]
+    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype, _ in stores]
+    lines += [f"    ct_vec<{storage_type(dtype)}, {vec}> s{k};" for k, dtype in tiles]
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} r = c * {vec} + u;"]
     lines += ["      " + s for s in writer.lines + inner] + ["    }"]
-    lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(out{k})[o * {n // vec} + c] = s{k};"
-              for k, dtype in stores]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(out{k})[o * {length // vec} + c] = s{k};"
+              for k, dtype, length in stores]
     lines += [f"    reinterpret_cast<ct_vec<{storage_type(dtype)}, {vec}>*>(tile{k}[slot])[c] = s{k};"
               for k, dtype in tiles]
     return lines + ["  }"]
@@ -122,9 +126,26 @@ def _trailing(body, shape):
     reduction reads, where there is such an output: only outputs of one value a row read them, so the pass writing
     the row folds them too."""
     reductions = [t for t in post_order(body) if t.op in REDUCTIONS]
-    full = [untransposed(t) for t in body if untransposed(t).shape == shape]
+    full = [written_rows(t) for t in body if written_rows(t).shape == shape]
     read = set(post_order(full + [red.args[0] for red in reductions])) if full else set(reductions)
     return {red for red in reductions if red not in read}
+
+
+def _padded(output, shape):
+    """The row of ``shape`` that ``output`` writes with constants after it (``rules.fusion.padded_rows``), or None."""
+    row = padded_rows(output)
+    return row if row is not None and row.shape == shape else None
+
+
+def _padding(padded, n):
+    """Lines in which the first thread of each row writes the constants after it, for each output of ``padded``
+    (``(k, pad term)``; rows of ``n``)."""
+    lines = []
+    for k, t in padded:
+        length = t.shape[-1]
+        fill = f"ct_store<{storage_type(t.dtype)}>({literal(t.attr('constant_values'), t.dtype)})"
+        lines += [f"    for (int q = {n}; q < {length}; ++q) out{k}[o * {length} + q] = {fill};"]
+    return ["  if (lane == 0) {"] + lines + ["  }"] if lines else []
 
 
 def _total(red, j, width, n):
@@ -223,26 +244,30 @@ def row_source(body, operands, aliased, shape, block_index=None):
         lines += _total(red, j, width, n)
         totals[red] = f"total{j}"
         read |= writer.read
+    padded = [(k, t) for k, t in enumerate(body) if _padded(t, shape) is not None]
     full = [(k, t) for k, t in enumerate(body) if t.shape == shape and t not in transposed]
+    full += [(k, _padded(t, shape)) for k, t in padded]
+    lengths = {k: t.shape[-1] for k, t in enumerate(body)}
     if full or turned:
         writer = _Writer(elements, operands, "e", loads("q"))
         writer.names.update(totals)
         values = [writer.value(t) for _, t in full]
         matrices = [writer.value(untransposed(t)) for _, t in turned]
         folded = [(j, red, writer.value(red.args[0])) for j, red in enumerate(reductions) if red in trailing]
-        place = (lambda k: f"out{k}[o * {n} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
+        place = (lambda k: f"out{k}[o * {lengths[k]} + r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         into_tile = (lambda k: f"tile{k}[slot][r]") if vec == 1 else (lambda k: f"s{k}.v[u]")
         inner = [f"{place(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(full, values)]
         inner += [f"{into_tile(k)} = ct_store<{storage_type(t.dtype)}>({v});" for (k, t), v in zip(turned, matrices)]
         inner += [_fold(red, j, element) for j, red, element in folded]
         lines += _row_pass(writer, index, n, width, vec, vectors - kept, across, "q", inner,
-                           [(k, t.dtype) for k, t in full] if vec > 1 else (), cached=cached,
+                           [(k, t.dtype, lengths[k]) for k, t in full] if vec > 1 else (), cached=cached,
                            tiles=[(k, t.dtype) for k, t in turned] if vec > 1 else ())
         for j, red, _ in folded:
             lines += _total(red, j, width, n)
             totals[red] = f"total{j}"
         read |= writer.read
-    reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape and t not in transposed]
+        lines += _padding(padded, n)
+    reduced = [(k, t) for k, t in enumerate(body) if t.shape != shape and t not in transposed and (k, t) not in padded]
     if reduced:
         writer = _Writer(row, operands, "w")
         writer.names.update(totals)

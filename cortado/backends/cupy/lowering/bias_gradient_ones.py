@@ -1,0 +1,93 @@
+"""``ones_into_row_kernels``: a weight gradient's bias gradient as one more column of its product, its input padded
+with ones by the row kernel that writes that input, instead of cuBLASLt's BGRAD epilogue.
+
+The bias gradient of ``y = x @ W^T + b`` is the column sums of ``dy``, the very sums the weight gradient
+``dy^T @ x`` makes against a column of ones: ``dy^T @ [x, 1]`` is the weight gradient and, in its last column, the
+bias gradient. BGRAD instead reads ``dy`` again after the product (``gemm._by_ones`` has the figures). After
+recomputation a layer norm's output is made again for the weight gradient of the product after it by the layer
+norm's input-gradient kernel (``memplan.copy_hosts``), and only that weight gradient reads it: that row kernel
+writes its rows with ``ONES_COLUMNS`` ones after each (``row_kernels``: a padded output), and the weight gradient's
+product and bias gradient are views of the one product of the padded rows. Nothing reads ``x`` twice.
+
+    roots = ones_into_row_kernels(roots, trace)   # after ``memplan.copy_hosts.into_row_kernels``
+"""
+
+from ....exprgraph import constructors as ct
+from ....exprgraph.graph import post_order, users
+from ....exprgraph.ops import FUSED_OP, RESHAPE, parameter
+from ....exprgraph.term import make
+from ....rules.engine import Rewrite
+from ....rules.fusion import ELEMENTWISE_KERNEL, ROW_KERNEL, row_shape, transposed_outputs
+from ....rules.scalar_epilogues import fused_kernels, kernel_key, substituted
+from .gemm import ONES_COLUMNS, by_ones
+from .gemm_op import GEMM, gemm, gemm_parts
+
+
+def _crop(value, widths):
+    """A view of ``value`` cropped by negative pad ``widths`` (``layout.crop_offset``): a fused kernel of one pad."""
+    body = (ct.pad(parameter(0, value), widths),)
+    return make(FUSED_OP, (value,), (body, 0, False, ELEMENTWISE_KERNEL))
+
+
+def _rows_written(x, g, readers):
+    """``(kernel result, its body's index)`` where operand ``x`` of gemm ``g`` (or the reshape of it merging leading
+    axes that ``x`` is) is a row-shaped, not transposed result of a row kernel, or a result of an elementwise kernel
+    (of at most three axes), that only ``g``'s results read; else None."""
+    written = x.args[0] if x.op is RESHAPE and x.args[0].shape[-1] == x.shape[-1] else x
+    if any(r.args != g.args for r, _ in readers[x]):
+        return None
+    if written.op is not FUSED_OP or written.attr("kernel") not in (ROW_KERNEL, ELEMENTWISE_KERNEL) \
+            or written.attr("again"):
+        return None
+    body, index = written.attr("outputs"), written.attr("index")
+    rows = row_shape(body) if written.attr("kernel") == ROW_KERNEL else body[index].shape
+    if {r for r, _ in readers[written]} != ({x} if x is not written else {r for r, _ in readers[x]}) \
+            or body[index].shape != rows or body[index] in transposed_outputs(body) or len(rows) > 3:
+        return None  # (an elementwise kernel of images may write them channels last: not padded)
+    return written, index
+
+
+def ones_into_row_kernels(roots, trace, kept=frozenset()):
+    """``roots`` with each weight gradient that ``gemm.by_ones`` allows, whose input is a row kernel's result that only
+    it reads, taking its bias gradient from more columns (rows) of its product, the row kernel writing that input
+    with columns of ones after its own; where every reader of its results is a generated kernel, and neither its
+    results nor the row kernel's are roots or in ``kept`` (terms others refer to)."""
+    roots = tuple(roots)
+    order = post_order(roots)
+    readers = users(order)
+    kernels, _ = fused_kernels(roots)
+    sums = {(g.args, g.attrs[:5]): g for g in order if g.op is GEMM and g.attr("output") == 1}
+    replaced, taken = {}, set()
+    for g in order:
+        if g.op is not GEMM or g.attr("output") != 0 or g.attr("epilogue") not in ("bgrad_a", "bgrad_b"):
+            continue
+        summed = g.attr("epilogue")[-1]
+        side = "b" if summed == "a" else "a"
+        bias = sums.get((g.args, g.attrs[:5]))
+        found = _rows_written(gemm_parts(g)[side], g, readers)
+        if bias is None or found is None or not by_ones(g, summed) or \
+                any(r.op is not FUSED_OP for t in (g, bias) for r, _ in readers[t]):
+            continue
+        written, index = found
+        key = kernel_key(written)
+        if key in taken or {g, bias, *kernels[key]} & (kept | set(roots)):
+            continue
+        taken.add(key)
+        body = list(key[1])
+        row = body[index]
+        body[index] = ct.pad(row, ((0, 0),) * (row.ndim - 1) + ((0, ONES_COLUMNS),), constant_values=1)
+        kind = written.attr("kernel")
+        new = {t: make(FUSED_OP, key[0], (tuple(body), t.attr("index"), False, kind)) for t in kernels[key]}
+        replaced.update(new)
+        x = gemm_parts(g)[side]
+        padded_x = ct.reshape(new[written], x.shape[:-1] + (x.shape[-1] + ONES_COLUMNS,))
+        product = gemm(**{**gemm_parts(g), "epilogue": "none", side: padded_x})
+        m, n = g.shape
+        if summed == "a":
+            replaced[g] = _crop(product, ((0, 0), (0, -ONES_COLUMNS)))
+            replaced[bias] = ct.reshape(_crop(product, ((0, 0), (-n, 1 - ONES_COLUMNS))), bias.shape)
+        else:
+            replaced[g] = _crop(product, ((0, -ONES_COLUMNS), (0, 0)))
+            replaced[bias] = ct.reshape(_crop(product, ((-m, 1 - ONES_COLUMNS), (0, 0))), bias.shape)
+        trace.append(Rewrite("gemm-bias-gradient-ones", bias, replaced[bias]))
+    return substituted(roots, replaced) if replaced else roots

@@ -1,0 +1,127 @@
+"""Bias gradients as columns of their weight gradients' products (``backends/cupy/lowering/bias_gradient_ones.py``),
+planned for the GPU on the CPU: which products take them so, the row kernels' padded rows, the views of the product,
+and the values, against the same program with cuBLASLt's BGRAD epilogue, through the reference interpreter."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import compiler, nn
+from cortado.backends.cupy import CupyBackend, layout
+from cortado.backends.cupy import backend as gpu_backend
+from cortado.backends.cupy.codegen import Operand, contiguous_strides, elementwise_source
+from cortado.backends.cupy.lowering.gemm import ONES_COLUMNS, by_ones
+from cortado.backends.cupy.lowering.gemm_op import gemm
+from cortado.backends.cupy.row_kernels import row_source
+from cortado.exprgraph.ops import parameter
+from cortado.rules.fusion import padded_rows, row_shape
+from gpu_rewrites import planning_without_a_device
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+import gpt  # noqa: E402
+
+
+def _planned(outputs, inputs):
+    signature = compiler._signature(outputs, inputs, None, None)
+    options = compiler._options(gpu_backend, {})
+    return compiler._recomputing(compiler._built(signature, gpu_backend, options), signature, gpu_backend, options)
+
+
+def _gpt_step(width=64):
+    model = gpt.GPT(11, context=16, width=width, heads=2, layers=2).compute_in("bfloat16")
+    tokens, labels = ct.var("tokens_in", (2, 16), "int32"), ct.var("labels", (2, 16), "int32")
+    loss = nn.cross_entropy(model(tokens), labels)
+    params = list(model.parameters().values())
+    return [loss, *ct.grad(loss, params)], [tokens, labels, *params]
+
+
+def _feeds(variables):
+    rng = np.random.default_rng(0)
+    return {v.name: rng.integers(0, 11, v.shape).astype(v.dtype) if v.dtype.kind == "i"
+            else (0.2 * rng.standard_normal(v.shape)).astype(v.dtype) for v in variables}
+
+
+def test_a_gpts_bias_gradients_are_columns_of_their_weight_gradients_where_a_kernel_of_ours_writes_the_input(
+        monkeypatch):
+    """The layer norms' outputs made again by their input gradients' kernels are read only by the weight gradients
+    of the attention's qkv product and the MLP's first, and the gelu made again by gelu's backward kernel only by
+    the MLP's second: those kernels write them with columns of ones, and the products' last columns are the bias
+    gradients (views, as the products cropped are). The attention's output projection reads cuDNN's output: BGRAD."""
+    planning_without_a_device(monkeypatch)
+    outputs, inputs = _gpt_step(width=128)  # the bias gradients' columns 256 bytes into the rows: views too
+    plan = _planned(outputs, inputs)
+    assert plan.traces["recompute"].counts()["gemm-bias-gradient-ones"] == 6
+    gemms = [k.term for k in plan.kernels if k.term.op.name == "gemm" and k.term.attr("output") == 0]
+    padded = [g for g in gemms if g.shape[-1] in (128 + ONES_COLUMNS, 4 * 128 + ONES_COLUMNS)]
+    assert sorted(g.shape for g in padded) == [(128, 4 * 128 + 8)] * 2 + [(3 * 128, 136)] * 2 + [(4 * 128, 136)] * 2
+    assert all(g.attr("epilogue") == "none" for g in padded)
+    assert [g.shape for g in gemms if g.attr("epilogue") == "bgrad_a"] == [(128, 128)] * 2
+    writers = {k.term.attr("kernel") for k in plan.kernels if k.term.op.name == "fused"
+               and any(padded_rows(o) is not None for o in k.term.attr("outputs"))}
+    assert writers == {"row", "elementwise"}
+    _, views = layout.layouts(plan.kernels, compiler._options(gpu_backend, {}))
+    crops = [k.term for k in plan.kernels if k.term.op.name == "fused" and any(a in padded for a in k.term.args)]
+    assert len(crops) == 12 and all(c in views for c in crops)
+
+
+def test_bias_gradients_from_columns_of_ones_are_those_of_bgrad(monkeypatch):
+    """The same GPT's loss and gradients, with the bias gradients from the products' columns and from BGRAD, through
+    the reference interpreter (each sum rounded to bfloat16 once, its terms added in another order)."""
+    planning_without_a_device(monkeypatch)
+    outputs, inputs = _gpt_step()
+    ones = _planned(outputs, inputs)
+    monkeypatch.setattr(CupyBackend, "after_recomputation", lambda self, roots, copies, trace: roots)
+    bgrad = _planned(outputs, inputs)
+    feeds = _feeds(inputs)
+    for ours, theirs in zip(ct.evaluate(list(ones.roots), feeds), ct.evaluate(list(bgrad.roots), feeds)):
+        ours, theirs = np.asarray(ours, np.float64), np.asarray(theirs, np.float64)
+        np.testing.assert_allclose(ours, theirs, rtol=2 ** -7, atol=2 ** -7 * max(1.0, np.abs(theirs).max()))
+
+
+@pytest.mark.parametrize("dtype, alpha, width, allowed", [
+    ("bfloat16", 1.0, 64, True), ("float16", 1.0, 768, True),
+    ("float32", 1.0, 64, False),  # a float32 product by one may round dy (TF32)
+    ("bfloat16", 0.5, 64, False),  # the sums would be scaled too
+    ("bfloat16", 1.0, 56, False),  # the ones more than an eighth of x's columns
+    ("bfloat16", 1.0, 60, False),  # rows of no whole vectors
+])
+def test_which_weight_gradients_may_take_their_bias_gradients_from_ones(dtype, alpha, width, allowed):
+    dy, x = ct.var("dy", (32, 128), dtype), ct.var("x", (32, width), dtype)
+    assert by_ones(gemm(dy, x, transpose_a=True, alpha=alpha), "a") is allowed
+    assert by_ones(gemm(x, dy, transpose_a=True, alpha=alpha), "b") is allowed
+
+
+def test_a_row_kernel_writes_padded_rows_and_their_constants():
+    """A row kernel's output ``pad(row, ones after it)``: its rows written ``n + 8`` apart as vectors, then the
+    constants after each row by the row's first thread."""
+    x = ct.var("x", (64, 96), "bfloat16")
+    y = ct.cast(parameter(0, x), "float32")
+    centered = y - ct.mean(y, axis=-1, keepdims=True)
+    body = (ct.pad(ct.cast(centered * centered, "bfloat16"), ((0, 0), (0, 8)), constant_values=1),)
+    assert row_shape(body) == (64, 96)
+    source = row_source(body, [Operand(x.shape, x.dtype, contiguous_strides(x.shape))], (), row_shape(body))
+    assert "(out0)[o * 13 + c]" in source.text  # rows of 104 elements: 13 vectors of 8
+    assert "for (int q = 96; q < 104; ++q) out0[o * 104 + q]" in source.text
+
+
+def test_an_elementwise_kernel_writes_padded_rows_and_their_constants():
+    """An elementwise kernel's output ``pad(x, ones after each row)`` beside a plain one: its vectors placed ``n + 8``
+    apart by rows, the constants after each row by the thread of the row's first vector."""
+    x = ct.var("x", (32, 64), "bfloat16")
+    y = ct.cast(ct.exp(ct.cast(parameter(0, x), "float32")), "bfloat16")
+    body = (y, ct.pad(y, ((0, 0), (0, 8)), constant_values=1))
+    source = elementwise_source(body, [Operand(x.shape, x.dtype, contiguous_strides(x.shape))])
+    assert "(out0)[j] = o0;" in source.text and "(out1)[j / 8 * 9 + j % 8] = o1;" in source.text
+    assert "if (j % 8 == 0)" in source.text and "out1[j / 8 * 72 + q]" in source.text
+
+
+def test_an_elementwise_kernel_reads_rows_lying_apart_as_vectors():
+    """An operand holding the kernel's elements but for its rows lying further apart (a weight gradient cropped from
+    the product with its bias gradient's columns) is read 16 bytes at a time within its rows."""
+    x = ct.var("x", (32, 64), "bfloat16")
+    body = (ct.cast(parameter(0, x), "float32") * 2.0,)
+    source = elementwise_source(body, [Operand(x.shape, x.dtype, (72, 1))])
+    assert "(in0)[j / 8 * 9 + j % 8]" in source.text  # 8 elements a thread: rows of 8 vectors, 9 apart

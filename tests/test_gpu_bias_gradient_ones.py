@@ -1,0 +1,57 @@
+"""Bias gradients as columns of their weight gradients' products (``lowering/bias_gradient_ones.py``) on an NVIDIA
+GPU: a layer norm's input-gradient kernel (a row kernel), or gelu's backward kernel (elementwise), writes the input it
+makes again for a weight gradient with columns of ones after each row, and that product's last columns are the bias
+gradient. Against the reference and against the same step with cuBLASLt's BGRAD epilogue. Skipped where no GPU is
+visible."""
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado import nn
+from cortado.backends import gpu_visible
+from cortado.backends.cupy import CupyBackend
+from cortado.rules.engine import Trace
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")]
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "examples"))
+from gpt import GPT  # noqa: E402
+
+
+def _gpt_gradients(width):
+    """A two-layer bfloat16 GPT's loss and gradients, as a program for the GPU, its feeds and the graph."""
+    model = GPT(16, context=32, width=width, heads=4, layers=2).compute_in("bfloat16")
+    tokens, labels = ct.var("tokens", (4, 32), "int32"), ct.var("labels", (4, 32), "int32")
+    loss = nn.cross_entropy(model(tokens), labels)
+    params = model.parameters()
+    outputs = [loss, *ct.grad(loss, list(params.values()))]
+    rng = np.random.default_rng(3)
+    feeds = {"tokens": rng.integers(0, 16, (4, 32)).astype(np.int32),
+             "labels": rng.integers(0, 16, (4, 32)).astype(np.int32)}
+    state = model.initial_values(0)
+    program = ct.compile(outputs, inputs=[tokens, labels], state=state, backend="cupy", debug=True)
+    return program, feeds, outputs, {v.name: value for v, value in state.items()}
+
+
+@pytest.mark.parametrize("width", [64, 128])
+def test_a_gpts_bias_gradients_from_padded_rows_match_bgrad_and_the_reference(width, monkeypatch):
+    program, feeds, outputs, values = _gpt_gradients(width)
+    ones = program.traces["recompute"].counts()["gemm-bias-gradient-ones"]  # as many as the plan made copies for
+    padded = [k for k in program.kernels if k.term.op.name == "gemm" and k.term.shape[-1] in (width + 8, 4 * width + 8)]
+    assert ones >= 2 and len(padded) == ones and all(k.term.attr("epilogue") == "none" for k in padded)
+    ours = [np.asarray(a.get(), np.float64) for a in program(**feeds)]
+
+    monkeypatch.setattr(CupyBackend, "after_recomputation", lambda self, roots, copies, trace: roots)
+    bgrad, _, _, _ = _gpt_gradients(width)
+    assert "gemm-bias-gradient-ones" not in bgrad.traces.get("recompute", Trace()).counts()
+    theirs = [np.asarray(a.get(), np.float64) for a in bgrad(**feeds)]
+
+    expected = ct.evaluate(outputs, {**feeds, **values}, precision="float64")
+    for a, b, e in zip(ours, theirs, expected):
+        scale = max(1.0, float(np.abs(e).max()))
+        np.testing.assert_allclose(a / scale, e / scale, rtol=5e-2, atol=5e-2)
+        np.testing.assert_allclose(a / scale, b / scale, rtol=2e-2, atol=1e-2)  # bfloat16 roundings apart
