@@ -3,24 +3,15 @@ ones, against cuBLASLt's BGRAD epilogue and the product alone: the GPT's four we
 bfloat16), in both orientations, two rounds; each program one cuBLASLt call on operands held as state, 50 calls
 back to back between two events, the median of 5. On the GPU machine, from the repository root:
 ``python3 benchmarks/results/h200/experiments/bias_gradient_ones/ones.py``."""
+import sys
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
-import cupy as cp
 import cortado as ct
 
-
-def timed(step, calls=50, repeats=5):
-    step()
-    stream = step._executor.stream
-    times = []
-    for _ in range(repeats):
-        start = stream.record()
-        for _ in range(calls):
-            step()
-        end = stream.record()
-        end.synchronize()
-        times.append(cp.cuda.get_elapsed_time(start, end) / calls * 1e3)
-    return float(np.median(times))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bias_gradient_epilogue_cost"))
+from bgrad import timed  # noqa: E402
 
 
 rng = np.random.default_rng(0)
