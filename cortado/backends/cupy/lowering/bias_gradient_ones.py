@@ -50,8 +50,8 @@ def _rows_written(x, g, readers):
 def ones_into_row_kernels(roots, trace, kept=frozenset()):
     """``roots`` with each weight gradient that ``gemm.by_ones`` allows, whose input is a row kernel's result that only
     it reads, taking its bias gradient from more columns (rows) of its product, the row kernel writing that input
-    with columns of ones after its own; where every reader of its results is a generated kernel, and neither its
-    results nor the row kernel's are roots or in ``kept`` (terms others refer to)."""
+    with columns of ones after its own; where every reader of its results is a generated kernel, neither they nor
+    that input are roots, and neither they nor that kernel's results are in ``kept`` (terms others refer to)."""
     roots = tuple(roots)
     order = post_order(roots)
     readers = users(order)
@@ -70,7 +70,7 @@ def ones_into_row_kernels(roots, trace, kept=frozenset()):
             continue
         written, index = found
         key = kernel_key(written)
-        if key in taken or {g, bias, *kernels[key]} & (kept | set(roots)):
+        if key in taken or {g, bias, written} & set(roots) or {g, bias, *kernels[key]} & kept:
             continue
         taken.add(key)
         body = list(key[1])
