@@ -13,7 +13,7 @@ from . import layout
 from .runtime.beside import chosen as chosen_beside
 from .runtime.executor import Executor
 from .lowering import lowering
-from .lowering.bias_gradient_ones import ones_into_row_kernels
+from .lowering.bias_gradient_ones import ones_into_writers
 from .lowering.float8_transposes import written_transposed
 from .lowering.transposed_sums import sums_into_transposed
 
@@ -50,7 +50,7 @@ class CupyBackend(Backend):
         return sums_into_transposed(written_transposed(roots, trace), trace)
 
     def after_recomputation(self, roots, copies, trace):
-        return ones_into_row_kernels(roots, trace, {r for readers in copies.values() for r in readers} | set(copies))
+        return ones_into_writers(roots, trace, {r for readers in copies.values() for r in readers} | set(copies))
 
     def alternatives(self, planned):
         return self.lowering.alternatives(planned)

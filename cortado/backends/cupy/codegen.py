@@ -538,7 +538,7 @@ def _row_stride(space, operand, vec):
     return stride
 
 
-def _row_vector(shape, padded, vec):
+def _output_vector(shape, padded, vec):
     """The index of vector ``j`` of an elementwise kernel over ``shape`` in an output written plainly (``padded``
     None) or with constants after each row (``padded``, its ``pad`` term: ``rules.fusion.padded_rows``)."""
     if padded is None:
@@ -612,8 +612,8 @@ def _elementwise_part(body, operands, order=None, offset=None):
     lines += ["    #pragma unroll", f"    for (int u = 0; u < {vec}; ++u) {{", f"      const {index} i = j * {vec} + u;"]
     lines += ["      " + s for s in element(vector_loads, lambda k, t, v: f"o{k}.v[u] = ct_store<{storage_type(t.dtype)}>({v});")]
     lines += ["    }"]
-    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})[{_row_vector(shape, padded.get(k), vec)}] "
-              f"= o{k};" for k, t in enumerate(body)]
+    lines += [f"    reinterpret_cast<ct_vec<{storage_type(t.dtype)}, {vec}>*>(out{k})"
+              f"[{_output_vector(shape, padded.get(k), vec)}] = o{k};" for k, t in enumerate(body)]
     lines += _row_constants(shape, padded, vec)
     lines += ["  }"]
     if n % vec:

@@ -1,15 +1,16 @@
-"""``ones_into_row_kernels``: a weight gradient's bias gradient as one more column of its product, its input padded
-with ones by the row kernel that writes that input, instead of cuBLASLt's BGRAD epilogue.
+"""``ones_into_writers``: a weight gradient's bias gradient as more columns of its product, its input padded with
+ones by the kernel that writes that input, instead of cuBLASLt's BGRAD epilogue.
 
 The bias gradient of ``y = x @ W^T + b`` is the column sums of ``dy``, the very sums the weight gradient
-``dy^T @ x`` makes against a column of ones: ``dy^T @ [x, 1]`` is the weight gradient and, in its last column, the
-bias gradient. BGRAD instead reads ``dy`` again after the product (``gemm._by_ones`` has the figures). After
-recomputation a layer norm's output is made again for the weight gradient of the product after it by the layer
-norm's input-gradient kernel (``memplan.copy_hosts``), and only that weight gradient reads it: that row kernel
-writes its rows with ``ONES_COLUMNS`` ones after each (``row_kernels``: a padded output), and the weight gradient's
-product and bias gradient are views of the one product of the padded rows. Nothing reads ``x`` twice.
+``dy^T @ x`` makes against a column of ones: ``dy^T @ [x, 1]`` is the weight gradient and, in its last columns, the
+bias gradient. BGRAD instead reads ``dy`` again after the product (``gemm.by_ones`` has the figures). After
+recomputation, a layer norm's output is made again for the weight gradient of the product after it by the layer
+norm's input-gradient kernel (a row kernel, ``memplan.copy_hosts``), and a gelu's output for the weight gradient
+after it by gelu's backward kernel (elementwise, ``gemm._beside_gelu``); only that weight gradient reads it. That
+kernel writes its rows with ``ONES_COLUMNS`` ones after each (``rules.fusion.padded_rows``), and the weight
+gradient's product and bias gradient are views of the one product of the padded rows. Nothing reads ``dy`` twice.
 
-    roots = ones_into_row_kernels(roots, trace)   # after ``memplan.copy_hosts.into_row_kernels``
+    roots = ones_into_writers(roots, trace, kept)   # after ``memplan.copy_hosts.into_row_kernels``
 """
 
 from ....exprgraph import constructors as ct
@@ -47,11 +48,12 @@ def _rows_written(x, g, readers):
     return written, index
 
 
-def ones_into_row_kernels(roots, trace, kept=frozenset()):
-    """``roots`` with each weight gradient that ``gemm.by_ones`` allows, whose input is a row kernel's result that only
-    it reads, taking its bias gradient from more columns (rows) of its product, the row kernel writing that input
-    with columns of ones after its own; where every reader of its results is a generated kernel, neither they nor
-    that input are roots, and neither they nor that kernel's results are in ``kept`` (terms others refer to)."""
+def ones_into_writers(roots, trace, kept=frozenset()):
+    """``roots`` with each weight gradient that ``gemm.by_ones`` allows, whose input is a row or elementwise kernel's
+    result that only it reads (``_rows_written``), taking its bias gradient from more columns (rows) of its product,
+    that kernel writing the input with columns of ones after its own; where every reader of its results is a
+    generated kernel, neither they nor that input are roots, and neither they nor that kernel's results are in
+    ``kept`` (terms others refer to)."""
     roots = tuple(roots)
     order = post_order(roots)
     readers = users(order)
