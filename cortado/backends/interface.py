@@ -75,10 +75,10 @@ class Backend:
         return roots
 
     def after_recomputation(self, roots, copies, trace):
-        """``roots`` with the backend's own rewrites of the kernels that recomputation made or joined (recording them
-        in ``trace``), none of which rewrites a copy or a reader of one in ``copies`` (``{copy: its readers}``, which
-        the compiler orders). None by default."""
-        return roots
+        """``(roots, copies)`` with the backend's own rewrites of the planned kernels, once recomputation is settled
+        (recording them in ``trace``): ``copies`` (``{copy: its readers}``, which the compiler orders) over the terms
+        of the rewritten graph. None by default."""
+        return roots, copies
 
     def alternatives(self, planned):
         """Other ``variant``s of the lowering worth planning besides the one ``planned`` (a ``PlannedStep``); the

@@ -19,7 +19,7 @@ was made from it, cannot make it). Every value is computed by the same expressio
 from ..exprgraph.graph import post_order
 from ..exprgraph.ops import BROADCAST_TO, FUSED_OP, RESHAPE, TRANSPOSE
 from ..rules.fusion import ROW_KERNEL, row_shape
-from ..rules.scalar_epilogues import appended, fused_kernels, kernel_key, substituted
+from ..rules.scalar_epilogues import appended, fused_kernels, kernel_key, substitution
 
 
 def _ancestors(t):
@@ -58,7 +58,8 @@ def _host(copy_key, copy_results, readers, hosts, taken):
 def into_row_kernels(roots, copies):
     """``(roots, copies, joined)`` with each copy that may join a row kernel (the module's docstring says which)
     computed by that kernel; ``copies``: ``{copy's output term: the terms reading it}``, as ``recompute.recomputed``
-    gives them, without the joined ones; ``joined``: ``{copy's output term: the row kernel's result computing it}``."""
+    gives them, without the joined ones and over the terms of the rewritten graph (``remapped``); ``joined``:
+    ``{copy's output term: the row kernel's result computing it}``."""
     roots = tuple(roots)
     kernels, _ = fused_kernels(roots)
     hosts = {key: results[0] for key, results in kernels.items()
@@ -77,4 +78,12 @@ def into_row_kernels(roots, copies):
     if not replaced:
         return roots, copies, {}
     joined = {c: replaced[c] for c in copies if c in replaced}
-    return substituted(roots, replaced), {c: rs for c, rs in copies.items() if c not in joined}, joined
+    roots, made = substitution(roots, replaced)
+    return roots, remapped({c: rs for c, rs in copies.items() if c not in joined}, made), joined
+
+
+def remapped(copies, made):
+    """``copies`` (``{copy: its readers}``) over the terms they became in a rewritten graph (``made``: each old term's
+    new one, ``rules.scalar_epilogues.substitution``): a reader rebuilt over a rewritten operand is another term,
+    which the compiler must find to order the copy before it."""
+    return {made.get(c, c): [made.get(r, r) for r in readers] for c, readers in copies.items()}

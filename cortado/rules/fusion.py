@@ -171,7 +171,7 @@ def padded_rows(output):
     """The body term a row kernel's ``output`` writes with constants after each of its rows (a ``pad`` of the last
     axis, at its end only: a weight gradient's input with its columns of ones, ``lowering/bias_gradient_ones.py``);
     None for any other output."""
-    if output.op is not PAD:
+    if output.op is not PAD or output.args[0].op is PARAM:  # (a pad of an operand reads it at shifted indices)
         return None
     widths = output.attr("pad_width")
     if any(w != (0, 0) for w in widths[:-1]) or widths[-1][0] != 0 or widths[-1][1] <= 0:

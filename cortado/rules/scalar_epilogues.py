@@ -164,6 +164,12 @@ def appended(key, results, guest, guest_results, kind):
 
 def substituted(roots, replaced):
     """``roots`` with each key of ``replaced`` replaced by its value, whose own operands are replaced in turn."""
+    return substitution(roots, replaced)[0]
+
+
+def substitution(roots, replaced):
+    """``(roots, made)``: ``substituted``'s roots, and every term below them mapped to what it became (itself where
+    nothing it reads was replaced), for what refers to terms of the old graph (``memplan.recompute``'s copies)."""
     memo = {}
 
     def finish(original, rebuilt):
@@ -173,7 +179,7 @@ def substituted(roots, replaced):
         args = tuple(bottom_up(a, memo, finish) for a in new.args)
         return new if all(a is b for a, b in zip(args, new.args)) else new.rebuild(args)
 
-    return tuple(bottom_up(r, memo, finish) for r in roots)
+    return tuple(bottom_up(r, memo, finish) for r in roots), memo
 
 
 def into_reductions(roots, trace):

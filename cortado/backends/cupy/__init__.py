@@ -7,6 +7,7 @@ place; the ``Executor`` runs the plan. CuPy and nvmath-python are imported only 
 """
 
 from ...errors import BackendError
+from ...memplan.copy_hosts import remapped
 from ...rules.fusion import KernelShapes
 from ..interface import Backend
 from . import layout
@@ -50,7 +51,8 @@ class CupyBackend(Backend):
         return sums_into_transposed(written_transposed(roots, trace), trace)
 
     def after_recomputation(self, roots, copies, trace):
-        return ones_into_writers(roots, trace, {r for readers in copies.values() for r in readers} | set(copies))
+        roots, made = ones_into_writers(roots, trace, {r for readers in copies.values() for r in readers} | set(copies))
+        return roots, remapped(copies, made)
 
     def alternatives(self, planned):
         return self.lowering.alternatives(planned)

@@ -407,9 +407,10 @@ def is_identity(space, operand):
 
 
 def shifted_operands(body):
-    """The indices of the parameters that a ``pad`` in ``body`` reads: at other indices than the outputs'. (A row
-    kernel's padded output, ``rules.fusion.padded_rows``, pads what it computes at its rows' own indices.)"""
-    return {t.args[0].attr("index") for t in post_order(body) if t.op is PAD and t.args[0].op is PARAM}
+    """The indices of the parameters that a ``pad`` in ``body`` reads: at other indices than the outputs'. (An
+    output padded at the end of its rows, ``rules.fusion.padded_rows``, pads what it computes at its own indices.)"""
+    padded = {t for t in body if padded_rows(t) is not None}
+    return {t.args[0].attr("index") for t in post_order(body) if t.op is PAD and t not in padded}
 
 
 class _Writer:

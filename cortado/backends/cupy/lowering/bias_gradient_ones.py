@@ -10,16 +10,16 @@ after it by gelu's backward kernel (elementwise, ``gemm._beside_gelu``); only th
 kernel writes its rows with ``ONES_COLUMNS`` ones after each (``rules.fusion.padded_rows``), and the weight
 gradient's product and bias gradient are views of the one product of the padded rows. Nothing reads ``dy`` twice.
 
-    roots = ones_into_writers(roots, trace, kept)   # after ``memplan.copy_hosts.into_row_kernels``
+    roots, made = ones_into_writers(roots, trace, kept)   # after ``memplan.copy_hosts.into_row_kernels``
 """
 
 from ....exprgraph import constructors as ct
 from ....exprgraph.graph import post_order, users
-from ....exprgraph.ops import FUSED_OP, RESHAPE, parameter
+from ....exprgraph.ops import FUSED_OP, PARAM, RESHAPE, parameter
 from ....exprgraph.term import make
 from ....rules.engine import Rewrite
 from ....rules.fusion import ELEMENTWISE_KERNEL, ROW_KERNEL, row_shape, transposed_outputs
-from ....rules.scalar_epilogues import fused_kernels, kernel_key, substituted
+from ....rules.scalar_epilogues import fused_kernels, kernel_key, substitution
 from .gemm import ONES_COLUMNS, by_ones
 from .gemm_op import GEMM, gemm, gemm_parts
 
@@ -30,26 +30,28 @@ def _crop(value, widths):
     return make(FUSED_OP, (value,), (body, 0, False, ELEMENTWISE_KERNEL))
 
 
-def _rows_written(x, g, readers):
-    """``(kernel result, its body's index)`` where operand ``x`` of gemm ``g`` (or the reshape of it merging leading
-    axes that ``x`` is) is a row-shaped, not transposed result of a row kernel, or a result of an elementwise kernel
-    (of at most three axes), that only ``g``'s results read; else None."""
+def _rows_written(x, results, readers):
+    """``(kernel result, its body's index)`` where operand ``x`` of a gemm whose ``results`` are its product and its
+    bias gradient (or the reshape of it merging leading axes that ``x`` is) is read by them alone, as one operand, and
+    is a row-shaped, not transposed result of a row kernel, or a result of an elementwise kernel (of at most three
+    axes), computed there (not a copy of an operand); else None."""
     written = x.args[0] if x.op is RESHAPE and x.args[0].shape[-1] == x.shape[-1] else x
-    if any(r.args != g.args for r, _ in readers[x]):
+    if {r for r, _ in readers[x]} != set(results) or sum(a is x for a in results[0].args) != 1:
         return None
     if written.op is not FUSED_OP or written.attr("kernel") not in (ROW_KERNEL, ELEMENTWISE_KERNEL) \
             or written.attr("again"):
         return None
     body, index = written.attr("outputs"), written.attr("index")
     rows = row_shape(body) if written.attr("kernel") == ROW_KERNEL else body[index].shape
-    if {r for r, _ in readers[written]} != ({x} if x is not written else {r for r, _ in readers[x]}) \
+    if {r for r, _ in readers[written]} != ({x} if x is not written else set(results)) or body[index].op is PARAM \
             or body[index].shape != rows or body[index] in transposed_outputs(body) or len(rows) > 3:
         return None  # (an elementwise kernel of images may write them channels last: not padded)
     return written, index
 
 
 def ones_into_writers(roots, trace, kept=frozenset()):
-    """``roots`` with each weight gradient that ``gemm.by_ones`` allows, whose input is a row or elementwise kernel's
+    """``(roots, made)`` (``made``: each old term's new one, ``rules.scalar_epilogues.substitution``), ``roots`` with
+    each weight gradient that ``gemm.by_ones`` allows, whose input is a row or elementwise kernel's
     result that only it reads (``_rows_written``), taking its bias gradient from more columns (rows) of its product,
     that kernel writing the input with columns of ones after its own; where every reader of its results is a
     generated kernel, neither they nor that input are roots, and neither they nor that kernel's results are in
@@ -66,13 +68,12 @@ def ones_into_writers(roots, trace, kept=frozenset()):
         summed = g.attr("epilogue")[-1]
         side = "b" if summed == "a" else "a"
         bias = sums.get((g.args, g.attrs[:5]))
-        found = _rows_written(gemm_parts(g)[side], g, readers)
-        if bias is None or found is None or not by_ones(g, summed) or \
-                any(r.op is not FUSED_OP for t in (g, bias) for r, _ in readers[t]):
+        found = None if bias is None else _rows_written(gemm_parts(g)[side], (g, bias), readers)
+        if found is None or not by_ones(g, summed) or any(r.op is not FUSED_OP for t in (g, bias) for r, _ in readers[t]):
             continue
         written, index = found
         key = kernel_key(written)
-        if key in taken or {g, bias, written} & set(roots) or {g, bias, *kernels[key]} & kept:
+        if key in taken or {g, bias, written, gemm_parts(g)[side]} & set(roots) or {g, bias, *kernels[key]} & kept:
             continue
         taken.add(key)
         body = list(key[1])
@@ -92,4 +93,4 @@ def ones_into_writers(roots, trace, kept=frozenset()):
             replaced[g] = _crop(product, ((0, -ONES_COLUMNS), (0, 0)))
             replaced[bias] = ct.reshape(_crop(product, ((-m, 1 - ONES_COLUMNS), (0, 0))), bias.shape)
         trace.append(Rewrite("gemm-bias-gradient-ones", bias, replaced[bias]))
-    return substituted(roots, replaced) if replaced else roots
+    return substitution(roots, replaced) if replaced else (roots, {})
