@@ -190,6 +190,8 @@ def test_which_weight_gradients_may_take_their_bias_gradients_from_ones(dtype, a
     dy, x = ct.var("dy", (32, 128), dtype), ct.var("x", (32, width), dtype)
     assert by_ones(gemm(dy, x, transpose_a=True, alpha=alpha), "a") is allowed
     assert by_ones(gemm(x, dy, transpose_a=True, alpha=alpha), "b") is allowed
+    stored_other_way = ct.var("xt", (width, 32), dtype)  # padding its last axis would pad the contracted one
+    assert not by_ones(gemm(dy, stored_other_way, transpose_a=True, transpose_b=True, alpha=alpha), "a")
 
 
 def test_a_row_kernel_writes_padded_rows_and_their_constants():
@@ -203,6 +205,17 @@ def test_a_row_kernel_writes_padded_rows_and_their_constants():
     source = row_source(body, [Operand(x.shape, x.dtype, contiguous_strides(x.shape))], (), row_shape(body))
     assert "(out0)[o * 13 + c]" in source.text  # rows of 104 elements: 13 vectors of 8
     assert "for (int q = 96; q < 104; ++q) out0[o * 104 + q]" in source.text
+
+
+def test_a_row_kernel_of_a_block_a_row_writes_its_constants_from_one_thread():
+    """Rows longer than a warp takes (a block each): the row's first thread writes the constants after it."""
+    x = ct.var("x", (16, 4096), "bfloat16")
+    y = ct.cast(parameter(0, x), "float32")
+    centered = y - ct.mean(y, axis=-1, keepdims=True)
+    body = (ct.pad(ct.cast(centered, "bfloat16"), ((0, 0), (0, 8)), constant_values=1),)
+    source = row_source(body, [Operand(x.shape, x.dtype, contiguous_strides(x.shape))], (), row_shape(body))
+    assert source.block == (256, 1, 1) and "const unsigned lane = threadIdx.x % 256;" in source.text
+    assert "(out0)[o * 513 + c]" in source.text and "if (lane == 0)" in source.text
 
 
 def test_an_elementwise_kernel_writes_padded_rows_and_their_constants():
