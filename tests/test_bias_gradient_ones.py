@@ -33,11 +33,11 @@ def _planned(outputs, inputs):
     return compiler._recomputing(compiler._built(signature, gpu_backend, options), signature, gpu_backend, options)
 
 
-def _gpt_step(width=128):
-    """A two-layer bfloat16 GPT's loss and gradients, and its inputs (at this size the columns of ones grow the arena
-    by less than ``compiler.ARENA_GROWTH``)."""
-    model = gpt.GPT(11, context=64, width=width, heads=2, layers=2).compute_in("bfloat16")
-    tokens, labels = ct.var("tokens_in", (4, 64), "int32"), ct.var("labels", (4, 64), "int32")
+def _gpt_step(width=128, context=64, batch=4, layers=2):
+    """A bfloat16 GPT's loss and gradients, and its inputs (at the default size the columns of ones grow the arena by
+    less than ``compiler.ARENA_GROWTH``)."""
+    model = gpt.GPT(11, context=context, width=width, heads=2, layers=layers).compute_in("bfloat16")
+    tokens, labels = ct.var("tokens_in", (batch, context), "int32"), ct.var("labels", (batch, context), "int32")
     loss = nn.cross_entropy(model(tokens), labels)
     params = list(model.parameters().values())
     return [loss, *ct.grad(loss, params)], [tokens, labels, *params]
@@ -118,11 +118,7 @@ def test_columns_of_ones_that_would_grow_the_arena_more_than_a_little_are_not_ta
     """The arena's placement of a small GPT's step with the ones grows 6.6%, past ``compiler.ARENA_GROWTH``: the
     plan is recomputation's alone, and the ones' rewrites are nowhere in the traces."""
     planning_without_a_device(monkeypatch)
-    model = gpt.GPT(11, context=16, width=128, heads=2, layers=2).compute_in("bfloat16")
-    tokens, labels = ct.var("tokens_in", (2, 16), "int32"), ct.var("labels", (2, 16), "int32")
-    loss = nn.cross_entropy(model(tokens), labels)
-    params = list(model.parameters().values())
-    outputs, inputs = [loss, *ct.grad(loss, params)], [tokens, labels, *params]
+    outputs, inputs = _gpt_step(context=16, batch=2)
     plan = _planned(outputs, inputs)
     assert "gemm-bias-gradient-ones" not in plan.traces["recompute"].counts()
     growth = compiler.ARENA_GROWTH
@@ -145,11 +141,7 @@ def test_the_copies_left_apart_are_ordered_by_their_readers_in_the_rewritten_pro
         return seen["roots"], seen["copies"]
 
     monkeypatch.setattr(CupyBackend, "after_recomputation", spied)
-    model = gpt.GPT(11, context=512, width=768, heads=2, layers=4).compute_in("bfloat16")
-    tokens, labels = ct.var("tokens_in", (8, 512), "int32"), ct.var("labels", (8, 512), "int32")
-    loss = nn.cross_entropy(model(tokens), labels)
-    params = list(model.parameters().values())
-    plan = _planned([loss, *ct.grad(loss, params)], [tokens, labels, *params])
+    plan = _planned(*_gpt_step(width=768, context=512, batch=8, layers=4))
     assert plan.traces["recompute"].counts()["gemm-bias-gradient-ones"] == 12 and len(seen["copies"]) == 12
     terms = set(post_order(list(seen["roots"])))
     assert all(c in terms and all(r in terms for r in readers) for c, readers in seen["copies"].items())
