@@ -15,7 +15,7 @@ from cortado import compiler, nn
 from cortado.backends.cupy import CupyBackend, layout
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy.codegen import Operand, contiguous_strides, elementwise_source
-from cortado.backends.cupy.lowering.gemm import ONES_COLUMNS, by_ones
+from cortado.backends.cupy.lowering.bias_gradient_ones import ONES_COLUMNS, by_ones
 from cortado.backends.cupy.lowering.gemm_op import gemm
 from cortado.backends.cupy.row_kernels import row_source
 from cortado.exprgraph.graph import post_order
@@ -228,3 +228,10 @@ def test_an_elementwise_kernel_reads_rows_lying_apart_as_vectors():
     body = (ct.cast(parameter(0, x), "float32") * 2.0,)
     source = elementwise_source(body, [Operand(x.shape, x.dtype, (72, 1))])
     assert "(in0)[j / 8 * 9 + j % 8]" in source.text  # 8 elements a thread: rows of 8 vectors, 9 apart
+
+
+def test_an_elementwise_kernel_of_one_value_writes_no_row_constants():
+    """A kernel of a single value (as the optimizer's step count is) has no rows to pad, and none are looked for."""
+    step = ct.var("step", (), "float32")
+    source = elementwise_source((parameter(0, step) + 1.0,), [Operand((), step.dtype, ())])
+    assert "for (int q" not in source.text

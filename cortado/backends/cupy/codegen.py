@@ -551,13 +551,19 @@ def _output_vector(shape, padded, vec):
 def _row_constants(shape, padded, vec):
     """Lines in which the thread of each row's first vector writes the constants after the row, in each output of
     ``padded`` (``{k: its pad term}``)."""
-    lines = []
-    for k, t in padded.items():
-        n, length = shape[-1], t.shape[-1]
-        fill = f"ct_store<{storage_type(t.dtype)}>({literal(t.attr('constant_values'), t.dtype)})"
-        lines += [f"    if (j % {n // vec} == 0) {{",
-                  f"      for (int q = {n}; q < {length}; ++q) out{k}[j / {n // vec} * {length} + q] = {fill};", "    }"]
-    return lines
+    if not padded:  # (a kernel of one value has no rows)
+        return []
+    per_row = shape[-1] // vec
+    return [line for k, t in padded.items() for line in (
+        f"    if (j % {per_row} == 0) {{", "      " + constants_after_row(k, t, shape[-1], f"j / {per_row}"), "    }")]
+
+
+def constants_after_row(k, pad, n, row):
+    """The statement writing the constants that ``pad`` (an output padded at the end of its rows,
+    ``rules.fusion.padded_rows``) puts after row ``row`` (a C expression) of ``n`` elements, in output ``k``."""
+    length = pad.shape[-1]
+    fill = f"ct_store<{storage_type(pad.dtype)}>({literal(pad.attr('constant_values'), pad.dtype)})"
+    return f"for (int q = {n}; q < {length}; ++q) out{k}[{row} * {length} + q] = {fill};"
 
 
 def _permuted(operand, order):

@@ -16,7 +16,7 @@ from ...exprgraph.ops import MEAN, PARAM
 from ...rules.fusion import padded_rows, transposed_outputs, untransposed, written_rows
 from .codegen import (
     REDUCTIONS, THREADS, _accumulator, _combine, _identity, _index_type, _reduction_space, _Writer, compute_type,
-    finished_source, literal, offset, storage_type,
+    constants_after_row, finished_source, offset, storage_type,
 )
 from .reduction_kernels import ROW_WARP_ROWS, ROW_WARP_VECTORS
 
@@ -140,11 +140,7 @@ def _padded(output, shape):
 def _padding(padded, n):
     """Lines in which the first thread of each row writes the constants after it, for each output of ``padded``
     (``(k, pad term)``; rows of ``n``)."""
-    lines = []
-    for k, t in padded:
-        length = t.shape[-1]
-        fill = f"ct_store<{storage_type(t.dtype)}>({literal(t.attr('constant_values'), t.dtype)})"
-        lines += [f"    for (int q = {n}; q < {length}; ++q) out{k}[o * {length} + q] = {fill};"]
+    lines = ["    " + constants_after_row(k, t, n, "o") for k, t in padded]
     return ["  if (lane == 0) {"] + lines + ["  }"] if lines else []
 
 

@@ -206,29 +206,6 @@ def _bias_gradient_sources(order):
     return sources
 
 
-# the columns of ones a weight gradient's input is padded with (``bias_gradient_ones``): a whole 16-byte vector of
-# bfloat16 or float16 (cuBLASLt's alignment), each column making the same sums
-ONES_COLUMNS = 8
-
-
-def by_ones(g, summed):
-    """Whether weight gradient ``g`` (``dy^T @ x``, or ``x^T @ dy``) may take the sums of ``dy``'s columns, which
-    cuBLASLt's ``bgrad_{summed}`` epilogue would make, from more columns (rows) of its product, ``x`` padded with
-    ``ONES_COLUMNS`` columns of ones (``bias_gradient_ones``): BGRAD reads ``dy`` again after the product, the ones
-    cost the product at most a few columns. On an H200, from 8192 rows of bfloat16, (out x in) 3072 x 768 took
-    55.7 us alone, 75.6 with BGRAD and 56.6 with the ones; 2304 x 768 44.0, 59.8 and 47.6; 768 x 3072 55.0, 62.1
-    and 54.6; 768 x 768 18.9, 26.7 and 22.1 (``benchmarks/results/h200/experiments/bias_gradient_ones/``). Only over
-    bfloat16 and float16, whose products by one are exact in the float32 accumulator, so that the sums are the same
-    in another order; only at scale 1 (the sums would be scaled too); only where the ones are at most an eighth of
-    ``x``'s columns."""
-    parts = gemm_parts(g)
-    side = "b" if summed == "a" else "a"
-    x = parts[side]
-    x_last = not parts["transpose_b"] if side == "b" else parts["transpose_a"]  # x stored (rows, its width)
-    return (is_narrow_float(g.dtype) and x_last and parts["alpha"] == 1.0 and parts["c"] is None and x.ndim == 2
-            and x.shape[-1] % ONES_COLUMNS == 0 and x.shape[-1] >= 8 * ONES_COLUMNS)
-
-
 def _rows_of(t):
     """The value whose rows ``t`` is, through any reshapes that only merge or split leading axes (the last kept):
     the sums over all but the last axis of each of them are the same column sums, found under this one key."""
