@@ -15,7 +15,7 @@ from cortado import compiler, nn
 from cortado.backends.cupy import CupyBackend, layout
 from cortado.backends.cupy import backend as gpu_backend
 from cortado.backends.cupy.codegen import Operand, contiguous_strides, elementwise_source
-from cortado.backends.cupy.lowering.bias_gradient_ones import ONES_COLUMNS, by_ones
+from cortado.backends.cupy.lowering.bias_gradient_ones import by_ones, ones_columns
 from cortado.backends.cupy.lowering.gemm_op import gemm
 from cortado.backends.cupy.row_kernels import row_source
 from cortado.exprgraph.graph import post_order
@@ -60,8 +60,8 @@ def test_a_gpts_bias_gradients_are_columns_of_their_weight_gradients_where_a_ker
     plan = _planned(outputs, inputs)
     assert plan.traces["recompute"].counts()["gemm-bias-gradient-ones"] == 6
     gemms = [k.term for k in plan.kernels if k.term.op.name == "gemm" and k.term.attr("output") == 0]
-    padded = [g for g in gemms if g.shape[-1] in (128 + ONES_COLUMNS, 4 * 128 + ONES_COLUMNS)]
-    assert sorted(g.shape for g in padded) == [(128, 4 * 128 + 8)] * 2 + [(3 * 128, 136)] * 2 + [(4 * 128, 136)] * 2
+    padded = [g for g in gemms if g.shape[-1] in (128 + 8, 4 * 128 + 32)]  # (ones_columns: 8 after 128, 32 after 512)
+    assert sorted(g.shape for g in padded) == [(128, 4 * 128 + 32)] * 2 + [(3 * 128, 136)] * 2 + [(4 * 128, 136)] * 2
     assert all(g.attr("epilogue") == "none" for g in padded)
     assert [g.shape for g in gemms if g.attr("epilogue") == "bgrad_a"] == [(128, 128)] * 2
     writers = {k.term.attr("kernel") for k in plan.kernels if k.term.op.name == "fused"
@@ -184,6 +184,10 @@ def test_which_weight_gradients_may_take_their_bias_gradients_from_ones(dtype, a
     assert by_ones(gemm(x, dy, transpose_a=True, alpha=alpha), "b") is allowed
     stored_other_way = ct.var("xt", (width, 32), dtype)  # padding its last axis would pad the contracted one
     assert not by_ones(gemm(dy, stored_other_way, transpose_a=True, transpose_b=True, alpha=alpha), "a")
+
+
+def test_rows_take_32_columns_of_ones_where_those_are_an_eighth_of_them_at_most_else_8():
+    assert [ones_columns(w) for w in (768, 3072, 256, 128, 264, 64, 56, 60)] == [32, 32, 32, 8, 8, 8, None, None]
 
 
 def test_a_row_kernel_writes_padded_rows_and_their_constants():

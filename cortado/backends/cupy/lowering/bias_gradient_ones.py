@@ -7,7 +7,7 @@ bias gradient. BGRAD instead reads ``dy`` again after the product (``by_ones`` h
 recomputation, a layer norm's output is made again for the weight gradient of the product after it by the layer
 norm's input-gradient kernel (a row kernel, ``memplan.copy_hosts``), and a gelu's output for the weight gradient
 after it by gelu's backward kernel (elementwise, ``gemm._beside_gelu``); only that weight gradient reads it. That
-kernel writes its rows with ``ONES_COLUMNS`` ones after each (``rules.fusion.padded_rows``), and the weight
+kernel writes its rows with ``ones_columns`` ones after each (``rules.fusion.padded_rows``), and the weight
 gradient's product and bias gradient are views of the one product of the padded rows. Nothing reads ``dy`` twice.
 
     roots, made = ones_into_writers(roots, trace, kept)   # after ``memplan.copy_hosts.into_row_kernels``
@@ -24,27 +24,36 @@ from ....rules.scalar_epilogues import fused_kernels, kernel_key, substitution
 from .gemm_op import GEMM, gemm, gemm_parts
 
 
-# the columns of ones a weight gradient's input is padded with (``ones_into_writers``): a whole 16-byte vector of
-# bfloat16 or float16 (cuBLASLt's alignment), each column making the same sums
-ONES_COLUMNS = 8
+# the columns of ones a weight gradient's input may be padded with (``ones_columns``), each column making the same
+# sums: 32, so that rows of a multiple of 32 bfloat16 or float16 values start 64-byte aligned (from 8192 rows on an
+# H200, (out x in) 2304 x 768 took 45.8 us against 47.6 with 8 columns, 768 x 768 21.3 against 22.1, 3072 x 768 55.9
+# against 56.6, 768 x 3072 53.4 against 54.6, ``benchmarks/results/h200/experiments/bias_gradient_ones/ones.txt``),
+# or 8, one 16-byte vector (cuBLASLt's alignment)
+ONES_COLUMNS = (32, 8)
 
 
 def by_ones(g, summed):
     """Whether weight gradient ``g`` (``dy^T @ x``, or ``x^T @ dy``) may take the sums of ``dy``'s columns, which
     cuBLASLt's ``bgrad_{summed}`` epilogue would make, from more columns (rows) of its product, ``x`` padded with
-    ``ONES_COLUMNS`` columns of ones (``ones_into_writers``): BGRAD reads ``dy`` again after the product, the ones
+    columns of ones (``ones_into_writers``): BGRAD reads ``dy`` again after the product, the ones
     cost the product at most a few columns. On an H200, from 8192 rows of bfloat16, (out x in) 3072 x 768 took
     55.7 us alone, 75.6 with BGRAD and 56.6 with the ones; 2304 x 768 44.0, 59.8 and 47.6; 768 x 3072 55.0, 62.1
     and 54.6; 768 x 768 18.9, 26.7 and 22.1 (``benchmarks/results/h200/experiments/bias_gradient_ones/``). Only over
     bfloat16 and float16, whose products by one are exact in the float32 accumulator, so that the sums are the same
-    in another order; only at scale 1 (the sums would be scaled too); only where the ones are at most an eighth of
-    ``x``'s columns."""
+    in another order; only at scale 1 (the sums would be scaled too); only where ``ones_columns`` has a count for
+    ``x``'s width."""
     parts = gemm_parts(g)
     side = "b" if summed == "a" else "a"
     x = parts[side]
     x_last = not parts["transpose_b"] if side == "b" else parts["transpose_a"]  # x stored (rows, its width)
     return (is_narrow_float(g.dtype) and x_last and parts["alpha"] == 1.0 and parts["c"] is None and x.ndim == 2
-            and x.shape[-1] % ONES_COLUMNS == 0 and x.shape[-1] >= 8 * ONES_COLUMNS)
+            and ones_columns(x.shape[-1]) is not None)
+
+
+def ones_columns(width):
+    """The columns of ones after rows of ``width`` (``ONES_COLUMNS``): the most that keep the padded rows as aligned
+    as the rows and are at most an eighth of them (the arena grows by no more); None where none is."""
+    return next((n for n in ONES_COLUMNS if width % n == 0 and width >= 8 * n), None)
 
 
 def _crop(value, widths):
@@ -104,18 +113,19 @@ def ones_into_writers(roots, trace, kept=frozenset()):
         taken.add(key)
         body = list(key[1])
         row = body[index]
-        body[index] = ct.pad(row, ((0, 0),) * (row.ndim - 1) + ((0, ONES_COLUMNS),), constant_values=1)
+        ones = ones_columns(x.shape[-1])
+        body[index] = ct.pad(row, ((0, 0),) * (row.ndim - 1) + ((0, ones),), constant_values=1)
         kind = written.attr("kernel")
         new = {t: make(FUSED_OP, key[0], (tuple(body), t.attr("index"), False, kind)) for t in kernels[key]}
         replaced.update(new)
-        padded_x = ct.reshape(new[written], x.shape[:-1] + (x.shape[-1] + ONES_COLUMNS,))
+        padded_x = ct.reshape(new[written], x.shape[:-1] + (x.shape[-1] + ones,))
         product = gemm(**{**parts, "epilogue": "none", side: padded_x})
         m, n = g.shape
         if summed == "a":
-            replaced[g] = _crop(product, ((0, 0), (0, -ONES_COLUMNS)))
-            replaced[bias] = ct.reshape(_crop(product, ((0, 0), (-n, 1 - ONES_COLUMNS))), bias.shape)
+            replaced[g] = _crop(product, ((0, 0), (0, -ones)))
+            replaced[bias] = ct.reshape(_crop(product, ((0, 0), (-n, 1 - ones))), bias.shape)
         else:
-            replaced[g] = _crop(product, ((0, -ONES_COLUMNS), (0, 0)))
-            replaced[bias] = ct.reshape(_crop(product, ((-m, 1 - ONES_COLUMNS), (0, 0))), bias.shape)
+            replaced[g] = _crop(product, ((0, -ones), (0, 0)))
+            replaced[bias] = ct.reshape(_crop(product, ((-m, 1 - ones), (0, 0))), bias.shape)
         trace.append(Rewrite("gemm-bias-gradient-ones", bias, replaced[bias]))
     return substitution(roots, replaced) if replaced else (roots, {})
