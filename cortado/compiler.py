@@ -52,6 +52,7 @@ from .rules.row_values import made_by_readers
 from .rules.shared_reads import into_readers
 from .rules.scalar_epilogues import into_reductions
 from .rules.horizontal import side_by_side
+from .rules.kept_casts import kept_casts
 from .rules.primitives import primitives
 from .rules.stability import stabiliser
 
@@ -158,11 +159,16 @@ def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     return list(backend.after_fusion(roots, traces["fusion"]))
 
 
-def _kernels(roots, signature):
+def _kernels(roots, signature, updates=None):
     """The schedule as kernels: one per op, one per set of results of an op with several (a fused region of
-    several outputs), one load per input."""
+    several outputs), one load per input. A kernel computing an update that does not read its state variable reads
+    it all the same, in name only: it may write the update over the variable once the variable's readers are done
+    (``_sinks``), rather than into a buffer copied in after the step."""
     kernels, made = [], set()
     state = set(signature.state)
+    overwritten = {}
+    for var, value in (updates or {}).items():
+        overwritten.setdefault(value, []).append(var)
     for t in schedule(roots):
         if t.op is CONST or t in state:
             continue
@@ -170,7 +176,9 @@ def _kernels(roots, signature):
         if terms in made:
             continue
         made.add(terms)
-        kernels.append(Kernel(terms, tuple(dict.fromkeys(t.args))))
+        reads = tuple(dict.fromkeys(t.args))
+        named = [v for d in terms for v in overwritten.get(d, ()) if v not in reads]
+        kernels.append(Kernel(terms, reads + tuple(dict.fromkeys(named))))
     return kernels
 
 
@@ -376,7 +384,7 @@ def _planned(roots, signature, engine, options, traces, copies=None):
     operands."""
     outputs, values = roots[:len(signature.outputs)], roots[len(signature.outputs):]
     updates = dict(zip(signature.updates, values))
-    kernels = _kernels(roots, signature)
+    kernels = _kernels(roots, signature, updates)
     nbytes = _sizes(kernels)
     steps = engine.steps(kernels, options)
     live_out = list(outputs) + list(values)
@@ -458,6 +466,10 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
     buckets = ()
     if data_parallel:
         signature, buckets = _data_parallel(signature, engine, {} if data_parallel is True else data_parallel)
+    state_trace, kept = Trace(), {}
+    if engine.keeps_casts:
+        outputs, state, updates, kept = kept_casts(signature.outputs, signature.state, signature.updates, state_trace)
+        signature = replace(signature, outputs=outputs, state=state, updates=updates)
     built = _built(signature, engine, options, fast_math=fast_math)
     for variant in engine.alternatives(interface.PlannedStep(built.plan, built.traces)):
         other = _built(signature, engine, options, variant, fast_math)
@@ -471,8 +483,9 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
         verify(built.plan)
     executor = engine.executor(built.kernels, built.steps, built.plan, signature, built.outputs, built.updates,
                                built.sinks, built.beside, **options)
-    return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, built.traces,
-                   engine.name, built.sinks, buckets)
+    traces = {"state": state_trace, **built.traces} if state_trace else built.traces
+    return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, traces,
+                   engine.name, built.sinks, buckets, kept)
 
 
 def _data_parallel(signature, engine, caps):

@@ -15,7 +15,7 @@ import numpy as np
 
 from .errors import FeedError
 from .exprgraph import feeds as feed_checks
-from .exprgraph.dtypes import type_string
+from .exprgraph.dtypes import converted, type_string
 from .exprgraph.graph import two_variables_named
 from .exprgraph.ops import FUSED_OP, VAR
 from .exprgraph.ops.collectives import ALL_REDUCE
@@ -76,7 +76,8 @@ class Program:
     per thread).
     """
 
-    def __init__(self, signature, outputs, updates, kernels, plan, executor, traces, backend, sinks, buckets=()):
+    def __init__(self, signature, outputs, updates, kernels, plan, executor, traces, backend, sinks, buckets=(),
+                 kept_casts=None):
         self.signature = signature
         self.outputs = tuple(outputs)
         self.updates = updates
@@ -89,11 +90,16 @@ class Program:
         self._executor = executor
         self._inputs = {v.name: v for v in signature.inputs}
         self._running = threading.Lock()
-        self.state = State(executor.state, self._write_state)
+        self._kept_casts = kept_casts or {}  # {state variable: (the variable it is a cast of, its dtype)}
+        self.state = State({v: a for v, a in executor.state.items() if v not in self._kept_casts}, self._write_state)
 
     def _write_state(self, var, value):
+        """Write ``var``'s value, and the casts of it that the program keeps as state (``rules.kept_casts``)."""
         with self._running:
             self._executor.write_state(var, value)
+            for kept, (source, dtype) in self._kept_casts.items():
+                if source is var:
+                    self._executor.write_state(kept, converted(value.get() if hasattr(value, "get") else value, dtype))
 
     @property
     def device_bytes(self):

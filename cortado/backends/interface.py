@@ -48,6 +48,7 @@ class Backend:
     lowering = None  # a rewriter: ``lowering.run(roots, trace, variant)`` gives the lowered roots
     kernel_shapes = KernelShapes()  # the fused kernels it takes (``rules.fusion``): fusion makes no other
     collectives = False  # its all-reduces reach the other ranks of a job (``cortado.distributed``); else a world of one
+    keeps_casts = False  # a step reads its updated weights' narrow casts from state it updates (``rules.kept_casts``)
 
     def require(self):
         """Raise a BackendError saying what to install where this machine lacks what the backend needs."""

@@ -29,6 +29,7 @@ class CupyBackend(Backend):
     # codegen makes every kernel from a fused body, and reduction_kernels._column_lines sums several columns a pass
     kernel_shapes = KernelShapes(one_op=True, sibling_columns=True, horizontal=True)
     collectives = True  # all-reduces through NCCL (cortado.distributed)
+    keeps_casts = True  # the optimizer's kernels write the weights' casts, which the step's start read all of
 
     def require(self):
         try:

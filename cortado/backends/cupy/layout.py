@@ -11,6 +11,7 @@ cuBLASLt's scratch and copies of operands it cannot read in place.
 """
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
@@ -436,6 +437,9 @@ def _inplace(k, strides, views):
         return ((t, c),) if c is not None else ()
     if t.op is not FUSED_OP:  # the window kernels and cuDNN read elements at other indices than they write
         return ()
+    named = [a for a in k.reads if a not in t.args]  # state it writes an update over without reading it (compiler)
+    if named:
+        return _same_places(k.terms, named, strides, views) + _inplace(replace(k, reads=tuple(t.args)), strides, views)
     if isinstance(t.attr("kernel"), Horizontal):
         return _inplace_side_by_side(k, strides, views)
     shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
