@@ -162,10 +162,15 @@ def test_on_the_gpu_an_adamw_step_with_its_updates_side_by_side_equals_the_refer
 
 
 @pytest.mark.gpu
-def test_on_the_gpu_a_steps_weight_casts_side_by_side_equal_the_reference():
+@pytest.mark.parametrize("kept", [False, True])
+def test_on_the_gpu_a_steps_weight_casts_side_by_side_equal_the_reference(kept, monkeypatch):
     """The weights' casts run as one kernel, and each step's loss (which reads them) is the CPU's, step after step
-    (the bfloat16 products round apart, so within bfloat16's rounding)."""
+    (the bfloat16 products round apart, so within bfloat16's rounding); or, as the GPU keeps them by default, the
+    casts are state that the updates write (``rules.kept_casts``), with the same losses."""
     skip_without_device("cupy")
+    from cortado.backends.cupy import CupyBackend
+
+    monkeypatch.setattr(CupyBackend, "keeps_casts", kept)
     x = ct.var("x", (16, 300), "bfloat16")
     weights = [ct.var(f"w{k}", (300, 300)) for k in range(3)]
     h = x
@@ -178,7 +183,9 @@ def test_on_the_gpu_a_steps_weight_casts_side_by_side_equal_the_reference():
     steps = {backend: ct.compile([loss], inputs=[x], state=state, updates=updates, backend=backend)
              for backend in ("numpy", "cupy")}
     sides = [k for k in steps["cupy"].kernels if k.term.op.name == "fused" and isinstance(k.term.attr("kernel"), Horizontal)]
-    assert any(sum(o.shape == (300, 300) for o in k.term.attr("outputs")) == 2 for k in sides), steps["cupy"].explain()
+    casts_side_by_side = any(sum(o.shape == (300, 300) for o in k.term.attr("outputs")) == 2 for k in sides)
+    assert casts_side_by_side is not kept, steps["cupy"].explain()
+    assert steps["cupy"].traces.get("state", Trace()).counts()["keep-cast-as-state"] == (3 if kept else 0)
     for _ in range(3):
         feed = {"x": rng.standard_normal((16, 300)).astype(BFLOAT16)}
         ours, expected = (float(host(step(**feed)[0])) for step in (steps["cupy"], steps["numpy"]))
