@@ -23,7 +23,7 @@ from ...exprgraph.ops.collectives import ALL_REDUCE
 from .lowering.attention import DNN_ATTENTION, DNN_ATTENTION_GRAD
 from .lowering.conv import DNN_CONV, epilogue_parts
 from .lowering.float8_op import FLOAT8_GEMM, operands_of
-from .lowering.gemm_op import GELU_ARGUMENT_RESULTS, GEMM, gemm_operands
+from .lowering.gemm_op import GEMM, gemm_operands
 from ...memplan import Step
 from ...rules.fusion import transposed_outputs
 from ...rules.horizontal import Horizontal
@@ -35,14 +35,6 @@ from .codegen import (
 from .device import require_gpu
 
 ALIGNMENT = 256
-# cuBLASLt's tensor-core kernels load and store 16 bytes at a time; a matrix whose rows are not 16-byte aligned (a
-# vocabulary of 63 in bfloat16) runs on older kernels of one element a load: on an H200, in the GPT step, the
-# (8192, 768) x (768, 63) bfloat16 product took 22.6 us and the (63, 768) gradient from 8192 rows 25 us + 2.6 of
-# split-K sums. A product at least ``PADDED_PRODUCT`` multiply-adds large copies such operands to rows padded to
-# ``ROW_BYTES`` and writes such a product so, then packs it (``gemm_copies``, ``gemm_padded_result``); a smaller one
-# would spend more on the copies than it saves.
-ROW_BYTES = 16
-PADDED_PRODUCT = 1 << 27
 VIEWS = (TRANSPOSE, BROADCAST_TO, WINDOWS)
 ATTENTION = (DNN_ATTENTION, DNN_ATTENTION_GRAD)
 TENSOR_CORE_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
@@ -350,59 +342,12 @@ def dnn_copies(t, strides, channels_last_for):
 
 
 def gemm_copies(t, strides):
-    """The operands of gemm ``t`` that cuBLASLt cannot read where they are, each with its copy's strides: C order, or
-    rows padded to ``ROW_BYTES`` where cuBLASLt would read them slowly (``padded_rows_strides``)."""
+    """The operands of gemm ``t`` that cuBLASLt cannot read where they are, each with its copy's (C-order) strides."""
     a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
     batch = t.shape[:-2]
-    copies = {x: contiguous_strides(x.shape) for x in (a, b) if matrix(x.shape, strides[x], batch) is None}
-    copies.update({x: contiguous_strides(x.shape) for x in (c, bias, aux)
-                   if x is not None and not in_c_order(x.shape, strides[x])})
-    if _pads_rows(t):
-        copies.update({x: padded_rows_strides(x.shape, x.dtype) for x in (a, b)
-                       if x not in copies and not _aligned(matrix(x.shape, strides[x], batch), x.dtype)})
-    return tuple(copies.items())
-
-
-def gemm_padded_result(t):
-    """The strides gemm ``t`` writes its product at, in its workspace, before a copy packs it where it belongs: rows
-    padded to ``ROW_BYTES`` where a packed row is less aligned (``padded_rows_strides``); None where it writes its
-    product in place. Not where it adds a ``c`` or its epilogue reads or writes the gelu's argument, stored as the
-    product is."""
-    parts = t.attrs
-    if not _pads_rows(t) or parts.beta or parts.epilogue.startswith("dgelu") or parts.epilogue in GELU_ARGUMENT_RESULTS:
-        return None
-    return None if t.shape[-1] * t.dtype.itemsize % ROW_BYTES == 0 else padded_rows_strides(t.shape, t.dtype)
-
-
-def padded_rows_strides(shape, dtype):
-    """C-order strides of ``shape`` whose rows (the last axis) start ``ROW_BYTES``-aligned, padded after their last
-    element."""
-    per_vector = max(1, ROW_BYTES // np.dtype(dtype).itemsize)
-    width = -(-shape[-1] // per_vector) * per_vector
-    return contiguous_strides(tuple(shape[:-1]) + (width,))
-
-
-def stored_elements(shape, strides):
-    """The elements a value of ``shape`` stored at (non-negative) ``strides`` spans: more than its size where its rows
-    are padded."""
-    if 0 in shape:
-        return 0
-    return 1 + sum((n - 1) * s for n, s in zip(shape, strides))
-
-
-def _pads_rows(t):
-    """Whether gemm ``t`` copies operands, and writes its product, to rows padded to ``ROW_BYTES``: a tensor-core
-    product of at least ``PADDED_PRODUCT`` multiply-adds."""
-    a = t.args[0]
-    depth = a.shape[-2] if t.attrs.transpose_a else a.shape[-1]
-    return t.dtype in TENSOR_CORE_DTYPES and math.prod(t.shape) * depth >= PADDED_PRODUCT
-
-
-def _aligned(found, dtype):
-    """Whether a matrix cuBLASLt reads as ``found`` (``calls.cublaslt.matrix``) starts each row and each matrix of its
-    batch ``ROW_BYTES``-aligned."""
-    _, ld, batch_stride = found
-    return all(s * np.dtype(dtype).itemsize % ROW_BYTES == 0 for s in (ld, batch_stride))
+    copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
+    copies += [x for x in (c, bias, aux) if x is not None and not in_c_order(x.shape, strides[x])]
+    return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(copies))
 
 
 def _flat_source(t, strides, views):

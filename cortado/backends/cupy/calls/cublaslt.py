@@ -68,7 +68,6 @@ class GemmCall:
     beta: float = 0.0
     epilogue: str = "none"
     tf32: bool = False
-    row_stride: int | None = None  # elements from one row of the product to the next; None: its rows packed
 
     @classmethod
     def product(cls, a, b, transpose_a=False, transpose_b=False, **rest):
@@ -210,9 +209,8 @@ class Gemm:
         if self.aux:  # row-major like the product: its leading dimension is the product's
             self._set(lt.MatmulDescAttribute.EPILOGUE_AUX_LD, n)
         data = _DATA_TYPES[dtype.name]
-        ld = call.row_stride or n
         shapes = [(b_cols, b_rows, b_ld, count, b_stride), (a_cols, a_rows, a_ld, count, a_stride),
-                  (n, m, ld, count, m * ld), (n, m, ld, count, m * ld)]
+                  (n, m, n, count, m * n), (n, m, n, count, m * n)]
         self.layouts = [matrix_layout(data, *shape) for shape in shapes]
         self.key = (int(compute), data, trans_first, trans_second, tuple(shapes), epilogue, alpha, beta)
         self.dtype = dtype

@@ -9,9 +9,7 @@ from ....memplan import aligned
 from ..codegen import PRELUDE, Operand, Source, contiguous_strides, kernel_name, memory_order
 from ..kernels import launcher, prepare
 from ..launch import WAIT_PRIOR_GRIDS
-from ..layout import stored_elements
 from ..sources import copy_source
-from ..window_kernels import pad_source
 
 BATCHED_BYTES = 1 << 20  # a packed copy up to this size may join a batch; a larger one is a memcpy at the copy rate
 BATCH_THREADS = 256
@@ -31,23 +29,14 @@ def nothing():
 
 
 class Copy:
-    """Writes a value of ``shape`` and ``dtype`` stored at ``strides`` packed with ``to`` (C order if None), or at
-    ``to`` with its rows padded (``layout.padded_rows_strides``: the padding zeros)."""
+    """Writes a value of ``shape`` and ``dtype`` stored at ``strides`` packed with ``to`` (C order if None)."""
 
     def __init__(self, shape, dtype, strides, to=None):
         to = to or contiguous_strides(shape)
-        dtype = np.dtype(dtype)
-        self.pads_rows = padded_rows(shape, to)
-        written = tuple(shape[:-1]) + (to[-2],) if self.pads_rows else shape  # padded rows: the padding too
-        self.nbytes = int(np.prod(written, dtype=np.int64)) * dtype.itemsize
-        self.source_bytes = stored_elements(shape, strides) * dtype.itemsize
+        self.nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
         self.kernel = None
-        if self.pads_rows:
-            rows = Operand(written, dtype, contiguous_strides(written))
-            self.kernel = pad_source(Operand(shape, dtype, strides), rows, (0,) * len(shape), 0)
-        elif self.nbytes and strides != to and int(np.prod(shape, dtype=np.int64)) != 1:
-            self.kernel = copy_source(Operand(shape, dtype, strides), memory_order(shape, to))
-        if self.kernel is not None:
+        if self.nbytes and strides != to and int(np.prod(shape, dtype=np.int64)) != 1:
+            self.kernel = copy_source(Operand(shape, np.dtype(dtype), strides), memory_order(shape, to))
             prepare(self.kernel)  # compiled beside the program's other kernels; the build waits for them
 
     def bind(self, source, destination, stream):
@@ -65,17 +54,10 @@ def staged(copied, strides, alignment):
     take)``, each copy ``(value, its offset in the workspace, Copy)``."""
     copies, reads, top = [], dict(strides), 0
     for x, copy_strides in copied:
-        copy = Copy(x.shape, x.dtype, strides[x], copy_strides)
-        copies.append((x, top, copy))
+        copies.append((x, top, Copy(x.shape, x.dtype, strides[x], copy_strides)))
         reads[x] = copy_strides
-        top += aligned(copy.nbytes, alignment)
+        top += aligned(x.size * x.dtype.itemsize, alignment)
     return copies, reads, top
-
-
-def padded_rows(shape, strides):
-    """Whether ``strides`` are C order over ``shape`` but for rows lying further apart than their length."""
-    return len(shape) >= 2 and strides[-1] == 1 and strides[-2] > shape[-1] \
-        and strides[:-2] == contiguous_strides(tuple(shape[:-1]) + (strides[-2],))[:-2]
 
 
 _BATCH_TEXT = f"""extern "C" __global__ void copies(const unsigned long long* __restrict__ jobs) {{

@@ -2,20 +2,19 @@
 gradient it makes written through the bias pointer, the gelu argument it keeps through the auxiliary pointer."""
 
 from ..calls.cublaslt import Gemm, GemmCall
-from ..codegen import Operand, contiguous_strides
-from ..layout import gemm_copies, gemm_padded_result
+from ..codegen import Operand
+from ..layout import gemm_copies
 from ..lowering.gemm_op import GELU_ARGUMENT_RESULTS, GEMM, gemm_operands
 from . import Target
 from .library import LibraryCall
 
 
 def gemm_call(t, strides, tf32):
-    """The ``GemmCall`` of gemm term ``t``, its operands and its product stored at ``strides``."""
+    """The ``GemmCall`` of gemm term ``t``, its operands stored at ``strides``."""
     a, b = t.args[:2]
     attrs = t.attrs
     return GemmCall(Operand(a.shape, a.dtype, strides[a]), Operand(b.shape, b.dtype, strides[b]), t.shape, t.dtype,
-                    attrs.transpose_a, attrs.transpose_b, attrs.alpha, attrs.beta, attrs.epilogue, tf32,
-                    strides.get(t, contiguous_strides(t.shape))[-2])
+                    attrs.transpose_a, attrs.transpose_b, attrs.alpha, attrs.beta, attrs.epilogue, tf32)
 
 
 def _runner(kernel, view):
@@ -30,10 +29,8 @@ def _runner(kernel, view):
         aux_address = placed[aux] if aux is not None else placed[second] if kept else None
         return (placed[a], placed[b], placed[c if c is not None else t], placed[t], workspace, bias_address, aux_address)
 
-    padded = gemm_padded_result(t)
     return LibraryCall(kernel, view, gemm_copies(t, view.strides),
-                       lambda reads: Gemm(gemm_call(t, reads, view.options["tf32"])), arguments, t.attrs.epilogue,
-                       written=None if padded is None else (t, padded))
+                       lambda reads: Gemm(gemm_call(t, reads, view.options["tf32"])), arguments, t.attrs.epilogue)
 
 
 TARGET = Target("gemm", (GEMM,), _runner, reusable=True)
