@@ -73,13 +73,14 @@ def test_a_weight_written_from_outside_writes_its_cast_too(monkeypatch, tmp_path
 
 def test_only_narrow_casts_of_updated_float_state_are_kept():
     w, frozen, counts = ct.var("w", (4, 4)), ct.var("frozen", (4, 4)), ct.var("counts", (4,), "int32")
-    half = ct.var("half", (4,), "bfloat16")
+    half, wide = ct.var("half", (4,), "bfloat16"), ct.var("wide", (4,), "float64")
     x = ct.var("x", (2, 4), "bfloat16")
     out = (x @ ct.cast(w, "bfloat16") + x @ ct.cast(frozen, "bfloat16") + ct.cast(counts, "bfloat16")
-           + ct.cast(ct.cast(half, "float32"), "bfloat16") + x @ ct.cast(ct.cast(w, "float16"), "bfloat16"))
+           + ct.cast(ct.cast(half, "float32"), "bfloat16") + x @ ct.cast(ct.cast(w, "float16"), "bfloat16")
+           + ct.cast(wide, "bfloat16"))
     state = {w: np.ones((4, 4), np.float32), frozen: np.ones((4, 4), np.float32), counts: np.zeros(4, np.int32),
-             half: np.zeros(4, BFLOAT16)}
-    updates = {w: w * 0.5, counts: counts + 1, half: half * 2}
+             half: np.zeros(4, BFLOAT16), wide: np.zeros(4)}
+    updates = {w: w * 0.5, counts: counts + 1, half: half * 2, wide: wide + 1}
     trace = Trace()
     outputs, new_state, new_updates, kept = kept_casts([out], state, updates, trace)
     assert sorted((w_.name, str(d)) for w_, d in kept.values()) == [("w", "bfloat16"), ("w", "float16")]

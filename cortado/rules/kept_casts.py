@@ -14,6 +14,8 @@ written from outside (``program.state["w"] = ...``, a checkpoint loaded) writes 
     outputs, state, updates, kept = kept_casts(outputs, state, updates, trace)   # kept: {cast's variable: (w, dtype)}
 """
 
+import numpy as np
+
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import converted, is_narrow_float
 from ..exprgraph.graph import post_order
@@ -22,7 +24,7 @@ from .engine import Rewrite, bottom_up
 
 
 def kept_casts(outputs, state, updates, trace):
-    """``(outputs, state, updates, kept)``: the step with every bfloat16 or float16 cast of an updated float state
+    """``(outputs, state, updates, kept)``: the step with every bfloat16 or float16 cast of an updated float32 state
     variable read from a state variable of its own, updated to the cast of the update (see the module)."""
     roots = tuple(outputs) + tuple(updates.values())
     casts = [t for t in post_order(roots) if _kept(t, updates)]
@@ -49,8 +51,9 @@ def kept_casts(outputs, state, updates, trace):
 
 
 def _kept(t, updates):
-    """Whether ``t`` is a cast to bfloat16 or float16 of a wider float state variable that the step updates."""
+    """Whether ``t`` is a cast to bfloat16 or float16 of a float32 state variable that the step updates (float32 only:
+    the GPU rounds a float64 through float32, the host's conversion of its first value directly)."""
     if t.op is not CAST or not is_narrow_float(t.dtype):
         return False
     w = t.args[0]
-    return w.op is VAR and w in updates and w.dtype.kind == "f" and w.dtype.itemsize > t.dtype.itemsize
+    return w.op is VAR and w in updates and w.dtype == np.float32
