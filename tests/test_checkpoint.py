@@ -59,9 +59,12 @@ def test_files_open_with_the_safetensors_library(tmp_path):
         np.testing.assert_array_equal(half.float().numpy(), _arrays()["half"].astype(np.float32))
 
 
-def _training(backend, seed=0):
-    """An MLP classifier, AdamW on a warm-up and cosine schedule with clipping: every kind of state a step keeps."""
+def _training(backend, seed=0, compute_in=None):
+    """An MLP classifier, AdamW on a warm-up and cosine schedule with clipping: every kind of state a step keeps;
+    computing in ``compute_in`` where given (its float32 weights cast where they are read)."""
     model = nn.MLP(6, 16, 16, 3, activation=ct.tanh)
+    if compute_in is not None:
+        model = model.compute_in(compute_in)
     x, y = ct.var("x", (8, 6)), ct.var("y", (8,), "int32")
     loss = nn.cross_entropy(model(x), y)
     params = model.parameters()

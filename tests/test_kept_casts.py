@@ -6,6 +6,8 @@ to keep them as the GPU's does; ``test_gpu_kept_casts.py`` runs the GPU's."""
 import numpy as np
 import pytest
 from gpu_rewrites import planning_without_a_device
+from test_checkpoint import _batches
+from test_checkpoint import _training as checkpoint_training
 
 import cortado as ct
 from cortado import compiler, nn, optim
@@ -19,22 +21,11 @@ from cortado.rules.kept_casts import kept_casts
 pytestmark = pytest.mark.skipif(BFLOAT16 is None, reason="ml_dtypes is not installed")
 
 
-def _training(keeps, monkeypatch, seed=0, backend="numpy"):
-    """A bfloat16 MLP trained by AdamW, its float32 weights cast at each use; the backend keeps the casts or not."""
+def _training(keeps, monkeypatch, seed=0):
+    """``test_checkpoint``'s MLP trained by AdamW in bfloat16, its float32 weights cast at each use; the backend keeps
+    the casts or not."""
     monkeypatch.setattr(NumpyBackend, "keeps_casts", keeps)
-    model = nn.MLP(6, 16, 16, 3, activation=ct.tanh).compute_in("bfloat16")
-    x, y = ct.var("x", (8, 6)), ct.var("y", (8,), "int32")
-    loss = nn.cross_entropy(model(x), y)
-    params = model.parameters()
-    state, updates = optim.AdamW(1e-2, weight_decay=0.1).updates(params, ct.grad(loss, list(params.values())))
-    return ct.compile([loss], inputs=[x, y], state={**model.initial_values(seed), **state}, updates=updates,
-                      backend=backend)
-
-
-def _batches(count):
-    rng = np.random.default_rng(1)
-    return [(rng.standard_normal((8, 6)).astype(np.float32), rng.integers(0, 3, 8).astype(np.int32))
-            for _ in range(count)]
+    return checkpoint_training("numpy", seed, "bfloat16")
 
 
 def test_kept_casts_give_the_same_losses_and_weights_step_after_step(monkeypatch):
