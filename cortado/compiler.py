@@ -466,10 +466,11 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
     buckets = ()
     if data_parallel:
         signature, buckets = _data_parallel(signature, engine, {} if data_parallel is True else data_parallel)
-    state_trace, kept = Trace(), {}
+    state_trace, casts = Trace(), {}
     if engine.keeps_casts:
-        outputs, state, updates, kept = kept_casts(signature.outputs, signature.state, signature.updates, state_trace)
-        signature = replace(signature, outputs=outputs, state=state, updates=updates)
+        *kept_as_state, casts = kept_casts(signature.outputs, signature.state, signature.updates, state_trace,
+                                           signature.inputs)
+        signature = replace(signature, **dict(zip(("outputs", "state", "updates"), kept_as_state)))
     built = _built(signature, engine, options, fast_math=fast_math)
     for variant in engine.alternatives(interface.PlannedStep(built.plan, built.traces)):
         other = _built(signature, engine, options, variant, fast_math)
@@ -485,7 +486,7 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
                                built.sinks, built.beside, **options)
     traces = {"state": state_trace, **built.traces} if state_trace else built.traces
     return Program(signature, built.outputs, built.updates, built.kernels, built.plan, executor, traces,
-                   engine.name, built.sinks, buckets, kept)
+                   engine.name, built.sinks, buckets, casts)
 
 
 def _data_parallel(signature, engine, caps):

@@ -29,7 +29,9 @@ class State(Mapping):
     on the GPU, CuPy arrays that the next call updates). A state variable indexes it as its name does
     (``state[W]`` is ``state["W"]``), as it keys ``state=`` and ``updates=`` in ``compile``.
 
-    ``state["W"] = value`` replaces a value (checked like a feed, copied in), never in the middle of a call.
+    ``state["W"] = value`` replaces a value (checked like a feed, copied in), never in the middle of a call. It is
+    the one way to write one: it also writes what the program keeps of it (a weight's cast to bfloat16, which the
+    GPU keeps as state of its own, ``rules.kept_casts``), which a write into a GPU array in place would leave stale.
     """
 
     def __init__(self, arrays, write):
@@ -90,16 +92,18 @@ class Program:
         self._executor = executor
         self._inputs = {v.name: v for v in signature.inputs}
         self._running = threading.Lock()
-        self._kept_casts = kept_casts or {}  # {state variable: (the variable it is a cast of, its dtype)}
-        self.state = State({v: a for v, a in executor.state.items() if v not in self._kept_casts}, self._write_state)
+        self._casts = {}  # {state variable: [(the state variable holding a cast of it, the cast's dtype)]}
+        for kept, (source, dtype) in (kept_casts or {}).items():
+            self._casts.setdefault(source, []).append((kept, dtype))
+        hidden = {kept for casts in self._casts.values() for kept, _ in casts}
+        self.state = State({v: a for v, a in executor.state.items() if v not in hidden}, self._write_state)
 
     def _write_state(self, var, value):
         """Write ``var``'s value, and the casts of it that the program keeps as state (``rules.kept_casts``)."""
         with self._running:
             self._executor.write_state(var, value)
-            for kept, (source, dtype) in self._kept_casts.items():
-                if source is var:
-                    self._executor.write_state(kept, converted(value.get() if hasattr(value, "get") else value, dtype))
+            for kept, dtype in self._casts.get(var, ()):
+                self._executor.write_state(kept, converted(value.get() if hasattr(value, "get") else value, dtype))
 
     @property
     def device_bytes(self):

@@ -83,10 +83,28 @@ def test_only_narrow_casts_of_updated_float_state_are_kept():
 
 
 def test_a_kept_casts_name_never_takes_another_variables():
-    w, taken = ct.var("w", (4,)), ct.var("w@bfloat16", (4,), "bfloat16")
+    w, taken, fed = ct.var("w", (4,)), ct.var("w@bfloat16", (4,), "bfloat16"), ct.var("w@bfloat16'", (4,))
     out = ct.cast(w, "bfloat16") + taken
-    _, _, _, kept = kept_casts([out], {w: np.ones(4, np.float32)}, {w: w + 1}, Trace())
-    assert [v.name for v in kept] == ["w@bfloat16'"]
+    _, _, _, kept = kept_casts([out], {w: np.ones(4, np.float32)}, {w: w + 1}, Trace(), inputs=[fed])
+    assert [v.name for v in kept] == ["w@bfloat16''"]  # (an input the step does not read keeps its name too)
+
+
+def test_an_update_that_does_not_read_its_variable_is_written_after_the_variables_readers(monkeypatch):
+    """``{w: x * 3}``, ``w`` read by the step too: the update is computed over ``w`` in place on the GPU, after the
+    kernel reading ``w`` (planned on the CPU), and the step returns the value before it (the CPU's program)."""
+    w, x = ct.var("w", (64, 64)), ct.var("x", (64, 64))
+    out = ct.sum(ct.tanh(w) * x)
+    planning_without_a_device(monkeypatch)
+    signature = compiler._signature([out], [x], {w: np.ones((64, 64), np.float32)}, {w: x * 3})
+    built = compiler._built(signature, gpu_backend, compiler._options(gpu_backend, {}))
+    (update,) = built.updates.values()
+    assert built.sinks == {update: w}
+    at = {t: i for i, k in enumerate(built.kernels) for t in k.terms}
+    assert all(at[update] >= i for i, k in enumerate(built.kernels) if w in k.term.args)
+    step = ct.compile([out], inputs=[x], state={w: np.ones((64, 64), np.float32)}, updates={w: x * 3})
+    xv = np.full((64, 64), 2.0, np.float32)
+    assert float(step(x=xv)[0]) == pytest.approx(np.tanh(1.0) * 2 * 64 * 64, rel=1e-5)
+    np.testing.assert_array_equal(step.state["w"], xv * 3)
 
 
 def test_the_gpt_steps_casts_are_written_by_its_optimizer_in_place(monkeypatch):

@@ -11,7 +11,7 @@ Exact: the state holds the cast of the ``w`` the step starts from, rounded as th
 written from outside (``program.state["w"] = ...``, a checkpoint loaded) writes its cast too (``Program.state``);
 ``program.state`` does not list the casts.
 
-    outputs, state, updates, kept = kept_casts(outputs, state, updates, trace)   # kept: {cast's variable: (w, dtype)}
+    outputs, state, updates, kept = kept_casts(outputs, state, updates, trace, inputs)  # {cast's variable: (w, dtype)}
 """
 
 import numpy as np
@@ -23,14 +23,15 @@ from ..exprgraph.ops import CAST, VAR
 from .engine import Rewrite, bottom_up
 
 
-def kept_casts(outputs, state, updates, trace):
+def kept_casts(outputs, state, updates, trace, inputs=()):
     """``(outputs, state, updates, kept)``: the step with every bfloat16 or float16 cast of an updated float32 state
-    variable read from a state variable of its own, updated to the cast of the update (see the module)."""
+    variable read from a state variable of its own, updated to the cast of the update (see the module); its name
+    none of the variables read, held or fed (``inputs``) has."""
     roots = tuple(outputs) + tuple(updates.values())
     casts = [t for t in post_order(roots) if _kept(t, updates)]
     if not casts:
         return tuple(outputs), dict(state), dict(updates), {}
-    taken = {v.name for v in post_order(roots) if v.op is VAR} | {v.name for v in state}
+    taken = {v.name for v in (*post_order(roots), *inputs) if v.op is VAR} | {v.name for v in state}
     replaced, kept = {}, {}
     for t in casts:
         w = t.args[0]

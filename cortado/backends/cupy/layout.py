@@ -382,7 +382,7 @@ def _inplace(k, strides, views):
         return ((t, c),) if c is not None else ()
     if t.op is not FUSED_OP:  # the window kernels and cuDNN read elements at other indices than they write
         return ()
-    named = [a for a in k.reads if a not in t.args]  # state it writes an update over without reading it (compiler)
+    named = [a for a in k.reads if a not in t.args]  # state it may write an update over, unread (compiler._kernels)
     if named:
         return _same_places(k.terms, named, strides, views) + _inplace(replace(k, reads=tuple(t.args)), strides, views)
     if isinstance(t.attr("kernel"), Horizontal):
