@@ -468,9 +468,9 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
         signature, buckets = _data_parallel(signature, engine, {} if data_parallel is True else data_parallel)
     state_trace, casts = Trace(), {}
     if engine.keeps_casts:
-        *kept_as_state, casts = kept_casts(signature.outputs, signature.state, signature.updates, state_trace,
-                                           signature.inputs)
-        signature = replace(signature, **dict(zip(("outputs", "state", "updates"), kept_as_state)))
+        kept_outputs, kept_state, kept_updates, casts = kept_casts(signature.outputs, signature.state,
+                                                                   signature.updates, state_trace, signature.inputs)
+        signature = replace(signature, outputs=kept_outputs, state=kept_state, updates=kept_updates)
     built = _built(signature, engine, options, fast_math=fast_math)
     for variant in engine.alternatives(interface.PlannedStep(built.plan, built.traces)):
         other = _built(signature, engine, options, variant, fast_math)

@@ -11,7 +11,6 @@ cuBLASLt's scratch and copies of operands it cannot read in place.
 """
 
 import math
-from dataclasses import replace
 
 import numpy as np
 
@@ -383,8 +382,12 @@ def _inplace(k, strides, views):
     if t.op is not FUSED_OP:  # the window kernels and cuDNN read elements at other indices than they write
         return ()
     named = [a for a in k.reads if a not in t.args]  # state it may write an update over, unread (compiler._kernels)
-    if named:
-        return _same_places(k.terms, named, strides, views) + _inplace(replace(k, reads=tuple(t.args)), strides, views)
+    return _same_places(k.terms, named, strides, views) + _inplace_fused(k, strides, views)
+
+
+def _inplace_fused(k, strides, views):
+    """``_inplace`` of a generated kernel over its operands."""
+    t = k.term
     if isinstance(t.attr("kernel"), Horizontal):
         return _inplace_side_by_side(k, strides, views)
     shifted = shifted_operands(t.attr("outputs"))  # a pad reads elements other threads write
