@@ -34,6 +34,15 @@ from .codegen import (
 from .device import require_gpu
 
 ALIGNMENT = 256
+# cuBLASLt's tensor-core kernels load and store 16 bytes at a time; a product one of whose dimensions is not a whole
+# number of 16-byte vectors (a vocabulary of 63 in bfloat16) runs on older kernels of one element a load, even with
+# its rows padded: on an H200, in the GPT large step, the (8192, 768) x (768, 63) bfloat16 product took 22.6 us, and
+# the (63, 768) gradient from 8192 rows 25 us + 2.6 of split-K sums (with rows of 64 apart, 24.2 and 25.9 + 2.8:
+# ``benchmarks/results/h200/experiments/padded_rows/``). A product at least ``PADDED_PRODUCT`` multiply-adds large
+# is computed with each dimension padded to ``ROW_BYTES`` instead (``gemm_padding``); a smaller one would spend more
+# on the copies than it saves.
+ROW_BYTES = 16
+PADDED_PRODUCT = 1 << 27
 VIEWS = (TRANSPOSE, BROADCAST_TO, WINDOWS)
 ATTENTION = (DNN_ATTENTION, DNN_ATTENTION_GRAD)
 TENSOR_CORE_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
@@ -341,12 +350,56 @@ def dnn_copies(t, strides, channels_last_for):
 
 
 def gemm_copies(t, strides):
-    """The operands of gemm ``t`` that cuBLASLt cannot read where they are, each with its copy's (C-order) strides."""
+    """The operands of gemm ``t`` that cuBLASLt cannot read where they are, each with its copy's C-order strides, and,
+    where the product's dimensions are padded (``gemm_padding``), its padded shape: zeros after the value."""
     a, b, c, bias, aux = gemm_operands(t.args, t.attr("beta"), t.attr("epilogue"))
     batch = t.shape[:-2]
-    copies = [x for x in (a, b) if matrix(x.shape, strides[x], batch) is None]
-    copies += [x for x in (c, bias, aux) if x is not None and not in_c_order(x.shape, strides[x])]
-    return tuple((x, contiguous_strides(x.shape)) for x in dict.fromkeys(copies))
+    copies = {x: (contiguous_strides(x.shape),) for x in (a, b) if matrix(x.shape, strides[x], batch) is None}
+    copies.update({x: (contiguous_strides(x.shape),) for x in (c, bias, aux)
+                   if x is not None and not in_c_order(x.shape, strides[x])})
+    padding = gemm_padding(t)
+    if padding is not None:
+        m, n, k = padding
+        for x, padded in ((a, (k, m) if t.attrs.transpose_a else (m, k)), (b, (n, k) if t.attrs.transpose_b else (k, n)),
+                          (c, (m, n))):
+            if x is not None and padded != x.shape:
+                copies[x] = (contiguous_strides(padded), padded)
+    return tuple((x, *copy) for x, copy in copies.items())
+
+
+def gemm_padding(t):
+    """``(m, n, k)`` of gemm ``t``'s product, each rounded up to a whole ``ROW_BYTES`` vector, where one is not (a
+    vocabulary of 63): its operands are copied with zeros after them (``gemm_copies``) and its product is written
+    whole in its workspace, then packed (``gemm_padded_result``); a padded row or column adds zeros to no sum that is
+    kept; a ``c`` it adds is copied padded too. None where the product runs as it is: one smaller than
+    ``PADDED_PRODUCT`` multiply-adds, not over bfloat16 or float16, batched, or with an epilogue (a bias, a bias
+    gradient, the gelu's argument are as long as the product's own rows or columns)."""
+    attrs = t.attrs
+    if not _pads_dimensions(t) or attrs.epilogue != "none" or t.ndim != 2 or t.args[0].ndim != 2 \
+            or t.args[1].ndim != 2:
+        return None
+    m, n = t.shape
+    k = t.args[0].shape[0] if attrs.transpose_a else t.args[0].shape[1]
+    per_vector = ROW_BYTES // t.dtype.itemsize
+    padded = tuple(-(-d // per_vector) * per_vector for d in (m, n, k))
+    return None if padded == (m, n, k) else padded
+
+
+def gemm_padded_result(t):
+    """``(strides, shape)`` of gemm ``t``'s product as it writes it in its workspace, padded (``gemm_padding``), before
+    a copy packs it where it belongs; None where it writes its product in place."""
+    padding = gemm_padding(t)
+    if padding is None or padding[:2] == t.shape:
+        return None
+    return contiguous_strides(padding[:2]), padding[:2]
+
+
+def _pads_dimensions(t):
+    """Whether gemm ``t`` may be padded (``gemm_padding``): a tensor-core product of at least ``PADDED_PRODUCT``
+    multiply-adds."""
+    a = t.args[0]
+    depth = a.shape[-2] if t.attrs.transpose_a else a.shape[-1]
+    return t.dtype in TENSOR_CORE_DTYPES and math.prod(t.shape) * depth >= PADDED_PRODUCT
 
 
 def _flat_source(t, strides, views):

@@ -10,6 +10,7 @@ from ..codegen import PRELUDE, Operand, Source, contiguous_strides, kernel_name,
 from ..kernels import launcher, prepare
 from ..launch import WAIT_PRIOR_GRIDS
 from ..sources import copy_source
+from ..window_kernels import pad_source
 
 BATCHED_BYTES = 1 << 20  # a packed copy up to this size may join a batch; a larger one is a memcpy at the copy rate
 BATCH_THREADS = 256
@@ -29,14 +30,21 @@ def nothing():
 
 
 class Copy:
-    """Writes a value of ``shape`` and ``dtype`` stored at ``strides`` packed with ``to`` (C order if None)."""
+    """Writes a value of ``shape`` and ``dtype`` stored at ``strides`` packed with ``to`` (C order if None); or, given
+    ``padded`` (a shape at least as large along every axis), into a C-order block of that shape, zeros after it."""
 
-    def __init__(self, shape, dtype, strides, to=None):
-        to = to or contiguous_strides(shape)
-        self.nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    def __init__(self, shape, dtype, strides, to=None, padded=None):
+        dtype = np.dtype(dtype)
+        self.pads = padded is not None and tuple(padded) != tuple(shape)
+        written = tuple(padded) if self.pads else tuple(shape)
+        to = contiguous_strides(written) if self.pads else to or contiguous_strides(shape)
+        self.nbytes = int(np.prod(written, dtype=np.int64)) * dtype.itemsize  # what it writes
         self.kernel = None
-        if self.nbytes and strides != to and int(np.prod(shape, dtype=np.int64)) != 1:
-            self.kernel = copy_source(Operand(shape, np.dtype(dtype), strides), memory_order(shape, to))
+        if self.pads:
+            self.kernel = pad_source(Operand(shape, dtype, strides), Operand(written, dtype, to), (0,) * len(shape), 0)
+        elif self.nbytes and strides != to and int(np.prod(shape, dtype=np.int64)) != 1:
+            self.kernel = copy_source(Operand(shape, dtype, strides), memory_order(shape, to))
+        if self.kernel is not None:
             prepare(self.kernel)  # compiled beside the program's other kernels; the build waits for them
 
     def bind(self, source, destination, stream):
@@ -49,14 +57,16 @@ class Copy:
 
 
 def staged(copied, strides, alignment):
-    """Copies of the operands ``copied`` (``(value, strides of its copy)`` pairs) into a workspace, for a library call
-    that cannot read them where they are (or is slower there): ``(copies, the strides the call reads, the bytes they
-    take)``, each copy ``(value, its offset in the workspace, Copy)``."""
+    """Copies of the operands ``copied`` (``(value, strides of its copy)`` pairs, or ``(value, strides, padded shape)``
+    where the copy is padded with zeros) into a workspace, for a library call that cannot read them where they are
+    (or is slower there): ``(copies, the strides the call reads, the bytes they take)``, each copy ``(value, its
+    offset in the workspace, Copy)``."""
     copies, reads, top = [], dict(strides), 0
-    for x, copy_strides in copied:
-        copies.append((x, top, Copy(x.shape, x.dtype, strides[x], copy_strides)))
+    for x, copy_strides, *padded in copied:
+        copy = Copy(x.shape, x.dtype, strides[x], copy_strides, *padded)
+        copies.append((x, top, copy))
         reads[x] = copy_strides
-        top += aligned(x.size * x.dtype.itemsize, alignment)
+        top += aligned(copy.nbytes, alignment)
     return copies, reads, top
 
 

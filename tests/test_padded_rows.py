@@ -1,0 +1,78 @@
+"""A large tensor-core product one of whose dimensions is not a whole 16-byte vector (a vocabulary of 63 in
+bfloat16) is computed padded: its operands copied with zeros after them, its product written whole in its workspace,
+then packed (``layout.gemm_padding``, ``layout.gemm_copies``, ``layout.gemm_padded_result``, ``targets.copies.Copy``):
+cuBLASLt would run it on kernels of one element a load. What the planner decides, on the CPU;
+``test_gpu_padded_rows.py`` runs it."""
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado.backends.cupy import layout
+from cortado.backends.cupy.codegen import contiguous_strides
+from cortado.backends.cupy.lowering.gemm_op import gemm
+from cortado.backends.cupy.targets import copies
+
+
+def _strides(*values):
+    return {v: contiguous_strides(v.shape) for v in values}
+
+
+def _head(vocab, rows=8192, width=768, dtype="bfloat16"):
+    x, w = ct.var("x", (rows, width), dtype), ct.var("w", (vocab, width), dtype)
+    return x, w, gemm(x, w, transpose_b=True)
+
+
+def test_a_head_over_a_vocabulary_of_63_is_a_product_of_64_columns_packed_after():
+    x, w, logits = _head(63)
+    assert layout.gemm_padding(logits) == (8192, 64, 768)
+    assert layout.gemm_copies(logits, _strides(x, w, logits)) == ((w, (768, 1), (64, 768)),)  # a row of zeros
+    assert layout.gemm_padded_result(logits) == ((64, 1), (8192, 64))
+
+
+def test_the_heads_gradients_pad_the_contracted_axis_or_the_rows_they_write():
+    x, w, logits = _head(63)
+    dlogits = ct.var("dlogits", logits.shape, "bfloat16")
+    to_input = gemm(dlogits, w)  # (8192, 63) @ (63, 768): 63 products a sum, padded to 64 zeros and all
+    assert layout.gemm_padding(to_input) == (8192, 768, 64)
+    assert layout.gemm_copies(to_input, _strides(dlogits, w)) == ((dlogits, (64, 1), (8192, 64)),
+                                                                  (w, (768, 1), (64, 768)))
+    assert layout.gemm_padded_result(to_input) is None  # its own rows of 768: written in place
+    to_weight = gemm(dlogits, x, transpose_a=True)  # (63, 768) from 8192 rows: 64 rows written, 63 kept
+    assert layout.gemm_padding(to_weight) == (64, 768, 8192)
+    assert layout.gemm_copies(to_weight, _strides(dlogits, x)) == ((dlogits, (64, 1), (8192, 64)),)
+    assert layout.gemm_padded_result(to_weight) == ((768, 1), (64, 768))
+
+
+def test_a_product_adding_c_reads_c_padded_as_it_writes_its_product():
+    x, w, _ = _head(63)
+    dlogits, c = ct.var("dlogits", (8192, 63), "bfloat16"), ct.var("c", (63, 768), "bfloat16")
+    g = gemm(dlogits, x, transpose_a=True, beta=1.0, c=c)  # an embedding's gradient added to the head's
+    assert layout.gemm_copies(g, _strides(dlogits, x, c)) == ((dlogits, (64, 1), (8192, 64)), (c, (768, 1), (64, 768)))
+    assert layout.gemm_padded_result(g) == ((768, 1), (64, 768))
+
+
+@pytest.mark.parametrize("case", ["aligned", "small", "float32", "bias", "gelu argument", "batched"])
+def test_products_that_gain_nothing_or_read_vectors_of_their_length_are_not_padded(case):
+    x, w, logits = _head(64 if case == "aligned" else 63, rows=512 if case == "small" else 8192,
+                         dtype="float32" if case == "float32" else "bfloat16")
+    if case == "bias":
+        logits = gemm(x, w, transpose_b=True, epilogue="bias", bias=ct.var("b", (63,), "bfloat16"))
+    if case == "gelu argument":
+        logits = gemm(x, w, transpose_b=True, epilogue="gelu_aux")
+    if case == "batched":
+        logits = gemm(ct.var("xs", (4, 2048, 768), "bfloat16"), w, transpose_b=True)
+    assert layout.gemm_padding(logits) is None and layout.gemm_padded_result(logits) is None
+    assert all(len(copy) == 2 for copy in layout.gemm_copies(logits, _strides(*logits.args)))
+
+
+def test_a_padded_copy_writes_its_zeros_and_takes_the_padded_bytes(monkeypatch):
+    monkeypatch.setattr(copies, "prepare", lambda source: None)
+    padded = copies.Copy((8192, 63), np.dtype("float16"), (63, 1), (64, 1), (8192, 64))
+    assert padded.pads and padded.nbytes == 8192 * 64 * 2
+    assert f"i < {8192 * 64};" in padded.kernel.text  # every element of the padded block, the zeros too
+    packed = copies.Copy((8192, 63), np.dtype("float16"), (64, 1))  # a padded product packed
+    assert not packed.pads and packed.nbytes == 8192 * 63 * 2 and packed.kernel is not None
+    a = ct.var("a", (63, 768), "float16")
+    staged, reads, top = copies.staged([(a, (768, 1), (64, 768))], {a: (768, 1)}, 256)
+    assert top == 64 * 768 * 2 and staged[0][2].pads and reads[a] == (768, 1)
