@@ -1,8 +1,8 @@
 """``take`` and ``take_along_axis``: NumPy's results from the reference interpreter and the CPU backend on random
 shapes, axes, index dtypes and values (negative ones too); out-of-range indices and ill-typed ones refused
 clearly; gradients that add the adjoint back where it was taken (repeated indices summed), checked against
-NumPy's ``add.at`` and against finite differences to second order; and, on a GPU, the cupy backend equal to the
-CPU's."""
+NumPy's ``add.at`` and against finite differences to second order; the GPU's kernel moving whole rows a 16-byte
+vector a thread where it can; and, on a GPU, the cupy backend equal to the CPU's."""
 
 import numpy as np
 import pytest
@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 import cortado as ct
 from cortado.backends import gpu_visible
+from cortado.backends.cupy.codegen import Operand
+from cortado.backends.cupy.index_kernels import take_source
 from cortado.exprgraph.dtypes import BFLOAT16
 from cortado.gradcheck import check_grads
 
@@ -258,3 +260,42 @@ def test_on_the_gpu_gathers_and_their_gradients_equal_the_cpu(dtype):
     clamped = ct.compile([embedded], inputs=[table, tokens, labels], backend="cupy")(
         **{**feeds, "t": np.array([[40, -40, 3, 10, -11]] * 3, np.int32)})[0].get()
     np.testing.assert_array_equal(clamped, feeds["e"][[10, 0, 3, 10, 0]][None].repeat(3, axis=0))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+@pytest.mark.parametrize("shape, axis, dtype", [
+    ((63, 768), 0, "bfloat16"), ((50, 96), 0, "float16"), ((7, 9, 32), 1, "float32"), ((7, 9, 2), 1, "float64"),
+    ((63, 7), 0, "bfloat16"), ((9, 5, 3), 1, "int32"),
+])
+def test_on_the_gpu_takes_of_rows_whole_vectors_or_not_are_numpys(shape, axis, dtype):
+    """Rows of whole 16-byte vectors (the first four) moved a vector a thread, the others an element a thread: the
+    same values as NumPy's, negative and out-of-range indices included."""
+    rng = np.random.default_rng(5)
+    table, tokens = ct.var("e", shape, dtype), ct.var("t", (4, 33), "int32")
+    values = _values(rng, shape, dtype)
+    indices = rng.integers(-shape[axis] - 3, shape[axis] + 3, (4, 33)).astype(np.int32)
+    got = ct.compile([ct.take(table, tokens, axis=axis)], inputs=[table, tokens], backend="cupy")(e=values, t=indices)
+    expected = np.take(values, np.clip(np.where(indices < 0, indices + shape[axis], indices), 0, shape[axis] - 1), axis)
+    np.testing.assert_array_equal(got[0].get(), expected)
+
+
+@pytest.mark.parametrize("shape, strides, dtype, axis, vectors", [
+    ((63, 768), (768, 1), "bfloat16", 0, True),  # an embedding's rows: 96 vectors each
+    ((5, 6, 4), (24, 4, 1), "float32", 1, True),  # rows of one vector after the middle axis
+    ((5, 6, 4), (48, 4, 1), "float32", 1, True),  # the outer axis's stride a whole number of vectors too
+    ((63, 7), (7, 1), "bfloat16", 0, False),  # rows of 14 bytes
+    ((5, 6, 4), (26, 4, 1), "float32", 1, False),  # rows starting 104 bytes apart along the outer axis
+    ((6, 8), (1, 6), "float32", 0, False),  # a transposed operand: its rows' elements apart
+    ((6, 8), (8, 1), "float32", 1, False),  # no elements after the axis
+    ((6, 32), (32, 1), "int8", 0, True),
+    ((6, 8), (8, 1), "int8", 0, False),  # rows of 8 bytes
+])
+def test_a_take_of_whole_rows_of_vectors_moves_a_vector_a_thread(shape, strides, dtype, axis, vectors):
+    dtype = np.dtype(BFLOAT16 if dtype == "bfloat16" else dtype)
+    indices = Operand((3, 2), np.dtype(np.int32), (2, 1))
+    out_shape = shape[:axis] + (3, 2) + shape[axis + 1:]
+    source = take_source(Operand(shape, dtype, strides), indices, Operand(out_shape, dtype, None), axis)
+    assert ("uint4" in source.text) == vectors
+    per = 16 // dtype.itemsize if vectors else 1
+    assert f"i < {int(np.prod(out_shape)) // per};" in source.text

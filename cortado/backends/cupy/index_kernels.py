@@ -2,9 +2,18 @@
 (``window_kernels.gather``), which reads its index and then the element it names. An index counts from the end
 when negative, as NumPy's, and one outside its axis is clamped into it, so a kernel never reads out of bounds (on
 the CPU such an index is an error: ``exprgraph.gathering``).
+
+A ``take`` of whole rows (an embedding's lookup: the elements after ``axis`` contiguous, a whole number of 16-byte
+vectors each, every row starting on one) moves a 16-byte vector a thread instead: on an H200 the GPT's lookup of
+8192 rows of 768 bfloat16 values took 20 us an element a thread.
 """
 
+import math
+
+from .codegen import Operand, contiguous_strides
 from .window_kernels import gather, offset
+
+VECTOR_BYTES = 16
 
 
 def _place(index, size):
@@ -16,15 +25,35 @@ def _place(index, size):
 
 def take_source(operand, indices, out, axis):
     """``out`` = ``operand``'s elements at ``indices`` along ``axis``: output coordinates ``axis ..`` are the indices'
-    own, the rest the operand's."""
+    own, the rest the operand's; whole rows of vectors a vector a thread (``_row_vector``)."""
     count = len(indices.shape)
     index = f"in1[{offset(indices.strides, lambda a: f'c{axis + a}')}]"
+    vec = _row_vector(operand, axis)
+    if vec > 1:  # the elements after axis as one axis of vectors; out written in C order
+        row = math.prod(operand.shape[axis + 1:]) // vec
+        operand = Operand(operand.shape[:axis + 1] + (row,), operand.dtype,
+                          tuple(s // vec for s in operand.strides[:axis + 1]) + (1,))
+        out = Operand(out.shape[:axis + count] + (row,), out.dtype, contiguous_strides(out.shape[:axis + count] + (row,)))
+        load = "reinterpret_cast<uint4*>(out0)[i] = reinterpret_cast<const uint4*>(in0)"
+    else:
+        load = "out0[i] = in0"
 
     def source(a):
         return "p" if a == axis else f"c{a}" if a < axis else f"c{a + count - 1}"
 
     return gather("take", [operand, indices], out, _place(index, operand.shape[axis]) +
-                  [f"    out0[i] = in0[{offset(operand.strides, source)}];"])
+                  [f"    {load}[{offset(operand.strides, source)}];"])
+
+
+def _row_vector(operand, axis):
+    """The elements of a ``VECTOR_BYTES`` vector where the elements of ``operand`` after ``axis`` lie contiguous, a
+    whole number of vectors that each start on one (the arena's buffers and their views start on ``ALIGNMENT``
+    bytes); else 1."""
+    vec = VECTOR_BYTES // operand.dtype.itemsize
+    row = operand.shape[axis + 1:]
+    if vec <= 1 or not row or math.prod(row) % vec or tuple(operand.strides[axis + 1:]) != contiguous_strides(row):
+        return 1
+    return vec if all(s % vec == 0 for s in operand.strides[:axis + 1]) else 1
 
 
 def take_along_axis_source(operand, indices, out, axis):
