@@ -1,0 +1,146 @@
+"""The tables of docs/benchmarks.md that come from a results file, made from that file, so that a table never says
+other than the run it cites.
+
+    python benchmarks/tables.py            # rewrite those tables from benchmarks/results/
+    python benchmarks/tables.py --check    # exit 1, naming them, where a table differs from its file
+
+In the page each such table lies between ``<!-- table KIND PATH -->`` and ``<!-- end table -->``: ``KIND`` names
+its maker in ``MAKERS``, ``PATH`` its results file under ``benchmarks/results/``. A test
+(tests/test_benchmark_tables.py) checks that every table is the one its file makes.
+"""
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "benchmarks.md"
+MARKED = re.compile(r"(<!-- table (\S+) (\S+) -->\n)(.*?)(<!-- end table -->)", re.S)
+MIB = 1 << 20
+
+# a training step's contestants as the tables name them, ours first
+OURS = {"cortado": "cortado", "cortado (heuristic GEMMs)": "cortado, heuristic GEMMs",
+        "cortado nondeterministic": "cortado, `deterministic=False`", "cortado in order": "cortado, `overlap_updates=False`"}
+PEERS = {"torch": "torch eager", "torch.compile": "torch.compile", "torch.compile reduce-overhead": "torch.compile",
+         "jax": "jax.jit"}
+
+
+def milliseconds(ms):
+    """A time in milliseconds to three or four significant digits."""
+    return f"{ms:.1f} ms" if ms >= 100 else f"{ms:.2f} ms" if ms >= 10 else f"{ms:.3f} ms"
+
+
+def compile_mode(results, name, contestant):
+    """torch.compile's mode for contestant ``name``: its own, the run's, or the one its note names."""
+    mode = contestant.get("compile_mode") or results.get("compile_mode")
+    if mode is None:
+        found = re.search(r"mode='([\w-]+)'", results.get("notes", {}).get(name, ""))
+        mode = found.group(1) if found else "default"
+    return mode
+
+
+def case_label(case):
+    """What a step's case trains: the GPT's shape, an MLP's layers, the CNN's images."""
+    if "heads" in case:
+        return (f"{case['size']}: {case['layers']} layers, width {case['width']}, {case['heads']} heads, "
+                f"context {case['context']}, batch {case['batch']}")
+    if "image" in case:
+        return f"{case['image']} images, batch {case['batch']}"
+    return f"{case['layers']}, batch {case['batch']}"
+
+
+def steps_table(results):
+    """A training step's benchmark (``bench_gpt_gpu.py``, ``bench_mlp_gpu.py``, ``bench_cnn_gpu.py``): a row a case,
+    ours and each peer's milliseconds a step (a peer's time over ours beside it, ``over_ours``: above 1, ours is
+    faster), the GEMM floor where the run measured one, and the peak memory against torch eager's where it measured
+    both."""
+    cases = results["cases"] if "cases" in results else results["cnn"]["cases"]
+    names = list(dict.fromkeys(n for case in cases for n in case["contestants"]))
+    ours = [n for n in OURS if n in names]
+    peers = [n for n in PEERS if n in names]
+    floor = any("gemm_floor" in case for case in cases)
+    memory = any("torch_bytes" in case.get("memory", {}) for case in cases)
+    example = {n: next(case["contestants"][n] for case in cases if n in case["contestants"]) for n in peers}
+    header = (["case", "dtype"] + [OURS[n] for n in ours]
+              + [PEERS[n] + (f" ({compile_mode(results, n, example[n])})" if n.startswith("torch.compile") else "")
+                 for n in peers]
+              + (["GEMM floor"] if floor else []) + (["peak MiB (ours / torch eager)"] if memory else []))
+    rows = []
+    for case in cases:
+        contestants = case["contestants"]
+        cells = [case_label(case), case["dtype"]]
+        cells += [milliseconds(contestants[n]["ms"]) if n in contestants else "" for n in ours]
+        for n in peers:
+            ratio = over_ours(contestants.get(n), contestants.get("cortado"))
+            cells.append("" if n not in contestants else
+                         milliseconds(contestants[n]["ms"]) + ("" if ratio is None else f" ({ratio:.2f}x)"))
+        if floor:
+            cells.append(milliseconds(case["gemm_floor"]["ms"]) if "gemm_floor" in case else "")
+        if memory:
+            used = case.get("memory", {})
+            cells.append(f"{used['ours_bytes'] / MIB:.0f} / {used['torch_bytes'] / MIB:.0f}"
+                         if "torch_bytes" in used and "ours_bytes" in used else "")
+        rows.append(cells)
+    return markdown(header, rows)
+
+
+def over_ours(peer, ours):
+    """A peer's time over ours: the benchmark's own figure where it wrote one, else the wall clocks' where the peer
+    was timed by the wall clock (jax), else the device times'; None without both."""
+    if peer is None or ours is None:
+        return None
+    if "peer_over_ours" in peer:
+        return peer["peer_over_ours"]
+    if peer.get("timer", "").startswith("wall clock") and "wall_ms" in ours:
+        return peer["wall_ms"] / ours["wall_ms"]
+    return peer["ms"] / ours["ms"]
+
+
+def markdown(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
+
+
+MAKERS = {"steps": steps_table}
+
+
+def made(kind, path):
+    """The table ``kind`` makes of results file ``path`` (under ``RESULTS``)."""
+    if kind not in MAKERS:
+        raise SystemExit(f"{PAGE.name}: no table of kind {kind!r} (known: {sorted(MAKERS)})")
+    with open(RESULTS / path) as f:
+        return MAKERS[kind](json.load(f))
+
+
+def remade(page):
+    """``page`` with every marked table made again from its file, and the (kind, path) of those that changed."""
+    changed = []
+
+    def again(match):
+        table = made(match.group(2), match.group(3))
+        if table != match.group(4):
+            changed.append((match.group(2), match.group(3)))
+        return match.group(1) + table + match.group(5)
+
+    return MARKED.sub(again, page), changed
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="change nothing; exit 1 where a table is stale")
+    args = parser.parse_args()
+    page = PAGE.read_text()
+    new, changed = remade(page)
+    for kind, path in changed:
+        print(f"{'stale' if args.check else 'made again'}: the {kind} table of {path}")
+    if args.check:
+        sys.exit(1 if changed else 0)
+    if changed:
+        PAGE.write_text(new)
+
+
+if __name__ == "__main__":
+    main()
