@@ -87,6 +87,21 @@ def steps_table(results):
     return markdown(header, rows)
 
 
+def norms_table(results):
+    """``bench_norms_gpu.py``: a row a case and pass, our call's microseconds, the kernels it launches and their
+    microseconds each timed alone, torch's call and its time over ours."""
+    names = {"layer_norm": "layer norm", "cross_entropy": "cross-entropy"}
+    header = ["case", "pass", "cortado us", "kernels", "their us", "torch us", "torch/ours"]
+    rows = []
+    for case in results["cases"]:
+        ours, torch = case["contestants"]["cortado"], case["contestants"].get("torch")
+        rows.append([f"{names.get(case['kind'], case['kind'])} {' x '.join(map(str, case['shape']))}",
+                     case["pass"].replace("+", " + "), f"{ours['ms'] * 1e3:.1f}", str(ours["kernels"]),
+                     f"{ours['kernel_ms'] * 1e3:.1f}", "" if torch is None else f"{torch['ms'] * 1e3:.1f}",
+                     "" if torch is None else f"{ours['torch_over_ours']:.2f}"])
+    return markdown(header, rows)
+
+
 def over_ours(peer, ours):
     """A peer's time over ours: the benchmark's own figure where it wrote one, else the wall clocks' where the peer
     was timed by the wall clock (jax), else the device times'; None without both."""
@@ -104,7 +119,7 @@ def markdown(header, rows):
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-MAKERS = {"steps": steps_table}
+MAKERS = {"steps": steps_table, "norms": norms_table}
 
 
 def made(kind, path):

@@ -48,3 +48,11 @@ def test_a_peer_missing_from_a_case_leaves_its_cell_empty_and_an_unknown_kind_is
     assert rows[1].endswith("| 1.500 ms |  | 1.250 ms | 3 / 6 |")
     with pytest.raises(SystemExit, match="no table of kind 'bars'"):
         tables.made("bars", "h200/gpt_gpu.json")
+
+
+def test_a_norms_table_gives_each_call_its_kernels_and_torchs_time_over_ours():
+    run = {"cases": [{"kind": "layer_norm", "shape": [8192, 768], "pass": "forward+backward", "contestants": {
+        "cortado": {"ms": 0.0791, "kernels": 3, "kernel_ms": 0.058, "torch_over_ours": 1.94},
+        "torch": {"ms": 0.1535}}}]}
+    row = tables.norms_table(run).splitlines()[2]
+    assert row == "| layer norm 8192 x 768 | forward + backward | 79.1 | 3 | 58.0 | 153.5 | 1.94 |"
