@@ -87,6 +87,30 @@ def steps_table(results):
     return markdown(header, rows)
 
 
+def microseconds(us):
+    """A time in microseconds to four significant digits."""
+    return f"{us:.0f} µs" if us >= 1000 else f"{us:.1f} µs"
+
+
+def fused_table(results):
+    """``bench_fused_gpu.py``: a row a case, ours with its inputs as state and fed CuPy arrays (each with its share
+    of the copy floor: the case's bytes at the copy rate of the same run), then the peers, then that floor."""
+    names = {"chain": "`tanh(0.5*x+y)*sigmoid(x)+y*y`", "adam": "Adam update (p, m, v, g)"}
+    columns = {"cortado (state)": "cortado, inputs as state", "cortado": "cortado, CuPy feeds",
+               "torch.compile": "torch.compile", "cupy.fuse": "cupy.fuse", "torch": "torch eager"}
+    rows = []
+    for key, case in results["cases"].items():
+        contestants, floor = case["contestants"], case["copy_floor_us"]
+        cells = [names.get(key, key)]
+        for k, n in enumerate(columns):
+            us = contestants[n]["us"] if n in contestants else None
+            share = "" if us is None or not n.startswith("cortado") else \
+                f" ({floor / us:.0%}{' of floor' if k == 0 else ''})"
+            cells.append("" if us is None else microseconds(us) + share)
+        rows.append(cells + [microseconds(floor)])
+    return markdown(["case", *columns.values(), "copy floor"], rows)
+
+
 def norms_table(results):
     """``bench_norms_gpu.py``: a row a case and pass, our call's microseconds, the kernels it launches and their
     microseconds each timed alone, torch's call and its time over ours."""
@@ -119,7 +143,7 @@ def markdown(header, rows):
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-MAKERS = {"steps": steps_table, "norms": norms_table}
+MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table}
 
 
 def made(kind, path):
