@@ -39,6 +39,7 @@ THREADS = 256
 # narrowest type's 16 bytes would take more: an AdamW step of float32 state and a bfloat16 gradient (seven arrays)
 # took 25.0 us at 8 elements a thread and 17.8 at 4 (3072 x 768 on an H200)
 THREAD_VECTOR_BYTES = 128
+VECTOR_BYTES = 16  # the widest load or store of one thread, and cuBLASLt's tensor-core kernels' unit of access
 STORAGE = {
     "bool": "bool", "int8": "signed char", "int16": "short", "int32": "int", "int64": "long long",
     "uint8": "unsigned char", "uint16": "unsigned short", "uint32": "unsigned int", "uint64": "unsigned long long",

@@ -10,10 +10,9 @@ vectors each, every row starting on one) moves a 16-byte vector a thread instead
 
 import math
 
-from .codegen import Operand, contiguous_strides
+from .codegen import VECTOR_BYTES, Operand, contiguous_strides
 from .window_kernels import gather, offset
 
-VECTOR_BYTES = 16
 
 
 def _place(index, size):

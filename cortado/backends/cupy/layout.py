@@ -29,20 +29,26 @@ from ...rules.horizontal import Horizontal
 from .calls.cublaslt import matrix
 from .calls.cudnn_conv import packed
 from .codegen import (
-    REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands, strides_in_order,
+    REDUCTIONS, VECTOR_BYTES, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands,
+    strides_in_order,
 )
 from .device import require_gpu
 
 ALIGNMENT = 256
-# cuBLASLt's tensor-core kernels load and store 16 bytes at a time; a product one of whose dimensions is not a whole
-# number of 16-byte vectors (a vocabulary of 63 in bfloat16) runs on older kernels of one element a load, even with
-# its rows padded: on an H200, in the GPT large step, the (8192, 768) x (768, 63) bfloat16 product took 22.6 us, and
-# the (63, 768) gradient from 8192 rows 25 us + 2.6 of split-K sums (with rows of 64 apart, 24.2 and 25.9 + 2.8:
-# ``benchmarks/results/h200/experiments/padded_rows/``). A product at least ``PADDED_PRODUCT`` multiply-adds large
-# is computed with each dimension padded to ``ROW_BYTES`` instead (``gemm_padding``); a smaller one would spend more
-# on the copies than it saves.
-ROW_BYTES = 16
+# cuBLASLt's tensor-core kernels load and store 16 bytes at a time (``VECTOR_BYTES``); a product whose operands or
+# result have rows that are not whole 16-byte vectors (a vocabulary of 63 in bfloat16) runs on older kernels of one
+# element a load, even with its rows padded: on an H200, in the GPT large step, the (8192, 768) x (768, 63) bfloat16
+# product took 22.6 us, and the (63, 768) gradient from 8192 rows 25 us + 2.6 of split-K sums (with rows of 64
+# apart, 24.2 and 25.9 + 2.8: ``benchmarks/results/h200/experiments/padded_rows/``). Such a product of at least
+# ``PADDED_PRODUCT`` multiply-adds is computed with those dimensions padded instead (``gemm_padding``; the head's
+# three products 28 us against 62, at GPT-2's vocabulary of 50257 5.37 ms against 15.38:
+# ``benchmarks/results/h200/experiments/padded_dimensions/``), where it multiplies at least
+# ``PADDED_MACS_PER_BYTE`` times for each byte its copies write: an H200 multiplies about 100 bfloat16 values in
+# the time it copies a byte, so the copies then take no longer than the product. A smaller product, or one of
+# few sums for its bytes (a head applied to one token: the whole weight copied for a sum a row), would spend more
+# on its copies than it saves.
 PADDED_PRODUCT = 1 << 27
+PADDED_MACS_PER_BYTE = 128
 VIEWS = (TRANSPOSE, BROADCAST_TO, WINDOWS)
 ATTENTION = (DNN_ATTENTION, DNN_ATTENTION_GRAD)
 TENSOR_CORE_DTYPES = (np.dtype(np.float16),) + ((BFLOAT16,) if BFLOAT16 else ())
@@ -357,49 +363,73 @@ def gemm_copies(t, strides):
     copies = {x: (contiguous_strides(x.shape),) for x in (a, b) if matrix(x.shape, strides[x], batch) is None}
     copies.update({x: (contiguous_strides(x.shape),) for x in (c, bias, aux)
                    if x is not None and not in_c_order(x.shape, strides[x])})
-    padding = gemm_padding(t)
+    padding = gemm_padding(t, strides)
     if padding is not None:
-        m, n, k = padding
-        for x, padded in ((a, (k, m) if t.attrs.transpose_a else (m, k)), (b, (n, k) if t.attrs.transpose_b else (k, n)),
-                          (c, (m, n))):
-            if x is not None and padded != x.shape:
-                copies[x] = (contiguous_strides(padded), padded)
+        copies.update({x: (contiguous_strides(padded), padded) for x, padded in _padded_copies(t, strides, padding)})
     return tuple((x, *copy) for x, copy in copies.items())
 
 
-def gemm_padding(t):
-    """``(m, n, k)`` of gemm ``t``'s product, each rounded up to a whole ``ROW_BYTES`` vector, where one is not (a
-    vocabulary of 63): its operands are copied with zeros after them (``gemm_copies``) and its product is written
-    whole in its workspace, then packed (``gemm_padded_result``); a padded row or column adds zeros to no sum that is
-    kept; a ``c`` it adds is copied padded too. None where the product runs as it is: one smaller than
-    ``PADDED_PRODUCT`` multiply-adds, not over bfloat16 or float16, batched, or with an epilogue (a bias, a bias
-    gradient, the gelu's argument are as long as the product's own rows or columns)."""
+def gemm_padding(t, strides):
+    """``(m, n, k)`` of gemm ``t``'s product with each dimension that some operand (read at ``strides``) or the product
+    holds along its rows rounded up to a whole ``VECTOR_BYTES`` vector, where one is not (a vocabulary of 63): the
+    operands are copied with zeros after them (``gemm_copies``: those padded, and any read with rows not whole
+    vectors apart) and the product, where padded, is written whole in the workspace, then packed
+    (``gemm_padded_result``); a padded row or column adds zeros to no sum that is kept; a ``c`` it adds is copied
+    padded too. None where the product runs as it is: one of fewer than ``PADDED_PRODUCT`` multiply-adds or of fewer
+    than ``PADDED_MACS_PER_BYTE`` for each byte the copies would write, not over bfloat16 or float16, batched, or with
+    an epilogue (a bias, a bias gradient, the gelu's argument are as long as the product's own rows or columns)."""
     attrs = t.attrs
-    if not _pads_dimensions(t) or attrs.epilogue != "none" or t.ndim != 2 or t.args[0].ndim != 2 \
-            or t.args[1].ndim != 2:
+    a, b = t.args[:2]
+    if t.dtype not in TENSOR_CORE_DTYPES or attrs.epilogue != "none" or t.ndim != 2 or a.ndim != 2 or b.ndim != 2:
         return None
     m, n = t.shape
-    k = t.args[0].shape[0] if attrs.transpose_a else t.args[0].shape[1]
-    per_vector = ROW_BYTES // t.dtype.itemsize
-    padded = tuple(-(-d // per_vector) * per_vector for d in (m, n, k))
-    return None if padded == (m, n, k) else padded
+    k = a.shape[0] if attrs.transpose_a else a.shape[1]
+    if m * n * k < PADDED_PRODUCT:
+        return None
+    inner = {"n", _along_rows(a, strides[a], ("k", "m") if attrs.transpose_a else ("m", "k")),
+             _along_rows(b, strides[b], ("n", "k") if attrs.transpose_b else ("k", "n"))}
+    per_vector = VECTOR_BYTES // t.dtype.itemsize
+    padding = tuple(-(-size // per_vector) * per_vector if name in inner else size
+                    for name, size in zip("mnk", (m, n, k)))
+    if padding == (m, n, k):
+        return None
+    written = sum(math.prod(padded) for _, padded in _padded_copies(t, strides, padding))
+    written += math.prod(padding[:2]) if padding[:2] != (m, n) else 0
+    return padding if m * n * k >= PADDED_MACS_PER_BYTE * written * t.dtype.itemsize else None
 
 
-def gemm_padded_result(t):
+def _along_rows(x, strides, names):
+    """Which of ``names`` (the product's dimensions along ``x``'s two axes) ``x`` holds along its rows as cuBLASLt
+    reads it: its last axis, or its first where it is stored transposed (a copy is stored in C order)."""
+    read = matrix(x.shape, strides, ())
+    return names[0] if read is not None and read[0] else names[1]
+
+
+def _padded_copies(t, strides, padding):
+    """``(operand, its padded shape)`` for each operand of gemm ``t`` that its product padded to ``padding`` reads as a
+    copy: padded, or read with rows that are not whole ``VECTOR_BYTES`` vectors apart."""
+    m, n, k = padding
+    attrs = t.attrs
+    a, b, c = gemm_operands(t.args, attrs.beta, attrs.epilogue)[:3]
+    shapes = ((a, (k, m) if attrs.transpose_a else (m, k)), (b, (n, k) if attrs.transpose_b else (k, n)), (c, (m, n)))
+    return [(x, padded) for x, padded in shapes
+            if x is not None and (padded != x.shape or not _whole_vector_rows(x, strides[x]))]
+
+
+def _whole_vector_rows(x, strides):
+    """Whether cuBLASLt reads matrix ``x`` where it is at ``strides`` with its rows whole ``VECTOR_BYTES`` vectors
+    apart (every buffer starts ``ALIGNMENT`` bytes aligned)."""
+    read = matrix(x.shape, strides, ())
+    return read is not None and read[1] * x.dtype.itemsize % VECTOR_BYTES == 0
+
+
+def gemm_padded_result(t, strides):
     """``(strides, shape)`` of gemm ``t``'s product as it writes it in its workspace, padded (``gemm_padding``), before
     a copy packs it where it belongs; None where it writes its product in place."""
-    padding = gemm_padding(t)
+    padding = gemm_padding(t, strides)
     if padding is None or padding[:2] == t.shape:
         return None
     return contiguous_strides(padding[:2]), padding[:2]
-
-
-def _pads_dimensions(t):
-    """Whether gemm ``t`` may be padded (``gemm_padding``): a tensor-core product of at least ``PADDED_PRODUCT``
-    multiply-adds."""
-    a = t.args[0]
-    depth = a.shape[-2] if t.attrs.transpose_a else a.shape[-1]
-    return t.dtype in TENSOR_CORE_DTYPES and math.prod(t.shape) * depth >= PADDED_PRODUCT
 
 
 def _flat_source(t, strides, views):

@@ -1,6 +1,7 @@
 """A library call as a runner: cuBLASLt's, cuDNN's or an int8 kernel's, after copies of the operands it cannot read
 where they are into the front of its workspace (``copies.staged``), the library's own workspace after them; a
-result it writes in its workspace (rows padded) is copied where it belongs after the call."""
+result it writes in its workspace (a product padded, ``layout.gemm_padding``) is copied where it belongs after the
+call."""
 
 import math
 
@@ -25,7 +26,6 @@ class LibraryCall(Runner):
         if written is not None:
             result, strides, shape = written
             self.packed = (result, self.copied_bytes, Copy(result.shape, result.dtype, strides, view.strides[result]))
-            reads[result] = strides
             self.copied_bytes += aligned(math.prod(shape) * result.dtype.itemsize, ALIGNMENT)
         self.library = build(reads)
         self.arguments, self.detail = arguments, detail
