@@ -1,7 +1,7 @@
-"""Large bfloat16 and float16 products one of whose dimensions is not a whole 16-byte vector, on an NVIDIA GPU: computed
-padded, their operands copied with zeros after them and their products packed after (``layout.gemm_padding``).
-Against the reference, whichever axis is padded; a product with a bias is not padded. Skipped where no GPU is
-visible."""
+"""Large bfloat16 and float16 products whose rows are not whole 16-byte vectors, on an NVIDIA GPU: computed padded,
+their operands copied with zeros after them and their products packed after (``layout.gemm_padding``), in an arena
+filled with NaNs first. Against the reference, whichever axis is padded; a product with a bias is not padded.
+Skipped where no GPU is visible."""
 
 import numpy as np
 import pytest
@@ -25,6 +25,9 @@ def _gemm_calls(program):
 
 
 def _close(program, outputs, feeds):
+    """``program``'s outputs for ``feeds`` against the reference, its arena (the workspace, where the padded copies and
+    products lie) first filled with NaN bytes: the zeros after each padded operand are the copies' own."""
+    program._executor.arena.memory.fill(0xFF)  # 0xFFFF: a NaN in bfloat16 and in float16
     got = program(**feeds)
     got = got if isinstance(got, (list, tuple)) else [got]
     expected = ct.evaluate(outputs, feeds, precision="float64")
