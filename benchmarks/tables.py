@@ -111,6 +111,74 @@ def fused_table(results):
     return markdown(["case", *columns.values(), "copy floor"], rows)
 
 
+def products_us(ms):
+    """A product's time in microseconds: two decimals under 10, one above."""
+    us = ms * 1e3
+    return f"{us:.2f}" if us < 10 else f"{us:.1f}"
+
+
+def int8_table(results):
+    """``bench_int8_gpu.py``: a row a shape, microseconds a product: ours as the program chose it (naming cuBLASLt
+    where it chose cuBLASLt's int8 call), our fastest own kernel, then the peers."""
+    header = ["M x N x K", "cortado (its choice)", "our fastest kernel", "cuBLASLt int8", "torch._int_mm",
+              "cuBLASLt float16"]
+    rows = []
+    for gemm in results["gemms"]:
+        ours = gemm["cortado"]
+        chose = " (cuBLASLt)" if ours.get("choice", "").startswith("cuBLASLt") else ""
+        rows.append([gemm["shape"], products_us(ours["ms"]) + chose, products_us(ours["kernel_ms"])]
+                    + [products_us(gemm[k]["ms"]) if k in gemm else "" for k in
+                       ("cublaslt_int8", "torch_int_mm", "cublaslt_f16")])
+    return markdown(header, rows)
+
+
+def float8_table(results):
+    """``bench_float8_gpu.py``: a row a shape, microseconds a product: ours in float8 (with its rate), torch's scaled
+    product, ours in bfloat16, ours in float8 with a bias and gelu epilogue, and with an e5m2 operand."""
+    header = ["M x N x K", "cortado float8", "torch._scaled_mm", "cortado bfloat16", "float8 + bias + gelu",
+              "e5m2 x e4m3"]
+    rows = []
+    for gemm in results["gemms"]:
+        ours = gemm["cortado_float8"]
+        rows.append([gemm["shape"], f"{products_us(ours['ms'])} ({ours['tflops']:.0f}"
+                     + (" TFLOP/s)" if not rows else ")")]
+                    + [products_us(gemm[k]["ms"]) if k in gemm else "" for k in
+                       ("torch_scaled_mm", "cortado_bfloat16", "cortado_float8_bias_gelu", "cortado_e5m2")])
+    return markdown(header, rows)
+
+
+def gelu_table(results):
+    """``bench_gelu_gpu.py``: a row a range of values (N(0, 1) with 1% of them at -13 in the last), microseconds: our
+    call, its kernel timed alone, torch's call."""
+    rows = [[row["values"], f"{row['cortado']['ms'] * 1e3:.1f}", f"{row['cortado']['kernel_ms'] * 1e3:.1f}",
+             f"{row['torch']['ms'] * 1e3:.1f}"] for row in results["rows"]]
+    return markdown(["values", "cortado call", "its kernel", "torch"], rows)
+
+
+def data_parallel_table(results):
+    """``bench_data_parallel_gpu.py``: a row a model and contestant, milliseconds a step on each world size (each
+    GPU its own batch), samples a second on the largest, the scaling efficiency and ours over DDP's throughput on
+    each size past one."""
+    names = {"mlp": "MLP 8192x3", "cnn": "ResNet CNN"}
+    sizes = sorted({int(n) for model in results["results"].values() for runs in model.values() for n in runs})
+    more = [n for n in sizes if n > 1]
+    header = (["model", "contestant"] + [f"{n} GPU{'s' if n > 1 else ''} ms/step" for n in sizes]
+              + [f"samples/s on {sizes[-1]}", f"efficiency on {' / '.join(map(str, more))}",
+                 f"ours / DDP on {' / '.join(map(str, more))}"])
+    rows = []
+    for model, contestants in results["results"].items():
+        shape = results["models"][model]
+        label = f"{names.get(model, model)}, {shape['dtype']}, batch {shape['batch_per_gpu']} a GPU"
+        for k, (name, runs) in enumerate(contestants.items()):
+            at = {int(n): run for n, run in runs.items()}
+            rows.append([label if k == 0 else "", name]
+                        + [f"{at[n]['ms']:.2f}" if n in at else "" for n in sizes]
+                        + [f"{at[sizes[-1]]['samples_per_s']:,.0f}" if sizes[-1] in at else "",
+                           " / ".join(f"{at[n]['scaling_efficiency']:.3f}" if n in at else "-" for n in more),
+                           " / ".join(f"{at[n]['over_ddp']:.2f}" for n in more if "over_ddp" in at.get(n, {}))])
+    return markdown(header, rows)
+
+
 def norms_table(results):
     """``bench_norms_gpu.py``: a row a case and pass, our call's microseconds, the kernels it launches and their
     microseconds each timed alone, torch's call and its time over ours."""
@@ -143,7 +211,9 @@ def markdown(header, rows):
     return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows]) + "\n"
 
 
-MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table}
+MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table, "int8": int8_table,
+          "float8": float8_table, "gelu": gelu_table,
+          "data_parallel": data_parallel_table}
 
 
 def made(kind, path):

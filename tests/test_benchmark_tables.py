@@ -56,3 +56,19 @@ def test_a_norms_table_gives_each_call_its_kernels_and_torchs_time_over_ours():
         "torch": {"ms": 0.1535}}}]}
     row = tables.norms_table(run).splitlines()[2]
     assert row == "| layer norm 8192 x 768 | forward + backward | 79.1 | 3 | 58.0 | 153.5 | 1.94 |"
+
+
+def test_a_data_parallel_table_has_a_column_for_each_world_size_the_run_measured():
+    def run(ms, efficiency, over=None):
+        return {"ms": ms, "samples_per_s": 1000.0 / ms, "scaling_efficiency": efficiency,
+                **({} if over is None else {"over_ddp": over})}
+
+    results = {"models": {"mlp": {"dtype": "bfloat16", "batch_per_gpu": 8192}}, "results": {"mlp": {
+        "cortado": {"1": run(10.0, 1.0, 1.1), "2": run(10.5, 0.952, 1.2), "8": run(11.0, 0.909, 1.25)},
+        "torch DDP": {"1": run(11.0, 1.0), "2": run(12.0, 0.917), "8": run(13.75, 0.8)}}}}
+    header, _, ours, ddp = tables.data_parallel_table(results).splitlines()
+    assert header == ("| model | contestant | 1 GPU ms/step | 2 GPUs ms/step | 8 GPUs ms/step | samples/s on 8 "
+                      "| efficiency on 2 / 8 | ours / DDP on 2 / 8 |")
+    assert ours == ("| MLP 8192x3, bfloat16, batch 8192 a GPU | cortado | 10.00 | 10.50 | 11.00 | 91 | 0.952 / 0.909 "
+                    "| 1.20 / 1.25 |")
+    assert ddp == "|  | torch DDP | 11.00 | 12.00 | 13.75 | 73 | 0.917 / 0.800 |  |"
