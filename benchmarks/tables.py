@@ -1,4 +1,4 @@
-"""The tables of docs/benchmarks.md that come from a results file, made from that file, so that a table never says
+"""The tables of docs/benchmarks.md that come from one results file, made from that file, so that a table never says
 other than the run it cites.
 
     python benchmarks/tables.py            # rewrite those tables from benchmarks/results/
@@ -179,6 +179,16 @@ def data_parallel_table(results):
     return markdown(header, rows)
 
 
+def cpu_steps_table(results):
+    """``bench_step_cpu.py``: a row an MLP, the medians of its step's rounds, ours, NumPy by hand's and torch eager's,
+    and our speed over each."""
+    header = ["model", "batch", "cortado", "NumPy by hand", "torch eager", "cortado's speed / NumPy's", "/ torch's"]
+    rows = [[row["sizes"] if row["case"] != "spirals" else f"spirals {row['sizes']}", str(row["batch"]),
+             milliseconds(row["cortado_ms"]), milliseconds(row["numpy_ms"]), milliseconds(row["torch_ms"]),
+             f"{row['speedup_vs_numpy']:.2f}x", f"{row['speedup_vs_torch']:.2f}x"] for row in results["rows"]]
+    return markdown(header, rows)
+
+
 def norms_table(results):
     """``bench_norms_gpu.py``: a row a case and pass, our call's microseconds, the kernels it launches and their
     microseconds each timed alone, torch's call and its time over ours."""
@@ -213,7 +223,7 @@ def markdown(header, rows):
 
 MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table, "int8": int8_table,
           "float8": float8_table, "gelu": gelu_table,
-          "data_parallel": data_parallel_table}
+          "data_parallel": data_parallel_table, "cpu_steps": cpu_steps_table}
 
 
 def made(kind, path):
