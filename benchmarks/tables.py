@@ -189,6 +189,23 @@ def cpu_steps_table(results):
     return markdown(header, rows)
 
 
+def conv_layers_table(results):
+    """``bench_conv_layers_gpu.py``: a row a layer, for each dtype and layout torch's cuDNN time over ours (above 1,
+    ours is faster), forward / backward: ours fed NCHW against torch NCHW, ours fed channels last
+    (``channels_last_io=True``) against torch fed channels last."""
+    ratios = {}
+    for case in results["cases"]:
+        at = ratios.setdefault(case["layer"], {})
+        at[case["dtype"], "NCHW", case["pass"]] = case["torch_nchw_over_ours"]
+        at[case["dtype"], "channels last", case["pass"]] = case["torch_channels_last_over_ours_channels_last"]
+    dtypes = list(dict.fromkeys(case["dtype"] for case in results["cases"]))
+    columns = [(dtype, layout) for dtype in dtypes for layout in ("NCHW", "channels last")]
+    rows = [[layer] + [" / ".join(f"{at[dtype, layout, p]:.2f}" for p in ("forward", "backward")
+                                  if (dtype, layout, p) in at) for dtype, layout in columns]
+            for layer, at in ratios.items()]
+    return markdown(["layer"] + [f"{dtype} {layout}" for dtype, layout in columns], rows)
+
+
 def norms_table(results):
     """``bench_norms_gpu.py``: a row a case and pass, our call's microseconds, the kernels it launches and their
     microseconds each timed alone, torch's call and its time over ours."""
@@ -223,7 +240,8 @@ def markdown(header, rows):
 
 MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table, "int8": int8_table,
           "float8": float8_table, "gelu": gelu_table,
-          "data_parallel": data_parallel_table, "cpu_steps": cpu_steps_table}
+          "data_parallel": data_parallel_table, "cpu_steps": cpu_steps_table,
+          "conv_layers": conv_layers_table}
 
 
 def made(kind, path):
