@@ -248,6 +248,8 @@ def made(kind, path):
     """The table ``kind`` makes of results file ``path`` (under ``RESULTS``)."""
     if kind not in MAKERS:
         raise SystemExit(f"{PAGE.name}: no table of kind {kind!r} (known: {sorted(MAKERS)})")
+    if not (RESULTS / path).is_file():
+        raise SystemExit(f"{PAGE.name}: the {kind} table cites {path}, which is not in {RESULTS}")
     with open(RESULTS / path) as f:
         return MAKERS[kind](json.load(f))
 

@@ -48,6 +48,8 @@ def test_a_peer_missing_from_a_case_leaves_its_cell_empty_and_an_unknown_kind_is
     assert rows[1].endswith("| 1.500 ms |  | 1.250 ms | 3 / 6 |")
     with pytest.raises(SystemExit, match="no table of kind 'bars'"):
         tables.made("bars", "h200/gpt_gpu.json")
+    with pytest.raises(SystemExit, match="cites h200/none.json, which is not in"):
+        tables.made("steps", "h200/none.json")
 
 
 def test_a_norms_table_gives_each_call_its_kernels_and_torchs_time_over_ours():
