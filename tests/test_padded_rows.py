@@ -111,3 +111,23 @@ def test_a_padded_copy_writes_its_zeros_and_takes_the_padded_bytes(monkeypatch):
     a = ct.var("a", (63, 768), "float16")
     staged, reads, top = copies.staged([(a, (768, 1), (64, 768))], {a: (768, 1)}, 256)
     assert top == 64 * 768 * 2 and staged[0][2].pads and reads[a] == (768, 1)
+
+
+def test_a_padded_products_workspace_holds_its_padded_copies_its_padded_product_and_the_librarys_own(monkeypatch):
+    from cortado.compiler import Kernel
+    from cortado.backends.cupy.targets import View
+    from cortado.backends.cupy.targets.library import LibraryCall
+
+    monkeypatch.setattr(copies, "prepare", lambda source: None)
+    x, w, logits = _head(63)
+    strides = {**_strides(x, w), logits: contiguous_strides(logits.shape)}
+    view = View(strides, {}, lambda t: False, frozenset(), {"tf32": False, "deterministic": True})
+
+    class Library:
+        workspace_bytes = 4096
+
+    call = LibraryCall(Kernel((logits,), (x, w)), view, layout.gemm_copies(logits, strides), lambda reads: Library(),
+                       None, written=(logits, *layout.gemm_padded_result(logits, strides)))
+    assert call.workspace_bytes == 64 * 768 * 2 + 8192 * 64 * 2 + 4096  # w's copy, the padded product, cuBLASLt's
+    assert call.describe().endswith("operands copied padded with zeros to whole 16-byte vectors; "
+                                    "product written padded, then packed")

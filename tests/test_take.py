@@ -264,20 +264,31 @@ def test_on_the_gpu_gathers_and_their_gradients_equal_the_cpu(dtype):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
-@pytest.mark.parametrize("shape, axis, dtype", [
-    ((63, 768), 0, "bfloat16"), ((50, 96), 0, "float16"), ((7, 9, 32), 1, "float32"), ((7, 9, 2), 1, "float64"),
-    ((63, 7), 0, "bfloat16"), ((9, 5, 3), 1, "int32"),
+@pytest.mark.parametrize("shape, axis, dtype, index_dtype", [
+    ((63, 768), 0, "bfloat16", "int32"), ((50, 96), 0, "float16", "int64"), ((7, 9, 32), 1, "float32", "int32"),
+    ((7, 9, 2), 1, "float64", "int64"), ((63, 7), 0, "bfloat16", "int32"), ((9, 5, 3), 1, "int32", "int64"),
 ])
-def test_on_the_gpu_takes_of_rows_whole_vectors_or_not_are_numpys(shape, axis, dtype):
+def test_on_the_gpu_takes_of_rows_whole_vectors_or_not_are_numpys(shape, axis, dtype, index_dtype):
     """Rows of whole 16-byte vectors (the first four) moved a vector a thread, the others an element a thread: the
     same values as NumPy's, negative and out-of-range indices included."""
     rng = np.random.default_rng(5)
-    table, tokens = ct.var("e", shape, dtype), ct.var("t", (4, 33), "int32")
+    table, tokens = ct.var("e", shape, dtype), ct.var("t", (4, 33), index_dtype)
     values = _values(rng, shape, dtype)
-    indices = rng.integers(-shape[axis] - 3, shape[axis] + 3, (4, 33)).astype(np.int32)
+    indices = rng.integers(-shape[axis] - 3, shape[axis] + 3, (4, 33)).astype(index_dtype)
     got = ct.compile([ct.take(table, tokens, axis=axis)], inputs=[table, tokens], backend="cupy")(e=values, t=indices)
     expected = np.take(values, np.clip(np.where(indices < 0, indices + shape[axis], indices), 0, shape[axis] - 1), axis)
     np.testing.assert_array_equal(got[0].get(), expected)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+def test_on_the_gpu_a_take_from_a_broadcast_row_reads_that_row_a_vector_a_thread():
+    row, tokens = ct.var("r", (1, 768), "bfloat16"), ct.var("t", (4, 33), "int32")
+    taken = ct.take(ct.broadcast_to(row, (63, 768)), tokens, axis=0) * 2.0
+    values = _values(np.random.default_rng(6), (1, 768), "bfloat16")
+    indices = np.arange(4 * 33, dtype=np.int32).reshape(4, 33) % 63
+    got = ct.compile([taken], inputs=[row, tokens], backend="cupy")(r=values, t=indices)[0].get()
+    np.testing.assert_array_equal(got, np.broadcast_to(values * 2.0, (4, 33, 768)).astype(got.dtype))
 
 
 @pytest.mark.parametrize("shape, strides, dtype, axis, vectors", [
@@ -289,6 +300,7 @@ def test_on_the_gpu_takes_of_rows_whole_vectors_or_not_are_numpys(shape, axis, d
     ((6, 8), (1, 6), "float32", 0, False),  # a transposed operand: its rows' elements apart
     ((6, 8), (8, 1), "float32", 1, False),  # no elements after the axis
     ((6, 32), (32, 1), "int8", 0, True),
+    ((63, 768), (0, 1), "bfloat16", 0, True),  # a broadcast row: every index reads the same vectors
     ((6, 8), (8, 1), "int8", 0, False),  # rows of 8 bytes
 ])
 def test_a_take_of_whole_rows_of_vectors_moves_a_vector_a_thread(shape, strides, dtype, axis, vectors):
