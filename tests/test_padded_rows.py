@@ -19,6 +19,11 @@ def _strides(*values):
     return {v: contiguous_strides(v.shape) for v in values}
 
 
+def _result(t, strides):
+    """Where gemm ``t`` writes its product, padded as ``layout.gemm_padding`` pads it."""
+    return layout.gemm_padded_result(t, layout.gemm_padding(t, strides))
+
+
 def _head(vocab, rows=8192, width=768, dtype="bfloat16"):
     x, w = ct.var("x", (rows, width), dtype), ct.var("w", (vocab, width), dtype)
     return x, w, gemm(x, w, transpose_b=True)
@@ -28,7 +33,7 @@ def test_a_head_over_a_vocabulary_of_63_is_a_product_of_64_columns_packed_after(
     x, w, logits = _head(63)
     assert layout.gemm_padding(logits, _strides(x, w)) == (8192, 64, 768)
     assert layout.gemm_copies(logits, _strides(x, w, logits)) == ((w, (768, 1), (64, 768)),)  # a row of zeros
-    assert layout.gemm_padded_result(logits, _strides(x, w)) == ((64, 1), (8192, 64))
+    assert _result(logits, _strides(x, w)) == ((64, 1), (8192, 64))
 
 
 def test_the_heads_gradients_pad_the_contracted_axis_or_the_rows_they_write():
@@ -38,11 +43,11 @@ def test_the_heads_gradients_pad_the_contracted_axis_or_the_rows_they_write():
     assert layout.gemm_padding(to_input, _strides(dlogits, w)) == (8192, 768, 64)
     assert layout.gemm_copies(to_input, _strides(dlogits, w)) == ((dlogits, (64, 1), (8192, 64)),
                                                                   (w, (768, 1), (64, 768)))
-    assert layout.gemm_padded_result(to_input, _strides(dlogits, w)) is None  # its own rows of 768: written in place
+    assert _result(to_input, _strides(dlogits, w)) is None  # its own rows of 768: written in place
     to_weight = gemm(dlogits, x, transpose_a=True)  # (63, 768) from 8192 rows: 64 rows written, 63 kept
     assert layout.gemm_padding(to_weight, _strides(dlogits, x)) == (64, 768, 8192)
     assert layout.gemm_copies(to_weight, _strides(dlogits, x)) == ((dlogits, (64, 1), (8192, 64)),)
-    assert layout.gemm_padded_result(to_weight, _strides(dlogits, x)) == ((768, 1), (64, 768))
+    assert _result(to_weight, _strides(dlogits, x)) == ((768, 1), (64, 768))
 
 
 def test_a_product_adding_c_reads_c_padded_as_it_writes_its_product():
@@ -50,7 +55,7 @@ def test_a_product_adding_c_reads_c_padded_as_it_writes_its_product():
     dlogits, c = ct.var("dlogits", (8192, 63), "bfloat16"), ct.var("c", (63, 768), "bfloat16")
     g = gemm(dlogits, x, transpose_a=True, beta=1.0, c=c)  # an embedding's gradient added to the head's
     assert layout.gemm_copies(g, _strides(dlogits, x, c)) == ((dlogits, (64, 1), (8192, 64)), (c, (768, 1), (64, 768)))
-    assert layout.gemm_padded_result(g, _strides(dlogits, x, c)) == ((768, 1), (64, 768))
+    assert _result(g, _strides(dlogits, x, c)) == ((768, 1), (64, 768))
 
 
 @pytest.mark.parametrize("case", ["aligned", "small", "float32", "bias", "gelu argument", "batched"])
@@ -64,7 +69,7 @@ def test_products_that_gain_nothing_or_read_vectors_of_their_length_are_not_padd
     if case == "batched":
         logits = gemm(ct.var("xs", (4, 2048, 768), "bfloat16"), w, transpose_b=True)
     strides = _strides(*logits.args)
-    assert layout.gemm_padding(logits, strides) is None and layout.gemm_padded_result(logits, strides) is None
+    assert layout.gemm_padding(logits, strides) is None and _result(logits, strides) is None
     assert all(len(copy) == 2 for copy in layout.gemm_copies(logits, strides))
 
 
@@ -78,7 +83,7 @@ def test_only_the_dimensions_some_operand_or_the_product_holds_along_its_rows_ar
     transposed = ct.var("xt", (768, 4092), "bfloat16")  # the same operand stored transposed holds 4092 along its rows
     padded = gemm(transposed, dy, transpose_a=False)
     assert layout.gemm_padding(padded, _strides(transposed, dy)) == (768, 3072, 4096)
-    assert layout.gemm_padded_result(padded, _strides(transposed, dy)) is None  # its rows of 3072: in place
+    assert _result(padded, _strides(transposed, dy)) is None  # its rows of 3072: in place
     as_read = {x: (1, 4092), dy: (3072, 1)}  # x read where it lies transposed: the rows cuBLASLt reads are of 4092
     assert layout.gemm_padding(weight_gradient, as_read) == (768, 3072, 4096)
 
@@ -127,7 +132,7 @@ def test_a_padded_products_workspace_holds_its_padded_copies_its_padded_product_
         workspace_bytes = 4096
 
     call = LibraryCall(Kernel((logits,), (x, w)), view, layout.gemm_copies(logits, strides), lambda reads: Library(),
-                       None, written=(logits, *layout.gemm_padded_result(logits, strides)))
+                       None, written=(logits, *_result(logits, strides)))
     assert call.workspace_bytes == 64 * 768 * 2 + 8192 * 64 * 2 + 4096  # w's copy, the padded product, cuBLASLt's
     assert call.describe().endswith("operands copied padded with zeros to whole 16-byte vectors; "
                                     "product written padded, then packed")

@@ -14,7 +14,6 @@ from .codegen import VECTOR_BYTES, Operand, contiguous_strides
 from .window_kernels import gather, offset
 
 
-
 def _place(index, size):
     """Statements setting ``p``, the place along an axis of ``size`` that ``index`` (an expression) names."""
     return [f"    long long p = (long long)({index});",

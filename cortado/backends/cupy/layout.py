@@ -423,10 +423,9 @@ def _whole_vector_rows(x, strides):
     return read is not None and read[1] * x.dtype.itemsize % VECTOR_BYTES == 0
 
 
-def gemm_padded_result(t, strides):
-    """``(strides, shape)`` of gemm ``t``'s product as it writes it in its workspace, padded (``gemm_padding``), before
-    a copy packs it where it belongs; None where it writes its product in place."""
-    padding = gemm_padding(t, strides)
+def gemm_padded_result(t, padding):
+    """``(strides, shape)`` of gemm ``t``'s product as it writes it in its workspace, padded to ``padding``
+    (``gemm_padding``), before a copy packs it where it belongs; None where it writes its product in place."""
     if padding is None or padding[:2] == t.shape:
         return None
     return contiguous_strides(padding[:2]), padding[:2]

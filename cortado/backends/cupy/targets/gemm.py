@@ -37,7 +37,8 @@ def _runner(kernel, view):
         aux_address = placed[aux] if aux is not None else placed[second] if kept else None
         return (placed[a], placed[b], placed[c if c is not None else t], placed[t], workspace, bias_address, aux_address)
 
-    padding, written = gemm_padding(t, view.strides), gemm_padded_result(t, view.strides)
+    padding = gemm_padding(t, view.strides)
+    written = gemm_padded_result(t, padding)
     return LibraryCall(kernel, view, gemm_copies(t, view.strides),
                        lambda reads: Gemm(gemm_call(t, reads, view.options["tf32"], padding)), arguments,
                        t.attrs.epilogue, written=None if written is None else (t, *written))
