@@ -79,12 +79,12 @@ def _device(array, backend):
 
 
 def step_ms(step, tokens, labels, repeats):
-    """Device milliseconds a step: 50 calls back to back on one batch between two events on the program's stream
-    (the median of ``repeats``); a call's host work overlaps the steps before it."""
+    """Device milliseconds a step: 50 calls back to back on one batch between two events on the stream they are
+    launched on (the median of ``repeats``); a call's host work overlaps the steps before it."""
     import cupy
 
     step(tokens_in=tokens, labels=labels)
-    stream = step._executor.stream
+    stream = cupy.cuda.get_current_stream()
     times = []
     for _ in range(repeats):
         start = stream.record()

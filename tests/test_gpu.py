@@ -666,6 +666,49 @@ def test_cupy_feeds_are_read_where_they_are():
     assert len(program._executor.graphs) == len(data)
 
 
+def test_a_replayed_step_runs_after_the_work_its_callers_stream_queued_before_it():
+    """A replay is launched on the caller's stream: a feed that stream writes just before the call (behind a slow
+    product) is read as written, and the output read on that stream after the call is the step's."""
+    import cupy
+
+    n = 4096
+    x = ct.var("x", (n,))
+    program = ct.compile(ct.sum(x), inputs=[x], backend="cupy")
+    feed = cupy.zeros(n, cupy.float32)
+    program(x=feed), program(x=feed)  # eager, then captured: the next calls replay
+    ones = cupy.ones((4096, 4096), cupy.float32)
+    stream, sums = cupy.cuda.Stream(non_blocking=True), []
+    with stream:
+        for value in (1.0, 2.0, 3.0):
+            feed[...] = (ones @ ones)[0] * (value / n)  # some milliseconds of work before the feed is written
+            sums.append(program(x=feed).copy())
+    stream.synchronize()
+    assert [float(host(s)) for s in sums] == [n * 1.0, n * 2.0, n * 3.0]
+
+
+def test_a_step_called_from_another_stream_waits_for_the_last_step():
+    """Steps share the arena and the state: one called from a second stream while the last one, launched on the
+    first, still runs waits for it, so every update builds on the one before (as the CPU's steps do)."""
+    import cupy
+
+    rng = np.random.default_rng(0)
+    w = ct.var("w", (512, 512))
+    chain = w
+    for _ in range(8):  # a long step: the next call is launched while this one runs
+        chain = ct.tanh(chain @ w)
+    state = {w: (rng.standard_normal((512, 512)) / 32).astype(np.float32)}
+    gpu = ct.compile([], state=state, updates={w: w + 0.01 * chain}, backend="cupy")
+    cpu = ct.compile([], state=state, updates={w: w + 0.01 * chain}, backend="numpy")
+    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    for k in range(8):
+        with streams[k % 2]:
+            gpu()
+        cpu()
+    for stream in streams:
+        stream.synchronize()
+    np.testing.assert_allclose(host(gpu.state["w"]), cpu.state["w"], rtol=1e-4, atol=1e-5)
+
+
 def test_feeds_that_cannot_be_read_in_place_are_staged():
     import cupy
 

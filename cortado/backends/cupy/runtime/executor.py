@@ -82,8 +82,10 @@ class Executor(interface.Executor):
         self.world = distributed.world()
         self.side = cupy.cuda.Stream(non_blocking=True)  # where asynchronous calls (all-reduces) run
         # the events that order a call after the caller's work and the caller's next work after it (a stream waits
-        # for an event as it was recorded then, so one pair serves every call)
+        # for an event as it was recorded then, so one pair serves every call); the second also marks the end of
+        # the last step, wherever it ran, and ``last`` is the stream it ran on
         self.handoff = (cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True))
+        self.last = None
         view = View(self.strides, self.pointers, self._constant, frozenset(self.channels_last_for),
                     {"tf32": tf32, "deterministic": deterministic}, self.side)
         asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
@@ -238,15 +240,36 @@ class Executor(interface.Executor):
 
     def write_state(self, var, value):
         """Replace a state value (checked by the caller) once the steps in flight are done."""
-        self.stream.synchronize()
+        self.handoff[1].synchronize()
         if isinstance(value, np.ndarray):
             self.state[var].set(np.asarray(value, order="C"))
         else:
             self.state[var][...] = value
 
     def run(self, feeds):
-        """Run one step on checked ``feeds`` (``{name: NumPy or CuPy array}``); returns the output arrays."""
-        return self._on_stream(feeds, self._run_step)
+        """Run one step on checked ``feeds`` (``{name: NumPy or CuPy array}``); returns the output arrays.
+
+        A step whose graph exists and whose feeds are all read in place is launched on the caller's stream, which
+        orders it after the caller's work and the caller's next work after it with no events between streams (a
+        few microseconds of a call); any other step runs on the program's stream (``_on_stream``)."""
+        import cupy
+
+        sources = self._sources(feeds)
+        graph = self.graphs.get(sources)
+        if graph is None or self.staging.staged(sources):
+            return self._on_stream(feeds, sources, self._run_step)
+        caller = cupy.cuda.get_current_stream()
+        self._after_last_step(caller)
+        graph.launch(caller)
+        self.handoff[1].record(caller)
+        return list(self.outputs)
+
+    def _after_last_step(self, stream):
+        """Order work on ``stream`` after the last step, where that ran on another stream (steps share the arena);
+        ``stream`` runs the next step."""
+        if self.last is not None and self.last != stream.ptr:
+            stream.wait_event(self.handoff[1])
+        self.last = stream.ptr
 
     def profile(self, feeds):
         """Run one step eagerly with a device event around each call: ``[(kernel label, milliseconds)]``. Once
@@ -277,23 +300,23 @@ class Executor(interface.Executor):
                 call()
 
         try:
-            self._on_stream(feeds, timed)
+            self._on_stream(feeds, self._sources(feeds), timed)
         finally:
             self.overlap.in_order = False
         self.stream.synchronize()
         return [(label, cupy.cuda.get_elapsed_time(start, end)) for label, start, end in marks]
 
-    def _on_stream(self, feeds, step):
+    def _on_stream(self, feeds, sources, step):
         """Stage the feeds that need it and run ``step(sources)`` on the program's stream, ordered after the
         caller's work."""
         import cupy
 
-        sources = self._sources(feeds)
         caller = cupy.cuda.get_current_stream()
         started, done = self.handoff
         staged = self.staging.staged(sources)
         if staged:
             self.staging.stage_host(feeds, sources)
+        self._after_last_step(caller)
         started.record(caller)
         self.stream.wait_event(started)
         with self.stream:

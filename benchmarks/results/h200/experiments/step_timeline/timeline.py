@@ -177,7 +177,7 @@ def main():
     x, y = cupy.asarray(x), cupy.asarray(y)
     for _ in range(20):
         step(tokens_in=x, labels=y)
-    stream = step._executor.stream
+    stream = cupy.cuda.get_current_stream()
     start = stream.record()
     for _ in range(50):
         step(tokens_in=x, labels=y)
