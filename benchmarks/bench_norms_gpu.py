@@ -14,7 +14,7 @@ Cases, at the GPT benchmark's shapes:
 
 Ours is one compiled program a case (cuda graphs, the cupy backend's defaults); the kernels it launches are counted
 (views aside) and timed alone (``Program.profile``, the least of 5: "their us"), apart from the call, which adds
-the graph's launch and the waits between the caller's stream and the program's. torch runs eagerly, its
+the call's host work and the graph's launch. torch runs eagerly, its
 forward under ``no_grad``. Every result is checked against torch's before timing; each call is then timed alone
 between CUDA events after a warm-up (``bench_fused_gpu.time_calls``), the median kept. A contestant missing here
 (torch) is reported as not measured.
