@@ -1,6 +1,6 @@
 """Large bfloat16 and float16 products whose rows are not whole 16-byte vectors, on an NVIDIA GPU: computed padded,
-their operands copied with zeros after them and their products packed after (``layout.gemm_padding``), in an arena
-filled with NaNs first. Against the reference, whichever axis is padded; a product with a bias is not padded.
+their operands copied with zeros after them and their products packed after (``targets.gemm.gemm_padding``), in an
+arena filled with NaNs first. Against the reference, whichever axis is padded; a product with a bias is not padded.
 Skipped where no GPU is visible."""
 
 import numpy as np

@@ -1,6 +1,6 @@
 """A library call as a runner: cuBLASLt's, cuDNN's or an int8 kernel's, after copies of the operands it cannot read
 where they are into the front of its workspace (``copies.staged``), the library's own workspace after them; a
-result it writes in its workspace (a product padded, ``layout.gemm_padding``) is copied where it belongs after the
+result it writes in its workspace (a product padded, ``gemm.gemm_padding``) is copied where it belongs after the
 call."""
 
 import math
