@@ -687,23 +687,33 @@ def test_a_replayed_step_runs_after_the_work_its_callers_stream_queued_before_it
 
 
 def test_a_step_called_from_another_stream_waits_for_the_last_step():
-    """Steps share the arena and the state: one called from a second stream while the last one, launched on the
-    first, still runs waits for it, so every update builds on the one before (as the CPU's steps do)."""
+    """Steps share the arena and the state: one called from another stream than the last, whose stream still has
+    milliseconds of work queued before that step, waits for it, so every update builds on the one before (as the
+    CPU's steps do). Two fed arrays make two graphs (launches of one graph are ordered anyway); a NumPy feed, staged
+    on the program's own stream, and a state written between steps are ordered the same way."""
     import cupy
 
     rng = np.random.default_rng(0)
-    w = ct.var("w", (512, 512))
+    w, x = ct.var("w", (256, 256)), ct.var("x", (256,))
     chain = w
-    for _ in range(8):  # a long step: the next call is launched while this one runs
-        chain = ct.tanh(chain @ w)
-    state = {w: (rng.standard_normal((512, 512)) / 32).astype(np.float32)}
-    gpu = ct.compile([], state=state, updates={w: w + 0.01 * chain}, backend="cupy")
-    cpu = ct.compile([], state=state, updates={w: w + 0.01 * chain}, backend="numpy")
+    for _ in range(4):
+        chain = ct.tanh(chain @ w + x)
+    state = {w: (rng.standard_normal((256, 256)) / 16).astype(np.float32)}
+    gpu = ct.compile([ct.sum(w)], inputs=[x], state=state, updates={w: 0.5 * w + chain}, backend="cupy")
+    cpu = ct.compile([ct.sum(w)], inputs=[x], state=state, updates={w: 0.5 * w + chain}, backend="numpy")
+    feeds = [rng.standard_normal(256).astype(np.float32) for _ in range(2)]
+    on_gpu = [cupy.asarray(f) for f in feeds]
     streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
+    ones = cupy.ones((4096, 4096), cupy.float32)
     for k in range(8):
         with streams[k % 2]:
-            gpu()
-        cpu()
+            ones @ ones  # milliseconds of the caller's own work before its step
+            gpu(x=feeds[0] if k == 6 else on_gpu[k % 2])  # k = 6: a NumPy feed, staged
+            if k == 4:
+                gpu.state["w"] = gpu.state["w"] * 0.5  # written between steps
+        cpu(x=feeds[k % 2] if k != 6 else feeds[0])
+        if k == 4:
+            cpu.state["w"] = cpu.state["w"] * 0.5
     for stream in streams:
         stream.synchronize()
     np.testing.assert_allclose(host(gpu.state["w"]), cpu.state["w"], rtol=1e-4, atol=1e-5)

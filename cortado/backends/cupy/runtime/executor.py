@@ -16,6 +16,7 @@ starts as rank 0's.
 import numpy as np
 
 from .... import distributed
+from ....errors import BackendError
 from ....exprgraph.ops import CONST
 from ....memplan import joins
 from ... import interface
@@ -81,11 +82,10 @@ class Executor(interface.Executor):
         self.pointers = self._resolved([None] * len(self.feeds))  # feeds, and views of them, have no place yet
         self.world = distributed.world()
         self.side = cupy.cuda.Stream(non_blocking=True)  # where asynchronous calls (all-reduces) run
-        # the events that order a call after the caller's work and the caller's next work after it (a stream waits
-        # for an event as it was recorded then, so one pair serves every call); the second also marks the end of
-        # the last step, wherever it ran, and ``last`` is the stream it ran on
+        # the events that order a call on the program's stream after the caller's work and the caller's next work
+        # after it (a stream waits for an event as it was recorded then, so one pair serves every call); the second,
+        # ``done``, marks the end of the last step or state write, on whichever stream it ran
         self.handoff = (cupy.cuda.Event(disable_timing=True), cupy.cuda.Event(disable_timing=True))
-        self.last = None
         view = View(self.strides, self.pointers, self._constant, frozenset(self.channels_last_for),
                     {"tf32": tf32, "deterministic": deterministic}, self.side)
         asynchronous = [i for i, k in enumerate(kernels) if k.term.op.asynchronous]
@@ -239,37 +239,48 @@ class Executor(interface.Executor):
     # -- running -------------------------------------------------------------------------------
 
     def write_state(self, var, value):
-        """Replace a state value (checked by the caller) once the steps in flight are done."""
-        self.handoff[1].synchronize()
+        """Replace a state value (checked by the caller) once the steps in flight are done, on the current stream;
+        the next step waits for the write wherever it runs."""
+        import cupy
+
+        done = self.handoff[1]
+        done.synchronize()
         if isinstance(value, np.ndarray):
             self.state[var].set(np.asarray(value, order="C"))
         else:
             self.state[var][...] = value
+        done.record(cupy.cuda.get_current_stream())
 
     def run(self, feeds):
         """Run one step on checked ``feeds`` (``{name: NumPy or CuPy array}``); returns the output arrays.
 
-        A step whose graph exists and whose feeds are all read in place is launched on the caller's stream, which
-        orders it after the caller's work and the caller's next work after it with no events between streams (a
-        few microseconds of a call); any other step runs on the program's stream (``_on_stream``)."""
+        A step whose graph exists and whose feeds are all read in place is launched on the caller's stream: that
+        orders it after the caller's work and the caller's next work after it without the hand-over between streams
+        (a few microseconds of a call). It waits for ``done`` first, since the last step may have run on another
+        stream and steps share the arena (a wait the device passes at once on the same stream). Any other step runs
+        on the program's stream (``_on_stream``)."""
         import cupy
 
+        self._on_its_device()
         sources = self._sources(feeds)
         graph = self.graphs.get(sources)
         if graph is None or self.staging.staged(sources):
             return self._on_stream(feeds, sources, self._run_step)
-        caller = cupy.cuda.get_current_stream()
-        self._after_last_step(caller)
+        caller, done = cupy.cuda.get_current_stream(), self.handoff[1]
+        caller.wait_event(done)
         graph.launch(caller)
-        self.handoff[1].record(caller)
+        done.record(caller)
         return list(self.outputs)
 
-    def _after_last_step(self, stream):
-        """Order work on ``stream`` after the last step, where that ran on another stream (steps share the arena);
-        ``stream`` runs the next step."""
-        if self.last is not None and self.last != stream.ptr:
-            stream.wait_event(self.handoff[1])
-        self.last = stream.ptr
+    def _on_its_device(self):
+        """Refuse a call made while another GPU is current: the program's buffers, streams and graphs are its own
+        GPU's."""
+        import cupy
+
+        current = cupy.cuda.runtime.getDevice()
+        if current != self.device:
+            raise BackendError(f"this program was built on GPU {self.device} and runs there, but GPU {current} is "
+                               f"current: call it under `with cupy.cuda.Device({self.device}):`")
 
     def profile(self, feeds):
         """Run one step eagerly with a device event around each call: ``[(kernel label, milliseconds)]``. Once
@@ -277,6 +288,7 @@ class Executor(interface.Executor):
         are queued behind holds of ``HELD_CALLS`` calls each (``holding``), so that they run back to back."""
         import cupy
 
+        self._on_its_device()
         marks = []
 
         def timed(sources):
@@ -316,15 +328,17 @@ class Executor(interface.Executor):
         staged = self.staging.staged(sources)
         if staged:
             self.staging.stage_host(feeds, sources)
-        self._after_last_step(caller)
         started.record(caller)
         self.stream.wait_event(started)
-        with self.stream:
-            if staged:
-                self.staging.stage_device(feeds, sources)
-            step(sources)
-        done.record(self.stream)
-        caller.wait_event(done)
+        self.stream.wait_event(done)  # the last step, where it ran on another stream
+        try:
+            with self.stream:
+                if staged:
+                    self.staging.stage_device(feeds, sources)
+                step(sources)
+        finally:  # what a failed step queued is waited for too
+            done.record(self.stream)
+            caller.wait_event(done)
         return list(self.outputs)
 
     def _run_step(self, sources):
