@@ -687,11 +687,16 @@ def test_a_replayed_step_runs_after_the_work_its_callers_stream_queued_before_it
 
 
 def test_a_step_called_from_another_stream_waits_for_the_last_step():
-    """Steps share the arena and the state: one called from another stream than the last, whose stream still has
-    milliseconds of work queued before that step, waits for it, so every update builds on the one before (as the
-    CPU's steps do). Two fed arrays make two graphs (launches of one graph are ordered anyway); a NumPy feed, staged
-    on the program's own stream, and a state written between steps are ordered the same way."""
+    """Steps share the arena and the state, so one called from another stream than the last waits for it: the last
+    step is held on its stream (``holding.Hold``) while the next is called from a second, idle one, which must not
+    run until the hold is let go. Replay after replay (two fed arrays, two graphs: launches of one graph are ordered
+    anyway), replay before and after a step staging a NumPy feed on the program's own stream, and a state write
+    before a replay; every update then builds on the one before, as the CPU's steps do."""
+    import time
+
     import cupy
+
+    from cortado.backends.cupy.runtime.holding import Hold
 
     rng = np.random.default_rng(0)
     w, x = ct.var("w", (256, 256)), ct.var("x", (256,))
@@ -701,21 +706,36 @@ def test_a_step_called_from_another_stream_waits_for_the_last_step():
     state = {w: (rng.standard_normal((256, 256)) / 16).astype(np.float32)}
     gpu = ct.compile([ct.sum(w)], inputs=[x], state=state, updates={w: 0.5 * w + chain}, backend="cupy")
     cpu = ct.compile([ct.sum(w)], inputs=[x], state=state, updates={w: 0.5 * w + chain}, backend="numpy")
-    feeds = [rng.standard_normal(256).astype(np.float32) for _ in range(2)]
-    on_gpu = [cupy.asarray(f) for f in feeds]
-    streams = [cupy.cuda.Stream(non_blocking=True) for _ in range(2)]
-    ones = cupy.ones((4096, 4096), cupy.float32)
-    for k in range(8):
-        with streams[k % 2]:
-            ones @ ones  # milliseconds of the caller's own work before its step
-            gpu(x=feeds[0] if k == 6 else on_gpu[k % 2])  # k = 6: a NumPy feed, staged
-            if k == 4:
-                gpu.state["w"] = gpu.state["w"] * 0.5  # written between steps
-        cpu(x=feeds[k % 2] if k != 6 else feeds[0])
-        if k == 4:
-            cpu.state["w"] = cpu.state["w"] * 0.5
-    for stream in streams:
-        stream.synchronize()
+    feeds = [rng.standard_normal(256).astype(np.float32) for _ in range(3)]
+    on_gpu = {0: cupy.asarray(feeds[0]), 1: cupy.asarray(feeds[1]), 2: feeds[2]}  # 2: a NumPy feed, staged
+
+    def halve(program):
+        program.state["w"] = program.state["w"] * 0.5
+
+    def call(k):
+        if k == "halve":
+            return halve(gpu)
+        return gpu(x=on_gpu[k])
+
+    for k in (0, 1, 0, 2, 2, "halve"):  # every graph captured, every kernel's module loaded before any hold
+        call(k)
+        halve(cpu) if k == "halve" else cpu(x=feeds[k])
+    held, free = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    hold = Hold(held)
+    for first, then in ((0, 1), (1, 2), (2, 0), ("halve", 1)):
+        cupy.cuda.Device().synchronize()
+        hold.hold()
+        with held:
+            call(first)
+        with free:
+            call(then)
+        time.sleep(0.05)
+        waited = not free.done
+        hold.release()
+        assert waited, f"a call after {first!r} from another stream ran before it"
+        for k in (first, then):
+            halve(cpu) if k == "halve" else cpu(x=feeds[k])
+    cupy.cuda.Device().synchronize()
     np.testing.assert_allclose(host(gpu.state["w"]), cpu.state["w"], rtol=1e-4, atol=1e-5)
 
 

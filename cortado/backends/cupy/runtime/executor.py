@@ -243,6 +243,7 @@ class Executor(interface.Executor):
         the next step waits for the write wherever it runs."""
         import cupy
 
+        self._on_its_device()
         done = self.handoff[1]
         done.synchronize()
         if isinstance(value, np.ndarray):
