@@ -709,32 +709,31 @@ def test_a_step_called_from_another_stream_waits_for_the_last_step():
     feeds = [rng.standard_normal(256).astype(np.float32) for _ in range(3)]
     on_gpu = {0: cupy.asarray(feeds[0]), 1: cupy.asarray(feeds[1]), 2: feeds[2]}  # 2: a NumPy feed, staged
 
-    def halve(program):
-        program.state["w"] = program.state["w"] * 0.5
-
-    def call(k):
+    def call(program, k, fed):
+        """Step ``k`` of ``program``: a call on feed ``fed[k]``, or halving its state."""
         if k == "halve":
-            return halve(gpu)
-        return gpu(x=on_gpu[k])
+            program.state["w"] = program.state["w"] * 0.5
+        else:
+            program(x=fed[k])
 
     for k in (0, 1, 0, 2, 2, "halve"):  # every graph captured, every kernel's module loaded before any hold
-        call(k)
-        halve(cpu) if k == "halve" else cpu(x=feeds[k])
+        call(gpu, k, on_gpu)
+        call(cpu, k, feeds)
     held, free = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
     hold = Hold(held)
     for first, then in ((0, 1), (1, 2), (2, 0), ("halve", 1)):
         cupy.cuda.Device().synchronize()
         hold.hold()
         with held:
-            call(first)
+            call(gpu, first, on_gpu)
         with free:
-            call(then)
+            call(gpu, then, on_gpu)
         time.sleep(0.05)
         waited = not free.done
         hold.release()
         assert waited, f"a call after {first!r} from another stream ran before it"
         for k in (first, then):
-            halve(cpu) if k == "halve" else cpu(x=feeds[k])
+            call(cpu, k, feeds)
     cupy.cuda.Device().synchronize()
     np.testing.assert_allclose(host(gpu.state["w"]), cpu.state["w"], rtol=1e-4, atol=1e-5)
 

@@ -27,8 +27,7 @@ from ...memplan import Step
 from ...rules.fusion import transposed_outputs
 from ...rules.horizontal import Horizontal
 from .codegen import (
-    REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands,
-    strides_in_order,
+    REDUCTIONS, channels_last_strides, contiguous_strides, in_c_order, same_layout, shifted_operands, strides_in_order,
 )
 from .device import require_gpu
 
