@@ -31,6 +31,12 @@ first and timed after the others. So each contestant is first made ready (built,
 chosen), then all are timed in turns, ``TURNS`` rounds in an order rotated each round, and each one's median round
 is kept.
 
+A quantized layer's product, ``REQUANTIZED`` shapes: the int32 sums times a per-column scale, plus a bias, a relu,
+requantized to int8, as one call: ours as a program builds and tunes it (its choice, and the fastest of its own
+kernels, which compute the epilogue as they store), against cuBLASLt's int8 GEMM into int32 sums followed by the
+epilogue as a kernel over them (the fastest of its algorithms), each checked against NumPy's float32 formula bit for
+bit, timed in turns as above.
+
 The quantized MLP (784-1024-1024-10, relu) at batch 128, 512 and 2048: int8 activations and weights
 (per-output-channel scales, requantized to int8 between layers in the gemm's epilogue), against the same
 MLP's float32 and bfloat16 programs (cuBLASLt GEMMs with bias and relu epilogues). A step's CUDA graph is
@@ -55,6 +61,7 @@ from cortado.exprgraph.dtypes import BFLOAT16  # noqa: E402
 
 SHAPES = [(512, 64, 512), (512, 32, 512), (512, 16, 512), (3136, 128, 64), (784, 256, 128), (784, 256, 256),
           (4096, 4096, 4096), (512, 1024, 784), (2048, 1024, 1024)]
+REQUANTIZED = [(4096, 4096, 4096), (2048, 1024, 1024)]
 MLP_SIZES = (784, 1024, 1024, 10)
 MLP_BATCHES = (128, 512, 2048)
 LARGE = 1 << 30  # multiply-adds from which a product is timed in turns with the others, as few calls a graph
@@ -279,6 +286,69 @@ def gemm_rows(repeats):
     return rows
 
 
+# -- a quantized layer's product, requantized in its epilogue ----------------------------------
+
+
+def requantized(m, n, k, repeats, operands):
+    """Timers of the requantized product's call as a program tunes it (``ms``), of the fastest of our own kernels
+    among its candidates (``kernel_ms``) and of the fastest cuBLASLt int8 GEMM followed by the epilogue kernel
+    (``library_ms``), each replayed once to find it; every one's int8 results checked against NumPy's formula."""
+    import cupy
+
+    from cortado.backends.cupy.calls.int8.runner import Int8Call, Int8Gemm, _Kernel
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.exprgraph.ops import parameter
+
+    a, b_stored = operands
+    rng = np.random.default_rng(1)
+    scale = cupy.asarray((rng.random(n) * 1e-4 + 1e-6).astype(np.float32))
+    bias = cupy.asarray(rng.standard_normal(n).astype(np.float32))
+    sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
+    extras = (Operand((n,), np.dtype(np.float32), (1,)),) * 2
+    y = ct.relu(ct.cast(sums, "float32") * parameter(1, extras[0]) + parameter(2, extras[1]))
+    body = ct.cast(ct.minimum(ct.maximum(ct.rint(y * np.float32(1 / 0.05)) - 7.0, -128.0), 127.0), "int8")
+    exact = (a.astype(cupy.float64) @ b_stored.T.astype(cupy.float64)).astype(cupy.int32)
+    levels = cupy.rint(cupy.maximum(exact.astype(cupy.float32) * scale + bias, np.float32(0)) * np.float32(1 / 0.05))
+    expected = cupy.clip(levels - np.float32(7), -128, 127).astype(cupy.int8)
+    del exact, levels
+    runner = Int8Gemm(Int8Call(Operand((m, k), np.dtype(np.int8), (k, 1)), Operand((k, n), np.dtype(np.int8), (1, k)),
+                               body, extras, (n, 1), constant_b=True))
+    scratch = cupy.zeros(max(runner.workspace_bytes, 1), np.uint8)
+    result = cupy.empty((m, n), np.int8)
+    stream = cupy.cuda.Stream(non_blocking=True)
+    pointers = (a.data.ptr, b_stored.data.ptr, (scale.data.ptr, bias.data.ptr), result.data.ptr, scratch.data.ptr)
+    with stream:
+        runner.tune(pointers, stream)
+
+    def time(candidate):
+        with stream:
+            ms = replayed(lambda: candidate.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
+        if not bool((result == expected).all()):
+            raise AssertionError(f"cortado ({candidate.describe()}): its requantized results differ from NumPy's")
+        return ms
+
+    first = {c: time(c) for c in runner.candidates}
+    own = min((c for c in first if isinstance(c, _Kernel)), key=first.get)
+    library = min((c for c in first if not isinstance(c, _Kernel)), key=first.get)
+    return {"choice": runner.describe(), "kernel": own.describe(), "library": library.describe(),
+            "timers": {"ms": lambda: time(runner), "kernel_ms": lambda: time(own), "library_ms": lambda: time(library)}}
+
+
+def requantized_rows(repeats):
+    cupy, _ = require_gpu()
+    rows = []
+    for m, n, k in REQUANTIZED:
+        row = {"shape": f"{m}x{n}x{k}"}
+        row["cortado"] = attempt(f"{m}x{n}x{k} requantized", requantized, m, n, k, repeats, _operands(cupy, m, n, k))
+        in_turns(row, TURNS)
+        result = row["cortado"]
+        if result.get("ms") and result.get("library_ms"):
+            row["over_library"] = result["library_ms"] / result["ms"]
+            row["own_over_library"] = result["library_ms"] / result["kernel_ms"]
+        rows.append(row)
+    return rows
+
+
 # -- the quantized MLP -------------------------------------------------------------------------
 
 
@@ -373,6 +443,14 @@ def main():
     for row in gemms:
         print(f"{row['shape']}: chose {row['cortado'].get('choice', row['cortado'].get('error'))}; "
               f"fastest own kernel: {row['cortado'].get('kernel')}")
+    requantizing = requantized_rows(args.repeats)
+    print_table([{"shape": r["shape"], "ours_us": _us(r["cortado"]), "own_us": _us(r["cortado"], "kernel_ms"),
+                  "lt_us": _us(r["cortado"], "library_ms"), "ratio": r.get("over_library")} for r in requantizing],
+                [("requantized", "shape", "16s"), ("ours us", "ours_us", "9.2f"), ("own krnl", "own_us", "9.2f"),
+                 ("Lt+epi us", "lt_us", "10.2f"), ("/Lt+epi", "ratio", "9.2f")])
+    for row in requantizing:
+        print(f"{row['shape']} requantized: chose {row['cortado'].get('choice', row['cortado'].get('error'))}; "
+              f"fastest own kernel: {row['cortado'].get('kernel')}; cuBLASLt: {row['cortado'].get('library')}")
     mlp = mlp_rows(args.repeats)
     print_table([{"batch": r["batch"], **{f"{k}_us": _us(r[k]) for k in ("int8", "bfloat16", "float32")},
                   "ratio": r.get("int8_over_bfloat16")} for r in mlp],
@@ -382,7 +460,7 @@ def main():
         for precision in ("int8", "bfloat16"):
             print(f"MLP batch {row['batch']} {precision}: " + "; ".join(row[precision].get("calls", [])))
     write_results({"machine": describe(), "versions": versions("torch", "nvmath"), "overlapping_launches": overlapping(),
-                   "gemms": gemms, "mlp": mlp}, args.out)
+                   "gemms": gemms, "requantized": requantizing, "mlp": mlp}, args.out)
 
 
 def _us(result, key="ms"):

@@ -132,6 +132,18 @@ def int8_table(results):
     return markdown(header, rows)
 
 
+def int8_requantized_table(results):
+    """``bench_int8_gpu.py``'s quantized layer's products, requantized to int8: a row a shape, microseconds a product:
+    ours as the program chose it, our fastest own kernel, cuBLASLt's int8 GEMM and the epilogue kernel after it."""
+    rows = []
+    for row in results["requantized"]:
+        ours = row["cortado"]
+        rows.append([row["shape"], products_us(ours["ms"]), products_us(ours["kernel_ms"]),
+                     products_us(ours["library_ms"]), f"{row['over_library']:.2f}x"])
+    return markdown(["M x N x K", "cortado (its choice)", "our fastest kernel", "cuBLASLt int8 + epilogue kernel",
+                     "speed-up"], rows)
+
+
 def float8_table(results):
     """``bench_float8_gpu.py``: a row a shape, microseconds a product: ours in float8 (with its rate), torch's scaled
     product, ours in bfloat16, ours in float8 with a bias and gelu epilogue, and with an e5m2 operand."""
@@ -239,6 +251,7 @@ def markdown(header, rows):
 
 
 MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table, "int8": int8_table,
+          "int8_requantized": int8_requantized_table,
           "float8": float8_table, "gelu": gelu_table,
           "data_parallel": data_parallel_table, "cpu_steps": cpu_steps_table,
           "conv_layers": conv_layers_table}

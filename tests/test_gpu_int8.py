@@ -3,6 +3,7 @@ quantized programs equal to the CPU's bit for bit. Skipped where no GPU is visib
 machine by ``benchmarks/run_gpu.sh``."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -72,11 +73,14 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     splits = draw(st.integers(1, min(k_tiles, 4)))
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
+    # results stored by the TMA (``_check_kernel`` gives the tiling its results' size), in rows of whole 16 bytes;
     # a persistent grid of a few blocks, each taking many output tiles in turn; clusters of two blocks sharing A
+    stored = int(instruction == "tma" and splits == 1 and draw(st.booleans()))
+    n = -(-n // 16) * 16 if stored else n
     blocks = draw(st.sampled_from([0, 1, 2, 6])) if instruction == "tma" and splits == 1 else 0
     cluster = 2 if instruction == "tma" and splits == 1 and math.ceil(n / bn) % 2 == 0 and draw(st.booleans()) else 1
     blocks = blocks // cluster * cluster
-    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster), dtypes,
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored), dtypes,
             "padded rows", "k contiguous",
             (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
 
@@ -92,7 +96,8 @@ def _placed(cupy, x, strides):
 def _check_kernel(configuration, requantized):
     """Run the kernel of ``configuration`` (twice: the second call finds the split counters the first left) and
     compare it with NumPy's int32 product, or with the requantizing epilogue's float32 formula, bit for bit. An
-    operand drawn constant is read before the kernel waits for the grid before it."""
+    operand drawn constant is read before the kernel waits for the grid before it. Where the TMA stores the results,
+    they lie in a larger buffer (16 bytes more a row, more rows after), the rest of which must stay as it was."""
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
@@ -100,6 +105,7 @@ def _check_kernel(configuration, requantized):
     from cortado.backends.cupy.calls.int8.product import Product, counters, partial_bytes, vector_readable
     from cortado.backends.cupy.calls.int8.source import gemm_source
     from cortado.backends.cupy.calls.int8.specialised import tensor_maps
+    from cortado.backends.cupy.calls.int8.tilings import SHARED_LIMIT
     from cortado.exprgraph.ops import parameter
 
     (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, constants, seed = configuration
@@ -123,17 +129,24 @@ def _check_kernel(configuration, requantized):
         expected = np.clip(levels - np.float32(7), -128, 127).astype(np.int8)
     else:
         body, expected = sums, exact
-    source = gemm_source(product, tiling, body, extras, (n, 1))
-    out = cupy.zeros((m, n), expected.dtype)
+    row = n
+    if tiling.stored:  # with as many of its stages as fit beside its tile of results
+        tiling = replace(tiling, stored=expected.dtype.itemsize)
+        while tiling.shared_bytes > SHARED_LIMIT and tiling.stages > 2:
+            tiling = replace(tiling, stages=tiling.stages - 1)
+        row = n + 16 // expected.dtype.itemsize  # n of them are whole 16-byte chunks; 16 bytes more
+    source = gemm_source(product, tiling, body, extras, (row, 1))
+    out = cupy.full((m + 3, row), 99, expected.dtype)
     partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)
     tile_counters = cupy.zeros(max(1, counters(product, tiling)), np.uint32)
     pointers = (_placed(cupy, a, a_strides), _placed(cupy, b, b_strides), *arrays, out, partials, tile_counters)
     arguments = [p.data.ptr for p in pointers]
     if tiling.instruction == "tma":
-        arguments += tensor_maps(product, tiling, arguments[0], arguments[1])
+        arguments += tensor_maps(product, tiling, arguments[0], arguments[1], out.data.ptr, (row, 1))
     for _ in range(2):
         launcher(source, arguments)()
-        np.testing.assert_array_equal(out.get(), expected)
+        np.testing.assert_array_equal(out[:m, :n].get(), expected)
+        assert (out[:, n:].get() == 99).all() and (out[m:].get() == 99).all()
     assert not tile_counters.get().any()
 
 
@@ -162,8 +175,9 @@ def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantize
 @given(warpgroup_configurations("tma"), st.booleans())
 def test_every_warp_specialised_kernel_configuration_is_exact(configuration, requantized):
     """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
-    pipeline depth, split, persistent grid, cluster and signedness, on shapes that are no multiple of its tiles (the copies
-    fill what lies beyond with zeros), equals NumPy's product bit for bit."""
+    pipeline depth, split, persistent grid, cluster and signedness, its results stored by each thread or by the TMA, on
+    shapes that are no multiple of its tiles (the copies fill what lies beyond with zeros, the TMA stores nothing
+    beyond the result), equals NumPy's product bit for bit."""
     import cupy
 
     if cupy.cuda.Device().compute_capability != "90":
@@ -171,14 +185,15 @@ def test_every_warp_specialised_kernel_configuration_is_exact(configuration, req
     _check_kernel(configuration, requantized)
 
 
-def test_a_large_product_is_exact_through_every_kernel_the_program_times():
-    """Each candidate the runner times for a large product (wgmma on sm_90 among them) gives the exact sums."""
+@pytest.mark.parametrize("m, n, k", [(1000, 600, 784), (4100, 2048, 208)])
+def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k):
+    """Each candidate the runner times for a large product (wgmma on sm_90 among them; for one of more output tiles
+    than SMs, persistent kernels, some storing their results by the TMA) gives the exact sums."""
     import cupy
 
     from cortado.backends.cupy.calls.int8.runner import Int8Gemm
 
     rng = np.random.default_rng(5)
-    m, n, k = 1000, 600, 784
     a, b = _ints(rng, (m, k), "int8"), _ints(rng, (k, n), "int8")
     x, w = ct.var("a", (m, k), "int8"), ct.var("b", (n, k), "int8")
     program = ct.compile([ct.matmul(ct.cast(x, "int32"), ct.cast(ct.transpose(w), "int32"))], inputs=[x, w],
@@ -195,6 +210,7 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times():
         described.append(candidate.describe())
     if cupy.cuda.Device().compute_capability == "90":
         assert any("wgmma" in d for d in described) and any("tma" in d for d in described)
+        assert any("stored by the TMA" in d for d in described)
 
 
 def _quantized_layer(batch, k, n, rng, weights_as="constant"):

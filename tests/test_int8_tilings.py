@@ -3,6 +3,7 @@ wgmma ones only where they can run and pay, the warp-specialised ones persistent
 can be."""
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -12,7 +13,7 @@ from hypothesis import strategies as st
 from cortado.backends.cupy.calls.int8.product import Product, Tiling, grid, partial_bytes, warpgroup_tiling
 from cortado.backends.cupy.calls.int8.source import gemm_source
 from cortado.backends.cupy.calls.int8.tilings import (SHARED_LIMIT, WARPGROUP_MIN_MULTIPLY_ADDS, candidates,
-                                               warpgroup_candidates)
+                                               stored_tiling, warpgroup_candidates)
 from cortado.exprgraph.ops import parameter
 
 SIZES = st.integers(1, 5000)
@@ -26,7 +27,7 @@ def _no_empty_split(k, tiling):
 @settings(max_examples=200, deadline=None)
 @given(SIZES, SIZES, SIZES)
 def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
-    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma")
+    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma", 1)
     for tiling in candidates(m, n, k, 132, 6) + warpgroup_candidates(m, n, k, 132, 4) + specialised:
         assert tiling.shared_bytes <= SHARED_LIMIT and tiling.threads <= 1024
         assert _no_empty_split(k, tiling), tiling
@@ -43,6 +44,11 @@ def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
             assert grid(_product(m, n, k), tiling) == (across * down, 1, tiling.splits)
         if tiling.cluster > 1:  # pairs of neighbours in a row, on a persistent grid
             assert tiling.blocks and across % 2 == 0
+        if tiling.stored:  # the persistent forms' results stored by the TMA, in boxes a whole swizzle wide
+            assert tiling.blocks and tiling.stored == 1
+            assert tiling.bn in (32, 64) or tiling.bn % 128 == 0
+            assert replace(tiling, stored=0) in specialised  # with all of its stages
+    assert all(not t.stored for t in warpgroup_candidates(m, n, k, 132, 4, "tma"))
 
 
 def _product(m, n, k, constant_b=False):
@@ -78,6 +84,33 @@ def test_a_warp_specialised_kernel_asks_for_a_constant_b_before_waiting_for_the_
         before = producer[:producer.index("ct_wait_prior_grids();")]
         assert ('"l"(b_map_address)' in before) == constant
         assert '"l"(a_map_address)' not in before and "out0[" not in producer
+
+
+def test_results_are_stored_by_the_tma_only_where_it_can_store_them():
+    """The TMA stores boxes of rows 32, 64 or 128 bytes wide, into rows of whole 16-byte chunks, 16-byte aligned; a
+    kernel storing that way keeps room for its tile of results beside its stages, and has no split (whose blocks leave
+    their job early)."""
+    from cortado import cast
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.calls.int8.runner import _stored_by_tma
+
+    assert _stored_by_tma(np.dtype(np.int32), (1024, 1), 1000) == 4
+    assert _stored_by_tma(np.dtype(np.int8), (1024, 1), 1024) == 1
+    assert _stored_by_tma(np.dtype(np.int8), (1024, 1), 1000) == 0  # its rows' last 8 bytes
+    assert _stored_by_tma(np.dtype(np.int8), (1000, 1), 1000) == 0 and _stored_by_tma(np.dtype(np.int32), (1, 4), 4) == 0
+    persistent = warpgroup_tiling(128, 256, 128, 4, 1, "tma", 132)
+    assert stored_tiling(persistent, 1).stages == 4 and stored_tiling(persistent, 4) is None  # no room for 128 KB
+    assert stored_tiling(warpgroup_tiling(128, 256, 128, 2, 1, "tma", 132), 4).shared_bytes <= SHARED_LIMIT
+    assert stored_tiling(warpgroup_tiling(64, 16, 128, 4, 1, "tma", 132), 1) is None  # rows of 16 bytes
+    assert stored_tiling(warpgroup_tiling(64, 192, 128, 4, 1, "tma", 132), 1) is None  # one box and a half
+    product = _product(8192, 1024, 512)
+    sums = parameter(0, Operand((8192, 1024), np.dtype(np.int32), (1024, 1)))
+    text = gemm_source(product, stored_tiling(persistent, 1), cast(sums, "int8"), [], (1024, 1)).text
+    consumers = text[text.index("} else {"):]
+    assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in consumers and "out0[" not in consumers
+    assert "cp.async.bulk.wait_group.read 0" in consumers and "ct_tensor_map out_map" in text
+    with pytest.raises(ValueError, match="warp-specialised kernel cannot take"):
+        gemm_source(product, warpgroup_tiling(128, 256, 128, 2, 2, "tma", 0, 1, 4), sums, [], (1024, 1))
 
 
 def test_small_products_get_no_wgmma_candidates_and_large_ones_do():

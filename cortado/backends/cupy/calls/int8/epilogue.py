@@ -47,26 +47,32 @@ def staged(tiling, dtype, out_strides):
             and tiling.bm * (tiling.bn * size + STAGING_PAD) <= pipeline)
 
 
-def store_functions(body, extras, out_strides, staging):
-    """C++ statements defining ``epilogue(acc, m, n)``, the result's element of sum ``acc`` at ``(m, n)``, and
-    ``store_pair(s0, s1, m, n)``, which stores the results of sums ``s0`` at ``(m, n)`` and ``s1`` at ``(m, n + 1)``
-    (``n`` even), those inside ``M x N``, and ``store_inside``, the same for a pair known to be inside and
-    ``paired``; with ``staging`` (``staged``'s answer), ``stage_pair``, the same into the tile staged in shared
-    memory, and ``store_staged()``, which stores that tile. Inside a kernel that defines ``M``, ``N``, ``BM``,
-    ``BN``, ``m0``, ``n0``, ``THREADS`` and ``smem``, the pipeline's buffers, 16-byte aligned."""
+def epilogue_function(body, extras):
+    """C++ statements defining ``epilogue(acc, m, n)``, the result's element of sum ``acc`` at ``(m, n)``."""
     m, n = body.shape
     space = (_Dim(m, "m", 1, m), _Dim(n, "n", 1, n))
     writer = _Writer(space, [Operand(body.shape, np.dtype(np.int32), (0, 0)), *extras], "e", loads={0: "acc"})
     value = writer.value(body)
-    out_type = storage_type(body.dtype)
-    row, column = out_strides
-    pairs = "true" if column == 1 and row % 2 == 0 else "false"
     lines = "\n".join("    " + line for line in writer.lines)
     return f"""  auto epilogue = [&](const int acc, const int m, const int n) {{
 {lines}
-    return ct_store<{out_type}>({value});
+    return ct_store<{storage_type(body.dtype)}>({value});
   }};
-  // both results in one store where the rows are contiguous and the pointer is aligned for two
+"""
+
+
+def store_functions(body, extras, out_strides, staging):
+    """C++ statements defining ``epilogue(acc, m, n)`` (``epilogue_function``) and ``store_pair(s0, s1, m, n)``,
+    which stores the results of sums ``s0`` at ``(m, n)`` and ``s1`` at ``(m, n + 1)`` (``n`` even), those inside
+    ``M x N``, and ``store_inside``, the same for a pair known to be inside and ``paired``; with ``staging``
+    (``staged``'s answer), ``stage_pair``, the same into the tile staged in shared memory, and ``store_staged()``,
+    which stores that tile. Inside a kernel that defines ``M``, ``N``, ``BM``, ``BN``, ``m0``, ``n0``, ``THREADS``
+    and ``smem``, the pipeline's buffers, 16-byte aligned."""
+    out_type = storage_type(body.dtype)
+    row, column = out_strides
+    pairs = "true" if column == 1 and row % 2 == 0 else "false"
+    # both results in one store where the rows are contiguous and the pointer is aligned for two
+    return epilogue_function(body, extras) + f"""\
   const bool paired = {pairs} && (size_t)out0 % sizeof(ct_vec<{out_type}, 2>) == 0;
   auto store_pair = [&](const int s0, const int s1, const int m, const int n) {{
     if (m >= M) return;
@@ -128,6 +134,48 @@ def store_all(fragments, staging, sync=SYNC):
 {inside}
   }} else
     store_all(store_pair);
+"""
+
+
+def tma_store_all(fragments, out_type, sync):
+    """C++ statements that write every pair of results a thread holds into the block's tile of results staged in
+    shared memory (at ``staging``, generic pointer ``staged_tile``: boxes of ``SWIZZLE`` bytes a row, each ``BM``
+    rows, swizzled as the TMA's mode of that width lays them out, so the eight rows a warp writes at once fall in
+    distinct banks), then have the first thread ask the TMA to store the tile (``out_map``), which it does while
+    the block goes on to its next tile. The tile is written only once the store before has read it. Results beyond
+    ``M x N`` are left out; the TMA stores nothing beyond the result's bounds. Inside a kernel that defines ``M``,
+    ``N``, ``BM``, ``BN``, ``STORED_BYTES`` (bytes a result), ``m0``, ``n0`` and ``out_map_address``, after
+    ``epilogue_function``'s statements, its threads ``0 .. THREADS - 1`` meeting at ``sync``."""
+    return f"""  {{
+    constexpr int SWIZZLE = BN * STORED_BYTES < 128 ? BN * STORED_BYTES : 128, BOX = SWIZZLE / STORED_BYTES;
+    auto at = [&](const int m, const int n) {{  // the staged place of result (m, n)
+      const unsigned offset = (m - m0) * SWIZZLE + (n - n0) % BOX * STORED_BYTES;
+      return staged_tile + (n - n0) / BOX * (BM * SWIZZLE) + (offset ^ (((offset >> 7) & (SWIZZLE / 16 - 1)) << 4));
+    }};
+    auto stage = [&](const int s0, const int s1, const int m, const int n) {{
+      if (m >= M || n >= N) return;
+      if (n + 1 < N)
+        *reinterpret_cast<ct_vec<{out_type}, 2>*>(at(m, n)) =
+            ct_vec<{out_type}, 2>{{{{epilogue(s0, m, n), epilogue(s1, m, n + 1)}}}};
+      else
+        *reinterpret_cast<{out_type}*>(at(m, n)) = epilogue(s0, m, n);
+    }};
+    auto store_all = [&](auto store) {{
+{fragments}    }};
+    if (threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group.read 0;\\n" ::: "memory");  // the last store read it
+    {sync}
+    store_all(stage);
+    asm volatile("fence.proxy.async.shared::cta;\\n" ::: "memory");  // the staged tile, visible to the TMA
+    {sync}
+    if (threadIdx.x == 0) {{
+      #pragma unroll
+      for (int b = 0; b < BN / BOX; ++b)
+        asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {{%1, %2}}], [%3];\\n"
+                     :: "l"(out_map_address), "r"((n0 + b * BOX) * STORED_BYTES), "r"(m0), "r"(staging + b * BM * SWIZZLE)
+                     : "memory");
+      asm volatile("cp.async.bulk.commit_group;\\n" ::: "memory");
+    }}
+  }}
 """
 
 

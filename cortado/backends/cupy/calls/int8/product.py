@@ -27,6 +27,9 @@ class Tiling:
     instruction: str = "mma"
     blocks: int = 0  # ``tma``: a persistent grid of this many blocks, each taking every blocks-th output tile
     cluster: int = 1  # ``tma``: blocks of a cluster take neighbouring tiles of a row and share their tile of A
+    # ``tma``: the results, ``stored`` bytes each, written into shared memory and stored from there by the TMA while
+    # the block goes on to its next tile; 0: each thread stores its own
+    stored: int = 0
 
     @property
     def threads(self):
@@ -35,7 +38,7 @@ class Tiling:
     @property
     def shared_bytes(self):
         if self.instruction != "mma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
-            return self.stages * (self.bm + self.bn) * self.bk + SWIZZLE_ALIGNMENT
+            return self.stages * (self.bm + self.bn) * self.bk + self.bm * self.bn * self.stored + SWIZZLE_ALIGNMENT
         return self.stages * (self.bm + self.bn) * (self.bk + PAD)
 
     def __str__(self):
@@ -46,13 +49,14 @@ class Tiling:
         producer = " and a producer warp" if self.instruction == "tma" else ""
         persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
         cluster = f", A shared by clusters of {self.cluster}" if self.cluster > 1 else ""
+        stored = ", stored by the TMA" if self.stored else ""
         return (f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
-                f"{cluster}")
+                f"{cluster}{stored}")
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1):
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0):
     """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster)
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored)
 
 
 @dataclass(frozen=True)

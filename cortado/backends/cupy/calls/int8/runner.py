@@ -68,7 +68,8 @@ class _Kernel:
         self.workspace_bytes = partial_bytes(product, tiling)
         self.count = counters(product, tiling)
         self.counters = None
-        self.maps = (None, None)  # the warp-specialised kernel's operands (a, b) and their tensor maps
+        self.out_strides = out_strides
+        self.maps = (None, None)  # the warp-specialised kernel's operands (a, b, out) and their tensor maps
 
     def call(self, a, b, extras, out, workspace, stream):
         import cupy
@@ -77,8 +78,8 @@ class _Kernel:
             self.counters = cupy.zeros(max(self.count, 1), np.uint32)
         arguments = (a, b, *extras, out, workspace, self.counters.data.ptr)
         if self.tiling.instruction == "tma":
-            if self.maps[0] != (a, b):  # a program calls with the same operands every step: encoded once
-                self.maps = (a, b), specialised.tensor_maps(self.product, self.tiling, a, b)
+            if self.maps[0] != (a, b, out):  # a program calls with the same operands every step: encoded once
+                self.maps = (a, b, out), specialised.tensor_maps(self.product, self.tiling, a, b, out, self.out_strides)
             arguments += self.maps[1]
         launcher(self.source, arguments)()
 
@@ -126,6 +127,14 @@ class _Library:
 
     def describe(self):
         return f"cuBLASLt int8 GEMM (algorithm {self.choice})" + ("" if self.direct else " and an epilogue kernel")
+
+
+def _stored_by_tma(dtype, out_strides, n):
+    """The bytes of a result where the TMA can store the results, else 0: rows contiguous, their ``n`` results and the
+    distance between them whole numbers of 16 bytes (the TMA wrote past a row's end to its next 16 bytes)."""
+    size = np.dtype(dtype).itemsize
+    row, column = out_strides
+    return size if column == 1 and row * size % VECTOR_ALIGNMENT == 0 and n * size % VECTOR_ALIGNMENT == 0 else 0
 
 
 def _library_takes(product, out_strides):
@@ -190,7 +199,8 @@ class Int8Gemm:
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
             if overlapping() and specialised.available():  # the driver's launch passes the tensor maps
-                tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma")
+                tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma",
+                                                _stored_by_tma(body.dtype, out_strides, n))
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         for kernel in own:
             prepare(kernel.source)  # every candidate compiled side by side before they are timed
@@ -218,7 +228,8 @@ class Int8Gemm:
         """Run on device pointers (``extras``: the epilogue's operands) on ``stream`` (a pointer), which is also
         CuPy's current stream."""
         chosen = self.candidates[self.choice]
-        if self.vector and (a % VECTOR_ALIGNMENT or b % VECTOR_ALIGNMENT):
+        stored = isinstance(chosen, _Kernel) and chosen.tiling.stored
+        if (self.vector and (a % VECTOR_ALIGNMENT or b % VECTOR_ALIGNMENT)) or (stored and out % VECTOR_ALIGNMENT):
             chosen = self.unaligned
         chosen.call(a, b, extras, out, workspace, stream)
 

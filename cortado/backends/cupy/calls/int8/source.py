@@ -16,9 +16,10 @@ With ``SPLITS > 1`` the ``K`` tiles are divided among that many blocks per outpu
 product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sums`` adds up.
 """
 
-from ...codegen import PRELUDE, Source, kernel_name
+from ...codegen import PRELUDE, Source, kernel_name, storage_type
 from . import specialised, warpgroup
-from .epilogue import OPTIONS, SYNC, parameters, split_sums, staged, store_all, store_functions
+from .epilogue import (OPTIONS, SYNC, epilogue_function, parameters, split_sums, staged, store_all, store_functions,
+                       tma_store_all)
 from .product import PAD, grid, ptx_type
 from .staging import load_function, prologue
 
@@ -27,13 +28,16 @@ def gemm_source(product, tiling, body, extras, out_strides):
     """The kernel computing ``body`` (the epilogue, a term over ``param(0)``, the int32 sum of shape ``(m, n)``, and
     ``param(k)`` the ``k``-th operand of ``extras``, ``codegen.Operand`` s of shape ``(m, n)`` with their strides) at
     every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``,
-and for the warp-specialised form the operands' tensor maps (``specialised.tensor_maps``)."""
+and for the warp-specialised form the operands' tensor maps (``specialised.tensor_maps``), then, where its results
+are stored by the TMA (``tiling.stored``), the result's (``specialised.output_map``)."""
     generate, options = {"wgmma": (warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE),
                          "tma": (specialised.kernel_text, OPTIONS + warpgroup.ARCHITECTURE)}.get(
                              tiling.instruction, (_kernel_text, OPTIONS))
     staging = staged(tiling, body.dtype, out_strides)
 
     def stores(fragments, sync=SYNC):
+        if tiling.stored:  # through shared memory, by the TMA
+            return epilogue_function(body, extras) + tma_store_all(fragments, storage_type(body.dtype), sync)
         return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging, sync)
 
     text = generate(product, tiling, parameters(product, body, extras), stores)

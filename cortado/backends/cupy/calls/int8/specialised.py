@@ -24,6 +24,14 @@ a row, whose tile of ``A`` is the same: each block copies half of it into both (
 refilled only once both blocks' consumers are done with it, so each warp hands a stage back to both, lane ``c``
 to block ``c``, with a plain arrive: a release at cluster scope there, per warp and tile, made the clustered kernel
 twice as slow on the H100 (``benchmarks/results/h100/experiments/README.md``).
+
+A block that stores its results thread by thread stops multiplying while it stores, and on a persistent grid every
+block stores at once. With ``Tiling.stored`` the consumers instead write their tile of results into shared memory
+beside the stages (``epilogue.tma_store_all``: in boxes a swizzle wide, so the rows a warp writes at once fall in
+distinct banks), and one thread asks the TMA to store it from there (a third tensor map, the result's) while they
+go on to the next tile; they write the tile again only once the TMA has read it. The result's rows must be whole
+16-byte chunks (``runner._stored_by_tma``): on the H200 a row of one int32 result had the 12 bytes after it written
+too.
 """
 
 import ctypes
@@ -39,8 +47,9 @@ from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
 
 CONSUMER_SYNC = 'asm volatile("bar.sync 1, %0;\\n" :: "n"(THREADS) : "memory");'  # the consumers alone
 MAP_PARAMETERS = ("const __grid_constant__ ct_tensor_map a_map", "const __grid_constant__ ct_tensor_map b_map")
+OUT_MAP_PARAMETER = "const __grid_constant__ ct_tensor_map out_map"  # where the TMA stores the results
 TENSOR_MAP_BYTES = 128
-_UINT8, _NO_INTERLEAVE, _L2_PROMOTION_256B, _ZERO_FILL = 0, 0, 3, 0
+_UINT8, _NO_INTERLEAVE, _NO_PROMOTION, _L2_PROMOTION_256B, _ZERO_FILL = 0, 0, 0, 3, 0
 _TENSOR_MAP_SWIZZLE = {128: 3, 64: 2, 32: 1}  # CUtensorMapSwizzle of rows of 128, 64, 32 bytes
 
 _COPY = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes"
@@ -58,9 +67,11 @@ def kernel_text(product, tiling, params, stores):
     # a split's last block returns from its job: never on a persistent grid; clustered blocks come in pairs of a row
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
-            or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)):
+            or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
+            or (t.stored and (t.splits > 1 or not _swizzle_width(t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
-    consumers, signature, cluster = t.bm // 64 * 128, params + list(MAP_PARAMETERS), t.cluster
+    consumers, cluster = t.bm // 64 * 128, t.cluster
+    signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
     dims = f"__cluster_dims__({cluster}, 1, 1) " if cluster > 1 else ""
     rank = 'unsigned rank;\n  asm("mov.u32 %0, %%cluster_ctarank;\\n" : "=r"(rank));' if cluster > 1 else ""
     # the blocks meet: the whole cluster (at the end without .aligned: the producer warp's lanes may arrive apart)
@@ -87,7 +98,7 @@ __device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity)
 extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32, CLUSTER = {cluster};
-  constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
+  constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2, STORED_BYTES = {t.stored};
   extern __shared__ __align__(16) unsigned char smem[];
   __shared__ __align__(8) unsigned long long barriers[2 * STAGES];  // each stage's full, then each one's empty
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
@@ -125,6 +136,10 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
     }}
   }} else {{
     {WAIT_PRIOR_GRIDS}
+    // the results' tile staged for the TMA's stores (with STORED_BYTES), after the pipeline's stages
+    const unsigned staging = smem_base + STAGES * STAGE_BYTES;
+    unsigned char* const staged_tile = smem + (staging - (unsigned)__cvta_generic_to_shared(smem));
+    const unsigned long long out_map_address = {"(unsigned long long)&out_map" if t.stored else "0"};
     int it = 0;  // K tiles multiplied so far, over every job
     for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
@@ -145,6 +160,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
       ct_release(empty0 + 8 * ((it - 1) % STAGES));  // and the last one's: on to the next job
 {_indented(_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC)))}
     }}
+    if (STORED_BYTES && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // stored, all
   }}
   {f'asm volatile("{apart}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
    if cluster > 1 else ""}
@@ -186,6 +202,14 @@ def _release_function(cluster):
 }}"""
 
 
+def _swizzle_width(tiling):
+    """The bytes a row of each box of results the TMA stores holds (a swizzle's width: 128, 64 or 32), or None where
+    a tile's row of results is no whole number of them."""
+    row = tiling.bn * tiling.stored
+    width = min(row, 128)
+    return width if width in _TENSOR_MAP_SWIZZLE and row % width == 0 else None
+
+
 def _indented(text):
     return "\n".join("  " + line if line else line for line in text.split("\n"))
 
@@ -208,10 +232,10 @@ def available():
     return _encoder() is not None
 
 
-def tensor_map(pointer, rows, k, row_stride, box_rows, bk):
-    """The 128 bytes of a ``CUtensorMap`` describing an int8 operand of ``rows`` rows of ``k`` (``row_stride`` bytes
-    apart, ``K`` contiguous) at device address ``pointer``, copied in boxes of ``box_rows x bk``, swizzled as the
-    ``wgmma`` descriptors of rows of ``bk`` bytes read them."""
+def tensor_map(pointer, rows, k, row_stride, box_rows, bk, promotion=_L2_PROMOTION_256B):
+    """The 128 bytes of a ``CUtensorMap`` describing rows of bytes: ``rows`` rows of ``k`` (``row_stride`` bytes
+    apart) at device address ``pointer``, copied in boxes of ``box_rows x bk``, swizzled as rows of ``bk`` bytes are
+    (as the ``wgmma`` descriptors of an int8 operand read them)."""
     encode = _encoder()
     if encode is None:
         raise BackendError("the warp-specialised int8 kernel needs the CUDA driver's cuTensorMapEncodeTiled")
@@ -220,17 +244,22 @@ def tensor_map(pointer, rows, k, row_stride, box_rows, bk):
     u64, u32 = ctypes.c_uint64, ctypes.c_uint32
     result = encode(ctypes.c_void_p(address), _UINT8, 2, ctypes.c_void_p(pointer), (u64 * 2)(k, rows),
                     (u64 * 1)(row_stride), (u32 * 2)(bk, box_rows), (u32 * 2)(1, 1), _NO_INTERLEAVE,
-                    _TENSOR_MAP_SWIZZLE[bk], _L2_PROMOTION_256B, _ZERO_FILL)
+                    _TENSOR_MAP_SWIZZLE[bk], promotion, _ZERO_FILL)
     if result:
-        raise BackendError(f"cuTensorMapEncodeTiled refused an int8 operand of {rows}x{k} (rows {row_stride} bytes "
-                           f"apart) at {pointer:#x} in boxes of {box_rows}x{bk}: error {result}")
+        raise BackendError(f"cuTensorMapEncodeTiled refused {rows} rows of {k} bytes ({row_stride} bytes apart) at "
+                           f"{pointer:#x} in boxes of {box_rows}x{bk}: error {result}")
     return ctypes.string_at(address, TENSOR_MAP_BYTES)
 
 
-def tensor_maps(product, tiling, a, b):
-    """The tensor maps of ``A`` (at ``a``) and ``B`` (at ``b``, read as ``n x k``) the kernel is given after its
-    other parameters."""
+def tensor_maps(product, tiling, a, b, out, out_strides):
+    """The tensor maps the kernel is given after its other parameters: ``A``'s (at ``a``) and ``B``'s (at ``b``, read
+    as ``n x k``), then, where the TMA stores its results (``tiling.stored``), the result's (at ``out``, rows
+    ``out_strides[0]`` results apart)."""
     p, t = product, tiling
     itemsize = np.dtype(p.a_dtype).itemsize
-    return (tensor_map(a, p.m, p.k, p.a_strides[0] * itemsize, t.bm // t.cluster, t.bk),
+    maps = (tensor_map(a, p.m, p.k, p.a_strides[0] * itemsize, t.bm // t.cluster, t.bk),
             tensor_map(b, p.n, p.k, p.b_strides[1] * itemsize, t.bn, t.bk))
+    if not t.stored:
+        return maps
+    return maps + (tensor_map(out, p.m, p.n * t.stored, out_strides[0] * t.stored, t.bm, _swizzle_width(t),
+                              _NO_PROMOTION),)

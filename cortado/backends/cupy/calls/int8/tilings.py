@@ -89,10 +89,11 @@ def candidates(m, n, k, multiprocessors, count):
     return [tiling for _, _, tiling in ranked[:count]]
 
 
-def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
+def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", stored=0):
     """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, fed by ``cp.async``
     (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``: and the persistent and clustered forms
-    of those, up to three times ``count`` in all); none for a small product."""
+    of those; and, where the TMA can store the results, ``stored`` bytes each, the persistent forms storing that
+    way); none for a small product."""
     if m * n * k < (WARPGROUP_MIN_MULTIPLY_ADDS if instruction == "wgmma" else SPECIALISED_MIN_MULTIPLY_ADDS):
         return []
     # the cp.async kernel refills a stage two tiles after it was read, the warp-specialised one as soon as it is read
@@ -124,4 +125,21 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma"):
     # alone and in clusters of two blocks (neighbours in a row), which read their tile of A once for both
     persistent = [replace(t, blocks=multiprocessors // 2 * 2) for t in chosen
                   if t.splits == 1 and math.ceil(m / t.bm) * math.ceil(n / t.bn) > multiprocessors]
-    return chosen + persistent + [replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
+    persistent += [replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
+    stored_by_tma = [stored_tiling(t, stored) for t in persistent] if stored else []
+    return chosen + persistent + [t for t in stored_by_tma if t is not None]
+
+
+def stored_tiling(tiling, size):
+    """``tiling`` with its results, ``size`` bytes each, written into shared memory and stored from there by the TMA
+    while the block multiplies its next tile (a persistent block otherwise stops multiplying to store each tile, and
+    every block stores at once); None where that tile of results does not fit beside all of its stages, or a row of
+    it is no whole number of 32, 64 or 128 bytes (the widths the TMA swizzles). On the H200, at 4096^3, a 256x128
+    tile's int8 results stored so took 103-105 us against 111-115 stored by each thread; a tile of int32 results
+    stored so with fewer stages was slower at every tile shape tried
+    (``benchmarks/results/h200/experiments/int8_epilogue/``)."""
+    stored = replace(tiling, stored=size)
+    row = tiling.bn * size
+    if min(row, 128) not in (32, 64, 128) or row % min(row, 128) or stored.shared_bytes > SHARED_LIMIT:
+        return None
+    return stored
