@@ -121,17 +121,19 @@ def ours(m, n, k, repeats, operands, expected):
     call = Int8Call(Operand((m, k), np.dtype(np.int8), (k, 1)), Operand((k, n), np.dtype(np.int8), (1, k)), sums,
                     (), (n, 1), constant_b=True)
     runner = Int8Gemm(call)
-    scratch = cupy.zeros(max(runner.workspace_bytes, 1), np.uint8)  # kept alive while the calls run
-    workspace = scratch.data.ptr
+    scratch = cupy.zeros(max(runner.workspace_bytes, 1), np.uint8)
     result = cupy.empty((m, n), np.int32)
     stream = cupy.cuda.Stream(non_blocking=True)
-    pointers = (a.data.ptr, b_stored.data.ptr, (), result.data.ptr, workspace)
+
+    def pointers():  # of the buffers, which the timers hold alive by calling this
+        return a.data.ptr, b_stored.data.ptr, (), result.data.ptr, scratch.data.ptr
+
     with stream:
-        runner.tune(pointers, stream)
+        runner.tune(pointers(), stream)
 
     def time(candidate):
         with stream:
-            ms = replayed(lambda: candidate.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
+            ms = replayed(lambda: candidate.call(*pointers(), stream.ptr), repeats, _calls(m, n, k))
         _check(f"cortado ({candidate.describe()})", result, expected)
         return ms
 
@@ -139,7 +141,7 @@ def ours(m, n, k, repeats, operands, expected):
         """``candidate`` launched as CuPy launches, not overlapping the kernel before it (not the warp-specialised
         kernel, whose tensor maps, structures passed by value, CuPy's launch cannot pass)."""
         source = candidate.source
-        args = tuple(np.uint64(p) for p in (a.data.ptr, b_stored.data.ptr, result.data.ptr, workspace,
+        args = tuple(np.uint64(p) for p in (a.data.ptr, b_stored.data.ptr, result.data.ptr, scratch.data.ptr,
                                              candidate.counters.data.ptr))
         with stream:
             return replayed(lambda: compiled(source)(source.blocks, source.block, args, shared_mem=source.shared),
@@ -220,14 +222,17 @@ def float_gemm(a, b_stored, dtype, repeats, calls):
     gemm = Gemm(GemmCall.product(Operand((m, k), dtype, (k, 1)), Operand((n, k), dtype, (k, 1)), transpose_b=True))
     out = cupy.empty((m, n), np.uint16)
     workspace = cupy.empty(max(gemm.workspace_bytes, 1), np.uint8)
-    pointers = (a.data.ptr, b_stored.data.ptr, out.data.ptr, out.data.ptr, workspace.data.ptr, None, None)
     stream = cupy.cuda.Stream(non_blocking=True)
+
+    def pointers():  # of the buffers, which the timer holds alive by calling this
+        return a.data.ptr, b_stored.data.ptr, out.data.ptr, out.data.ptr, workspace.data.ptr, None, None
+
     with stream:
-        gemm.tune(pointers, stream)
+        gemm.tune(pointers(), stream)
 
     def time():
         with stream:
-            return replayed(lambda: gemm.call(*pointers, stream.ptr), repeats, calls)
+            return replayed(lambda: gemm.call(*pointers(), stream.ptr), repeats, calls)
 
     return time
 
@@ -316,13 +321,16 @@ def requantized(m, n, k, repeats, operands):
     scratch = cupy.zeros(max(runner.workspace_bytes, 1), np.uint8)
     result = cupy.empty((m, n), np.int8)
     stream = cupy.cuda.Stream(non_blocking=True)
-    pointers = (a.data.ptr, b_stored.data.ptr, (scale.data.ptr, bias.data.ptr), result.data.ptr, scratch.data.ptr)
+
+    def pointers():  # of the buffers, which the timers hold alive by calling this
+        return a.data.ptr, b_stored.data.ptr, (scale.data.ptr, bias.data.ptr), result.data.ptr, scratch.data.ptr
+
     with stream:
-        runner.tune(pointers, stream)
+        runner.tune(pointers(), stream)
 
     def time(candidate):
         with stream:
-            ms = replayed(lambda: candidate.call(*pointers, stream.ptr), repeats, _calls(m, n, k))
+            ms = replayed(lambda: candidate.call(*pointers(), stream.ptr), repeats, _calls(m, n, k))
         if not bool((result == expected).all()):
             raise AssertionError(f"cortado ({candidate.describe()}): its requantized results differ from NumPy's")
         return ms
