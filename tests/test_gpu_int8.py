@@ -73,10 +73,11 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     splits = draw(st.integers(1, min(k_tiles, 4)))
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
-    # results stored by the TMA (``_check_kernel`` gives the tiling its results' size), in rows of whole 16 bytes;
-    # a persistent grid of a few blocks, each taking many output tiles in turn; clusters of two blocks sharing A
+    # results stored by the TMA, whose rows must be whole 16-byte chunks (``_check_kernel`` gives the tiling its
+    # results' size, 1 a placeholder, and stores them thread by thread where they are not); a persistent grid of a
+    # few blocks, each taking many output tiles in turn; clusters of two blocks sharing A
     stored = int(instruction == "tma" and splits == 1 and draw(st.booleans()))
-    n = -(-n // 16) * 16 if stored else n
+    n = -(-n // 4) * 4 if stored else n
     blocks = draw(st.sampled_from([0, 1, 2, 6])) if instruction == "tma" and splits == 1 else 0
     cluster = 2 if instruction == "tma" and splits == 1 and math.ceil(n / bn) % 2 == 0 and draw(st.booleans()) else 1
     blocks = blocks // cluster * cluster
@@ -130,11 +131,14 @@ def _check_kernel(configuration, requantized):
     else:
         body, expected = sums, exact
     row = n
-    if tiling.stored:  # with as many of its stages as fit beside its tile of results
-        tiling = replace(tiling, stored=expected.dtype.itemsize)
+    size = expected.dtype.itemsize
+    if tiling.stored and n * size % 16 == 0:  # with as many of its stages as fit beside its tile of results
+        tiling = replace(tiling, stored=size)
         while tiling.shared_bytes > SHARED_LIMIT and tiling.stages > 2:
             tiling = replace(tiling, stages=tiling.stages - 1)
-        row = n + 16 // expected.dtype.itemsize  # n of them are whole 16-byte chunks; 16 bytes more
+        row = n + 16 // size  # 16 bytes more
+    else:
+        tiling = replace(tiling, stored=0)
     source = gemm_source(product, tiling, body, extras, (row, 1))
     out = cupy.full((m + 3, row), 99, expected.dtype)
     partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)

@@ -109,8 +109,10 @@ def test_results_are_stored_by_the_tma_only_where_it_can_store_them():
     consumers = text[text.index("} else {"):]
     assert "cp.async.bulk.tensor.2d.global.shared::cta.bulk_group" in consumers and "out0[" not in consumers
     assert "cp.async.bulk.wait_group.read 0" in consumers and "ct_tensor_map out_map" in text
-    with pytest.raises(ValueError, match="warp-specialised kernel cannot take"):
-        gemm_source(product, warpgroup_tiling(128, 256, 128, 2, 2, "tma", 0, 1, 4), sums, [], (1024, 1))
+    for tiling, n in ((warpgroup_tiling(128, 256, 128, 2, 2, "tma", 0, 1, 4), 1024),  # a split
+                      (stored_tiling(persistent, 1), 1000)):  # rows of 1000 bytes
+        with pytest.raises(ValueError, match="warp-specialised kernel cannot take"):
+            gemm_source(_product(8192, n, 512), tiling, sums, [], (1024, 1))
 
 
 def test_small_products_get_no_wgmma_candidates_and_large_ones_do():

@@ -137,28 +137,26 @@ def store_all(fragments, staging, sync=SYNC):
 """
 
 
-def tma_store_all(fragments, out_type, sync):
+def tma_store_all(fragments, out_type, width, sync):
     """C++ statements that write every pair of results a thread holds into the block's tile of results staged in
-    shared memory (at ``staging``, generic pointer ``staged_tile``: boxes of ``SWIZZLE`` bytes a row, each ``BM``
+    shared memory (at ``staging``, generic pointer ``staged_tile``: boxes of ``width`` bytes a row, each ``BM``
     rows, swizzled as the TMA's mode of that width lays them out, so the eight rows a warp writes at once fall in
     distinct banks), then have the first thread ask the TMA to store the tile (``out_map``), which it does while
     the block goes on to its next tile. The tile is written only once the store before has read it. Results beyond
-    ``M x N`` are left out; the TMA stores nothing beyond the result's bounds. Inside a kernel that defines ``M``,
+    ``M x N`` are left out (the rows' ``N`` results are whole 16-byte chunks: a pair is all inside or all out); the TMA
+    stores nothing beyond the result's bounds. Inside a kernel that defines ``M``,
     ``N``, ``BM``, ``BN``, ``STORED_BYTES`` (bytes a result), ``m0``, ``n0`` and ``out_map_address``, after
     ``epilogue_function``'s statements, its threads ``0 .. THREADS - 1`` meeting at ``sync``."""
     return f"""  {{
-    constexpr int SWIZZLE = BN * STORED_BYTES < 128 ? BN * STORED_BYTES : 128, BOX = SWIZZLE / STORED_BYTES;
+    constexpr int SWIZZLE = {width}, BOX = SWIZZLE / STORED_BYTES;
     auto at = [&](const int m, const int n) {{  // the staged place of result (m, n)
       const unsigned offset = (m - m0) * SWIZZLE + (n - n0) % BOX * STORED_BYTES;
       return staged_tile + (n - n0) / BOX * (BM * SWIZZLE) + (offset ^ (((offset >> 7) & (SWIZZLE / 16 - 1)) << 4));
     }};
     auto stage = [&](const int s0, const int s1, const int m, const int n) {{
       if (m >= M || n >= N) return;
-      if (n + 1 < N)
-        *reinterpret_cast<ct_vec<{out_type}, 2>*>(at(m, n)) =
-            ct_vec<{out_type}, 2>{{{{epilogue(s0, m, n), epilogue(s1, m, n + 1)}}}};
-      else
-        *reinterpret_cast<{out_type}*>(at(m, n)) = epilogue(s0, m, n);
+      *reinterpret_cast<ct_vec<{out_type}, 2>*>(at(m, n)) =
+          ct_vec<{out_type}, 2>{{{{epilogue(s0, m, n), epilogue(s1, m, n + 1)}}}};
     }};
     auto store_all = [&](auto store) {{
 {fragments}    }};

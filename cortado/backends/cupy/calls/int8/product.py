@@ -36,6 +36,14 @@ class Tiling:
         return 32 * self.warps_m * self.warps_n + (PRODUCER_THREADS if self.instruction == "tma" else 0)
 
     @property
+    def store_width(self):
+        """With ``stored``: the bytes a row of each box of results the TMA stores holds (a width it swizzles: 128, 64 or
+        32), or None where a tile's row of results is no whole number of them."""
+        row = self.bn * self.stored
+        width = min(row, 128)
+        return width if width in (32, 64, 128) and row % width == 0 else None
+
+    @property
     def shared_bytes(self):
         if self.instruction != "mma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
             return self.stages * (self.bm + self.bn) * self.bk + self.bm * self.bn * self.stored + SWIZZLE_ALIGNMENT

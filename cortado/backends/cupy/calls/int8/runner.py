@@ -69,7 +69,7 @@ class _Kernel:
         self.count = counters(product, tiling)
         self.counters = None
         self.out_strides = out_strides
-        self.maps = (None, None)  # the warp-specialised kernel's operands (a, b, out) and their tensor maps
+        self.maps = (None, None)  # the warp-specialised kernel's operands (a, b; out where the TMA stores) and maps
 
     def call(self, a, b, extras, out, workspace, stream):
         import cupy
@@ -78,8 +78,9 @@ class _Kernel:
             self.counters = cupy.zeros(max(self.count, 1), np.uint32)
         arguments = (a, b, *extras, out, workspace, self.counters.data.ptr)
         if self.tiling.instruction == "tma":
-            if self.maps[0] != (a, b, out):  # a program calls with the same operands every step: encoded once
-                self.maps = (a, b, out), specialised.tensor_maps(self.product, self.tiling, a, b, out, self.out_strides)
+            described = (a, b, out) if self.tiling.stored else (a, b)
+            if self.maps[0] != described:  # a program calls with the same operands every step: encoded once
+                self.maps = described, specialised.tensor_maps(self.product, self.tiling, a, b, out, self.out_strides)
             arguments += self.maps[1]
         launcher(self.source, arguments)()
 

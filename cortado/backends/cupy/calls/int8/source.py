@@ -37,7 +37,8 @@ are stored by the TMA (``tiling.stored``), the result's (``specialised.output_ma
 
     def stores(fragments, sync=SYNC):
         if tiling.stored:  # through shared memory, by the TMA
-            return epilogue_function(body, extras) + tma_store_all(fragments, storage_type(body.dtype), sync)
+            return epilogue_function(body, extras) + tma_store_all(fragments, storage_type(body.dtype),
+                                                                   tiling.store_width, sync)
         return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging, sync)
 
     text = generate(product, tiling, parameters(product, body, extras), stores)

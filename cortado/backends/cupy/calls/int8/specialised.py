@@ -56,19 +56,25 @@ _COPY = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::
          " [%0], [%1, {%2, %3}], [%4];\\n")
 # a stage armed with the bytes its copies will count off as they land
 _ARM = 'asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\\n" :: "r"(full), "r"(STAGE_BYTES) : "memory");'
+# the consumers' tile of results, staged for the TMA's stores after the pipeline's stages
+_STAGING = """    const unsigned staging = smem_base + STAGES * STAGE_BYTES;
+    unsigned char* const staged_tile = smem + (staging - (unsigned)__cvta_generic_to_shared(smem));
+    const unsigned long long out_map_address = (unsigned long long)&out_map;
+"""
 _MULTICAST = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
               " [%0], [%1, {%2, %3}], [%4], %5;\\n")  # into the same place of every block of the mask
 
 
 def kernel_text(product, tiling, params, stores):
     """The warp-specialised kernel of ``product`` cut by ``tiling`` (``instruction == "tma"``); its parameters are
-    ``params`` and the two tensor maps. ``THREADS`` in it counts the consumers, which alone run the epilogue."""
+    ``params``, the operands' two tensor maps and, where the TMA stores its results, the result's. ``THREADS`` in it
+    counts the consumers, which alone run the epilogue."""
     p, t = product, tiling
     # a split's last block returns from its job: never on a persistent grid; clustered blocks come in pairs of a row
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
             or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
-            or (t.stored and (t.splits > 1 or not _swizzle_width(t))):
+            or (t.stored and (t.splits > 1 or not _stages_hold_boxes(p, t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, cluster = t.bm // 64 * 128, t.cluster
     signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
@@ -136,11 +142,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
     }}
   }} else {{
     {WAIT_PRIOR_GRIDS}
-    // the results' tile staged for the TMA's stores (with STORED_BYTES), after the pipeline's stages
-    const unsigned staging = smem_base + STAGES * STAGE_BYTES;
-    unsigned char* const staged_tile = smem + (staging - (unsigned)__cvta_generic_to_shared(smem));
-    const unsigned long long out_map_address = {"(unsigned long long)&out_map" if t.stored else "0"};
-    int it = 0;  // K tiles multiplied so far, over every job
+{_STAGING if t.stored else ""}    int it = 0;  // K tiles multiplied so far, over every job
     for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
       int acc[REGS];
@@ -202,12 +204,12 @@ def _release_function(cluster):
 }}"""
 
 
-def _swizzle_width(tiling):
-    """The bytes a row of each box of results the TMA stores holds (a swizzle's width: 128, 64 or 32), or None where
-    a tile's row of results is no whole number of them."""
-    row = tiling.bn * tiling.stored
-    width = min(row, 128)
-    return width if width in _TENSOR_MAP_SWIZZLE and row % width == 0 else None
+def _stages_hold_boxes(product, tiling):
+    """Whether the TMA can store ``tiling``'s results of ``product`` through shared memory: rows of whole swizzles
+    (``Tiling.store_width``) staged after the stages, on a boundary of the swizzle's repeat (eight rows), and the
+    result's rows whole 16-byte chunks (``runner._stored_by_tma``)."""
+    t, width = tiling, tiling.store_width
+    return bool(width) and t.stages * (t.bm + t.bn) * t.bk % (8 * width) == 0 and product.n * t.stored % 16 == 0
 
 
 def _indented(text):
@@ -261,5 +263,7 @@ def tensor_maps(product, tiling, a, b, out, out_strides):
             tensor_map(b, p.n, p.k, p.b_strides[1] * itemsize, t.bn, t.bk))
     if not t.stored:
         return maps
-    return maps + (tensor_map(out, p.m, p.n * t.stored, out_strides[0] * t.stored, t.bm, _swizzle_width(t),
+    if out_strides[1] != 1 or out_strides[0] * t.stored % 16:
+        raise ValueError(f"the TMA cannot store results in rows {out_strides} elements apart")
+    return maps + (tensor_map(out, p.m, p.n * t.stored, out_strides[0] * t.stored, t.bm, t.store_width,
                               _NO_PROMOTION),)

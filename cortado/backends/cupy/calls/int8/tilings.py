@@ -139,7 +139,4 @@ def stored_tiling(tiling, size):
     stored so with fewer stages was slower at every tile shape tried
     (``benchmarks/results/h200/experiments/int8_epilogue/``)."""
     stored = replace(tiling, stored=size)
-    row = tiling.bn * size
-    if min(row, 128) not in (32, 64, 128) or row % min(row, 128) or stored.shared_bytes > SHARED_LIMIT:
-        return None
-    return stored
+    return stored if stored.store_width and stored.shared_bytes <= SHARED_LIMIT else None
