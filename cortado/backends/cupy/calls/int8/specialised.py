@@ -30,8 +30,8 @@ block stores at once. With ``Tiling.stored`` the consumers instead write their t
 beside the stages (``epilogue.tma_store_all``: in boxes a swizzle wide, so the rows a warp writes at once fall in
 distinct banks), and one thread asks the TMA to store it from there (a third tensor map, the result's) while they
 go on to the next tile; they write the tile again only once the TMA has read it. The result's rows must be whole
-16-byte chunks (``runner._stored_by_tma``): on the H200 a row of one int32 result had the 12 bytes after it written
-too.
+16-byte chunks (``runner._stored_by_tma``): the TMA stores whole 16-byte chunks, past a row's end to the next
+boundary (on the H200 a row of one int32 result had the 12 bytes after it written; triton-lang/triton#11583).
 """
 
 import ctypes
