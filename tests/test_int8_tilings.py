@@ -92,12 +92,12 @@ def test_results_are_stored_by_the_tma_only_where_it_can_store_them():
     their job early)."""
     from cortado import cast
     from cortado.backends.cupy.codegen import Operand
-    from cortado.backends.cupy.calls.int8.runner import _stored_by_tma
+    from cortado.backends.cupy.calls.int8.specialised import storable_rows
 
-    assert _stored_by_tma(np.dtype(np.int32), (1024, 1), 1000) == 4
-    assert _stored_by_tma(np.dtype(np.int8), (1024, 1), 1024) == 1
-    assert _stored_by_tma(np.dtype(np.int8), (1024, 1), 1000) == 0  # its rows' last 8 bytes
-    assert _stored_by_tma(np.dtype(np.int8), (1000, 1), 1000) == 0 and _stored_by_tma(np.dtype(np.int32), (1, 4), 4) == 0
+    assert storable_rows(4, (1024, 1), 1000)
+    assert storable_rows(1, (1024, 1), 1024)
+    assert not storable_rows(1, (1024, 1), 1000)  # its rows' last 8 bytes
+    assert not storable_rows(1, (1000, 1), 1000) and not storable_rows(4, (1, 4), 4)
     persistent = warpgroup_tiling(128, 256, 128, 4, 1, "tma", 132)
     assert stored_tiling(persistent, 1).stages == 4 and stored_tiling(persistent, 4) is None  # no room for 128 KB
     assert stored_tiling(warpgroup_tiling(128, 256, 128, 2, 1, "tma", 132), 4).shared_bytes <= SHARED_LIMIT

@@ -130,14 +130,6 @@ class _Library:
         return f"cuBLASLt int8 GEMM (algorithm {self.choice})" + ("" if self.direct else " and an epilogue kernel")
 
 
-def _stored_by_tma(dtype, out_strides, n):
-    """The bytes of a result where the TMA can store the results, else 0: rows contiguous, their ``n`` results and the
-    distance between them whole numbers of 16 bytes (the TMA wrote past a row's end to its next 16 bytes)."""
-    size = np.dtype(dtype).itemsize
-    row, column = out_strides
-    return size if column == 1 and row * size % VECTOR_ALIGNMENT == 0 and n * size % VECTOR_ALIGNMENT == 0 else 0
-
-
 def _library_takes(product, out_strides):
     """Whether cuBLASLt's int8 GEMM can take ``product``: int8 both, ``K`` contiguous in rows aligned as its int8
     kernels need, a result in C order."""
@@ -200,8 +192,9 @@ class Int8Gemm:
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
             if overlapping() and specialised.available():  # the driver's launch passes the tensor maps
+                size = body.dtype.itemsize  # the TMA's stores offered where it can store the result's rows
                 tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma",
-                                                _stored_by_tma(body.dtype, out_strides, n))
+                                                size if specialised.storable_rows(size, out_strides, n) else 0)
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         for kernel in own:
             prepare(kernel.source)  # every candidate compiled side by side before they are timed

@@ -29,7 +29,7 @@ def gemm_source(product, tiling, body, extras, out_strides):
     ``param(k)`` the ``k``-th operand of ``extras``, ``codegen.Operand`` s of shape ``(m, n)`` with their strides) at
     every ``(m, n)``, stored at element ``out_strides``. Its parameters: ``A, B, *extras, out, partials, counters``,
 and for the warp-specialised form the operands' tensor maps (``specialised.tensor_maps``), then, where its results
-are stored by the TMA (``tiling.stored``), the result's (``specialised.output_map``)."""
+are stored by the TMA (``tiling.stored``), the result's."""
     generate, options = {"wgmma": (warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE),
                          "tma": (specialised.kernel_text, OPTIONS + warpgroup.ARCHITECTURE)}.get(
                              tiling.instruction, (_kernel_text, OPTIONS))

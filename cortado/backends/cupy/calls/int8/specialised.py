@@ -30,7 +30,7 @@ block stores at once. With ``Tiling.stored`` the consumers instead write their t
 beside the stages (``epilogue.tma_store_all``: in boxes a swizzle wide, so the rows a warp writes at once fall in
 distinct banks), and one thread asks the TMA to store it from there (a third tensor map, the result's) while they
 go on to the next tile; they write the tile again only once the TMA has read it. The result's rows must be whole
-16-byte chunks (``runner._stored_by_tma``): the TMA stores whole 16-byte chunks, past a row's end to the next
+16-byte chunks (``storable_rows``): the TMA stores whole 16-byte chunks, past a row's end to the next
 boundary (on the H200 a row of one int32 result had the 12 bytes after it written; triton-lang/triton#11583).
 """
 
@@ -206,10 +206,18 @@ def _release_function(cluster):
 
 def _stages_hold_boxes(product, tiling):
     """Whether the TMA can store ``tiling``'s results of ``product`` through shared memory: rows of whole swizzles
-    (``Tiling.store_width``) staged after the stages, on a boundary of the swizzle's repeat (eight rows), and the
-    result's rows whole 16-byte chunks (``runner._stored_by_tma``)."""
+    (``Tiling.store_width``) staged after the stages, on a boundary of the swizzle's repeat (eight rows), and rows of
+    the result it can store (``storable_rows``; packed here: ``tensor_maps`` checks the result's own strides)."""
     t, width = tiling, tiling.store_width
-    return bool(width) and t.stages * (t.bm + t.bn) * t.bk % (8 * width) == 0 and product.n * t.stored % 16 == 0
+    return (bool(width) and t.stages * (t.bm + t.bn) * t.bk % (8 * width) == 0
+            and storable_rows(t.stored, (product.n, 1), product.n))
+
+
+def storable_rows(size, out_strides, n):
+    """Whether the TMA can store rows of ``n`` results of ``size`` bytes each, ``out_strides`` elements apart: rows
+    contiguous, their results and the distance between them whole numbers of 16 bytes."""
+    row, column = out_strides
+    return column == 1 and row * size % 16 == 0 and n * size % 16 == 0
 
 
 def _indented(text):
@@ -263,7 +271,7 @@ def tensor_maps(product, tiling, a, b, out, out_strides):
             tensor_map(b, p.n, p.k, p.b_strides[1] * itemsize, t.bn, t.bk))
     if not t.stored:
         return maps
-    if out_strides[1] != 1 or out_strides[0] * t.stored % 16:
+    if not storable_rows(t.stored, out_strides, p.n):
         raise ValueError(f"the TMA cannot store results in rows {out_strides} elements apart")
     return maps + (tensor_map(out, p.m, p.n * t.stored, out_strides[0] * t.stored, t.bm, t.store_width,
                               _NO_PROMOTION),)
