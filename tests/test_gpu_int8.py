@@ -75,16 +75,13 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     dtypes = draw(st.sampled_from(["int8", "uint8"])), draw(st.sampled_from(["int8", "uint8"]))
     # results stored by the TMA, whose rows must be whole 16-byte chunks (``_check_kernel`` gives the tiling its
     # results' size, 1 a placeholder, and stores them thread by thread where they are not); a persistent grid of a
-    # few blocks, each taking many output tiles in turn, or (stream-K) an equal run of the (tile, K tile) steps;
-    # clusters of two blocks sharing A
+    # few blocks, each taking many output tiles in turn; clusters of two blocks sharing A
     stored = int(instruction == "tma" and splits == 1 and draw(st.booleans()))
     n = -(-n // 4) * 4 if stored else n
-    blocks = draw(st.sampled_from([0, 1, 2, 3, 6])) if instruction == "tma" and splits == 1 else 0
+    blocks = draw(st.sampled_from([0, 1, 2, 6])) if instruction == "tma" and splits == 1 else 0
     cluster = 2 if instruction == "tma" and splits == 1 and math.ceil(n / bn) % 2 == 0 and draw(st.booleans()) else 1
     blocks = blocks // cluster * cluster
-    streamed = bool(blocks) and cluster == 1 and draw(st.booleans())
-    tiling = warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored, streamed)
-    return ((m, n, k), tiling, dtypes,
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored), dtypes,
             "padded rows", "k contiguous",
             (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
 
@@ -182,9 +179,9 @@ def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantize
 @given(warpgroup_configurations("tma"), st.booleans())
 def test_every_warp_specialised_kernel_configuration_is_exact(configuration, requantized):
     """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
-    pipeline depth, split, persistent or stream-K grid, cluster and signedness, its results stored by each thread or by
-    the TMA, on shapes that are no multiple of its tiles (the copies fill what lies beyond with zeros, the TMA stores
-    nothing beyond the result), equals NumPy's product bit for bit."""
+    pipeline depth, split, persistent grid, cluster and signedness, its results stored by each thread or by the TMA, on
+    shapes that are no multiple of its tiles (the copies fill what lies beyond with zeros, the TMA stores nothing
+    beyond the result), equals NumPy's product bit for bit."""
     import cupy
 
     if cupy.cuda.Device().compute_capability != "90":
@@ -195,7 +192,7 @@ def test_every_warp_specialised_kernel_configuration_is_exact(configuration, req
 @pytest.mark.parametrize("m, n, k", [(1000, 600, 784), (4100, 2048, 208)])
 def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k):
     """Each candidate the runner times for a large product (wgmma on sm_90 among them; for one of more output tiles
-    than SMs, persistent and stream-K kernels, some storing their results by the TMA) gives the exact sums."""
+    than SMs, persistent kernels, some storing their results by the TMA) gives the exact sums."""
     import cupy
 
     from cortado.backends.cupy.calls.int8.runner import Int8Gemm
@@ -217,7 +214,7 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k
         described.append(candidate.describe())
     if cupy.cuda.Device().compute_capability == "90":
         assert any("wgmma" in d for d in described) and any("tma" in d for d in described)
-        assert any("stored by the TMA" in d for d in described) and any("stream-K" in d for d in described)
+        assert any("stored by the TMA" in d for d in described)
 
 
 def _quantized_layer(batch, k, n, rng, weights_as="constant"):

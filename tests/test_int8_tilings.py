@@ -44,9 +44,6 @@ def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
             assert grid(_product(m, n, k), tiling) == (across * down, 1, tiling.splits)
         if tiling.cluster > 1:  # pairs of neighbours in a row, on a persistent grid
             assert tiling.blocks and across % 2 == 0
-        if tiling.streamed:  # stream-K: a persistent grid's blocks, one partial tile between each two
-            assert tiling.blocks and tiling.cluster == 1
-            assert partial_bytes(_product(m, n, k), tiling) == 132 * tiling.bm * tiling.bn * 4
         if tiling.stored:  # the persistent forms' results stored by the TMA, in boxes a whole swizzle wide
             assert tiling.blocks and tiling.stored == 1
             assert tiling.bn in (32, 64) or tiling.bn % 128 == 0
@@ -72,24 +69,6 @@ def test_a_warp_specialised_kernel_refuses_clusters_it_cannot_pair():
             gemm_source(product, tiling, sums, [], (384, 1))
     text = gemm_source(product, warpgroup_tiling(64, 192, 128, 2, 1, "tma", 0, 2), sums, [], (384, 1)).text
     assert "__cluster_dims__(2, 1, 1)" in text and ".multicast::cluster" in text
-
-
-def test_a_stream_k_kernel_runs_only_on_a_persistent_grid_of_single_blocks():
-    """A stream-K kernel's blocks each take an equal run of the (tile, K tile) steps: it needs a persistent grid, and
-    a cluster's blocks, which share their tiles of A, would no longer work on neighbouring tiles at the same time."""
-    from cortado.backends.cupy.codegen import Operand
-
-    sums = parameter(0, Operand((4096, 4096), np.dtype(np.int32), (4096, 1)))
-    product = _product(4096, 4096, 4096)
-    for tiling in (warpgroup_tiling(128, 256, 128, 4, 1, "tma", 0, 1, 0, True),
-                   warpgroup_tiling(128, 256, 128, 4, 1, "tma", 132, 2, 0, True)):
-        with pytest.raises(ValueError, match="warp-specialised kernel cannot take"):
-            gemm_source(product, tiling, sums, [], (4096, 1))
-    streamed = warpgroup_tiling(128, 256, 128, 4, 1, "tma", 132, 1, 0, True)
-    assert str(streamed).endswith("stream-K on 132 blocks")
-    assert streamed in warpgroup_candidates(4096, 4096, 4096, 132, 4, "tma")
-    text = gemm_source(product, streamed, sums, [], (4096, 1)).text
-    assert "atomicAdd(&counters[boundary], 1u)" in text and "ld.acquire.gpu" in text
 
 
 def test_a_warp_specialised_kernel_asks_for_a_constant_b_before_waiting_for_the_kernel_before():

@@ -11,8 +11,7 @@ equals the CPU's bit for bit.
 With ``SPLITS > 1`` the ``K`` tiles of an output tile are divided among that many blocks: each writes its
 sums to a partial in the workspace, and the last of them to finish (counted by an atomic counter per tile,
 which it resets for the next call) adds the others' partials to its own and applies the epilogue. Integer
-sums are exact, so the order they are added in changes nothing. A stream-K kernel's tile shared by two blocks is
-added up the same way (``stream_sums``), through one partial per boundary between the blocks' runs.
+sums are exact, so the order they are added in changes nothing.
 """
 
 import numpy as np
@@ -203,44 +202,5 @@ def split_sums(sync=SYNC):
       for (int s = 0; s < SPLITS; ++s) sum += __ldcg(&slot[(s * REGS + r) * THREADS + threadIdx.x]);
       acc[r] = sum;
     }}
-  }}
-"""
-
-
-def stream_sums(sync):
-    """C++ statements that, in a stream-K kernel, add up an output tile two blocks share (its first K tiles end one
-    block's run, its last ones begin the next one's; the boundary between the runs names the tile's partial and its
-    counter): the first of the two to arrive leaves its sums in the partial and goes on to its next piece of work, the
-    second waits until they are written, adds them to its own and stores the tile. The first never waits, so no
-    block waits on one that is not running. The counter gains 1 for each arrival and 4 once the partial is written
-    (a bit the two arrivals never reach, in whichever order they and the write come); the second resets it for the
-    next call. Inside the consumers' loop over ``piece`` (``job``, its K tiles
-    ``first .. last``) of a kernel that defines ``KTILES``, ``REGS`` and ``THREADS``, whose threads
-    ``0 .. THREADS - 1`` hold the sums and meet at ``sync``."""
-    return f"""  if (piece.first > 0 || piece.last < KTILES) {{  // a tile shared with the block before or after
-    const int boundary = blockIdx.x + (piece.first > 0 ? -1 : 0);  // the boundary after block `boundary`'s run
-    int* const slot = partials + (size_t)boundary * REGS * THREADS;
-    __shared__ unsigned arrived;
-    if (threadIdx.x == 0) arrived = atomicAdd(&counters[boundary], 1u);
-    {sync}
-    if (arrived == 0) {{  // the first: its sums left for the other
-      #pragma unroll
-      for (int r = 0; r < REGS; ++r) __stcg(&slot[r * THREADS + threadIdx.x], acc[r]);
-      __threadfence();
-      {sync}
-      if (threadIdx.x == 0) atomicAdd(&counters[boundary], 4u);
-      continue;
-    }}
-    if (threadIdx.x == 0) {{  // the second: once the first's sums are written
-      unsigned state = 0;
-      do {{
-        asm volatile("ld.acquire.gpu.global.u32 %0, [%1];\\n" : "=r"(state) : "l"(&counters[boundary]) : "memory");
-      }} while (!(state & 4u));
-      counters[boundary] = 0;
-    }}
-    {sync}
-    __threadfence();
-    #pragma unroll
-    for (int r = 0; r < REGS; ++r) acc[r] += __ldcg(&slot[r * THREADS + threadIdx.x]);
   }}
 """

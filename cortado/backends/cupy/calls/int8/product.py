@@ -30,9 +30,6 @@ class Tiling:
     # ``tma``: the results, ``stored`` bytes each, written into shared memory and stored from there by the TMA while
     # the block goes on to its next tile; 0: each thread stores its own
     stored: int = 0
-    # ``tma``, persistent: stream-K, each block taking an equal run of the (output tile, K tile) steps, so that the
-    # blocks' tiles end, and are stored, at different times; a tile two blocks share is added up by the later of them
-    streamed: bool = False
 
     @property
     def threads(self):
@@ -58,18 +55,16 @@ class Tiling:
         workers = (f"{groups} warpgroup{'s' if groups > 1 else ''}" if self.instruction != "mma"
                    else f"{self.warps_m}x{self.warps_n} warps")
         producer = " and a producer warp" if self.instruction == "tma" else ""
-        schedule = "stream-K" if self.streamed else "persistent"
-        persistent = f", {schedule} on {self.blocks} blocks" if self.blocks else ""
+        persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
         cluster = f", A shared by clusters of {self.cluster}" if self.cluster > 1 else ""
         stored = ", stored by the TMA" if self.stored else ""
         return (f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
                 f"{cluster}{stored}")
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0,
-                     streamed=False):
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0):
     """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored, streamed)
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored)
 
 
 @dataclass(frozen=True)
@@ -114,10 +109,7 @@ def grid(product, tiling):
 
 
 def partial_bytes(product, tiling):
-    """The workspace the split sums take (0 without a split): a stream-K kernel's, one tile of sums per boundary
-    between two blocks' runs."""
-    if tiling.streamed:
-        return tiling.blocks * tiling.bm * tiling.bn * 4
+    """The workspace the split sums take (0 without a split)."""
     if tiling.splits == 1:
         return 0
     across, down, splits = tiles(product, tiling)
@@ -125,10 +117,7 @@ def partial_bytes(product, tiling):
 
 
 def counters(product, tiling):
-    """How many tile counters the kernel needs (one per output tile; 0 without a split; a stream-K kernel's, one per
-    boundary between two blocks' runs)."""
-    if tiling.streamed:
-        return tiling.blocks
+    """How many tile counters the kernel needs (one per output tile; 0 without a split)."""
     across, down, _ = tiles(product, tiling)
     return across * down if tiling.splits > 1 else 0
 

@@ -25,11 +25,6 @@ refilled only once both blocks' consumers are done with it, so each warp hands a
 to block ``c``, with a plain arrive: a release at cluster scope there, per warp and tile, made the clustered kernel
 twice as slow on the H100 (``benchmarks/results/h100/experiments/README.md``).
 
-On a persistent grid every block finishes a tile, and stores it, at about the same time as every other; with
-``Tiling.streamed`` (stream-K) each block instead takes an equal run of the ``(output tile, K tile)`` steps, so its
-tiles end at times of their own, and a tile whose K tiles two blocks' runs share is added up through a partial in the
-workspace (``epilogue.stream_sums``) by whichever of the two comes to it second.
-
 A block that stores its results thread by thread stops multiplying while it stores, and on a persistent grid every
 block stores at once. With ``Tiling.stored`` the consumers instead write their tile of results into shared memory
 beside the stages (``epilogue.tma_store_all``: in boxes a swizzle wide, so the rows a warp writes at once fall in
@@ -46,7 +41,7 @@ import numpy as np
 
 from .....errors import BackendError
 from ...launch import WAIT_PRIOR_GRIDS, driver
-from .epilogue import split_sums, stream_sums
+from .epilogue import split_sums
 from .product import PRODUCER_THREADS, SWIZZLE_ALIGNMENT
 from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
 
@@ -79,8 +74,7 @@ def kernel_text(product, tiling, params, stores):
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
             or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
-            or (t.stored and (t.splits > 1 or not _stages_hold_boxes(p, t))) \
-            or (t.streamed and (not t.blocks or t.cluster > 1)):
+            or (t.stored and (t.splits > 1 or not _stages_hold_boxes(p, t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, cluster = t.bm // 64 * 128, t.cluster
     signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
@@ -98,7 +92,6 @@ def kernel_text(product, tiling, params, stores):
     return f"""
 #define THREADS {consumers}
 struct alignas(64) ct_tensor_map {{ unsigned long long words[16]; }};
-struct ct_piece {{ int job, first, last; }};  // an output tile and its K tiles first .. last - 1
 {descriptor_function(t)}
 __device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity) {{
   unsigned done = 0;
@@ -117,11 +110,10 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
-  // output tiles (jobs) in rows of TILES_N, the block's pieces of them taken in turn (first_piece, next_piece; the
-  // blocks of a cluster take neighbours in a row, whose A tile is the same: each copies its share of it to all)
+  // output tiles (jobs) in rows of TILES_N; a block takes every gridDim.x-th, starting at its own (the blocks of a
+  // cluster take neighbours in a row, whose A tile is the same: each copies its share of it to all)
   constexpr int TILES_N = (N + BN - 1) / BN, JOBS = TILES_N * ((M + BM - 1) / BM);
   const int kt0 = blockIdx.z * PER_SPLIT, tiles = min(KTILES, kt0 + PER_SPLIT) - kt0;
-{_schedule(t)}
   {rank}
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
@@ -136,10 +128,10 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
       const unsigned long long a_map_address = (unsigned long long)&a_map, b_map_address = (unsigned long long)&b_map;
 {early}      {WAIT_PRIOR_GRIDS}
       int it = 0;  // K tiles asked for so far, over every job
-      for (ct_piece piece = first_piece(); piece.job < JOBS; piece = next_piece(piece)) {{
-        const int m0 = piece.job / TILES_N * BM, n0 = piece.job % TILES_N * BN;
-        for (int kt = piece.first; kt < piece.last; ++kt, ++it) {{
-          const int s = it % STAGES, k0 = kt * BK;
+      for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
+        const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
+        for (int i = 0; i < tiles; ++i, ++it) {{
+          const int s = it % STAGES, k0 = (kt0 + i) * BK;
           if (it >= STAGES) ct_wait_phase(empty0 + 8 * s, ((it / STAGES) - 1) & 1);  // its last tile's products are done
           const unsigned full = full0 + 8 * s, a_dst = smem_base + s * STAGE_BYTES, b_dst = a_dst + BM * BK;
           {later}{_ARM}
@@ -151,25 +143,24 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
   }} else {{
     {WAIT_PRIOR_GRIDS}
 {_STAGING if t.stored else ""}    int it = 0;  // K tiles multiplied so far, over every job
-    for (ct_piece piece = first_piece(); piece.job < JOBS; piece = next_piece(piece)) {{
-      const int m0 = piece.job / TILES_N * BM, n0 = piece.job % TILES_N * BN;
+    for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
+      const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
       int acc[REGS];
       #pragma unroll
       for (int r = 0; r < REGS; ++r) acc[r] = 0;
-      for (int kt = piece.first; kt < piece.last; ++kt, ++it) {{
+      for (int i = 0; i < tiles; ++i, ++it) {{
         const int s = it % STAGES;
         ct_wait_phase(full0 + 8 * s, (it / STAGES) & 1);
         const unsigned stage = smem_base + s * STAGE_BYTES;
         const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
 {_indented(_indented(tile_products(p, t)))}
-        if (kt > piece.first) ct_release(empty0 + 8 * ((it - 1) % STAGES));  // the tile before's products are done
+        if (i > 0) ct_release(empty0 + 8 * ((it - 1) % STAGES));  // the tile before's products are done
       }}
       asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
       #pragma unroll
       for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
       ct_release(empty0 + 8 * ((it - 1) % STAGES));  // and the last one's: on to the next job
-{_indented(_indented((stream_sums(CONSUMER_SYNC) if t.streamed else split_sums(CONSUMER_SYNC))
-                     + stores(STORED, CONSUMER_SYNC)))}
+{_indented(_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC)))}
     }}
     if (STORED_BYTES && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // stored, all
   }}
@@ -186,34 +177,14 @@ def _early_copies(constant_b):
     if not constant_b:
         return "", ""
     return (f"""      // a constant B's first tiles are asked for before the kernel before is waited for
-      const ct_piece start = first_piece();
-      const int early = start.job < JOBS ? min(STAGES, start.last - start.first) : 0;
+      const int early = blockIdx.x < JOBS ? min(STAGES, tiles) : 0;
       for (int s = 0; s < early; ++s) {{
         const unsigned full = full0 + 8 * s, b_dst = smem_base + s * STAGE_BYTES + BM * BK;
         {_ARM}
-        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"((start.first + s) * BK),
-                     "r"(start.job % TILES_N * BN), "r"(full) : "memory");
+        asm volatile("{_COPY}" :: "r"(b_dst), "l"(b_map_address), "r"((kt0 + s) * BK), "r"(blockIdx.x % TILES_N * BN),
+                     "r"(full) : "memory");
       }}
 """, "if (it >= early) ")
-
-
-def _schedule(tiling):
-    """``first_piece()`` and ``next_piece(piece)``: the block's pieces of work in turn, each an output tile (``job``)
-    and its K tiles ``first .. last``; ``job`` is ``JOBS`` past the last. A block takes every ``gridDim.x``-th job
-    from its own, each whole (or its split's K tiles); a stream-K block its equal run of the ``JOBS * KTILES`` steps,
-    no shorter than one job's (there are no more blocks than jobs), so a job is shared by two blocks at most: the
-    end of one's run and the start of the next one's."""
-    if not tiling.streamed:
-        return """  auto first_piece = [&]() { return ct_piece{(int)blockIdx.x, kt0, kt0 + tiles}; };
-  auto next_piece = [&](const ct_piece piece) { return ct_piece{piece.job + (int)gridDim.x, kt0, kt0 + tiles}; };"""
-    return """  const int begin = (int)((long long)blockIdx.x * JOBS * KTILES / gridDim.x);
-  const int end = (int)((long long)(blockIdx.x + 1) * JOBS * KTILES / gridDim.x);
-  auto piece_at = [&](const int step) {  // the piece starting at step (job, K tile) of the run
-    return step < end ? ct_piece{step / KTILES, step % KTILES, min(KTILES, step % KTILES + end - step)}
-                      : ct_piece{JOBS, 0, 0};
-  };
-  auto first_piece = [&]() { return piece_at(begin); };
-  auto next_piece = [&](const ct_piece piece) { return piece_at(piece.job * KTILES + piece.last); };"""
 
 
 def _release_function(cluster):

@@ -122,11 +122,10 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", s
     if instruction != "tma":
         return chosen
     # and each unsplit one with more tiles than SMs on a persistent grid (a block's next tile loads while it stores),
-    # alone, in clusters of two blocks (neighbours in a row), which read their tile of A once for both, and stream-K
+    # alone and in clusters of two blocks (neighbours in a row), which read their tile of A once for both
     persistent = [replace(t, blocks=multiprocessors // 2 * 2) for t in chosen
                   if t.splits == 1 and math.ceil(m / t.bm) * math.ceil(n / t.bn) > multiprocessors]
-    persistent += ([replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
-                   + [replace(t, streamed=True) for t in persistent])
+    persistent += [replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
     stored_by_tma = [stored_tiling(t, stored) for t in persistent] if stored else []
     return chosen + persistent + [t for t in stored_by_tma if t is not None]
 
