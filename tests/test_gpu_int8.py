@@ -78,10 +78,12 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     # few blocks, each taking many output tiles in turn; clusters of two blocks sharing A
     stored = int(instruction == "tma" and splits == 1 and draw(st.booleans()))
     n = -(-n // 4) * 4 if stored else n
+    lines = instruction == "tma" and not stored and draw(st.booleans())  # each warp's results in whole lines
     blocks = draw(st.sampled_from([0, 1, 2, 6])) if instruction == "tma" and splits == 1 else 0
     cluster = 2 if instruction == "tma" and splits == 1 and math.ceil(n / bn) % 2 == 0 and draw(st.booleans()) else 1
     blocks = blocks // cluster * cluster
-    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored), dtypes,
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored, lines),
+            dtypes,
             "padded rows", "k contiguous",
             (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
 
@@ -97,8 +99,9 @@ def _placed(cupy, x, strides):
 def _check_kernel(configuration, requantized):
     """Run the kernel of ``configuration`` (twice: the second call finds the split counters the first left) and
     compare it with NumPy's int32 product, or with the requantizing epilogue's float32 formula, bit for bit. An
-    operand drawn constant is read before the kernel waits for the grid before it. Where the TMA stores the results,
-    they lie in a larger buffer (16 bytes more a row, more rows after), the rest of which must stay as it was."""
+    operand drawn constant is read before the kernel waits for the grid before it. Where the TMA or whole lines store
+    the results, they lie in a larger buffer (16 bytes more a row, more rows after), the rest of which must stay as
+    it was."""
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
@@ -107,6 +110,7 @@ def _check_kernel(configuration, requantized):
     from cortado.backends.cupy.calls.int8.source import gemm_source
     from cortado.backends.cupy.calls.int8.specialised import tensor_maps
     from cortado.backends.cupy.calls.int8.tilings import SHARED_LIMIT
+    from cortado.backends.cupy.calls.int8.warpgroup import line_storable
     from cortado.exprgraph.ops import parameter
 
     (m, n, k), tiling, (a_dtype, b_dtype), a_layout, b_layout, constants, seed = configuration
@@ -139,6 +143,12 @@ def _check_kernel(configuration, requantized):
         row = n + 16 // size  # 16 bytes more
     else:
         tiling = replace(tiling, stored=0)
+    if tiling.lines and line_storable(size, (-(-n * size // 16) * 16 // size, 1), tiling.bn):
+        row = -(-n * size // 16) * 16 // size + 16 // size  # rows 16-byte aligned, 16 bytes more
+        while tiling.shared_bytes > SHARED_LIMIT and tiling.stages > 2:  # the warps' lines beside the stages
+            tiling = replace(tiling, stages=tiling.stages - 1)
+    else:
+        tiling = replace(tiling, lines=False)
     source = gemm_source(product, tiling, body, extras, (row, 1))
     out = cupy.full((m + 3, row), 99, expected.dtype)
     partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)
@@ -179,9 +189,9 @@ def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantize
 @given(warpgroup_configurations("tma"), st.booleans())
 def test_every_warp_specialised_kernel_configuration_is_exact(configuration, requantized):
     """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
-    pipeline depth, split, persistent grid, cluster and signedness, its results stored by each thread or by the TMA, on
-    shapes that are no multiple of its tiles (the copies fill what lies beyond with zeros, the TMA stores nothing
-    beyond the result), equals NumPy's product bit for bit."""
+    pipeline depth, split, persistent grid, cluster and signedness, its results stored by each thread, in whole lines
+    by each warp or by the TMA, on shapes that are no multiple of its tiles (the copies fill what lies beyond with
+    zeros, the TMA stores nothing beyond the result), equals NumPy's product bit for bit."""
     import cupy
 
     if cupy.cuda.Device().compute_capability != "90":
@@ -192,7 +202,8 @@ def test_every_warp_specialised_kernel_configuration_is_exact(configuration, req
 @pytest.mark.parametrize("m, n, k", [(1000, 600, 784), (4100, 2048, 208)])
 def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k):
     """Each candidate the runner times for a large product (wgmma on sm_90 among them; for one of more output tiles
-    than SMs, persistent kernels, some storing their results by the TMA) gives the exact sums."""
+    than SMs, persistent kernels; some storing their results by the TMA, some in whole lines) gives the exact
+    sums."""
     import cupy
 
     from cortado.backends.cupy.calls.int8.runner import Int8Gemm
@@ -214,7 +225,7 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k
         described.append(candidate.describe())
     if cupy.cuda.Device().compute_capability == "90":
         assert any("wgmma" in d for d in described) and any("tma" in d for d in described)
-        assert any("stored by the TMA" in d for d in described)
+        assert any("stored by the TMA" in d for d in described) and any("whole lines" in d for d in described)
 
 
 def _quantized_layer(batch, k, n, rng, weights_as="constant"):

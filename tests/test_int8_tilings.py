@@ -44,6 +44,9 @@ def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
             assert grid(_product(m, n, k), tiling) == (across * down, 1, tiling.splits)
         if tiling.cluster > 1:  # pairs of neighbours in a row, on a persistent grid
             assert tiling.blocks and across % 2 == 0
+        if tiling.lines:  # whole lines of 128 bytes, the warps' shared memory beside all of the stages
+            assert not tiling.stored and tiling.bn % 128 == 0
+            assert replace(tiling, lines=False) in specialised
         if tiling.stored:  # the persistent forms' results stored by the TMA, in boxes a whole swizzle wide
             assert tiling.blocks and tiling.stored == 1
             assert tiling.bn in (32, 64) or tiling.bn % 128 == 0
@@ -113,6 +116,34 @@ def test_results_are_stored_by_the_tma_only_where_it_can_store_them():
                       (stored_tiling(persistent, 1), 1000)):  # rows of 1000 bytes
         with pytest.raises(ValueError, match="warp-specialised kernel cannot take"):
             gemm_source(_product(8192, n, 512), tiling, sums, [], (1024, 1))
+
+
+def test_results_are_stored_in_whole_lines_only_where_the_rows_hold_them():
+    """A warp stores its rows in whole 128-byte lines through shared memory of its own, beside all of the stages:
+    where a tile's row is whole lines, in rows 16-byte aligned, and only in the warp-specialised kernel, whose
+    consumer warps the shared memory is laid out for."""
+    from cortado import cast
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.calls.int8.tilings import line_tiling
+    from cortado.backends.cupy.calls.int8.warpgroup import line_storable
+
+    assert line_storable(4, (4096, 1), 32) and line_storable(1, (4096, 1), 128)
+    assert not line_storable(1, (4096, 1), 64) and not line_storable(4, (4098, 1), 128)
+    assert not line_storable(4, (1, 4096), 128)
+    persistent = warpgroup_tiling(256, 128, 128, 4, 1, "tma", 132)
+    assert line_tiling(persistent, 4).shared_bytes == persistent.shared_bytes + 16 * 2048 <= SHARED_LIMIT
+    assert line_tiling(warpgroup_tiling(128, 128, 128, 7, 1, "tma"), 4) is None  # no room beside 7 stages
+    assert line_tiling(warpgroup_tiling(128, 64, 128, 4, 1, "tma"), 1) is None  # 64 bytes a row
+    sums = parameter(0, Operand((4096, 4096), np.dtype(np.int32), (4096, 1)))
+    text = gemm_source(_product(4096, 4096, 4096), line_tiling(persistent, 4), sums, [], (4096, 1)).text
+    consumers = text[text.index("} else {"):]
+    assert "line_scratch" in consumers and "*reinterpret_cast<uint4*>(out0" in consumers
+    for tiling, body, strides in ((line_tiling(persistent, 4), sums, (4098, 1)),  # rows not 16-byte aligned
+                                  (warpgroup_tiling(128, 64, 128, 4, 1, "tma", lines=True), cast(sums, "int8"),
+                                   (4096, 1)),  # rows of 64 bytes
+                                  (warpgroup_tiling(256, 128, 128, 4, 1, "wgmma", lines=True), sums, (4096, 1))):
+        with pytest.raises(ValueError, match="whole lines"):
+            gemm_source(_product(4096, 4096, 4096), tiling, body, [], strides)
 
 
 def test_small_products_get_no_wgmma_candidates_and_large_ones_do():

@@ -112,14 +112,19 @@ def _staging_functions(out_type, row):
 """
 
 
-def store_all(fragments, staging, sync=SYNC):
+def store_all(fragments, staging, sync=SYNC, lines=""):
     """C++ statements storing every pair of sums a thread holds: ``fragments`` calls ``store(s0, s1, m, n)`` for
     each. A tile wholly inside the result, stored in pairs, is stored without a bound check: with one per pair,
     each pair was a branch of its own, and every pair waited for its epilogue operands' loads in turn (on the H100
     that made requantizing a 2048x1024x1024 product's sums 5 us slower than storing them); with ``staging``, it
-    passes through shared memory, once every warp is done with the pipeline's buffers. Inside a kernel that
-    defines ``BM``, ``BN``, ``m0`` and ``n0``, after ``store_functions``'s statements."""
+    passes through shared memory, once every warp is done with the pipeline's buffers; with ``lines``
+    (``warpgroup.line_stores``'s statements), in whole lines where the result is 16-byte aligned. Inside a kernel
+    that defines ``BM``, ``BN``, ``m0`` and ``n0``, after ``store_functions``'s statements."""
     inside = """    store_all(store_inside);"""
+    if lines:
+        inside = f"""    if ((size_t)out0 % 16 == 0)
+{lines}    else
+""" + inside
     if staging:
         inside = f"""    if (staged) {{
       {sync}

@@ -7,6 +7,7 @@ import numpy as np
 PAD = 16  # bytes after each row of a tile staged for ldmatrix (mma.sync)
 SWIZZLE_ALIGNMENT = 1024  # bytes: the repeat of the 128-byte swizzle a wgmma tile is stored in
 PRODUCER_THREADS = 32  # the warp-specialised kernel's producer: one warp, of which one thread asks for the tiles
+LINE_SCRATCH = 16 * 128  # bytes: a consumer warp's 16 rows of results, 128 bytes of each at a time
 
 
 @dataclass(frozen=True)
@@ -30,6 +31,9 @@ class Tiling:
     # ``tma``: the results, ``stored`` bytes each, written into shared memory and stored from there by the TMA while
     # the block goes on to its next tile; 0: each thread stores its own
     stored: int = 0
+    # ``tma``: each consumer warp's results stored in whole 128-byte lines of a row, through shared memory of its own
+    # (``LINE_SCRATCH`` bytes), where a tile lies wholly inside the result; else each thread stores its own
+    lines: bool = False
 
     @property
     def threads(self):
@@ -46,7 +50,8 @@ class Tiling:
     @property
     def shared_bytes(self):
         if self.instruction != "mma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
-            return self.stages * (self.bm + self.bn) * self.bk + self.bm * self.bn * self.stored + SWIZZLE_ALIGNMENT
+            results = self.bm * self.bn * self.stored + (self.bm // 16 * LINE_SCRATCH if self.lines else 0)
+            return self.stages * (self.bm + self.bn) * self.bk + results + SWIZZLE_ALIGNMENT
         return self.stages * (self.bm + self.bn) * (self.bk + PAD)
 
     def __str__(self):
@@ -57,14 +62,14 @@ class Tiling:
         producer = " and a producer warp" if self.instruction == "tma" else ""
         persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
         cluster = f", A shared by clusters of {self.cluster}" if self.cluster > 1 else ""
-        stored = ", stored by the TMA" if self.stored else ""
+        stored = ", stored by the TMA" if self.stored else ", stored in whole lines" if self.lines else ""
         return (f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
                 f"{cluster}{stored}")
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0):
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0, lines=False):
     """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored)
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored, lines)
 
 
 @dataclass(frozen=True)

@@ -39,7 +39,12 @@ are stored by the TMA (``tiling.stored``), the result's."""
         if tiling.stored:  # through shared memory, by the TMA
             return epilogue_function(body, extras) + tma_store_all(fragments, storage_type(body.dtype),
                                                                    tiling.store_width, sync)
-        return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging, sync)
+        lines = warpgroup.line_stores(storage_type(body.dtype), out_strides[0]) if tiling.lines else ""
+        return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging, sync, lines)
+
+    if tiling.lines and (tiling.instruction != "tma"
+                         or not warpgroup.line_storable(body.dtype.itemsize, out_strides, tiling.bn)):
+        raise ValueError(f"{tiling} cannot store {body.dtype} results in rows {out_strides} apart in whole lines")
 
     text = generate(product, tiling, parameters(product, body, extras), stores)
     name = kernel_name(text)

@@ -25,13 +25,15 @@ refilled only once both blocks' consumers are done with it, so each warp hands a
 to block ``c``, with a plain arrive: a release at cluster scope there, per warp and tile, made the clustered kernel
 twice as slow on the H100 (``benchmarks/results/h100/experiments/README.md``).
 
-A block that stores its results thread by thread stops multiplying while it stores, and on a persistent grid every
-block stores at once. With ``Tiling.stored`` the consumers instead write their tile of results into shared memory
-beside the stages (``epilogue.tma_store_all``: in boxes a swizzle wide, so the rows a warp writes at once fall in
-distinct banks), and one thread asks the TMA to store it from there (a third tensor map, the result's) while they
-go on to the next tile; they write the tile again only once the TMA has read it. The result's rows must be whole
-16-byte chunks (``storable_rows``): the TMA stores whole 16-byte chunks, past a row's end to the next
-boundary (on the H200 a row of one int32 result had the 12 bytes after it written; triton-lang/triton#11583).
+A block that stores its results thread by thread stops multiplying while it stores, and a ``wgmma`` fragment's
+stores are slow ones: eight rows of 32 bytes an instruction. With ``Tiling.lines`` each consumer warp stores its
+rows in whole 128-byte lines instead, through shared memory of its own after the stages (``warpgroup.line_stores``).
+With ``Tiling.stored`` the consumers write their tile of results into shared memory beside the stages
+(``epilogue.tma_store_all``: in boxes a swizzle wide, so the rows a warp writes at once fall in distinct banks), and
+one thread asks the TMA to store it from there (a third tensor map, the result's) while they go on to the next tile;
+they write the tile again only once the TMA has read it. The result's rows must be whole 16-byte chunks
+(``storable_rows``): the TMA stores whole 16-byte chunks, past a row's end to the next boundary (on the H200 a row
+of one int32 result had the 12 bytes after it written; triton-lang/triton#11583).
 """
 
 import ctypes
@@ -42,7 +44,7 @@ import numpy as np
 from .....errors import BackendError
 from ...launch import WAIT_PRIOR_GRIDS, driver
 from .epilogue import split_sums
-from .product import PRODUCER_THREADS, SWIZZLE_ALIGNMENT
+from .product import LINE_SCRATCH, PRODUCER_THREADS, SWIZZLE_ALIGNMENT
 from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
 
 CONSUMER_SYNC = 'asm volatile("bar.sync 1, %0;\\n" :: "n"(THREADS) : "memory");'  # the consumers alone
@@ -61,6 +63,10 @@ _STAGING = """    const unsigned staging = smem_base + STAGES * STAGE_BYTES;
     unsigned char* const staged_tile = smem + (staging - (unsigned)__cvta_generic_to_shared(smem));
     const unsigned long long out_map_address = (unsigned long long)&out_map;
 """
+# a consumer warp's own shared memory for storing whole lines, after the stages
+_LINE_SCRATCH = f"""    unsigned char* const line_scratch =
+        smem + (smem_base + STAGES * STAGE_BYTES + (threadIdx.x >> 5) * {LINE_SCRATCH} - __cvta_generic_to_shared(smem));
+"""
 _MULTICAST = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
               " [%0], [%1, {%2, %3}], [%4], %5;\\n")  # into the same place of every block of the mask
 
@@ -74,7 +80,7 @@ def kernel_text(product, tiling, params, stores):
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
             or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
-            or (t.stored and (t.splits > 1 or not _stages_hold_boxes(p, t))):
+            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, cluster = t.bm // 64 * 128, t.cluster
     signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
@@ -142,7 +148,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
     }}
   }} else {{
     {WAIT_PRIOR_GRIDS}
-{_STAGING if t.stored else ""}    int it = 0;  // K tiles multiplied so far, over every job
+{_STAGING if t.stored else _LINE_SCRATCH if t.lines else ""}    int it = 0;  // K tiles multiplied so far, over every job
     for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
       int acc[REGS];

@@ -2,7 +2,7 @@
 set -o pipefail
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
 export PYTHONPATH=$PWD:/tmp/site NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1 PYTHONUNBUFFERED=1
-here=benchmarks/results/h200/experiments/int8_stream_k
+here=benchmarks/results/h200/experiments/int8_lines
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$OUT/gpu.txt"
 timeout ${PROBE_LIMIT:-240} python3 $here/probe.py $SHAPES 2>&1 | tee "$OUT/probe.txt" | grep -E "chosen|WRONG|Error|error" | head -20
 if [ -n "$TESTS" ]; then
