@@ -28,8 +28,8 @@ def _int8_kernels(program):
     return [k.term for k in program.kernels if k.term.op.name == "int8_gemm"]
 
 
-def _shape(draw):
-    return draw(st.integers(1, 200)), draw(st.integers(1, 200)), draw(st.integers(1, 300))
+def _shape(draw, largest=200):
+    return draw(st.integers(1, largest)), draw(st.integers(1, largest)), draw(st.integers(1, 300))
 
 
 @st.composite
@@ -68,7 +68,7 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     stages = draw(st.integers(fewest, 6))
     while stages > fewest and stages * (bm + bn) * bk > 200 << 10:
         stages -= 1
-    m, n, k = _shape(draw)
+    m, n, k = _shape(draw, 320 if instruction == "tma" else 200)  # a tile of 256 wholly inside the result
     k_tiles = math.ceil(k / bk)
     splits = draw(st.integers(1, min(k_tiles, 4)))
     splits = math.ceil(k_tiles / math.ceil(k_tiles / splits))
@@ -96,12 +96,16 @@ def _placed(cupy, x, strides):
     return cupy.asarray(host)
 
 
-def _check_kernel(configuration, requantized):
+# the epilogues drawn: the int32 sums, a requantization to int8, a rescaling with a bias to float32 or float16
+EPILOGUES = st.sampled_from(["sums", "requantized", "float32", "float16"])
+
+
+def _check_kernel(configuration, epilogue, shifted=False):
     """Run the kernel of ``configuration`` (twice: the second call finds the split counters the first left) and
-    compare it with NumPy's int32 product, or with the requantizing epilogue's float32 formula, bit for bit. An
-    operand drawn constant is read before the kernel waits for the grid before it. Where the TMA or whole lines store
-    the results, they lie in a larger buffer (16 bytes more a row, more rows after), the rest of which must stay as
-    it was."""
+    compare it with NumPy's int32 product, or with ``epilogue``'s float32 formula, bit for bit. An operand drawn
+    constant is read before the kernel waits for the grid before it. Where the TMA or whole lines store the results,
+    they lie in a larger buffer (16 bytes more a row, more rows after), the rest of which must stay as it was; with
+    ``shifted`` whole lines find the result 8 bytes past a 16-byte boundary, and leave it to each thread's stores."""
     import cupy
 
     from cortado.backends.cupy.codegen import Operand
@@ -124,16 +128,18 @@ def _check_kernel(configuration, requantized):
     sums = parameter(0, Operand((m, n), np.dtype(np.int32), (n, 1)))
     exact = (a.astype(np.int64) @ b.astype(np.int64)).astype(np.int32)
     extras, arrays = [], []
-    if requantized:
+    body, expected = sums, exact
+    if epilogue != "sums":
         scale, bias = (rng.random(n) * 1e-3 + 1e-5).astype(np.float32), rng.standard_normal(n).astype(np.float32)
         extras = [Operand((n,), np.dtype(np.float32), (1,))] * 2
         arrays = [cupy.asarray(scale), cupy.asarray(bias)]
-        y = ct.relu(ct.cast(sums, "float32") * parameter(1, extras[0]) + parameter(2, extras[1]))
-        body = ct.cast(ct.minimum(ct.maximum(ct.rint(y * np.float32(1 / 0.05)) - 7.0, -128.0), 127.0), "int8")
-        levels = np.rint(np.maximum(exact.astype(np.float32) * scale + bias, np.float32(0)) * np.float32(1 / 0.05))
+        y = ct.cast(sums, "float32") * parameter(1, extras[0]) + parameter(2, extras[1])
+        rescaled = exact.astype(np.float32) * scale + bias
+        body, expected = (y, rescaled) if epilogue == "float32" else (ct.cast(y, "float16"), rescaled.astype(np.float16))
+    if epilogue == "requantized":
+        body = ct.cast(ct.minimum(ct.maximum(ct.rint(ct.relu(y) * np.float32(1 / 0.05)) - 7.0, -128.0), 127.0), "int8")
+        levels = np.rint(np.maximum(rescaled, np.float32(0)) * np.float32(1 / 0.05))
         expected = np.clip(levels - np.float32(7), -128, 127).astype(np.int8)
-    else:
-        body, expected = sums, exact
     row = n
     size = expected.dtype.itemsize
     if tiling.stored and n * size % 16 == 0:  # with as many of its stages as fit beside its tile of results
@@ -150,7 +156,8 @@ def _check_kernel(configuration, requantized):
     else:
         tiling = replace(tiling, lines=False)
     source = gemm_source(product, tiling, body, extras, (row, 1))
-    out = cupy.full((m + 3, row), 99, expected.dtype)
+    shift = 8 // size if shifted and tiling.lines else 0
+    out = cupy.full((m + 3) * row + shift, 99, expected.dtype)[shift:].reshape(m + 3, row)
     partials = cupy.zeros(max(1, partial_bytes(product, tiling) // 4), np.int32)
     tile_counters = cupy.zeros(max(1, counters(product, tiling)), np.uint32)
     pointers = (_placed(cupy, a, a_strides), _placed(cupy, b, b_strides), *arrays, out, partials, tile_counters)
@@ -165,29 +172,29 @@ def _check_kernel(configuration, requantized):
 
 
 @settings(max_examples=80, deadline=None)
-@given(configurations(), st.booleans())
-def test_every_kernel_configuration_is_exact(configuration, requantized):
+@given(configurations(), EPILOGUES)
+def test_every_kernel_configuration_is_exact(configuration, epilogue):
     """The mma.sync kernel, at any tiling, split, pipeline depth, layout and signedness, equals NumPy's int32
-    product (and, with an epilogue that rescales, adds a bias, takes a relu and requantizes, NumPy's float32
-    formula for it) bit for bit."""
-    _check_kernel(configuration, requantized)
+    product (and, with an epilogue that rescales and adds a bias, in float32 or rounded to float16, or goes on to
+    take a relu and requantize, NumPy's float32 formula for it) bit for bit."""
+    _check_kernel(configuration, epilogue)
 
 
 @settings(max_examples=60, deadline=None)
-@given(warpgroup_configurations(), st.booleans())
-def test_every_warpgroup_kernel_configuration_is_exact(configuration, requantized):
+@given(warpgroup_configurations(), EPILOGUES)
+def test_every_warpgroup_kernel_configuration_is_exact(configuration, epilogue):
     """The wgmma kernel (sm_90), at any tile, swizzle width, pipeline depth, split and signedness, on shapes that are
     no multiple of its tiles, equals NumPy's product bit for bit."""
     import cupy
 
     if cupy.cuda.Device().compute_capability != "90":
         pytest.skip("wgmma runs on sm_90 only")
-    _check_kernel(configuration, requantized)
+    _check_kernel(configuration, epilogue)
 
 
 @settings(max_examples=60, deadline=None)
-@given(warpgroup_configurations("tma"), st.booleans())
-def test_every_warp_specialised_kernel_configuration_is_exact(configuration, requantized):
+@given(warpgroup_configurations("tma"), EPILOGUES, st.booleans())
+def test_every_warp_specialised_kernel_configuration_is_exact(configuration, epilogue, shifted):
     """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
     pipeline depth, split, persistent grid, cluster and signedness, its results stored by each thread, in whole lines
     by each warp or by the TMA, on shapes that are no multiple of its tiles (the copies fill what lies beyond with
@@ -196,7 +203,7 @@ def test_every_warp_specialised_kernel_configuration_is_exact(configuration, req
 
     if cupy.cuda.Device().compute_capability != "90":
         pytest.skip("wgmma runs on sm_90 only")
-    _check_kernel(configuration, requantized)
+    _check_kernel(configuration, epilogue, shifted)
 
 
 @pytest.mark.parametrize("m, n, k", [(1000, 600, 784), (4100, 2048, 208)])

@@ -27,7 +27,7 @@ def _no_empty_split(k, tiling):
 @settings(max_examples=200, deadline=None)
 @given(SIZES, SIZES, SIZES)
 def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
-    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma", 1)
+    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma", 1, 1)
     for tiling in candidates(m, n, k, 132, 6) + warpgroup_candidates(m, n, k, 132, 4) + specialised:
         assert tiling.shared_bytes <= SHARED_LIMIT and tiling.threads <= 1024
         assert _no_empty_split(k, tiling), tiling
@@ -47,6 +47,7 @@ def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
         if tiling.lines:  # whole lines of 128 bytes, the warps' shared memory beside all of the stages
             assert not tiling.stored and tiling.bn % 128 == 0
             assert replace(tiling, lines=False) in specialised
+            assert tiling.shared_bytes <= (SHARED_LIMIT // 2 if tiling.bm == 64 else SHARED_LIMIT)
         if tiling.stored:  # the persistent forms' results stored by the TMA, in boxes a whole swizzle wide
             assert tiling.blocks and tiling.stored == 1
             assert tiling.bn in (32, 64) or tiling.bn % 128 == 0
@@ -134,6 +135,11 @@ def test_results_are_stored_in_whole_lines_only_where_the_rows_hold_them():
     assert line_tiling(persistent, 4).shared_bytes == persistent.shared_bytes + 16 * 2048 <= SHARED_LIMIT
     assert line_tiling(warpgroup_tiling(128, 128, 128, 7, 1, "tma"), 4) is None  # no room beside 7 stages
     assert line_tiling(warpgroup_tiling(128, 64, 128, 4, 1, "tma"), 1) is None  # 64 bytes a row
+    assert line_tiling(warpgroup_tiling(64, 64, 128, 7, 1, "tma"), 4) is None  # no room left for a second block
+    int8_results = gemm_source(_product(4096, 4096, 4096), line_tiling(warpgroup_tiling(128, 256, 128, 4, 1, "tma"), 1),
+                               cast(parameter(0, Operand((4096, 4096), np.dtype(np.int32), (4096, 1))), "int8"), [],
+                               (4096, 1)).text
+    assert "line_scratch" in int8_results and "store_staged" not in int8_results  # not the whole tile's staging
     sums = parameter(0, Operand((4096, 4096), np.dtype(np.int32), (4096, 1)))
     text = gemm_source(_product(4096, 4096, 4096), line_tiling(persistent, 4), sums, [], (4096, 1)).text
     consumers = text[text.index("} else {"):]

@@ -28,6 +28,7 @@ from .product import Product, counters, partial_bytes, vector_readable
 from . import specialised
 from .source import gemm_source
 from .tilings import candidates, warpgroup_candidates
+from .warpgroup import aligned_rows
 
 # our mma.sync tilings timed: on the H100 the fastest of 30 was always among the cost model's first 6 for the seed's
 # shapes; of 40, for 784x256x128, the seventh (7% faster: benchmarks/results/h100/experiments/README.md)
@@ -192,9 +193,10 @@ class Int8Gemm:
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
             if overlapping() and specialised.available():  # the driver's launch passes the tensor maps
-                size = body.dtype.itemsize  # the TMA's stores offered where it can store the result's rows
+                size = body.dtype.itemsize  # the TMA's stores and whole lines offered where they can store the rows
                 tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma",
-                                                size if specialised.storable_rows(size, out_strides, n) else 0)
+                                                size if specialised.storable_rows(size, out_strides, n) else 0,
+                                                size if aligned_rows(size, out_strides) else 0)
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         for kernel in own:
             prepare(kernel.source)  # every candidate compiled side by side before they are timed

@@ -33,7 +33,7 @@ are stored by the TMA (``tiling.stored``), the result's."""
     generate, options = {"wgmma": (warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE),
                          "tma": (specialised.kernel_text, OPTIONS + warpgroup.ARCHITECTURE)}.get(
                              tiling.instruction, (_kernel_text, OPTIONS))
-    staging = staged(tiling, body.dtype, out_strides)
+    staging = staged(tiling, body.dtype, out_strides) and not tiling.lines
 
     def stores(fragments, sync=SYNC):
         if tiling.stored:  # through shared memory, by the TMA

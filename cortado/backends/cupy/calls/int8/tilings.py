@@ -89,11 +89,12 @@ def candidates(m, n, k, multiprocessors, count):
     return [tiling for _, _, tiling in ranked[:count]]
 
 
-def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", stored=0):
+def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", stored=0, lines=0):
     """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, fed by ``cp.async``
     (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``: and the persistent and clustered forms
-    of those; and, where the TMA can store the results, ``stored`` bytes each, the persistent forms storing that
-    way); none for a small product."""
+    of those; where the TMA can store the results, ``stored`` bytes each, the persistent forms storing that way; and
+    where the results' rows are 16-byte aligned, ``lines`` bytes each, every form storing them in whole lines); none
+    for a small product."""
     if m * n * k < (WARPGROUP_MIN_MULTIPLY_ADDS if instruction == "wgmma" else SPECIALISED_MIN_MULTIPLY_ADDS):
         return []
     # the cp.async kernel refills a stage two tiles after it was read, the warp-specialised one as soon as it is read
@@ -103,8 +104,7 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", s
         if bm > 2 * max(m, 64) or bn > 2 * max(n, 64):
             continue
         for bk in (64, 128):
-            # a one-warpgroup block leaves room for a second
-            limit = SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT
+            limit = _shared_limit(bm)
             k_tiles = math.ceil(k / bk)
             stages = max(fewest, min(MAX_WARPGROUP_STAGES, k_tiles + ahead))
             while stages > fewest and stages * (bm + bn) * bk + SWIZZLE_ALIGNMENT > limit:
@@ -127,7 +127,7 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", s
                   if t.splits == 1 and math.ceil(m / t.bm) * math.ceil(n / t.bn) > multiprocessors]
     persistent += [replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
     stored_by_tma = [stored_tiling(t, stored) for t in persistent] if stored else []
-    in_lines = [line_tiling(t, stored) for t in chosen + persistent] if stored else []
+    in_lines = [line_tiling(t, lines) for t in chosen + persistent] if lines else []
     return chosen + persistent + [t for t in stored_by_tma + in_lines if t is not None]
 
 
@@ -138,7 +138,12 @@ def line_tiling(tiling, size):
     sums stored so took 96-105 us against 100-108 stored by each thread, a 256x128 tile's int8 results 91-94 against
     102-111 stored by the TMA (``benchmarks/results/h200/experiments/int8_lines/``)."""
     lined = replace(tiling, lines=True)
-    return lined if tiling.bn * size % 128 == 0 and lined.shared_bytes <= SHARED_LIMIT else None
+    return lined if tiling.bn * size % 128 == 0 and lined.shared_bytes <= _shared_limit(tiling.bm) else None
+
+
+def _shared_limit(bm):
+    """The shared memory a wgmma block of ``bm`` rows may take: a one-warpgroup block leaves room for a second."""
+    return SHARED_LIMIT // 2 if bm == 64 else SHARED_LIMIT
 
 
 def stored_tiling(tiling, size):

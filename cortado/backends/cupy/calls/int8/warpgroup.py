@@ -52,34 +52,44 @@ STORED = """    #pragma unroll
 """
 
 
+def aligned_rows(size, out_strides):
+    """Whether rows of results ``size`` bytes each, ``out_strides`` elements apart, are contiguous and start 16 bytes
+    apart (at an aligned result)."""
+    row, column = out_strides
+    return column == 1 and row * size % 16 == 0
+
+
 def line_storable(size, out_strides, bn):
     """Whether ``line_stores`` can store a tile ``bn`` results of ``size`` bytes wide into rows ``out_strides``
     elements apart: rows contiguous and 16-byte aligned, the tile's rows whole 128-byte lines."""
-    row, column = out_strides
-    return column == 1 and row * size % 16 == 0 and bn * size % 128 == 0
+    return aligned_rows(size, out_strides) and bn * size % 128 == 0
 
 
 def line_stores(out_type, row):
     """C++ statements storing a warp's 16 rows of results (``epilogue`` of its sums) in whole 128-byte lines: for each
     128 bytes of columns, the warp writes its results into its ``LINE_SCRATCH`` bytes of shared memory at
-    ``line_scratch`` (each row's 16-byte chunks swizzled by the row, so that the eight rows a fragment store spans fall
-    in distinct banks), then reads them back 16 bytes a thread, eight threads a row, and stores four whole lines an
-    instruction. A fragment's own stores write 8 rows of 32 bytes each, eight lines an instruction: on the H200 a
-    128 KB tile of int32 sums took a block about 4.5 us to store so. For a tile wholly inside the result, in rows
-    ``row`` results apart (``line_storable``), at an ``out0`` 16-byte aligned."""
+    ``line_scratch``, then reads them back 16 bytes a thread, eight threads a row, and stores four whole lines an
+    instruction. A fragment's own stores span 8 rows an instruction, eight lines (for int32 sums, 32 bytes of each):
+    on the H200 a 128 KB tile of int32 sums took a block about 4.5 us to store so. A row's 16-byte chunks are
+    swizzled by its index bit-reversed, so that neither a fragment's pairs (the two chunks of a pair of int32 sums
+    land in a swizzle's pair of places) nor a row's 16-byte reads share a bank. For a tile wholly inside the result,
+    in rows ``row`` results apart (``line_storable``), at an ``out0`` 16-byte aligned."""
     return f"""    {{
       constexpr int LINE = 128 / sizeof({out_type});  // results in a line
       const int rows = m0 + group * 64 + warp * 16;  // the warp's first row
+      auto place = [&](const int r, const int chunk) {{  // of a row's chunk in the warp's shared memory
+        return line_scratch + r * 128 + ((chunk ^ (((r & 1) << 2) | (r & 2) | ((r >> 2) & 1))) << 4);
+      }};
       #pragma unroll
       for (int c = 0; c < BN / LINE; ++c) {{
         #pragma unroll
-        for (int j = c * LINE / 8; j < (c + 1) * LINE / 8; ++j)
+        for (int jj = 0; jj < LINE / 8; ++jj)  // a fixed count, so the sums stay in registers
           #pragma unroll
           for (int h = 0; h < 2; ++h) {{
-            const int r = (lane >> 2) + h * 8, n = n0 + j * 8 + (lane & 3) * 2;
-            const int byte = (j * 8 + (lane & 3) * 2 - c * LINE) * (int)sizeof({out_type});
+            const int j = c * LINE / 8 + jj, r = (lane >> 2) + h * 8, n = n0 + j * 8 + (lane & 3) * 2;
+            const int byte = (jj * 8 + (lane & 3) * 2) * (int)sizeof({out_type});
             const int s0 = acc[4 * j + 2 * h], s1 = acc[4 * j + 2 * h + 1];
-            *reinterpret_cast<ct_vec<{out_type}, 2>*>(line_scratch + r * 128 + (((byte >> 4) ^ (r & 7)) << 4) + (byte & 15)) =
+            *reinterpret_cast<ct_vec<{out_type}, 2>*>(place(r, byte >> 4) + (byte & 15)) =
                 ct_vec<{out_type}, 2>{{{{epilogue(s0, rows + r, n), epilogue(s1, rows + r, n + 1)}}}};
           }}
         __syncwarp();
@@ -87,7 +97,7 @@ def line_stores(out_type, row):
         for (int i = 0; i < 4; ++i) {{
           const int r = i * 4 + (lane >> 3), q = lane & 7;
           *reinterpret_cast<uint4*>(out0 + (size_t)(rows + r) * {row} + n0 + c * LINE + q * (16 / sizeof({out_type}))) =
-              *reinterpret_cast<const uint4*>(line_scratch + r * 128 + ((q ^ (r & 7)) << 4));
+              *reinterpret_cast<const uint4*>(place(r, q));
         }}
         __syncwarp();
       }}
