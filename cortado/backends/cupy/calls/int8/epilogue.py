@@ -33,6 +33,13 @@ def parameters(product, body, extras):
     return params
 
 
+def aligned_rows(size, out_strides):
+    """Whether rows of results ``size`` bytes each, ``out_strides`` elements apart, are contiguous and start 16 bytes
+    apart (at an aligned result)."""
+    row, column = out_strides
+    return column == 1 and row * size % 16 == 0
+
+
 def staged(tiling, dtype, out_strides):
     """Whether a tile wholly inside the result is staged in shared memory and stored from there 16 bytes a
     thread: results narrower than 4 bytes, in rows 16-byte aligned, the tile's rows whole chunks of 16 bytes, the
@@ -40,10 +47,9 @@ def staged(tiling, dtype, out_strides):
     direct stores wrote 8 bytes into each of 8 sectors: on the H100 storing a 2048x1024x1024 product's sums as int8
     took 1.7 us longer than storing them as int32, four times the bytes. Not in a persistent kernel, whose
     buffers fill with the next tile's operands while it stores."""
-    row, column = out_strides
     size = np.dtype(dtype).itemsize
     pipeline = tiling.stages * (tiling.bm + tiling.bn) * tiling.bk
-    return (not tiling.blocks and size < 4 and column == 1 and row * size % 16 == 0 and tiling.bn * size % 16 == 0
+    return (not tiling.blocks and size < 4 and aligned_rows(size, out_strides) and tiling.bn * size % 16 == 0
             and tiling.bm * (tiling.bn * size + STAGING_PAD) <= pipeline)
 
 

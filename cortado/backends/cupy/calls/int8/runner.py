@@ -23,12 +23,11 @@ from ...sources import kernel_source
 from ...kernels import launcher, prepare
 from ...launch import overlapping
 from ..timing import time_graph
-from .epilogue import OPTIONS
+from .epilogue import OPTIONS, aligned_rows
 from .product import Product, counters, partial_bytes, vector_readable
 from . import specialised
 from .source import gemm_source
 from .tilings import candidates, warpgroup_candidates
-from .warpgroup import aligned_rows
 
 # our mma.sync tilings timed: on the H100 the fastest of 30 was always among the cost model's first 6 for the seed's
 # shapes; of 40, for 784x256x128, the seventh (7% faster: benchmarks/results/h100/experiments/README.md)

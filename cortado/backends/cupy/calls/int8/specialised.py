@@ -43,7 +43,7 @@ import numpy as np
 
 from .....errors import BackendError
 from ...launch import WAIT_PRIOR_GRIDS, driver
-from .epilogue import split_sums
+from .epilogue import aligned_rows, split_sums
 from .product import LINE_SCRATCH, PRODUCER_THREADS, SWIZZLE_ALIGNMENT
 from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
 
@@ -222,8 +222,7 @@ def _stages_hold_boxes(product, tiling):
 def storable_rows(size, out_strides, n):
     """Whether the TMA can store rows of ``n`` results of ``size`` bytes each, ``out_strides`` elements apart: rows
     contiguous, their results and the distance between them whole numbers of 16 bytes."""
-    row, column = out_strides
-    return column == 1 and row * size % 16 == 0 and n * size % 16 == 0
+    return aligned_rows(size, out_strides) and n * size % 16 == 0
 
 
 def _indented(text):

@@ -19,7 +19,7 @@ The accumulators of a ``m64nBNk32`` product lie as ``mma.sync``'s do, warp ``w``
 ``16 w .. 16 w + 15``: ``BN / 2`` int32 a thread, which the epilogue then stores two at a time.
 """
 
-from .epilogue import split_sums
+from .epilogue import aligned_rows, split_sums
 from .product import SWIZZLE_ALIGNMENT, ptx_type
 from .staging import load_function, prologue
 
@@ -50,13 +50,6 @@ STORED = """    #pragma unroll
         store(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], m0 + group * 64 + warp * 16 + (lane >> 2) + h * 8,
               n0 + j * 8 + (lane & 3) * 2);
 """
-
-
-def aligned_rows(size, out_strides):
-    """Whether rows of results ``size`` bytes each, ``out_strides`` elements apart, are contiguous and start 16 bytes
-    apart (at an aligned result)."""
-    row, column = out_strides
-    return column == 1 and row * size % 16 == 0
 
 
 def line_storable(size, out_strides, bn):
