@@ -80,8 +80,7 @@ def kernel_text(product, tiling, params, stores):
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
             or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
-            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))) \
-            or (t.lead and (not t.blocks or t.bm // 64 % 2 or t.lead >= t.stages)):
+            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, cluster = t.bm // 64 * 128, t.cluster
     signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
@@ -107,21 +106,15 @@ __device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity)
                  : "=r"(done) : "r"(barrier), "r"(parity) : "memory");
   }} while (!done);
 }}
-__device__ __forceinline__ void ct_arrive(unsigned barrier) {{  // one arrival, on this block's barrier
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(barrier) : "memory");
-}}
 {_release_function(cluster)}
 extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32, CLUSTER = {cluster};
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2, STORED_BYTES = {t.stored};
   extern __shared__ __align__(16) unsigned char smem[];
-  // each stage's full, then each one's empty, then the even warpgroups' lead
-  __shared__ __align__(8) unsigned long long barriers[2 * STAGES + 1];
+  __shared__ __align__(8) unsigned long long barriers[2 * STAGES];  // each stage's full, then each one's empty
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
-  const unsigned lead = empty0 + 8 * STAGES;  // the even warpgroups' warps arrive once LEAD K tiles ahead
-  constexpr int LEAD = {t.lead};
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
   // output tiles (jobs) in rows of TILES_N; a block takes every gridDim.x-th, starting at its own (the blocks of a
   // cluster take neighbours in a row, whose A tile is the same: each copies its share of it to all)
@@ -133,7 +126,6 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(full0 + 8 * s) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(WARPS * CLUSTER) : "memory");
     }}
-    if (LEAD) asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(lead), "r"(WARPS / 2) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
   asm volatile("{together}" ::: "memory");  // the barriers exist before any copy or arrival reaches them
@@ -156,8 +148,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
     }}
   }} else {{
     {WAIT_PRIOR_GRIDS}
-{_STAGING if t.stored else _LINE_SCRATCH if t.lines else ""}    if (LEAD && (group & 1)) ct_wait_phase(lead, 0);  // the odd warpgroups start LEAD K tiles behind
-    int it = 0;  // K tiles multiplied so far, over every job
+{_STAGING if t.stored else _LINE_SCRATCH if t.lines else ""}    int it = 0;  // K tiles multiplied so far, over every job
     for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
       int acc[REGS];
@@ -170,7 +161,6 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
         const unsigned a_tile = stage + group * 64 * BK, b_tile = stage + BM * BK;
 {_indented(_indented(tile_products(p, t)))}
         if (i > 0) ct_release(empty0 + 8 * ((it - 1) % STAGES));  // the tile before's products are done
-        if (LEAD && it == LEAD && !(group & 1) && lane == 0) ct_arrive(lead);
       }}
       asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
       #pragma unroll
@@ -178,7 +168,6 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
       ct_release(empty0 + 8 * ((it - 1) % STAGES));  // and the last one's: on to the next job
 {_indented(_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC)))}
     }}
-    if (LEAD && it <= LEAD && !(group & 1) && lane == 0) ct_arrive(lead);  // too few tiles to be LEAD ahead
     if (STORED_BYTES && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // stored, all
   }}
   {f'asm volatile("{apart}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
