@@ -383,3 +383,49 @@ def test_a_channels_last_convolution_may_run_in_nchw_between_copies(dtype):
         scale = max(1.0, float(np.abs(theirs).max()))
         assert_close(np.asarray(ours.get(), np.float64) / scale, theirs / scale, dtype)
     assert all("in NCHW between copies" in r.describe() for r in runners)
+
+
+def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_level(monkeypatch):
+    """A convolution's choice and the cuBLASLt algorithm of the GEMM inside it are timed by the first call of their
+    shapes in a process and remembered: a second convolution of the same shapes, in the same program or another,
+    runs both, so every program adds its sums in one order. The timing is forced here (im2col and GEMMs, and the
+    GEMM's last algorithm); a remembered convolution once left its GEMM at the heuristic's first algorithm, and two
+    builds of the CNN step gave other bits."""
+    from cortado.backends.cupy.calls import cublaslt, cudnn_conv
+
+    monkeypatch.setattr(cudnn_conv, "_tuned", {})
+    monkeypatch.setattr(cublaslt, "_tuned", {})
+    conv_time, gemm_time = cudnn_conv.Conv._time, cublaslt.Gemm._time
+
+    def im2col_first(self, choice, pointers, stream):
+        took = conv_time(self, choice, pointers, stream)
+        return took if np.isinf(took) or choice != cudnn_conv.WINDOWS else took * 1e-3
+
+    def last_algorithm_first(self, k, pointers, stream):
+        took = gemm_time(self, k, pointers, stream)
+        return took if np.isinf(took) else 1.0 / (1 + k)
+
+    monkeypatch.setattr(cudnn_conv.Conv, "_time", im2col_first)
+    monkeypatch.setattr(cublaslt.Gemm, "_time", last_algorithm_first)
+    x_shape, w_shape, options = IM2COL_GEOMETRIES[0]
+    x, w, w2 = ct.var("x", x_shape), ct.var("w", w_shape), ct.var("w2", w_shape)
+    y, y2 = ct.conv(ct.relu(x), w, **options), ct.conv(ct.relu(2.0 * x), w2, **options)  # two of the same shapes
+    outputs = [y, y2] + ct.grad(ct.sum(y * y) + ct.sum(y2 * y2), [w, w2])
+    programs = [ct.compile(outputs, inputs=[x, w, w2], backend="cupy") for _ in range(2)]
+
+    def levels(conv):
+        gemm = conv.others[conv.choice].gemm
+        return conv.choice, gemm.candidates[gemm.choice].tobytes()
+
+    off_the_first = []
+    for mode in ("fprop", "wgrad"):
+        convs = [c for p in programs for c in _convolutions(p) if c.mode == mode]
+        assert len(convs) == 4 and {c.choice for c in convs} == {cudnn_conv.WINDOWS}, [c.describe() for c in convs]
+        assert len({levels(c) for c in convs}) == 1, mode
+        gemm = convs[0].others[cudnn_conv.WINDOWS].gemm
+        off_the_first.append(levels(convs[0])[1] != cublaslt._heuristics[gemm.key][0].tobytes())
+    assert any(off_the_first)  # the heuristic offered another algorithm, which the first convolution kept
+    rng = np.random.default_rng(3)
+    feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(np.float32) for v in (x, w, w2)}
+    first, second = ([r.get() for r in p(**feeds)] for p in programs)
+    assert all(np.array_equal(a, b) for a, b in zip(first, second))

@@ -244,8 +244,10 @@ class Conv:
         """Choose the fastest plan, the GEMM, im2col and GEMMs, our weight-gradient kernel, or the convolution alone
         and the epilogue's kernel, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first
         choice stays unless another is faster by ``MARGIN``."""
-        if self.tuned_key in _tuned:
+        if self.tuned_key in _tuned:  # and each other candidate takes the algorithm remembered for it
             self.choice, self.times = _tuned[self.tuned_key]
+            for candidate, runner in self.others.items():
+                self._tune_other(candidate, runner, pointers, stream)
             return
         times = [self._time(index, pointers, stream) for index in self.plans]
         if self.unfused is not None and self.plans:  # fused plans that disagree with it unfused are dropped
@@ -261,10 +263,7 @@ class Conv:
             fastest = best_time * (1 - MARGIN)
         timed = {}
         for candidate, runner in self.others.items():
-            if candidate == GEMM:
-                runner.tune(self._gemm_pointers(*pointers[:4]), stream)
-            else:
-                runner.tune(pointers[:4] + ((),) if candidate == UNFUSED else pointers[:4], stream)
+            self._tune_other(candidate, runner, pointers, stream)
             timed[candidate] = self._time(candidate, pointers, stream)
             if timed[candidate] < fastest:
                 choice, fastest = candidate, timed[candidate]
@@ -273,6 +272,14 @@ class Conv:
                                f"{self.mode} convolution ran")
         self.choice, self.times = choice, (best_time, timed)
         _tuned[self.tuned_key] = (self.choice, self.times)
+
+    def _tune_other(self, candidate, runner, pointers, stream):
+        """Let ``runner``, the other ``candidate``, choose its own algorithm (a GEMM's, a convolution's alone) on
+        ``pointers``: timed the first time a process meets the call, remembered after."""
+        if candidate == GEMM:
+            runner.tune(self._gemm_pointers(*pointers[:4]), stream)
+        else:
+            runner.tune(pointers[:4] + ((),) if candidate == UNFUSED else pointers[:4], stream)
 
     def _agrees(self, plan, expected, pointers, stream):
         """Whether fused ``plan`` computes ``expected`` (the convolution alone and the epilogue's kernel's result),

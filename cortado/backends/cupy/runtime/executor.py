@@ -205,6 +205,7 @@ class Executor(interface.Executor):
         feed_block = Block([t.size * t.dtype.itemsize for t in self.feeds])  # freed after
         pointers = self._resolved([feed_block.pointer(k) for k in range(len(self.feeds))])
         tune(self.tuned, (self.arena, self.state_block, self.output_block, feed_block), pointers, self.stream)
+        self.stream.synchronize()  # a candidate that failed may have queued work: the state is written after it
 
     def _resolved(self, feed_pointers):
         """Every value's pointer when the feeds are at ``feed_pointers``: views follow what they view (a crop its
