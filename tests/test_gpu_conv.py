@@ -388,9 +388,9 @@ def test_a_channels_last_convolution_may_run_in_nchw_between_copies(dtype):
 def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_level(monkeypatch):
     """A convolution's choice and the cuBLASLt algorithm of the GEMM inside it are timed by the first call of their
     shapes in a process and remembered: a second convolution of the same shapes, in the same program or another,
-    runs both, so every program adds its sums in one order. The timing is forced here (im2col and GEMMs, and the
-    GEMM's last algorithm); a remembered convolution once left its GEMM at the heuristic's first algorithm, and two
-    builds of the CNN step gave other bits."""
+    runs both (each level's tuning taking its remembered choice), so every program adds its sums in one order. The
+    timing is forced here (im2col and GEMMs, and the GEMM's last algorithm); a remembered convolution once left its
+    GEMM at the heuristic's first algorithm, and two builds of the CNN step gave other bits."""
     from cortado.backends.cupy.calls import cublaslt, cudnn_conv
 
     monkeypatch.setattr(cudnn_conv, "_tuned", {})

@@ -218,8 +218,6 @@ class Gemm:
             _heuristics[self.key] = self._candidates(call.workspace_limit)
         self.candidates = _heuristics[self.key]
         self.workspace_bytes = int(self.candidates["workspace_size"].max())  # what any candidate needs: often 0
-        if self.key in _tuned:  # a call another program timed runs its choice, tuned here or not (a GEMM inside a
-            self.candidates = _tuned[self.key]  # convolution whose choice was remembered is not tuned again)
         self.choice = 0
         self.timed = call.timed
 
