@@ -486,6 +486,31 @@ def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
                                  "dropped: they disagreed with it unfused)")
 
 
+def test_a_remembered_convolution_still_lets_each_other_candidate_take_its_own_choice(monkeypatch):
+    """A convolution of shapes the process has tuned before takes the remembered choice without timing anything, and
+    each other candidate tunes too, so a GEMM inside one takes the algorithm remembered for it (untuned, it stayed at
+    the heuristic's first, and two builds of one program added their sums in different orders)."""
+    from cortado.backends.cupy.calls import cudnn_conv
+
+    tuned = []
+
+    class Candidate:
+        def __init__(self, name):
+            self.name = name
+
+        def tune(self, pointers, stream):
+            tuned.append((self.name, pointers, stream))
+
+    conv = object.__new__(cudnn_conv.Conv)
+    others = {cudnn_conv.WINDOWS: Candidate("windows"), cudnn_conv.SPLIT: Candidate("split")}
+    conv.__dict__.update(tuned_key="shapes", others=others, plans=[0], choice=0, times=None)
+    monkeypatch.setattr(cudnn_conv, "_tuned", {"shapes": (cudnn_conv.WINDOWS, (1e-3, {}))})
+    monkeypatch.setattr(cudnn_conv.Conv, "_time", lambda *args: pytest.fail("a remembered convolution timed a call"))
+    conv.tune((1, 2, 3, 4), "stream")
+    assert conv.choice == cudnn_conv.WINDOWS and conv.times == (1e-3, {})
+    assert sorted(tuned) == [("split", (1, 2, 3, 4), "stream"), ("windows", (1, 2, 3, 4), "stream")]
+
+
 def _call(term, strides):
     """The ``ConvCall`` the GPU's conv target makes of ``dnn_conv`` ``term`` stored at ``strides``."""
     from cortado.backends.cupy.targets.conv import conv_call
