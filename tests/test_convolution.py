@@ -511,6 +511,28 @@ def test_a_remembered_convolution_still_lets_each_other_candidate_take_its_own_c
     assert sorted(tuned) == [("split", (1, 2, 3, 4), "stream"), ("windows", (1, 2, 3, 4), "stream")]
 
 
+def test_an_untuned_convolution_runs_its_first_choice_whatever_the_process_remembers(monkeypatch):
+    """A convolution built where the process remembers a tuned choice for its shapes still runs cuDNN's first plan
+    until it is tuned: a program compiled with ``autotune=False`` runs first choices at every level (it once took the
+    remembered convolution with its inner GEMM at the heuristic's first algorithm, a mix no tuned program runs)."""
+    from cortado.backends.cupy.calls import cudnn_conv
+    from cortado.backends.cupy.codegen import contiguous_strides
+    from cortado.backends.cupy.lowering.conv import dnn_conv
+
+    x, w = ct.var("x", (2, 4, 8, 8)), ct.var("w", (6, 4, 3, 3))
+    term = dnn_conv(x, w, "fprop", (1, 1), ((1, 1), (1, 1)), (1, 1), 1, (2, 6, 8, 8))
+    call = _call(term, {t: contiguous_strides(t.shape) for t in (x, w, term)})
+    for builder in ("_as_gemm", "window_gemm", "split_wgrad", "nchw_call"):  # cuDNN's plans alone
+        monkeypatch.setattr(cudnn_conv, builder, lambda call: None)
+    monkeypatch.setattr(cudnn_conv, "_graphs", {call: (None, (), None, [7, 9], 0)})
+    monkeypatch.setattr(cudnn_conv, "_tuned", {(call, False, None): (9, (1e-3, {}))})
+    conv = cudnn_conv.Conv(call)
+    assert (conv.choice, conv.times) == (7, None)
+    monkeypatch.setattr(cudnn_conv.Conv, "_time", lambda *args: pytest.fail("a remembered convolution timed a call"))
+    conv.tune((1, 2, 3, 4), "stream")
+    assert (conv.choice, conv.times) == (9, (1e-3, {}))
+
+
 def _call(term, strides):
     """The ``ConvCall`` the GPU's conv target makes of ``dnn_conv`` ``term`` stored at ``strides``."""
     from cortado.backends.cupy.targets.conv import conv_call

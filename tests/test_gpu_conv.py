@@ -390,7 +390,8 @@ def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_leve
     shapes in a process and remembered: a second convolution of the same shapes, in the same program or another,
     runs both (each level's tuning taking its remembered choice), so every program adds its sums in one order. The
     timing is forced here (im2col and GEMMs, and the GEMM's last algorithm); a remembered convolution once left its
-    GEMM at the heuristic's first algorithm, and two builds of the CNN step gave other bits."""
+    GEMM at the heuristic's first algorithm, and two builds of the CNN step gave other bits. A program compiled with
+    ``autotune=False`` after them runs the first choice at every level."""
     from cortado.backends.cupy.calls import cublaslt, cudnn_conv
 
     monkeypatch.setattr(cudnn_conv, "_tuned", {})
@@ -429,3 +430,14 @@ def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_leve
     feeds = {v.name: (rng.standard_normal(v.shape) * 0.5).astype(np.float32) for v in (x, w, w2)}
     first, second = ([r.get() for r in p(**feeds)] for p in programs)
     assert all(np.array_equal(a, b) for a, b in zip(first, second))
+    # untuned after them, a program runs the first choice at every level, whatever the process remembers
+    untuned = ct.compile(outputs, inputs=[x, w, w2], backend="cupy", autotune=False)
+    convs = _convolutions(untuned)
+    assert len(convs) == 4
+    for conv in convs:
+        assert conv.times is None and conv.choice == (conv.plans[0] if conv.plans else next(iter(conv.others)))
+        gemms = [runner.gemm for runner in conv.others.values() if getattr(runner, "gemm", None) is not None]
+        assert all(g.choice == 0 and g.candidates is cublaslt._heuristics[g.key] for g in gemms), conv.describe()
+    third = [r.get() for r in untuned(**feeds)]
+    rtol = 1e-4
+    assert all(np.allclose(a, b, rtol=rtol, atol=rtol * float(np.abs(b).max())) for a, b in zip(third, first))

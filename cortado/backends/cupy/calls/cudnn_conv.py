@@ -162,8 +162,8 @@ class Conv:
         self.others = dict(others)  # the candidates other than cuDNN's plans, by the name of their choice
         self.workspace_bytes = max([workspace] + [r.workspace_bytes for r in self.others.values()])
         self.tuned_key = (self.key, self.gemm is not None, self.windows and self.windows.chunk)  # and its candidates
-        first = self.plans[0] if self.plans else others[0][0]
-        self.choice, self.times = _tuned.get(self.tuned_key, (first, None))
+        # the first choice until tuned (``tune`` takes a remembered one): untuned, every level runs its first choice
+        self.choice, self.times = (self.plans[0] if self.plans else others[0][0]), None
 
     def _build(self, call, described):
         """cuDNN's graph of this convolution, built with every plan that keeps the program's numerics."""
