@@ -1,4 +1,5 @@
-# one device call: the supply probe, then the whole GPU suite (bash benchmarks/run_gpu.sh tests); logs to $OUT
+# one device call: probe.py (the supply probe), then the whole GPU suite (bash benchmarks/run_gpu.sh tests) unless
+# NO_SUITE is set; logs to $OUT. probe_order.py and probe_pingpong.py run the same way, from this folder.
 set -o pipefail
 here=benchmarks/results/h200/experiments/int8_supply
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
