@@ -5,7 +5,7 @@ order along rows of tiles (the kernel's) and in groups of rows of tiles taken a 
 it brought 128x128 tiles' operands in 69-71 us against 80 along rows); and the ping-pong kernel's products alone
 (``probe.py``'s ``no stores``).
 
-    python3 probe_pingpong.py [M N K ...]
+    python3 probe_pingpong.py [M N K ...]    (at 0118bcd, where the ping-pong form is)
 """
 import dataclasses
 import sys

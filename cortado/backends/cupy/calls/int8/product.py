@@ -34,9 +34,6 @@ class Tiling:
     # ``tma``: each consumer warp's results stored in whole 128-byte lines of a row, through shared memory of its own
     # (``LINE_SCRATCH`` bytes), where a tile lies wholly inside the result; else each thread stores its own
     lines: bool = False
-    # ``tma``, persistent: the two consumer warpgroups take the block's output tiles in turns, each multiplying a whole
-    # tile (``bm`` 128: two slabs of 64 rows), so that one stores its results while the other multiplies
-    pingpong: bool = False
 
     @property
     def threads(self):
@@ -66,9 +63,8 @@ class Tiling:
         persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
         cluster = f", A shared by clusters of {self.cluster}" if self.cluster > 1 else ""
         stored = ", stored by the TMA" if self.stored else ", stored in whole lines" if self.lines else ""
-        turns = ", a tile a warpgroup in turns" if self.pingpong else ""
         return (f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
-                f"{cluster}{turns}{stored}")
+                f"{cluster}{stored}")
 
 
 def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0, lines=False):

@@ -45,7 +45,7 @@ from .....errors import BackendError
 from ...launch import WAIT_PRIOR_GRIDS, driver
 from .epilogue import aligned_rows, split_sums
 from .product import LINE_SCRATCH, PRODUCER_THREADS, SWIZZLE_ALIGNMENT
-from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, slab_sums, tile_products
+from .warpgroup import STORED, SWIZZLE_MODES, descriptor_function, tile_products
 
 CONSUMER_SYNC = 'asm volatile("bar.sync 1, %0;\\n" :: "n"(THREADS) : "memory");'  # the consumers alone
 MAP_PARAMETERS = ("const __grid_constant__ ct_tensor_map a_map", "const __grid_constant__ ct_tensor_map b_map")
@@ -80,8 +80,7 @@ def kernel_text(product, tiling, params, stores):
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
             or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
-            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))) \
-            or (t.pingpong and (t.bm != 128 or not t.blocks or t.cluster > 1 or not t.lines)):
+            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, cluster = t.bm // 64 * 128, t.cluster
     signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
@@ -111,11 +110,9 @@ __device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity)
 extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32, CLUSTER = {cluster};
-  constexpr int RELEASERS = {4 if t.pingpong else "WARPS"};  // the warps that multiply each stage
   constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2, STORED_BYTES = {t.stored};
   extern __shared__ __align__(16) unsigned char smem[];
-  // each stage's full, then each one's empty; in turns, each warpgroup's turn
-  __shared__ __align__(8) unsigned long long barriers[2 * STAGES + 2];
+  __shared__ __align__(8) unsigned long long barriers[2 * STAGES];  // each stage's full, then each one's empty
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
@@ -127,10 +124,8 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
   if (threadIdx.x == 0) {{
     for (int s = 0; s < STAGES; ++s) {{
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(full0 + 8 * s) : "memory");
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(RELEASERS * CLUSTER) : "memory");
+      asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(WARPS * CLUSTER) : "memory");
     }}
-    for (int g = 0; g < 2; ++g)  // a warpgroup's turn begins once each warp of the other's has issued its products
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 4;\\n" :: "r"(empty0 + 8 * (STAGES + g)) : "memory");
     asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
   asm volatile("{together}" ::: "memory");  // the barriers exist before any copy or arrival reaches them
@@ -153,20 +148,7 @@ extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS},
     }}
   }} else {{
     {WAIT_PRIOR_GRIDS}
-{_STAGING if t.stored else _LINE_SCRATCH if t.lines else ""}{(_in_turns if t.pingpong else _together)(p, t, stores)}
-    if (STORED_BYTES && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // stored, all
-  }}
-  {f'asm volatile("{apart}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
-   if cluster > 1 else ""}
-}}
-"""
-
-
-def _together(product, tiling, stores):
-    """The consumers of the cooperative form: every warpgroup multiplies its slab of 64 rows of each of the block's
-    jobs, and they store the job's tile together."""
-    p, t = product, tiling
-    return f"""    int it = 0;  // K tiles multiplied so far, over every job
+{_STAGING if t.stored else _LINE_SCRATCH if t.lines else ""}    int it = 0;  // K tiles multiplied so far, over every job
     for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
       int acc[REGS];
@@ -186,41 +168,11 @@ def _together(product, tiling, stores):
       ct_release(empty0 + 8 * ((it - 1) % STAGES));  // and the last one's: on to the next job
 {_indented(_indented(split_sums(CONSUMER_SYNC) + stores(STORED, CONSUMER_SYNC)))}
     }}
-"""
-
-
-def _in_turns(product, tiling, stores):
-    """The consumers of the ping-pong form: warpgroup ``g`` takes the block's ``g``-th job and every second one after,
-    multiplying a whole tile (two slabs of 64 rows, ``acc`` and ``acc1``), and stores it while the other warpgroup
-    multiplies the next. The stages are read in the producer's order, so the warpgroups take turns: a turn begins
-    once the other's has issued its last products (a barrier per warpgroup), which also keeps a warpgroup from waiting
-    on a stage's full barrier more than one phase ahead of it."""
-    slabs = [f"""      {{
-        const int group = {s};  // the slab's 64 rows, as the stores name them
-{_indented(_indented(stores(STORED, "").replace("acc[", slab_sums(s) + "[")))}
-      }}""" for s in range(2)]
-    return f"""    const unsigned turn = empty0 + 8 * STAGES;  // each warpgroup's turn: its own, then the other's
-    for (int local = group, turns = 0; blockIdx.x + local * gridDim.x < JOBS; local += 2, ++turns) {{
-      const int job = blockIdx.x + local * gridDim.x, m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
-      int acc[REGS], acc1[REGS];
-      #pragma unroll
-      for (int r = 0; r < REGS; ++r) acc[r] = acc1[r] = 0;
-      if (group || turns) ct_wait_phase(turn + 8 * group, (turns - 1 + group) & 1);  // the other's turn is issued
-      int it = local * tiles;  // the stages' reads before this job's, over both warpgroups
-      for (int i = 0; i < tiles; ++i, ++it) {{
-        const int s = it % STAGES;
-        ct_wait_phase(full0 + 8 * s, (it / STAGES) & 1);
-        const unsigned a_tile = smem_base + s * STAGE_BYTES, b_tile = a_tile + BM * BK;
-{_indented(_indented(tile_products(product, tiling, 2)))}
-        if (i > 0) ct_release(empty0 + 8 * ((it - 1) % STAGES));  // the tile before's products are done
-      }}
-      if (lane == 0) asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(turn + 8 * (1 - group)) : "memory");
-      asm volatile("wgmma.wait_group.sync.aligned 0;\\n" ::: "memory");
-      #pragma unroll
-      for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]), "+r"(acc1[r]) :: "memory");
-      ct_release(empty0 + 8 * ((it - 1) % STAGES));  // and the last one's
-{chr(10).join(slabs)}
-    }}
+    if (STORED_BYTES && threadIdx.x == 0) asm volatile("cp.async.bulk.wait_group 0;\\n" ::: "memory");  // stored, all
+  }}
+  {f'asm volatile("{apart}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
+   if cluster > 1 else ""}
+}}
 """
 
 

@@ -30,16 +30,16 @@ SWIZZLE_MODES = {128: 1, 64: 2, 32: 3}  # a descriptor's bits 62-63: 128-, 64-, 
 SWIZZLED_CHUNK = "dst + r * BK + (((kc >> 4) ^ ((r * BK >> 7) & (CHUNKS - 1))) << 4)"
 
 
-def _wgmma(product, bn, sums="acc", a="da"):
-    """The inline-PTX statement of one ``m64n{bn}k32`` product accumulating into ``sums`` from descriptors
-    ``a`` and ``db``."""
+def _wgmma(product, bn):
+    """The inline-PTX statement of one ``m64n{bn}k32`` product accumulating into ``acc`` from descriptors
+    ``da`` and ``db``."""
     registers = bn // 2
     outputs = ", ".join(f"%{r}" for r in range(registers))
     instruction = f"wgmma.mma_async.sync.aligned.m64n{bn}k32.s32.{ptx_type(product.a_dtype)}.{ptx_type(product.b_dtype)}"
-    bindings = ", ".join(f'"+r"({sums}[{r}])' for r in range(registers))
+    bindings = ", ".join(f'"+r"(acc[{r}])' for r in range(registers))
     return (f'asm volatile("{{\\n.reg .pred p;\\nsetp.ne.b32 p, %{registers + 2}, 0;\\n'
             f'{instruction} {{{outputs}}}, %{registers}, %{registers + 1}, p;\\n}}\\n"\n'
-            f'                   : {bindings}\n                   : "l"({a}), "l"(db), "r"(1));')
+            f'                   : {bindings}\n                   : "l"(da), "l"(db), "r"(1));')
 
 
 # every pair of sums a thread holds, to ``store(s0, s1, m, n)``
@@ -148,26 +148,18 @@ def descriptor_function(tiling):
 }}"""
 
 
-def slab_sums(slab):
-    """The name of the sums of a warpgroup's ``slab`` th 64 rows: ``acc`` for the first (or only) one."""
-    return f"acc{slab}" if slab else "acc"
-
-
-def tile_products(product, tiling, slabs=1):
-    """The statements issuing one staged tile's products (``a_tile``, ``b_tile``: its shared addresses) into ``acc``
-    (and, for a warpgroup multiplying ``slabs`` slabs of 64 rows, into ``acc1`` and on, ``slab_sums``), then waiting
-    for all but these: the previous tile's products are done after them, this tile's run on."""
-    pinned = "\n".join(f"""    #pragma unroll
-    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"({slab_sums(s)}[r]) :: "memory");""" for s in range(slabs))
-    products = "\n".join(f"""      const unsigned long long da{s} = ct_descriptor(a_tile + {64 * s} * BK + kk);
-      {_wgmma(product, tiling.bn, slab_sums(s), f"da{s}")}""" for s in range(slabs))
-    return f"""{pinned}
+def tile_products(product, tiling):
+    """The statements issuing one staged tile's products (``a_tile``, ``b_tile``: its shared addresses) into ``acc``,
+    then waiting for all but these: the previous tile's products are done after them, this tile's run on."""
+    return f"""    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");
     asm volatile("wgmma.fence.sync.aligned;\\n" ::: "memory");
     #pragma unroll
     for (int kk = 0; kk < BK; kk += 32) {{
-      const unsigned long long db = ct_descriptor(b_tile + kk);
-{products}
+      const unsigned long long da = ct_descriptor(a_tile + kk), db = ct_descriptor(b_tile + kk);
+      {_wgmma(product, tiling.bn)}
     }}
     asm volatile("wgmma.commit_group.sync.aligned;\\n" ::: "memory");
     asm volatile("wgmma.wait_group.sync.aligned 1;\\n" ::: "memory");
-{pinned}"""
+    #pragma unroll
+    for (int r = 0; r < REGS; ++r) asm volatile("" : "+r"(acc[r]) :: "memory");"""
