@@ -52,6 +52,20 @@ def _overflows_meet(terms, feed):
     return any(_past_range(m, t.dtype).any() for t, m in zip(products, ct.evaluate(absolute, feed, precision="float64")))
 
 
+def zeros_face_non_finite_weights(terms, feed):
+    """Whether a convolution among ``terms``' values pads its image (or puts zeros between its values: an input
+    dilation) where its weights hold a NaN or an infinity: the reference multiplies those zeros (0 x inf is NaN),
+    cuDNN's convolutions add no term for them (docs/gpu.md, Convolutions), so the GPU's finite value
+    and the reference's NaN are both what a convolution says, by two readings of its padding."""
+    convs = [t for t in ct.Graph(terms).schedule if t.op is CONV and is_float(t.dtype)
+             and (any(low or high for low, high in t.attr("padding")) or any(d > 1 for d in t.attr("lhs_dilation")))]
+    if not convs:
+        return False
+    weights = [t.args[1] for t in convs]
+    feed = {name: feed[name] for name in ct.Graph(weights).variables_by_name()}
+    return any(not np.isfinite(np.asarray(w, np.float64)).all() for w in ct.evaluate(weights, feed))
+
+
 def _past_range(magnitude, dtype):
     """Where a sum of finite terms whose absolute values sum to ``magnitude`` may overflow ``dtype`` in some order: at
     its largest value or beyond, within the rounding of a sum (so a partial sum or a product of it, rounded up, may
@@ -167,6 +181,8 @@ def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, magnitu
         # that meet, fused multiply-adds' first overflow, which the ops after it may turn into any value: a relu's
         # mask, then a gradient), there is no one answer to hold them to
         if fused and _overflows_meet(terms, feed):
+            assume(False)
+        if backend == "cupy" and zeros_face_non_finite_weights(terms, feed):
             assume(False)
         more_accurate = stabilised or (backend == "cupy" and half) or fused
         assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=sums_otherwise(backend, terms),
