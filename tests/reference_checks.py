@@ -171,19 +171,20 @@ def check(terms, inputs, feed, backend, also=(), non_finite_alike=False, magnitu
     ``-1 + exp(x)`` is ``expm1(x)``, 1.5e-49 where the written form gives 0) or the GPU computes half precision
     in float32."""
     with np.errstate(all="ignore"):
+        fused = fuses_products(backend, terms)
+        # where a product's sums may overflow in one order and not another (the written form's NaN of infinities
+        # that meet, fused multiply-adds' first overflow, which the ops after it may turn into any value: a relu's
+        # mask, then a gradient), or the GPU's convolutions read padding otherwise than the reference, there is no
+        # one answer to hold them to: such feeds are set aside before anything is compiled
+        if fused and _overflows_meet(terms, feed):
+            assume(False)
+        if backend == "cupy" and zeros_face_non_finite_weights(terms, feed):
+            assume(False)
         program, results = run(terms, inputs, feed, backend, **options)
         half = any(t.dtype.itemsize == 2 and is_float(t.dtype) for t in ct.Graph(terms).schedule)
         stabilised = bool(program.traces["stability"])
         if stabilised:
             also = [*also, ct.evaluate(stabiliser.run(list(terms)), feed)]
-        fused = fuses_products(backend, terms)
-        # where a product's sums may overflow in one order and not another (the written form's NaN of infinities
-        # that meet, fused multiply-adds' first overflow, which the ops after it may turn into any value: a relu's
-        # mask, then a gradient), there is no one answer to hold them to
-        if fused and _overflows_meet(terms, feed):
-            assume(False)
-        if backend == "cupy" and zeros_face_non_finite_weights(terms, feed):
-            assume(False)
         more_accurate = stabilised or (backend == "cupy" and half) or fused
         assert_computes_what_it_says(terms, feed, results, more_accurate, normwise=sums_otherwise(backend, terms),
                                      also=also, non_finite_alike=non_finite_alike or fused, magnitudes=magnitudes,
