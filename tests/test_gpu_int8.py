@@ -79,14 +79,10 @@ def warpgroup_configurations(draw, instruction="wgmma"):
     stored = int(instruction == "tma" and splits == 1 and draw(st.booleans()))
     n = -(-n // 4) * 4 if stored else n
     lines = instruction == "tma" and not stored and draw(st.booleans())  # each warp's results in whole lines
-    # or drained by a warp of their own through one slab's slot, in rows of whole 16-byte chunks (placeholder 1)
-    drained = int(instruction == "tma" and splits == 1 and not (stored or lines) and draw(st.booleans()))
-    n = -(-n // 4) * 4 if drained else n
     blocks = draw(st.sampled_from([0, 1, 2, 6])) if instruction == "tma" and splits == 1 else 0
     cluster = 2 if instruction == "tma" and splits == 1 and math.ceil(n / bn) % 2 == 0 and draw(st.booleans()) else 1
     blocks = blocks // cluster * cluster
-    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored, lines,
-                                        drained),
+    return ((m, n, k), warpgroup_tiling(bm, bn, bk, stages, splits, instruction, blocks, cluster, stored, lines),
             dtypes,
             "padded rows", "k contiguous",
             (draw(st.booleans()), draw(st.booleans())), draw(st.integers(0, 2 ** 31)))
@@ -153,13 +149,6 @@ def _check_kernel(configuration, epilogue, shifted=False):
         row = n + 16 // size  # 16 bytes more
     else:
         tiling = replace(tiling, stored=0)
-    if tiling.drained and n * size % 16 == 0 and tiling.bn * size % 128 == 0:  # beside the stages that fit
-        tiling = replace(tiling, drained=size)
-        while tiling.shared_bytes > SHARED_LIMIT and tiling.stages > 2:
-            tiling = replace(tiling, stages=tiling.stages - 1)
-        row = n + 16 // size  # 16 bytes more
-    else:
-        tiling = replace(tiling, drained=0)
     if tiling.lines and line_storable(size, (-(-n * size // 16) * 16 // size, 1), tiling.bn):
         row = -(-n * size // 16) * 16 // size + 16 // size  # rows 16-byte aligned, 16 bytes more
         while tiling.shared_bytes > SHARED_LIMIT and tiling.stages > 2:  # the warps' lines beside the stages
@@ -208,9 +197,8 @@ def test_every_warpgroup_kernel_configuration_is_exact(configuration, epilogue):
 def test_every_warp_specialised_kernel_configuration_is_exact(configuration, epilogue, shifted):
     """The warp-specialised wgmma kernel fed by the tensor memory accelerator (sm_90), at any tile, swizzle width,
     pipeline depth, split, persistent grid, cluster and signedness, its results stored by each thread, in whole lines
-    by each warp, by the TMA or by a drainer warp through one slab's slot, on shapes that are no multiple of its tiles
-    (the copies fill what lies beyond with zeros, the TMA and the drainer store nothing beyond the result), equals
-    NumPy's product bit for bit."""
+    by each warp or by the TMA, on shapes that are no multiple of its tiles (the copies fill what lies beyond with
+    zeros, the TMA stores nothing beyond the result), equals NumPy's product bit for bit."""
     import cupy
 
     if cupy.cuda.Device().compute_capability != "90":
@@ -221,8 +209,8 @@ def test_every_warp_specialised_kernel_configuration_is_exact(configuration, epi
 @pytest.mark.parametrize("m, n, k", [(1000, 600, 784), (4100, 2048, 208)])
 def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k):
     """Each candidate the runner times for a large product (wgmma on sm_90 among them; for one of more output tiles
-    than SMs, persistent kernels; some storing their results by the TMA, some in whole lines, some through a drainer
-    warp) gives the exact sums."""
+    than SMs, persistent kernels; some storing their results by the TMA, some in whole lines) gives the exact
+    sums."""
     import cupy
 
     from cortado.backends.cupy.calls.int8.runner import Int8Gemm
@@ -245,7 +233,6 @@ def test_a_large_product_is_exact_through_every_kernel_the_program_times(m, n, k
     if cupy.cuda.Device().compute_capability == "90":
         assert any("wgmma" in d for d in described) and any("tma" in d for d in described)
         assert any("stored by the TMA" in d for d in described) and any("whole lines" in d for d in described)
-        assert any("drained by a warp of its own" in d for d in described) == (m == 4100)  # persistent grids
 
 
 def _quantized_layer(batch, k, n, rng, weights_as="constant"):

@@ -27,7 +27,7 @@ def _no_empty_split(k, tiling):
 @settings(max_examples=200, deadline=None)
 @given(SIZES, SIZES, SIZES)
 def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
-    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma", 1, 1, 4)
+    specialised = warpgroup_candidates(m, n, k, 132, 4, "tma", 1, 1)
     for tiling in candidates(m, n, k, 132, 6) + warpgroup_candidates(m, n, k, 132, 4) + specialised:
         assert tiling.shared_bytes <= SHARED_LIMIT and tiling.threads <= 1024
         assert _no_empty_split(k, tiling), tiling
@@ -48,16 +48,11 @@ def test_every_candidate_fits_a_block_and_leaves_no_split_empty(m, n, k):
             assert not tiling.stored and tiling.bn % 128 == 0
             assert replace(tiling, lines=False) in specialised
             assert tiling.shared_bytes <= (SHARED_LIMIT // 2 if tiling.bm == 64 else SHARED_LIMIT)
-        if tiling.drained:  # the persistent forms' results drained by a warp of their own, beside the stages that fit
-            assert tiling.blocks and not (tiling.stored or tiling.lines) and tiling.drained == 4
-            assert tiling.bn * 4 % 128 == 0 and tiling.threads == 32 * (tiling.bm // 16) + 64
-            assert any(t == replace(tiling, drained=0, stages=t.stages) and t.stages >= tiling.stages
-                       for t in specialised if not t.drained)
         if tiling.stored:  # the persistent forms' results stored by the TMA, in boxes a whole swizzle wide
             assert tiling.blocks and tiling.stored == 1
             assert tiling.bn in (32, 64) or tiling.bn % 128 == 0
             assert replace(tiling, stored=0) in specialised  # with all of its stages
-    assert all(not (t.stored or t.drained) for t in warpgroup_candidates(m, n, k, 132, 4, "tma"))
+    assert all(not t.stored for t in warpgroup_candidates(m, n, k, 132, 4, "tma"))
 
 
 def _product(m, n, k, constant_b=False):
@@ -155,34 +150,6 @@ def test_results_are_stored_in_whole_lines_only_where_the_rows_hold_them():
                                   (warpgroup_tiling(256, 128, 128, 4, 1, "wgmma", lines=True), sums, (4096, 1))):
         with pytest.raises(ValueError, match="whole lines"):
             gemm_source(_product(4096, 4096, 4096), tiling, body, [], strides)
-
-
-def test_results_are_drained_by_a_warp_of_their_own_only_where_a_slab_row_is_whole_lines():
-    """A drained tiling keeps as many stages as fit beside one slab's slot (64 rows of results), refuses rows of
-    results that are no whole lines, and its kernel has a drainer warp that stores the slot 16 bytes a thread while
-    the consumers write it in turns; the result's rows must be whole 16-byte chunks."""
-    from cortado import cast
-    from cortado.backends.cupy.codegen import Operand
-    from cortado.backends.cupy.calls.int8.tilings import drained_tiling
-
-    persistent = warpgroup_tiling(256, 128, 128, 4, 1, "tma", 132)
-    drained = drained_tiling(persistent, 4)
-    assert drained.stages == 4 and drained.shared_bytes == persistent.shared_bytes + 64 * 128 * 4 <= SHARED_LIMIT
-    assert drained_tiling(warpgroup_tiling(128, 256, 128, 4, 1, "tma", 132), 4).stages == 3  # a slot of 64 KB
-    assert drained_tiling(warpgroup_tiling(256, 64, 128, 4, 1, "tma", 132), 1) is None  # 64 bytes a row
-    assert drained.threads == 4 * 128 + 64 and "drained by a warp of its own" in str(drained)
-    sums = parameter(0, Operand((4096, 4096), np.dtype(np.int32), (4096, 1)))
-    text = gemm_source(_product(4096, 4096, 4096), drained, sums, [], (4096, 1)).text
-    drainer = text[text.index("// the drainer warp"):text.index("// the producer warp")]
-    assert "*reinterpret_cast<uint4*>(out_bytes" in drainer and "slot_full" in drainer
-    consumers = text[text.index("    int jobs_done = 0;  // this block's jobs"):]
-    assert "ct_wait_phase(turn0 + 8 * group" in consumers and "out0[" not in consumers
-    int8_results = gemm_source(_product(4096, 4096, 4096), drained_tiling(persistent, 1), cast(sums, "int8"), [],
-                               (4096, 1)).text
-    assert "ct_vec<signed char, 2>" in int8_results
-    for strides in ((4098, 1), (1, 4096)):  # rows no whole number of 16-byte chunks apart; not rows at all
-        with pytest.raises(ValueError, match="cannot take"):
-            gemm_source(_product(4096, 4096, 4096), drained, sums, [], strides)
 
 
 def test_small_products_get_no_wgmma_candidates_and_large_ones_do():

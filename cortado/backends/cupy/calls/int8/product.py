@@ -8,7 +8,6 @@ PAD = 16  # bytes after each row of a tile staged for ldmatrix (mma.sync)
 SWIZZLE_ALIGNMENT = 1024  # bytes: the repeat of the 128-byte swizzle a wgmma tile is stored in
 PRODUCER_THREADS = 32  # the warp-specialised kernel's producer: one warp, of which one thread asks for the tiles
 LINE_SCRATCH = 16 * 128  # bytes: a consumer warp's 16 rows of results, 128 bytes of each at a time
-DRAINER_THREADS = 32  # the warp that stores the slabs of results the warpgroups leave in shared memory (``drained``)
 
 
 @dataclass(frozen=True)
@@ -35,19 +34,10 @@ class Tiling:
     # ``tma``: each consumer warp's results stored in whole 128-byte lines of a row, through shared memory of its own
     # (``LINE_SCRATCH`` bytes), where a tile lies wholly inside the result; else each thread stores its own
     lines: bool = False
-    # ``tma``: the results, ``drained`` bytes each, written by each consumer warpgroup in turn into one slab's slot of
-    # shared memory, which a warp of its own stores in whole lines while the warpgroups multiply the next tile
-    drained: int = 0
 
     @property
     def threads(self):
-        helpers = PRODUCER_THREADS + (DRAINER_THREADS if self.drained else 0) if self.instruction == "tma" else 0
-        return 32 * self.warps_m * self.warps_n + helpers
-
-    @property
-    def slab_bytes(self):
-        """With ``drained``: the shared memory of the slot a warpgroup's 64 rows of results pass through."""
-        return 64 * self.bn * self.drained
+        return 32 * self.warps_m * self.warps_n + (PRODUCER_THREADS if self.instruction == "tma" else 0)
 
     @property
     def store_width(self):
@@ -60,8 +50,7 @@ class Tiling:
     @property
     def shared_bytes(self):
         if self.instruction != "mma":  # swizzled rows, no padding; the base rounded up to the swizzle's repeat
-            results = (self.bm * self.bn * self.stored + (self.bm // 16 * LINE_SCRATCH if self.lines else 0)
-                       + self.slab_bytes)
+            results = self.bm * self.bn * self.stored + (self.bm // 16 * LINE_SCRATCH if self.lines else 0)
             return self.stages * (self.bm + self.bn) * self.bk + results + SWIZZLE_ALIGNMENT
         return self.stages * (self.bm + self.bn) * (self.bk + PAD)
 
@@ -73,16 +62,14 @@ class Tiling:
         producer = " and a producer warp" if self.instruction == "tma" else ""
         persistent = f", persistent on {self.blocks} blocks" if self.blocks else ""
         cluster = f", A shared by clusters of {self.cluster}" if self.cluster > 1 else ""
-        stored = (", stored by the TMA" if self.stored else ", stored in whole lines" if self.lines
-                  else ", drained by a warp of its own" if self.drained else "")
+        stored = ", stored by the TMA" if self.stored else ", stored in whole lines" if self.lines else ""
         return (f"{self.bm}x{self.bn}x{self.bk} tiles, {workers}{producer}, {self.stages} stages{split}{persistent}"
                 f"{cluster}{stored}")
 
 
-def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0, lines=False,
-                     drained=0):
+def warpgroup_tiling(bm, bn, bk, stages, splits=1, instruction="wgmma", blocks=0, cluster=1, stored=0, lines=False):
     """A wgmma ``Tiling`` (``instruction`` ``wgmma`` or ``tma``): a warpgroup per 64 rows of the block's tile."""
-    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored, lines, drained)
+    return Tiling(bm, bn, bk, bm // 16, 1, stages, splits, instruction, blocks, cluster, stored, lines)
 
 
 @dataclass(frozen=True)

@@ -192,11 +192,10 @@ class Int8Gemm:
         if product.vector_a and product.vector_b and _has_wgmma():
             tilings += warpgroup_candidates(m, n, k, multiprocessors, WARPGROUP_CANDIDATES)
             if overlapping() and specialised.available():  # the driver's launch passes the tensor maps
-                size = body.dtype.itemsize  # the TMA's stores, whole lines and the drainer where they can store the rows
-                chunks = specialised.storable_rows(size, out_strides, n)
+                size = body.dtype.itemsize  # the TMA's stores and whole lines offered where they can store the rows
                 tilings += warpgroup_candidates(m, n, k, multiprocessors, SPECIALISED_CANDIDATES, "tma",
-                                                size if chunks else 0, size if aligned_rows(size, out_strides) else 0,
-                                                size if chunks else 0)
+                                                size if specialised.storable_rows(size, out_strides, n) else 0,
+                                                size if aligned_rows(size, out_strides) else 0)
         own = [_Kernel(product, t, body, operands, out_strides) for t in tilings]
         for kernel in own:
             prepare(kernel.source)  # every candidate compiled side by side before they are timed
@@ -224,8 +223,8 @@ class Int8Gemm:
         """Run on device pointers (``extras``: the epilogue's operands) on ``stream`` (a pointer), which is also
         CuPy's current stream."""
         chosen = self.candidates[self.choice]
-        whole_chunks = isinstance(chosen, _Kernel) and (chosen.tiling.stored or chosen.tiling.drained)
-        if (self.vector and (a % VECTOR_ALIGNMENT or b % VECTOR_ALIGNMENT)) or (whole_chunks and out % VECTOR_ALIGNMENT):
+        stored = isinstance(chosen, _Kernel) and chosen.tiling.stored
+        if (self.vector and (a % VECTOR_ALIGNMENT or b % VECTOR_ALIGNMENT)) or (stored and out % VECTOR_ALIGNMENT):
             chosen = self.unaligned
         chosen.call(a, b, extras, out, workspace, stream)
 

@@ -16,8 +16,6 @@ With ``SPLITS > 1`` the ``K`` tiles are divided among that many blocks per outpu
 product has too few tiles to fill the GPU otherwise), which ``epilogue.split_sums`` adds up.
 """
 
-import functools
-
 from ...codegen import PRELUDE, Source, kernel_name, storage_type
 from . import specialised, warpgroup
 from .epilogue import (OPTIONS, SYNC, epilogue_function, parameters, split_sums, staged, store_all, store_functions,
@@ -33,16 +31,14 @@ def gemm_source(product, tiling, body, extras, out_strides):
 and for the warp-specialised form the operands' tensor maps (``specialised.tensor_maps``), then, where its results
 are stored by the TMA (``tiling.stored``), the result's."""
     generate, options = {"wgmma": (warpgroup.kernel_text, OPTIONS + warpgroup.ARCHITECTURE),
-                         "tma": (functools.partial(specialised.kernel_text, out_row=out_strides[0]),
-                                 OPTIONS + warpgroup.ARCHITECTURE)}.get(tiling.instruction, (_kernel_text, OPTIONS))
+                         "tma": (specialised.kernel_text, OPTIONS + warpgroup.ARCHITECTURE)}.get(
+                             tiling.instruction, (_kernel_text, OPTIONS))
     staging = staged(tiling, body.dtype, out_strides) and not tiling.lines
 
     def stores(fragments, sync=SYNC):
         if tiling.stored:  # through shared memory, by the TMA
             return epilogue_function(body, extras) + tma_store_all(fragments, storage_type(body.dtype),
                                                                    tiling.store_width, sync)
-        if tiling.drained:  # through the slot, by the drainer warp
-            return epilogue_function(body, extras) + specialised.slab_writes(fragments, storage_type(body.dtype))
         lines = warpgroup.line_stores(storage_type(body.dtype), out_strides[0]) if tiling.lines else ""
         return store_functions(body, extras, out_strides, staging) + store_all(fragments, staging, sync, lines)
 

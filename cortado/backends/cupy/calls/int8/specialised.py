@@ -33,10 +33,7 @@ With ``Tiling.stored`` the consumers write their tile of results into shared mem
 one thread asks the TMA to store it from there (a third tensor map, the result's) while they go on to the next tile;
 they write the tile again only once the TMA has read it. The result's rows must be whole 16-byte chunks
 (``storable_rows``): the TMA stores whole 16-byte chunks, past a row's end to the next boundary (on the H200 a row
-of one int32 result had the 12 bytes after it written; triton-lang/triton#11583). With ``Tiling.drained`` the
-warpgroups write their slabs of results (64 rows each) in turn into one slab's slot after the stages, and a warp of
-its own, the drainer, stores each slab in whole lines and hands the slot to the next warpgroup, while the ones before
-multiply the next tile: the block's stores run beside its products instead of between them.
+of one int32 result had the 12 bytes after it written; triton-lang/triton#11583).
 """
 
 import ctypes
@@ -70,35 +67,20 @@ _STAGING = """    const unsigned staging = smem_base + STAGES * STAGE_BYTES;
 _LINE_SCRATCH = f"""    unsigned char* const line_scratch =
         smem + (smem_base + STAGES * STAGE_BYTES + (threadIdx.x >> 5) * {LINE_SCRATCH} - __cvta_generic_to_shared(smem));
 """
-# drained: the slot after the stages, its barriers after the stages' (the slot's full, each warpgroup's turn)
-_DRAIN_ADDRESSES = """  constexpr int GROUPS = BM / 64, SLAB_ROW = BN * DRAINED;  // warpgroups; bytes of a slab's row of results
-  const unsigned slot_full = empty0 + 8 * STAGES, turn0 = slot_full + 8;
-  unsigned char* const slab_slot = smem + (smem_base + STAGES * STAGE_BYTES - (unsigned)__cvta_generic_to_shared(smem));
-"""
-_DRAIN_BARRIERS = """    // the slot's full: a warpgroup's threads; a turn: the drainer's, once the slab before is stored
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;\\n" :: "r"(slot_full) : "memory");
-    for (int g = 0; g < GROUPS; ++g)
-      asm volatile("mbarrier.init.shared::cta.b64 [%0], 32;\\n" :: "r"(turn0 + 8 * g) : "memory");
-"""
-_SLOT = """    int jobs_done = 0;  // this block's jobs whose results are written into the slot
-"""
 _MULTICAST = ("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster"
               " [%0], [%1, {%2, %3}], [%4], %5;\\n")  # into the same place of every block of the mask
 
 
-def kernel_text(product, tiling, params, stores, out_row=0):
+def kernel_text(product, tiling, params, stores):
     """The warp-specialised kernel of ``product`` cut by ``tiling`` (``instruction == "tma"``); its parameters are
     ``params``, the operands' two tensor maps and, where the TMA stores its results, the result's. ``THREADS`` in it
-    counts the consumers, which alone run the epilogue. With ``tiling.drained``, the result's rows are ``out_row``
-    results apart."""
+    counts the consumers, which alone run the epilogue."""
     p, t = product, tiling
     # a split's last block returns from its job: never on a persistent grid; clustered blocks come in pairs of a row
     if not (p.vector_a and p.vector_b) or p.k == 0 or t.bm % 64 or t.bm > 256 or t.bn > 256 \
             or t.bk not in SWIZZLE_MODES or t.stages < 2 or (t.blocks and t.splits > 1) or t.cluster not in (1, 2) \
             or (t.cluster > 1 and (t.splits > 1 or -(-p.n // t.bn) % 2 or t.blocks % 2)) \
-            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))) \
-            or (t.drained and (t.splits > 1 or t.lines or t.stored or t.bn * t.drained % 128
-                               or not storable_rows(t.drained, (out_row, 1), p.n))):
+            or (t.stored and (t.splits > 1 or t.lines or not _stages_hold_boxes(p, t))):
         raise ValueError(f"a warp-specialised kernel cannot take {p} cut as {t}")
     consumers, cluster = t.bm // 64 * 128, t.cluster
     signature = params + list(MAP_PARAMETERS) + ([OUT_MAP_PARAMETER] if t.stored else [])
@@ -109,8 +91,6 @@ def kernel_text(product, tiling, params, stores, out_row=0):
                 else "bar.sync 0;\\n")
     apart = "barrier.cluster.arrive.release;\\nbarrier.cluster.wait.acquire;\\n"
     early, later = _early_copies(p.constant_b)
-    scratch = _STAGING if t.stored else _LINE_SCRATCH if t.lines else _SLOT if t.drained else ""
-    drain_addresses = _DRAIN_ADDRESSES if t.drained else ""
     a_copy = (f'asm volatile("{_MULTICAST}" :: "r"(a_dst + rank * (BM / CLUSTER) * BK), "l"(a_map_address), "r"(k0), '
               f'"r"(m0 + (int)rank * (BM / CLUSTER)), "r"(full), "h"((unsigned short)((1 << CLUSTER) - 1)) : "memory");'
               if cluster > 1 else
@@ -127,17 +107,15 @@ __device__ __forceinline__ void ct_wait_phase(unsigned barrier, unsigned parity)
   }} while (!done);
 }}
 {_release_function(cluster)}
-extern "C" __global__ void {dims}__launch_bounds__({t.threads}, 1) int8_gemm({", ".join(signature)}) {{
+extern "C" __global__ void {dims}__launch_bounds__(THREADS + {PRODUCER_THREADS}, 1) int8_gemm({", ".join(signature)}) {{
   constexpr int M = {p.m}, N = {p.n}, K = {p.k}, BM = {t.bm}, BN = {t.bn}, BK = {t.bk}, STAGES = {t.stages};
   constexpr int KTILES = (K + BK - 1) / BK, STAGE_BYTES = (BM + BN) * BK, WARPS = THREADS / 32, CLUSTER = {cluster};
-  constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2;
-  constexpr int STORED_BYTES = {t.stored}, DRAINED = {t.drained};
+  constexpr int SPLITS = {t.splits}, PER_SPLIT = (KTILES + SPLITS - 1) / SPLITS, REGS = BN / 2, STORED_BYTES = {t.stored};
   extern __shared__ __align__(16) unsigned char smem[];
-  // each stage's full, then each one's empty; drained, then the slot's full and each warpgroup's turn at it
-  __shared__ __align__(8) unsigned long long barriers[2 * STAGES{" + 1 + THREADS / 128" if t.drained else ""}];
+  __shared__ __align__(8) unsigned long long barriers[2 * STAGES];  // each stage's full, then each one's empty
   const unsigned smem_base = ((unsigned)__cvta_generic_to_shared(smem) + {SWIZZLE_ALIGNMENT - 1}u) & ~{SWIZZLE_ALIGNMENT - 1}u;
   const unsigned full0 = (unsigned)__cvta_generic_to_shared(barriers), empty0 = full0 + 8 * STAGES;
-{drain_addresses}  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, group = threadIdx.x >> 7;
   // output tiles (jobs) in rows of TILES_N; a block takes every gridDim.x-th, starting at its own (the blocks of a
   // cluster take neighbours in a row, whose A tile is the same: each copies its share of it to all)
   constexpr int TILES_N = (N + BN - 1) / BN, JOBS = TILES_N * ((M + BM - 1) / BM);
@@ -148,10 +126,10 @@ extern "C" __global__ void {dims}__launch_bounds__({t.threads}, 1) int8_gemm({",
       asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;\\n" :: "r"(full0 + 8 * s) : "memory");
       asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\\n" :: "r"(empty0 + 8 * s), "r"(WARPS * CLUSTER) : "memory");
     }}
-{_DRAIN_BARRIERS if t.drained else ""}    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
+    asm volatile("fence.mbarrier_init.release.cluster;\\n" ::: "memory");
   }}
   asm volatile("{together}" ::: "memory");  // the barriers exist before any copy or arrival reaches them
-  {_drainer(t, out_row) if t.drained else ""}if (threadIdx.x >= THREADS) {{  // the producer warp
+  if (threadIdx.x >= THREADS) {{  // the producer warp
     if (threadIdx.x == THREADS) {{
       const unsigned long long a_map_address = (unsigned long long)&a_map, b_map_address = (unsigned long long)&b_map;
 {early}      {WAIT_PRIOR_GRIDS}
@@ -170,8 +148,8 @@ extern "C" __global__ void {dims}__launch_bounds__({t.threads}, 1) int8_gemm({",
     }}
   }} else {{
     {WAIT_PRIOR_GRIDS}
-{scratch}    int it = 0;  // K tiles multiplied so far, over every job
-    for (int job = blockIdx.x; job < JOBS; job += gridDim.x{", ++jobs_done" if t.drained else ""}) {{
+{_STAGING if t.stored else _LINE_SCRATCH if t.lines else ""}    int it = 0;  // K tiles multiplied so far, over every job
+    for (int job = blockIdx.x; job < JOBS; job += gridDim.x) {{
       const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
       int acc[REGS];
       #pragma unroll
@@ -195,55 +173,6 @@ extern "C" __global__ void {dims}__launch_bounds__({t.threads}, 1) int8_gemm({",
   {f'asm volatile("{apart}" ::: "memory");  // no arrival or copy is still on its way to a block of the cluster'
    if cluster > 1 else ""}
 }}
-"""
-
-
-def _drainer(tiling, out_row):
-    """The drainer warp's statements (the warp after the producer): for each job of the block, the slabs of results the
-    warpgroups write into the slot in turn (``slab_writes``), each stored in whole lines, 16 bytes a thread, then
-    handed to the next warpgroup. A slab's row keeps its 16-byte chunks swizzled by the row (chunk ``q`` of row ``r``
-    at ``q ^ (r mod 8)``), so that the eight rows of a fragment's writes fall in distinct banks."""
-    return f"""if (threadIdx.x >= THREADS + {PRODUCER_THREADS}) {{  // the drainer warp
-    {WAIT_PRIOR_GRIDS}
-    unsigned char* const out_bytes = reinterpret_cast<unsigned char*>(out0);
-    constexpr int ROW_CHUNKS = SLAB_ROW / 16;
-    int jobs_done = 0;
-    for (int job = blockIdx.x; job < JOBS; job += gridDim.x, ++jobs_done) {{
-      const int m0 = job / TILES_N * BM, n0 = job % TILES_N * BN;
-      for (int g = 0; g < GROUPS; ++g) {{
-        ct_wait_phase(slot_full, (jobs_done * GROUPS + g) & 1);  // warpgroup g's slab is in the slot
-        #pragma unroll 8
-        for (int c = lane; c < 64 * ROW_CHUNKS; c += 32) {{
-          const int r = c / ROW_CHUNKS, q = c % ROW_CHUNKS, m = m0 + g * 64 + r, n = n0 + q * (16 / DRAINED);
-          if (m < M && n < N)
-            *reinterpret_cast<uint4*>(out_bytes + ((size_t)m * {out_row} + n) * DRAINED) =
-                *reinterpret_cast<const uint4*>(slab_slot + r * SLAB_ROW + ((q ^ (r & 7)) << 4));
-        }}
-        asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(turn0 + 8 * ((g + 1) % GROUPS)) : "memory");
-      }}
-    }}
-  }} else """
-
-
-def slab_writes(fragments, out_type):
-    """C++ statements with which a consumer warpgroup, once its turn comes (``turn0``'s barrier ``group``: the
-    drainer has stored the slab before; the first warpgroup's first slab finds the slot free), writes its 64 rows of
-    results (``epilogue`` of its sums) into the slot, swizzled as ``_drainer`` reads them, and tells the drainer
-    (``slot_full``). Results beyond ``M x N`` are left out (whole 16-byte chunks of a row, which the drainer skips).
-    Inside the warp-specialised kernel with ``tiling.drained``, after ``epilogue_function``'s statements."""
-    return f"""  {{
-    if (group > 0 || jobs_done > 0) ct_wait_phase(turn0 + 8 * group, (jobs_done - (group == 0)) & 1);
-    auto write = [&](const int s0, const int s1, const int m, const int n) {{
-      if (m >= M || n >= N) return;
-      const int r = m - m0 - group * 64, byte = (n - n0) * (int)sizeof({out_type});
-      *reinterpret_cast<ct_vec<{out_type}, 2>*>(slab_slot + r * SLAB_ROW + ((((byte >> 4) ^ (r & 7)) << 4) | (byte & 15))) =
-          ct_vec<{out_type}, 2>{{{{epilogue(s0, m, n), epilogue(s1, m, n + 1)}}}};
-    }};
-    auto store_all = [&](auto store) {{
-{fragments}    }};
-    store_all(write);
-    asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\\n" :: "r"(slot_full) : "memory");
-  }}
 """
 
 

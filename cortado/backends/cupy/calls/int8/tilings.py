@@ -89,13 +89,12 @@ def candidates(m, n, k, multiprocessors, count):
     return [tiling for _, _, tiling in ranked[:count]]
 
 
-def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", stored=0, lines=0, drained=0):
+def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", stored=0, lines=0):
     """The ``count`` best-ranked wgmma ``Tiling`` s (sm_90) for an ``m x n x k`` product, fed by ``cp.async``
     (``instruction`` ``wgmma``) or by the tensor memory accelerator (``tma``: and the persistent and clustered forms
-    of those; where the TMA can store the results, ``stored`` bytes each, the persistent forms storing that way; where
-    the results' rows are 16-byte aligned, ``lines`` bytes each, every form storing them in whole lines; and where
-    their rows are whole 16-byte chunks, ``drained`` bytes each, the persistent forms' drained by a warp of their
-    own); none for a small product."""
+    of those; where the TMA can store the results, ``stored`` bytes each, the persistent forms storing that way; and
+    where the results' rows are 16-byte aligned, ``lines`` bytes each, every form storing them in whole lines); none
+    for a small product."""
     if m * n * k < (WARPGROUP_MIN_MULTIPLY_ADDS if instruction == "wgmma" else SPECIALISED_MIN_MULTIPLY_ADDS):
         return []
     # the cp.async kernel refills a stage two tiles after it was read, the warp-specialised one as soon as it is read
@@ -129,8 +128,7 @@ def warpgroup_candidates(m, n, k, multiprocessors, count, instruction="wgmma", s
     persistent += [replace(t, cluster=2) for t in persistent if math.ceil(n / t.bn) % 2 == 0]
     stored_by_tma = [stored_tiling(t, stored) for t in persistent] if stored else []
     in_lines = [line_tiling(t, lines) for t in chosen + persistent] if lines else []
-    by_drainer = [drained_tiling(t, drained) for t in persistent] if drained else []
-    return chosen + persistent + [t for t in stored_by_tma + in_lines + by_drainer if t is not None]
+    return chosen + persistent + [t for t in stored_by_tma + in_lines if t is not None]
 
 
 def line_tiling(tiling, size):
@@ -158,17 +156,3 @@ def stored_tiling(tiling, size):
     (``benchmarks/results/h200/experiments/int8_epilogue/``)."""
     stored = replace(tiling, stored=size)
     return stored if stored.store_width and stored.shared_bytes <= SHARED_LIMIT else None
-
-
-def drained_tiling(tiling, size):
-    """``tiling`` with its results, ``size`` bytes each, written by each warpgroup in turn into one slab's slot of
-    shared memory and stored from there in whole lines by a warp of its own while the warpgroups multiply the next
-    tile (a persistent block otherwise stops multiplying to store each tile), with as many of its stages as fit
-    beside the slot (two at the least); None where a row of a slab is no whole number of 128-byte lines, or the slot
-    leaves no room for two stages."""
-    drained = replace(tiling, drained=size)
-    if tiling.bn * size % 128:
-        return None
-    while drained.shared_bytes > SHARED_LIMIT and drained.stages > 2:
-        drained = replace(drained, stages=drained.stages - 1)
-    return drained if drained.shared_bytes <= SHARED_LIMIT else None
