@@ -12,11 +12,12 @@ range, then the bytes), written and read here with NumPy, so the files open with
 import json
 import os
 import struct
+from collections.abc import Mapping
 
 import numpy as np
 
 from .errors import FeedError
-from .exprgraph.dtypes import BFLOAT16, as_dtype
+from .exprgraph.dtypes import BFLOAT16, as_dtype, is_float
 
 _CODES = {"bool": "BOOL", "uint8": "U8", "int8": "I8", "int16": "I16", "uint16": "U16", "float16": "F16",
           "bfloat16": "BF16", "int32": "I32", "uint32": "U32", "float32": "F32", "float64": "F64", "int64": "I64",
@@ -42,13 +43,19 @@ def write(path, arrays, metadata=None):
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % ALIGNMENT)
+    if os.path.isdir(path):
+        raise FeedError(f"{path} is a directory; a checkpoint is a file (run.safetensors)")
     temporary = f"{path}.{os.getpid()}.partial"
-    with open(temporary, "wb") as file:
-        file.write(struct.pack("<Q", len(text)))
-        file.write(text)
-        for chunk in chunks:
-            file.write(chunk)
-    os.replace(temporary, path)
+    try:
+        with open(temporary, "wb") as file:
+            file.write(struct.pack("<Q", len(text)))
+            file.write(text)
+            for chunk in chunks:
+                file.write(chunk)
+        os.replace(temporary, path)
+    finally:  # a write that failed leaves no partial file behind
+        if os.path.exists(temporary):
+            os.remove(temporary)
 
 
 def read(path):
@@ -62,10 +69,11 @@ def read(path):
         header = json.loads(raw[8:8 + size])
     except ValueError as error:
         raise FeedError(f"{path} is not a safetensors file: its header does not parse ({error})") from None
+    if not isinstance(header, dict):
+        raise FeedError(f"{path} is not a safetensors file: its header is a JSON {type(header).__name__}, not an object")
     metadata = header.pop("__metadata__", {}) or {}
     body = memoryview(raw)[8 + size:]
-    malformed = [name for name, entry in header.items()
-                 if not isinstance(entry, dict) or len(entry.get("data_offsets", ())) != 2 or "shape" not in entry]
+    malformed = [name for name, entry in header.items() if not _well_formed(entry)]
     if malformed:
         raise FeedError(f"{path}: the header's entries for {malformed} lack a dtype, shape or two data offsets")
     arrays, covered = {}, 0
@@ -86,14 +94,35 @@ def read(path):
     return {name: arrays[name] for name in header}, metadata
 
 
+def _well_formed(entry):
+    """Whether a header's entry names a dtype, a shape of sizes and two byte offsets."""
+    def whole(values):
+        return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                                                 for v in values)
+
+    return (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and whole(entry.get("shape"))
+            and whole(entry.get("data_offsets")) and len(entry["data_offsets"]) == 2)
+
+
+def _program(program, what):
+    """``program``, where it is a compiled program: what has a state to save or load."""
+    from .program import Program
+
+    if not isinstance(program, Program):
+        raise FeedError(f"{what} takes a compiled program (what ct.compile returns), not {type(program).__name__}")
+    return program
+
+
 def save(program, path, metadata=None):
     """Write ``program``'s state (every state variable, by name) to the safetensors file ``path``."""
+    _program(program, "ct.save")
     write(path, {name: program.state[name] for name in program.state}, metadata)
 
 
 def load(program, path):
     """Read the safetensors file ``path`` into ``program``'s state: every state variable must be in the file with
     its shape and dtype (as ``save`` wrote it), and the file must hold nothing else."""
+    _program(program, "ct.load")
     arrays, _ = read(path)
     missing = sorted(set(program.state) - set(arrays))
     extra = sorted(set(arrays) - set(program.state))
@@ -110,7 +139,13 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     arrays), by name: each value must have its variable's shape; it is converted to the variable's dtype. With
     ``strict``, every name in the dict must be a state variable of the program, and, given the ``model``
     (a ``cortado.nn`` module), every parameter and buffer of the model must be in the dict, as PyTorch's
-    ``load_state_dict`` checks; otherwise only the names both have are set. Returns the names set."""
+    ``load_state_dict`` checks; otherwise only the names both have are set. A value its variable's dtype cannot
+    hold (an int out of range, a NaN or a fraction for an int, a finite float beyond a narrower float's range) is
+    refused, not wrapped or rounded to infinity. Returns the names set."""
+    _program(program, "ct.load_state_dict")
+    if not isinstance(state_dict, Mapping) or not all(isinstance(name, str) for name in state_dict):
+        raise FeedError(f"a state_dict maps names to arrays (model.state_dict()), not {type(state_dict).__name__}"
+                        + ("" if isinstance(state_dict, Mapping) else " (dict(pairs) makes one of pairs)"))
     names = [name for name in state_dict if name in program.state]
     if strict:
         extra = sorted(set(state_dict) - set(program.state))
@@ -131,7 +166,25 @@ def _assign(program, name, array, source, same_dtype):
         raise FeedError(f"{source}: {name!r} has shape {tuple(array.shape)}; the program's is {tuple(current.shape)}")
     if same_dtype and array.dtype != current.dtype:
         raise FeedError(f"{source}: {name!r} is {array.dtype}; the program's is {current.dtype}")
-    program.state[name] = array.astype(current.dtype, copy=False)
+    program.state[name] = _converted(array, current.dtype, f"{source}: {name!r}")
+
+
+def _converted(array, dtype, what):
+    """``array`` as ``dtype``, where every value survives: an int in range, a float of an int's whole value, a finite
+    float still finite in a narrower float (rounding aside)."""
+    if array.dtype == dtype:
+        return array
+    with np.errstate(all="ignore"):
+        converted = array.astype(dtype)
+        if is_float(dtype):
+            wide = np.asarray(array).astype(np.float64)
+            lost = np.isfinite(wide) & ~np.isfinite(converted.astype(np.float64))
+        else:
+            lost = converted.astype(array.dtype) != array
+    if np.any(lost):
+        where = tuple(int(i) for i in np.argwhere(lost)[0])
+        raise FeedError(f"{what} holds {np.asarray(array)[where].item()!r} at {where}, which {dtype} cannot hold")
+    return converted
 
 
 def _host(array):

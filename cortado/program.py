@@ -121,7 +121,7 @@ class Program:
 
         Every feed is checked before anything runs, so a rejected call changes no state.
         """
-        bound = feed_checks.bind(self._inputs, self._feeds(values, named))  # {var: value}, in the order of _inputs
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named), state=self.state)  # in _inputs' order
         with self._running:
             results = self._executor.run(dict(zip(self._inputs, bound.values())))
         return results[0] if self.signature.single else results
@@ -132,7 +132,7 @@ class Program:
         On the GPU the step runs eagerly (no CUDA graph) with an event around each kernel; on the CPU the host's
         clock is read around each kernel's calls, made one by one. Either way it updates the state as a call does.
         """
-        bound = feed_checks.bind(self._inputs, self._feeds(values, named))
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named), state=self.state)
         with self._running:
             times = self._executor.profile({v.name: value for v, value in bound.items()})
         total = sum(ms for _, ms in times) or 1.0

@@ -131,6 +131,40 @@ def test_a_state_dict_loads_by_name():
     assert ct.load_state_dict(program, {"fc.weight": np.ones(2), "4.bias": np.zeros(3)}, strict=False) == ["4.bias"]
 
 
+def test_a_state_dict_value_its_variable_cannot_hold_is_refused_not_wrapped():
+    counts, halves, x = ct.var("c", (2,), "int32"), ct.var("h", (2,), "float16"), ct.var("x", (2,))
+    program = ct.compile([ct.sum(x) + ct.sum(ct.cast(counts, "float32")) + ct.sum(ct.cast(halves, "float32"))],
+                         inputs=[x], state={counts: np.zeros(2, np.int32), halves: np.zeros(2, np.float16)})
+    for value, message in ((np.array([2 ** 40, 1]), "holds 1099511627776 at \\(0,\\), which int32 cannot hold"),
+                           (np.array([1.0, np.nan]), "holds nan at \\(1,\\)"), (np.array([1.5, 1.0]), "holds 1.5")):
+        with pytest.raises(ct.FeedError, match=message):
+            ct.load_state_dict(program, {"c": value}, strict=False)
+    with pytest.raises(ct.FeedError, match="holds 1000000.0 at \\(0,\\), which float16 cannot hold"):
+        ct.load_state_dict(program, {"h": np.array([1e6, 1.0])}, strict=False)
+    np.testing.assert_array_equal(program.state["c"], [0, 0])  # a refused value changes nothing
+    ct.load_state_dict(program, {"c": np.array([3, 4], np.int64), "h": np.array([0.1, np.inf])}, strict=False)
+    np.testing.assert_array_equal(program.state["c"], [3, 4])
+    assert program.state["h"][0] == np.float16(0.1) and np.isinf(program.state["h"][1])  # rounded; inf stays inf
+
+
+def test_checkpoint_calls_given_the_wrong_things_say_so(tmp_path):
+    program = _training("numpy")
+    with pytest.raises(ct.FeedError, match="ct.save takes a compiled program"):
+        ct.save({"a": 1}, str(tmp_path / "x"))
+    with pytest.raises(ct.FeedError, match="ct.load takes a compiled program"):
+        ct.load(None, str(tmp_path / "x"))
+    with pytest.raises(ct.FeedError, match="is a directory"):
+        ct.save(program, str(tmp_path))
+    assert list(tmp_path.iterdir()) == []  # no partial file left
+    with pytest.raises(ct.FeedError, match=r"maps names to arrays .* not list \(dict\(pairs\)"):
+        ct.load_state_dict(program, [("0.bias", np.zeros(16))])
+    path = tmp_path / "bad.safetensors"
+    for header in (b"[1,2]", b'{"a": {"dtype": "F32", "shape": "abc", "data_offsets": [0, 4]}}'):
+        path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(4))
+        with pytest.raises(ct.FeedError, match="not an object|lack a dtype, shape or two data offsets"):
+            ct.load(program, str(path))
+
+
 @pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 def test_a_pytorch_models_state_dict_gives_its_outputs():
     import torch

@@ -135,6 +135,30 @@ def test_extra_feed_is_named():
                 "feeds ['z'] name no variable of the graph", "its variables: W, x, y")
 
 
+def test_a_feed_naming_the_programs_state_says_how_to_set_it():
+    x, w = ct.var("x", (2,)), ct.var("W", (2,))
+    step = ct.compile([ct.sum(x * w)], inputs=[x], state={w: np.ones(2, np.float32)})
+    with pytest.raises(ct.FeedError, match=r"feeds \['W'\] name the program's state, which a call does not feed "
+                                           r"\(its inputs: x\): set it with program.state\['W'\] = value"):
+        step(x=np.ones(2, np.float32), W=np.ones(2, np.float32))
+
+
+def test_numpys_functions_refuse_terms_naming_cortados():
+    t = ct.var("t", (2,))
+    with pytest.raises(TypeError, match="NumPy's sum does not take a symbolic term: use ct.sum"):
+        np.sum(t)
+    with pytest.raises(TypeError, match="use ct.concatenate"):
+        np.concatenate([t, t])
+    with pytest.raises(TypeError, match="a symbolic term is no array: ct.evaluate"):
+        np.asarray(t)
+
+
+def test_a_convolution_kernel_with_an_empty_axis_is_refused():
+    """It made an output larger than its input."""
+    with pytest.raises(ct.ShapeError, match=r"a kernel of \(0, 0\) has an empty axis"):
+        ct.conv2d(ct.var("im", (1, 1, 4, 4)), ct.var("w", (2, 1, 0, 0)))
+
+
 def test_misshapen_feed():
     check_error(ct.ShapeError, lambda: ct.evaluate(loss, {**GOOD, "y": np.ones((3, 4), np.float32)}),
                 "the feed for variable 'y' : float32[4,3]", "has shape (3, 4)")

@@ -185,6 +185,29 @@ def test_losses_and_layers_say_what_is_wrong():
         nn.CausalSelfAttention(16, 4, 3)
 
 
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: nn.Linear("4", 2), ct.ShapeError, "in_features is a whole number of at least 1, not '4'"),
+    (lambda: nn.Linear(4.5, 2), ct.ShapeError, "in_features is a whole number of at least 1, not 4.5"),
+    (lambda: nn.Conv2d(1, 2, 0), ct.ShapeError, "kernel_size is a whole number of at least 1, not 0"),
+    (lambda: nn.Embedding(5, 0), ct.ShapeError, "embedding_dim is a whole number"),
+    (lambda: nn.Dropout("0.5"), ct.ShapeError, "p is a finite number from 0.0 to 1.0"),
+    (lambda: nn.LayerNorm(4, eps=-1), ct.ShapeError, "eps is a finite number at least 0.0, not -1"),
+    (lambda: nn.BatchNorm(4, momentum=2), ct.ShapeError, "momentum is a finite number from 0.0 to 1.0"),
+    (lambda: nn.MLP(4, 5, 3, activation="relu"), ct.CortadoError, "activation is a function"),
+    (lambda: nn.Linear(4, 2, weight_init=0.0), ct.CortadoError, "init is a function"),
+    (lambda: nn.Linear(4, 2)([[1.0] * 4]), ct.DTypeError, "Linear is called with a term"),
+    (lambda: nn.CausalSelfAttention(8, 2)(ct.var("s", (4, 8))), ct.ShapeError, r"takes \(batch, time, 8\)"),
+    (lambda: nn.Linear(4, 2).initial_values(seed=-1), ct.CortadoError, "a seed that is a whole number"),
+    (lambda: nn.Linear(4, 2).initial_values(seed=None), ct.CortadoError, "a seed that is a whole number"),
+])
+def test_layer_settings_and_inputs_of_the_wrong_kind_are_refused_by_name(make, error, message):
+    """A string or a fraction where a size goes, a setting out of range, a value where a term goes: each either built
+    something else without a word (Linear(4.5, 2) a layer of 4 features, an init of 0.0 the default one) or failed
+    deep inside NumPy."""
+    with pytest.raises(error, match=message):
+        make()
+
+
 @needs_torch
 def test_layers_match_pytorchs_given_its_weights():
     import torch

@@ -129,6 +129,32 @@ def test_optimizers_say_what_is_wrong():
         optim.SGD(lambda t: 0.1).updates([ct.var("p", (2,))], [ct.var("g", (2,))])
     with pytest.raises(ct.CortadoError, match="2 parameters and 1 gradients"):
         optim.SGD(0.1).updates([ct.var("p", (2,)), ct.var("q", (2,))], [ct.var("g", (2,))])
+    with pytest.raises(ct.CortadoError, match="the gradient of 'p' is None, not a term"):
+        optim.SGD(0.1).updates([ct.var("p", (2,))], [None])
+    with pytest.raises(ct.CortadoError, match="the parameters are variables"):
+        optim.SGD(0.1).updates({"w": np.ones(2)}, [ct.var("g", (2,))])
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: optim.SGD(-0.1), "lr is a finite number, at least 0, not -0.1"),
+    (lambda: optim.SGD(float("nan")), "lr is a finite number"),
+    (lambda: optim.SGD("0.1"), "lr is a finite number, at least 0, not '0.1'"),
+    (lambda: optim.Adam(ct.var("lr", ())), "lr is a finite number"),
+    (lambda: optim.Adam(betas=(1.5, 0.999)), r"betas\[0\] is a finite number, at least 0 and below 1"),
+    (lambda: optim.Adam(1e-3, betas=0.9), "betas is a pair"),
+    (lambda: optim.Adam(eps=-1e-8), "eps is a finite number, at least 0"),
+    (lambda: optim.AdamW(clip_norm=-1), "clip_norm is a finite number, above 0"),
+    (lambda: optim.AdamW(weight_decay="a"), "weight_decay is a finite number"),
+    (lambda: optim.AdamW(decay=True), "decay is a function"),
+    (lambda: optim.SGD(0.1, momentum=-0.9), "momentum is a finite number, at least 0"),
+    (lambda: optim.step_decay(0.1, 0, total=10), "every whole number of steps"),
+    (lambda: optim.schedule(lambda t: 0.1, 2.5), "a whole number of steps"),
+])
+def test_settings_that_are_no_numbers_or_out_of_range_are_refused_as_pytorch_refuses_them(make, message):
+    """A negative or NaN rate, betas outside [0, 1), a string where a number goes: each trained silently before, a
+    string even as the number it spells."""
+    with pytest.raises(ct.CortadoError, match=message):
+        make()
 
 
 @needs_torch

@@ -130,6 +130,18 @@ def test_equality_operators_are_identity_so_terms_are_dict_keys():
     table = {x: 1, y: 2}
     assert table[x] == 1 and ct.var("x", (2,)) not in table
     assert ct.evaluate(ct.equal(x, y), {"x": np.ones(2, "f4"), "y": np.ones(2, "f4")}).all()
+    assert (x == None) is False and (x != "x") is True  # noqa: E711 (what is no number stays plain inequality)
+
+
+@pytest.mark.parametrize("other", [0, 0.5, np.float32(1), np.zeros(2, "f4"), True])
+def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false(other):
+    """NumPy's habit, ``ct.where(x == 0, ...)``, would otherwise take the answer ``False`` for a constant condition
+    and give a wrong result without a word."""
+    x = ct.var("x", (2,))
+    with pytest.raises(TypeError, match=r"`==` on a term is identity .* use ct\.equal\(x, y\)"):
+        ct.where(x == other, 1.0, x)
+    with pytest.raises(TypeError, match=r"use ct\.not_equal"):
+        _ = other != x
 
 
 def test_users_and_schedule_order():

@@ -73,11 +73,12 @@ def _conform(var, value, any_float):
     return array
 
 
-def bind(variables_by_name, feeds, any_float=False):
+def bind(variables_by_name, feeds, any_float=False, state=()):
     """``{var: array}`` for every variable, checked against ``feeds`` (name or var -> value).
 
     ``any_float=True`` lets a floating variable take a feed of any floating dtype, as it is
-    kept: for a computation that widens every float anyway.
+    kept: for a computation that widens every float anyway. ``state``: the names a program keeps as
+    state, which a feed naming one is told how to set.
     """
     if isinstance(feeds, dict) and all(type(key) is str for key in feeds):  # by name: the usual call, kept cheap
         named = feeds
@@ -93,5 +94,9 @@ def bind(variables_by_name, feeds, any_float=False):
             raise FeedError(f"no feed for {listed}")
         extra = sorted(set(named) - set(variables_by_name))
         known = ", ".join(sorted(variables_by_name)) or "none"
+        kept = [name for name in extra if name in state]
+        if kept:
+            raise FeedError(f"feeds {kept} name the program's state, which a call does not feed (its inputs: {known}): "
+                            f"set it with program.state[{kept[0]!r}] = value")
         raise FeedError(f"feeds {extra} name no variable of the graph (its variables: {known})")
     return {var: _conform(var, named[name], any_float) for name, var in variables_by_name.items()}

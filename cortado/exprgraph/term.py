@@ -14,8 +14,11 @@ functions build on, knows nothing of them.
 """
 
 import contextlib
+import numbers
 import threading
 import weakref
+
+import numpy as np
 
 from ..errors import DTypeError, ShapeError
 from .dtypes import type_string
@@ -131,6 +134,13 @@ def make(op, args, attrs=()):
 _set = object.__setattr__
 
 
+def _refuse_elementwise(other, operator, function):
+    """Raise where ``other`` is what an elementwise comparison takes: a number or an array."""
+    if isinstance(other, (numbers.Number, np.ndarray, np.generic)):
+        raise TypeError(f"`{operator}` on a term is identity (terms are dict keys), not an elementwise test: "
+                        f"use {function}(x, y)")
+
+
 class Term:
     """One node of an expression: ``op(*args)`` with attributes, a shape and a dtype.
 
@@ -140,6 +150,19 @@ class Term:
 
     __slots__ = ("op", "args", "attrs", "shape", "dtype", "location", "__weakref__")
     __array_ufunc__ = None  # make NumPy defer to our reflected operators: ndarray + term -> term
+
+    def __array_function__(self, func, types, args, kwargs):
+        """NumPy's functions (``np.sum``, ``np.concatenate``) refuse terms with the function that takes them, instead
+        of an error about an argument the term lacks or an array of one object."""
+        import cortado
+
+        name = func.__name__
+        hint = f"use ct.{name}" if hasattr(cortado, name) else "use cortado's functions"
+        raise TypeError(f"NumPy's {name} does not take a symbolic term: {hint} (ct.evaluate gives a term's value)")
+
+    def __array__(self, dtype=None, copy=None):
+        raise TypeError("a symbolic term is no array: ct.evaluate(term, feeds) gives its value, and a compiled "
+                        "program's call its outputs")
 
     def __init__(self, *_, **__):
         raise TypeError("terms are built with cortado's functions (ct.var, ct.exp, x @ W, ...)")
@@ -199,6 +222,21 @@ class Term:
             "a symbolic term has no truth value; use ct.where for a choice, "
             "and `is` (or ==, which is identity) to compare terms"
         )
+
+    def __eq__(self, other):
+        """Identity, so that terms key dicts (a program's state, the gradients of variables). A term compared with a
+        number or an array, NumPy's elementwise test, is refused rather than answered ``False``, which
+        ``ct.where(x == 0, ...)`` would take for a constant condition."""
+        if isinstance(other, Term):
+            return self is other
+        _refuse_elementwise(other, "==", "ct.equal")
+        return NotImplemented
+
+    def __ne__(self, other):
+        if isinstance(other, Term):
+            return self is not other
+        _refuse_elementwise(other, "!=", "ct.not_equal")
+        return NotImplemented
 
     def __getitem__(self, key):
         """NumPy's basic indexing, ``x[1:, ::-1, None, ..., 0]``: crops, flips, strided windows and a reshape

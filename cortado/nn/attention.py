@@ -10,7 +10,7 @@ from ..errors import ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.slicing import split
 from .layers import Linear
-from .module import Module
+from .module import Module, size, term
 
 
 class CausalSelfAttention(Module):
@@ -23,6 +23,8 @@ class CausalSelfAttention(Module):
     def __init__(self, width, heads, kv_heads=None, bias=True, dtype="float32", float8=False):
         super().__init__()
         kv_heads = heads if kv_heads is None else kv_heads
+        width, heads, kv_heads = (size("CausalSelfAttention", name, value) for name, value in
+                                  (("width", width), ("heads", heads), ("kv_heads", kv_heads)))
         if width % heads or heads % kv_heads:
             raise ShapeError(f"CausalSelfAttention: {heads} heads must divide the width {width}, and {kv_heads} key "
                              f"and value heads must divide the {heads} heads")
@@ -31,9 +33,9 @@ class CausalSelfAttention(Module):
         self.proj = Linear(width, width, bias, dtype=dtype, float8=float8)
 
     def forward(self, x):
-        batch, time, width = x.shape
-        if width != self.width:
+        if term("CausalSelfAttention", x).ndim != 3 or x.shape[-1] != self.width:
             raise ShapeError(f"CausalSelfAttention({self.width}, ...) takes (batch, time, {self.width}), not {x.shape}")
+        batch, time, width = x.shape
         heads, groups, size = self.heads, self.kv_heads, self.size
         causal = ct.const(np.tril(np.ones((time, time), bool)))
         scale = 1 / math.sqrt(size)

@@ -11,7 +11,7 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, finfo
 from ..exprgraph.scaling import pushed, scale_for
 from . import init
-from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential
+from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential, number, size, term
 
 
 class Linear(Module):
@@ -32,10 +32,12 @@ class Linear(Module):
     def __init__(self, in_features, out_features, bias=True, weight_init=None, bias_init=None, dtype="float32",
                  float8=False, history=16, gradient_scaling="current"):
         super().__init__()
+        in_features, out_features = size("Linear", "in_features", in_features), size("Linear", "out_features",
+                                                                                       out_features)
         default = init.fan_in_uniform(in_features)
-        self.weight = Parameter((out_features, in_features), weight_init or default, dtype)
+        self.weight = Parameter((out_features, in_features), default if weight_init is None else weight_init, dtype)
         if bias:
-            self.bias = Parameter((out_features,), bias_init or default, dtype)
+            self.bias = Parameter((out_features,), default if bias_init is None else bias_init, dtype)
         if float8:
             if not isinstance(history, int) or history < 1:
                 raise ShapeError(f"Linear(float8=True) keeps the amax of at least one step, not history={history!r}")
@@ -49,7 +51,7 @@ class Linear(Module):
         self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
 
     def forward(self, x):
-        if x.shape[-1:] != (self.in_features,):
+        if term("Linear", x).shape[-1:] != (self.in_features,):
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}) takes inputs whose last axis has "
                              f"{self.in_features} features, not {x.shape}")
         y = self._float8_product(x) if self.float8 else x @ ct.transpose(self.weight)
@@ -83,10 +85,11 @@ class Embedding(Module):
 
     def __init__(self, num_embeddings, embedding_dim, weight_init=None, dtype="float32"):
         super().__init__()
-        self.weight = Parameter((num_embeddings, embedding_dim), weight_init or init.normal(1.0), dtype)
+        shape = size("Embedding", "num_embeddings", num_embeddings), size("Embedding", "embedding_dim", embedding_dim)
+        self.weight = Parameter(shape, init.normal(1.0) if weight_init is None else weight_init, dtype)
 
     def forward(self, indices):
-        return ct.take(self.weight, indices, axis=0)
+        return ct.take(self.weight, term("Embedding", indices), axis=0)
 
 
 def _over_root(x, mean_square, eps):
@@ -102,8 +105,8 @@ class LayerNorm(Module):
 
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype="float32"):
         super().__init__()
-        self.size, self.eps, self.affine, self.has_bias = _last_size("LayerNorm", normalized_shape), eps, \
-            elementwise_affine, bias
+        self.size, self.eps, self.affine, self.has_bias = _last_size("LayerNorm", normalized_shape), \
+            number("LayerNorm", "eps", eps), elementwise_affine, bias
         if elementwise_affine:
             self.weight = Parameter((self.size,), init.ones, dtype)
             if bias:
@@ -127,7 +130,8 @@ class RMSNorm(Module):
 
     def __init__(self, normalized_shape, eps=None, dtype="float32"):
         super().__init__()
-        self.size, self.eps = _last_size("RMSNorm", normalized_shape), eps
+        self.size, self.eps = _last_size("RMSNorm", normalized_shape), None if eps is None else number("RMSNorm", "eps",
+                                                                                                      eps)
         self.weight = Parameter((self.size,), init.ones, dtype)
 
     def forward(self, x):
@@ -145,6 +149,11 @@ class Conv2d(Module):
                  dtype="float32"):
         super().__init__()
         kernel = (kernel_size, kernel_size) if np.ndim(kernel_size) == 0 else tuple(kernel_size)
+        in_channels, out_channels = size("Conv2d", "in_channels", in_channels), size("Conv2d", "out_channels",
+                                                                                      out_channels)
+        kernel, groups = tuple(size("Conv2d", "kernel_size", k) for k in kernel), size("Conv2d", "groups", groups)
+        if len(kernel) != 2:
+            raise ShapeError(f"Conv2d: kernel_size is one size or two, not {kernel_size!r}")
         if in_channels % groups or out_channels % groups:
             raise ShapeError(f"Conv2d: {groups} groups must divide the {in_channels} input and {out_channels} output "
                              f"channels")
@@ -155,7 +164,7 @@ class Conv2d(Module):
         self.stride, self.padding, self.dilation, self.groups, self.has_bias = stride, padding, dilation, groups, bias
 
     def forward(self, x):
-        y = ct.conv2d(x, self.weight, self.stride, self.padding, self.dilation, self.groups)
+        y = ct.conv2d(term("Conv2d", x), self.weight, self.stride, self.padding, self.dilation, self.groups)
         return y + ct.reshape(self.bias, (self.bias.shape[0], 1, 1)) if self.has_bias else y
 
 
@@ -168,7 +177,8 @@ class BatchNorm(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype="float32"):
         super().__init__()
-        self.size, self.eps, self.momentum, self.affine = int(num_features), eps, momentum, affine
+        self.size, self.eps = size("BatchNorm", "num_features", num_features), number("BatchNorm", "eps", eps)
+        self.momentum, self.affine = number("BatchNorm", "momentum", momentum, 0.0, 1.0), affine
         if affine:
             self.weight = Parameter((self.size,), init.ones, dtype)
             self.bias = Parameter((self.size,), init.zeros, dtype)
@@ -177,7 +187,7 @@ class BatchNorm(Module):
         self.num_batches_tracked = Buffer((), init.zeros, "int32")
 
     def forward(self, x):
-        if x.ndim < 2 or x.shape[1] != self.size:
+        if term("BatchNorm", x).ndim < 2 or x.shape[1] != self.size:
             raise ShapeError(f"BatchNorm({self.size}) normalises axis 1 of (N, {self.size}, ...) inputs, not {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))
         channels = (1, self.size) + (1,) * (x.ndim - 2)
@@ -214,7 +224,7 @@ class Dropout(Module):
 
     def __init__(self, p=0.5):
         super().__init__()
-        if not 0 <= p < 1:
+        if number("Dropout", "p", p, 0.0, 1.0) == 1:
             raise ShapeError(f"Dropout's probability of zeroing an element is in [0, 1), not {p}")
         self.p = p
         self.seed = Buffer((), _random_seed, "uint32")
@@ -243,6 +253,8 @@ class MLP(Sequential):
     def __init__(self, *sizes, activation=ct.relu, bias=True, dtype="float32", float8=False):
         if len(sizes) < 2:
             raise ShapeError(f"MLP takes at least an input and an output size, not {sizes}")
+        if not callable(activation):
+            raise CortadoError(f"MLP's activation is a function of a term (ct.relu, ct.gelu, ...), not {activation!r}")
         layers = []
         for i, (n_in, n_out) in enumerate(zip(sizes, sizes[1:])):
             layers.append(Linear(n_in, n_out, bias, dtype=dtype, float8=float8))
@@ -261,9 +273,9 @@ def _last_size(layer, normalized_shape):
     shape = (normalized_shape,) if np.ndim(normalized_shape) == 0 else tuple(normalized_shape)
     if len(shape) != 1:
         raise ShapeError(f"{layer} normalises the last axis: one size, not {shape}")
-    return int(shape[0])
+    return size(layer, "normalized_shape", shape[0])
 
 
-def _last_axis(layer, size, x):
-    if x.shape[-1:] != (size,):
-        raise ShapeError(f"{layer}({size}) normalises a last axis of {size}, not the last axis of {x.shape}")
+def _last_axis(layer, features, x):
+    if term(layer, x).shape[-1:] != (features,):
+        raise ShapeError(f"{layer}({features}) normalises a last axis of {features}, not the last axis of {x.shape}")

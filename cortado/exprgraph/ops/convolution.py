@@ -72,6 +72,8 @@ def _conv_shape(args, strides, padding, lhs_dilation, rhs_dilation, groups):
         raise shape_violation(f"input {x} and weights {w} with groups={groups}: the input's {channels} channels "
                               f"and the {outputs} output channels must split into {groups} groups, and the weights' "
                               f"second axis must be {channels} / {groups}")
+    if any(k < 1 for k in w[2:]):
+        raise shape_violation(f"weights {w}: a kernel of {w[2:]} has an empty axis (each must be at least 1)")
     spatial = tuple(conv_output_size(*axis) for axis in zip(x[2:], w[2:], strides, padding, lhs_dilation, rhs_dilation))
     if any(s < 1 for s in spatial):
         raise shape_violation(f"input {x} and weights {w} with strides {strides}, padding {padding}, dilations "
