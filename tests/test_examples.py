@@ -82,6 +82,13 @@ def test_demo_runs_the_cnn_example_when_asked(tmp_path):
     assert "Training a CNN on drawn images" in out and "held-out accuracy:" in out
 
 
+def test_the_cnn_demo_refuses_the_mlps_drawing_flags_instead_of_ignoring_them():
+    from cortado.__main__ import main
+
+    with pytest.raises(SystemExit):
+        main(["demo", "--model", "cnn", "--plan", "plan.png"])
+
+
 def test_quantized_mlp_example_keeps_its_accuracy_in_int8_and_fine_tunes(tmp_path):
     out = run([os.path.join(ROOT, "examples", "quantized_mlp.py"), "--epochs", "60", "--seed", "1"], cwd=tmp_path)
     accuracies = out.split("accuracy: float32 ")[1]

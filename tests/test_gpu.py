@@ -586,12 +586,21 @@ def test_calls_from_several_threads_on_the_gpu_run_one_at_a_time():
 def test_einsums_run_as_gemms_or_fused_reductions(dtype):
     rng = np.random.default_rng(5)
     for subscripts, shapes in [("bij,bjk->bik", [(3, 40, 50), (3, 50, 60)]), ("ijk,jl->kli", [(20, 30, 40), (30, 50)]),
-                               ("ii->i", [(30, 30)]), ("ij,jk,kl->il", [(20, 30), (30, 40), (40, 50)])]:
+                               ("ii->i", [(30, 30)]), ("ij,jk,kl->il", [(20, 30), (30, 40), (40, 50)]),
+                               ("abc,adc->db", [(6, 20, 8), (6, 30, 8)])]:  # labels of one operand alone, b and d
         operands = [ct.var(f"x{i}", shape, dtype) for i, shape in enumerate(shapes)]
         out = ct.einsum(subscripts, *operands)
         feeds = {v.name: (2 * rng.standard_normal(v.shape)).astype(dtype) for v in operands}
         program = ct.compile(out, inputs=operands, backend="cupy")
         assert_close(program(**feeds), ct.evaluate(out, feeds, precision="float64"), dtype)
+
+
+def test_an_einsum_summing_a_label_of_one_operand_alone_keeps_its_value_at_infinities():
+    """As on the CPU (test_lowering.py): the product is taken with that label free and summed after, not of sums."""
+    x0 = ct.var("x0", (2, 3, 1))
+    out = ct.einsum("abc,adc->", x0, x0)
+    infinite = np.array([[[-np.inf], [1], [1]], [[1], [1], [1]]], np.float32)
+    assert np.isnan(float(ct.compile([out], inputs=[x0], backend="cupy")(infinite)[0]))
 
 
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint16", "uint64"])

@@ -63,6 +63,22 @@ def test_a_two_operand_einsum_is_one_gemm():
     assert [t.op.name for t in schedule(new) if t.op.name in ("gemm", "sum", "multiply")] == ["gemm"]
 
 
+def test_a_label_of_one_operand_alone_is_summed_after_the_product_not_before():
+    """Summed before, ``(-inf + 1 + 1) * (-inf + 1 + 1)`` is inf where the einsum, a sum of products, is NaN (the edge
+    fuzzer drew it); and a sum of one operand can overflow where no product does."""
+    x0 = ct.var("x0", (2, 3, 1))
+    out = ct.einsum("abc,adc->", x0, x0)
+    (new,), counts = lowered([out])
+    assert counts["einsum-as-matmul"] == 1
+    infinite = np.array([[[-np.inf], [1], [1]], [[1], [1], [1]]], np.float32)
+    assert np.isnan(ct.evaluate(new, {"x0": infinite})) and np.isnan(ct.compile([out], inputs=[x0])(infinite)[0])
+    x, y = ct.var("x", (2,)), ct.var("y", (2,))
+    large = {"x": np.array([2e38, 2e38], np.float32), "y": np.array([1e-38, 1e-38], np.float32)}
+    (new,), _ = lowered([ct.einsum("i,j->", x, y)])
+    assert np.isfinite(ct.evaluate(new, large)) and np.isfinite(ct.compile([ct.einsum("i,j->", x, y)], inputs=[x, y])(
+        **large)[0])
+
+
 def test_an_sgd_update_of_a_weight_gradient_is_one_gemm_in_place():
     x, d, W = ct.var("x", (8, 4)), ct.var("d", (8, 3)), ct.var("W", (4, 3))
     (update,), counts = lowered([W - 0.1 * (ct.transpose(x) @ d)])

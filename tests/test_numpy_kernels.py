@@ -101,3 +101,15 @@ def test_a_step_runs_quietly_with_small_buffers_and_leaves_numpys_settings_as_th
         (out,) = program(x=np.array([1e3, 0, 1, 2], np.float32))
     assert out[0] == np.inf and seen == [("ignore", executor.UFUNC_BUFFER)]
     assert (np.geterr(), np.getbufsize()) == before
+
+
+def test_empty_products_and_convolutions_compile_and_give_numpys_empty_or_zero_results():
+    """An empty batch made the CPU's own products divide their work by zero parts."""
+    x, w = ct.var("x", (0, 1, 4, 4)), ct.var("w", (2, 1, 3, 3))
+    grad = ct.grad(ct.sum(ct.conv2d(x, w)), [w])[0]
+    out, dw = ct.compile([ct.conv2d(x, w), grad], inputs=[x, w])(np.zeros((0, 1, 4, 4), np.float32),
+                                                                 np.ones((2, 1, 3, 3), np.float32))
+    assert out.shape == (0, 2, 2, 2) and not dw.any()
+    a, b = ct.var("a", (2, 0)), ct.var("b", (0, 4))
+    np.testing.assert_array_equal(ct.compile([a @ b], inputs=[a, b])(np.zeros((2, 0), np.float32),
+                                                                     np.ones((0, 4), np.float32))[0], np.zeros((2, 4)))

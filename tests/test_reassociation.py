@@ -112,6 +112,10 @@ def test_fast_math_opts_into_regrouping():
     np.testing.assert_array_equal(_compiled(x - x, x, np.array([np.inf, 1], np.float32), "numpy", fast_math=True), 0)
     program = ct.compile([(x + 1e8) + (-1e8)], inputs=[x], fast_math=True)
     assert "collect-sums-fast" in program.explain()
+    np.testing.assert_array_equal(_compiled((x + 1e8) - 1e8, x, xv, "numpy", fast_math=True), xv)  # as written
+    np.testing.assert_array_equal(_compiled((x + 1e8) - 1e8, x, xv, "numpy"), [0, 0])
+    assert "difference-collected-fast" in ct.compile([(x + 1e8) - 1e8], inputs=[x], fast_math=True).explain()
+    assert "simplify (fast_math): nothing fired" in ct.compile([ct.exp(x)], inputs=[x], fast_math=True).explain()
 
 
 _FLOAT32 = st.floats(width=32, allow_nan=False, allow_infinity=False)

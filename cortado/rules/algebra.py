@@ -92,6 +92,18 @@ def _scalar_splats(b):
     return term.rebuild(args)
 
 
+def _collect_difference(b):
+    """``(b + x) - a`` as ``(b - a) + x``, ``b - a`` folded now where it is finite and of the result's dtype (the
+    sums' collection, ``collect-sums-fast``, for a constant subtracted)."""
+    a, c, x = b["_a"], b["_b"], b["_x"]
+    if not a.dtype == c.dtype == b.term.dtype:
+        return None
+    folded = b.domain.fold(b.domain.build("-", [c, a], {}))
+    if folded is None or not b.domain.is_finite(folded):
+        return None
+    return b.domain.build("+", [folded, x], {})
+
+
 def _collect(op, regroups=lambda op, a, c, folded: True):
     """``a op (b op x)`` as ``c op x``, ``c`` being ``a op b`` folded now, where that is safe: the
     constants already have the result's dtype (so the fold computes as the original would), ``c``
@@ -308,10 +320,11 @@ algebra = RuleSet([
 
 fast_math = RuleSet([
     Rule("self-difference-fast", "_x - _x", "0"),
+    Rule("difference-collected-fast", "(_b + _x) - _a", _collect_difference, guard=constants("_a", "_b")),
     Rule("collect-sums-fast", "_a + (_b + _x)", _collect("+"), guard=constants("_a", "_b")),
     Rule("collect-products-fast", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),
 ], name="fast_math")
 """What ``compile(..., fast_math=True)`` adds to ``algebra``: rewrites that can change a float
 result by more than rounding. ``x - x`` is 0 even where ``x`` is inf or nan; constants are
-collected across float sums and products whatever the grouping did (``(x + 1e8) - 1e8`` becomes
+collected across float sums, differences and products whatever the grouping did (``(x + 1e8) - 1e8`` becomes
 ``x``, ``(x * 1e30) * 1e-30`` no longer overflows), as ``-ffast-math`` lets a C compiler."""

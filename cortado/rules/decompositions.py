@@ -180,7 +180,10 @@ def _reordered(labels, x, order):
 
 def _einsum_as_matmul(b):
     """Two operands of the result's floating dtype (or float8, whose products a matmul makes in it), no diagonal,
-    no broadcast label: batch, free and contracted labels gathered into the three axes of one matmul."""
+    no broadcast label: batch, free and contracted labels gathered into the three axes of one matmul. A label of one
+    operand alone that the result lacks is a free one of the product, summed after it: summed before, it would
+    multiply sums instead of adding products, ``(-inf + 1) * (-inf + 1)``, inf, where the einsum is NaN, and a sum
+    could overflow that no product does."""
     xs, term = b["_xs"], b.term
     if len(xs) != 2 or not is_float(term.dtype) or any(x.dtype != term.dtype and not is_float8(x.dtype) for x in xs) \
             or term.size == 0:
@@ -190,17 +193,13 @@ def _einsum_as_matmul(b):
     for labels, x in zip(inputs, xs):
         if len(set(labels)) != len(labels) or any(sizes.setdefault(label, d) != d for label, d in zip(labels, x.shape)):
             return None
-    operands = []
-    for labels, other, x in zip(inputs, inputs[::-1], xs):
-        alone = [i for i, label in enumerate(labels) if label not in other and label not in output]
-        if alone:  # summed away by this operand alone: summed first (a float8 one in the result's dtype, exactly)
-            x = ct.cast(x, term.dtype) if is_float8(x.dtype) else x
-            x, labels = ct.sum(x, axis=tuple(alone)), "".join(label for i, label in enumerate(labels) if i not in alone)
-        operands.append((labels, x))
-    (la, a), (lb, y) = operands
+    (la, a), (lb, y) = zip(inputs, xs)
+    alone_a = [label for label in la if label not in lb and label not in output]
+    alone_b = [label for label in lb if label not in la and label not in output]
+    alone = alone_a + alone_b
     batch = [label for label in output if label in la and label in lb]
-    left = [label for label in output if label in la and label not in lb]
-    right = [label for label in output if label in lb and label not in la]
+    left = [label for label in output if label in la and label not in lb] + alone_a
+    right = [label for label in output if label in lb and label not in la] + alone_b
     contracted = [label for label in la if label in lb and label not in output]
     lead = (math.prod(sizes[label] for label in batch),) if batch else ()
 
@@ -209,8 +208,12 @@ def _einsum_as_matmul(b):
         return ct.reshape(_reordered(labels, x, batch + first + second), lead + sides)
 
     product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
-    product = ct.reshape(product, tuple(sizes[label] for label in batch + left + right))
-    return _reordered(batch + left + right, product, output)
+    kept = batch + left + right
+    product = ct.reshape(product, tuple(sizes[label] for label in kept))
+    if alone:
+        product = ct.sum(product, axis=tuple(kept.index(label) for label in alone))
+        kept = [label for label in kept if label not in alone]
+    return _reordered(kept, product, output)
 
 
 def _distinct(inputs, operands, dtype):

@@ -252,7 +252,7 @@ def stacked_product(a, b, out):
     lead = out.shape[:-2]
     a, b = np.broadcast_to(a, lead + a.shape[-2:]), np.broadcast_to(b, lead + b.shape[-2:])
     first = (0,) * len(lead)
-    if not lead or not _gemm_shaped(a[first], b[first], out[first]):
+    if not lead or out.size == 0 or not _gemm_shaped(a[first], b[first], out[first]):  # empty: NumPy's, no parts
         return None
     if any(a[i].ctypes.data == b[i].ctypes.data for i in np.ndindex(*lead)):
         return None

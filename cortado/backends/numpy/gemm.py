@@ -298,7 +298,7 @@ def _matrices(a, b, out):
 def usable(a, b, out):
     """Whether ``a @ b`` into ``out`` (2-D or stacks of matrices) is this module's to compute."""
     return (available() and a.dtype == b.dtype == out.dtype and a.dtype in C_TYPE and a.ndim >= 2 and b.ndim >= 2
-            and _matrices(a, b, out) is not None)
+            and out.size > 0 and _matrices(a, b, out) is not None)  # an empty result: NumPy's, nothing to part
 
 
 def call(a, b, out, function, pointers):
