@@ -10,6 +10,7 @@ range, then the bytes), written and read here with NumPy, so the files open with
 """
 
 import json
+import math
 import os
 import struct
 from collections.abc import Mapping
@@ -84,7 +85,7 @@ def read(path):
         begin, end = entry["data_offsets"]
         dtype = as_dtype(_DTYPES[code]).newbyteorder("<")
         shape = tuple(entry["shape"])
-        if begin != covered or end - begin != int(np.prod(shape, dtype=np.int64)) * dtype.itemsize or end > len(body):
+        if begin != covered or end - begin != math.prod(shape) * dtype.itemsize or end > len(body):
             raise FeedError(f"{path}: {name!r}'s bytes {begin}..{end} do not hold a {code} array of shape {shape} "
                             f"after the {covered} bytes before it")
         covered = end
@@ -170,15 +171,20 @@ def _assign(program, name, array, source, same_dtype):
 
 
 def _converted(array, dtype, what):
-    """``array`` as ``dtype``, where every value survives: an int in range, a float of an int's whole value, a finite
-    float still finite in a narrower float (rounding aside)."""
+    """``array`` as ``dtype``, where every value survives: an int in range (of either sign), a float of an int's whole
+    value, a finite float still finite and an infinite one still infinite in a narrower float (rounding aside)."""
     if array.dtype == dtype:
         return array
+    if array.dtype.kind == "c":
+        raise FeedError(f"{what} is complex ({array.dtype}); the program's is {dtype}")
     with np.errstate(all="ignore"):
         converted = array.astype(dtype)
         if is_float(dtype):
-            wide = np.asarray(array).astype(np.float64)
-            lost = np.isfinite(wide) & ~np.isfinite(converted.astype(np.float64))
+            wide, narrow = np.asarray(array).astype(np.float64), converted.astype(np.float64)
+            lost = (np.isfinite(wide) & ~np.isfinite(narrow)) | (np.isinf(wide) & ~np.isinf(narrow))
+        elif dtype.kind in "iu" and array.dtype.kind in "iub":
+            info = np.iinfo(dtype)
+            lost = (array < info.min) | (array > info.max)
         else:
             lost = converted.astype(array.dtype) != array
     if np.any(lost):

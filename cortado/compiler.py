@@ -144,9 +144,10 @@ def _rewrite(roots, backend, traces, variant=None, fast_math=False):
     """The rule pipeline over all roots at once, so they keep sharing their subterms; ``variant``: of the
     backend's lowering (one of its ``alternatives``)."""
     roots = list(roots)
-    simplify = "simplify (fast_math)" if fast_math else "simplify"  # explain() says fast_math is on, fired or not
-    traces.update({simplify if stage == "simplify" else stage: Trace() for stage in PIPELINE})
-    roots = (fast_simplifier if fast_math else simplifier).run(roots, traces[simplify])
+    traces.update({stage: Trace() for stage in PIPELINE})
+    if fast_math:
+        traces["simplify"].label = "simplify (fast_math)"  # explain() says fast_math is on, fired or not
+    roots = (fast_simplifier if fast_math else simplifier).run(roots, traces["simplify"])
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)

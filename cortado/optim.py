@@ -18,6 +18,7 @@ import math
 import numpy as np
 
 from .errors import CortadoError
+from .settings import real, whole
 from .exprgraph import constructors as ct
 from .exprgraph.term import Term
 
@@ -33,13 +34,13 @@ class Optimizer:
             if callable(lr):
                 raise CortadoError("a learning rate is a number or a Schedule (optim.schedule(function, steps)), not "
                                    "a plain function")
-            lr = _setting(kind, "lr", lr, 0)
-        weight_decay = _setting(kind, "weight_decay", weight_decay, 0)
+            lr = real(kind, "lr", lr, 0)
+        weight_decay = real(kind, "weight_decay", weight_decay, 0)
         if decay is not None and not callable(decay):
             raise CortadoError(f"{kind}: decay is a function (name, variable) -> bool saying which parameters decay, "
                                f"not {decay!r}")
         if clip_norm is not None:
-            clip_norm = _setting(kind, "clip_norm", clip_norm, 0, above=True)
+            clip_norm = real(kind, "clip_norm", clip_norm, 0, above=True)
         self.lr, self.weight_decay, self.decay, self.clip_norm, self.name = lr, weight_decay, decay, clip_norm, name
 
     def updates(self, params, gradients):
@@ -87,7 +88,8 @@ class SGD(Optimizer):
     def __init__(self, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, decay=None, clip_norm=None,
                  name="sgd"):
         super().__init__(lr, weight_decay, decay, clip_norm, name)
-        momentum, dampening = _setting("SGD", "momentum", momentum, 0), _setting("SGD", "dampening", dampening)
+        momentum, dampening = real(type(self).__name__, "momentum", momentum, 0), real(type(self).__name__,
+                                                                                         "dampening", dampening)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise CortadoError("SGD: Nesterov momentum needs a momentum above 0 and no dampening")
         self.momentum, self.dampening, self.nesterov = momentum, dampening, nesterov
@@ -115,10 +117,10 @@ class Adam(Optimizer):
                  name="adam"):
         super().__init__(lr, weight_decay, decay, clip_norm, name)
         kind = type(self).__name__
-        if isinstance(betas, (str, bytes)) or np.ndim(betas) != 1 or len(betas) != 2:
+        if np.ndim(betas) != 1 or len(betas) != 2:
             raise CortadoError(f"{kind}: betas is a pair of numbers in [0, 1), not {betas!r}")
-        betas = tuple(_setting(kind, f"betas[{i}]", b, 0, 1) for i, b in enumerate(betas))
-        self.betas, self.eps = betas, _setting(kind, "eps", eps, 0)
+        betas = tuple(real(kind, f"betas[{i}]", b, 0, 1, below=True) for i, b in enumerate(betas))
+        self.betas, self.eps = betas, real(kind, "eps", eps, 0)
 
     def _parameter(self, p, g, lr, step, decayed):
         b1, b2 = self.betas
@@ -166,8 +168,7 @@ class Schedule:
     ``steps`` steps, the last value kept after them."""
 
     def __init__(self, function, steps):
-        if isinstance(steps, bool) or not isinstance(steps, (int, np.integer)) or steps < 1:
-            raise CortadoError(f"a schedule needs a whole number of steps, at least one, not {steps!r}")
+        steps = whole("a schedule", "steps", steps, 1)
         if not callable(function):
             raise CortadoError(f"a schedule's rate is a function of the step number, not {function!r}")
         self.function, self.steps = function, int(steps)
@@ -185,19 +186,6 @@ class Schedule:
 
 def _rate(lr, step):
     return lr.at(step) if isinstance(lr, Schedule) else lr
-
-
-def _setting(kind, name, value, low=None, high=None, above=False):
-    """``value`` as a float, where it is a finite real number at least ``low`` (above it with ``above``) and below
-    ``high``: PyTorch's optimizers refuse a negative rate, decay or epsilon and betas outside [0, 1) too, and a string
-    or an array here is a mistake, never a number to convert."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not math.isfinite(value) or (low is not None and (value <= low if above else value < low)) \
-            or (high is not None and value >= high):
-        bounds = " and ".join(filter(None, [f"{'above' if above else 'at least'} {low}" if low is not None else "",
-                                            f"below {high}" if high is not None else ""]))
-        raise CortadoError(f"{kind}: {name} is a finite number{', ' + bounds if bounds else ''}, not {value!r}")
-    return float(value)
 
 
 def schedule(function, steps):
@@ -222,6 +210,5 @@ def step_decay(lr, every, gamma=0.1, total=None):
     steps of the run (the last value kept after them)."""
     if total is None:
         raise CortadoError("step_decay needs the run's total steps (total=...), the length of its table")
-    if isinstance(every, bool) or not isinstance(every, (int, np.integer)) or every < 1:
-        raise CortadoError(f"step_decay decays every whole number of steps, at least one, not every={every!r}")
+    every = whole("step_decay", "every", every, 1)
     return Schedule(lambda t: lr * gamma ** ((t - 1) // every), total)

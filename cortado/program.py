@@ -173,7 +173,7 @@ class Program:
     def _rules(self, examples):
         lines = ["rules:"]
         for stage, trace in self.traces.items():
-            counts = trace.counts()
+            counts, stage = trace.counts(), trace.label or stage
             if not counts:
                 lines.append(f"  {stage}: nothing fired")
                 continue

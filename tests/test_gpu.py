@@ -587,7 +587,7 @@ def test_einsums_run_as_gemms_or_fused_reductions(dtype):
     rng = np.random.default_rng(5)
     for subscripts, shapes in [("bij,bjk->bik", [(3, 40, 50), (3, 50, 60)]), ("ijk,jl->kli", [(20, 30, 40), (30, 50)]),
                                ("ii->i", [(30, 30)]), ("ij,jk,kl->il", [(20, 30), (30, 40), (40, 50)]),
-                               ("abc,adc->db", [(6, 20, 8), (6, 30, 8)])]:  # labels of one operand alone, b and d
+                               ("abc,adc->d", [(6, 20, 8), (6, 30, 8)])]:  # b, of one operand alone, summed away
         operands = [ct.var(f"x{i}", shape, dtype) for i, shape in enumerate(shapes)]
         out = ct.einsum(subscripts, *operands)
         feeds = {v.name: (2 * rng.standard_normal(v.shape)).astype(dtype) for v in operands}
@@ -596,7 +596,7 @@ def test_einsums_run_as_gemms_or_fused_reductions(dtype):
 
 
 def test_an_einsum_summing_a_label_of_one_operand_alone_keeps_its_value_at_infinities():
-    """As on the CPU (test_lowering.py): the product is taken with that label free and summed after, not of sums."""
+    """As on the CPU (test_lowering.py): its products are added, not its operands' sums multiplied."""
     x0 = ct.var("x0", (2, 3, 1))
     out = ct.einsum("abc,adc->", x0, x0)
     infinite = np.array([[[-np.inf], [1], [1]], [[1], [1], [1]]], np.float32)

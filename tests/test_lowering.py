@@ -63,13 +63,14 @@ def test_a_two_operand_einsum_is_one_gemm():
     assert [t.op.name for t in schedule(new) if t.op.name in ("gemm", "sum", "multiply")] == ["gemm"]
 
 
-def test_a_label_of_one_operand_alone_is_summed_after_the_product_not_before():
-    """Summed before, ``(-inf + 1 + 1) * (-inf + 1 + 1)`` is inf where the einsum, a sum of products, is NaN (the edge
-    fuzzer drew it); and a sum of one operand can overflow where no product does."""
+def test_an_einsum_summing_a_label_of_one_operand_alone_adds_its_products():
+    """Summed before the product, ``(-inf + 1 + 1) * (-inf + 1 + 1)`` is inf where the einsum, a sum of products, is NaN
+    (the edge fuzzer drew it); and a sum of one operand can overflow where no product does. As a product's free axis
+    summed after it, it would write out a product as large as all its labels; so no matmul takes it."""
     x0 = ct.var("x0", (2, 3, 1))
     out = ct.einsum("abc,adc->", x0, x0)
     (new,), counts = lowered([out])
-    assert counts["einsum-as-matmul"] == 1
+    assert counts["einsum-as-matmul"] == 0 and counts["einsum-as-product"] == 1  # its products summed as made
     infinite = np.array([[[-np.inf], [1], [1]], [[1], [1], [1]]], np.float32)
     assert np.isnan(ct.evaluate(new, {"x0": infinite})) and np.isnan(ct.compile([out], inputs=[x0])(infinite)[0])
     x, y = ct.var("x", (2,)), ct.var("y", (2,))
@@ -77,6 +78,27 @@ def test_a_label_of_one_operand_alone_is_summed_after_the_product_not_before():
     (new,), _ = lowered([ct.einsum("i,j->", x, y)])
     assert np.isfinite(ct.evaluate(new, large)) and np.isfinite(ct.compile([ct.einsum("i,j->", x, y)], inputs=[x, y])(
         **large)[0])
+
+
+def test_an_einsum_of_half_precision_operands_adds_their_products_in_float32():
+    """As products rounded to float16 each, 300 * 300 and -300 * 300 were inf and -inf, their sum NaN; the einsum adds
+    them in float32 and rounds once (0)."""
+    h, k = ct.var("h", (2,), "float16"), ct.var("k", (1,), "float16")
+    feeds = {"h": np.array([300, -300], np.float16), "k": np.array([300], np.float16)}
+    for out, names in ((ct.einsum("i,j->j", h, k), "hk"), (ct.einsum("i,i,i->", h, h, h), "h")):
+        (new,), _ = lowered([out])
+        given = {name: feeds[name] for name in names}
+        assert new.dtype == out.dtype
+        np.testing.assert_array_equal(ct.evaluate(new, given), ct.evaluate(out, given))
+
+
+def test_a_product_scaled_by_zero_keeps_its_nans():
+    """A GEMM of alpha 0 reads neither operand (BLAS's rule), where ``(a @ b) * 0`` is NaN for a NaN in them."""
+    a, b = ct.var("a", (4, 3)), ct.var("b", (3, 5))
+    (new,), _ = lowered([ct.matmul(a, b) * 0.0])
+    assert all(t.attr("alpha") != 0 for t in schedule(new) if t.op.name == "gemm")
+    feeds = {"a": np.full((4, 3), np.nan, np.float32), "b": np.ones((3, 5), np.float32)}
+    assert np.isnan(ct.evaluate(new, feeds)).all()
 
 
 def test_an_sgd_update_of_a_weight_gradient_is_one_gemm_in_place():

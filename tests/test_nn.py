@@ -190,15 +190,17 @@ def test_losses_and_layers_say_what_is_wrong():
     (lambda: nn.Linear(4.5, 2), ct.ShapeError, "in_features is a whole number of at least 1, not 4.5"),
     (lambda: nn.Conv2d(1, 2, 0), ct.ShapeError, "kernel_size is a whole number of at least 1, not 0"),
     (lambda: nn.Embedding(5, 0), ct.ShapeError, "embedding_dim is a whole number"),
-    (lambda: nn.Dropout("0.5"), ct.ShapeError, "p is a finite number from 0.0 to 1.0"),
-    (lambda: nn.LayerNorm(4, eps=-1), ct.ShapeError, "eps is a finite number at least 0.0, not -1"),
-    (lambda: nn.BatchNorm(4, momentum=2), ct.ShapeError, "momentum is a finite number from 0.0 to 1.0"),
+    (lambda: nn.Dropout("0.5"), ct.CortadoError, "p, the probability of zeroing an element, is a finite number"),
+    (lambda: nn.Dropout(1.0), ct.CortadoError, "at least 0 and below 1, not 1.0"),
+    (lambda: nn.LayerNorm(4, eps=-1), ct.CortadoError, "eps is a finite number, at least 0, not -1"),
+    (lambda: nn.BatchNorm(4, momentum=2), ct.CortadoError, "momentum is a finite number, at least 0 and at most 1"),
+    (lambda: nn.Linear(4, 2, float8=True, history=0), ct.ShapeError, "history, the steps whose amax it keeps,"),
     (lambda: nn.MLP(4, 5, 3, activation="relu"), ct.CortadoError, "activation is a function"),
     (lambda: nn.Linear(4, 2, weight_init=0.0), ct.CortadoError, "init is a function"),
-    (lambda: nn.Linear(4, 2)([[1.0] * 4]), ct.DTypeError, "Linear is called with a term"),
+    (lambda: nn.Linear(4, 2)({"x": 1}), ct.DTypeError, "Linear is called with a term .* or an array, not dict"),
     (lambda: nn.CausalSelfAttention(8, 2)(ct.var("s", (4, 8))), ct.ShapeError, r"takes \(batch, time, 8\)"),
-    (lambda: nn.Linear(4, 2).initial_values(seed=-1), ct.CortadoError, "a seed that is a whole number"),
-    (lambda: nn.Linear(4, 2).initial_values(seed=None), ct.CortadoError, "a seed that is a whole number"),
+    (lambda: nn.Linear(4, 2).initial_values(seed=-1), ct.CortadoError, "seed is a whole number of at least 0"),
+    (lambda: nn.Linear(4, 2).initial_values(seed=None), ct.CortadoError, "seed is a whole number of at least 0"),
 ])
 def test_layer_settings_and_inputs_of_the_wrong_kind_are_refused_by_name(make, error, message):
     """A string or a fraction where a size goes, a setting out of range, a value where a term goes: each either built
@@ -206,6 +208,13 @@ def test_layer_settings_and_inputs_of_the_wrong_kind_are_refused_by_name(make, e
     deep inside NumPy."""
     with pytest.raises(error, match=message):
         make()
+
+
+def test_layers_take_numpys_scalars_and_arrays_where_numbers_and_terms_go():
+    layer = nn.Linear(np.int64(4), np.array(2), weight_init=None)
+    assert layer.weight.shape == (2, 4)
+    assert nn.LayerNorm(4, eps=np.array(1e-5)).eps == 1e-5 and nn.Embedding(5, 3)(np.arange(4)).shape == (4, 3)
+    assert nn.Linear(4, 2)(np.ones((3, 4), np.float32)).shape == (3, 2)
 
 
 @needs_torch

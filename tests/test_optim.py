@@ -133,6 +133,7 @@ def test_optimizers_say_what_is_wrong():
         optim.SGD(0.1).updates([ct.var("p", (2,))], [None])
     with pytest.raises(ct.CortadoError, match="the parameters are variables"):
         optim.SGD(0.1).updates({"w": np.ones(2)}, [ct.var("g", (2,))])
+    assert optim.SGD(np.array(0.1)).lr == 0.1 and optim.Adam(np.float32(0.5), betas=(np.float64(0.9), 0)).lr == 0.5
 
 
 @pytest.mark.parametrize("make, message", [
@@ -147,8 +148,8 @@ def test_optimizers_say_what_is_wrong():
     (lambda: optim.AdamW(weight_decay="a"), "weight_decay is a finite number"),
     (lambda: optim.AdamW(decay=True), "decay is a function"),
     (lambda: optim.SGD(0.1, momentum=-0.9), "momentum is a finite number, at least 0"),
-    (lambda: optim.step_decay(0.1, 0, total=10), "every whole number of steps"),
-    (lambda: optim.schedule(lambda t: 0.1, 2.5), "a whole number of steps"),
+    (lambda: optim.step_decay(0.1, 0, total=10), "step_decay: every is a whole number of at least 1, not 0"),
+    (lambda: optim.schedule(lambda t: 0.1, 2.5), "a schedule: steps is a whole number of at least 1, not 2.5"),
 ])
 def test_settings_that_are_no_numbers_or_out_of_range_are_refused_as_pytorch_refuses_them(make, message):
     """A negative or NaN rate, betas outside [0, 1), a string where a number goes: each trained silently before, a

@@ -80,5 +80,5 @@ def test_dropout_is_the_identity_in_inference_and_refuses_a_probability_of_one()
     model = nn.Dropout(0.5)
     x = ct.var("x", (8,))
     assert model.eval()(x) is x
-    with pytest.raises(ct.ShapeError, match=r"in \[0, 1\)"):
+    with pytest.raises(ct.CortadoError, match=r"at least 0 and below 1"):
         nn.Dropout(1.0)

@@ -109,3 +109,31 @@ def test_text_arithmetic_that_cannot_fold_stays(source):
 
 def test_an_operator_pattern_with_the_wrong_arity_prints_as_a_call():
     assert ct.rules.rewrite("f(a, b, c)", "f(*_xs)", "add(*_xs)") == "add(a, b, c)"
+
+
+@pytest.mark.parametrize("build, feeds", [
+    (lambda v: v["x"] - (-v["y"]), {"x": np.float32(0), "y": np.int8(-128)}),
+    (lambda v: v["x"] + (-v["y"]), {"x": np.float32(0), "y": np.int8(-128)}),
+    (lambda v: (-v["y"]) + v["x"], {"x": np.float32(0), "y": np.int8(-128)}),
+    (lambda v: (-v["y"]) * (-v["x"]), {"x": np.float32(1), "y": np.int8(-128)}),
+    (lambda v: v["x"] - (-v["u"]), {"x": np.float32(0), "u": np.uint8(1)}),
+    (lambda v: v["i"] - (-v["y"]), {"i": np.int16(0), "y": np.int8(-128)}),
+])
+def test_a_negation_of_a_narrower_integer_stays_where_it_wraps(build, feeds):
+    """``x - (-y)`` was ``x + y`` whatever y's dtype: int8 ``-(-128)`` wraps to -128 and uint8 ``-1`` to 255 before the
+    op widens them, where ``x + y`` does not wrap (compiled 1.0 against -255.0 for a uint8 1)."""
+    variables = {name: ct.var(name, (), np.asarray(value).dtype) for name, value in feeds.items()}
+    term = build(variables)
+    program = ct.compile([term], inputs=list(variables.values()))
+    np.testing.assert_array_equal(program(*feeds.values())[0], ct.evaluate(term, feeds))
+    same = ct.var("a", (2,)), ct.var("b", (2,))
+    assert simplify(same[0] - (-same[1])).op.name == "add"  # a float's negation moves, exactly
+
+
+def test_the_mean_of_a_constant_of_one_value_folds_as_the_reference_sums_it():
+    """The folded mean was the value itself, where the reference's sum overflows first (4 x 3e38 in float32 is inf)."""
+    x = ct.var("x", (), "float32")
+    for value, dtype in ((3e38, "float32"), (60000, "float16"), (2.0, "float32")):
+        term = ct.mean(ct.const(np.full(4, value, dtype))) + ct.cast(x, dtype)
+        np.testing.assert_array_equal(ct.compile([term], inputs=[x])(np.float32(0))[0],
+                                      ct.evaluate(term, {"x": np.float32(0)}))

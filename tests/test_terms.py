@@ -133,7 +133,7 @@ def test_equality_operators_are_identity_so_terms_are_dict_keys():
     assert (x == None) is False and (x != "x") is True  # noqa: E711 (what is no number stays plain inequality)
 
 
-@pytest.mark.parametrize("other", [0, 0.5, np.float32(1), np.zeros(2, "f4"), True])
+@pytest.mark.parametrize("other", [0, 0.5, np.float32(1), np.zeros(2, "f4"), True, [0, 1]])
 def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false(other):
     """NumPy's habit, ``ct.where(x == 0, ...)``, would otherwise take the answer ``False`` for a constant condition
     and give a wrong result without a word."""

@@ -135,8 +135,8 @@ _set = object.__setattr__
 
 
 def _refuse_elementwise(other, operator, function):
-    """Raise where ``other`` is what an elementwise comparison takes: a number or an array."""
-    if isinstance(other, (numbers.Number, np.ndarray, np.generic)):
+    """Raise where ``other`` is what an elementwise comparison takes: a number, an array or a list of numbers."""
+    if isinstance(other, (numbers.Number, np.ndarray, np.generic, list)):
         raise TypeError(f"`{operator}` on a term is identity (terms are dict keys), not an elementwise test: "
                         f"use {function}(x, y)")
 

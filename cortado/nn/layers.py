@@ -11,7 +11,8 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, finfo
 from ..exprgraph.scaling import pushed, scale_for
 from . import init
-from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential, number, size, term
+from ..settings import real, whole
+from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential, size, term
 
 
 class Linear(Module):
@@ -39,8 +40,7 @@ class Linear(Module):
         if bias:
             self.bias = Parameter((out_features,), default if bias_init is None else bias_init, dtype)
         if float8:
-            if not isinstance(history, int) or history < 1:
-                raise ShapeError(f"Linear(float8=True) keeps the amax of at least one step, not history={history!r}")
+            history = whole("Linear(float8=True)", "history, the steps whose amax it keeps,", history, 1, ShapeError)
             self.input_amax = Buffer((history,), init.zeros, "float32")
             self.weight_amax = Buffer((history,), init.zeros, "float32")
             if gradient_scaling not in ("delayed", "current"):
@@ -106,7 +106,7 @@ class LayerNorm(Module):
     def __init__(self, normalized_shape, eps=1e-5, elementwise_affine=True, bias=True, dtype="float32"):
         super().__init__()
         self.size, self.eps, self.affine, self.has_bias = _last_size("LayerNorm", normalized_shape), \
-            number("LayerNorm", "eps", eps), elementwise_affine, bias
+            real("LayerNorm", "eps", eps, 0), elementwise_affine, bias
         if elementwise_affine:
             self.weight = Parameter((self.size,), init.ones, dtype)
             if bias:
@@ -130,8 +130,8 @@ class RMSNorm(Module):
 
     def __init__(self, normalized_shape, eps=None, dtype="float32"):
         super().__init__()
-        self.size, self.eps = _last_size("RMSNorm", normalized_shape), None if eps is None else number("RMSNorm", "eps",
-                                                                                                      eps)
+        self.size, self.eps = _last_size("RMSNorm", normalized_shape), None if eps is None else real("RMSNorm", "eps",
+                                                                                                    eps, 0)
         self.weight = Parameter((self.size,), init.ones, dtype)
 
     def forward(self, x):
@@ -177,8 +177,8 @@ class BatchNorm(Module):
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype="float32"):
         super().__init__()
-        self.size, self.eps = size("BatchNorm", "num_features", num_features), number("BatchNorm", "eps", eps)
-        self.momentum, self.affine = number("BatchNorm", "momentum", momentum, 0.0, 1.0), affine
+        self.size, self.eps = size("BatchNorm", "num_features", num_features), real("BatchNorm", "eps", eps, 0)
+        self.momentum, self.affine = real("BatchNorm", "momentum", momentum, 0, 1), affine
         if affine:
             self.weight = Parameter((self.size,), init.ones, dtype)
             self.bias = Parameter((self.size,), init.zeros, dtype)
@@ -224,9 +224,7 @@ class Dropout(Module):
 
     def __init__(self, p=0.5):
         super().__init__()
-        if number("Dropout", "p", p, 0.0, 1.0) == 1:
-            raise ShapeError(f"Dropout's probability of zeroing an element is in [0, 1), not {p}")
-        self.p = p
+        self.p = real("Dropout", "p, the probability of zeroing an element,", p, 0, 1, below=True)
         self.seed = Buffer((), _random_seed, "uint32")
         self.counter = Buffer((), init.zeros, "uint32")
         object.__setattr__(self, "_calls", 0)  # calls made in training: each draws from a stream of its own

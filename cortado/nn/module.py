@@ -19,32 +19,21 @@ from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import as_dtype
 from ..exprgraph.term import Term
+from ..settings import whole
 
 
 def size(layer, name, value):
-    """``value``, a layer's size (features, channels, heads, a kernel's side), where it is a whole number of at least
-    1: a string or a fraction there is a mistake, never a size to convert."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ShapeError(f"{layer}: {name} is a whole number of at least 1, not {value!r}")
-    return int(value)
-
-
-def number(layer, name, value, low=0.0, high=None):
-    """``value``, a layer's setting (an epsilon, a momentum, a probability), where it is a finite real number at
-    least ``low`` and at most ``high``."""
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-            or not np.isfinite(value) or value < low or (high is not None and value > high):
-        bounds = f"from {low} to {high}" if high is not None else f"at least {low}"
-        raise ShapeError(f"{layer}: {name} is a finite number {bounds}, not {value!r}")
-    return float(value)
+    """``value``, a layer's size (features, channels, heads, a kernel's side): a whole number of at least 1."""
+    return whole(layer, name, value, 1, ShapeError)
 
 
 def term(layer, x):
-    """``x``, where it is a term: a layer computes an expression of one, not of a value."""
-    if not isinstance(x, Term):
-        raise DTypeError(f"{layer} is called with a term (a ct.var fed when the step is called, or another layer's "
-                         f"output), not {type(x).__name__}")
-    return x
+    """``x`` as a term, as cortado's functions take it (an array or a nested list is a constant); anything else is
+    refused naming the layer."""
+    if isinstance(x, Term) or isinstance(x, (np.ndarray, list, tuple, int, float, np.generic)):
+        return ct.as_term(x)
+    raise DTypeError(f"{layer} is called with a term (a ct.var fed when the step is called, or another layer's "
+                     f"output) or an array, not {type(x).__name__}")
 
 
 class Parameter:
@@ -54,11 +43,10 @@ class Parameter:
     trained = True
 
     def __init__(self, shape, init, dtype="float32"):
-        if not all(isinstance(n, (int, np.integer)) and not isinstance(n, bool) and n >= 0 for n in shape):
-            raise ShapeError(f"a parameter's shape is whole numbers, none negative, not {tuple(shape)!r}")
+        shape = tuple(whole("a parameter", "each size of its shape", n, 0, ShapeError) for n in shape)
         if not callable(init):
             raise CortadoError(f"a parameter's init is a function (rng, shape, dtype) -> array, not {init!r}")
-        self.shape, self.init, self.dtype = tuple(int(n) for n in shape), init, as_dtype(dtype)
+        self.shape, self.init, self.dtype = shape, init, as_dtype(dtype)
         self.var = None
 
     def __repr__(self):
@@ -254,8 +242,7 @@ class Module:
     def initial_values(self, seed=0):
         """``{variable: array}``: each parameter drawn by its initialiser from a generator seeded by ``seed`` and its
         name, so a parameter's first value does not change when layers are added before it."""
-        if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
-            raise CortadoError(f"initial_values draws from a seed that is a whole number, none negative, not {seed!r}")
+        seed = whole("initial_values", "seed", seed, 0)
         self._root()._name_tree()
         values = {}
         for _, parameter in self._own_parameters():

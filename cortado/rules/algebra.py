@@ -8,7 +8,12 @@ Every rule gives every input the value the written form gives, with these stated
   the same way (both at least 1 in magnitude, or both at most 1): both forms then round the one
   exact product once (or, all at most 1, differ by a unit in the subnormals' last place), and
   neither overflows where the other does not. Float sums are never regrouped;
-- ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``.
+- ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``, ``0 - x``
+  becomes ``-x`` and ``-(x - y)`` becomes ``y - x`` (so ``1 / -(x - x)`` is ``+inf``, not ``-inf``).
+
+A negation moves into the op that reads it (``x - (-y)`` to ``x + y``) only where the negated operand has the
+result's dtype or is a float: a narrower integer wraps where it is negated (int8 ``-(-128)`` is -128), before the
+op widens it.
 
 ``x - x`` becomes zeros for integers and booleans only (an infinite or nan float gives nan).
 ``fast_math``, a separate rule set that ``compile(..., fast_math=True)`` adds, regroups float sums
@@ -41,7 +46,7 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.ops import CONST, MATMUL, TRANSPOSE
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
-from .guards import all_of, constants, exact_for_every_input, not_constant, same_type
+from .guards import all_of, constants, exact_for_every_input, negated_as_the_result, not_constant, same_type
 from .text import literal_value
 
 
@@ -96,7 +101,7 @@ def _collect_difference(b):
     """``(b + x) - a`` as ``(b - a) + x``, ``b - a`` folded now where it is finite and of the result's dtype (the
     sums' collection, ``collect-sums-fast``, for a constant subtracted)."""
     a, c, x = b["_a"], b["_b"], b["_x"]
-    if not a.dtype == c.dtype == b.term.dtype:
+    if isinstance(x, Term) and not a.dtype == c.dtype == b.term.dtype:
         return None
     folded = b.domain.fold(b.domain.build("-", [c, a], {}))
     if folded is None or not b.domain.is_finite(folded):
@@ -292,11 +297,11 @@ algebra = RuleSet([
     Rule("power-one", "_x ** 1", _identity("_x")),
     Rule("power-zero", "_x ** 0", "1"),
     Rule("double-negation", "-(-_x)", "_x"),
-    Rule("subtract-negative", "_x - (-_y)", "_x + _y"),
-    Rule("add-negative", "_x + (-_y)", "_x - _y"),
-    Rule("negative-plus", "(-_x) + _y", "_y - _x"),
+    Rule("subtract-negative", "_x - (-_y)", "_x + _y", guard=negated_as_the_result("_y")),
+    Rule("add-negative", "_x + (-_y)", "_x - _y", guard=negated_as_the_result("_y")),
+    Rule("negative-plus", "(-_x) + _y", "_y - _x", guard=negated_as_the_result("_x")),
     Rule("negate-difference", "-(_x - _y)", "_y - _x"),
-    Rule("negative-product", "(-_x) * (-_y)", "_x * _y"),
+    Rule("negative-product", "(-_x) * (-_y)", "_x * _y", guard=negated_as_the_result("_x", "_y")),
     Rule("self-difference", "_x - _x", "0", guard=exact_for_every_input),
     Rule("self-sum", "_x + _x", "2 * _x"),
     Rule("collect-sums", "_a + (_b + _x)", _collect("+", _regroups_exactly), guard=constants("_a", "_b")),
@@ -326,5 +331,5 @@ fast_math = RuleSet([
 ], name="fast_math")
 """What ``compile(..., fast_math=True)`` adds to ``algebra``: rewrites that can change a float
 result by more than rounding. ``x - x`` is 0 even where ``x`` is inf or nan; constants are
-collected across float sums, differences and products whatever the grouping did (``(x + 1e8) - 1e8`` becomes
-``x``, ``(x * 1e30) * 1e-30`` no longer overflows), as ``-ffast-math`` lets a C compiler."""
+collected whatever the grouping did in ``a + (b + x)``, ``a * (b * x)`` and ``(b + x) - a`` (``(x + 1e8) - 1e8``
+becomes ``x``, ``(x * 1e30) * 1e-30`` does not overflow), as ``-ffast-math`` lets a C compiler."""

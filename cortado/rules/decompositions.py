@@ -17,7 +17,7 @@ import math
 import numpy as np
 
 from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import is_float, is_float8
+from ..exprgraph.dtypes import is_float, is_float8, is_narrow_float
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.ops import CONST, RESHAPE, SOFTMAX
 from ..exprgraph.numerics import shifted
@@ -180,10 +180,11 @@ def _reordered(labels, x, order):
 
 def _einsum_as_matmul(b):
     """Two operands of the result's floating dtype (or float8, whose products a matmul makes in it), no diagonal,
-    no broadcast label: batch, free and contracted labels gathered into the three axes of one matmul. A label of one
-    operand alone that the result lacks is a free one of the product, summed after it: summed before, it would
-    multiply sums instead of adding products, ``(-inf + 1) * (-inf + 1)``, inf, where the einsum is NaN, and a sum
-    could overflow that no product does."""
+    no broadcast label: batch, free and contracted labels gathered into the three axes of one matmul. Not where a
+    label of one operand alone is summed away: summed before the product, it would multiply sums instead of adding
+    products (``(-inf + 1) * (-inf + 1)`` is inf where the einsum is NaN, and a sum can overflow where no product
+    does), and as a free axis of the product, summed after it, it would write out a product that many times larger
+    (two vectors' ``i,j->``: their outer product); the other einsum rules sum such products as they make them."""
     xs, term = b["_xs"], b.term
     if len(xs) != 2 or not is_float(term.dtype) or any(x.dtype != term.dtype and not is_float8(x.dtype) for x in xs) \
             or term.size == 0:
@@ -194,12 +195,11 @@ def _einsum_as_matmul(b):
         if len(set(labels)) != len(labels) or any(sizes.setdefault(label, d) != d for label, d in zip(labels, x.shape)):
             return None
     (la, a), (lb, y) = zip(inputs, xs)
-    alone_a = [label for label in la if label not in lb and label not in output]
-    alone_b = [label for label in lb if label not in la and label not in output]
-    alone = alone_a + alone_b
+    if any((label in la) != (label in lb) and label not in output for label in la + lb):
+        return None
     batch = [label for label in output if label in la and label in lb]
-    left = [label for label in output if label in la and label not in lb] + alone_a
-    right = [label for label in output if label in lb and label not in la] + alone_b
+    left = [label for label in output if label in la and label not in lb]
+    right = [label for label in output if label in lb and label not in la]
     contracted = [label for label in la if label in lb and label not in output]
     lead = (math.prod(sizes[label] for label in batch),) if batch else ()
 
@@ -208,12 +208,8 @@ def _einsum_as_matmul(b):
         return ct.reshape(_reordered(labels, x, batch + first + second), lead + sides)
 
     product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
-    kept = batch + left + right
-    product = ct.reshape(product, tuple(sizes[label] for label in kept))
-    if alone:
-        product = ct.sum(product, axis=tuple(kept.index(label) for label in alone))
-        kept = [label for label in kept if label not in alone]
-    return _reordered(kept, product, output)
+    product = ct.reshape(product, tuple(sizes[label] for label in batch + left + right))
+    return _reordered(batch + left + right, product, output)
 
 
 def _distinct(inputs, operands, dtype):
@@ -235,10 +231,12 @@ def _distinct(inputs, operands, dtype):
 
 def _einsum_as_product(b):
     """Any einsum: the product of its operands, each aligned to one order of all labels (the output's
-    first), summed over the labels the output lacks."""
+    first), summed over the labels the output lacks; of float16 or bfloat16 operands, in float32 and rounded once,
+    as the einsum adds its products (each rounded to float16, ``300 * 300`` would be inf)."""
     term = b.term
     inputs, output = spelled_out(b["_s"], [x.shape for x in b["_xs"]])
-    terms = _distinct(inputs, [cast_to(x, term.dtype) for x in b["_xs"]], term.dtype)
+    wide = np.dtype(np.float32) if is_narrow_float(term.dtype) else term.dtype
+    terms = _distinct(inputs, [cast_to(x, wide) for x in b["_xs"]], wide)
     order = output + "".join(sorted({label for labels, _ in terms for label in labels} - set(output)))
     aligned = []
     for labels, x in terms:

@@ -35,7 +35,10 @@ class Rewrite:
 
 
 class Trace(list):
-    """Every rewrite of a run, in order. ``explain`` prints it; ``counts`` tallies rules."""
+    """Every rewrite of a run, in order. ``explain`` prints it; ``counts`` tallies rules; ``label``, where set, names
+    the stage in a program's ``explain()`` (``simplify (fast_math)``)."""
+
+    label = None
 
     def counts(self):
         return Counter(step.rule for step in self)

@@ -32,6 +32,19 @@ def same_type(name):
     return guard
 
 
+def negated_as_the_result(*names):
+    """Guard for moving a negation out of the named bindings into the op that reads them (``x - (-y)`` to ``x + y``):
+    each negated operand has the result's dtype or is a float. An integer of a narrower dtype is negated where it is,
+    wrapping there (int8 ``-(-128)`` is -128; uint8 ``-1`` is 255) before the op widens it; text stands for reals."""
+
+    def guard(b):
+        if not isinstance(b.term, Term):
+            return True
+        return all(b[name].dtype == b.term.dtype or is_float(b[name].dtype) for name in names)
+
+    return guard
+
+
 def exact_for_every_input(b):
     """Guard for rewrites that are exact only without inf and nan (``x * 0`` is 0): integer and
     boolean tensors, and untyped text, whose symbols stand for finite numbers."""

@@ -23,8 +23,12 @@ def splat_reduction(term, value):
     if op not in REDUCTIONS:
         return None
     count = math.prod(term.args[0].shape[a] for a in term.attrs.axes)
-    if op in (MAX, MEAN) and count:
+    if op is MAX and count:
         return np.asarray(value).astype(term.dtype)
+    if op is MEAN and count and is_float(term.dtype):  # the sum, as the reference takes it (overflowing where it does)
+        wide = np.dtype(np.float32) if term.dtype.itemsize < 4 else term.dtype
+        with np.errstate(all="ignore"):
+            return np.asarray(_sum(value, count, wide) / wide.type(count)).astype(term.dtype)
     if op is SUM:
         return _sum(value, count, term.dtype)
     if not is_float(term.dtype) or not count:

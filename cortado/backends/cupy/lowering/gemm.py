@@ -104,7 +104,9 @@ def _gemm_and_other(b):
 def _scale(b):
     parts, wrap, other, _ = _gemm_and_other(b)
     factor = None if parts is None else _scalar(other)
-    if factor is None or parts["epilogue"] not in ("none", "dgelu") or not math.isfinite(factor):
+    # not 0: a GEMM of alpha 0 reads neither operand (BLAS's rule), where (a @ b) * 0 is NaN for a NaN in them
+    if factor is None or parts["epilogue"] not in ("none", "dgelu") or not math.isfinite(factor) \
+            or parts["alpha"] * factor == 0:
         return None
     return wrap(gemm(**{**parts, "alpha": parts["alpha"] * factor, "beta": parts["beta"] * factor}))
 
