@@ -97,12 +97,12 @@ def read(path):
 
 def _well_formed(entry):
     """Whether a header's entry names a dtype, a shape of sizes and two byte offsets."""
-    def whole(values):
+    def naturals(values):
         return isinstance(values, list) and all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
                                                  for v in values)
 
-    return (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and whole(entry.get("shape"))
-            and whole(entry.get("data_offsets")) and len(entry["data_offsets"]) == 2)
+    return (isinstance(entry, dict) and isinstance(entry.get("dtype"), str) and naturals(entry.get("shape"))
+            and naturals(entry.get("data_offsets")) and len(entry["data_offsets"]) == 2)
 
 
 def _program(program, what):

@@ -88,8 +88,8 @@ class SGD(Optimizer):
     def __init__(self, lr, momentum=0.0, dampening=0.0, nesterov=False, weight_decay=0.0, decay=None, clip_norm=None,
                  name="sgd"):
         super().__init__(lr, weight_decay, decay, clip_norm, name)
-        momentum, dampening = real(type(self).__name__, "momentum", momentum, 0), real(type(self).__name__,
-                                                                                         "dampening", dampening)
+        kind = type(self).__name__
+        momentum, dampening = real(kind, "momentum", momentum, 0), real(kind, "dampening", dampening)
         if nesterov and (momentum <= 0 or dampening != 0):
             raise CortadoError("SGD: Nesterov momentum needs a momentum above 0 and no dampening")
         self.momentum, self.dampening, self.nesterov = momentum, dampening, nesterov

@@ -30,7 +30,7 @@ def size(layer, name, value):
 def term(layer, x):
     """``x`` as a term, as cortado's functions take it (an array or a nested list is a constant); anything else is
     refused naming the layer."""
-    if isinstance(x, Term) or isinstance(x, (np.ndarray, list, tuple, int, float, np.generic)):
+    if isinstance(x, (Term, np.ndarray, list, tuple, int, float, np.generic)):
         return ct.as_term(x)
     raise DTypeError(f"{layer} is called with a term (a ct.var fed when the step is called, or another layer's "
                      f"output) or an array, not {type(x).__name__}")

@@ -97,32 +97,30 @@ def _scalar_splats(b):
     return term.rebuild(args)
 
 
+def _folded(b, op, left, right):
+    """``left op right`` of two constants folded now, where the fold computes as the written form would (both of the
+    result's dtype) and is finite (an overflow that the written grouping avoids is not baked in); else None."""
+    if isinstance(b["_x"], Term) and not left.dtype == right.dtype == b.term.dtype:
+        return None
+    folded = b.domain.fold(b.domain.build(op, [left, right], {}))
+    return folded if folded is not None and b.domain.is_finite(folded) else None
+
+
 def _collect_difference(b):
-    """``(b + x) - a`` as ``(b - a) + x``, ``b - a`` folded now where it is finite and of the result's dtype (the
-    sums' collection, ``collect-sums-fast``, for a constant subtracted)."""
-    a, c, x = b["_a"], b["_b"], b["_x"]
-    if isinstance(x, Term) and not a.dtype == c.dtype == b.term.dtype:
-        return None
-    folded = b.domain.fold(b.domain.build("-", [c, a], {}))
-    if folded is None or not b.domain.is_finite(folded):
-        return None
-    return b.domain.build("+", [folded, x], {})
+    """``(b + x) - a`` as ``(b - a) + x``, ``b - a`` folded now (``_folded``): ``collect-sums-fast`` for a
+    constant subtracted."""
+    folded = _folded(b, "-", b["_b"], b["_a"])
+    return None if folded is None else b.domain.build("+", [folded, b["_x"]], {})
 
 
 def _collect(op, regroups=lambda op, a, c, folded: True):
-    """``a op (b op x)`` as ``c op x``, ``c`` being ``a op b`` folded now, where that is safe: the
-    constants already have the result's dtype (so the fold computes as the original would), ``c``
-    is finite (an overflow that the original's order avoids is not baked in), and ``regroups``
-    says the new grouping gives every ``x`` the value the written one gives."""
+    """``a op (b op x)`` as ``c op x``, ``c`` being ``a op b`` folded now (``_folded``), where ``regroups`` says the
+    new grouping gives every ``x`` the value the written one gives."""
 
     def replace(b):
         a, c, x = b["_a"], b["_b"], b["_x"]
-        if isinstance(x, Term) and not a.dtype == c.dtype == b.term.dtype:
-            return None
-        folded = b.domain.fold(b.domain.build(op, [a, c], {}))
-        if folded is None or not b.domain.is_finite(folded):
-            return None
-        if isinstance(x, Term) and not regroups(op, a, c, folded):
+        folded = _folded(b, op, a, c)
+        if folded is None or (isinstance(x, Term) and not regroups(op, a, c, folded)):
             return None
         return b.domain.build(op, [folded, x], {})
 
