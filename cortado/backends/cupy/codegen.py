@@ -11,7 +11,8 @@ An elementwise kernel gives each thread ``VEC`` consecutive elements, read and w
 offset fits. Its grid covers the whole range, a thread to a vector: on the H200 that streamed
 4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70.
 float16 and bfloat16 values (``is_narrow_float``) are computed and accumulated in float32, as the
-reference computes their sums; the lowering spells the softmax family out in float32 for them
+reference computes their sums, and rounded to their dtype where a comparison or a conversion to an integer judges
+them (``_Writer._judged``); the lowering spells the softmax family out in float32 for them
 (``rules.decompositions``). Each elementwise op's C expression is its entry of ``C_EXPRESSIONS``.
 The reduction kernels are ``reduction_kernels`` and ``row_kernels``; ``sources`` picks a body's form.
 """
@@ -453,6 +454,23 @@ class _Writer:
         fill = literal(t.attr("constant_values"), t.dtype)
         return f"({' && '.join(inside)}) ? {read} : ({compute_type(t.dtype)})({fill})"
 
+    def _judged(self, t):
+        """The names of ``t``'s operands, each half-precision one this kernel computed (and keeps in float) rounded to
+        its dtype where ``t``'s result is no float: a comparison, or a conversion to an integer or a bool, judges the
+        value the program says, not the more precise one the kernel holds (a float16 ``expm1(x) <= x`` at 6.1e-5 was
+        False). A loaded value, a constant and a cast to half precision are that value already."""
+        if is_float(t.dtype):
+            return self.names
+        rounded = {}
+        for a in t.args:
+            source = a
+            while source.op is BROADCAST_TO:
+                source = source.args[0]
+            if a.dtype.name in HALVES and source.op not in (PARAM, CONST, PAD, CAST):
+                widen, narrow = HALVES[a.dtype.name]
+                rounded[a] = f"{widen}({narrow}({self.names[a]}))"
+        return {**self.names, **rounded} if rounded else self.names
+
     def value(self, t):
         if t in self.names:
             return self.names[t]
@@ -473,7 +491,7 @@ class _Writer:
             self.names[t] = self.names[t.args[0]]
             return self.names[t]
         elif t.op.kind == ELEMENTWISE:
-            text = expression(t, self.names)
+            text = expression(t, self._judged(t))
         else:
             raise BackendError(f"{t!r}: a fused kernel cannot compute {t.op.name} here")
         self.lines.append(f"const {compute_type(t.dtype)} {name} = {text};")
