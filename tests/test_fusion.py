@@ -532,18 +532,20 @@ def test_gelus_float32_intermediates_are_computed_again_from_its_bfloat16_argume
 
 
 def test_a_half_precision_value_a_kernel_computed_is_rounded_to_its_dtype_before_it_is_judged():
-    """A GPU kernel keeps float16 and bfloat16 values in float; a comparison or a conversion to an integer of one it
-    computed takes the value rounded to its dtype, as the program says it (a float16 ``expm1(x) <= x`` at 6.1e-5,
-    float16's smallest normal, was False in float and is True in float16); a loaded value needs no rounding."""
+    """A GPU kernel keeps float16 and bfloat16 values in float; a comparison or a conversion (to an integer or a wider
+    float) of one it computed takes the value rounded to its dtype, as the program says it (a float16
+    ``expm1(x) <= x`` at 6.1e-5, float16's smallest normal, is True; in float32 it is False); a loaded value needs no
+    rounding."""
     from cortado.backends.cupy.codegen import Operand, contiguous_strides
     from cortado.backends.cupy.sources import kernel_sources
 
     x, y = ct.var("x", (64,), "float16"), ct.var("y", (64,), "bfloat16")
-    outputs = [ct.less_equal(ct.expm1(x), x), ct.cast(ct.exp(y), "int32"), ct.greater(y, ct.cast(x, "bfloat16"))]
+    outputs = [ct.less_equal(ct.expm1(x), x), ct.cast(ct.exp(y), "int32"), ct.greater(y, ct.cast(x, "bfloat16")),
+               ct.cast(ct.tanh(x), "float32")]
     _, kernels = _gpu_kernels(outputs, [x, y])
     texts = [kernel_sources(k.term.attr("outputs"), [Operand(a.shape, a.dtype, contiguous_strides(a.shape))
                                                      for a in k.term.args])[0].text
              for k in kernels if k.term.op.name == "fused"]
     text = "\n".join(texts)
-    assert text.count("__half2float(__float2half_rn(") == 1  # expm1(x), not the loaded x
+    assert text.count("__half2float(__float2half_rn(") == 2  # expm1(x) and tanh(x), not the loaded x
     assert text.count("__bfloat162float(__float2bfloat16_rn(") == 2  # exp(y); the cast of x, rounded as it is made

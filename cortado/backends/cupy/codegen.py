@@ -11,8 +11,8 @@ An elementwise kernel gives each thread ``VEC`` consecutive elements, read and w
 offset fits. Its grid covers the whole range, a thread to a vector: on the H200 that streamed
 4.26 TB/s where a grid of 8 blocks per multiprocessor looping over the range streamed 3.70.
 float16 and bfloat16 values (``is_narrow_float``) are computed and accumulated in float32, as the
-reference computes their sums, and rounded to their dtype where a comparison or a conversion to an integer judges
-them (``_Writer._judged``); the lowering spells the softmax family out in float32 for them
+reference computes their sums, and rounded to their dtype where a value leaves half precision (a comparison, a
+conversion: ``_Writer._judged``); the lowering spells the softmax family out in float32 for them
 (``rules.decompositions``). Each elementwise op's C expression is its entry of ``C_EXPRESSIONS``.
 The reduction kernels are ``reduction_kernels`` and ``row_kernels``; ``sources`` picks a body's form.
 """
@@ -456,17 +456,16 @@ class _Writer:
 
     def _judged(self, t):
         """The names of ``t``'s operands, each half-precision one this kernel computed (and keeps in float) rounded to
-        its dtype where ``t``'s result is no float: a comparison, or a conversion to an integer or a bool, judges the
-        value the program says, not the more precise one the kernel holds (a float16 ``expm1(x) <= x`` at 6.1e-5 was
-        False). A loaded value, a constant and a cast to half precision are that value already."""
-        if is_float(t.dtype):
-            return self.names
+        its dtype where ``t`` leaves half precision: a comparison, a conversion to an integer, a bool or a wider float
+        takes the value the program says, not the more precise one the kernel holds (a float16 ``expm1(x) <= x`` at
+        float16's smallest normal is True, its float32 value says False). A loaded value, a constant and a cast to half
+        precision are that value already."""
         rounded = {}
         for a in t.args:
             source = a
             while source.op is BROADCAST_TO:
                 source = source.args[0]
-            if a.dtype.name in HALVES and source.op not in (PARAM, CONST, PAD, CAST):
+            if a.dtype.name in HALVES and t.dtype != a.dtype and source.op not in (PARAM, CONST, PAD, CAST):
                 widen, narrow = HALVES[a.dtype.name]
                 rounded[a] = f"{widen}({narrow}({self.names[a]}))"
         return {**self.names, **rounded} if rounded else self.names
