@@ -39,9 +39,9 @@ def by_ones(g, summed):
     cost the product at most a few columns. On an H200, from 8192 rows of bfloat16, (out x in) 3072 x 768 took
     55.7 us alone, 75.6 with BGRAD and 56.6 with the ones; 2304 x 768 44.0, 59.8 and 47.6; 768 x 3072 55.0, 62.1
     and 54.6; 768 x 768 18.9, 26.7 and 22.1 (``benchmarks/results/h200/experiments/bias_gradient_ones/``). Only over
-    bfloat16 and float16, whose products by one are exact in the float32 accumulator, so that the sums are the same
-    in another order; only at scale 1 (the sums would be scaled too); only where ``ones_columns`` has a count for
-    ``x``'s width."""
+    bfloat16 and float16, whose products by one are exact in the float32 accumulator, so that the sums are of the
+    same terms, added in another order; only at scale 1 (the sums would be scaled too); only where ``ones_columns``
+    has a count for ``x``'s width."""
     parts = gemm_parts(g)
     side = "b" if summed == "a" else "a"
     x = parts[side]
