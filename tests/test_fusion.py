@@ -394,14 +394,29 @@ def test_column_sums_merge_only_where_neither_reads_the_other_and_they_share_a_v
     assert len(merged) == 2
 
 
-@pytest.mark.parametrize("dtype, classes", [("uint64", 37), ("int8", 300)])
-def test_labels_the_wrap_cannot_spell_stay_a_gather(dtype, classes):
-    """A uint64 label past 2**63 is read by the GPU's gather as negative (counted from the end), and an int8 label
-    cannot hold the 300 places of its row: both keep the gather instead of a reduction of the row."""
+@pytest.mark.parametrize("dtype, classes, gathers", [("int8", 300, 1), ("uint64", 37, 0), ("uint32", 37, 0)])
+def test_labels_the_wrap_cannot_spell_stay_a_gather(dtype, classes, gathers):
+    """An int8 label cannot hold the 300 places of its row: it keeps the gather instead of a reduction of the row.
+    Unsigned labels, a uint64 past 2**63 too, are compared as unsigned, by the reduction as by the gather."""
     logits, labels = ct.var("logits", (16, classes), "float32"), ct.var("labels", (16,), dtype)
     picked = ct.take_along_axis(logits, labels[:, None], axis=-1)[:, 0]
     _, kernels = _gpu_kernels([ct.logsumexp(logits, axis=-1) - picked], [logits, labels])
-    assert [k for k in kernels if k.term.op.name == "take_along_axis"]
+    assert len([k for k in kernels if k.term.op.name == "take_along_axis"]) == gathers
+
+
+def test_the_gpus_gather_compares_an_unsigned_index_as_unsigned():
+    """A uint64 index past 2**63 is past the end, clamped to the last place, not read as negative and counted from
+    the end; a signed one counts from the end where negative."""
+    from cortado.backends.cupy.codegen import Operand
+    from cortado.backends.cupy.index_kernels import take_source
+
+    table = Operand((37, 4), np.dtype(np.float32), (4, 1))
+    texts = {dtype: take_source(table, Operand((8,), np.dtype(dtype), (1,)), Operand((8, 4), np.dtype(np.float32),
+                                                                                       (4, 1)), 0).text
+             for dtype in ("uint64", "int64")}
+    assert "unsigned long long u = (unsigned long long)(in1[" in texts["uint64"] and "p + 37" not in texts["uint64"]
+    assert "u > 36ull ? 36 : (long long)u" in texts["uint64"]
+    assert "p = p < 0 ? p + 37 : p;" in texts["int64"]
 
 
 def test_the_gpus_places_of_indices_are_those_its_gathers_read():

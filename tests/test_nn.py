@@ -321,7 +321,8 @@ def test_the_gpt_built_from_nn_compiles_to_the_kernels_of_the_one_written_by_han
     by_hand = _kernel_kinds([loss, *ct.grad(loss, list(params.values()))], [tokens, labels, *params.values()])
 
     model = gpt.GPT(11, context=16, width=64, heads=2, layers=2).compute_in(dtype)
-    tokens, labels = ct.var("tokens_in", (2, 16), "int32"), ct.var("labels", (2, 16), "int32")
+    # unsigned token ids: signed ones an nn.Embedding casts first (a negative one is out of range), a kernel more
+    tokens, labels = ct.var("tokens_in", (2, 16), "uint32"), ct.var("labels", (2, 16), "int32")
     loss = nn.cross_entropy(model(tokens), labels)
     params = model.parameters()
     built = _kernel_kinds([loss, *ct.grad(loss, list(params.values()))], [tokens, labels, *params.values()])
@@ -376,6 +377,36 @@ def test_a_dropout_called_twice_in_a_step_draws_a_mask_for_each_call():
     step = ct.compile([ya, yb], inputs=[a, b], state=drop.initial_values(), updates=updates, backend="numpy")
     first, second = step(a=np.ones(64, np.float32), b=np.ones(64, np.float32))
     assert np.mean(first != second) > 0.25 and int(step.state["counter"]) == 1
+
+
+@pytest.mark.parametrize("dtype, label", [("int32", -1), ("int64", -100), ("int8", -1)])
+def test_a_negative_label_or_token_id_is_out_of_range_not_counted_from_the_end(dtype, label):
+    """PyTorch's padding label -100 given without ``ignore_index``, or a token id of -1, would pick a real class or
+    row counted from the end (300 classes: an int8's -1 is class 255 read as uint8); it is an error naming the
+    layer and the label as given, in the program and in the reference alike."""
+    logits, labels = ct.var("logits", (4, 300)), ct.var("labels", (4,), dtype)
+    loss = nn.cross_entropy(logits, labels)
+    feeds = {"logits": np.zeros((4, 300), np.float32), "labels": np.array([0, label, 2, 3], dtype)}
+    for run in (lambda: ct.compile([loss], inputs=[logits, labels])(**feeds), lambda: ct.evaluate(loss, feeds)):
+        with pytest.raises(ct.IndexRangeError, match=rf"nn\.cross_entropy\(.*index {label} is out of range .*"
+                                                      rf"\[0, 300\)"):
+            run()
+    embed = nn.Embedding(300, 4)
+    tokens = ct.var("tokens", (4,), dtype)
+    table = embed(tokens)
+    (gradient,) = ct.grad(ct.sum(table), [embed.parameters()["weight"]])
+    step = ct.compile([table, gradient], inputs=[tokens], state=embed.initial_values(0))
+    with pytest.raises(ct.IndexRangeError, match=rf"nn\.Embedding\(300, 4\).*index {label} is out of range"):
+        step(tokens=feeds["labels"])
+    assert step(tokens=np.array([0, 127, 2, 3], dtype))[0].shape == (4, 4)
+
+
+def test_with_a_padding_label_any_other_negative_label_is_still_out_of_range():
+    logits, labels = ct.var("logits", (4, 300)), ct.var("labels", (4,), "int64")
+    step = ct.compile([nn.cross_entropy(logits, labels, ignore_index=-100)], inputs=[logits, labels])
+    assert step(logits=np.zeros((4, 300), np.float32), labels=np.array([0, -100, 2, 3]))[0] == np.float32(np.log(300))
+    with pytest.raises(ct.IndexRangeError, match=r"\(-1 as a signed int64\) is out of range .*\[0, 300\)"):
+        step(logits=np.zeros((4, 300), np.float32), labels=np.array([0, -1, 2, 3]))
 
 
 def test_cross_entropy_ignores_the_padding_label():

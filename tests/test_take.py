@@ -282,6 +282,31 @@ def test_on_the_gpu_takes_of_rows_whole_vectors_or_not_are_numpys(shape, axis, d
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+def test_on_the_gpu_negative_labels_and_token_ids_are_clamped_to_the_last_place_not_counted_from_the_end():
+    """``nn.cross_entropy`` and ``nn.Embedding`` read their labels and token ids as unsigned (on the CPU a negative
+    one is an error): on the GPU, -100 (PyTorch's padding label, given without ``ignore_index``) and -1 are past
+    the end, clamped to the last class or row, as a uint64 index past 2**63 is; a row kernel and a gather agree."""
+    from cortado import nn
+
+    rng = np.random.default_rng(7)
+    logits, labels = ct.var("logits", (6, 300)), ct.var("labels", (6,), "int64")
+    x = rng.standard_normal((6, 300)).astype(np.float32)
+    step = ct.compile([nn.cross_entropy(logits, labels)], inputs=[logits, labels], backend="cupy")
+    last = step(logits=x, labels=np.array([1, 299, 2, 299, 299, 0]))[0].get()
+    assert step(logits=x, labels=np.array([1, -100, 2, -1, 299, 0]))[0].get() == last
+    embed, tokens = nn.Embedding(300, 8), ct.var("tokens", (4,), "int32")
+    lookup = ct.compile([embed(tokens)], inputs=[tokens], state=embed.initial_values(0), backend="cupy")
+    rows = lookup(tokens=np.array([-1, -100, 299, 3], np.int32))[0].get()
+    np.testing.assert_array_equal(rows[:3], np.repeat(rows[2:3], 3, axis=0))
+    table, index = ct.var("e", (37, 4)), ct.var("i", (3,), "uint64")
+    values = rng.standard_normal((37, 4)).astype(np.float32)
+    past = np.array([2 ** 63 + 5, 40, 2], np.uint64)
+    got = ct.compile([ct.take(table, index, axis=0)], inputs=[table, index], backend="cupy")(e=values, i=past)
+    np.testing.assert_array_equal(got[0].get(), values[[36, 36, 2]])
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
 def test_on_the_gpu_a_take_from_a_broadcast_row_reads_that_row_a_vector_a_thread():
     row, tokens = ct.var("r", (1, 768), "bfloat16"), ct.var("t", (4, 33), "int32")
     taken = ct.take(ct.broadcast_to(row, (63, 768)), tokens, axis=0) * 2.0

@@ -17,9 +17,9 @@ from .location import format_location, user_location
 from .term import describe_operands
 
 
-def _outside(index, axis, size):
+def _outside(index, axis, size, low=None):
     where = f"axis {axis} of size {size}" if axis is not None else f"the flattened operand of size {size}"
-    return f"index {index} is out of range for {where} (indices must lie in [{-size}, {size}))"
+    return f"index {index} is out of range for {where} (indices must lie in [{-size if low is None else low}, {size}))"
 
 
 def checked(indices, size, op, axis):
@@ -45,16 +45,17 @@ class _Written:
     axis: object
     size: int
     location: tuple
+    signed: bool = False  # the user's indices are signed ones read as unsigned (``nn.module.gathered_from_zero``)
 
 
 _by_gather = weakref.WeakKeyDictionary()  # gather term the user built -> _Written
 _by_indices = weakref.WeakKeyDictionary()  # index term -> {gather term: _Written}, every gather written with it
 
 
-def written_gather(call, gather, axis, size):
+def written_gather(call, gather, axis, size, signed=False):
     """Remember ``call`` (its text), the user's gather ``gather`` along ``axis`` of ``size``, and the user's line, for
-    ``out_of_range``."""
-    written = _Written(call, axis, size, user_location())
+    ``out_of_range``; ``signed``: whether the gather reads the user's signed indices as unsigned."""
+    written = _Written(call, axis, size, user_location(), signed)
     _by_gather.setdefault(gather, written)
     _by_indices.setdefault(gather.args[1], weakref.WeakKeyDictionary()).setdefault(gather, written)
 
@@ -84,8 +85,16 @@ def out_of_range(term, error):
         axis = term.attr("axis")
         written = _Written(f"{term.op.name}({describe_operands(term.args)}, axis={axis})", axis, error.size,
                            term.location)
-    return IndexRangeError(f"{written.call}: {_outside(error.index, written.axis, error.size)}\n"
-                           f"  built at {format_location(written.location)}", error.index, error.size)
+    index, low, shown = error.index, None, str(error.index)
+    dtype = np.asarray(index).dtype
+    if dtype.kind == "u":  # never negative; one past 2**(bits-1) may be a negative one read as unsigned
+        low, signed = 0, np.asarray(index).astype(f"int{8 * dtype.itemsize}").item()
+        if written.signed:  # the user's signed index, as the user gave it: -1, not 4294967295
+            index = shown = signed
+        elif signed < 0:
+            shown = f"{index} ({signed} as a signed int{8 * dtype.itemsize})"
+    return IndexRangeError(f"{written.call}: {_outside(shown, written.axis, error.size, low)}\n"
+                           f"  built at {format_location(written.location)}", index, error.size)
 
 
 def take(a, indices, axis):

@@ -10,9 +10,10 @@ from ..errors import CortadoError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, finfo
 from ..exprgraph.scaling import pushed, scale_for
+from ..exprgraph.term import describe_operands
 from . import init
 from ..settings import real, whole
-from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential, size, term
+from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential, gathered_from_zero, size, term
 
 
 class Linear(Module):
@@ -81,7 +82,8 @@ FLOAT8_FORWARD, FLOAT8_BACKWARD = "float8_e4m3fn", "float8_e5m2"  # the usual ch
 
 
 class Embedding(Module):
-    """The rows of ``weight`` ``(num_embeddings, embedding_dim)``, ``N(0, 1)`` as PyTorch's, at integer indices."""
+    """The rows of ``weight`` ``(num_embeddings, embedding_dim)``, ``N(0, 1)`` as PyTorch's, at integer indices in
+    ``[0, num_embeddings)``: one outside, a negative one too, is an error on the CPU; the GPU clamps it into them."""
 
     def __init__(self, num_embeddings, embedding_dim, weight_init=None, dtype="float32"):
         super().__init__()
@@ -89,7 +91,9 @@ class Embedding(Module):
         self.weight = Parameter(shape, init.normal(1.0) if weight_init is None else weight_init, dtype)
 
     def forward(self, indices):
-        return ct.take(self.weight, term("Embedding", indices), axis=0)
+        indices = term("Embedding", indices)
+        call = f"nn.Embedding({self.weight.shape[0]}, {self.weight.shape[1]})({describe_operands((indices,))})"
+        return gathered_from_zero(call, ct.take, self.weight, indices, 0)
 
 
 def _over_root(x, mean_square, eps):

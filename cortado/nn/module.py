@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
+from ..exprgraph import gathering
 from ..exprgraph.dtypes import as_dtype
 from ..exprgraph.term import Term
 from ..settings import whole
@@ -34,6 +35,20 @@ def term(layer, x):
         return ct.as_term(x)
     raise DTypeError(f"{layer} is called with a term (a ct.var fed when the step is called, or another layer's "
                      f"output) or an array, not {type(x).__name__}")
+
+
+def gathered_from_zero(call, gather, x, indices, axis):
+    """``gather(x, indices, axis=axis)`` (``ct.take`` or ``ct.take_along_axis``) of labels or token ids, which are
+    never negative: signed ones read as unsigned of at least 32 bits, so that a negative one (-1, PyTorch's padding
+    label -100) is out of range, an error naming it and ``call`` on the CPU (the GPU clamps it into the axis),
+    instead of counting from the end and picking a real row."""
+    signed = indices.dtype.kind == "i"
+    if signed:
+        indices = ct.cast(indices, f"uint{max(32, 8 * indices.dtype.itemsize)}")
+    picked = gather(x, indices, axis=axis)
+    along = axis % x.ndim
+    gathering.written_gather(call, picked, along, x.shape[along], signed)
+    return picked
 
 
 class Parameter:

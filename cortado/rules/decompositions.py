@@ -125,11 +125,13 @@ def _places_wrapped(b):
     """``take(places(n), i, axis=0)``, ``taken_places``, as ``wrapped_places``: a cross-entropy's gradient kernel
     compares each label with its row's places itself."""
     table, indices = b["_t"], b["_z"]
-    if table.op is not CONST or table.ndim != 1 or b.term.attr("axis") != 0 or indices.dtype != table.dtype:
+    if table.op is not CONST or table.ndim != 1 or b.term.attr("axis") != 0:
         return None
-    if not np.array_equal(table.attr("value").array, np.arange(table.shape[0])):
-        return None
-    return wrapped_places(indices, table.shape[0])
+    if indices.dtype.itemsize > table.dtype.itemsize or not np.array_equal(table.attr("value").array,
+                                                                            np.arange(table.shape[0])):
+        return None  # (an index wider than the places may name a place past their type's range)
+    wrapped = wrapped_places(indices, table.shape[0])
+    return wrapped if wrapped.dtype == table.dtype else ct.cast(wrapped, table.dtype)  # a place fits either
 
 
 def places(size, dtype, trailing=0):
@@ -146,8 +148,8 @@ def _row_pick(b):
         return None
     if not b.shared(x):  # read by nothing else: a gather reads one element a row, a reduction the whole row
         return None
-    if indices.dtype == np.uint64 or x.shape[-1] > np.iinfo(indices.dtype).max:
-        return None  # the gather reads a uint64 past 2**63 as negative; a row longer than the index type counts
+    if x.shape[-1] > np.iinfo(indices.dtype).max:
+        return None  # a row longer than the index type counts
     spread = wrapped_places(indices, x.shape[-1])
     kept = ct.where(ct.equal(spread, places(x.shape[-1], spread.dtype)), x, ct.const(0, x.dtype))
     return ct.sum(kept, axis=-1, keepdims=True)

@@ -14,8 +14,12 @@ from .codegen import VECTOR_BYTES, Operand, contiguous_strides
 from .window_kernels import gather, offset
 
 
-def _place(index, size):
-    """Statements setting ``p``, the place along an axis of ``size`` that ``index`` (an expression) names."""
+def _place(index, size, dtype):
+    """Statements setting ``p``, the place along an axis of ``size`` that ``index`` (an expression of ``dtype``)
+    names; an unsigned index is compared as one (a uint64 past 2**63 is past the end, not negative)."""
+    if dtype.kind == "u":
+        return [f"    const unsigned long long u = (unsigned long long)({index});",
+                f"    const long long p = u > {size - 1}ull ? {size - 1} : (long long)u;"]
     return [f"    long long p = (long long)({index});",
             f"    p = p < 0 ? p + {size} : p;",
             f"    p = p < 0 ? 0 : (p > {size - 1} ? {size - 1} : p);"]
@@ -39,7 +43,7 @@ def take_source(operand, indices, out, axis):
     def source(a):
         return "p" if a == axis else f"c{a}" if a < axis else f"c{a + count - 1}"
 
-    return gather("take", [operand, indices], out, _place(index, operand.shape[axis]) +
+    return gather("take", [operand, indices], out, _place(index, operand.shape[axis], indices.dtype) +
                   [f"    {load}[{offset(operand.strides, source)}];"])
 
 
@@ -63,5 +67,5 @@ def take_along_axis_source(operand, indices, out, axis):
 
     index = f"in1[{offset(indices.strides, at(indices.shape))}]"
     here = at(operand.shape)
-    return gather("take_along_axis", [operand, indices], out, _place(index, operand.shape[axis]) +
+    return gather("take_along_axis", [operand, indices], out, _place(index, operand.shape[axis], indices.dtype) +
                   [f"    out0[i] = in0[{offset(operand.strides, lambda a: 'p' if a == axis else here(a))}];"])
