@@ -23,7 +23,7 @@ from .kernels import Emitter, emit
 
 ALIGNMENT = 64
 # NumPy's ufuncs allocate an iteration buffer of this many elements per operand whenever they
-# broadcast; 8192 by default. At 1024 a broadcast add allocates 1 KiB of bookkeeping instead of
+# broadcast; 8192 by default. At 1024 a float32 broadcast add allocates 4 KiB an operand instead of
 # 32 KiB, and ran as fast or faster (measured: 1024x1024 + 1024, 144 us against 208 us).
 UFUNC_BUFFER = 1024
 
