@@ -405,8 +405,27 @@ def test_with_a_padding_label_any_other_negative_label_is_still_out_of_range():
     logits, labels = ct.var("logits", (4, 300)), ct.var("labels", (4,), "int64")
     step = ct.compile([nn.cross_entropy(logits, labels, ignore_index=-100)], inputs=[logits, labels])
     assert step(logits=np.zeros((4, 300), np.float32), labels=np.array([0, -100, 2, 3]))[0] == np.float32(np.log(300))
-    with pytest.raises(ct.IndexRangeError, match=r"\(-1 as a signed int64\) is out of range .*\[0, 300\)"):
+    with pytest.raises(ct.IndexRangeError, match=r"nn\.cross_entropy\(.*index -1 is out of range .*\[0, 300\)"):
         step(logits=np.zeros((4, 300), np.float32), labels=np.array([0, -1, 2, 3]))
+
+
+@pytest.mark.parametrize("bad", [-1, 10])
+def test_constant_labels_and_token_ids_outside_are_refused_where_they_are_built(bad):
+    with pytest.raises(ct.IndexRangeError, match=rf"nn\.cross_entropy\(.*index {bad} is out of range .*\[0, 10\)"):
+        nn.cross_entropy(ct.var("logits", (3, 10)), np.array([1, bad, 3]))
+    with pytest.raises(ct.IndexRangeError, match=rf"nn\.Embedding\(10, 4\).*index {bad} is out of range"):
+        nn.Embedding(10, 4)(np.array([1, bad]))
+    assert ct.evaluate(nn.cross_entropy(ct.var("logits", (3, 10)), [1, 2, 3]),
+                       {"logits": np.zeros((3, 10), np.float32)}) == np.float32(np.log(10))
+
+
+def test_an_unsigned_index_out_of_range_is_named_as_given():
+    """A uint16 token id past the table (a nanoGPT-style token file) is shown as it is, not as a signed one."""
+    embed, tokens = nn.Embedding(100, 2), ct.var("tokens", (3,), "uint16")
+    step = ct.compile([embed(tokens)], inputs=[tokens], state=embed.initial_values(0))
+    with pytest.raises(ct.IndexRangeError, match=r"nn\.Embedding\(100, 2\)\(uint16\[3\]\): index 50300 is out of "
+                                                  r"range for axis 0 of size 100 \(indices must lie in \[0, 100\)\)"):
+        step(tokens=np.array([1, 50300, 2], np.uint16))
 
 
 def test_cross_entropy_ignores_the_padding_label():

@@ -50,6 +50,7 @@ class _Written:
 
 _by_gather = weakref.WeakKeyDictionary()  # gather term the user built -> _Written
 _by_indices = weakref.WeakKeyDictionary()  # index term -> {gather term: _Written}, every gather written with it
+_by_variable = weakref.WeakKeyDictionary()  # variable -> {gather term: _Written}, every gather whose indices read it
 
 
 def written_gather(call, gather, axis, size, signed=False):
@@ -58,12 +59,24 @@ def written_gather(call, gather, axis, size, signed=False):
     written = _Written(call, axis, size, user_location(), signed)
     _by_gather.setdefault(gather, written)
     _by_indices.setdefault(gather.args[1], weakref.WeakKeyDictionary()).setdefault(gather, written)
+    for variable in _variables(gather.args[1]):
+        _by_variable.setdefault(variable, weakref.WeakKeyDictionary()).setdefault(gather, written)
+
+
+def _variables(indices):
+    """The variables ``indices`` are computed from."""
+    from .graph import post_order  # here, not above: the op table imports this module
+    from .ops import VAR
+
+    return frozenset(t for t in post_order([indices]) if t.op is VAR)
 
 
 def _written_for(term, size):
     """The user's gather that ``term`` is, or else the one gather of an axis of ``size`` written with ``term``'s
     indices (or the indices they were reshaped from): a gradient's gather picks along the user's axis with the
-    user's indices. None where there is none, or several that could be meant."""
+    user's indices; or else the one of an axis of ``size`` whose indices are computed from the same variables (a
+    backend rebuilt the indices, a kernel of its own computing them). None where there is none, or several that
+    could be meant."""
     from .ops import BROADCAST_TO, RESHAPE, TRANSPOSE  # here, not above: the op table imports this module
 
     if term in _by_gather:
@@ -73,28 +86,42 @@ def _written_for(term, size):
     while True:
         found = {w for w in _by_indices.get(indices, {}).values() if w.size == size}
         if found or indices.op not in same_values:
-            return found.pop() if len(found) == 1 else None
+            break
         indices = indices.args[0]
+    if not found:
+        variables = _variables(term.args[1])
+        found = {w for v in variables for g, w in _by_variable.get(v, {}).items()
+                 if w.size == size and _variables(g.args[1]) == variables}
+    return found.pop() if len(found) == 1 else None
 
 
 def out_of_range(term, error):
     """``error``, an index out of range found running the gather ``term``, as the gather the user wrote says it:
     the call, the index, the valid range and the user's line."""
-    written = _written_for(term, error.size)
+    written, named = _written_for(term, error.size), True
     if written is None:  # built by cortado alone, or ambiguous: the gather itself is all there is to name
-        axis = term.attr("axis")
+        axis, named = term.attr("axis"), False
         written = _Written(f"{term.op.name}({describe_operands(term.args)}, axis={axis})", axis, error.size,
                            term.location)
     index, low, shown = error.index, None, str(error.index)
     dtype = np.asarray(index).dtype
-    if dtype.kind == "u":  # never negative; one past 2**(bits-1) may be a negative one read as unsigned
+    if dtype.kind == "u":  # never negative; one past 2**(bits-1) may be a signed one read as unsigned
         low, signed = 0, np.asarray(index).astype(f"int{8 * dtype.itemsize}").item()
         if written.signed:  # the user's signed index, as the user gave it: -1, not 4294967295
             index = shown = signed
-        elif signed < 0:
+        elif signed < 0 and not named:
             shown = f"{index} ({signed} as a signed int{8 * dtype.itemsize})"
     return IndexRangeError(f"{written.call}: {_outside(shown, written.axis, error.size, low)}\n"
                            f"  built at {format_location(written.location)}", index, error.size)
+
+
+def check_from_zero(call, values, axis, size):
+    """Constant labels or token ids ``values`` checked where the user built ``call``: each in ``[0, size)``."""
+    outside = (values < 0) | (values >= size)
+    if outside.any():
+        index = values[outside].flat[0]
+        raise IndexRangeError(f"{call}: {_outside(index, axis, size, 0)}\n  built at {format_location(user_location())}",
+                              index, size)
 
 
 def take(a, indices, axis):

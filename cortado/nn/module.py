@@ -19,6 +19,7 @@ from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph import gathering
 from ..exprgraph.dtypes import as_dtype
+from ..exprgraph.ops import BROADCAST_TO, CONST, RESHAPE
 from ..exprgraph.term import Term
 from ..settings import whole
 
@@ -42,11 +43,16 @@ def gathered_from_zero(call, gather, x, indices, axis):
     never negative: signed ones read as unsigned of at least 32 bits, so that a negative one (-1, PyTorch's padding
     label -100) is out of range, an error naming it and ``call`` on the CPU (the GPU clamps it into the axis),
     instead of counting from the end and picking a real row."""
-    signed = indices.dtype.kind == "i"
+    along = axis % x.ndim
+    known = indices
+    while known.op in (RESHAPE, BROADCAST_TO):
+        known = known.args[0]
+    if known.op is CONST:  # checked now, where the user built them
+        gathering.check_from_zero(call, known.attr("value").array, along, x.shape[along])
+    signed = indices.dtype.kind == "i" and known.op is not CONST
     if signed:
         indices = ct.cast(indices, f"uint{max(32, 8 * indices.dtype.itemsize)}")
     picked = gather(x, indices, axis=axis)
-    along = axis % x.ndim
     gathering.written_gather(call, picked, along, x.shape[along], signed)
     return picked
 

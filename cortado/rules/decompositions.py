@@ -127,11 +127,12 @@ def _places_wrapped(b):
     table, indices = b["_t"], b["_z"]
     if table.op is not CONST or table.ndim != 1 or b.term.attr("axis") != 0:
         return None
-    if indices.dtype.itemsize > table.dtype.itemsize or not np.array_equal(table.attr("value").array,
-                                                                            np.arange(table.shape[0])):
-        return None  # (an index wider than the places may name a place past their type's range)
-    wrapped = wrapped_places(indices, table.shape[0])
-    return wrapped if wrapped.dtype == table.dtype else ct.cast(wrapped, table.dtype)  # a place fits either
+    if table.shape[0] > np.iinfo(indices.dtype).max or indices.dtype.itemsize > table.dtype.itemsize:
+        return None  # an index type that cannot count the places; a wider index keeps its gather
+    if not np.array_equal(table.attr("value").array, np.arange(table.shape[0])):
+        return None
+    wrapped = wrapped_places(indices, table.shape[0])  # clamped into the places, so it fits their type too
+    return wrapped if wrapped.dtype == table.dtype else ct.cast(wrapped, table.dtype)
 
 
 def places(size, dtype, trailing=0):

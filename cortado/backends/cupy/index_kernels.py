@@ -1,7 +1,8 @@
 """CUDA C for the ops that gather by index terms, ``take`` and ``take_along_axis``: one thread per output element
-(``window_kernels.gather``), which reads its index and then the element it names. An index counts from the end
-when negative, as NumPy's, and one outside its axis is clamped into it, so a kernel never reads out of bounds (on
-the CPU such an index is an error: ``exprgraph.gathering``).
+(``window_kernels.gather``), which reads its index and then the element it names. A signed index counts from the
+end when negative, as NumPy's, an unsigned one never does (a uint64 past 2**63 is past the end), and one outside
+its axis is clamped into it, so a kernel never reads out of bounds (on the CPU such an index is an error:
+``exprgraph.gathering``).
 
 A ``take`` of whole rows (an embedding's lookup: the elements after ``axis`` contiguous, a whole number of 16-byte
 vectors each, every row starting on one) moves a 16-byte vector a thread instead: on an H200 the GPT's lookup of
