@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU machine's one entry point (run there through the device tool, from the repository root):
 # installs the carried wheels (.whl/, nvmath-python; .whl/extra/, its needs, only where the machine lacks
-# them), runs every test marked gpu, the GPU benchmarks, then
+# them), runs every test marked gpu or peer (PyTorch is there), the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]    (conv, int8,
@@ -31,7 +31,7 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | t
 status=0
 if [ "$what" = tests ] || [ "$what" = all ]; then
     # the edge fuzzer compiles a program an example: 10 of each here keep the suite within one device call
-    CORTADO_FUZZ_EXAMPLES=${CORTADO_FUZZ_EXAMPLES:-10} python3 -m pytest -q -m gpu -p no:cacheprovider tests 2>&1 \
+    CORTADO_FUZZ_EXAMPLES=${CORTADO_FUZZ_EXAMPLES:-10} python3 -m pytest -q -m "gpu or peer" -p no:cacheprovider tests 2>&1 \
         | tee "$out/gpu_tests.log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then

@@ -5,13 +5,13 @@ import importlib.util
 
 import numpy as np
 import pytest
+from peers import HAS_TORCH, needs_torch
 from reference_checks import BACKENDS, host, skip_without_device
 
 import cortado as ct
 from cortado import checkpoint, nn, optim
 from cortado.exprgraph.dtypes import BFLOAT16
 
-HAS_TORCH = importlib.util.find_spec("torch") is not None
 HAS_SAFETENSORS = importlib.util.find_spec("safetensors") is not None
 
 
@@ -165,7 +165,7 @@ def test_checkpoint_calls_given_the_wrong_things_say_so(tmp_path):
             ct.load(program, str(path))
 
 
-@pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
+@needs_torch
 def test_a_pytorch_models_state_dict_gives_its_outputs():
     import torch
 

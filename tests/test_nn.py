@@ -2,7 +2,6 @@
 GPT built from it compiling to the same kernels as the one written by hand."""
 
 import collections
-import importlib.util
 import math
 import sys
 from pathlib import Path
@@ -13,11 +12,10 @@ import pytest
 import cortado as ct
 from cortado import nn
 from cortado.gradcheck import check_grads
+from peers import needs_torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "examples"))
-HAS_TORCH = importlib.util.find_spec("torch") is not None
-needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="torch is not installed")
 
 
 class Block(nn.Module):

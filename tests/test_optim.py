@@ -1,7 +1,6 @@
 """cortado.optim: each optimizer's steps inside one compiled program against PyTorch's algorithms, transcribed in
 NumPy (and against torch.optim itself where torch is installed); schedules; gradient clipping."""
 
-import importlib.util
 import math
 
 import numpy as np
@@ -9,8 +8,8 @@ import pytest
 
 import cortado as ct
 from cortado import optim
+from peers import needs_torch
 
-needs_torch = pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 STEPS = 6
 
 
