@@ -140,9 +140,10 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     arrays), by name: each value must have its variable's shape; it is converted to the variable's dtype. With
     ``strict``, every name in the dict must be a state variable of the program, and, given the ``model``
     (a ``cortado.nn`` module), every parameter and buffer of the model must be in the dict, as PyTorch's
-    ``load_state_dict`` checks; otherwise only the names both have are set. A value its variable's dtype cannot
-    hold (an int out of range, a NaN or a fraction for an int, a finite float beyond a narrower float's range) is
-    refused, not wrapped or rounded to infinity. Returns the names set."""
+    ``load_state_dict`` checks, but buffers PyTorch's layers do not have (``Buffer.ours``: a dropout's random
+    stream, a float8 layer's amax histories), which keep their values; otherwise only the names both have are set.
+    A value its variable's dtype cannot hold (an int out of range, a NaN or a fraction for an int, a finite float
+    beyond a narrower float's range) is refused, not wrapped or rounded to infinity. Returns the names set."""
     _program(program, "ct.load_state_dict")
     if not isinstance(state_dict, Mapping) or not all(isinstance(name, str) for name in state_dict):
         raise FeedError(f"a state_dict maps names to arrays (model.state_dict()), not {type(state_dict).__name__}"
@@ -150,7 +151,8 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     names = [name for name in state_dict if name in program.state]
     if strict:
         extra = sorted(set(state_dict) - set(program.state))
-        missing = sorted((set(model.parameters()) | set(model.buffers())) - set(state_dict)) if model is not None else []
+        wanted = set(model.parameters()) | {n for n, b in model.named_buffers() if not b.ours} if model is not None else set()
+        missing = sorted(wanted - set(state_dict))
         if extra or missing:
             raise FeedError("state_dict " + "; ".join(part for part in (
                 f"names {extra}, which the program's state does not have" if extra else "",

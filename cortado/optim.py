@@ -69,7 +69,8 @@ class Optimizer:
         lr = _rate(self.lr, step)
         for p, g in zip(params, gradients):
             decayed = self.weight_decay and (self.decay is None or self.decay(p.name, p))
-            for var, (first, new) in self._parameter(p, g, lr, step, decayed).items():
+            rate = ct.cast(lr, p.dtype) if isinstance(lr, Term) and lr.dtype != p.dtype else lr
+            for var, (first, new) in self._parameter(p, g, rate, step, decayed).items():
                 updates[var] = new if new.dtype == var.dtype else ct.cast(new, var.dtype)  # a bfloat16 parameter's
                 if first is not None:
                     state[var] = first
@@ -133,9 +134,9 @@ class Adam(Optimizer):
         (m, m_first), (v, v_first) = self._moment(p, "m"), self._moment(p, "v")
         m_new = b1 * m + (1 - b1) * g
         v_new = b2 * v + (1 - b2) * (g * g)
-        t = ct.cast(step, "float32")
-        m_hat = m_new / (1 - b1 ** t)
-        v_hat = v_new / (1 - b2 ** t)
+        t = ct.cast(step, "float64")  # as PyTorch's Python floats: float32's 0.999 is 1.3e-5 off in 1 - 0.999^t
+        m_hat = m_new / ct.cast(1 - b1 ** t, m_new.dtype)
+        v_hat = v_new / ct.cast(1 - b2 ** t, v_new.dtype)
         return {m: (m_first, m_new), v: (v_first, v_new), p: (None, p_start - lr * m_hat / (ct.sqrt(v_hat) + self.eps))}
 
 
@@ -165,14 +166,14 @@ def clip_grad_norm(gradients, max_norm, eps=1e-6):
 
 class Schedule:
     """A learning rate for each step: ``function(step)`` (a Python number; the first step is 1) tabulated for
-    ``steps`` steps, the last value kept after them."""
+    ``steps`` steps in float64 (each parameter's step reads it in its own dtype), the last value kept after them."""
 
     def __init__(self, function, steps):
         steps = whole("a schedule", "steps", steps, 1)
         if not callable(function):
             raise CortadoError(f"a schedule's rate is a function of the step number, not {function!r}")
         self.function, self.steps = function, int(steps)
-        self.table = np.array([function(t) for t in range(1, self.steps + 1)], np.float32)
+        self.table = np.array([function(t) for t in range(1, self.steps + 1)], np.float64)
 
     def __call__(self, t):
         """The rate of step ``t`` (a number): as the compiled step reads it."""

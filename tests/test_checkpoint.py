@@ -184,6 +184,37 @@ def test_a_pytorch_models_state_dict_gives_its_outputs():
         np.testing.assert_array_equal(program.state["0.weight"], halves["0.weight"].float().numpy())
 
 
+def test_strict_loading_asks_for_no_buffer_pytorchs_layers_lack():
+    """A dropout's random stream is cortado's state alone: a PyTorch model's state_dict with dropout loads strictly,
+    and the stream keeps its values; a batch norm's running statistics are asked for, as PyTorch asks."""
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Linear(16, 3))
+    x = ct.var("x", (2, 6))
+    program = ct.compile([model(x)], inputs=[x], state=model.initial_values(), backend="numpy")
+    seed = np.array(program.state["1.seed"])
+    weights = {name: np.zeros(v.shape, np.float32) for name, v in model.parameters().items()}
+    assert sorted(ct.load_state_dict(program, weights, model=model)) == sorted(weights)
+    assert np.array(program.state["1.seed"]) == seed
+    norm = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm(4))
+    program = ct.compile([norm(x)], inputs=[x], state=norm.initial_values(), backend="numpy")
+    with pytest.raises(ct.FeedError, match=r"lacks \['1.num_batches_tracked', '1.running_mean', '1.running_var'\]"):
+        ct.load_state_dict(program, {name: np.zeros(v.shape, np.float32) for name, v in norm.parameters().items()},
+                           model=norm)
+
+
+@needs_torch
+def test_a_pytorch_model_with_dropout_loads_strictly_and_gives_its_outputs_in_inference():
+    import torch
+
+    torch.manual_seed(1)
+    reference = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Dropout(0.2), torch.nn.Linear(16, 3)).eval()
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.2), nn.Linear(16, 3)).eval()
+    x = ct.var("x", (4, 6))
+    program = ct.compile([model(x)], inputs=[x], state=model.initial_values(), backend="numpy")
+    ct.load_state_dict(program, reference.state_dict(), model=model)
+    xv = np.random.default_rng(1).standard_normal((4, 6)).astype(np.float32)
+    np.testing.assert_allclose(program(x=xv)[0], reference(torch.from_numpy(xv)).detach().numpy(), rtol=1e-5, atol=1e-6)
+
+
 def test_strict_loading_given_the_model_names_what_the_dict_lacks(tmp_path):
     model = nn.MLP(6, 16, 3)
     x = ct.var("x", (2, 6))

@@ -216,6 +216,22 @@ def test_layers_take_numpys_scalars_and_arrays_where_numbers_and_terms_go():
 
 
 @needs_torch
+def test_a_float64_batch_norms_running_statistics_are_pytorchs_to_float64s_rounding():
+    import torch
+
+    reference = torch.nn.BatchNorm1d(3, dtype=torch.float64)
+    norm, x = nn.BatchNorm(3, dtype="float64"), ct.var("x", (8, 3), "float64")
+    y = norm(x)
+    step = ct.compile([y], inputs=[x], state=norm.initial_values(0), updates=norm.state_updates([y]))
+    rng = np.random.default_rng(2)
+    for _ in range(3):
+        xv = rng.standard_normal((8, 3)) * 3 + 1
+        np.testing.assert_allclose(step(x=xv)[0], reference(torch.from_numpy(xv)).detach().numpy(), rtol=1e-12)
+    for name in ("running_mean", "running_var"):
+        np.testing.assert_allclose(step.state[name], getattr(reference, name).numpy(), rtol=1e-14)
+
+
+@needs_torch
 def test_layers_match_pytorchs_given_its_weights():
     import torch
 

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..errors import CortadoError, ShapeError
 from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import BFLOAT16, finfo
+from ..exprgraph.dtypes import BFLOAT16, as_dtype, finfo
 from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.term import describe_operands
 from . import init
@@ -42,13 +42,13 @@ class Linear(Module):
             self.bias = Parameter((out_features,), default if bias_init is None else bias_init, dtype)
         if float8:
             history = whole("Linear(float8=True)", "history, the steps whose amax it keeps,", history, 1, ShapeError)
-            self.input_amax = Buffer((history,), init.zeros, "float32")
-            self.weight_amax = Buffer((history,), init.zeros, "float32")
+            self.input_amax = Buffer((history,), init.zeros, "float32", ours=True)
+            self.weight_amax = Buffer((history,), init.zeros, "float32", ours=True)
             if gradient_scaling not in ("delayed", "current"):
                 raise CortadoError(f"Linear(float8=True) scales its gradient 'delayed' or 'current', not "
                                    f"{gradient_scaling!r}")
             if gradient_scaling == "delayed":
-                self.gradient_amax = Buffer((history,), init.zeros, "float32")
+                self.gradient_amax = Buffer((history,), init.zeros, "float32", ours=True)
         self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
 
     def forward(self, x):
@@ -176,8 +176,9 @@ class BatchNorm(Module):
     """PyTorch's ``BatchNorm1d``/``BatchNorm2d`` over axis 1 (the channels) of ``(N, C)`` or ``(N, C, ...)`` inputs. In
     training, each channel is normalised by the batch's mean and (biased) variance, then ``* weight + bias``, and
     the step updates the running statistics, ``(1 - momentum) * running + momentum * batch`` (the variance's
-    unbiased), and counts the batches (``Module.state_updates`` gives those updates); in inference (``eval()``), it
-    is normalised by the running statistics."""
+    unbiased; kept in float64 for a float64 layer, else in float32), and counts the batches
+    (``Module.state_updates`` gives those updates); in inference (``eval()``), it is normalised by the running
+    statistics."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype="float32"):
         super().__init__()
@@ -186,8 +187,9 @@ class BatchNorm(Module):
         if affine:
             self.weight = Parameter((self.size,), init.ones, dtype)
             self.bias = Parameter((self.size,), init.zeros, dtype)
-        self.running_mean = Buffer((self.size,), init.zeros, "float32")
-        self.running_var = Buffer((self.size,), init.ones, "float32")
+        statistics = "float64" if as_dtype(dtype) == np.float64 else "float32"  # float32 for half precision too
+        self.running_mean = Buffer((self.size,), init.zeros, statistics)
+        self.running_var = Buffer((self.size,), init.ones, statistics)
         self.num_batches_tracked = Buffer((), init.zeros, "int32")
 
     def forward(self, x):
@@ -211,8 +213,9 @@ class BatchNorm(Module):
             y = y * ct.reshape(self.weight, channels) + ct.reshape(self.bias, channels)
         if self.training:
             m = self.momentum
-            batch_mean = ct.cast(ct.reshape(mean, (self.size,)), "float32")
-            batch_variance = ct.cast(ct.reshape(variance, (self.size,)), "float32") * (count / (count - 1))
+            kept = self.running_mean.dtype
+            batch_mean = ct.cast(ct.reshape(mean, (self.size,)), kept)
+            batch_variance = ct.cast(ct.reshape(variance, (self.size,)), kept) * (count / (count - 1))
             self._record(y, {self.running_mean: (1 - m) * self.running_mean + m * batch_mean,
                              self.running_var: (1 - m) * self.running_var + m * batch_variance,
                              self.num_batches_tracked: self.num_batches_tracked + 1})
@@ -229,8 +232,8 @@ class Dropout(Module):
     def __init__(self, p=0.5):
         super().__init__()
         self.p = real("Dropout", "p, the probability of zeroing an element,", p, 0, 1, below=True)
-        self.seed = Buffer((), _random_seed, "uint32")
-        self.counter = Buffer((), init.zeros, "uint32")
+        self.seed = Buffer((), _random_seed, "uint32", ours=True)
+        self.counter = Buffer((), init.zeros, "uint32", ours=True)
         object.__setattr__(self, "_calls", 0)  # calls made in training: each draws from a stream of its own
 
     def forward(self, x):

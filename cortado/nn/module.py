@@ -78,9 +78,14 @@ class Parameter:
 class Buffer(Parameter):
     """A value of a module's state that is not trained (a batch norm's running statistics): named as parameters
     are, in the step's state and its checkpoints, updated by the step (``Module.state_updates``), never by an
-    optimizer."""
+    optimizer. ``ours``: state PyTorch's layer does not have (a dropout's random stream, a float8 layer's amax
+    histories), which a strict ``load_state_dict`` of a PyTorch ``state_dict`` therefore does not ask for."""
 
     trained = False
+
+    def __init__(self, shape, init, dtype="float32", ours=False):
+        super().__init__(shape, init, dtype)
+        self.ours = ours
 
 
 class FromGradient:
