@@ -80,6 +80,19 @@ def test_silu_is_its_formula_and_its_gradient_comes_from_it():
                                ct.evaluate(ct.grad(ct.sum(ct.silu(x) * x), [x])[0], {x: values}), rtol=1e-12)
 
 
+def test_silus_second_derivative_through_its_formula_is_right_at_zero():
+    """The stable sigmoid's ``exp(-|x|)`` is spelled so that each branch differentiates as itself at 0: through
+    ``abs`` (derivative 0 at 0) silu's second derivative at 0 was 0, not 1/2."""
+    x = ct.var("x", (6,), "float64")
+    values = np.array([-0.0, 0.0, -1e-3, 1e-300, 0.5, -30.0])
+    (first,) = ct.grad(ct.sum(ct.silu(x)), [x])
+    (second,) = ct.grad(ct.sum(first), [x])
+    s = 1 / (1 + np.exp(-values))
+    expected = s * (1 - s) * (2 + values * (1 - 2 * s))
+    for got in (ct.evaluate(second, {x: values}), ct.compile([second], inputs=[x])(values)[0]):
+        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-300)
+
+
 def test_an_operand_read_twice_by_a_composite_gets_both_vjps():
     """The gradient through a formula puts a stand-in in each operand's place, so ``silu`` of ``x`` read through
     ``x * x`` and a composite reading one term twice each get every place's VJP."""

@@ -140,6 +140,20 @@ def test_an_index_out_of_range_is_an_error_on_the_cpu(backend):
         ct.take(x, [0, 9], axis=0)  # constant indices are checked when the term is folded
 
 
+@pytest.mark.parametrize("backend", ["reference", "numpy"])
+def test_a_gradients_gather_out_of_range_is_named_as_the_users_even_when_the_users_term_is_gone(backend):
+    """Only the gradient kept: its own gather (places picked with the user's indices) meets the index first, and the
+    error still names the call the user wrote, on the user's line."""
+    x, i = ct.var("x", (3,), "float64"), ct.var("i", (3,), "int64")
+    (gradient,) = ct.grad(ct.sum(ct.take(x, i)), [x])  # the take itself is held by nothing after this line
+    feeds = {"i": np.array([0, 3, 1])}
+    run = (lambda: ct.evaluate(gradient, feeds)) if backend == "reference" else \
+        (lambda: ct.compile([gradient], inputs=[i], backend="numpy")(**feeds))
+    with pytest.raises(ct.IndexRangeError, match=r"take\(float64\[3\], int64\[3\], axis=None\): index 3 is out of "
+                                                 r"range for the flattened operand of size 3"):
+        run()
+
+
 @pytest.mark.parametrize("dtype", ["int8", "int32", "int64", "uint8"])
 def test_one_label_a_row_on_the_cpu_is_numpys_pick_and_checks_its_indices(dtype):
     """A cross-entropy's pick of each row's label logit (one index a row along the last axis), the CPU's one-take

@@ -305,7 +305,9 @@ def take(x, indices, axis=None):
     ``axis`` (None: of ``x`` flattened); shape ``x.shape[:axis] + indices.shape + x.shape[axis + 1:]``. Negative
     indices count from the end. One outside the axis is an ``IndexRangeError`` on the CPU; the GPU clamps it into
     the axis (it never reads out of bounds). The gradient adds the adjoint's rows back where they were taken, a
-    repeated index's rows summed."""
+    repeated index's rows summed, as a product with the indices' one-hot matrix (deterministic, a GEMM on the GPU):
+    an infinite or NaN adjoint element makes NaN of its column in every row (0 * inf), where a scatter would leave
+    the rows not taken 0."""
     return _gather("take", x, indices, axis)
 
 

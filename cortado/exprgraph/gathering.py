@@ -49,7 +49,8 @@ class _Written:
 
 
 _by_gather = weakref.WeakKeyDictionary()  # gather term the user built -> _Written
-_by_indices = weakref.WeakKeyDictionary()  # index term -> {gather term: _Written}, every gather written with it
+_by_indices = weakref.WeakKeyDictionary()  # index term -> {_Written}, every gather written with it (kept while the
+# indices live: a gradient's gather reads them after the user's own gather term is gone)
 _by_variable = weakref.WeakKeyDictionary()  # variable -> {gather term: _Written}, every gather whose indices read it
 
 
@@ -58,7 +59,7 @@ def written_gather(call, gather, axis, size, signed=False):
     ``out_of_range``; ``signed``: whether the gather reads the user's signed indices as unsigned."""
     written = _Written(call, axis, size, user_location(), signed)
     _by_gather.setdefault(gather, written)
-    _by_indices.setdefault(gather.args[1], weakref.WeakKeyDictionary()).setdefault(gather, written)
+    _by_indices.setdefault(gather.args[1], set()).add(written)
     for variable in _variables(gather.args[1]):
         _by_variable.setdefault(variable, weakref.WeakKeyDictionary()).setdefault(gather, written)
 
@@ -84,7 +85,7 @@ def _written_for(term, size):
     same_values = (RESHAPE, BROADCAST_TO, TRANSPOSE)  # ops whose result holds its operand's indices as they were
     indices = term.args[1]
     while True:
-        found = {w for w in _by_indices.get(indices, {}).values() if w.size == size}
+        found = {w for w in _by_indices.get(indices, ()) if w.size == size}
         if found or indices.op not in same_values:
             break
         indices = indices.args[0]
