@@ -31,6 +31,7 @@ import numpy as np
 
 from ..errors import RewriteError
 from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import is_narrow_float
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
 from ..exprgraph.scaling import pushed, scale_for
@@ -212,6 +213,22 @@ def _max_vjp(b):
 def _logsumexp_vjp(b):
     x, axes = b["_x"], b["_a"]
     return kept(b["_dy"], x.shape, axes) * ct.softmax(x, axis=axes)
+
+
+def _computed_wide(vjp):
+    """``vjp(y, dy, axis)`` over float16 and bfloat16 values computed in float32 and rounded once, as PyTorch's kernels
+    compute them: rounded op by op, a float16 softmax's gradient, whose difference cancels, was 3 times further
+    from the exact one than PyTorch's (0.195 against 0.060, relative in norm, over rows of 50 logits of scale 4)."""
+    def rule(b):
+        y, dy, axis = b["_y"], b["_dy"], b["_a"]
+        if not is_narrow_float(y.dtype):
+            return vjp(y, dy, axis)
+        return ct.cast(vjp(ct.cast(y, "float32"), ct.cast(dy, "float32"), axis), y.dtype)
+    return rule
+
+
+_softmax_vjp = _computed_wide(lambda y, dy, axis: y * (dy - ct.sum(dy * y, axis=axis, keepdims=True)))
+_log_softmax_vjp = _computed_wide(lambda y, dy, axis: dy - ct.exp(y) * ct.sum(dy, axis=axis, keepdims=True))
 
 
 def _swap_last(t):
@@ -418,8 +435,8 @@ derivatives = Derivatives([
     Derivative("mean", "mean(_x, axis=_a, keepdims=_k)", _x=_mean_vjp),
     Derivative("max", "max(_x, axis=_a, keepdims=_k)", _x=_max_vjp),
     Derivative("logsumexp", "logsumexp(_x, axis=_a, keepdims=_k)", _x=_logsumexp_vjp),
-    Derivative("softmax", "softmax(_x, axis=_a)", _x="_y * (_dy - sum(_dy * _y, axis=_a, keepdims=True))"),
-    Derivative("log_softmax", "log_softmax(_x, axis=_a)", _x="_dy - exp(_y) * sum(_dy, axis=_a, keepdims=True)"),
+    Derivative("softmax", "softmax(_x, axis=_a)", _x=_softmax_vjp),
+    Derivative("log_softmax", "log_softmax(_x, axis=_a)", _x=_log_softmax_vjp),
     Derivative("matmul", "_x @ _z", _x=_matmul_left, _z=_matmul_right),
     Derivative("einsum", "einsum(*_xs, subscripts=_s)", _xs=_einsum_vjp),
     Derivative("transpose", "transpose(_x, axes=_p)", _x=_transpose_vjp),
