@@ -135,6 +135,16 @@ def test_extra_feed_is_named():
                 "feeds ['z'] name no variable of the graph", "its variables: W, x, y")
 
 
+def test_a_feed_for_a_constant_says_it_is_one():
+    """A gradient that does not depend on its variable (of a sum: ones) reads no variable, so a feed for it is extra,
+    and the error says why."""
+    x = ct.var("x", (3,))
+    (gradient,) = ct.grad(ct.sum(x), [x])
+    check_error(ct.FeedError, lambda: ct.evaluate(gradient, {"x": np.ones(3, np.float32)}),
+                "its variables: none): it is a constant", "evaluate it with no feeds")
+    np.testing.assert_array_equal(ct.evaluate(gradient, {}), np.ones(3, np.float32))
+
+
 def test_a_feed_naming_the_programs_state_says_how_to_set_it():
     x, w = ct.var("x", (2,)), ct.var("W", (2,))
     step = ct.compile([ct.sum(x * w)], inputs=[x], state={w: np.ones(2, np.float32)})
