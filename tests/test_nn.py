@@ -365,6 +365,19 @@ def test_compute_in_holds_for_the_module_it_is_set_on_and_below():
     assert casts == {"1.weight", "1.bias"}
 
 
+def test_compute_in_casts_a_floating_input_where_it_enters_so_the_products_are_in_that_dtype():
+    """A float32 batch into a bfloat16 model: without the cast, each product of the batch and a bfloat16 weight would
+    promote back to float32, the weights alone rounded. Integer inputs (token ids) are left alone."""
+    from cortado.exprgraph.dtypes import BFLOAT16
+
+    model = nn.Sequential(nn.Linear(20, 8), nn.Function(ct.relu), nn.Linear(8, 3)).compute_in("bfloat16")
+    y = model(ct.var("x", (4, 20)))
+    assert y.dtype == BFLOAT16
+    assert all(t.dtype == BFLOAT16 for t in ct.Graph(y).schedule if t.op.name == "matmul")
+    embed = nn.Embedding(10, 4).compute_in("bfloat16")
+    assert embed(ct.var("tokens", (3,), "int32")).dtype == BFLOAT16
+
+
 @pytest.mark.parametrize("layer", ["LayerNorm", "RMSNorm"])
 def test_norms_of_bfloat16_take_their_statistics_in_float32(layer):
     from cortado.exprgraph.dtypes import BFLOAT16

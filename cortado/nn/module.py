@@ -57,6 +57,13 @@ def gathered_from_zero(call, gather, x, indices, axis):
     return picked
 
 
+def _entering(x, dtype):
+    """``x``, an argument of a module computing in ``dtype``: a floating term of another dtype (float8 aside) cast."""
+    if isinstance(x, Term) and x.dtype.kind == "f" and x.dtype.itemsize >= 2 and x.dtype != dtype:
+        return ct.cast(x, dtype)
+    return x
+
+
 class Parameter:
     """A trained value of a module: its ``shape``, ``dtype`` and ``init`` (``init(rng, shape, dtype) -> array``);
     its variable once the tree is named."""
@@ -283,13 +290,18 @@ class Module:
 
     def compute_in(self, dtype):
         """Compute this module's tree in ``dtype`` (bfloat16, float16): each floating parameter under it is cast where
-        it is read, and stays float32 (master weights) for its gradient and its optimizer; a module below that sets
-        its own keeps it. Returns the module."""
+        it is read, and stays float32 (master weights) for its gradient and its optimizer, and a floating term it is
+        called with is cast where it enters, as ``torch.autocast`` casts an op's inputs (a float32 batch would
+        otherwise promote every product back to float32); a module below that sets its own keeps it. Returns the
+        module."""
         object.__setattr__(self, "_compute_dtype", None if dtype is None else as_dtype(dtype))
         return self
 
     def __call__(self, *args, **kwargs):
         self._root()._name_tree()
+        dtype = self._compute_dtype_here()
+        if dtype is not None:
+            args = tuple(_entering(a, dtype) for a in args)
         return self.forward(*args, **kwargs)
 
     def forward(self, *args, **kwargs):
