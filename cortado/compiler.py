@@ -31,12 +31,13 @@ The compiler knows backends only through ``backends.interface.Backend``.
 
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+import warnings
 
 import numpy as np
 
 from .backends import interface
 from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
-from .exprgraph import feeds as feed_checks
+from .exprgraph import feeds as feed_checks, owed
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
 from .exprgraph.ops import CONST, FUSED, VAR, may_fail
 from .exprgraph.term import Term
@@ -130,7 +131,12 @@ def _signature(outputs, inputs, state, updates):
         if new.dtype != v.dtype:
             raise DTypeError(f"compile: the update of {v.name!r} has dtype {new.dtype}, the variable {v.dtype}; "
                              f"use ct.cast(..., {v.dtype.name!r})")
-    read = [t for t in schedule(list(outputs) + list(updates.values())) if t.op is VAR]
+    computed = schedule(list(outputs) + list(updates.values()))
+    for what, owing, unupdated in owed.unpaid(computed, {v.name for v in updates}):
+        warnings.warn(f"compile: the step computes {what} in training, but its updates leave {list(owing)} as they "
+                      f"are, so {unupdated}: add model.state_updates(outputs) to updates, or call model.eval() "
+                      f"for inference", stacklevel=4)
+    read = [t for t in computed if t.op is VAR]
     for v in read:
         if v.name in names and names[v.name] is not v:
             raise FeedError(f"compile: {two_variables_named(names[v.name], v)}")

@@ -187,14 +187,14 @@ def test_a_pytorch_models_state_dict_gives_its_outputs():
 def test_strict_loading_asks_for_no_buffer_pytorchs_layers_lack():
     """A dropout's random stream is cortado's state alone: a PyTorch model's state_dict with dropout loads strictly,
     and the stream keeps its values; a batch norm's running statistics are asked for, as PyTorch asks."""
-    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Linear(16, 3))
+    model = nn.Sequential(nn.Linear(6, 16), nn.Dropout(0.1), nn.Linear(16, 3)).eval()
     x = ct.var("x", (2, 6))
     program = ct.compile([model(x)], inputs=[x], state=model.initial_values(), backend="numpy")
     seed = np.array(program.state["1.seed"])
     weights = {name: np.zeros(v.shape, np.float32) for name, v in model.parameters().items()}
     assert sorted(ct.load_state_dict(program, weights, model=model)) == sorted(weights)
     assert np.array(program.state["1.seed"]) == seed
-    norm = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm(4))
+    norm = nn.Sequential(nn.Linear(6, 4), nn.BatchNorm(4)).eval()
     program = ct.compile([norm(x)], inputs=[x], state=norm.initial_values(), backend="numpy")
     with pytest.raises(ct.FeedError, match=r"lacks \['1.num_batches_tracked', '1.running_mean', '1.running_var'\]"):
         ct.load_state_dict(program, {name: np.zeros(v.shape, np.float32) for name, v in norm.parameters().items()},

@@ -4,6 +4,7 @@ GPT built from it compiling to the same kernels as the one written by hand."""
 import collections
 import math
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -453,6 +454,29 @@ def test_an_unsigned_index_out_of_range_is_named_as_given():
     with pytest.raises(ct.IndexRangeError, match=r"nn\.Embedding\(100, 2\)\(uint16\[3\]\): index 50300 is out of "
                                                   r"range for axis 0 of size 100 \(indices must lie in \[0, 100\)\)"):
         step(tokens=np.array([1, 50300, 2], np.uint16))
+
+
+def test_a_step_computing_a_layer_in_training_without_its_state_updates_is_warned_of():
+    """Without ``model.state_updates``, a batch norm's running statistics would stay at their first values (its
+    inference silently wrong) and a dropout would draw the same masks every step."""
+    from cortado import optim
+
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Dropout(0.1), nn.Linear(8, 2))
+    x = ct.var("x", (16, 4))
+    loss = ct.mean(model(x) ** 2)
+    params = model.parameters()
+    state, updates = optim.SGD(0.1).updates(params, ct.grad(loss, list(params.values())))
+    state = {**model.initial_values(), **state}
+    with pytest.warns(UserWarning) as caught:
+        ct.compile([loss], inputs=[x], state=state, updates=updates)
+    assert [str(w.message).split(" in training")[0] for w in caught] == [
+        "compile: the step computes BatchNorm", "compile: the step computes Dropout"]
+    assert "running statistics stay at their first values" in str(caught[0].message)
+    assert "model.state_updates(outputs)" in str(caught[1].message) and caught[0].filename == __file__
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        ct.compile([loss], inputs=[x], state=state, updates={**updates, **model.state_updates(loss)})
+        ct.compile([model.eval()(x)], inputs=[x], state=model.initial_values())
 
 
 def test_cross_entropy_ignores_the_padding_label():

@@ -74,7 +74,7 @@ class Linear(Module):
                        self.weight_amax: pushed(self.weight_amax, ct.max(ct.abs(wide_w)))}
             if gradient_amax is not None:
                 updates[gradient_amax] = FromGradient()
-            self._record(y, updates)
+            self._record(y, updates, "its amax histories stay at their first values")
         return y
 
 
@@ -218,7 +218,8 @@ class BatchNorm(Module):
             batch_variance = ct.cast(ct.reshape(variance, (self.size,)), kept) * (count / (count - 1))
             self._record(y, {self.running_mean: (1 - m) * self.running_mean + m * batch_mean,
                              self.running_var: (1 - m) * self.running_var + m * batch_variance,
-                             self.num_batches_tracked: self.num_batches_tracked + 1})
+                             self.num_batches_tracked: self.num_batches_tracked + 1},
+                         "its running statistics stay at their first values")
         return y
 
 
@@ -242,7 +243,7 @@ class Dropout(Module):
         keep, stream = 1 - self.p, self._calls
         object.__setattr__(self, "_calls", stream + 1)
         y = ct.where(ct.random_uniform(self.seed, self.counter, x.shape, stream) < keep, x * (1 / keep), 0)
-        self._record(y, {self.counter: self.counter + 1})
+        self._record(y, {self.counter: self.counter + 1}, "it draws the same masks every step")
         return y
 
 

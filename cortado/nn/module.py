@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
-from ..exprgraph import gathering
+from ..exprgraph import gathering, owed
 from ..exprgraph.dtypes import as_dtype
 from ..exprgraph.ops import BROADCAST_TO, CONST, RESHAPE
 from ..exprgraph.term import Term
@@ -240,9 +240,11 @@ class Module:
                 stack.extend(m for m in module._members.values() if isinstance(m, Module))
         return found
 
-    def _record(self, output, updates):
-        """Note the state ``updates`` a call that computed ``output`` makes (in training)."""
+    def _record(self, output, updates, unupdated):
+        """Note the state ``updates`` a call that computed ``output`` makes (in training); ``unupdated``: what a step
+        computing ``output`` without them would do wrong, for ``ct.compile``'s warning (``exprgraph.owed``)."""
         self._recorded.append((output, updates))
+        owed.owe(output, type(self).__name__, [var.name for var in updates], unupdated)
 
     def state_updates(self, outputs):
         """``{buffer variable: new value}`` of the calls in training whose results ``outputs`` (a term or a list) read:
