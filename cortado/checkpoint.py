@@ -128,9 +128,12 @@ def load(program, path):
     missing = sorted(set(program.state) - set(arrays))
     extra = sorted(set(arrays) - set(program.state))
     if missing or extra:
+        hint = "" if missing else (" (a training step's checkpoint for a program of fewer state variables, an "
+                                   "inference program: ct.load_state_dict(program, cortado.checkpoint.read(path)[0], "
+                                   "strict=False) sets the names both have)")
         raise FeedError(f"{path} does not match the program's state: " + "; ".join(
             part for part in (f"missing {missing}" if missing else "", f"not in the program {extra}" if extra else "")
-            if part))
+            if part) + hint)
     for name, array in arrays.items():
         _assign(program, name, array, path, same_dtype=True)
 

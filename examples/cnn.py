@@ -74,15 +74,13 @@ def training_step(model, seed, backend):
 
 def accuracy(model, step, x, labels):
     """The trained model's accuracy on ``x``, in inference (the batch norms' running statistics), at another batch
-    size, on the CPU."""
+    size, on the CPU: a program of its own, given the step's trained values by name (docs/training.md)."""
     xv = ct.var("x", x.shape)
     model.eval()
-    state = {**model.parameters(), **model.buffers()}
-    predict = ct.compile([model(xv)], inputs=[xv, *state.values()])
+    predict = ct.compile([model(xv)], inputs=[xv], state=model.initial_values())
     model.train()
-    weights = {name: np.asarray(step.state[name].get() if hasattr(step.state[name], "get") else step.state[name])
-               for name in state}  # a GPU program's state is CuPy arrays
-    (scores,) = predict(x=x, **weights)
+    ct.load_state_dict(predict, step.state, strict=False)  # a GPU step's CuPy arrays too
+    (scores,) = predict(x=x)
     return float(np.mean(np.argmax(scores, axis=1) == labels))
 
 

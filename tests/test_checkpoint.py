@@ -215,6 +215,41 @@ def test_a_pytorch_model_with_dropout_loads_strictly_and_gives_its_outputs_in_in
     np.testing.assert_allclose(program(x=xv)[0], reference(torch.from_numpy(xv)).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def test_a_trained_step_is_evaluated_by_a_program_of_its_own_given_its_state_by_name(tmp_path):
+    """docs/training.md's recipe: the model in eval() on a batch of another size, compiled with the model's state, the
+    trained values set from the step's state (its optimizer's moments left out); from a checkpoint too, where
+    ct.load says how."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Linear(8, 2))
+    x = ct.var("x", (16, 4))
+    loss = ct.mean(model(x) ** 2)
+    params = model.parameters()
+    opt_state, updates = optim.AdamW(1e-2).updates(params, ct.grad(loss, list(params.values())))
+    step = ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
+                      updates={**updates, **model.state_updates(loss)})
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        step(x=rng.standard_normal((16, 4)).astype(np.float32))
+    model.eval()
+    xe = ct.var("xe", (5, 4))
+    predict = ct.compile([model(xe)], inputs=[xe], state=model.initial_values())
+    model.train()
+    set_names = ct.load_state_dict(predict, step.state, strict=False)
+    assert "1.running_var" in set_names and not any(name.startswith("adamw") for name in set_names)
+    batch = rng.standard_normal((5, 4)).astype(np.float32)
+    inference = model.eval()(xe)
+    trained = {v.name: np.asarray(step.state[v.name]) for v in ct.Graph(inference).schedule
+               if v.op.name == "var" and v.name != "xe"}
+    expected = ct.evaluate(inference, {"xe": batch, **trained})
+    model.train()
+    np.testing.assert_allclose(predict(xe=batch)[0], expected, rtol=1e-6)
+    path = str(tmp_path / "run.safetensors")
+    ct.save(step, path)
+    with pytest.raises(ct.FeedError, match=r"not in the program \['adamw.*strict=False\) sets the names both have"):
+        ct.load(predict, path)
+    ct.load_state_dict(predict, checkpoint.read(path)[0], strict=False)
+    np.testing.assert_allclose(predict(xe=batch)[0], expected, rtol=1e-6)
+
+
 def test_strict_loading_given_the_model_names_what_the_dict_lacks(tmp_path):
     model = nn.MLP(6, 16, 3)
     x = ct.var("x", (2, 6))
