@@ -18,6 +18,7 @@ the rules stage. The driver applies them, so it sits above both the IR and the r
 """
 
 import weakref
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -44,9 +45,11 @@ def is_gradient(term):
 
 
 def grad(y, wrt, *, rules=None, trace=None):
-    """The gradient of the scalar ``y`` with respect to ``wrt``: a variable, or a list of them.
+    """The gradient of the scalar ``y`` with respect to ``wrt``: a variable, a list of them, or a dict of them (a
+    model's ``parameters()``).
 
-    Returns an expression (a list of them for a list) of each variable's shape and dtype; a
+    Returns an expression (a list of them for a list, a dict with the same keys for a dict) of each variable's shape
+    and dtype; a
     variable ``y`` does not depend on gets zeros. ``rules`` replaces the derivative rules
     (``cortado.rules.derivatives``, extended with ``+``, say), and ``trace`` (a
     ``cortado.rules.Trace``) collects the stability rewrites of ``y``, the derivative rules
@@ -76,7 +79,8 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     elif not isinstance(rules, Derivatives):
         raise GradError(f"rules must be a set of derivative rules, such as ct.rules.derivatives + "
                         f"Derivative(...), not {type(rules).__name__} {rules!r}")
-    variables = variables_of(wrt)
+    keys = list(wrt) if isinstance(wrt, Mapping) else None
+    variables = variables_of(list(wrt.values()) if keys is not None else wrt)
     outputs_given = isinstance(outputs, Term)
     outputs = list(as_outputs(outputs))
     cotangents = _cotangents(outputs, [cotangents] if outputs_given else cotangents)
@@ -86,6 +90,8 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]
     gradients = simplify(gradients, trace, keep=model)
     _returned.update(gradients)
+    if keys is not None:
+        return dict(zip(keys, gradients))
     return gradients[0] if isinstance(wrt, Term) else gradients
 
 
@@ -108,7 +114,9 @@ def _zeros(variable):
 def _sequence(value, what):
     """``value`` as a list, if it is an ordered collection (the order of a set is arbitrary)."""
     if isinstance(value, (set, frozenset, dict, str, bytes)) or not hasattr(value, "__iter__"):
-        raise GradError(f"{what} must be a list or tuple, not {type(value).__name__} {value!r}")
+        shown = f"a {type(value).__name__} of {len(value)}" if isinstance(value, (set, frozenset, dict)) else \
+            f"{type(value).__name__} {value!r}"
+        raise GradError(f"{what} must be a list or tuple, not {shown}")
     return list(value)
 
 

@@ -14,6 +14,7 @@ when the step is built and read by the step at its count, so cosine decay costs 
 """
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -46,8 +47,14 @@ class Optimizer:
     def updates(self, params, gradients):
         """``(state, updates)``: the optimizer's state variables with their first values, and the new value of each
         parameter (``params``: ``{name: variable}`` or a list of variables) and state variable, given the
-        parameters' ``gradients`` in the same order."""
-        params = list(params.values()) if isinstance(params, dict) else list(params)
+        parameters' ``gradients`` in the same order, or as ``ct.grad(loss, params)`` gives them for a dict: a dict
+        with the same names."""
+        if isinstance(gradients, Mapping):
+            if not isinstance(params, Mapping) or set(gradients) != set(params):
+                raise CortadoError(f"{type(self).__name__}: gradients given as a dict need params as a dict of the same "
+                                   f"names (ct.grad(loss, params) gives them so); else give both as lists in one order")
+            gradients = [gradients[name] for name in params]
+        params = list(params.values()) if isinstance(params, Mapping) else list(params)
         gradients = list(gradients)
         if len(params) != len(gradients):
             raise CortadoError(f"{type(self).__name__}: {len(params)} parameters and {len(gradients)} gradients")

@@ -287,10 +287,11 @@ def test_errors_say_what_is_wrong():
     with pytest.raises(ct.GradError, match="too large for float16"):
         h = ct.var("h", (2,), "float16")
         ct.vjp(h, h, 1e6)
-    with pytest.raises(ct.GradError, match="must be a list or tuple, not dict"):
+    with pytest.raises(ct.GradError, match="must be a list or tuple, not a dict of 1"):
         ct.vjp([x], [x], {0: 1})
-    with pytest.raises(ct.GradError, match="must be a list or tuple, not set"):
+    with pytest.raises(ct.GradError, match="must be a list or tuple, not a set of 1"):
         ct.grad(ct.sum(x), {x})
+    assert list(ct.grad(ct.sum(x * x), {"x": x})) == ["x"]  # a dict of variables gives a dict
     with pytest.raises(ct.GradError, match="one vector per variable"):
         ct.hvp(ct.sum(x * x), [x], np.ones(3))
     with pytest.raises(ct.GradError, match="rules must be a set of derivative rules"):

@@ -201,6 +201,21 @@ def test_against_torch_optim(name, dtype, rtol, atol):
     np.testing.assert_allclose(ours[1], b.detach().numpy(), rtol=rtol, atol=atol)
 
 
+def test_gradients_as_a_dict_of_the_parameters_names_are_taken_as_the_list_in_order():
+    from cortado import nn
+
+    model = nn.MLP(4, 8, 2)
+    loss = ct.mean(model(ct.var("x", (3, 4))) ** 2)
+    params = model.parameters()
+    by_name = ct.grad(loss, params)
+    assert list(by_name) == list(params)
+    _, from_dict = optim.AdamW(1e-3).updates(params, by_name)
+    _, from_list = optim.AdamW(1e-3).updates(params, ct.grad(loss, list(params.values())))
+    assert [str(t) for t in from_dict.values()] == [str(t) for t in from_list.values()]
+    with pytest.raises(ct.CortadoError, match="gradients given as a dict need params as a dict of the same names"):
+        optim.SGD(0.1).updates(list(params.values()), by_name)
+
+
 def test_a_bfloat16_parameter_is_updated_in_bfloat16():
     from cortado.exprgraph.dtypes import BFLOAT16
 
