@@ -118,7 +118,8 @@ def _signature(outputs, inputs, state, updates):
             raise FeedError(f"compile: {v.name!r} is both an input and state, or an input twice; "
                             f"each variable is fed or kept, once, under its own name")
         names[v.name] = v
-    values = feed_checks.bind({v.name: v for v in state}, {v.name: value for v, value in state.items()})
+    values = feed_checks.bind({v.name: v for v in state}, {v.name: value for v, value in state.items()},
+                              what="the first value of")
     state = {v: np.array(values[v], copy=True) for v in state}
     for v, new in updates.items():
         _variable(v, "update keys")

@@ -58,7 +58,7 @@ class State(Mapping):
     def __setitem__(self, key, value):
         name = self._name(key)
         var, _ = self._arrays[name]
-        self._write(var, feed_checks.bind({name: var}, {name: value})[var])
+        self._write(var, feed_checks.bind({name: var}, {name: value}, what="the value written to")[var])
 
     def __iter__(self):
         return iter(self._arrays)

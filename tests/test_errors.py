@@ -135,6 +135,17 @@ def test_extra_feed_is_named():
                 "feeds ['z'] name no variable of the graph", "its variables: W, x, y")
 
 
+def test_a_state_variables_first_value_or_a_value_written_to_it_is_called_so_not_a_feed():
+    w, x = ct.var("W", (2,)), ct.var("x", (2,))
+    check_error(ct.ShapeError, lambda: ct.compile([x * w], inputs=[x], state={w: np.ones(3, np.float32)}),
+                "the first value of variable 'W' : float32[2]", "has shape (3,)")
+    step = ct.compile([x * w], inputs=[x], state={w: np.ones(2, np.float32)})
+
+    def write():
+        step.state["W"] = np.ones(2)
+    check_error(ct.DTypeError, write, "the value written to variable 'W' : float32[2]", "has dtype float64")
+
+
 def test_a_feed_for_a_constant_says_it_is_one():
     """A gradient that does not depend on its variable (of a sum: ones) reads no variable, so a feed for it is extra,
     and the error says why."""

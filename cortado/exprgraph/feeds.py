@@ -40,45 +40,47 @@ def _by_name(feeds, variables_by_name):
 _KIND_RANK = {"b": 0, "i": 1, "u": 1, "f": 2}
 
 
-def _from_python(var, value):
+def _from_python(var, value, what):
     try:
         inferred = np.asarray(value)
     except (TypeError, ValueError) as error:
-        raise DTypeError(f"the feed for {_declared(var)} is not array-like: {error}") from None
+        raise DTypeError(f"{what} {_declared(var)} is not array-like: {error}") from None
     kind = kind_of(inferred.dtype)
     if kind not in _KIND_RANK or _KIND_RANK[kind] > _KIND_RANK[kind_of(var.dtype)]:
-        raise DTypeError(f"the feed for {_declared(var)} holds {inferred.dtype} values")
+        raise DTypeError(f"{what} {_declared(var)} holds {inferred.dtype} values")
     try:
         return np.asarray(value, dtype=var.dtype)
     except OverflowError as error:
-        raise DTypeError(f"the feed for {_declared(var)} holds a value out of range: {error}") from None
+        raise DTypeError(f"{what} {_declared(var)} holds a value out of range: {error}") from None
 
 
-def _conform(var, value, any_float):
-    """``value`` as an array of the variable's shape and dtype, or a clear error."""
+def _conform(var, value, any_float, what):
+    """``value`` as an array of the variable's shape and dtype, or a clear error that calls it ``what`` (the feed
+    for, the value written to)."""
     if isinstance(value, Term):
-        raise DTypeError(f"the feed for {_declared(var)} is a cortado term; feeds are values (arrays)")
+        raise DTypeError(f"{what} {_declared(var)} is a cortado term; feeds are values (arrays)")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         widened = any_float and is_float(value.dtype) and is_float(var.dtype)
         if value.dtype != var.dtype and not widened:
             raise DTypeError(
-                f"the feed for {_declared(var)} has dtype {value.dtype}; "
+                f"{what} {_declared(var)} has dtype {value.dtype}; "
                 f"convert it with .astype({var.dtype.name!r})"
             )
         array = value
     else:
-        array = _from_python(var, value)
+        array = _from_python(var, value, what)
     if tuple(array.shape) != var.shape:
-        raise ShapeError(f"the feed for {_declared(var)} has shape {tuple(array.shape)}")
+        raise ShapeError(f"{what} {_declared(var)} has shape {tuple(array.shape)}")
     return array
 
 
-def bind(variables_by_name, feeds, any_float=False, state=()):
+def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for"):
     """``{var: array}`` for every variable, checked against ``feeds`` (name or var -> value).
 
     ``any_float=True`` lets a floating variable take a feed of any floating dtype, as it is
     kept: for a computation that widens every float anyway. ``state``: the names a program keeps as
-    state, which a feed naming one is told how to set.
+    state, which a feed naming one is told how to set. ``what``: how an error calls a value (a state
+    variable's first value or a value written to it is no feed).
     """
     if isinstance(feeds, dict) and all(type(key) is str for key in feeds):  # by name: the usual call, kept cheap
         named = feeds
@@ -101,4 +103,4 @@ def bind(variables_by_name, feeds, any_float=False, state=()):
         why = "" if variables_by_name else (": it is a constant, which depends on no variable (a gradient of a sum, "
                                             "say, is ones whatever its variable holds); evaluate it with no feeds")
         raise FeedError(f"feeds {extra} name no variable of the graph (its variables: {known}){why}")
-    return {var: _conform(var, named[name], any_float) for name, var in variables_by_name.items()}
+    return {var: _conform(var, named[name], any_float, what) for name, var in variables_by_name.items()}
