@@ -161,6 +161,9 @@ def load_state_dict(program, state_dict, strict=True, model=None):
                 f"names {extra}, which the program's state does not have" if extra else "",
                 f"lacks {missing}, of the model" if missing else "") if part)
                 + " (strict=False sets the names both have)")
+    if state_dict and not names:  # strict=False matched nothing: a prefix (DataParallel's "module."), another model
+        raise FeedError(f"state_dict: none of its names ({', '.join(sorted(state_dict)[:3])}, ...) is a state variable "
+                        f"of the program ({', '.join(sorted(program.state)[:3])}, ...); nothing was set")
     for name in names:
         _assign(program, name, _numpy(state_dict[name]), "the state_dict", same_dtype=False)
     return names

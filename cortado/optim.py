@@ -35,6 +35,9 @@ class Optimizer:
             if callable(lr):
                 raise CortadoError("a learning rate is a number or a Schedule (optim.schedule(function, steps)), not "
                                    "a plain function")
+            if isinstance(lr, Term):
+                raise CortadoError(f"{kind}: lr is a number or a Schedule (optim.schedule(function, steps)), fixed when "
+                                   f"the step is compiled, not a term")
             lr = real(kind, "lr", lr, 0)
         weight_decay = real(kind, "weight_decay", weight_decay, 0)
         if decay is not None and not callable(decay):

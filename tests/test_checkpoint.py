@@ -250,6 +250,17 @@ def test_a_trained_step_is_evaluated_by_a_program_of_its_own_given_its_state_by_
     np.testing.assert_allclose(predict(xe=batch)[0], expected, rtol=1e-6)
 
 
+def test_a_state_dict_of_which_no_name_matches_is_refused_even_loosely():
+    """strict=False sets the names both have; where there are none (DataParallel's 'module.' prefix, another model)
+    nothing would be set without a word."""
+    model = nn.Linear(2, 2)
+    x = ct.var("x", (1, 2))
+    program = ct.compile([model(x)], inputs=[x], state=model.initial_values())
+    with pytest.raises(ct.FeedError, match=r"none of its names \(module.weight, ...\) is a state variable of the "
+                                           r"program \(bias, weight, ...\); nothing was set"):
+        ct.load_state_dict(program, {"module.weight": np.zeros((2, 2))}, strict=False)
+
+
 def test_strict_loading_given_the_model_names_what_the_dict_lacks(tmp_path):
     model = nn.MLP(6, 16, 3)
     x = ct.var("x", (2, 6))

@@ -157,10 +157,11 @@ def test_optimizers_say_what_is_wrong():
 
 
 @pytest.mark.parametrize("make, message", [
+    (lambda: optim.AdamW(lr=ct.var("lr", ())), "AdamW: lr is a number or a Schedule .* fixed when the step is "
+                                                "compiled, not a term"),
     (lambda: optim.SGD(-0.1), "lr is a finite number, at least 0, not -0.1"),
     (lambda: optim.SGD(float("nan")), "lr is a finite number"),
     (lambda: optim.SGD("0.1"), "lr is a finite number, at least 0, not '0.1'"),
-    (lambda: optim.Adam(ct.var("lr", ())), "lr is a finite number"),
     (lambda: optim.Adam(betas=(1.5, 0.999)), r"betas\[0\] is a finite number, at least 0 and below 1"),
     (lambda: optim.Adam(1e-3, betas=0.9), "betas is a pair"),
     (lambda: optim.Adam(eps=-1e-8), "eps is a finite number, at least 0"),
