@@ -145,6 +145,7 @@ def train(steps=1500, layers=2, width=64, heads=4, kv_heads=None, context=64, ba
         ct.load(step, checkpoint)
         with open(checkpoint + ".json") as file:
             rng.bit_generator.state = json.load(file)["data_generator"]
+        log(f"resumed from {checkpoint} after step {int(host(step.state[adamw.name + '.step']))}")
     count = sum(p.size for p in params.values())
     log(f"a GPT of {layers} layers, width {width}, {heads} heads, context {context}, {count:,} parameters, computing "
         f"in {dtype}, on {len(data):,} characters of {len(alphabet)} kinds; its step compiled for {backend} in "
@@ -181,6 +182,8 @@ def train(steps=1500, layers=2, width=64, heads=4, kv_heads=None, context=64, ba
     held_out = np.mean([float(host(evaluate(tokens_in=x, labels=y, **weights)[0]))
                         for x, y in (windows(data[split:], batch, context, rng) for _ in range(8))])
     log(f"held-out loss {held_out:.3f} (a uniform guess: {math.log(len(alphabet)):.3f})")
+    if not sample_length:
+        return losses, held_out, ""
     start = data[split:split + context]
     drawn = sample(model, weights, start, sample_length, rng, backend)
     text = "".join(alphabet[i] for i in start) + "".join(alphabet[i] for i in drawn)
@@ -211,7 +214,7 @@ def _plot(losses, path, log):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1500)
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--width", type=int, default=64)
