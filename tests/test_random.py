@@ -37,6 +37,24 @@ def test_every_backend_draws_the_references_numbers(backend):
     assert abs(float(expected.mean()) - 0.5) < 0.02 and abs(float(expected.var()) - 1 / 12) < 0.005
 
 
+@pytest.mark.parametrize("shape, seed, counter, stream", [
+    ((64, 64), np.uint32(1234), np.uint32(0), 0), ((3, 5, 2 ** 16 + 3), np.uint32(2 ** 32 - 1), np.uint32(2 ** 31 + 5), 1),
+    ((7,), np.int64(-1), np.int32(7), 2 ** 32 - 1), ((0,), np.uint32(3), np.uint32(4), 2),
+])
+def test_the_cpus_c_draws_the_definitions_bits(shape, seed, counter, stream):
+    """The CPU's C (``backends.numpy.philox``) writes the numbers NumPy's definition makes, bit for bit: keys modulo
+    2^32, the largest stream, an empty draw."""
+    from cortado.backends.numpy import native, philox as c_philox
+    from cortado.exprgraph.ops.random import uniform
+
+    if native.toolchain() is None:
+        pytest.skip("no C compiler")
+    out = np.empty(shape, np.float32)
+    assert c_philox.uniform_into(out, seed, counter, stream)
+    np.testing.assert_array_equal(out.view(np.uint32), uniform(seed, counter, shape, stream).view(np.uint32))
+    assert not c_philox.uniform_into(np.empty((4, 4), np.float32).T[:, :2], seed, counter, stream)  # not C order
+
+
 def test_another_key_gives_other_numbers_and_the_same_key_the_same():
     seed, counter = ct.var("seed", (), "uint32"), ct.var("counter", (), "uint32")
     u = ct.random_uniform(seed, counter, (256,))

@@ -34,7 +34,7 @@ from ...exprgraph.ops import (
 from ...exprgraph.windowing import dilated_size
 from ...errors import PlanError
 from ...memplan import aligned
-from . import attention, blas, csource, gemm, loops, native
+from . import attention, blas, csource, gemm, loops, native, philox
 from .standins import StandIn, may_share_memory
 from .lowering import ATTENTION_GRAD_GIVEN, ATTENTION_KEEPING
 
@@ -495,7 +495,8 @@ def _take_along_axis(em, attrs, args, out):
 
 
 def _random_into(out, seed, counter, stream):
-    out[...] = random.uniform(seed[()], counter[()], out.shape, stream)
+    if not philox.uniform_into(out, seed[()], counter[()], stream):
+        out[...] = random.uniform(seed[()], counter[()], out.shape, stream)
 
 
 def _random_uniform(em, attrs, args, out):
