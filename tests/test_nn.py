@@ -456,6 +456,28 @@ def test_an_unsigned_index_out_of_range_is_named_as_given():
         step(tokens=np.array([1, 50300, 2], np.uint16))
 
 
+def test_pytorchs_activation_modules_are_cortados_ops_and_gelu_is_only_the_tanh_form():
+    x = ct.var("x", (2, 3), "float64")
+    values = {"x": np.linspace(-2, 2, 6).reshape(2, 3)}
+    for module, op in ((nn.ReLU(), ct.relu), (nn.GELU(approximate="tanh"), ct.gelu), (nn.SiLU(), ct.silu),
+                       (nn.Sigmoid(), ct.sigmoid), (nn.Tanh(), ct.tanh)):
+        np.testing.assert_array_equal(ct.evaluate(module(x), values), ct.evaluate(op(x), values))
+    with pytest.raises(ct.CortadoError, match=r"the tanh form, nn.GELU\(approximate='tanh'\), not the erf form"):
+        nn.GELU()
+
+
+@needs_torch
+def test_the_activation_modules_match_pytorchs():
+    import torch
+
+    x = np.linspace(-30, 30, 101)
+    v = ct.var("x", (101,), "float64")
+    for ours, theirs in ((nn.ReLU(), torch.nn.ReLU()), (nn.GELU(approximate="tanh"), torch.nn.GELU(approximate="tanh")),
+                         (nn.SiLU(), torch.nn.SiLU()), (nn.Sigmoid(), torch.nn.Sigmoid()), (nn.Tanh(), torch.nn.Tanh())):
+        np.testing.assert_allclose(ct.evaluate(ours(v), {"x": x}), theirs(torch.from_numpy(x)).numpy(), rtol=1e-13,
+                                   atol=1e-15)  # far out gelu's x sigmoid(z) keeps what torch's 1 + tanh rounds to 0
+
+
 def test_a_step_computing_a_layer_in_training_without_its_state_updates_is_warned_of():
     """Without ``model.state_updates``, a batch norm's running statistics would stay at their first values (its
     inference silently wrong) and a dropout would draw the same masks every step."""

@@ -9,6 +9,7 @@ expressions that the engine rewrites, differentiates and plans like any other.
 """
 
 from . import init
+from .activations import GELU, ReLU, Sigmoid, SiLU, Tanh
 from .attention import CausalSelfAttention
 from .layers import MLP, BatchNorm, Conv2d, Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from .losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss
@@ -17,5 +18,5 @@ from .module import Buffer, Function, Module, ModuleList, Parameter, Sequential
 __all__ = [
     "Module", "Parameter", "Buffer", "Sequential", "ModuleList", "Function", "Linear", "Embedding", "LayerNorm",
     "RMSNorm", "Conv2d", "BatchNorm", "Dropout", "MLP", "CausalSelfAttention", "cross_entropy",
-    "binary_cross_entropy_with_logits", "mse_loss", "init",
+    "binary_cross_entropy_with_logits", "mse_loss", "init", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh",
 ]

@@ -1,0 +1,44 @@
+"""PyTorch's activation modules by their names, for a ``Sequential`` (each ``Function`` of cortado's op)."""
+
+from ..errors import CortadoError
+from ..exprgraph import constructors as ct
+from .module import Function
+
+
+class ReLU(Function):
+    """PyTorch's ``nn.ReLU``: ``ct.relu``."""
+
+    def __init__(self):
+        super().__init__(ct.relu)
+
+
+class GELU(Function):
+    """PyTorch's ``nn.GELU(approximate="tanh")``: ``ct.gelu``, the tanh form (cuBLASLt's epilogue). PyTorch's default,
+    the exact form of ``erf``, is no op here; asked for, it is refused rather than given another function."""
+
+    def __init__(self, approximate="none"):
+        if approximate != "tanh":
+            raise CortadoError(f"nn.GELU: cortado's gelu is the tanh form, nn.GELU(approximate='tanh'), not the erf "
+                               f"form (approximate={approximate!r}), PyTorch's default")
+        super().__init__(ct.gelu)
+
+
+class SiLU(Function):
+    """PyTorch's ``nn.SiLU``: ``ct.silu``."""
+
+    def __init__(self):
+        super().__init__(ct.silu)
+
+
+class Sigmoid(Function):
+    """PyTorch's ``nn.Sigmoid``: ``ct.sigmoid``."""
+
+    def __init__(self):
+        super().__init__(ct.sigmoid)
+
+
+class Tanh(Function):
+    """PyTorch's ``nn.Tanh``: ``ct.tanh``."""
+
+    def __init__(self):
+        super().__init__(ct.tanh)
