@@ -501,6 +501,38 @@ def test_a_step_computing_a_layer_in_training_without_its_state_updates_is_warne
         ct.compile([model.eval()(x)], inputs=[x], state=model.initial_values())
 
 
+def test_cross_entropy_smooths_labels_as_pytorch_defines_it():
+    """Target ``1 - e`` on the label and ``e`` spread over the classes: ``lse - (1 - e) x[label] - e mean(x)``, over
+    the positions not ignored."""
+    logits, labels = ct.var("logits", (5, 4), "float64"), ct.var("labels", (5,), "int64")
+    x = np.random.default_rng(3).standard_normal((5, 4))
+    y = np.array([0, 3, -100, 2, 1])
+    lse = np.log(np.exp(x).sum(-1))
+    kept = y != -100
+    rows = lse - 0.9 * x[np.arange(5), np.where(kept, y, 0)] - 0.1 * x.mean(-1)
+    got = ct.evaluate(nn.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.1),
+                      {"logits": x, "labels": y})
+    np.testing.assert_allclose(got, rows[kept].mean(), rtol=1e-14)
+    with pytest.raises(ct.CortadoError, match="label_smoothing is a finite number, at least 0 and at most 1"):
+        nn.cross_entropy(logits, labels, label_smoothing=1.5)
+
+
+@needs_torch
+def test_cross_entropy_with_label_smoothing_and_padding_matches_pytorchs():
+    import torch
+
+    logits, labels = ct.var("logits", (6, 7), "float64"), ct.var("labels", (6,), "int64")
+    x = np.random.default_rng(4).standard_normal((6, 7)) * 3
+    y = np.array([0, 6, -100, 2, 1, -100])
+    xt = torch.tensor(x, requires_grad=True)
+    expected = torch.nn.functional.cross_entropy(xt, torch.from_numpy(y), ignore_index=-100, label_smoothing=0.2)
+    expected.backward()
+    loss = nn.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.2)
+    got, gradient = ct.evaluate([loss, ct.grad(loss, [logits])[0]], {"logits": x, "labels": y})
+    np.testing.assert_allclose(got, expected.item(), rtol=1e-13)
+    np.testing.assert_allclose(gradient, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
 def test_cross_entropy_ignores_the_padding_label():
     logits, labels = ct.var("logits", (4, 3)), ct.var("labels", (4,), "int64")
     lv = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)
