@@ -112,8 +112,7 @@ def out_of_range(term, error):
             index = shown = signed
         elif signed < 0 and not named:
             shown = f"{index} ({signed} as a signed int{8 * dtype.itemsize})"
-    return IndexRangeError(f"{written.call}: {_outside(shown, written.axis, error.size, low)}\n"
-                           f"  built at {format_location(written.location)}", index, error.size)
+    return _error(written.call, index, shown, written.axis, error.size, low, written.location)
 
 
 def check_from_zero(call, values, axis, size):
@@ -121,8 +120,13 @@ def check_from_zero(call, values, axis, size):
     outside = (values < 0) | (values >= size)
     if outside.any():
         index = values[outside].flat[0]
-        raise IndexRangeError(f"{call}: {_outside(index, axis, size, 0)}\n  built at {format_location(user_location())}",
-                              index, size)
+        raise _error(call, index, index, axis, size, 0, user_location())
+
+
+def _error(call, index, shown, axis, size, low, location):
+    """The IndexRangeError of ``index`` (written ``shown``) out of range in the user's ``call`` at ``location``."""
+    return IndexRangeError(f"{call}: {_outside(shown, axis, size, low)}\n  built at {format_location(location)}",
+                           index, size)
 
 
 def take(a, indices, axis):
