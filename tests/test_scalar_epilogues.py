@@ -52,6 +52,21 @@ def test_a_scalar_kernel_reading_what_is_made_after_the_reduction_stays_its_own(
     assert len(_scalar_kernels(merged, ELEMENTWISE_KERNEL)) == len(_scalar_kernels(fused, ELEMENTWISE_KERNEL)) == 1
 
 
+def test_a_pad_of_a_reduction_to_one_value_stays_its_own_kernel():
+    """A ``pad`` reads its operand at other indices than it writes, so the kernel that pads a reduction to one value
+    (a convolution's negative padding of it) cannot compute that value in the reduction's epilogue: it stays a kernel
+    reading the reduction's result, and the GPU's code generator is given no pad of a computed value."""
+    x = ct.var("x", (1, 1, 1), "float16")
+    padded = ct.conv(ct.max(x, axis=()), x, padding=((1, -1),))
+    trace = {}
+    roots = compiler._rewrite([padded], gpu_backend, trace)
+    pads = [t for t in post_order(roots) if t.op.name == "fused" for b in post_order(t.attr("outputs"))
+            if b.op.name == "pad"]
+    assert pads and all(b.args[0].op.name == "param" for t in pads for b in post_order(t.attr("outputs"))
+                        if b.op.name == "pad")
+    assert "scalar-into-reduction" not in {r.rule for r in trace["fusion"]}
+
+
 def test_a_reduction_of_what_another_reduction_makes_is_not_folded_in_its_pass():
     """Two sums to one value alike (same op, shape and axes), the second summing what the first makes: one pass
     cannot fold both (the first's result is only known at the end of it), so the second stays a kernel of its own."""

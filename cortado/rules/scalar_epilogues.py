@@ -22,7 +22,7 @@ from ..exprgraph.graph import post_order
 from ..exprgraph.ops import FUSED_OP, LEAF, PARAM, REDUCTION
 from ..exprgraph.term import make
 from .engine import Rewrite, bottom_up
-from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, kernel_shape, rebased
+from .fusion import ELEMENTWISE_KERNEL, REDUCTION_KERNEL, kernel_shape, rebased, shifted_read
 
 ROUNDS = 3  # a scalar kernel reading one that joined a reduction in a round joins it in the next
 
@@ -85,8 +85,11 @@ def _folds_target(t, target):
 def _joins(t, kernels, position, joining):
     """The key of the reduction kernel that the kernel of scalars fused term ``t`` is a result of joins (``_target``),
     or None: a kernel of reductions joins only one whose reductions it folds in the same pass (``_alike``), of
-    nothing that one makes; and none joins a kernel that is joining its own."""
+    nothing that one makes; and none joins a kernel that is joining its own. A kernel with a ``pad`` joins none: a
+    pad reads its operand at other indices, so that operand stays one the kernel reads, not a value it computes."""
     if not (_scalars_of(t, ELEMENTWISE_KERNEL) or _scalars_of(t, REDUCTION_KERNEL)):
+        return None
+    if any(shifted_read(b) for b in post_order(t.attr("outputs"))):
         return None
     target = _target(t, kernels, position)
     if target is None or any(kernel_key(r) == target for r in joining.get(kernel_key(t), ())):
