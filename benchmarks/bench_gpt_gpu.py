@@ -251,21 +251,13 @@ def torch_optimizer(torch, params, **options):
                              lr=LEARNING_RATE, betas=BETAS, eps=EPSILON, **options)
 
 
-def torch_contestant(work, backend, compile_mode=None):
-    """torch eager (``compile_mode`` None), or torch.compile in that mode, on the GPU (on the CPU where ours runs on
-    NumPy: the smoke test). Its peak memory is over the whole run, less the batch allocated before it."""
+def torch_step(work, device, compile_mode=None):
+    """``(step, tokens, labels)``: one training step of the torch model on ``device``, eager (``compile_mode`` None)
+    or torch.compile'd in that mode, returning its loss; the batch as torch tensors."""
     import torch
 
-    device = "cuda" if backend == "cupy" else "cpu"
-    if device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError("torch sees no GPU")
     tokens = torch.tensor(work.tokens, dtype=torch.int64, device=device)
     labels = torch.tensor(work.labels, dtype=torch.int64, device=device)  # cross_entropy takes int64 targets
-    cuda = device == "cuda"
-    if cuda:
-        torch.cuda.synchronize()
-        before = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
     params = {name: torch.tensor(v, device=device, requires_grad=True) for name, v in work.values.items()}
     loss_fn = functools.partial(torch_loss, config=work.config)
     if compile_mode is None:
@@ -285,6 +277,23 @@ def torch_contestant(work, backend, compile_mode=None):
         optimizer.zero_grad(set_to_none=True)
         return loss.detach() if compile_mode is None else loss.detach().clone()
 
+    return step, tokens, labels
+
+
+def torch_contestant(work, backend, compile_mode=None):
+    """torch eager (``compile_mode`` None), or torch.compile in that mode, on the GPU (on the CPU where ours runs on
+    NumPy: the smoke test). Its peak memory is over the whole run, less its batch."""
+    import torch
+
+    device = "cuda" if backend == "cupy" else "cpu"
+    if device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError("torch sees no GPU")
+    cuda = device == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    step, tokens, labels = torch_step(work, device, compile_mode)
     began = time.perf_counter()
     first = float(step())  # the compiled contestant compiles here
     first_call = time.perf_counter() - began
@@ -292,8 +301,9 @@ def torch_contestant(work, backend, compile_mode=None):
     result = {**run_steps(step, timer, timer_name, work, [first]), "first_call_s": first_call,
               "device": torch.cuda.get_device_name() if cuda else "cpu"}
     if cuda:
-        result.update(peak_bytes=torch.cuda.max_memory_allocated() - before,
-                      reserved_bytes=torch.cuda.max_memory_reserved(), batch_bytes=tokens.nbytes + labels.nbytes)
+        batch = tokens.nbytes + labels.nbytes
+        result.update(peak_bytes=torch.cuda.max_memory_allocated() - before - batch,
+                      reserved_bytes=torch.cuda.max_memory_reserved(), batch_bytes=batch)
     if compile_mode is not None:
         from torch._dynamo.utils import counters
 

@@ -562,5 +562,5 @@ def test_a_half_precision_value_a_kernel_computed_is_rounded_to_its_dtype_before
                                                      for a in k.term.args])[0].text
              for k in kernels if k.term.op.name == "fused"]
     text = "\n".join(texts)
-    assert text.count("__half2float(__float2half_rn(") == 2  # expm1(x) and tanh(x), not the loaded x
-    assert text.count("__bfloat162float(__float2bfloat16_rn(") == 2  # exp(y); the cast of x, rounded as it is made
+    assert text.count("ct_load(__float2half_rn(") == 2  # expm1(x) and tanh(x), not the loaded x
+    assert text.count("ct_load(__float2bfloat16_rn(") == 2  # exp(y); the cast of x, rounded as it is made

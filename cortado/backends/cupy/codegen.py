@@ -47,7 +47,7 @@ STORAGE = {
     "float16": "__half", "bfloat16": "__nv_bfloat16", "float32": "float", "float64": "double",
     "float8_e4m3fn": "__nv_fp8_e4m3", "float8_e5m2": "__nv_fp8_e5m2",
 }
-HALVES = {"float16": ("__half2float", "__float2half_rn"), "bfloat16": ("__bfloat162float", "__float2bfloat16_rn")}
+HALVES = {"float16": "__float2half_rn", "bfloat16": "__float2bfloat16_rn"}  # each half type's rounding from float
 REDUCTIONS = (SUM, MEAN, MAX)
 
 # The functions kernels call. Composite ops (sigmoid, softplus, gelu) never reach a kernel: they are spelled out in
@@ -57,7 +57,10 @@ PRELUDE = r"""#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 template <typename T> __device__ __forceinline__ T ct_load(T x) { return x; }
 __device__ __forceinline__ float ct_load(__half x) { return __half2float(x); }
-__device__ __forceinline__ float ct_load(__nv_bfloat16 x) { return __bfloat162float(x); }
+// a bfloat16's float is its bits shifted up (exact), written so the compiler sees plain arithmetic: CUDA's own
+// conversion is inline assembly, which nvcc neither merges nor hoists, so a row kernel computed each row's values
+// (divisions among them) again for every element of every pass
+__device__ __forceinline__ float ct_load(__nv_bfloat16 x) { return __uint_as_float((unsigned int)__bfloat16_as_ushort(x) << 16); }
 __device__ __forceinline__ float ct_load(__nv_fp8_e4m3 x) { return float(x); }
 __device__ __forceinline__ float ct_load(__nv_fp8_e5m2 x) { return float(x); }
 template <typename T, typename C> __device__ __forceinline__ T ct_store(C x) { return static_cast<T>(x); }
@@ -254,8 +257,7 @@ def _cast(o):
     if kind_of(o.dtype) == "b":
         return f"({x} != 0)"
     if o.dtype.name in HALVES:  # round as the stored value would be
-        widen, narrow = HALVES[o.dtype.name]
-        return f"{widen}({narrow}((float){x}))"
+        return f"ct_load({HALVES[o.dtype.name]}((float){x}))"
     if is_float8(o.dtype):  # rounded to nearest even and saturated (satfinite: beyond the largest, the largest)
         wide = "double" if o.term.args[0].dtype == np.float64 else "float"
         return f"float({STORAGE[o.dtype.name]}(({wide}){x}))"
@@ -466,8 +468,7 @@ class _Writer:
             while source.op is BROADCAST_TO:
                 source = source.args[0]
             if a.dtype.name in HALVES and t.dtype != a.dtype and source.op not in (PARAM, CONST, PAD, CAST):
-                widen, narrow = HALVES[a.dtype.name]
-                rounded[a] = f"{widen}({narrow}({self.names[a]}))"
+                rounded[a] = f"ct_load({HALVES[a.dtype.name]}({self.names[a]}))"
         return {**self.names, **rounded} if rounded else self.names
 
     def value(self, t):
