@@ -111,6 +111,12 @@ class Program:
         return self._executor.device_bytes
 
     @property
+    def kernels_run(self):
+        """How many of ``kernels`` do work each step, those ``profile`` times: the others are views, or feeds read
+        where they lie."""
+        return len(self._executor.launched)
+
+    @property
     def inputs(self):
         return self.signature.inputs
 
@@ -136,7 +142,7 @@ class Program:
         with self._running:
             times = self._executor.profile({v.name: value for v, value in bound.items()})
         total = sum(ms for _, ms in times) or 1.0
-        lines = [f"{len(times)} kernels, {total:.3f} ms in all:"]
+        lines = [f"{self.kernels_run} kernels, {total:.3f} ms in all:"]
         lines += [f"  {ms:9.3f} ms {ms / total:6.1%}  {label}" for label, ms in sorted(times, key=lambda x: -x[1])]
         return "\n".join(lines)
 
@@ -163,7 +169,7 @@ class Program:
 
     def __repr__(self):
         return (f"<Program ({self._inputs_text()}) -> {len(self.outputs)} outputs, {len(self.updates)} updates; "
-                f"{len(self.kernels)} kernels on {self.backend}; arena {self.memory.peak_bytes} bytes>")
+                f"{self.kernels_run} kernels run on {self.backend}; arena {self.memory.peak_bytes} bytes>")
 
     def explain(self, examples=3):
         """The rules that fired in each stage, the kernels in order, and the memory plan."""
@@ -182,7 +188,8 @@ class Program:
         return lines
 
     def _schedule(self):
-        lines = [f"kernels ({len(self.kernels)}, in order):"]
+        lines = [f"kernels ({len(self.kernels)} in order; {self.kernels_run} do work each step, the others are "
+                 "views or feeds read where they lie):"]
         for i, kernel in enumerate(self.kernels):
             t = kernel.term
             if t.op is VAR:

@@ -95,7 +95,7 @@ def train(epochs=8, seed=0, backend=None, log=print):
     model = CNN()
     step = training_step(model, seed, backend)
     log(f"a CNN on {SIDE}x{SIDE} images of {CLASSES} strokes, its step compiled for {backend}: "
-        f"{len(step.kernels)} kernels, {step.memory.summary()}")
+        f"{step.kernels_run} kernels, {step.memory.summary()}")
     history = []
     for epoch in range(1, epochs + 1):
         order = rng.permutation(len(x))

@@ -149,7 +149,7 @@ def train(steps=1500, layers=2, width=64, heads=4, kv_heads=None, context=64, ba
     count = sum(p.size for p in params.values())
     log(f"a GPT of {layers} layers, width {width}, {heads} heads, context {context}, {count:,} parameters, computing "
         f"in {dtype}, on {len(data):,} characters of {len(alphabet)} kinds; its step compiled for {backend} in "
-        f"{time.perf_counter() - started:.1f} s: {len(step.kernels)} kernels, {step.memory.summary()}")
+        f"{time.perf_counter() - started:.1f} s: {step.kernels_run} kernels, {step.memory.summary()}")
     losses, started = [], time.perf_counter()
     numbers, bar = progress(steps, log)
     every = max(1, steps // 10)

@@ -68,7 +68,7 @@ def train(epochs=60, seed=0, batch=60, sizes=(2, 32, 32, 3), learning_rate=0.5, 
     points, labels = spirals(100, sizes[-1], rng)
     onehot = np.eye(sizes[-1], dtype=np.float32)[labels]
     step, graph = training_step(batch, sizes, learning_rate, rng, backend)
-    log(f"model and gradients: {len(ct.Graph(graph))} terms; compiled step: {len(step.kernels)} kernels")
+    log(f"model and gradients: {len(ct.Graph(graph))} terms; compiled step: {step.kernels_run} kernels")
     if dot_path:
         with open(dot_path, "w") as out:
             out.write(ct.to_dot(graph))

@@ -430,6 +430,10 @@ def test_a_cpu_profile_times_every_kernel_and_steps_as_a_call_does():
     table = step.profile(x=feed)
     lines = table.splitlines()
     assert lines[0].startswith(f"{len(lines) - 1} kernels, ") and "ms in all" in lines[0]
+    # explain, the program's repr and the profile count the same kernels: those that do work, not the views
+    assert step.kernels_run == len(lines) - 1 < len(step.kernels)
+    assert f"kernels ({len(step.kernels)} in order; {step.kernels_run} do work each step" in step.explain()
+    assert f"; {step.kernels_run} kernels run on numpy;" in repr(step)
     labels = [line.split("%", 1)[1].strip() for line in lines[1:]]
     assert any(label.startswith("k") and ".matmul (64, 16)" in label for label in labels)
     assert any(".fused " in label for label in labels)

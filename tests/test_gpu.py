@@ -627,7 +627,9 @@ def test_what_the_gpu_cannot_run_is_refused_clearly():
 def test_profile_times_every_kernel_of_a_step():
     program, _, data = _mlp_program(cuda_graph=True)
     report = program.profile(**data[0])
-    assert report.startswith(f"{len(program._executor.labels)} kernels") and "gemm" in report and "fused" in report
+    assert report.startswith(f"{program.kernels_run} kernels") and "gemm" in report and "fused" in report
+    assert len(report.splitlines()) - 1 == len(program._executor.labels)  # each kernel, and each wait for updates
+    assert f"; {program.kernels_run} do work each step" in program.explain()
 
 
 def test_a_hold_keeps_a_stream_waiting_until_the_host_lets_go():

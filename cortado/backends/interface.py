@@ -98,13 +98,16 @@ class Executor:
     ``state`` maps each state variable to its live array; ``direct_outputs`` are the outputs it
     writes straight into their buffers; ``choices`` maps the terms it computes with a library call
     chosen among candidates to that call (whose ``describe()`` says which it is, for ``explain``);
-    ``beside``: the indices of the kernels it runs beside the others (``Backend.beside``).
+    ``beside``: the indices of the kernels it runs beside the others (``Backend.beside``); ``launched``: the
+    indices of the kernels that do work each step (a load, a view, or a value another kernel writes in place does
+    none), those ``profile`` times.
     """
 
     state = {}
     direct_outputs = frozenset()
     choices = {}
     beside = frozenset()
+    launched = frozenset()
 
     def layout(self, t):
         """How value ``t``'s elements lie in memory where that is not C order (``"channels-last"``), for ``explain``."""

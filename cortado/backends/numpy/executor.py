@@ -107,6 +107,7 @@ class Executor(interface.Executor):
         arrays = {v: self.state[v] for v in signature.state}
         arrays.update({value: self.state[var] for value, var in sinks.items()})
         self.calls, self.call_kernel, self.labels = [], [], []
+        launched = []
         self.native = native.Batch() if native.toolchain() else None
         numpy_blas = False
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
@@ -127,6 +128,8 @@ class Executor(interface.Executor):
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
             self.labels += [f"k{i}.{kernel.term.op.name} {kernel.term.shape}"] * len(em.calls)
+            launched += [i] if em.calls else []
+        self.launched = frozenset(launched)
         self.kernel_calls, self.kernel_of_call = self.calls, self.call_kernel  # each kernel's calls apart (``profile``)
         if self.native is not None:  # regions on one thread where NumPy's BLAS runs: its idle threads spin on the other cores
             self.calls, firsts = self.native.bind(self.calls, parted=not numpy_blas)

@@ -98,6 +98,7 @@ class Executor(interface.Executor):
         for i, j in beside.items():
             waits.setdefault(j, []).append(i)
         self.binders, self.labels, self.runners, self.tuned = [], [], {}, []
+        launched = []
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
             if i in waits:
                 self.binders.append(self._join([finished.get(k) or self.runners[kernels[k].term].finished
@@ -109,8 +110,10 @@ class Executor(interface.Executor):
             self.runners[kernel.term] = made = runner(kernel, view)
             self.binders.append(self._bound(made, scratch) if i not in beside else self._beside(made, scratch, finished[i]))
             self.labels.append(" ".join(filter(None, (f"k{i}.{kernel.term.op.name}", made.detail, str(kernel.term.shape)))))
+            launched.append(i)
             if made.tuned:
                 self.tuned.append((made, scratch))
+        self.launched = frozenset(launched)
         forget()  # the runners the planner asked are this program's now: no other program gets them
         finish()  # the kernels the runners asked for, compiled side by side: one NVRTC rejects fails the build here
         self.choices = {t: made for t, made in self.runners.items() if made.describe()}  # for explain()
