@@ -280,3 +280,38 @@ def test_strict_loading_given_the_model_names_what_the_dict_lacks(tmp_path):
         file.write(len(b'{"a":{"dtype":"F32"}}').to_bytes(8, "little") + b'{"a":{"dtype":"F32"}}')
     with pytest.raises(ct.FeedError, match=r"entries for \['a'\] lack"):
         checkpoint.read(path)
+
+
+def test_an_epochs_last_smaller_batch_runs_through_a_step_of_its_own_with_the_state_moved_across():
+    """docs/training.md's recipe for one batch shape: a step for the last batch's shape, given the state so far and
+    giving it back, trains as the updates say (its weights, moments and step count), and the step of the full
+    batches refuses the smaller one with a message saying so."""
+    model = nn.MLP(6, 8, 3)
+    x, y = ct.var("x", (16, 6)), ct.var("y", (16,), "int32")
+    loss = nn.cross_entropy(model(x), y)
+    params = model.parameters()
+    adamw = optim.AdamW(lr=1e-2)
+    opt_state, updates = adamw.updates(params, ct.grad(loss, list(params.values())))
+    step = ct.compile([loss], inputs=[x, y], updates=updates, state={**model.initial_values(seed=0), **opt_state})
+    last = ct.var("x_last", (5, 6)), ct.var("y_last", (5,), "int32")
+    loss_last = nn.cross_entropy(model(last[0]), last[1])
+    state_last, updates_last = adamw.updates(params, ct.grad(loss_last, list(params.values())))
+    step_last = ct.compile([loss_last], inputs=list(last), updates=updates_last,
+                           state={**model.initial_values(seed=0), **state_last})
+    rng = np.random.default_rng(0)
+    xb, yb = rng.standard_normal((16, 6)).astype(np.float32), rng.integers(0, 3, 16).astype(np.int32)
+    xl, yl = rng.standard_normal((5, 6)).astype(np.float32), rng.integers(0, 3, 5).astype(np.int32)
+    step(x=xb, y=yb)
+    with pytest.raises(ct.ShapeError, match=r"has shape \(5, 6\); a program runs on the shapes it was compiled for: "
+                                            r"drop a last, smaller batch, or compile a step for that shape"):
+        step(x=xl, y=yl)
+    ct.load_state_dict(step_last, step.state)
+    before = {name: np.array(value) for name, value in step_last.state.items()}
+    step_last(x_last=xl, y_last=yl)
+    expected = ct.evaluate(list(updates_last.values()), {"x_last": xl, "y_last": yl, **before})
+    for v, value in zip(updates_last, expected):
+        np.testing.assert_allclose(step_last.state[v.name], value, rtol=1e-5, atol=1e-7)
+    ct.load_state_dict(step, step_last.state)
+    assert int(step.state["adamw.step"]) == 2
+    step(x=xb, y=yb)
+    assert int(step.state["adamw.step"]) == 3

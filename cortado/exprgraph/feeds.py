@@ -70,8 +70,18 @@ def _conform(var, value, any_float, what):
     else:
         array = _from_python(var, value, what)
     if tuple(array.shape) != var.shape:
-        raise ShapeError(f"{what} {_declared(var)} has shape {tuple(array.shape)}")
+        raise ShapeError(f"{what} {_declared(var)} has shape {tuple(array.shape)}" + _batch_hint(var, array, what))
     return array
+
+
+def _batch_hint(var, array, what):
+    """What to do where a feed differs from its variable in the leading axis alone (an epoch's last, smaller
+    batch): a compiled program takes the shapes it was built for."""
+    if what != "the feed for" or array.ndim != len(var.shape) or array.ndim == 0 \
+            or tuple(array.shape[1:]) != var.shape[1:]:
+        return ""
+    return ("; a program runs on the shapes it was compiled for: drop a last, smaller batch, or compile a step for "
+            "that shape and move the state across with ct.load_state_dict (docs/training.md, one batch shape)")
 
 
 def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for"):
