@@ -533,6 +533,59 @@ def test_cross_entropy_with_label_smoothing_and_padding_matches_pytorchs():
     np.testing.assert_allclose(gradient, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
 
 
+def test_losses_reduce_as_asked_and_cross_entropy_takes_probability_targets():
+    """``reduction`` "sum" and "none" (0 at an ignored position) beside the mean, for each loss; probability
+    targets of the logits' shape, smoothed as PyTorch smooths them: ``-sum(p log_softmax(x))`` a position."""
+    logits, labels = ct.var("logits", (5, 4), "float64"), ct.var("labels", (5,), "int64")
+    x = np.random.default_rng(6).standard_normal((5, 4))
+    y = np.array([0, 3, -100, 2, 1])
+    lse = np.log(np.exp(x).sum(-1))
+    rows = np.where(y != -100, lse - x[np.arange(5), np.where(y != -100, y, 0)], 0)
+    feeds = {"logits": x, "labels": y}
+    for reduction, expected in (("none", rows), ("sum", rows.sum()), ("mean", rows.sum() / 4)):
+        got = ct.evaluate(nn.cross_entropy(logits, labels, ignore_index=-100, reduction=reduction), feeds)
+        np.testing.assert_allclose(got, expected, rtol=1e-14)
+    p = np.random.default_rng(7).dirichlet(np.ones(4), 5)
+    targets = ct.var("p", (5, 4), "float64")
+    log_softmax = x - lse[:, None]
+    smoothed = 0.9 * p + 0.1 / 4
+    got = ct.evaluate(nn.cross_entropy(logits, targets, label_smoothing=0.1, reduction="none"), {"logits": x, "p": p})
+    np.testing.assert_allclose(got, -(smoothed * log_softmax).sum(-1), rtol=1e-14)
+    t, d = ct.var("t", (3, 2), "float64"), np.array([[0.5, 2.0], [-1.0, 0.0], [3.0, 1.5]])
+    np.testing.assert_allclose(ct.evaluate(nn.mse_loss(t, t * 0.0, reduction="sum"), {"t": d}), (d * d).sum())
+    np.testing.assert_allclose(ct.evaluate(nn.binary_cross_entropy_with_logits(t, t * 0.0, reduction="none"),
+                                           {"t": d}), np.log1p(np.exp(d)), rtol=1e-14)
+    with pytest.raises(ct.CortadoError, match="mse_loss: reduction is one of 'mean', 'sum', 'none', not 'avg'"):
+        nn.mse_loss(t, t, reduction="avg")
+    with pytest.raises(ct.CortadoError, match="ignore_index is for integer labels"):
+        nn.cross_entropy(logits, targets, ignore_index=-100)
+
+
+@needs_torch
+def test_losses_with_reductions_and_probability_targets_match_pytorchs():
+    import torch
+    import torch.nn.functional as F
+
+    logits, labels = ct.var("logits", (6, 7), "float64"), ct.var("labels", (6,), "int64")
+    targets = ct.var("p", (6, 7), "float64")
+    x = np.random.default_rng(8).standard_normal((6, 7)) * 3
+    y = np.array([0, 6, -100, 2, 1, -100])
+    p = np.random.default_rng(9).dirichlet(np.ones(7), 6)
+    cases = [(nn.cross_entropy(logits, labels, ignore_index=-100, label_smoothing=0.2, reduction=r), {"labels": y},
+              lambda xt, r=r: F.cross_entropy(xt, torch.from_numpy(y), ignore_index=-100, label_smoothing=0.2,
+                                              reduction=r)) for r in ("sum", "none")]
+    cases += [(nn.cross_entropy(logits, targets, label_smoothing=s, reduction=r), {"p": p},
+               lambda xt, s=s, r=r: F.cross_entropy(xt, torch.from_numpy(p), label_smoothing=s, reduction=r))
+              for s in (0.0, 0.3) for r in ("mean", "none")]
+    for loss, feeds, theirs in cases:
+        xt = torch.tensor(x, requires_grad=True)
+        expected = theirs(xt)
+        expected.sum().backward()
+        got, gradient = ct.evaluate([loss, ct.grad(ct.sum(loss), [logits])[0]], {"logits": x, **feeds})
+        np.testing.assert_allclose(got, expected.detach().numpy(), rtol=1e-13, atol=1e-15)
+        np.testing.assert_allclose(gradient, xt.grad.numpy(), rtol=1e-12, atol=1e-15)
+
+
 def test_cross_entropy_ignores_the_padding_label():
     logits, labels = ct.var("logits", (4, 3)), ct.var("labels", (4,), "int64")
     lv = np.random.default_rng(5).standard_normal((4, 3)).astype(np.float32)

@@ -1,27 +1,38 @@
 """Losses as PyTorch's ``torch.nn.functional`` computes them (mean over the batch), written stably: a loss never
 takes the log of a softmax or a sigmoid it has rounded to 0."""
 
-from ..errors import DTypeError, ShapeError
+from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.term import describe_operands
 from ..settings import real
 from .module import gathered_from_zero
 
 
-def cross_entropy(logits, labels, ignore_index=None, label_smoothing=0.0):
+REDUCTIONS = ("mean", "sum", "none")  # PyTorch's reduction= of a loss: the mean, the sum, or each position's loss
+
+
+def cross_entropy(logits, labels, ignore_index=None, label_smoothing=0.0, reduction="mean"):
     """The mean over every position of ``logsumexp(logits) - logits[label]``: ``logits`` ``(..., classes)``, ``labels``
     integers in ``[0, classes)`` of ``logits``' leading shape. With ``ignore_index`` (PyTorch's padding label, -100),
     positions of that label count for nothing, the mean taken over the others (0 where there are none). Any other
     label outside the classes, a negative one too, is an error on the CPU; the GPU clamps it into them. With
     ``label_smoothing`` ``e``, PyTorch's: the target is ``1 - e`` on the label and ``e`` spread over every class, so a
-    position's loss is ``logsumexp(logits) - (1 - e) logits[label] - e mean(logits)``."""
+    position's loss is ``logsumexp(logits) - (1 - e) logits[label] - e mean(logits)``. ``labels`` of ``logits``'
+    shape and a floating dtype are each position's probabilities of the classes instead (PyTorch's soft targets):
+    a position's loss is ``-sum(p log_softmax(logits))``, ``p`` smoothed as ``(1 - e) p + e / classes``.
+    ``reduction``: "mean", "sum" (over the positions counted) or "none" (each position's loss, 0 where ignored)."""
     logits, labels = ct.as_term(logits), ct.as_term(labels)
+    smoothing = real("cross_entropy", "label_smoothing", label_smoothing, 0, 1)
+    _check_reduction("cross_entropy", reduction)
+    if labels.dtype.kind == "f" and labels.shape == logits.shape:
+        return _reduced(_soft_target_losses(logits, labels, ignore_index, smoothing), reduction)
     if labels.dtype.kind not in "iu":
-        raise DTypeError(f"cross_entropy takes integer labels (class indices), not {labels.dtype}")
+        raise DTypeError(f"cross_entropy takes integer labels (class indices) of the logits' leading shape, or "
+                         f"floating probabilities of their shape, not {labels.dtype} labels of shape {labels.shape} "
+                         f"for logits of shape {logits.shape}")
     if labels.shape != logits.shape[:-1]:
         raise ShapeError(f"cross_entropy: labels of shape {labels.shape} for logits of shape {logits.shape}: one "
                          f"label for each row of logits, shape {logits.shape[:-1]}")
-    smoothing = real("cross_entropy", "label_smoothing", label_smoothing, 0, 1)
     call = f"nn.cross_entropy({describe_operands((logits, labels))})"
     counted = None if ignore_index is None else ct.not_equal(labels, ignore_index)
     places = labels if counted is None else ct.where(counted, labels, 0)
@@ -30,23 +41,49 @@ def cross_entropy(logits, labels, ignore_index=None, label_smoothing=0.0):
         picked = (1 - smoothing) * picked + smoothing * ct.mean(logits, axis=-1)
     losses = ct.logsumexp(logits, axis=-1) - picked
     if counted is None:
-        return ct.mean(losses)
+        return _reduced(losses, reduction)
     losses = ct.where(counted, losses, 0)
-    return ct.sum(losses) / ct.maximum(ct.sum(ct.cast(counted, losses.dtype)), 1)
+    if reduction == "mean":
+        return ct.sum(losses) / ct.maximum(ct.sum(ct.cast(counted, losses.dtype)), 1)
+    return _reduced(losses, reduction)
 
 
-def binary_cross_entropy_with_logits(logits, targets):
+def _soft_target_losses(logits, probabilities, ignore_index, smoothing):
+    """Each position's ``-sum(p log_softmax(logits))`` for probability targets ``p`` (smoothed as PyTorch smooths
+    them), log_softmax taken stably."""
+    if ignore_index is not None:
+        raise CortadoError("cross_entropy: ignore_index is for integer labels; probability targets weigh each "
+                           "position by the probabilities given (a row of zeros counts for nothing)")
+    if smoothing:
+        probabilities = (1 - smoothing) * probabilities + smoothing / logits.shape[-1]
+    return -ct.sum(probabilities * ct.log_softmax(logits, axis=-1), axis=-1)
+
+
+def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
     """The mean of ``-(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))``, as ``softplus(x) - t x``, which neither
-    overflows nor rounds to log(0)."""
+    overflows nor rounds to log(0); ``reduction`` as ``cross_entropy``'s."""
     _same_shape("binary_cross_entropy_with_logits", logits, targets)
-    return ct.mean(ct.softplus(logits) - targets * logits)
+    _check_reduction("binary_cross_entropy_with_logits", reduction)
+    return _reduced(ct.softplus(logits) - targets * logits, reduction)
 
 
-def mse_loss(predictions, targets):
-    """The mean of ``(predictions - targets)^2``."""
+def mse_loss(predictions, targets, reduction="mean"):
+    """The mean of ``(predictions - targets)^2``; ``reduction`` as ``cross_entropy``'s."""
     _same_shape("mse_loss", predictions, targets)
+    _check_reduction("mse_loss", reduction)
     difference = predictions - targets
-    return ct.mean(difference * difference)
+    return _reduced(difference * difference, reduction)
+
+
+def _check_reduction(loss, reduction):
+    if not isinstance(reduction, str) or reduction not in REDUCTIONS:
+        raise CortadoError(f"{loss}: reduction is one of {', '.join(map(repr, REDUCTIONS))}, not {reduction!r}")
+
+
+def _reduced(losses, reduction):
+    if reduction == "none":
+        return losses
+    return ct.sum(losses) if reduction == "sum" else ct.mean(losses)
 
 
 def _same_shape(loss, a, b):
