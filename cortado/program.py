@@ -114,7 +114,8 @@ class Program:
     def kernels_run(self):
         """How many of ``kernels`` do work each step, those ``profile`` times: the others are views, or feeds read
         where they lie."""
-        return len(self._executor.launched)
+        launched = self._executor.launched
+        return len(self.kernels) if launched is None else len(launched)
 
     @property
     def inputs(self):
@@ -127,7 +128,7 @@ class Program:
 
         Every feed is checked before anything runs, so a rejected call changes no state.
         """
-        bound = feed_checks.bind(self._inputs, self._feeds(values, named), state=self.state)  # in _inputs' order
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named), state=self.state, compiled=True)  # in _inputs' order
         with self._running:
             results = self._executor.run(dict(zip(self._inputs, bound.values())))
         return results[0] if self.signature.single else results
@@ -138,11 +139,12 @@ class Program:
         On the GPU the step runs eagerly (no CUDA graph) with an event around each kernel; on the CPU the host's
         clock is read around each kernel's calls, made one by one. Either way it updates the state as a call does.
         """
-        bound = feed_checks.bind(self._inputs, self._feeds(values, named), state=self.state)
+        bound = feed_checks.bind(self._inputs, self._feeds(values, named), state=self.state, compiled=True)
         with self._running:
             times = self._executor.profile({v.name: value for v, value in bound.items()})
         total = sum(ms for _, ms in times) or 1.0
-        lines = [f"{self.kernels_run} kernels, {total:.3f} ms in all:"]
+        waits = len(times) - self.kernels_run  # the GPU's waits for work beside the step, timed as they stand
+        lines = [f"{self.kernels_run} kernels{f' and {waits} waits' if waits > 0 else ''}, {total:.3f} ms in all:"]
         lines += [f"  {ms:9.3f} ms {ms / total:6.1%}  {label}" for label, ms in sorted(times, key=lambda x: -x[1])]
         return "\n".join(lines)
 
@@ -189,7 +191,7 @@ class Program:
 
     def _schedule(self):
         lines = [f"kernels ({len(self.kernels)} in order; {self.kernels_run} do work each step, the others are "
-                 "views or feeds read where they lie):"]
+                 "views, feeds read where they lie, or values another kernel writes in place):"]
         for i, kernel in enumerate(self.kernels):
             t = kernel.term
             if t.op is VAR:

@@ -305,6 +305,11 @@ def test_an_epochs_last_smaller_batch_runs_through_a_step_of_its_own_with_the_st
     with pytest.raises(ct.ShapeError, match=r"has shape \(5, 6\); a program runs on the shapes it was compiled for: "
                                             r"drop a last, smaller batch, or compile a step for that shape"):
         step(x=xl, y=yl)
+    with pytest.raises(ct.ShapeError) as larger:  # a larger feed is no last batch; nor is a feed to ct.evaluate
+        step(x=np.zeros((32, 6), np.float32), y=yb)
+    with pytest.raises(ct.ShapeError) as evaluated:
+        ct.evaluate(loss, {"x": xl, "y": yl, **{name: step.state[name] for name in params}})
+    assert "last, smaller batch" not in str(larger.value) + str(evaluated.value)
     ct.load_state_dict(step_last, step.state)
     before = {name: np.array(value) for name, value in step_last.state.items()}
     step_last(x_last=xl, y_last=yl)

@@ -555,6 +555,12 @@ def test_losses_reduce_as_asked_and_cross_entropy_takes_probability_targets():
     np.testing.assert_allclose(ct.evaluate(nn.mse_loss(t, t * 0.0, reduction="sum"), {"t": d}), (d * d).sum())
     np.testing.assert_allclose(ct.evaluate(nn.binary_cross_entropy_with_logits(t, t * 0.0, reduction="none"),
                                            {"t": d}), np.log1p(np.exp(d)), rtol=1e-14)
+    half = ct.var("half", (5, 4), "bfloat16")  # probabilities in bfloat16 are probabilities too
+    got = ct.evaluate(nn.cross_entropy(logits, half, reduction="none"), {"logits": x, "half": p.astype(half.dtype)})
+    np.testing.assert_allclose(got, -(p.astype(half.dtype).astype(np.float64) * log_softmax).sum(-1), rtol=1e-14)
+    with pytest.raises(ct.DTypeError, match=r"class indices are integer labels of shape \(5,\), floating labels are "
+                                            r"probabilities of the classes, of the logits' shape"):
+        nn.cross_entropy(logits, ct.var("f", (5,)))
     with pytest.raises(ct.CortadoError, match="mse_loss: reduction is one of 'mean', 'sum', 'none', not 'avg'"):
         nn.mse_loss(t, t, reduction="avg")
     with pytest.raises(ct.CortadoError, match="ignore_index is for integer labels"):

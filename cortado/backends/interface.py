@@ -100,14 +100,14 @@ class Executor:
     chosen among candidates to that call (whose ``describe()`` says which it is, for ``explain``);
     ``beside``: the indices of the kernels it runs beside the others (``Backend.beside``); ``launched``: the
     indices of the kernels that do work each step (a load, a view, or a value another kernel writes in place does
-    none), those ``profile`` times.
+    none), those ``profile`` times; None where an executor does not say, counted as every kernel.
     """
 
     state = {}
     direct_outputs = frozenset()
     choices = {}
     beside = frozenset()
-    launched = frozenset()
+    launched = None
 
     def layout(self, t):
         """How value ``t``'s elements lie in memory where that is not C order (``"channels-last"``), for ``explain``."""

@@ -54,9 +54,9 @@ def _from_python(var, value, what):
         raise DTypeError(f"{what} {_declared(var)} holds a value out of range: {error}") from None
 
 
-def _conform(var, value, any_float, what):
+def _conform(var, value, any_float, what, compiled=False):
     """``value`` as an array of the variable's shape and dtype, or a clear error that calls it ``what`` (the feed
-    for, the value written to)."""
+    for, the value written to); ``compiled``: fed to a compiled program, whose shapes are fixed."""
     if isinstance(value, Term):
         raise DTypeError(f"{what} {_declared(var)} is a cortado term; feeds are values (arrays)")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
@@ -70,27 +70,29 @@ def _conform(var, value, any_float, what):
     else:
         array = _from_python(var, value, what)
     if tuple(array.shape) != var.shape:
-        raise ShapeError(f"{what} {_declared(var)} has shape {tuple(array.shape)}" + _batch_hint(var, array, what))
+        hint = _batch_hint(var, array) if compiled else ""
+        raise ShapeError(f"{what} {_declared(var)} has shape {tuple(array.shape)}{hint}")
     return array
 
 
-def _batch_hint(var, array, what):
-    """What to do where a feed differs from its variable in the leading axis alone (an epoch's last, smaller
-    batch): a compiled program takes the shapes it was built for."""
-    if what != "the feed for" or array.ndim != len(var.shape) or array.ndim == 0 \
-            or tuple(array.shape[1:]) != var.shape[1:]:
+def _batch_hint(var, array):
+    """What to do where a program's feed is its variable's shape but for a shorter leading axis (an epoch's last,
+    smaller batch): a compiled program takes the shapes it was built for."""
+    if array.ndim != len(var.shape) or array.ndim == 0 or tuple(array.shape[1:]) != var.shape[1:] \
+            or array.shape[0] >= var.shape[0]:
         return ""
     return ("; a program runs on the shapes it was compiled for: drop a last, smaller batch, or compile a step for "
             "that shape and move the state across with ct.load_state_dict (docs/training.md, one batch shape)")
 
 
-def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for"):
+def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for", compiled=False):
     """``{var: array}`` for every variable, checked against ``feeds`` (name or var -> value).
 
     ``any_float=True`` lets a floating variable take a feed of any floating dtype, as it is
     kept: for a computation that widens every float anyway. ``state``: the names a program keeps as
     state, which a feed naming one is told how to set. ``what``: how an error calls a value (a state
-    variable's first value or a value written to it is no feed).
+    variable's first value or a value written to it is no feed). ``compiled``: the feeds of a compiled program's
+    call, whose error for an epoch's last, smaller batch says what to do.
     """
     if isinstance(feeds, dict) and all(type(key) is str for key in feeds):  # by name: the usual call, kept cheap
         named = feeds
@@ -113,4 +115,4 @@ def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for
         why = "" if variables_by_name else (": it is a constant, which depends on no variable (a gradient of a sum, "
                                             "say, is ones whatever its variable holds); evaluate it with no feeds")
         raise FeedError(f"feeds {extra} name no variable of the graph (its variables: {known}){why}")
-    return {var: _conform(var, named[name], any_float, what) for name, var in variables_by_name.items()}
+    return {var: _conform(var, named[name], any_float, what, compiled) for name, var in variables_by_name.items()}

@@ -3,6 +3,7 @@ takes the log of a softmax or a sigmoid it has rounded to 0."""
 
 from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import is_float
 from ..exprgraph.term import describe_operands
 from ..settings import real
 from .module import gathered_from_zero
@@ -24,15 +25,21 @@ def cross_entropy(logits, labels, ignore_index=None, label_smoothing=0.0, reduct
     logits, labels = ct.as_term(logits), ct.as_term(labels)
     smoothing = real("cross_entropy", "label_smoothing", label_smoothing, 0, 1)
     _check_reduction("cross_entropy", reduction)
-    if labels.dtype.kind == "f" and labels.shape == logits.shape:
+    if is_float(labels.dtype) and labels.shape == logits.shape:
         return _reduced(_soft_target_losses(logits, labels, ignore_index, smoothing), reduction)
+    if is_float(labels.dtype):
+        error = DTypeError if labels.shape == logits.shape[:-1] else ShapeError
+        raise error(f"cross_entropy: labels of shape {labels.shape} for logits of shape {logits.shape}: class indices "
+                    f"are integer labels of shape {logits.shape[:-1]}, floating labels are probabilities of the "
+                    f"classes, of the logits' shape")
     if labels.dtype.kind not in "iu":
-        raise DTypeError(f"cross_entropy takes integer labels (class indices) of the logits' leading shape, or "
-                         f"floating probabilities of their shape, not {labels.dtype} labels of shape {labels.shape} "
-                         f"for logits of shape {logits.shape}")
+        raise DTypeError(f"cross_entropy takes integer labels (class indices) or floating probabilities, not "
+                         f"{labels.dtype}")
     if labels.shape != logits.shape[:-1]:
         raise ShapeError(f"cross_entropy: labels of shape {labels.shape} for logits of shape {logits.shape}: one "
-                         f"label for each row of logits, shape {logits.shape[:-1]}")
+                         f"label for each row of logits, shape {logits.shape[:-1]}"
+                         + (" (probabilities of the classes, of the logits' shape, are floating)"
+                            if labels.shape == logits.shape else ""))
     call = f"nn.cross_entropy({describe_operands((logits, labels))})"
     counted = None if ignore_index is None else ct.not_equal(labels, ignore_index)
     places = labels if counted is None else ct.where(counted, labels, 0)
@@ -52,8 +59,8 @@ def _soft_target_losses(logits, probabilities, ignore_index, smoothing):
     """Each position's ``-sum(p log_softmax(logits))`` for probability targets ``p`` (smoothed as PyTorch smooths
     them), log_softmax taken stably."""
     if ignore_index is not None:
-        raise CortadoError("cross_entropy: ignore_index is for integer labels; probability targets weigh each "
-                           "position by the probabilities given (a row of zeros counts for nothing)")
+        raise CortadoError("cross_entropy: ignore_index is for integer labels; with probability targets every "
+                           "position counts in the mean")
     if smoothing:
         probabilities = (1 - smoothing) * probabilities + smoothing / logits.shape[-1]
     return -ct.sum(probabilities * ct.log_softmax(logits, axis=-1), axis=-1)
