@@ -77,8 +77,8 @@ def test_log_exp_fires_on_text_but_not_on_a_float_tensor_where_exp_overflows_or_
 
 def test_the_trace_records_every_rewrite_and_explain_prints_it():
     trace = Trace()
-    ct.rules.simplify(ct.negative(ct.negative(x)) * 1 + 0, trace=trace)
-    assert [step.rule for step in trace] == ["double-negation", "multiply-one-right", "add-zero-right"]
+    ct.rules.simplify(ct.negative(ct.negative(x)) * 1 - 0, trace=trace)
+    assert [step.rule for step in trace] == ["double-negation", "multiply-one-right", "subtract-zero"]
     assert trace[0].before is ct.negative(ct.negative(x)) and trace[0].after is x
     text = explain(trace)
     assert text.startswith("3 rewrites by 3 rules")

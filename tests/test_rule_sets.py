@@ -61,7 +61,7 @@ def test_every_rule_set_keeps_values(name, case):
 
 def _redundant_forms(term, draw):
     """Forms with ``term``'s value, shape and dtype, for every value, that simplify should undo."""
-    forms = [term + 0, 1 * term, term * 1, ct.negative(ct.negative(term)),
+    forms = [term - 0.0, term + (-0.0), 1 * term, term * 1, ct.negative(ct.negative(term)),
              ct.cast(term, term.dtype), ct.reshape(ct.reshape(term, (-1,)), term.shape)]
     if term.ndim:
         perm = draw(st.permutations(range(term.ndim)))
@@ -72,7 +72,7 @@ def _redundant_forms(term, draw):
 
 def _fast_math_forms(term, draw):
     """Forms with ``term``'s value for finite values of moderate size, which only fast_math undoes."""
-    forms = [2.0 * (0.5 * term), term - term + term, (term + 1.0) + (-1.0)]
+    forms = [2.0 * (0.5 * term), term - term + term, (term + 1.0) + (-1.0), term + 0.0]
     if term.ndim:
         forms.append(0.5 * ct.sum(ct.broadcast_to(term, (2,) + term.shape), axis=0))
     return forms
@@ -174,6 +174,26 @@ def test_softmax_and_sigmoid_written_out_become_the_ops():
     written = ct.exp(x) / ct.sum(ct.exp(x), axis=1, keepdims=True)
     assert _stabilised(written) is ct.softmax(x, axis=1)
     assert _stabilised(1 / (1 + ct.exp(-x))) is ct.sigmoid(x)
+
+
+def test_the_sign_of_a_zero_is_kept_and_fast_math_lets_it_go():
+    """``x + 0``, ``0 - x`` and ``-(x - y)`` differ from ``x``, ``-x`` and ``y - x`` only in the sign of a zero, which
+    ``1 / x`` turns into the sign of an infinity: they stay, but for the zero that keeps every sign (``x + -0.0``,
+    ``-0.0 - x``, ``x - 0.0``), integers, text, and fast_math."""
+    x = ct.var("x", (2,))
+    zeros = {"x": np.array([0.0, -0.0], np.float32)}
+    written = [1.0 / (x + 0.0), 1.0 / (0.0 - x), 1.0 / ct.negative(x - x), 1.0 / (x + -0.0), 1.0 / (-0.0 - x),
+               1.0 / (x - 0.0)]
+    for term in written:
+        expected = ct.evaluate(term, zeros)
+        np.testing.assert_array_equal(ct.compile([term], inputs=[x])(**zeros)[0], expected)
+        np.testing.assert_array_equal(np.signbit(ct.evaluate(simplify(term), zeros)), np.signbit(expected))
+    assert simplify(x + 0.0) is 0.0 + x and simplify(x + -0.0) is x and simplify(x - 0.0) is x
+    assert simplify(0.0 - x) is 0.0 - x and simplify(-0.0 - x) is ct.negative(x)
+    i = ct.var("i", (2,), "int32")
+    assert simplify(i + 0) is i and simplify(0 - i) is ct.negative(i) and simplify(ct.negative(i - 1)) is 1 - i
+    assert simplify("a + 0") == "a" and simplify("0 - a") == "-a"
+    assert fast_simplifier.run([x + 0.0])[0] is x and fast_simplifier.run([0.0 - x])[0] is ct.negative(x)
 
 
 def test_x_times_zero_is_zero_only_where_that_holds_for_inf_and_nan():

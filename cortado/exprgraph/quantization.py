@@ -81,15 +81,22 @@ def _zero_point(name, value, x, axis, bounds=None):
 def _quantizing(name, x, scale, zero_point, dtype, axis):
     """The checked operands of ``quantize`` or ``fake_quantize``: ``x``, the dtype's name and range, the scale and
     zero point as float32 terms along ``axis``, and ``x``'s levels, ``rint(x * (1 / s)) + z`` in float32 before
-    they are clamped."""
+    they are clamped (``rint(x * (1 / s))`` where ``z`` is the constant 0 and they are cast to integers: the sum
+    differs only in the sign of a zero, which no integer has)."""
     x = ct.as_term(x)
     if not is_float(x.dtype):
         raise DTypeError(f"{name}: quantizes a floating tensor, not {x.dtype}; cast it first")
     dtype, (low, high) = _range(name, dtype)
     axis = _axis(name, x, axis)
     scale, zero_point = _scale(name, scale, x, axis), _zero_point(name, zero_point, x, axis, (low, high))
-    levels = ct.rint(ct.cast(x, "float32") * (1.0 / scale)) + zero_point
+    levels = ct.rint(ct.cast(x, "float32") * (1.0 / scale))
+    if not (name == "quantize" and _is_zero(zero_point)):
+        levels = levels + zero_point
     return x, dtype, (float(low), float(high)), scale, zero_point, levels
+
+
+def _is_zero(term):
+    return term.op.name == "const" and term.attr("value").scalar == 0
 
 
 def quantize(x, scale, zero_point=0, dtype="int8", axis=None):

@@ -1,6 +1,7 @@
 """``algebra``: the identities of + - * / **, constant folding and collecting, layout algebra.
 
-Every rule gives every input the value the written form gives, with these stated exceptions:
+Every rule gives every input the value the written form gives, the sign of a zero included (``1 / x`` tells
+``+0.0`` from ``-0.0``), up to rounding:
 
 - collecting constants (``3*(2*x)`` to ``6*x``) fires only where no value can change: integers and
   booleans (their arithmetic wraps, so any grouping gives the same bits), and float products whose
@@ -8,8 +9,9 @@ Every rule gives every input the value the written form gives, with these stated
   the same way (both at least 1 in magnitude, or both at most 1): both forms then round the one
   exact product once (or, all at most 1, differ by a unit in the subnormals' last place), and
   neither overflows where the other does not. Float sums are never regrouped;
-- ``+0.0`` and ``-0.0`` count as equal: ``x + 0`` becomes ``x``, though ``-0.0 + 0.0`` is ``+0.0``, ``0 - x``
-  becomes ``-x`` and ``-(x - y)`` becomes ``y - x`` (so ``1 / -(x - x)`` is ``+inf``, not ``-inf``).
+- a float ``x + 0`` becomes ``x`` only where the zero is ``-0.0`` (``-0.0 + 0.0`` is ``+0.0``), ``x - 0`` only
+  where it is ``+0.0``, ``0 - x`` becomes ``-x`` only for ``-0.0``, and ``-(x - y)`` stays (``-(x - x)`` is
+  ``-0.0``, ``y - x`` then ``+0.0``); integers and text take them all.
 
 A negation moves into the op that reads it (``x - (-y)`` to ``x + y``) only where the negated operand has the
 result's dtype or is a float: a narrower integer wraps where it is negated (int8 ``-(-128)`` is -128), before the
@@ -17,7 +19,8 @@ op widens it.
 
 ``x - x`` becomes zeros for integers and booleans only (an infinite or nan float gives nan).
 ``fast_math``, a separate rule set that ``compile(..., fast_math=True)`` adds, regroups float sums
-and products and takes ``x - x`` as 0 whatever ``x`` holds, as PyTensor and XLA do by default.
+and products, takes ``x - x`` as 0 whatever ``x`` holds, and counts ``+0.0`` and ``-0.0`` as one value, as
+PyTensor and XLA do by default.
 
 A constant of one value broadcast against other operands is written as that one value (a 0-d
 constant). An identity whose operand must be broadcast or cast to stand for the term (``1 * s``
@@ -46,7 +49,9 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.ops import CONST, MATMUL, TRANSPOSE
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
-from .guards import all_of, constants, exact_for_every_input, negated_as_the_result, not_constant, same_type
+from .guards import (
+    all_of, constants, exact_for_every_input, negated_as_the_result, not_constant, same_type, signed_zero_kept,
+)
 from .text import literal_value
 
 
@@ -281,10 +286,10 @@ algebra = RuleSet([
     Rule("scalar-constants", "_e", _scalar_splats),
     Rule("stop-gradient", "stop_gradient(_x)", _identity("_x")),  # gradients are taken before a program is built
     Rule("float8-gradient", "float8_gradient(_x, *_history, dtype=_d)", _identity("_x")),  # likewise
-    Rule("add-zero", "0 + _x", _identity("_x")),
-    Rule("add-zero-right", "_x + 0", _identity("_x")),
-    Rule("subtract-zero", "_x - 0", _identity("_x")),
-    Rule("zero-minus", "0 - _x", "-_x"),
+    Rule("add-zero", "0 + _x", _identity("_x"), guard=signed_zero_kept(0, negative=True)),
+    Rule("add-zero-right", "_x + 0", _identity("_x"), guard=signed_zero_kept(1, negative=True)),
+    Rule("subtract-zero", "_x - 0", _identity("_x"), guard=signed_zero_kept(1, negative=False)),
+    Rule("zero-minus", "0 - _x", "-_x", guard=signed_zero_kept(0, negative=True)),
     Rule("multiply-one", "1 * _x", _identity("_x")),
     Rule("multiply-one-right", "_x * 1", _identity("_x")),
     Rule("multiply-zero", "0 * _x", "0", guard=exact_for_every_input),
@@ -298,7 +303,7 @@ algebra = RuleSet([
     Rule("subtract-negative", "_x - (-_y)", "_x + _y", guard=negated_as_the_result("_y")),
     Rule("add-negative", "_x + (-_y)", "_x - _y", guard=negated_as_the_result("_y")),
     Rule("negative-plus", "(-_x) + _y", "_y - _x", guard=negated_as_the_result("_x")),
-    Rule("negate-difference", "-(_x - _y)", "_y - _x"),
+    Rule("negate-difference", "-(_x - _y)", "_y - _x", guard=exact_for_every_input),  # -(x - x) is -0.0
     Rule("negative-product", "(-_x) * (-_y)", "_x * _y", guard=negated_as_the_result("_x", "_y")),
     Rule("self-difference", "_x - _x", "0", guard=exact_for_every_input),
     Rule("self-sum", "_x + _x", "2 * _x"),
@@ -323,6 +328,11 @@ algebra = RuleSet([
 
 fast_math = RuleSet([
     Rule("self-difference-fast", "_x - _x", "0"),
+    Rule("add-zero-fast", "0 + _x", _identity("_x")),
+    Rule("add-zero-right-fast", "_x + 0", _identity("_x")),
+    Rule("subtract-zero-fast", "_x - 0", _identity("_x")),
+    Rule("zero-minus-fast", "0 - _x", "-_x"),
+    Rule("negate-difference-fast", "-(_x - _y)", "_y - _x"),
     Rule("difference-collected-fast", "(_b + _x) - _a", _collect_difference, guard=constants("_a", "_b")),
     Rule("collect-sums-fast", "_a + (_b + _x)", _collect("+"), guard=constants("_a", "_b")),
     Rule("collect-products-fast", "_a * (_b * _x)", _collect("*"), guard=constants("_a", "_b")),

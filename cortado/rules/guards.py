@@ -4,6 +4,8 @@ Each works on tensor and text matches alike, asking the match's domain what a co
 tensor-only ones (shapes, dtypes) are simply false on text, where there are none.
 """
 
+import numpy as np
+
 from ..exprgraph.dtypes import is_float
 from ..exprgraph.term import Term
 
@@ -41,6 +43,22 @@ def negated_as_the_result(*names):
         if not isinstance(b.term, Term):
             return True
         return all(b[name].dtype == b.term.dtype or is_float(b[name].dtype) for name in names)
+
+    return guard
+
+
+def signed_zero_kept(position, negative):
+    """Guard for dropping the zero at operand ``position`` of the matched op (``x + 0`` to ``x``, ``0 - x`` to
+    ``-x``): the result keeps the sign of every zero only where the zero dropped is ``-0.0`` (``negative``: ``x +
+    -0.0`` is ``x`` for every ``x``, ``-0.0 - x`` is ``-x``) or ``+0.0`` (``x - 0.0`` is ``x``), or where the other
+    operand and the result cannot hold a negative zero: integers, booleans, and text, whose symbols stand for reals.
+    Else ``-0.0 + 0.0`` is ``+0.0`` where ``x`` is ``-0.0``, and ``1 / x`` an infinity of the other sign."""
+
+    def guard(b):
+        t = b.term
+        if not isinstance(t, Term) or not is_float(t.dtype) or not is_float(t.args[1 - position].dtype):
+            return True
+        return bool(np.signbit(t.args[position].attr("value").scalar)) == negative
 
     return guard
 
