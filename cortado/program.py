@@ -174,7 +174,8 @@ class Program:
                 f"{self.kernels_run} kernels run on {self.backend}; arena {self.memory.peak_bytes} bytes>")
 
     def explain(self, examples=3):
-        """The rules that fired in each stage, the kernels in order, and the memory plan."""
+        """The rules that fired in each stage (the first ``examples`` rewrites of each, before and after), the
+        kernels in order, and the memory plan."""
         return "\n".join(self._rules(examples) + [""] + self._schedule() + self._buckets()
                          + ["", "memory: " + self.memory.summary()])
 
@@ -187,6 +188,8 @@ class Program:
                 continue
             lines.append(f"  {stage}: {len(trace)} rewrites: " + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
             lines += [f"      {step}" for step in list(trace)[:examples]]
+            if len(trace) > examples:
+                lines.append(f"      ... and {len(trace) - examples} more (explain(examples=n) shows n of each stage)")
         return lines
 
     def _schedule(self):

@@ -613,6 +613,10 @@ def graphs(ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, m
     builders = {name: BUILDERS.get(name) for name in ops}
     if "cast" in ops:
         builders["cast"] = _cast_builder(dtypes)
+    sizes = {"max_inputs": max_inputs, "max_steps": max_steps, "max_rank": max_rank, "max_side": max_side}
+    small = [f"{name}={value!r}" for name, value in sizes.items() if not isinstance(value, int) or value < 1]
+    if small:
+        raise ValueError(f"cortado.testing.graphs: {', '.join(small)}; each is a whole number of at least 1")
     return _graphs(builders, dtypes, max_inputs, max_steps, max_rank, max_side)
 
 
@@ -682,13 +686,17 @@ def _array(var, lo, hi):
     return hnp.arrays(drawn, var.shape, elements=elements).map(lambda array: array.astype(var.dtype, copy=False))
 
 
-def feeds(graph, bounds=(-2.0, 2.0)):
-    """A strategy of ``{name: array}`` for a ``RandomGraph`` (its own bounds) or a list of variables."""
+def feeds(graph, bounds=None):
+    """A strategy of ``{name: array}`` for a ``RandomGraph`` or a list of variables, each value within ``bounds``
+    (by default ``(-2.0, 2.0)``); a ``RandomGraph``'s values also within the bounds of each of its inputs that keep
+    its values finite and well-conditioned."""
     if isinstance(graph, RandomGraph):
-        variables, ranges = graph.inputs, graph.bounds
+        variables = graph.inputs
+        low, high = (-math.inf, math.inf) if bounds is None else bounds
+        ranges = {name: (max(lo, low), min(hi, high)) for name, (lo, hi) in graph.bounds.items()}
     else:
         variables = list(graph)
-        ranges = {v.name: bounds for v in variables}
+        ranges = {v.name: (-2.0, 2.0) if bounds is None else bounds for v in variables}
     return st.fixed_dictionaries({v.name: _array(v, *ranges[v.name]) for v in variables})
 
 

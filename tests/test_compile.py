@@ -434,6 +434,9 @@ def test_a_cpu_profile_times_every_kernel_and_steps_as_a_call_does():
     assert step.kernels_run == len(lines) - 1 < len(step.kernels)
     assert f"kernels ({len(step.kernels)} in order; {step.kernels_run} do work each step" in step.explain()
     assert f"; {step.kernels_run} kernels run on numpy;" in repr(step)
+    assert any(".load x (64, 32)" in line for line in lines[1:])  # a load named as explain names it
+    text = step.explain(examples=1)
+    assert "... and " in text and " more (explain(examples=n) shows n of each stage)" in text
     labels = [line.split("%", 1)[1].strip() for line in lines[1:]]
     assert any(label.startswith("k") and ".matmul (64, 16)" in label for label in labels)
     assert any(".fused " in label for label in labels)

@@ -344,6 +344,10 @@ def test_derivative_rules_refuse_to_be_incomplete():
         Derivative("bad", "sum(_x, axis=0)", _x="_dy")
     with pytest.raises(ct.RewriteError, match="'foo' is no cortado op"):
         Derivative("bad", "foo(_x)", _x="_dy")
+    with pytest.raises(ct.RewriteError, match=r"derivative 'bad': the VJP of _x uses _w, which neither the pattern "
+                                              r"tanh\(_x\) binds nor is _y \(the output\) or _dy"):
+        Derivative("bad", "tanh(_x)", _x="_dy * _w")  # refused where it is written, not at ct.grad
+    assert repr(Derivative("tanh", "tanh(_x)", _x="_dy * (1 - _y * _y)")).endswith("_x=_dy * (1 - (_y * _y)))")
 
 
 def test_a_wrong_rule_is_caught_by_the_gradient_check_and_rules_can_be_replaced():

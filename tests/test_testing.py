@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 from hypothesis import Phase, find, given, settings
+from hypothesis import strategies as st
 from numpy_oracle import replay_numpy
 
 import cortado as ct
@@ -59,6 +60,15 @@ def test_bad_options_are_refused():
         graphs(ops=["conv2d"])
     with pytest.raises(ValueError, match="floating"):
         graphs(dtypes=("int32",))
+    with pytest.raises(ValueError, match=r"graphs: max_side=0; each is a whole number of at least 1"):
+        graphs(max_side=0)
+
+
+@settings(max_examples=30)
+@given(st.data(), graphs(dtypes=("float64",)))
+def test_feeds_keep_within_the_bounds_given_for_a_graph_too(data, graph):
+    for value in data.draw(feeds(graph, bounds=(0.0, 1.0))).values():
+        assert ((value >= 0.0) & (value <= 1.0)).all()
 
 
 @given(graphs_with_feeds(ops=["sigmoid", "softmax", "einsum"]))

@@ -45,7 +45,7 @@ from .convolution_vjps import conv_input_vjp, conv_weight_vjp, overlap_add_vjp, 
 from .decompositions import places, taken_places
 from .engine import Rewrite, substitute
 from .matching import Bindings, instantiate, match
-from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable
+from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable, placeholder_names
 from .primitives import in_primitives
 from .reverse import backpropagate
 from .domains import TENSOR, NotApplicable, op_name
@@ -78,6 +78,13 @@ class Derivative:
             raise RewriteError(f"derivative {name!r} gives VJPs for {sorted(vjps)} but its pattern "
                                f"{self.pattern!r} has the inputs {sorted(self.inputs)}: give one VJP each")
         self.vjps = {k: v if callable(v) and not isinstance(v, Pattern) else as_pattern(v) for k, v in vjps.items()}
+        known = set(placeholder_names(self.pattern)) | {"_y", "_dy"}
+        for k, vjp in self.vjps.items():
+            unbound = set(placeholder_names(vjp)) - known if isinstance(vjp, Pattern) else set()
+            if unbound:
+                raise RewriteError(f"derivative {name!r}: the VJP of {k} uses {', '.join(sorted(unbound))}, which "
+                                   f"neither the pattern {self.pattern!r} binds nor is _y (the output) or _dy (its "
+                                   f"adjoint)")
 
     def vjp(self, term, position, adjoint, trace=None):
         """The VJP of ``adjoint`` (the adjoint of ``term``) with respect to ``term.args[position]``.

@@ -127,7 +127,8 @@ class Executor(interface.Executor):
             numpy_blas |= em.numpy_blas
             self.calls += em.calls
             self.call_kernel += [kernel] * len(em.calls)
-            self.labels += [f"k{i}.{kernel.term.op.name} {kernel.term.shape}"] * len(em.calls)
+            what = f"load {kernel.term.name}" if kernel.term.op is VAR else kernel.term.op.name  # as explain says
+            self.labels += [f"k{i}.{what} {kernel.term.shape}"] * len(em.calls)
             launched += [i] if em.calls else []
         self.launched = frozenset(launched)
         self.kernel_calls, self.kernel_of_call = self.calls, self.call_kernel  # each kernel's calls apart (``profile``)
