@@ -11,6 +11,7 @@ The same engine rewrites tensor expressions and Python-syntax text (text in, tex
 
 from .algebra import algebra, fast_math
 from .api import findex, matchex, matchingex, rewrite, rewrite_all, simplifier, simplify, subs, tryrewrite
+from .checking import check
 from .derivatives import Derivative, Derivatives, derivatives
 from .engine import Chain, Fixpoint, Postwalk, Prewalk, Rewrite, Rewriter, Rule, RuleSet, Run, Trace, explain
 from .guards import constants, floating, not_constant, same_type
@@ -24,5 +25,5 @@ __all__ = [
     "Rule", "RuleSet", "Rewriter", "Chain", "Fixpoint", "Postwalk", "Prewalk", "Run", "Trace", "Rewrite", "explain",
     "placeholders", "Pattern", "Placeholder", "Splat", "Bindings", "constants", "not_constant", "same_type", "floating",
     "TextTerm", "parse", "unparse", "algebra", "fast_math", "stability",
-    "derivatives", "Derivative", "Derivatives",
+    "derivatives", "Derivative", "Derivatives", "check",
 ]
