@@ -12,6 +12,7 @@ library calls chosen and the memory plan) follows its table.
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -59,6 +60,23 @@ def _xy(step, work):
 
 
 MODELS = {"mlp": mlp_steps, "cnn": cnn_steps, "gpt": gpt_steps}
+
+
+def kernel_lines(step):
+    """A line for each generated kernel of compiled GPU ``step``, named as ncu names it, with its shape and the
+    bytes it reads and writes: what names ncu's rows (``KERNEL name shape dtype read .. MB write .. MB outputs``)."""
+    def nbytes(t):
+        return math.prod(t.shape) * t.dtype.itemsize
+
+    lines = []
+    for term, made in step._executor.runners.items():
+        for source in getattr(made, "sources", []) or []:
+            outs = term.attrs.outputs if term.op.name == "fused" else (term,)
+            read = sum(nbytes(a) for a in dict.fromkeys(term.args))
+            written = sum(nbytes(o) for o in outs)
+            lines.append(f"KERNEL {source.name} {term.shape} {term.dtype.name} read {read / 1e6:.1f} MB write "
+                         f"{written / 1e6:.1f} MB " + " ".join(f"{o.shape}{o.dtype.name}" for o in outs)[:120])
+    return lines
 
 
 def main():

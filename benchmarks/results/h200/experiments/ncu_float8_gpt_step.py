@@ -5,7 +5,6 @@ what each reads and writes printed first (KERNEL lines), so that ncu's rows can 
         --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \\
         --section MemoryWorkloadAnalysis python3 ncu_float8_gpt_step.py > ncu.csv
 """
-import math
 import sys
 
 import cupy
@@ -15,22 +14,13 @@ sys.path.insert(0, "benchmarks")
 sys.path.insert(0, "examples")
 import bench_float8_gpt_gpu as bench  # noqa: E402
 from gpt import TEXT  # noqa: E402
-
-
-def nbytes(t):
-    return math.prod(t.shape) * t.dtype.itemsize
-
+from profile_gpu import kernel_lines  # noqa: E402
 
 bench.SIZES["one"] = dict(layers=1, width=768, heads=12, context=1024, batch=8)
 data = np.frombuffer(open(TEXT, "rb").read(), np.uint8)
 step, _ = bench.program("one", sys.argv[1] if len(sys.argv) > 1 else "float8", "cupy", data)
-for term, made in step._executor.runners.items():
-    for source in getattr(made, "sources", []) or []:
-        outs = term.attrs.outputs if term.op.name == "fused" else (term,)
-        read = sum(nbytes(a) for a in dict.fromkeys(term.args))
-        written = sum(nbytes(o) for o in outs)
-        print("KERNEL", source.name, term.shape, term.dtype.name, f"read {read / 1e6:.1f} MB write {written / 1e6:.1f} MB",
-              " ".join(f"{o.shape}{o.dtype.name}" for o in outs)[:120])
+for line in kernel_lines(step):
+    print(line)
 tokens, labels = cupy.zeros((8, 1024), np.int32), cupy.ones((8, 1024), np.int32)
 for _ in range(3):
     step(tokens_in=tokens, labels=labels)
