@@ -86,6 +86,22 @@ def test_the_trace_records_every_rewrite_and_explain_prints_it():
     assert explain(Trace()) == "no rule fired"
 
 
+def test_a_match_refused_says_why_in_the_trace():
+    """A rule that matches but whose replacement cannot stand for the term (another shape, or operands its ops
+    refuse) fires nowhere; the trace keeps the refusal, and explain shows the first of each rule with why."""
+    m = ct.var("m", (4, 3))
+    rules = RuleSet([Rule("drop-sum", "sum(_a, axis=_ax, keepdims=_k)", "_a"),
+                     Rule("bad-product", "exp(_a)", "_a @ _a")])
+    trace = Trace()
+    Fixpoint(Postwalk(rules)).run([ct.sum(m, axis=1), ct.exp(m)], trace)
+    assert not trace and {rule for rule, _, _ in trace.refused} == {"drop-sum", "bad-product"}
+    text = trace.explain()
+    assert text.startswith("no rule fired\n") and "match(es) refused:" in text
+    assert "drop-sum at <sum(m, axes=(1,)) : float32[4]>: its replacement would be float32[4, 3], not the term's " \
+           "float32[4]" in text
+    assert "bad-product at <exp(m) : float32[4,3]>: its replacement's ops refuse it: " in text
+
+
 def test_deep_chains_need_no_recursion():
     term = x
     for _ in range(50_000):

@@ -36,9 +36,15 @@ class Rewrite:
 
 class Trace(list):
     """Every rewrite of a run, in order. ``explain`` prints it; ``counts`` tallies rules; ``label``, where set, names
-    the stage in a program's ``explain()`` (``simplify (fast_math)``)."""
+    the stage in a program's ``explain()`` (``simplify (fast_math)``). ``refused``: the first ``REFUSALS_KEPT``
+    matches whose replacement could not stand for the term (another shape or dtype, or operands its ops refuse),
+    as ``(rule, term, why)``: what a rule author looks for when a rule that should fire does not."""
 
     label = None
+
+    def __init__(self, *steps):
+        super().__init__(*steps)
+        self.refused = []
 
     def counts(self):
         return Counter(step.rule for step in self)
@@ -48,18 +54,31 @@ class Trace(list):
 
 
 def explain(trace, limit=40):
-    """The trace as text: the rules that fired with their counts, then each rewrite in order."""
-    if not trace:
-        return "no rule fired"
+    """The trace as text: the rules that fired with their counts, then each rewrite in order, then the matches
+    refused (the first of each rule, with why)."""
     counts = Counter(step.rule for step in trace)
     lines = [f"{len(trace)} rewrites by {len(counts)} rules: "
-             + ", ".join(f"{name} x{n}" for name, n in counts.most_common())]
+             + ", ".join(f"{name} x{n}" for name, n in counts.most_common())] if trace else ["no rule fired"]
     lines += [f"{i:4}. {step}" for i, step in enumerate(trace[:limit], start=1)]
     if len(trace) > limit:
         lines.append(f"      ... and {len(trace) - limit} more")
+    refused = getattr(trace, "refused", ())
+    if refused:
+        first = {}
+        for rule, term, why in refused:
+            first.setdefault(rule, (term, why))
+        lines.append(f"{len(refused)} match(es) refused:")
+        lines += [f"      {rule} at {abbreviated_term(term)}: {why}" for rule, (term, why) in first.items()]
     return "\n".join(lines)
 
 
+def abbreviated_term(term):
+    """``term`` as printed, cut to a line."""
+    text = repr(term)
+    return text if len(text) <= 100 else text[:97] + "..."
+
+
+REFUSALS_KEPT = 1000  # the matches refused a trace keeps (the first of each rule is what explain shows)
 REWRITES_PER_TERM = 50  # a run may make this many rewrites per term it was given (plus 10k) before it is stopped
 
 
@@ -100,6 +119,10 @@ class Run:
         if self.rewrites > self.max_rewrites:
             raise _cycle_error(self.trace[-6:], f"made more than {self.max_rewrites} rewrites of "
                                                 f"{len(self.roots)} term(s); do they grow terms without end?")
+
+    def refuse(self, rule, term, why):
+        if len(self.trace.refused) < REFUSALS_KEPT:
+            self.trace.refused.append((rule, term, why))
 
     def rebuilt(self, original, rebuilt):
         self.rebuilt_from[rebuilt] = self.rebuilt_from.get(original, original)
@@ -195,9 +218,17 @@ class Rule(Rewriter):
                 result = self.replacement(bindings)
                 if result is None:
                     return None
-            return domain.finish(result, term)
-        except (NotApplicable, ShapeError, DTypeError):
+            finished = domain.finish(result, term)
+        except (NotApplicable, ShapeError, DTypeError) as error:
+            # a replacement pattern whose ops refuse the operands is refused; a function declining is no refusal
+            if run is not None and isinstance(self.replacement, Pattern):
+                run.refuse(self.name, term, f"its replacement's ops refuse it: {str(error).splitlines()[0]}")
             return None
+        if finished is None and run is not None:
+            made = f"{result.dtype}{list(result.shape)}" if isinstance(result, Term) else repr(result)
+            run.refuse(self.name, term, f"its replacement would be {made}, not the term's "
+                                        f"{getattr(term, 'dtype', '')}{list(getattr(term, 'shape', ()))}")
+        return finished
 
     def __call__(self, term, run):
         result = self.rewrite(term, run)
