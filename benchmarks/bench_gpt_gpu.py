@@ -1,7 +1,7 @@
 """A GPT's training step on the GPU: cortado against torch eager, torch.compile and jax.jit.
 
     python benchmarks/bench_gpt_gpu.py [--sizes small,large] [--steps N]
-                                       [--only cortado,in-order,torch,compile,reduce-overhead,jax]
+                                       [--only cortado,in-order,heuristic,torch,compile,reduce-overhead,jax]
                                        [--out benchmarks/results/gpt_gpu.json]
     python benchmarks/bench_gpt_gpu.py --backend numpy --sizes tiny    (a smoke test on the CPU, no GPU needed)
 
@@ -28,6 +28,9 @@ batch of windows every step, as the other GPU benchmarks do. The contestants:
   its gradients in whatever order its threads finish, as the peers' attention does.
 - cortado in order: the same with ``overlap_updates=False``, the optimizer's updates run in order on the program's
   stream rather than beside the backward pass.
+- cortado (heuristic GEMMs): the same with ``autotune=False``, every library call the heuristics' first choice:
+  what timing the candidates buys, and a program whose bits do not depend on which candidate a process timed
+  fastest.
 - torch: eager; the same model with F.embedding, F.layer_norm, F.linear (the (in, out) weights transposed as
   views), F.scaled_dot_product_attention(is_causal=True), F.gelu(approximate="tanh") and F.cross_entropy on
   float32 logits; each float32 parameter cast to bfloat16 once a step, where the model reads it, as gpt_by_hand.py does
@@ -115,12 +118,14 @@ TARGETS = {"small_faster_than": 1.0, "large_within": 1.05, "memory_over_torch": 
 # The contestants by name, in the order they run; --only also takes "compile" for torch.compile. Ours runs last,
 # as in the other GPU benchmarks (here each runs in a process of its own anyway).
 ORDER = ("torch", "torch.compile", "torch.compile reduce-overhead", "jax", "cortado", "cortado nondeterministic",
-         "cortado in order")
+         "cortado in order", "cortado (heuristic GEMMs)")
 ALIASES = {"compile": "torch.compile", "reduce-overhead": "torch.compile reduce-overhead",
-           "nondeterministic": "cortado nondeterministic", "in-order": "cortado in order"}
+           "nondeterministic": "cortado nondeterministic", "in-order": "cortado in order",
+           "heuristic": "cortado (heuristic GEMMs)"}
 PEERS = ("torch", "torch.compile", "torch.compile reduce-overhead", "jax")
 COMPILE_MODES = {"torch.compile reduce-overhead": "reduce-overhead"}  # a torch.compile contestant's own mode
-GPU_OPTIONS = ("cortado nondeterministic", "cortado in order")  # ours with a cupy backend option: not on the CPU
+# ours with a cupy backend option: not on the CPU
+GPU_OPTIONS = ("cortado nondeterministic", "cortado in order", "cortado (heuristic GEMMs)")
 
 
 @dataclass
@@ -419,9 +424,10 @@ CONTESTANTS = {"torch": torch_contestant, "torch.compile": torch_contestant,
                "torch.compile reduce-overhead": torch_contestant, "jax": jax_contestant,
                "cortado": cortado_contestant,
                "cortado nondeterministic": functools.partial(cortado_contestant, deterministic=False),
-               "cortado in order": functools.partial(cortado_contestant, overlap_updates=False)}
+               "cortado in order": functools.partial(cortado_contestant, overlap_updates=False),
+               "cortado (heuristic GEMMs)": functools.partial(cortado_contestant, autotune=False)}
 PACKAGE = {"torch": "torch", "torch.compile": "torch", "torch.compile reduce-overhead": "torch", "jax": "jax",
-           "cortado": None, "cortado nondeterministic": None, "cortado in order": None}
+           "cortado": None, "cortado nondeterministic": None, "cortado in order": None, "cortado (heuristic GEMMs)": None}
 
 
 # -- one contestant in its own process -------------------------------------------------------------
@@ -604,6 +610,7 @@ NOTES = {
                                 "the order its threads finish",
     "cortado in order": "the same with overlap_updates=False: the optimizer's updates in order on the program's "
                         "stream rather than beside the backward pass",
+    "cortado (heuristic GEMMs)": "the same with autotune=False: every library call the heuristics' first choice",
     "torch": "eager; explicit bfloat16 casts of the float32 parameters once a step; F.layer_norm, F.linear, "
              "F.scaled_dot_product_attention(is_causal=True), F.gelu(approximate='tanh'), F.cross_entropy on "
              "float32 logits; torch.optim.AdamW(fused=True), decay 0.01 on 2-d parameters, 0 on the rest",
@@ -630,8 +637,9 @@ def command_line(argv=None):
     parser.add_argument("--steps", type=int, help="timed steps of every size (default: the size's)")
     parser.add_argument("--warmup", type=int, help="warm-up steps of every size (default: the size's)")
     parser.add_argument("--only", default=None, help="contestants, comma-separated, of: cortado, nondeterministic "
-                        "(cortado nondeterministic), in-order (cortado in order; these two the GPU's alone), torch, "
-                        "compile (torch.compile), reduce-overhead (torch.compile in that mode), jax (default: all)")
+                        "(cortado nondeterministic), in-order (cortado in order), heuristic (cortado (heuristic "
+                        "GEMMs); these three the GPU's alone), torch, compile (torch.compile), reduce-overhead "
+                        "(torch.compile in that mode), jax (default: all)")
     parser.add_argument("--backend", choices=["cupy", "numpy"], default="cupy",
                         help="ours' backend; numpy: a smoke test on the CPU, the peers (where installed) on the CPU too")
     parser.add_argument("--compile-mode", default="default", help="the torch.compile contestant's mode (default: "
