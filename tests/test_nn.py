@@ -478,6 +478,48 @@ def test_the_activation_modules_match_pytorchs():
                                    atol=1e-15)  # far out gelu's x sigmoid(z) keeps what torch's 1 + tanh rounds to 0
 
 
+def test_pooling_and_flatten_modules_are_the_ops_they_name_and_refuse_what_they_lack():
+    x = ct.var("x", (2, 3, 6, 6), "float64")
+    values = {"x": np.random.default_rng(10).standard_normal((2, 3, 6, 6))}
+    for module, term in ((nn.MaxPool2d(2), ct.max_pool2d(x, 2)), (nn.AvgPool2d(3, 1, 1), ct.avg_pool2d(x, 3, 1, 1)),
+                         (nn.Flatten(), ct.reshape(x, (2, 108))), (nn.Flatten(1, 2), ct.reshape(x, (2, 18, 6))),
+                         (nn.Flatten(0), ct.reshape(x, (216,)))):
+        np.testing.assert_array_equal(ct.evaluate(module(x), values), ct.evaluate(term, values))
+    with pytest.raises(ct.CortadoError, match=r"nn.MaxPool2d: ceil_mode=True is not supported; only PyTorch's "
+                                              r"defaults \(dilation=1, ceil_mode=False, return_indices=False\)"):
+        nn.MaxPool2d(2, ceil_mode=True)
+    with pytest.raises(ct.CortadoError, match=r"nn.AvgPool2d: count_include_pad=False is not supported"):
+        nn.AvgPool2d(2, count_include_pad=False)
+    with pytest.raises(ct.CortadoError, match=r"nn.Flatten\(start_dim=2, end_dim=1\) of float64\[2,3,6,6\]: the "
+                                              r"axes from start_dim to end_dim must exist, in that order"):
+        nn.Flatten(2, 1)(x)
+
+
+@needs_torch
+def test_a_cnn_of_pooling_and_flatten_modules_matches_pytorchs_forward_and_backward():
+    import torch
+
+    torch.manual_seed(0)
+    theirs = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3, padding=1), torch.nn.ReLU(), torch.nn.MaxPool2d(2),
+                                 torch.nn.AvgPool2d(3, 1, 1), torch.nn.Flatten(), torch.nn.Linear(64, 5)).double()
+    ours = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1, dtype="float64"), nn.ReLU(), nn.MaxPool2d(2),
+                         nn.AvgPool2d(3, 1, 1), nn.Flatten(), nn.Linear(64, 5, dtype="float64"))
+    x = ct.var("x", (2, 3, 8, 8), "float64")
+    out = ours(x)
+    params = ours.parameters()
+    loss = ct.sum(out * out)
+    state = {name: theirs.state_dict()[name].numpy() for name in params}
+    xv = np.random.default_rng(11).standard_normal((2, 3, 8, 8))
+    got = ct.evaluate([loss] + ct.grad(loss, list(params.values())), {"x": xv, **state})
+    xt = torch.from_numpy(xv)
+    expected = (theirs(xt) ** 2).sum()
+    expected.backward()
+    np.testing.assert_allclose(got[0], expected.item(), rtol=1e-12)
+    for name, gradient in zip(params, got[1:]):
+        np.testing.assert_allclose(gradient, dict(theirs.named_parameters())[name].grad.numpy(), rtol=1e-10,
+                                   atol=1e-12)
+
+
 def test_a_step_computing_a_layer_in_training_without_its_state_updates_is_warned_of():
     """Without ``model.state_updates``, a batch norm's running statistics would stay at their first values (its
     inference silently wrong) and a dropout would draw the same masks every step."""

@@ -203,3 +203,25 @@ def test_a_program_of_no_inputs_takes_none_as_no_feeds():
     step = ct.compile([ct.const(np.float32(2.0)) * 3])
     assert step(None)[0] == step()[0] == 6
 
+
+
+def test_an_argument_a_call_does_not_take_names_the_call_and_what_it_takes():
+    """PyTorch's ``ceil_mode`` or ``padding_mode`` given to cortado's pooling or convolution: a TypeError that names
+    the function and its parameters, not one from inside ``inspect``."""
+    image, weight = ct.var("im", (1, 3, 5, 5)), ct.var("w", (2, 3, 3, 3))
+    with pytest.raises(TypeError, match=r"^max_pool2d\(x, kernel_size, stride=None, padding=0\): got an unexpected "
+                                        r"keyword argument 'ceil_mode'"):
+        ct.max_pool2d(image, 2, ceil_mode=True)
+    with pytest.raises(TypeError, match=r"^conv2d\(x, w, stride=1, padding=0, dilation=1, groups=1\): .*'padding_mode'"):
+        ct.conv2d(image, weight, padding_mode="zeros")
+
+
+def test_a_torch_tensor_fed_is_told_how_to_become_an_array():
+    """A tensor of PyTorch's (any object of its package) is no array a program reads: the message says
+    ``tensor.numpy()``, not NumPy's ``.astype``, which a tensor lacks."""
+    x = ct.var("x", (2, 3))
+    program = ct.compile([x * 2], inputs=[x])
+    tensor = type("Tensor", (), {"__module__": "torch", "shape": (2, 3), "dtype": "torch.float32"})()
+    with pytest.raises(ct.DTypeError, match=r"is a torch tensor; feed a NumPy array \(tensor.numpy\(\)\) or, on the "
+                                            r"GPU, a CuPy array \(cupy.from_dlpack\(tensor\)\)"):
+        program(x=tensor)

@@ -395,7 +395,10 @@ def _as_written(function):
 
     @functools.wraps(function)
     def call(*args, **kwargs):
-        given = signature.bind(*args, **kwargs).arguments
+        try:
+            given = signature.bind(*args, **kwargs).arguments
+        except TypeError as error:  # an argument it does not take (PyTorch's ceil_mode, say): name the call
+            raise TypeError(f"{function.__name__}{signature}: {error}") from None
         shown = [describe_operands([v]) if isinstance(v, Term) else f"{k}={v!r}" for k, v in given.items()
                  if isinstance(v, Term) or not _same(v, signature.parameters[k].default)]
         with user_call(f"{function.__name__}({', '.join(shown)})"):

@@ -59,6 +59,9 @@ def _conform(var, value, any_float, what, compiled=False):
     for, the value written to); ``compiled``: fed to a compiled program, whose shapes are fixed."""
     if isinstance(value, Term):
         raise DTypeError(f"{what} {_declared(var)} is a cortado term; feeds are values (arrays)")
+    if type(value).__module__.split(".")[0] == "torch":
+        raise DTypeError(f"{what} {_declared(var)} is a torch tensor; feed a NumPy array (tensor.numpy()) or, on the "
+                         f"GPU, a CuPy array (cupy.from_dlpack(tensor))")
     if hasattr(value, "shape") and hasattr(value, "dtype"):
         widened = any_float and is_float(value.dtype) and is_float(var.dtype)
         if value.dtype != var.dtype and not widened:

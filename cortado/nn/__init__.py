@@ -14,9 +14,11 @@ from .attention import CausalSelfAttention
 from .layers import MLP, BatchNorm, Conv2d, Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from .losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss
 from .module import Buffer, Function, Module, ModuleList, Parameter, Sequential
+from .pooling import AvgPool2d, Flatten, MaxPool2d
 
 __all__ = [
     "Module", "Parameter", "Buffer", "Sequential", "ModuleList", "Function", "Linear", "Embedding", "LayerNorm",
     "RMSNorm", "Conv2d", "BatchNorm", "Dropout", "MLP", "CausalSelfAttention", "cross_entropy",
-    "binary_cross_entropy_with_logits", "mse_loss", "init", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh",
+    "binary_cross_entropy_with_logits", "mse_loss", "init", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "MaxPool2d",
+    "AvgPool2d", "Flatten",
 ]
