@@ -204,6 +204,15 @@ def schedule(function, steps):
     return Schedule(function, steps)
 
 
+def lambda_lr(lr, factor, total):
+    """PyTorch's ``LambdaLR``: ``lr * factor(epoch)`` where PyTorch's ``epoch`` counts the steps taken before, from
+    0 (``scheduler.step()`` after each ``optimizer.step()``), so step ``t`` here (from 1) reads ``factor(t - 1)``;
+    tabulated for the ``total`` steps of the run (the last value kept after them)."""
+    if not callable(factor):
+        raise CortadoError(f"lambda_lr: factor is a function of PyTorch's epoch count (from 0), not {factor!r}")
+    return Schedule(lambda t: lr * factor(t - 1), total)
+
+
 def warmup_cosine(peak, warmup, total, floor=0.0):
     """A linear rise from ``peak / warmup`` to ``peak`` over ``warmup`` steps, then a cosine decay to ``floor`` at step
     ``total`` (as GPT training runs use)."""

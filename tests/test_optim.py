@@ -126,6 +126,25 @@ def test_a_schedule_is_read_at_the_steps_count():
     assert optim.step_decay(1.0, every=2, gamma=0.5, total=10)(5) == 0.25
     with pytest.raises(ct.CortadoError, match="total steps"):
         optim.step_decay(1.0, every=2)
+    assert [optim.lambda_lr(0.5, lambda epoch: 0.9 ** epoch, total=3)(t) for t in (1, 2, 3, 4)] == [
+        0.5, 0.5 * 0.9, 0.5 * 0.81, 0.5 * 0.81]  # PyTorch's LambdaLR: epoch 0 at the first step; flat past total
+
+
+@needs_torch
+def test_lambda_lr_reads_the_rate_pytorchs_lambda_lr_gives_each_step():
+    import torch
+
+    factor = lambda epoch: 1.0 / (1.0 + epoch) if epoch % 3 else 0.5 ** epoch  # noqa: E731
+    parameter = torch.nn.Parameter(torch.zeros(1))
+    sgd = torch.optim.SGD([parameter], lr=0.2)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(sgd, factor)
+    theirs = []
+    for _ in range(8):
+        theirs.append(sgd.param_groups[0]["lr"])  # the rate this step uses
+        sgd.step()
+        scheduler.step()
+    ours = optim.lambda_lr(0.2, factor, total=8)
+    assert [ours(t) for t in range(1, 9)] == theirs
 
 
 def test_weight_decay_skips_what_decay_refuses_and_clipping_scales_by_the_global_norm():
