@@ -8,7 +8,7 @@
 
 from . import distributed, nn, optim, rules
 from .backends.reference import evaluate
-from .checkpoint import load, load_state_dict, save
+from .checkpoint import load, load_state_dict, save, state_dict
 from .compiler import compile  # noqa: A004  (ct.compile, as DESIGN.md names it)
 from .errors import (
     BackendError, CortadoError, DTypeError, FeedError, GradError, IndexRangeError, PlanError, RewriteError, ShapeError,
@@ -26,7 +26,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     *_constructors, "argmax", "argmin", "quantize", "dequantize", "fake_quantize", "concatenate", "split",
-    "grad", "vjp", "hvp", "rules", "distributed", "nn", "optim", "save", "load", "load_state_dict",
+    "grad", "vjp", "hvp", "rules", "distributed", "nn", "optim", "save", "load", "load_state_dict", "state_dict",
     "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
     "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "IndexRangeError", "RewriteError", "PlanError",
     "BackendError",

@@ -3,6 +3,7 @@
     ct.save(step, "run.safetensors")          # every state variable, by name
     ct.load(step, "run.safetensors")          # into a program of the same state: it continues bit for bit
     ct.load_state_dict(step, torch_model.state_dict())   # a PyTorch model's weights, by name
+    ct.state_dict(step, model)                           # and back: {name: array}, as PyTorch names them
 
 The file format is safetensors' (an 8-byte header length, a JSON header naming each tensor's dtype, shape and byte
 range, then the bytes), written and read here with NumPy, so the files open with ``safetensors`` and
@@ -167,6 +168,20 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     for name in names:
         _assign(program, name, _numpy(state_dict[name]), "the state_dict", same_dtype=False)
     return names
+
+
+def state_dict(program, model):
+    """The ``model``'s parameters and buffers as ``program`` holds them, ``{name: NumPy array}`` by the names PyTorch
+    gives them (those of its layers that PyTorch's have: not ``Buffer.ours``), the inverse of
+    ``load_state_dict(program, ..., model=model)``: ``torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in
+    ct.state_dict(step, model).items()})`` (PyTorch converts each to its tensor's dtype as it copies it)."""
+    _program(program, "ct.state_dict")
+    names = list(model.parameters()) + [n for n, b in model.named_buffers() if not b.ours]
+    missing = [name for name in names if name not in program.state]
+    if missing:
+        raise FeedError(f"ct.state_dict: the program's state has no {missing[:3]}{' ...' if len(missing) > 3 else ''} "
+                        f"of the model; was the program compiled with model.initial_values()?")
+    return {name: _host(program.state[name]).copy() for name in names}
 
 
 def _assign(program, name, array, source, same_dtype):

@@ -320,3 +320,48 @@ def test_an_epochs_last_smaller_batch_runs_through_a_step_of_its_own_with_the_st
     assert int(step.state["adamw.step"]) == 2
     step(x=xb, y=yb)
     assert int(step.state["adamw.step"]) == 3
+
+
+def test_a_models_state_comes_back_by_pytorchs_names_without_the_optimizers_or_cortados_own_buffers():
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Dropout(0.1), nn.Linear(8, 2))
+    x = ct.var("x", (16, 4))
+    loss = ct.mean(model(x) ** 2)
+    params = model.parameters()
+    opt_state, updates = optim.AdamW(1e-2).updates(params, ct.grad(loss, list(params.values())))
+    step = ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
+                      updates={**updates, **model.state_updates(loss)})
+    step(x=np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32))
+    exported = ct.state_dict(step, model)
+    assert set(exported) == {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
+                             "1.num_batches_tracked", "3.weight", "3.bias"}  # no moments, no dropout stream
+    np.testing.assert_array_equal(exported["1.running_mean"], step.state["1.running_mean"])
+    other = nn.Linear(3, 3)
+    with pytest.raises(ct.FeedError, match=r"ct.state_dict: the program's state has no \['weight', 'bias'\]"):
+        ct.state_dict(step, other)
+
+
+@needs_torch
+def test_a_model_trained_here_loads_strictly_into_pytorch_and_computes_the_same():
+    import torch
+
+    torch.manual_seed(2)
+    theirs = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Linear(8, 2))
+    x = ct.var("x", (16, 4))
+    loss = ct.mean(model(x) ** 2)
+    params = model.parameters()
+    opt_state, updates = optim.SGD(0.1, momentum=0.9).updates(params, ct.grad(loss, list(params.values())))
+    step = ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
+                      updates={**updates, **model.state_updates(loss)})
+    rng = np.random.default_rng(3)
+    for _ in range(3):
+        step(x=rng.standard_normal((16, 4)).astype(np.float32))
+    theirs.load_state_dict({k: torch.from_numpy(v) for k, v in ct.state_dict(step, model).items()})  # strictly
+    model.eval()
+    xe = ct.var("xe", (5, 4))
+    predict = ct.compile([model(xe)], inputs=[xe], state=model.initial_values())
+    model.train()
+    ct.load_state_dict(predict, ct.state_dict(step, model), model=model)
+    batch = rng.standard_normal((5, 4)).astype(np.float32)
+    np.testing.assert_allclose(predict(xe=batch)[0], theirs.eval()(torch.from_numpy(batch)).detach().numpy(),
+                               rtol=1e-5, atol=1e-6)
