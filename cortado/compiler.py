@@ -133,7 +133,8 @@ def _signature(outputs, inputs, state, updates):
             raise DTypeError(f"compile: the update of {v.name!r} has dtype {new.dtype}, the variable {v.dtype}; "
                              f"use ct.cast(..., {v.dtype.name!r})")
     computed = schedule(list(outputs) + list(updates.values()))
-    for what, owing, unupdated in owed.unpaid(computed, {v.name for v in updates}):
+    # a program that updates nothing is no training step (gradients computed to look at them): nothing is owed
+    for what, owing, unupdated in owed.unpaid(computed, {v.name for v in updates}) if updates else ():
         warnings.warn(f"compile: the step computes {what} in training, but its updates leave {list(owing)} as they "
                       f"are, so {unupdated}: add model.state_updates(outputs) to updates, or call model.eval() "
                       f"for inference", stacklevel=4)

@@ -540,6 +540,8 @@ def test_a_step_computing_a_layer_in_training_without_its_state_updates_is_warne
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         ct.compile([loss], inputs=[x], state=state, updates={**updates, **model.state_updates(loss)})
+        # a program that updates nothing (its gradients computed to look at them) is no training step
+        ct.compile([loss, *ct.grad(loss, list(params.values()))], inputs=[x], state=model.initial_values())
         ct.compile([model.eval()(x)], inputs=[x], state=model.initial_values())
 
 
