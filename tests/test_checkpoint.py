@@ -215,17 +215,23 @@ def test_a_pytorch_model_with_dropout_loads_strictly_and_gives_its_outputs_in_in
     np.testing.assert_allclose(program(x=xv)[0], reference(torch.from_numpy(xv)).detach().numpy(), rtol=1e-5, atol=1e-6)
 
 
+def _training_step(model, optimizer):
+    """A step of ``model`` (four features in) making the mean square of its output on batches of 16 smaller, with
+    the layers' state updates beside the optimizer's."""
+    x = ct.var("x", (16, 4))
+    loss = ct.mean(model(x) ** 2)
+    params = model.parameters()
+    opt_state, updates = optimizer.updates(params, ct.grad(loss, list(params.values())))
+    return ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
+                      updates={**updates, **model.state_updates(loss)})
+
+
 def test_a_trained_step_is_evaluated_by_a_program_of_its_own_given_its_state_by_name(tmp_path):
     """docs/training.md's recipe: the model in eval() on a batch of another size, compiled with the model's state, the
     trained values set from the step's state (its optimizer's moments left out); from a checkpoint too, where
     ct.load says how."""
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Linear(8, 2))
-    x = ct.var("x", (16, 4))
-    loss = ct.mean(model(x) ** 2)
-    params = model.parameters()
-    opt_state, updates = optim.AdamW(1e-2).updates(params, ct.grad(loss, list(params.values())))
-    step = ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
-                      updates={**updates, **model.state_updates(loss)})
+    step = _training_step(model, optim.AdamW(1e-2))
     rng = np.random.default_rng(0)
     for _ in range(3):
         step(x=rng.standard_normal((16, 4)).astype(np.float32))
@@ -324,12 +330,7 @@ def test_an_epochs_last_smaller_batch_runs_through_a_step_of_its_own_with_the_st
 
 def test_a_models_state_comes_back_by_pytorchs_names_without_the_optimizers_or_cortados_own_buffers():
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Dropout(0.1), nn.Linear(8, 2))
-    x = ct.var("x", (16, 4))
-    loss = ct.mean(model(x) ** 2)
-    params = model.parameters()
-    opt_state, updates = optim.AdamW(1e-2).updates(params, ct.grad(loss, list(params.values())))
-    step = ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
-                      updates={**updates, **model.state_updates(loss)})
+    step = _training_step(model, optim.AdamW(1e-2))
     step(x=np.random.default_rng(0).standard_normal((16, 4)).astype(np.float32))
     exported = ct.state_dict(step, model)
     assert set(exported) == {"0.weight", "0.bias", "1.weight", "1.bias", "1.running_mean", "1.running_var",
@@ -347,12 +348,7 @@ def test_a_model_trained_here_loads_strictly_into_pytorch_and_computes_the_same(
     torch.manual_seed(2)
     theirs = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Linear(8, 2))
-    x = ct.var("x", (16, 4))
-    loss = ct.mean(model(x) ** 2)
-    params = model.parameters()
-    opt_state, updates = optim.SGD(0.1, momentum=0.9).updates(params, ct.grad(loss, list(params.values())))
-    step = ct.compile([loss], inputs=[x], state={**model.initial_values(), **opt_state},
-                      updates={**updates, **model.state_updates(loss)})
+    step = _training_step(model, optim.SGD(0.1, momentum=0.9))
     rng = np.random.default_rng(3)
     for _ in range(3):
         step(x=rng.standard_normal((16, 4)).astype(np.float32))
