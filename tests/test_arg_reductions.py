@@ -78,3 +78,6 @@ def test_an_argmax_over_nothing_or_past_the_axes_is_refused_as_the_call_written(
         ct.argmax(ct.var("x", (2, 0)), axis=1)
     with pytest.raises(ct.ShapeError, match=r"argmin\(float32\[2,3\], axis=2\): axis 2 is out of range"):
         ct.argmin(ct.var("x", (2, 3)), axis=2)
+    with pytest.raises(ct.ShapeError, match=r"argmax: axis is one int, or None for the flattened value \(NumPy's\), "
+                                            r"not \(0, 1\)"):
+        ct.argmax(ct.var("x", (2, 3)), axis=(0, 1))

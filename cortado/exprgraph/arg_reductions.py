@@ -9,6 +9,7 @@ int64, as NumPy's; it has no gradient (an integer).
 
 import numpy as np
 
+from ..errors import ShapeError
 from . import constructors as ct
 from .dtypes import is_float
 
@@ -19,17 +20,19 @@ __all__ = ["argmax", "argmin"]
 def argmax(x, axis=None, keepdims=False):
     """The index of the first largest element along ``axis`` (of the flattened ``x`` where None), a NaN counted
     largest; int64."""
-    return _first_extreme(ct.as_term(x), axis, keepdims, largest=True)
+    return _first_extreme("argmax", ct.as_term(x), axis, keepdims, largest=True)
 
 
 @ct._as_written
 def argmin(x, axis=None, keepdims=False):
     """The index of the first smallest element along ``axis`` (of the flattened ``x`` where None), a NaN counted
     smallest; int64."""
-    return _first_extreme(ct.as_term(x), axis, keepdims, largest=False)
+    return _first_extreme("argmin", ct.as_term(x), axis, keepdims, largest=False)
 
 
-def _first_extreme(x, axis, keepdims, largest):
+def _first_extreme(name, x, axis, keepdims, largest):
+    if axis is not None and (not isinstance(axis, (int, np.integer)) or isinstance(axis, (bool, np.bool_))):
+        raise ShapeError(f"{name}: axis is one int, or None for the flattened value (NumPy's), not {axis!r}")
     shape = x.shape
     if axis is None:
         x, axis = ct.reshape(x, (x.size,)), 0
