@@ -155,8 +155,7 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     names = [name for name in state_dict if name in program.state]
     if strict:
         extra = sorted(set(state_dict) - set(program.state))
-        wanted = set(model.parameters()) | {n for n, b in model.named_buffers() if not b.ours} if model is not None else set()
-        missing = sorted(wanted - set(state_dict))
+        missing = sorted(set(_pytorchs_names(model)) - set(state_dict)) if model is not None else []
         if extra or missing:
             raise FeedError("state_dict " + "; ".join(part for part in (
                 f"names {extra}, which the program's state does not have" if extra else "",
@@ -176,12 +175,17 @@ def state_dict(program, model):
     ``load_state_dict(program, ..., model=model)``: ``torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in
     ct.state_dict(step, model).items()})`` (PyTorch converts each to its tensor's dtype as it copies it)."""
     _program(program, "ct.state_dict")
-    names = list(model.parameters()) + [n for n, b in model.named_buffers() if not b.ours]
+    names = _pytorchs_names(model)
     missing = [name for name in names if name not in program.state]
     if missing:
         raise FeedError(f"ct.state_dict: the program's state has no {missing[:3]}{' ...' if len(missing) > 3 else ''} "
                         f"of the model; was the program compiled with model.initial_values()?")
     return {name: _host(program.state[name]).copy() for name in names}
+
+
+def _pytorchs_names(model):
+    """The names of ``model``'s parameters and of its buffers that PyTorch's layers have too (not ``Buffer.ours``)."""
+    return list(model.parameters()) + [name for name, b in model.named_buffers() if not b.ours]
 
 
 def _assign(program, name, array, source, same_dtype):

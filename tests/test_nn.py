@@ -377,6 +377,8 @@ def test_compute_in_casts_a_floating_input_where_it_enters_so_the_products_are_i
     assert all(t.dtype == BFLOAT16 for t in ct.Graph(y).schedule if t.op.name == "matmul")
     embed = nn.Embedding(10, 4).compute_in("bfloat16")
     assert embed(ct.var("tokens", (3,), "int32")).dtype == BFLOAT16
+    half = nn.Linear(20, 8).compute_in("float16")  # a bfloat16 batch (no NumPy kind "f") is a float too
+    assert half(ct.var("b", (4, 20), "bfloat16")).dtype == np.float16
 
 
 @pytest.mark.parametrize("layer", ["LayerNorm", "RMSNorm"])

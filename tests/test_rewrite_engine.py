@@ -97,9 +97,8 @@ def test_a_match_refused_says_why_in_the_trace():
     assert not trace and {rule for rule, _, _ in trace.refused} == {"drop-sum", "bad-product"}
     text = trace.explain()
     assert text.startswith("no rule fired\n") and "match(es) refused:" in text
-    assert "drop-sum at <sum(m, axes=(1,)) : float32[4]>: its replacement would be float32[4, 3], not the term's " \
-           "float32[4]" in text
-    assert "bad-product at <exp(m) : float32[4,3]>: its replacement's ops refuse it: " in text
+    assert "drop-sum at sum(m, axes=(1,)): its replacement would be float32[4, 3], not the term's float32[4]" in text
+    assert "bad-product at exp(m): its replacement's ops refuse it: " in text
 
 
 def test_deep_chains_need_no_recursion():

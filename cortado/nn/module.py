@@ -18,7 +18,7 @@ import numpy as np
 from ..errors import CortadoError, DTypeError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph import gathering, owed
-from ..exprgraph.dtypes import as_dtype
+from ..exprgraph.dtypes import as_dtype, is_float
 from ..exprgraph.ops import BROADCAST_TO, CONST, RESHAPE
 from ..exprgraph.term import Term
 from ..settings import whole
@@ -59,7 +59,7 @@ def gathered_from_zero(call, gather, x, indices, axis):
 
 def _entering(x, dtype):
     """``x``, an argument of a module computing in ``dtype``: a floating term of another dtype (float8 aside) cast."""
-    if isinstance(x, Term) and x.dtype.kind == "f" and x.dtype.itemsize >= 2 and x.dtype != dtype:
+    if isinstance(x, Term) and is_float(x.dtype) and x.dtype.itemsize >= 2 and x.dtype != dtype:
         return ct.cast(x, dtype)
     return x
 

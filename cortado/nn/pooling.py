@@ -7,35 +7,44 @@ from ..exprgraph import constructors as ct
 from .module import Module
 
 
-class MaxPool2d(Module):
+class _Pool2d(Module):
+    """A pooling of NCHW images by ``pool`` (``ct.max_pool2d``, ``ct.avg_pool2d``) over windows of ``kernel_size``."""
+
+    pool = None
+
+    def __init__(self, kernel_size, stride, padding):
+        super().__init__()
+        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
+
+    def forward(self, x):
+        return type(self).pool(x, self.kernel_size, self.stride, self.padding)
+
+
+class MaxPool2d(_Pool2d):
     """PyTorch's ``nn.MaxPool2d(kernel_size, stride=None, padding=0)``: ``ct.max_pool2d`` over NCHW images. Its
     gradient splits a tie evenly among the window's largest (PyTorch's goes to the first). ``dilation``,
     ``ceil_mode`` and ``return_indices`` other than PyTorch's defaults are refused."""
 
+    pool = ct.max_pool2d
+
     def __init__(self, kernel_size, stride=None, padding=0, dilation=1, ceil_mode=False, return_indices=False):
-        super().__init__()
         _only_defaults("MaxPool2d", dilation=(dilation, 1), ceil_mode=(ceil_mode, False),
                        return_indices=(return_indices, False))
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-
-    def forward(self, x):
-        return ct.max_pool2d(x, self.kernel_size, self.stride, self.padding)
+        super().__init__(kernel_size, stride, padding)
 
 
-class AvgPool2d(Module):
+class AvgPool2d(_Pool2d):
     """PyTorch's ``nn.AvgPool2d(kernel_size, stride=None, padding=0)``: ``ct.avg_pool2d``, padding counted as zeros
     (PyTorch's ``count_include_pad=True``); ``ceil_mode``, ``count_include_pad=False`` and ``divisor_override`` are
     refused."""
 
+    pool = ct.avg_pool2d
+
     def __init__(self, kernel_size, stride=None, padding=0, ceil_mode=False, count_include_pad=True,
                  divisor_override=None):
-        super().__init__()
         _only_defaults("AvgPool2d", ceil_mode=(ceil_mode, False), count_include_pad=(count_include_pad, True),
                        divisor_override=(divisor_override, None))
-        self.kernel_size, self.stride, self.padding = kernel_size, stride, padding
-
-    def forward(self, x):
-        return ct.avg_pool2d(x, self.kernel_size, self.stride, self.padding)
+        super().__init__(kernel_size, stride, padding)
 
 
 class Flatten(Module):

@@ -146,7 +146,7 @@ def _check(rule, dtype, ulps, rng):
                 if rewritten is None or rewritten is written:
                     continue
                 fired = True
-                found = _compared(rule, dtype, written, rewritten, bound, feeds, ulps)
+                found = _compared(rule, dtype, written, rewritten, bound, feeds, size, ulps)
                 if found is not None:
                     return found, True
         if fired:
@@ -162,10 +162,10 @@ def _built(rule, bound):
         return None
 
 
-def _compared(rule, dtype, written, rewritten, bound, feeds, ulps):
-    """A counterexample where ``rewritten`` gives another value than ``written`` on ``feeds``, else None."""
+def _compared(rule, dtype, written, rewritten, bound, feeds, size, ulps):
+    """A counterexample where ``rewritten`` gives another value than ``written`` on ``feeds`` (vectors of ``size``),
+    else None."""
     named = {bound[n].name: value for n, value in feeds.items()}
-    size = len(next(iter(feeds.values()))) if feeds else 1
 
     def value(term):
         used = Graph([term]).variables_by_name()

@@ -68,14 +68,8 @@ def explain(trace, limit=40):
         for rule, term, why in refused:
             first.setdefault(rule, (term, why))
         lines.append(f"{len(refused)} match(es) refused:")
-        lines += [f"      {rule} at {abbreviated_term(term)}: {why}" for rule, (term, why) in first.items()]
+        lines += [f"      {rule} at {domain_of(term).describe(term)}: {why}" for rule, (term, why) in first.items()]
     return "\n".join(lines)
-
-
-def abbreviated_term(term):
-    """``term`` as printed, cut to a line."""
-    text = repr(term)
-    return text if len(text) <= 100 else text[:97] + "..."
 
 
 REFUSALS_KEPT = 1000  # the matches refused a trace keeps (the first of each rule is what explain shows)

@@ -177,24 +177,28 @@ class PatternNode(Pattern):
     def __repr__(self):
         """As it is written: an operator of a text pattern between its operands (``_a + _b``), in parentheses where
         it is an operand itself; any other head as a call."""
-        if not self.params and self.head in INFIX and len(self.args) == 2:
+        if _operator(self) and len(self.args) == 2:
             return f"{_operand(self.args[0])} {self.head} {_operand(self.args[1])}"
-        if not self.params and self.head in ("-", "+", "~", "not") and len(self.args) == 1:
+        if _operator(self):
             return f"{self.head}{' ' if self.head == 'not' else ''}{_operand(self.args[0])}"
         parts = [repr(a) for a in self.args] + [f"{k}={v!r}" for k, v in self.params.items()]
         return f"{self.head}({', '.join(parts)})"
 
 
 INFIX = frozenset({"+", "-", "*", "/", "//", "%", "**", "@", "<", "<=", ">", ">=", "==", "!=", "and", "or", "&", "|",
-                   "^", "<<", ">>"})  # a text pattern's operators, its heads
+                   "^", "<<", ">>"})  # a text pattern's binary operators, its heads
+PREFIX = frozenset({"-", "+", "~", "not"})  # and its unary ones
+
+
+def _operator(pattern):
+    """Whether ``pattern`` is a call of a text pattern's operator, written with it rather than as a call."""
+    return isinstance(pattern, PatternNode) and not pattern.params and (
+        pattern.head in INFIX and len(pattern.args) == 2 or pattern.head in PREFIX and len(pattern.args) == 1)
 
 
 def _operand(pattern):
     """``pattern`` as an operand of an operator: in parentheses where it is an operator's call itself."""
-    written = repr(pattern)
-    operator = isinstance(pattern, PatternNode) and not pattern.params and (
-        pattern.head in INFIX and len(pattern.args) == 2 or pattern.head in ("-", "+", "~", "not") and len(pattern.args) == 1)
-    return f"({written})" if operator else written
+    return f"({pattern!r})" if _operator(pattern) else repr(pattern)
 
 
 def placeholders(names, *, const=False, dtype=None, rank=None):
