@@ -18,3 +18,25 @@ def blas_products(monkeypatch):
     from cortado.backends.numpy import gemm
 
     monkeypatch.setattr(gemm, "available", lambda: False)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _choices_of_the_session(tmp_path_factory):
+    """Tuning's choices (``calls.choices``) kept in a file of the test session's own: the suite neither takes the
+    choices a user's programs made on this machine nor leaves its own (some tests force a choice) behind for them."""
+    from cortado.backends.cupy.calls import choices
+
+    path = str(tmp_path_factory.mktemp("choices") / "choices.json")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(choices, "_path", lambda: path)
+        yield
+
+
+@pytest.fixture
+def fresh_choices(monkeypatch, tmp_path):
+    """No choice remembered, by the process or on disk, for this test alone (a test that forces one keeps it to
+    itself)."""
+    from cortado.backends.cupy.calls import choices
+
+    monkeypatch.setattr(choices, "_remembered", {})
+    monkeypatch.setattr(choices, "_path", lambda: str(tmp_path / "choices.json"))

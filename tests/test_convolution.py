@@ -486,11 +486,11 @@ def test_explain_names_the_unfused_choice_when_every_fused_plan_disagreed():
                                  "dropped: they disagreed with it unfused)")
 
 
-def test_a_remembered_convolution_still_lets_each_other_candidate_take_its_own_choice(monkeypatch):
+def test_a_remembered_convolution_still_lets_each_other_candidate_take_its_own_choice(monkeypatch, fresh_choices):
     """A convolution of shapes the process has tuned before takes the remembered choice without timing anything, and
     each other candidate tunes too, so a GEMM inside one takes the algorithm remembered for it (untuned, it stayed at
     the heuristic's first, and two builds of one program added their sums in different orders)."""
-    from cortado.backends.cupy.calls import cudnn_conv
+    from cortado.backends.cupy.calls import choices, cudnn_conv
 
     tuned = []
 
@@ -504,18 +504,18 @@ def test_a_remembered_convolution_still_lets_each_other_candidate_take_its_own_c
     conv = object.__new__(cudnn_conv.Conv)
     others = {cudnn_conv.WINDOWS: Candidate("windows"), cudnn_conv.SPLIT: Candidate("split")}
     conv.__dict__.update(tuned_key="shapes", others=others, plans=[0], choice=0, times=None)
-    monkeypatch.setattr(cudnn_conv, "_tuned", {"shapes": (cudnn_conv.WINDOWS, (1e-3, {}))})
+    choices.remember("cudnn", "shapes", [cudnn_conv.WINDOWS, 1e-3, {}])
     monkeypatch.setattr(cudnn_conv.Conv, "_time", lambda *args: pytest.fail("a remembered convolution timed a call"))
     conv.tune((1, 2, 3, 4), "stream")
     assert conv.choice == cudnn_conv.WINDOWS and conv.times == (1e-3, {})
     assert sorted(tuned) == [("split", (1, 2, 3, 4), "stream"), ("windows", (1, 2, 3, 4), "stream")]
 
 
-def test_an_untuned_convolution_runs_its_first_choice_whatever_the_process_remembers(monkeypatch):
+def test_an_untuned_convolution_runs_its_first_choice_whatever_the_process_remembers(monkeypatch, fresh_choices):
     """A convolution built where the process remembers a tuned choice for its shapes still runs cuDNN's first plan
     until it is tuned: a program compiled with ``autotune=False`` runs first choices at every level (it once took the
     remembered convolution with its inner GEMM at the heuristic's first algorithm, a mix no tuned program runs)."""
-    from cortado.backends.cupy.calls import cudnn_conv
+    from cortado.backends.cupy.calls import choices, cudnn_conv
     from cortado.backends.cupy.codegen import contiguous_strides
     from cortado.backends.cupy.lowering.conv import dnn_conv
 
@@ -524,13 +524,20 @@ def test_an_untuned_convolution_runs_its_first_choice_whatever_the_process_remem
     call = _call(term, {t: contiguous_strides(t.shape) for t in (x, w, term)})
     for builder in ("_as_gemm", "window_gemm", "split_wgrad", "nchw_call"):  # cuDNN's plans alone
         monkeypatch.setattr(cudnn_conv, builder, lambda call: None)
-    monkeypatch.setattr(cudnn_conv, "_graphs", {call: (None, (), None, [7, 9], 0)})
-    monkeypatch.setattr(cudnn_conv, "_tuned", {(call, False, None): (9, (1e-3, {}))})
+    monkeypatch.setattr(cudnn_conv, "_graphs", {call: (_NamedPlans(), (), None, [7, 9], 0)})
+    choices.remember("cudnn", (call, False, None), ["plan 9", 1e-3, {}])
     conv = cudnn_conv.Conv(call)
     assert (conv.choice, conv.times) == (7, None)
     monkeypatch.setattr(cudnn_conv.Conv, "_time", lambda *args: pytest.fail("a remembered convolution timed a call"))
     conv.tune((1, 2, 3, 4), "stream")
     assert (conv.choice, conv.times) == (9, (1e-3, {}))
+
+
+class _NamedPlans:
+    """A cuDNN graph as far as choosing among its plans goes: plan ``i`` is named "plan i"."""
+
+    def get_plan_name_at_index(self, index):
+        return f"plan {index}"
 
 
 def _call(term, strides):

@@ -385,7 +385,7 @@ def test_a_channels_last_convolution_may_run_in_nchw_between_copies(dtype):
     assert all("in NCHW between copies" in r.describe() for r in runners)
 
 
-def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_level(monkeypatch):
+def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_level(monkeypatch, fresh_choices):
     """A convolution's choice and the cuBLASLt algorithm of the GEMM inside it are timed by the first call of their
     shapes in a process and remembered: a second convolution of the same shapes, in the same program or another,
     runs both (each level's tuning taking its remembered choice), so every program adds its sums in one order. The
@@ -394,8 +394,6 @@ def test_every_convolution_runs_the_algorithms_the_first_one_chose_at_every_leve
     ``autotune=False`` after them runs the first choice at every level."""
     from cortado.backends.cupy.calls import cublaslt, cudnn_conv
 
-    monkeypatch.setattr(cudnn_conv, "_tuned", {})
-    monkeypatch.setattr(cublaslt, "_tuned", {})
     conv_time, gemm_time = cudnn_conv.Conv._time, cublaslt.Gemm._time
 
     def im2col_first(self, choice, pointers, stream):

@@ -128,7 +128,7 @@ def _image(text, options, arch):
         return path, None
     image, _ = compiler.compile_using_nvrtc(text, options, arch=arch)
     try:
-        _write_atomically(path, image)
+        write_atomically(path, image)
     except OSError:
         return None, image
     return path, None
@@ -148,10 +148,10 @@ def _loaded(path, image, name):
     return cupy.RawModule(path=path).get_function(name)
 
 
-def cache_folder():
-    """Where compiled kernel images are kept between runs."""
+def cache_folder(kind="kernels"):
+    """Where compiled kernel images (``kind`` "kernels") or tuning's choices ("choices") are kept between runs."""
     root = os.environ.get("CORTADO_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "cortado")
-    return os.path.join(root, "kernels")
+    return os.path.join(root, kind)
 
 
 def _cached_image_path(text, options, arch):
@@ -162,7 +162,7 @@ def _cached_image_path(text, options, arch):
     return os.path.join(cache_folder(), hashlib.sha256(key).hexdigest() + ".cubin")
 
 
-def _write_atomically(path, image):
+def write_atomically(path, image):
     """Write ``image`` so that another process never reads half of it: into a file beside ``path``, then renamed (the
     partial file removed where writing fails)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)

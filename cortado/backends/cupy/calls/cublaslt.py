@@ -10,9 +10,9 @@ The algorithm is the fastest of cuBLASLt's first ``CANDIDATES`` heuristic choice
 the program's own buffers when it is built (``autotune=False``, or a product of ``SETTLED_PRODUCT``
 multiply-adds or more: the first choice). The heuristic
 alone often picks a tile too large for a small product: 128x1024x1024 float32 then fills a few of
-the 132 multiprocessors. A choice is remembered for the process, by everything that describes the
-call, so two programs with the same GEMM compute the same bits (timing alone could pick either of
-two close candidates).
+the 132 multiprocessors. A choice is remembered (``choices``), by everything that describes the call,
+for the process and on disk, so two programs with the same GEMM compute the same bits in every process
+(timing alone could pick either of two close candidates).
 """
 
 import math
@@ -23,6 +23,7 @@ import numpy as np
 from ....errors import BackendError
 from ..codegen import Operand
 from ..lowering.gemm_op import BIAS_GRADIENT_RESULTS, GELU_ARGUMENT_RESULTS
+from . import choices
 from .timing import time_graph
 
 WORKSPACE_LIMIT = (4 << 20, 32 << 20)  # the most scratch a candidate may need (split-K and the like): a product, a large one
@@ -38,7 +39,6 @@ MARGIN = 0.03  # how much faster than the heuristic's first choice another must 
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cudaDataType
 _handle = None
-_tuned = {}  # a call's description -> the heuristic result chosen for it
 _heuristics = {}  # a call's description -> cuBLASLt's candidates for it
 # ours -> cuBLASLt's, whose A is our b (see above): our bgrad_b is its BGRADA
 _EPILOGUES = {"none": "DEFAULT", "bias": "BIAS", "relu": "RELU", "bias_relu": "RELU_BIAS", "gelu": "GELU",
@@ -234,11 +234,13 @@ class Gemm:
         return heuristic(self.desc, self.layouts, workspace_limit)
 
     def tune(self, pointers, stream):
-        """Choose the fastest candidate, timed on ``pointers`` (``call``'s), whose contents it overwrites.
-        The heuristic's first choice stays unless another is faster by ``MARGIN``: closer than that, clocks
-        that drift under load rank candidates by chance."""
-        if self.key in _tuned:
-            self.candidates, self.choice = _tuned[self.key], 0
+        """Choose the fastest candidate, timed on ``pointers`` (``call``'s), whose contents it overwrites, or take the
+        one ``choices`` remembers for this call. The heuristic's first choice stays unless another is faster by
+        ``MARGIN``: closer than that, clocks that drift under load rank candidates by chance."""
+        offered = [candidate.tobytes().hex() for candidate in self.candidates]
+        remembered = choices.recall("cublaslt", self.key)
+        if remembered in offered:
+            self.choice = offered.index(remembered)
             return
         if not self.timed:  # a product as large as ``SETTLED_PRODUCT``: the heuristic's first choice
             return
@@ -247,7 +249,7 @@ class Gemm:
             raise BackendError("cuBLASLt refused every algorithm its heuristic offered for this gemm")
         best = int(np.argmin(times))
         self.choice = best if times[best] < times[0] * (1 - MARGIN) else 0
-        _tuned[self.key] = self.candidates[self.choice:self.choice + 1].copy()
+        choices.remember("cublaslt", self.key, offered[self.choice])
 
     def _time(self, k, pointers, stream):
         """Milliseconds a call with candidate ``k`` takes (``timing``); infinite if cuBLASLt refuses it."""

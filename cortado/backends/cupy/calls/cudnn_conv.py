@@ -19,8 +19,8 @@ float64 weight gradient split along the pixels into partial sums added in order 
 kernel of our own, or for a 1x1 one a GEMM over the pixels of NHWC images or a batched GEMM per NCHW
 image; where cuDNN builds no plan, the other candidates alone). When a program is built, up to
 ``CANDIDATES`` plans and the other candidates are timed on the program's own buffers (``timing``)
-and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered for the
-process by everything that describes the call, as cuBLASLt's are.
+and the fastest kept; ``explain`` names it and the times that chose it. A choice is remembered, for the
+process and on disk, by everything that describes the call, as cuBLASLt's are (``choices``).
 """
 
 import math
@@ -29,6 +29,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from ....errors import BackendError
+from . import choices
 from .cublaslt import Gemm, GemmCall
 from ..codegen import Operand, channels_last_strides, contiguous_strides, same_layout
 from .conv_nchw import InNchw, nchw_call
@@ -52,7 +53,6 @@ LABELS = {GEMM: "the GEMM", WINDOWS: "im2col and GEMMs", SPLIT: "partial sums ad
 AGREEMENT = {2: 2e-2, 4: 1e-3, 8: 1e-9}  # by itemsize: how far a fused plan may stray, relative to the result
 _handle = None
 _graphs = {}  # a call's description -> (cuDNN graph, its operand tensors, its output tensor, runnable plan indices)
-_tuned = {}  # a call's description -> (its choice, (cuDNN's best time or None, {other candidate: its time}))
 
 
 @dataclass(frozen=True)
@@ -242,10 +242,11 @@ class Conv:
 
     def tune(self, pointers, stream):
         """Choose the fastest plan, the GEMM, im2col and GEMMs, our weight-gradient kernel, or the convolution alone
-        and the epilogue's kernel, timed on ``pointers`` (``call``'s), whose contents it overwrites. cuDNN's first
-        choice stays unless another is faster by ``MARGIN``."""
-        if self.tuned_key in _tuned:  # and each other candidate takes the algorithm remembered for it
-            self.choice, self.times = _tuned[self.tuned_key]
+        and the epilogue's kernel, timed on ``pointers`` (``call``'s), whose contents it overwrites, or take the choice
+        ``choices`` remembers for this call. cuDNN's first choice stays unless another is faster by ``MARGIN``."""
+        remembered = self._remembered()
+        if remembered is not None:  # and each other candidate takes the algorithm remembered for it
+            self.choice, self.times = remembered
             for candidate, runner in self.others.items():
                 self._tune_other(candidate, runner, pointers, stream)
             return
@@ -271,7 +272,20 @@ class Conv:
             raise BackendError(f"none of the {len(self.plans)} cuDNN plans and {len(timed)} other candidates for a "
                                f"{self.mode} convolution ran")
         self.choice, self.times = choice, (best_time, timed)
-        _tuned[self.tuned_key] = (self.choice, self.times)
+        named = choice if choice in self.others else self.graph.get_plan_name_at_index(choice)
+        choices.remember("cudnn", self.tuned_key, [named, best_time, timed])
+
+    def _remembered(self):
+        """``(choice, times)`` as ``choices`` remembers them for this call (a plan by its name, which its index
+        among the plans built here gives back), or None where there are none or its candidates lack that choice."""
+        stored = choices.recall("cudnn", self.tuned_key)
+        if stored is None:
+            return None
+        named, best_time, timed = stored
+        if named in self.others:
+            return named, (best_time, timed)
+        plans = [index for index in self.plans if self.graph.get_plan_name_at_index(index) == named]
+        return (plans[0], (best_time, timed)) if plans else None
 
     def _tune_other(self, candidate, runner, pointers, stream):
         """Let ``runner``, the other ``candidate``, choose its own algorithm (a GEMM's, a convolution's alone) on

@@ -22,6 +22,7 @@ from ...codegen import Operand, contiguous_strides
 from ...sources import kernel_source
 from ...kernels import launcher, prepare
 from ...launch import overlapping
+from .. import choices
 from ..timing import time_graph
 from .epilogue import OPTIONS, aligned_rows
 from .product import Product, counters, partial_bytes, vector_readable
@@ -43,7 +44,6 @@ ALIGNMENT = 256
 TIMING_ROUNDS = 2
 VECTOR_ALIGNMENT = 16
 _R_8I, _R_32I = 3, 10  # cudaDataType
-_tuned = {}  # a call's description -> the index of its chosen candidate
 
 
 def _multiprocessors():
@@ -210,14 +210,15 @@ class Int8Gemm:
 
     def tune(self, pointers, stream):
         """Time every candidate on ``pointers`` (``call``'s arguments, whose contents it overwrites); keep the
-        fastest."""
-        if self.key in _tuned:
-            self.choice, self.times = _tuned[self.key]
+        fastest, or take the one ``choices`` remembers for the call (its key names every candidate)."""
+        remembered = choices.recall("int8", self.key)
+        if remembered is not None:
+            self.choice, self.times = remembered
             return
         rounds = [[_time(c, pointers, stream) for c in self.candidates] for _ in range(TIMING_ROUNDS)]
         times = [min(column) for column in zip(*rounds)]
         self.choice, self.times = int(np.argmin(times)), times
-        _tuned[self.key] = (self.choice, times)
+        choices.remember("int8", self.key, [self.choice, times])
 
     def call(self, a, b, extras, out, workspace, stream):
         """Run on device pointers (``extras``: the epilogue's operands) on ``stream`` (a pointer), which is also
