@@ -20,12 +20,14 @@ PROGRAM = """
 import sys
 import numpy as np
 import cortado as ct
-from cortado.backends.cupy.calls import cublaslt, cudnn_conv
+from cortado.backends.cupy.calls import choices, cublaslt, cudnn_conv
 
 timed = []
 for kind in (cublaslt.Gemm, cudnn_conv.Conv):
     def counted(self, *arguments, _time=kind._time):
-        timed.append(type(self).__name__)
+        remembered = choices.recall("cudnn" if isinstance(self, cudnn_conv.Conv) else "cublaslt",
+                                    getattr(self, "tuned_key", self.key))
+        timed.append(f"{type(self).__name__} {self.key}: remembered {remembered}")
         return _time(self, *arguments)
     kind._time = counted
 x, w, v = ct.var("x", (8, 3, 16, 16)), ct.var("w", (8, 3, 3, 3)), ct.var("v", (8 * 16 * 16, 40))
@@ -35,18 +37,22 @@ program = ct.compile(outputs, inputs=[x, w, v], backend="cupy")
 rng = np.random.default_rng(0)
 feeds = {t.name: rng.standard_normal(t.shape).astype(np.float32) for t in (x, w, v)}
 np.savez(sys.argv[1], *[r.get() for r in program(**feeds)])
+for line in timed:
+    print(line, file=sys.stderr)
 print(len(timed))
 """
 
 
 def _run(results, cache):
-    """How many candidates the program's build timed, in a process of its own whose choices are kept in ``cache``."""
+    """How many candidates the program's build timed, in a process of its own whose choices are kept in ``cache``;
+    each timing's call and what was remembered for it are printed."""
     root = Path(__file__).resolve().parents[1]
     env = {**os.environ, "CORTADO_CACHE_DIR": str(cache), "PYTHONPATH": os.pathsep.join(
         [str(root)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])}
     done = subprocess.run([sys.executable, "-c", PROGRAM, str(results)], env=env, capture_output=True, text=True,
                           timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
+    print(done.stderr[-6000:])
     return int(done.stdout.split()[-1])
 
 

@@ -6,8 +6,8 @@ one model trained twice would take two paths (a small GPT step's loss after 113 
 2.7419 in another). So a choice is kept beside the compiled kernels (``$CORTADO_CACHE_DIR/choices``, by default
 ``~/.cache/cortado/choices``), one file for each kind of GPU with its driver and libraries, and a later process takes
 it instead of timing again: the same bits in every process on the machine, and a shorter build. Deleting the folder
-has them timed again. A choice is stored as what names it among its call's candidates (an algorithm's bytes, a
-plan's name, a kernel's description), and a caller takes it only where the candidates it is offered include it.
+has them timed again. A choice is stored as what names it among its call's candidates (an algorithm's configuration,
+a plan's name, a kernel's description), and a caller takes it only where the candidates it is offered include it.
 Where the folder cannot be written (a read-only home, a full disk), the choices last for the process.
 """
 

@@ -38,6 +38,9 @@ CANDIDATES = 8  # heuristic choices timed when a program is built
 MARGIN = 0.03  # how much faster than the heuristic's first choice another must be to replace it
 
 _DATA_TYPES = {"float16": 2, "bfloat16": 14, "float32": 0, "float64": 1}  # cudaDataType
+# the configuration attributes (cublasLtMatmulAlgoConfigAttributes_t) that name an algorithm (``algorithm_name``)
+_CONFIGURATION = ("ID", "TILE_ID", "STAGES_ID", "SPLITK_NUM", "REDUCTION_SCHEME", "CTA_SWIZZLING", "CUSTOM_OPTION",
+                  "INNER_SHAPE_ID", "CLUSTER_SHAPE_ID")
 _handle = None
 _heuristics = {}  # a call's description -> cuBLASLt's candidates for it
 # ours -> cuBLASLt's, whose A is our b (see above): our bgrad_b is its BGRADA
@@ -145,6 +148,23 @@ def heuristic(desc, layouts, workspace_limit, count=CANDIDATES):
     return results[:found[0]].copy()
 
 
+def algorithm_name(results, k):
+    """What names heuristic result ``k``'s algorithm in every process: its configuration (cuBLASLt's algorithm,
+    tile, stages, split-K and the rest) and the scratch it needs. Not its bytes: two processes' results for one
+    algorithm differed in bytes that no configuration reads."""
+    lt = _lt()
+    algorithm = results[k:k + 1]["algo"].copy()
+    values = []
+    for name in _CONFIGURATION:
+        attribute = getattr(lt.MatmulAlgoConfigAttribute, name)
+        value = np.zeros(1, lt.get_matmul_algo_config_attribute_dtype(attribute))
+        written = np.zeros(1, np.uint64)
+        lt.matmul_algo_config_get_attribute(algorithm.ctypes.data, attribute, value.ctypes.data, value.nbytes,
+                                            written.ctypes.data)
+        values.append(int(value[0]))
+    return " ".join(map(str, values + [int(results[k]["workspace_size"])]))
+
+
 def set_attribute(desc, attribute, value):
     """Set matmul descriptor ``desc``'s ``attribute`` (a MatmulDescAttribute) to ``value``."""
     lt = _lt()
@@ -237,7 +257,7 @@ class Gemm:
         """Choose the fastest candidate, timed on ``pointers`` (``call``'s), whose contents it overwrites, or take the
         one ``choices`` remembers for this call. The heuristic's first choice stays unless another is faster by
         ``MARGIN``: closer than that, clocks that drift under load rank candidates by chance."""
-        offered = [candidate.tobytes().hex() for candidate in self.candidates]
+        offered = [algorithm_name(self.candidates, k) for k in range(len(self.candidates))]
         remembered = choices.recall("cublaslt", self.key)
         if remembered in offered:
             self.choice = offered.index(remembered)
