@@ -8,7 +8,7 @@
 
 from . import distributed, nn, optim, rules
 from .backends.reference import evaluate
-from .checkpoint import load, load_state_dict, save, state_dict
+from .checkpoint import load, save
 from .compiler import compile  # noqa: A004  (ct.compile, as DESIGN.md names it)
 from .errors import (
     BackendError, CortadoError, DTypeError, FeedError, GradError, IndexRangeError, PlanError, RewriteError, ShapeError,
@@ -21,6 +21,7 @@ from .exprgraph.quantization import dequantize, fake_quantize, quantize
 from .exprgraph.slicing import concatenate, split
 from .grad import grad, hvp, vjp
 from .program import Program
+from .torch_state import load_state_dict, state_dict
 
 __version__ = "0.1.0"
 
