@@ -21,13 +21,14 @@ from .exprgraph.quantization import dequantize, fake_quantize, quantize
 from .exprgraph.slicing import concatenate, split
 from .grad import grad, hvp, vjp
 from .program import Program
-from .torch_state import load_state_dict, state_dict
+from .torch_state import load_optimizer_state_dict, load_state_dict, optimizer_state_dict, state_dict
 
 __version__ = "0.1.0"
 
 __all__ = [
     *_constructors, "argmax", "argmin", "quantize", "dequantize", "fake_quantize", "concatenate", "split",
     "grad", "vjp", "hvp", "rules", "distributed", "nn", "optim", "save", "load", "load_state_dict", "state_dict",
+    "load_optimizer_state_dict", "optimizer_state_dict",
     "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
     "CortadoError", "ShapeError", "DTypeError", "FeedError", "GradError", "IndexRangeError", "RewriteError", "PlanError",
     "BackendError",

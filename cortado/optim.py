@@ -78,13 +78,17 @@ class Optimizer:
             gradients = clip_grad_norm(gradients, self.clip_norm)
         lr = _rate(self.lr, step)
         for p, g in zip(params, gradients):
-            decayed = self.weight_decay and (self.decay is None or self.decay(p.name, p))
+            decayed = self.decays(p)
             rate = ct.cast(lr, p.dtype) if isinstance(lr, Term) and lr.dtype != p.dtype else lr
             for var, (first, new) in self._parameter(p, g, rate, step, decayed).items():
                 updates[var] = new if new.dtype == var.dtype else ct.cast(new, var.dtype)  # a bfloat16 parameter's
                 if first is not None:
                     state[var] = first
         return state, updates
+
+    def decays(self, p):
+        """Whether the parameter ``p`` (its variable) is decayed: ``weight_decay`` is not 0 and ``decay`` says so."""
+        return bool(self.weight_decay) and (self.decay is None or bool(self.decay(p.name, p)))
 
     def _moment(self, p, kind):
         """A state variable of ``p``'s shape (a moment, a momentum buffer), zero at first."""

@@ -48,6 +48,11 @@ class State(Mapping):
             raise FeedError(f"state: {two_variables_named(var, key)}")
         return name
 
+    def variable(self, key):
+        """The state variable (the term) that ``key`` names: what a function of the variable (an optimizer's
+        ``decay(name, variable)``) is asked about."""
+        return self._arrays[self._name(key)][0]
+
     def __getitem__(self, key):
         array = self._arrays[self._name(key)][1]
         if isinstance(array, np.ndarray):
