@@ -39,7 +39,7 @@ from .backends import interface
 from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks, owed
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
-from .exprgraph.ops import CONST, FUSED, VAR, may_fail
+from .exprgraph.ops import CONST, FUSED, VAR, may_fail, reads_unchecked_indices
 from .exprgraph.term import Term
 from .memplan.copy_hosts import into_row_kernels
 from .memplan.recompute import choices, recomputed
@@ -192,29 +192,30 @@ def _kernels(roots, signature, updates=None):
     return kernels
 
 
-def _may_raise(kernels):
-    """Whether some kernel can fail on its values (integer powers with negative exponents), in a fused body too."""
-    terms = [t for k in kernels for t in k.terms]
-    inside = [s for t in terms if t.op.kind == FUSED for s in schedule(t.attr("outputs"))]
-    return any(may_fail(t) for t in terms + inside)
+def _may_raise(kernel, gathers_raise):
+    """Whether ``kernel`` can stop its call on its values, in a fused body too: an integer power whose exponent may
+    be negative, or, where the backend's gathers check their indices (``gathers_raise``), a gather at indices known
+    only when the program runs."""
+    inside = [s for t in kernel.terms if t.op.kind == FUSED for s in schedule(t.attr("outputs"))]
+    return any(may_fail(t) or (gathers_raise and reads_unchecked_indices(t)) for t in kernel.terms + tuple(inside))
 
 
-def _sinks(kernels, steps, updates, live_out):
+def _sinks(kernels, steps, updates, live_out, gathers_raise):
     """``{update value: state variable}`` for updates computed straight into their state buffer.
 
     An update may write over its variable when the kernel computing it reads the variable for the
-    last time and may write that operand in place. Not when some kernel can raise: a failed call
-    must leave the state as it was.
+    last time and may write that operand in place, and no kernel that can stop the call on its values
+    (``_may_raise``) runs from it on: a failed call must leave the state as it was. The others are
+    computed into buffers of their own and copied in after the step.
     """
-    if _may_raise(kernels):
-        return {}
+    last_failing = max((i for i, k in enumerate(kernels) if _may_raise(k, gathers_raise)), default=-1)
     lives = intervals(steps, live_out)
     owner = owners(steps)
     defined_at = {t: i for i, k in enumerate(kernels) for t in k.terms}
     sinks = {}
     for var, value in updates.items():
         i = defined_at.get(value)
-        if i is None or value in sinks or var not in lives or lives[var].end != i:
+        if i is None or i <= last_failing or value in sinks or var not in lives or lives[var].end != i:
             continue
         if (value, var) in steps[i].inplace and not read_through_view(steps[i], var, owner):
             sinks[value] = var
@@ -402,7 +403,7 @@ def _planned(roots, signature, engine, options, traces, copies=None):
     if engine.feeds_in_place:
         kept += [k.term for k in kernels if k.is_load]
     kernels, steps = _ordered(kernels, steps, nbytes, kept, live_out, updates, copies or {}, signature.ranks)
-    sinks = _sinks(kernels, steps, updates, live_out)
+    sinks = _sinks(kernels, steps, updates, live_out, engine.gathers_raise)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
     labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}

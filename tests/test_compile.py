@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 import cortado as ct
+from cortado import nn, optim
 from cortado.exprgraph.dtypes import is_float
 from cortado.memplan import verify
 from cortado.testing import graphs_with_feeds
@@ -447,3 +448,23 @@ def test_a_cpu_profile_times_every_kernel_and_steps_as_a_call_does():
     gathered = ct.compile(ct.take(x, i, axis=0), inputs=[x, i])
     with pytest.raises(ct.IndexRangeError):
         gathered.profile(x=feed, i=np.array([0, 64], np.int32))
+
+
+def test_a_call_failing_on_an_index_leaves_the_state_as_it_was():
+    """A training step whose label is outside its classes fails in the loss's gather (``IndexRangeError`` on the
+    CPU) after the batch norm's count and the optimizer's step were computed: no update may be written in place
+    before the last kernel that can fail, so the state is the one before the call."""
+    model = nn.Sequential(nn.BatchNorm(8), nn.Dropout(0.2), nn.Linear(8, 3))
+    x, y = ct.var("x", (4, 8)), ct.var("y", (4,), "int64")
+    loss = nn.cross_entropy(model(x), y)
+    params = model.parameters()
+    state, updates = optim.AdamW(lr=1e-2).updates(params, ct.grad(loss, params))
+    step = ct.compile([loss], inputs=[x, y], state={**model.initial_values(0), **state},
+                      updates={**updates, **model.state_updates(loss)})
+    feed = np.random.default_rng(0).standard_normal((4, 8)).astype(np.float32)
+    step(feed, np.array([0, 1, 2, 0]))
+    before = {name: np.array(value) for name, value in step.state.items()}
+    with pytest.raises(ct.IndexRangeError, match="index 7 is out of range"):
+        step(feed, np.array([0, 1, 2, 7]))
+    assert all(np.array_equal(value, step.state[name]) for name, value in before.items())
+    assert step._sinks  # the updates made after the gather still written in place

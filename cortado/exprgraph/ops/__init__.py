@@ -36,7 +36,7 @@ from .elementwise import (
     LESS_EQUAL, LOG, LOG1P, MAXIMUM, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, POWER, RELU, RINT, SIGMOID, SIGN,
     SOFTPLUS, SQRT, STOP_GRADIENT, SUBTRACT, TANH, UFUNC_OPS, UFUNCS, WHERE, may_fail,
 )
-from .indexing import TAKE, TAKE_ALONG_AXIS
+from .indexing import TAKE, TAKE_ALONG_AXIS, reads_unchecked_indices
 from .layout import BROADCAST_TO, RESHAPE, TRANSPOSE
 from .leaves import CONST, VAR, Constant
 from .lowered import FUSED_OP, PARAM, parameter
@@ -46,7 +46,7 @@ from .reductions import LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, SOFTMAX, SUM
 __all__ = [
     "OPS", "Op", "CONTRACTION", "ELEMENTWISE", "FUSED", "LAYOUT", "LEAF", "LOWERED", "REDUCTION",
     "Constant", "dtype_attr", "ufunc_loop", "weak_scalars_as_bfloat16", "UFUNC_OPS", "UFUNCS", "may_fail",
-    "parameter",
+    "reads_unchecked_indices", "parameter",
     # the ops
     "VAR", "CONST", "PARAM", "FUSED_OP",
     "NEGATIVE", "EXP", "LOG", "LOG1P", "EXPM1", "SQRT", "TANH", "ABS", "SIGN", "RINT", "ADD", "SUBTRACT", "MULTIPLY",

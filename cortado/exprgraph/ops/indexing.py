@@ -80,3 +80,9 @@ TAKE_ALONG_AXIS = Op("take_along_axis", 2, ("axis",), _along_axis_shape, same_dt
                      positions=(1,), evaluate=lambda xs, axis: gathering.take_along_axis(*xs, axis))
 
 FAMILY = (TAKE, TAKE_ALONG_AXIS)
+
+
+def reads_unchecked_indices(t):
+    """Whether ``t`` gathers at indices known only when a program runs, so that an index outside the axis meets it
+    there (a constant's are checked when the term is built)."""
+    return t.op in FAMILY and t.args[1].op is not CONST
