@@ -36,3 +36,18 @@ def test_the_built_in_algebra_keeps_every_value_in_every_dtype_and_fast_math_doe
     assert set(fast.checked) == {r.name for r in ct.rules.fast_math}
     # each changes a value but x - 0, which does so only for a -0.0 constant: the pattern's 0 is +0.0
     assert {f.rule for f in fast.failures} == set(fast.checked) - {"subtract-zero-fast"}
+
+
+def test_each_dtype_is_tried_at_its_own_extremes():
+    """A rewrite that hides an overflow is caught at the dtype's largest value, whatever that is: 65504 in float16,
+    about 3.4e38 in float32 and bfloat16, 1.8e308 in float64."""
+    for rule in (Rule("times-four-over-four", "(_x * 4) / 4", "_x"), Rule("halve-sum", "(_x + _y) / 2", "_x / 2 + _y / 2")):
+        for dtype in ("float16", "bfloat16", "float32", "float64"):
+            (failure,) = check(rule, dtypes=(dtype,)).failures
+            assert np.isinf(failure.expected) and np.isfinite(failure.got), str(failure)
+
+
+def test_integer_operands_with_floating_results_are_compared_as_floats():
+    """``log`` of an int32 is a float: NaN for NaN and a rounding's difference are the same value there."""
+    report = check(Rule("log-quarter", "log(_x / 4)", "log(_x * 0.25)"), dtypes=("int32", "int64"))
+    assert report, str(report)

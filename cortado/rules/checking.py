@@ -4,12 +4,13 @@ hardest to get right, as ``gradcheck`` tries a derivative.
 A rule's pattern is built with each placeholder a variable (or, where the rule applies only to constants, a
 constant), in each dtype asked for; where the rule rewrites it, the written and the rewritten term are evaluated
 by the reference interpreter on vectors that hold every combination of the dtype's hard values (zeros of both
-signs, ones, halves, the extremes, infinities, NaN; for integers their smallest and largest) for up to three
-variables, and on random values. A rewrite may round differently (within ``ulps`` units in the last place of the
-larger result), never change a value: a NaN where there was none, an infinity or its sign, the sign of a zero.
+signs, ones, halves, infinities, NaN, the dtype's own extremes; for integers their smallest and largest) for up to
+three variables, and on random values over the dtype's range. A rewrite may round differently (within ``ulps``
+units in the last place of the larger result), never change a value: a NaN where there was none, an infinity or
+its sign, the sign of a zero.
 
     report = ct.rules.check(Rule("sqrt-square", "sqrt(_a * _a)", "_a"))
-    print(report)   # sqrt-square changes float32 values: _a = -2.0 gives 2.0 written, -2.0 rewritten ...
+    print(report)   # sqrt-square changes float32 values: _a = -inf gives inf written (...), -inf rewritten
 
 A pattern with attributes (``axis=_a``) or a splat (``*_xs``) is skipped, and says so: its placeholders would
 need values of their own kind.
@@ -30,7 +31,7 @@ from .engine import Rule, RuleSet, as_rule
 from .matching import Bindings, instantiate
 from .patterns import Named, PatternNode, Splat, placeholder_names
 
-FLOAT_VALUES = (0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 3.0, 1e-40, 1e30, -1e30, np.inf, -np.inf, np.nan)
+PLAIN_FLOATS = (0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 3.0, np.inf, -np.inf, np.nan)
 COMBINED = 3  # the most variables whose hard values are tried in every combination
 RANDOM = 64  # random values tried beside them, per variable
 
@@ -173,7 +174,7 @@ def _compared(rule, dtype, written, rewritten, bound, feeds, size, ulps):
 
     with np.errstate(all="ignore"):
         expected, got = value(written), value(rewritten)
-    differ = np.flatnonzero(~_same(expected, got, dtype, ulps))
+    differ = np.flatnonzero(~_same(expected, got, ulps))
     if not len(differ):
         return None
     with np.errstate(all="ignore"):  # the most telling: another value before another sign of a zero
@@ -187,9 +188,11 @@ def _compared(rule, dtype, written, rewritten, bound, feeds, size, ulps):
 def _hard(dtype):
     if dtype == np.bool_:
         return (False, True)
-    if is_float(dtype):  # as the dtype holds them: 1e30 is inf in float16, 1e-40 0 in bfloat16's neighbours
-        with np.errstate(over="ignore", under="ignore"):
-            return tuple(float(np.array(v).astype(dtype)) for v in FLOAT_VALUES)  # (a set would take -0.0 as 0.0)
+    if is_float(dtype):  # the plain values, then the dtype's own extremes: its smallest subnormal and normal, the
+        info = finfo(dtype)  # square root of its largest (a square's edge) and its largest, of both signs
+        extremes = [float(info.smallest_subnormal), float(info.tiny), float(np.sqrt(float(info.max))), float(info.max)]
+        values = list(PLAIN_FLOATS) + extremes + [-v for v in extremes[2:]]
+        return tuple(float(np.array(v).astype(dtype)) for v in values)  # (a set would take -0.0 as 0.0)
     info = np.iinfo(dtype)
     return tuple(dict.fromkeys((0, 1, -1 if info.min < 0 else 2, 7, info.min, info.max, info.min + 1, info.max - 1)))
 
@@ -209,8 +212,11 @@ def _feeds(dtype, variables, rng):
         chosen = hard[picks[n]]
         if dtype == np.bool_:
             extra = rng.integers(0, 2, RANDOM).astype(bool)
-        elif is_float(dtype):
-            extra = rng.standard_normal(RANDOM) * 10.0 ** rng.integers(-3, 4, RANDOM)
+        elif is_float(dtype):  # half of moderate size, half spread over the dtype's whole range of exponents
+            info = finfo(dtype)
+            exponents = rng.uniform(np.log2(float(info.tiny)), np.log2(float(info.max)), RANDOM - RANDOM // 2)
+            extra = np.concatenate([rng.standard_normal(RANDOM // 2) * 10.0 ** rng.integers(-3, 4, RANDOM // 2),
+                                    rng.choice([-1.0, 1.0], len(exponents)) * 2.0 ** exponents])
         else:
             info = np.iinfo(dtype)
             extra = rng.integers(max(info.min, -1000), min(info.max, 1000), RANDOM, endpoint=True)
@@ -218,8 +224,10 @@ def _feeds(dtype, variables, rng):
     return feeds
 
 
-def _same(expected, got, dtype, ulps):
-    """Elementwise: the same value up to ``ulps`` units in the last place, NaN for NaN, and the same sign."""
+def _same(expected, got, ulps):
+    """Elementwise: the same value up to ``ulps`` units in the last place of the results' dtype (which integer
+    operands may give too: a log), NaN for NaN, and the same sign."""
+    dtype = expected.dtype
     if not is_float(dtype):
         return expected == got
     e, g = expected.astype(np.float64), got.astype(np.float64)
