@@ -242,6 +242,11 @@ def test_feeds_from_python_values_are_range_checked_not_wrapped():
     assert ct.evaluate(unsigned, {"unsigned": [1, 2, 255]}).tolist() == [1, 2, 255]
     check_error(ct.DTypeError, lambda: ct.evaluate(unsigned, {"unsigned": [1, 2, -3]}), "out of range")
     check_error(ct.DTypeError, lambda: ct.evaluate(small, {"small": [1.5, 2, 3]}), "holds float64 values")
+    half = ct.var("half", (3,), "float16")  # a finite number past float16's largest would be infinite
+    check_error(ct.DTypeError, lambda: ct.evaluate(half, {"half": [1.0, 1e6, 2.0]}),
+                "holds 1000000.0 at (1,), beyond float16's largest, 65504")
+    check_error(ct.DTypeError, lambda: ct.evaluate(half, {"half": [1, 70000, 2]}), "holds 70000 at (1,)")
+    assert np.isinf(ct.evaluate(half, {"half": [1.0, float("inf"), 2.0]})[1])  # an infinity stays one
 
 
 def test_feeds_that_are_not_values():

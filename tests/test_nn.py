@@ -366,6 +366,14 @@ def test_compute_in_holds_for_the_module_it_is_set_on_and_below():
     assert casts == {"1.weight", "1.bias"}
 
 
+def test_compute_in_takes_floating_dtypes_a_model_can_be_trained_in():
+    """An int8 tree would compute logits of zeros whose gradients are all zero: refused, as float8, whose products
+    need the scales of ``nn.Linear(float8=True)``."""
+    for dtype in ("int8", "float8_e4m3fn", "bool"):
+        with pytest.raises(ct.DTypeError, match="a module computes in one of bfloat16, float16, float32, float64"):
+            nn.MLP(4, 8, 2).compute_in(dtype)
+
+
 def test_compute_in_casts_a_floating_input_where_it_enters_so_the_products_are_in_that_dtype():
     """A float32 batch into a bfloat16 model: without the cast, each product of the batch and a bfloat16 weight would
     promote back to float32, the weights alone rounded. Integer inputs (token ids) are left alone."""

@@ -7,7 +7,7 @@ same clear error everywhere, naming the variable and where it was declared.
 import numpy as np
 
 from ..errors import DTypeError, FeedError, ShapeError
-from .dtypes import is_float, kind_of, type_string
+from .dtypes import finfo, is_float, kind_of, type_string
 from .ops import VAR
 from .term import Term
 
@@ -49,9 +49,17 @@ def _from_python(var, value, what):
     if kind not in _KIND_RANK or _KIND_RANK[kind] > _KIND_RANK[kind_of(var.dtype)]:
         raise DTypeError(f"{what} {_declared(var)} holds {inferred.dtype} values")
     try:
-        return np.asarray(value, dtype=var.dtype)
+        with np.errstate(over="ignore"):
+            array = np.asarray(value, dtype=var.dtype)
     except OverflowError as error:
         raise DTypeError(f"{what} {_declared(var)} holds a value out of range: {error}") from None
+    if is_float(var.dtype):  # a number beyond the dtype's largest would be infinite
+        lost = np.isfinite(inferred) & ~np.isfinite(array.astype(np.float64))
+        if np.any(lost):
+            where = tuple(int(i) for i in np.argwhere(lost)[0])
+            raise DTypeError(f"{what} {_declared(var)} holds {inferred[where].item()!r} at {where}, beyond "
+                             f"{var.dtype.name}'s largest, {float(finfo(var.dtype).max):g}")
+    return array
 
 
 def _conform(var, value, any_float, what, compiled=False):

@@ -23,6 +23,8 @@ from ..exprgraph.ops import BROADCAST_TO, CONST, RESHAPE
 from ..exprgraph.term import Term
 from ..settings import whole
 
+COMPUTE_DTYPES = ("bfloat16", "float16", "float32", "float64")  # what ``compute_in`` takes
+
 
 def size(layer, name, value):
     """``value``, a layer's size (features, channels, heads, a kernel's side): a whole number of at least 1."""
@@ -295,8 +297,14 @@ class Module:
         it is read, and stays float32 (master weights) for its gradient and its optimizer, and a floating term it is
         called with is cast where it enters, as ``torch.autocast`` casts an op's inputs (a float32 batch would
         otherwise promote every product back to float32); a module below that sets its own keeps it. Returns the
-        module."""
-        object.__setattr__(self, "_compute_dtype", None if dtype is None else as_dtype(dtype))
+        module. Other dtypes are refused: an integer tree computes nothing a gradient reaches, and a float8 product needs
+        the scales of ``nn.Linear(float8=True)``."""
+        if dtype is not None:
+            dtype = as_dtype(dtype)
+            if dtype.name not in COMPUTE_DTYPES:
+                raise DTypeError(f"{type(self).__name__}.compute_in({dtype.name!r}): a module computes in one of "
+                                 f"{', '.join(COMPUTE_DTYPES)}")
+        object.__setattr__(self, "_compute_dtype", dtype)
         return self
 
     def __call__(self, *args, **kwargs):
