@@ -85,7 +85,8 @@ MARGIN = 0.25  # log, sqrt and divisors stay this far from their singularities
 
 @dataclass(frozen=True)
 class Literal:
-    """A constant argument of a step, passed as is (Python scalars stay weak, as in NumPy)."""
+    """A constant argument of a step, passed as is (Python scalars stay weak, as in NumPy), or, where it is nested
+    tuples (a gather's indices), as an array: NumPy's ``take_along_axis`` takes no tuples."""
 
     value: object
 
@@ -137,7 +138,8 @@ class RandomGraph:
 
 def _call(namespace, step, values):
     fn = namespace[step.fn] if isinstance(namespace, dict) else getattr(namespace, step.fn)
-    args = [values[a] if isinstance(a, int) else a.value for a in step.args]
+    args = [values[a] if isinstance(a, int) else np.asarray(a.value) if isinstance(a.value, tuple) else a.value
+            for a in step.args]
     return fn(*args, **dict(step.kwargs))
 
 
