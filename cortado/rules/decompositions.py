@@ -176,9 +176,15 @@ row_gathers = RuleSet([
 
 
 def _reordered(labels, x, order):
-    """``x``, whose axes ``labels`` name, with its axes in ``order`` (a permutation of ``labels``)."""
+    """``x``, whose axes ``labels`` name, with its axes in ``order`` (a permutation of ``labels``): a reshape where
+    only axes of size 1 move (its elements stay in their order, so no copy is made of them), else a transpose."""
     order = list(order)
-    return x if order == list(labels) else ct.transpose(x, tuple(labels.index(label) for label in order))
+    if order == list(labels):
+        return x
+    axes = tuple(labels.index(label) for label in order)
+    if [a for a in axes if x.shape[a] != 1] == [a for a in range(x.ndim) if x.shape[a] != 1]:
+        return ct.reshape(x, tuple(x.shape[a] for a in axes))
+    return ct.transpose(x, axes)
 
 
 def _einsum_as_matmul(b):
@@ -208,10 +214,12 @@ def _einsum_as_matmul(b):
 
     def gathered(labels, x, first, second):
         sides = (math.prod(sizes[label] for label in first), math.prod(sizes[label] for label in second))
-        return ct.reshape(_reordered(labels, x, batch + first + second), lead + sides)
+        reordered = _reordered(labels, x, batch + first + second)
+        return reordered if reordered.shape == lead + sides else ct.reshape(reordered, lead + sides)
 
     product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
-    product = ct.reshape(product, tuple(sizes[label] for label in batch + left + right))
+    shape = tuple(sizes[label] for label in batch + left + right)
+    product = product if product.shape == shape else ct.reshape(product, shape)
     return _reordered(batch + left + right, product, output)
 
 
