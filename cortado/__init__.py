@@ -14,7 +14,7 @@ from .errors import (
     BackendError, CortadoError, DTypeError, FeedError, GradError, IndexRangeError, PlanError, RewriteError, ShapeError,
 )
 from .exprgraph import Graph, Term, format_graph, schedule, to_dot
-from .exprgraph.arg_reductions import argmax, argmin
+from .exprgraph.extremes import argmax, argmin, clip, min  # noqa: A004 (NumPy's names)
 from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matmul, ...: see __all__ there)
 from .exprgraph.constructors import __all__ as _constructors
 from .exprgraph.quantization import dequantize, fake_quantize, quantize
@@ -26,7 +26,7 @@ from .torch_state import load_optimizer_state_dict, load_state_dict, optimizer_s
 __version__ = "0.1.0"
 
 __all__ = [
-    *_constructors, "argmax", "argmin", "quantize", "dequantize", "fake_quantize", "concatenate", "split",
+    *_constructors, "min", "clip", "argmax", "argmin", "quantize", "dequantize", "fake_quantize", "concatenate", "split",
     "grad", "vjp", "hvp", "rules", "distributed", "nn", "optim", "save", "load", "load_state_dict", "state_dict",
     "load_optimizer_state_dict", "optimizer_state_dict",
     "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",

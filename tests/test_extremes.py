@@ -1,6 +1,6 @@
-"""``ct.argmax`` and ``ct.argmin`` against NumPy's: the first index of the extreme, NaN counted the extreme, ties,
-the extremes of integer types, every axis and ``keepdims``, evaluated by the reference and compiled on each
-backend."""
+"""``ct.min``, ``ct.clip``, ``ct.argmax`` and ``ct.argmin`` against NumPy's: the smallest value and the first index
+of the extreme, NaN counted the extreme, ties, the extremes of integer types, every axis and ``keepdims``, evaluated
+by the reference and compiled on each backend."""
 
 import ml_dtypes
 import numpy as np
@@ -50,6 +50,48 @@ def test_the_first_extremes_index_as_numpy_gives_it(case, function):
     expected = _numpy(function, value, axis, keepdims)
     assert got.dtype == np.int64 and got.shape == expected.shape
     np.testing.assert_array_equal(got, expected)
+
+
+@settings(max_examples=150, deadline=None)
+@given(cases())
+def test_the_smallest_value_as_numpy_gives_it(case):
+    value, dtype, axis, keepdims = case
+    x = ct.var("x", value.shape, dtype)
+    got = ct.evaluate(ct.min(x, axis=axis, keepdims=keepdims), {"x": value})
+    expected = _numpy("min", value, axis, keepdims)
+    assert got.dtype == value.dtype and got.shape == expected.shape
+    np.testing.assert_array_equal(np.asarray(got, expected.dtype), expected)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_min_and_clip_compiled_with_min_gradient_split_among_ties(backend):
+    """``min`` over rows and ``clip`` compiled, the integer type's smallest value kept (negating it would overflow),
+    and ``min``'s gradient split evenly among a row's tied smallest values, as ``max``'s is."""
+    skip_without_device(backend)
+    x, n = ct.var("x", (3, 4)), ct.var("n", (4,), "int8")
+    (gradient,) = ct.grad(ct.sum(ct.min(x, axis=1)), [x])
+    program = ct.compile([ct.min(x, axis=1), ct.clip(x, -1.0, 2.0), ct.min(n), gradient], inputs=[x, n],
+                         backend=backend)
+    values = np.array([[3, -2, 5, -2], [np.nan, 1, 0, 4], [7, 0.5, 9, 8]], np.float32)
+    small = np.array([5, -128, 127, 0], np.int8)
+    feeds = {"x": values, "n": small}
+    if backend == "cupy":
+        import cupy
+
+        feeds = {name: cupy.asarray(v) for name, v in feeds.items()}
+    least, clipped, smallest, grad = (host(r) for r in program(**feeds))
+    np.testing.assert_array_equal(least, np.min(values, axis=1))
+    np.testing.assert_array_equal(clipped, np.clip(values, -1.0, 2.0))
+    assert smallest == -128
+    np.testing.assert_array_equal(grad[0], [0, 0.5, 0, 0.5])
+    np.testing.assert_array_equal(grad[2], [0, 1, 0, 0])
+
+
+def test_clip_needs_a_bound():
+    with pytest.raises(ct.ShapeError, match="clip: give low, high or both"):
+        ct.clip(ct.var("x", (2,)), None, None)
+    assert ct.evaluate(ct.clip(ct.var("x", (3,)), None, 0.0), {"x": np.array([-1, 0.5, 2], np.float32)}).tolist() \
+        == [-1, 0, 0]
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

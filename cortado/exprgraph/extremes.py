@@ -1,8 +1,12 @@
-"""NumPy's ``argmax`` and ``argmin``, written with ops that already exist (as ``slicing`` is), so that each has
-reference semantics and CPU and GPU kernels for free: the extreme of the axis, then the first index holding it,
-as the largest of ``-index`` over the places that hold it (``-n`` elsewhere). A NaN counts as the extreme, as in
-NumPy: where the extreme is NaN no element equals it, so the places that hold it are the NaNs. The index is
-int64, as NumPy's; it has no gradient (an integer).
+"""NumPy's ``min``, ``clip``, ``argmax`` and ``argmin``, written with ops that already exist (as ``slicing`` is), so
+that each has reference semantics, gradients and CPU and GPU kernels for free.
+
+``min`` is ``max`` of ``x`` mapped exactly and in reverse order (``_reversed_order``: a float negated, a signed
+integer's bits inverted), mapped back: NaN propagates, and its gradient splits a tie evenly, as ``max``'s does.
+``clip`` is NumPy's ``minimum(maximum(x, low), high)``. ``argmax`` and ``argmin`` take the extreme of the axis, then
+the first index holding it, as the largest of ``-index`` over the places that hold it (``-n`` elsewhere). A NaN
+counts as the extreme, as in NumPy: where the extreme is NaN no element equals it, so the places that hold it are
+the NaNs. The index is int64, as NumPy's; it has no gradient (an integer).
 
     ct.mean(ct.cast(ct.equal(ct.argmax(logits, axis=-1), labels), "float32"))   # a batch's accuracy
 """
@@ -13,7 +17,26 @@ from ..errors import ShapeError
 from . import constructors as ct
 from .dtypes import is_float
 
-__all__ = ["argmax", "argmin"]
+__all__ = ["min", "clip", "argmax", "argmin"]
+
+
+@ct._as_written
+def min(x, axis=None, keepdims=False):  # noqa: A001 (NumPy's name)
+    """The smallest element along ``axis`` (all of them where None), NaN where the slice holds one, as NumPy's."""
+    x = ct.as_term(x)
+    smallest = _reversed_order(ct.max(_reversed_order(x), axis=axis, keepdims=keepdims))
+    return ct.cast(smallest, x.dtype) if smallest.dtype != x.dtype else smallest  # a bool's, through int8
+
+
+@ct._as_written
+def clip(x, low, high):
+    """NumPy's ``clip``: ``minimum(maximum(x, low), high)``, a bound of None left out (not both)."""
+    if low is None and high is None:
+        raise ShapeError("clip: give low, high or both (NumPy's clip refuses neither)")
+    x = ct.as_term(x)
+    if low is not None:
+        x = ct.maximum(x, low)
+    return x if high is None else ct.minimum(x, high)
 
 
 @ct._as_written
