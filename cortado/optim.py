@@ -21,6 +21,7 @@ import numpy as np
 from .errors import CortadoError
 from .settings import real, whole
 from .exprgraph import constructors as ct
+from .exprgraph.dtypes import is_float
 from .exprgraph.term import Term
 
 
@@ -47,11 +48,15 @@ class Optimizer:
             clip_norm = real(kind, "clip_norm", clip_norm, 0, above=True)
         self.lr, self.weight_decay, self.decay, self.clip_norm, self.name = lr, weight_decay, decay, clip_norm, name
 
-    def updates(self, params, gradients):
+    def updates(self, params, gradients, accumulate=1):
         """``(state, updates)``: the optimizer's state variables with their first values, and the new value of each
         parameter (``params``: ``{name: variable}`` or a list of variables) and state variable, given the
         parameters' ``gradients`` in the same order, or as ``ct.grad(loss, params)`` gives them for a dict: a dict
-        with the same names."""
+        with the same names. With ``accumulate=k``, a step adds its gradients to sums kept in state and steps the
+        parameters every ``k``-th call only, on the mean of the ``k`` calls' gradients (PyTorch's gradient
+        accumulation, each micro-batch's loss divided by ``k``); the other calls leave the parameters and the
+        optimizer's state as they were."""
+        accumulate = whole(type(self).__name__, "accumulate", accumulate, 1)
         if isinstance(gradients, Mapping):
             if not isinstance(params, Mapping) or set(gradients) != set(params):
                 raise CortadoError(f"{type(self).__name__}: gradients given as a dict need params as a dict of the same "
@@ -71,9 +76,12 @@ class Optimizer:
             if p.shape != g.shape:
                 raise CortadoError(f"{type(self).__name__}: the gradient of {p.name!r} has shape {g.shape}, not "
                                    f"{p.shape}")
+        state, updates = {}, {}
+        if accumulate > 1:
+            gradients, applied = self._accumulated(params, gradients, accumulate, state, updates)
         count = ct.var(f"{self.name}.step", (), "int32")
         step = count + 1
-        state, updates = {count: np.zeros((), np.int32)}, {count: step}
+        state[count], stepped = np.zeros((), np.int32), {count: step}
         if self.clip_norm is not None:
             gradients = clip_grad_norm(gradients, self.clip_norm)
         lr = _rate(self.lr, step)
@@ -81,10 +89,30 @@ class Optimizer:
             decayed = self.decays(p)
             rate = ct.cast(lr, p.dtype) if isinstance(lr, Term) and lr.dtype != p.dtype else lr
             for var, (first, new) in self._parameter(p, g, rate, step, decayed).items():
-                updates[var] = new if new.dtype == var.dtype else ct.cast(new, var.dtype)  # a bfloat16 parameter's
+                stepped[var] = new if new.dtype == var.dtype else ct.cast(new, var.dtype)  # a bfloat16 parameter's
                 if first is not None:
                     state[var] = first
-        return state, updates
+        if accumulate > 1:  # the parameters and the optimizer's state move on the last call of each k only
+            stepped = {var: ct.where(applied, new, var) for var, new in stepped.items()}
+        return state, {**updates, **stepped}
+
+    def _accumulated(self, params, gradients, every, state, updates):
+        """The mean of the gradients of the last ``every`` calls, and whether this call is the last of them: each
+        parameter's gradients summed in a state variable (in float32 for a narrower float), and the call counted in
+        another, both set back to zero on the last call (their first values and updates added to ``state`` and
+        ``updates``)."""
+        phase = ct.var(f"{self.name}.phase", (), "int32")
+        applied = ct.equal(phase, every - 1)
+        state[phase], updates[phase] = np.zeros((), np.int32), ct.where(applied, 0, phase + 1)
+        means = []
+        for p, g in zip(params, gradients):
+            kept = np.dtype(np.float32) if is_float(g.dtype) and g.dtype.itemsize < 4 else g.dtype
+            total_var = ct.var(f"{self.name}.sum.{p.name}", p.shape, kept)
+            total = total_var + (g if g.dtype == kept else ct.cast(g, kept))
+            state[total_var], updates[total_var] = np.zeros(p.shape, kept), ct.where(applied, 0, total)
+            mean = total * (1.0 / every)
+            means.append(mean if mean.dtype == g.dtype else ct.cast(mean, g.dtype))
+        return means, applied
 
     def decays(self, p):
         """Whether the parameter ``p`` (its variable) is decayed: ``weight_decay`` is not 0 and ``decay`` says so."""

@@ -247,3 +247,61 @@ def test_a_bfloat16_parameter_is_updated_in_bfloat16():
         step = ct.compile([loss], inputs=[], state={w: np.ones(3, BFLOAT16), **state}, updates=updates)
         step()
         assert np.all(np.asarray(step.state["w"]).astype(np.float32) < 1)
+
+
+def _accumulated(optimizer, w0, b0, data, every):
+    """Our program stepping ``optimizer`` with ``accumulate=every`` over ``data``: its parameters after each call."""
+    w, b = ct.var("w", w0.shape, w0.dtype), ct.var("b", b0.shape, b0.dtype)
+    x, y = ct.var("x", data[0][0].shape, w0.dtype), ct.var("y", data[0][1].shape, w0.dtype)
+    r = x @ ct.transpose(w) + b - y
+    state, updates = optimizer.updates({"w": w, "b": b}, ct.grad(ct.mean(r * r), [w, b]), accumulate=every)
+    step = ct.compile([], inputs=[x, y], state={w: w0, b: b0, **state}, updates=updates)
+    after = []
+    for xv, yv in data:
+        step(x=xv, y=yv)
+        after.append((np.array(step.state["w"]), np.array(step.state["b"])))
+    return after
+
+
+@pytest.mark.parametrize("case", ["sgd momentum decay", "adamw"])
+def test_accumulated_gradients_step_every_kth_call_on_their_mean(case):
+    """``accumulate=3`` over six micro-batches of five rows: two steps, each on the mean of three calls' gradients,
+    which is the gradient of the mean loss over the three batches together; the calls between leave the parameters
+    as they were."""
+    optimizer, update = CASES[case]
+    w0, b0, data = _problem(4)
+    merged = [tuple(np.concatenate(parts) for parts in zip(*data[i:i + 3])) for i in (0, 3)]
+    after = _accumulated(optimizer, w0, b0, data, every=3)
+    for call in (0, 1, 3, 4):
+        kept = after[call - 1] if call else (w0, b0)
+        assert all(np.array_equal(a, k) for a, k in zip(after[call], kept))
+    for steps, call in ((1, 2), (2, 5)):
+        expected = _reference(update, w0, b0, merged[:steps])
+        np.testing.assert_allclose(after[call][0], expected[0], rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(after[call][1], expected[1], rtol=2e-5, atol=2e-6)
+
+
+def test_accumulate_is_a_whole_number_of_calls():
+    w = ct.var("w", (2,))
+    with pytest.raises(ct.CortadoError, match="accumulate is a whole number of at least 1, not 0"):
+        optim.SGD(0.1).updates([w], ct.grad(ct.sum(w * w), [w]), accumulate=0)
+
+
+@needs_torch
+def test_accumulated_gradients_against_pytorchs_accumulation():
+    """PyTorch's idiom: each micro-batch's loss divided by k, backward into the gradients, a step and zero_grad every
+    k-th micro-batch."""
+    import torch
+
+    w0, b0, data = _problem(5)
+    w, b = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    optimizer = torch.optim.AdamW([w, b], lr=1e-2, betas=(0.8, 0.99))
+    for i, (x, y) in enumerate(data):
+        loss = ((torch.from_numpy(x) @ w.T + b - torch.from_numpy(y)) ** 2).mean() / 2
+        loss.backward()
+        if i % 2 == 1:
+            optimizer.step()
+            optimizer.zero_grad()
+    ours = _accumulated(CASES["adamw"][0], w0, b0, data, every=2)[-1]
+    np.testing.assert_allclose(ours[0], w.detach().numpy(), rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(ours[1], b.detach().numpy(), rtol=2e-5, atol=2e-6)
