@@ -34,7 +34,7 @@ def write(path, arrays, metadata=None):
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     for name, array in arrays.items():
-        host = np.array(_host(array), order="C", copy=None)  # 0-d stays 0-d (ascontiguousarray makes it 1-d)
+        host = np.array(on_host(array), order="C", copy=None)  # 0-d stays 0-d (ascontiguousarray makes it 1-d)
         if host.dtype.name not in _CODES:
             raise FeedError(f"a checkpoint stores {', '.join(_CODES)}; {name!r} is {host.dtype}")
         data = host.astype(host.dtype.newbyteorder("<"), copy=False).tobytes()
@@ -105,7 +105,7 @@ def _well_formed(entry):
             and naturals(entry.get("data_offsets")) and len(entry["data_offsets"]) == 2)
 
 
-def _program(program, what):
+def compiled_program(program, what):
     """``program``, where it is a compiled program: what has a state to save or load."""
     from .program import Program
 
@@ -116,14 +116,14 @@ def _program(program, what):
 
 def save(program, path, metadata=None):
     """Write ``program``'s state (every state variable, by name) to the safetensors file ``path``."""
-    _program(program, "ct.save")
+    compiled_program(program, "ct.save")
     write(path, {name: program.state[name] for name in program.state}, metadata)
 
 
 def load(program, path):
     """Read the safetensors file ``path`` into ``program``'s state: every state variable must be in the file with
     its shape and dtype (as ``save`` wrote it), and the file must hold nothing else."""
-    _program(program, "ct.load")
+    compiled_program(program, "ct.load")
     arrays, _ = read(path)
     missing = sorted(set(program.state) - set(arrays))
     extra = sorted(set(arrays) - set(program.state))
@@ -134,12 +134,12 @@ def load(program, path):
         raise FeedError(f"{path} does not match the program's state: " + "; ".join(
             part for part in (f"missing {missing}" if missing else "", f"not in the program {extra}" if extra else "")
             if part) + hint)
-    checked = {name: _checked(program, name, array, path, same_dtype=True) for name, array in arrays.items()}
+    checked = {name: checked_value(program, name, array, path, same_dtype=True) for name, array in arrays.items()}
     for name, array in checked.items():  # all checked first: a refused file changes nothing
         program.state[name] = array
 
 
-def _checked(program, name, array, source, same_dtype):
+def checked_value(program, name, array, source, same_dtype):
     """``array`` as the state variable ``name`` holds it (``source`` says where it came from, for the message): of
     its shape, and of its dtype (``same_dtype``) or converted to it without losing a value."""
     current = program.state[name]
@@ -147,10 +147,10 @@ def _checked(program, name, array, source, same_dtype):
         raise FeedError(f"{source}: {name!r} has shape {tuple(array.shape)}; the program's is {tuple(current.shape)}")
     if same_dtype and array.dtype != current.dtype:
         raise FeedError(f"{source}: {name!r} is {array.dtype}; the program's is {current.dtype}")
-    return _converted(array, current.dtype, f"{source}: {name!r}")
+    return converted_losslessly(array, current.dtype, f"{source}: {name!r}")
 
 
-def _converted(array, dtype, what):
+def converted_losslessly(array, dtype, what):
     """``array`` as ``dtype``, where every value survives: an int in range (of either sign), a float of an int's whole
     value, a finite float still finite and an infinite one still infinite in a narrower float (rounding aside)."""
     if array.dtype == dtype:
@@ -173,6 +173,6 @@ def _converted(array, dtype, what):
     return converted
 
 
-def _host(array):
+def on_host(array):
     """A NumPy array of ``array``: a CuPy one copied from the device."""
     return array.get() if hasattr(array, "get") and not isinstance(array, np.ndarray) else np.asarray(array)

@@ -18,7 +18,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from . import optim
-from .checkpoint import _checked, _converted, _host, _program
+from .checkpoint import checked_value, converted_losslessly, on_host, compiled_program
 from .errors import FeedError
 from .exprgraph.dtypes import BFLOAT16
 from .settings import whole
@@ -33,7 +33,7 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     stream, a float8 layer's amax histories), which keep their values; otherwise only the names both have are set.
     A value its variable's dtype cannot hold (an int out of range, a NaN or a fraction for an int, a finite float
     beyond a narrower float's range) is refused, not wrapped or rounded to infinity. Returns the names set."""
-    _program(program, "ct.load_state_dict")
+    compiled_program(program, "ct.load_state_dict")
     if not isinstance(state_dict, Mapping) or not all(isinstance(name, str) for name in state_dict):
         raise FeedError(f"a state_dict maps names to arrays (model.state_dict()), not {type(state_dict).__name__}"
                         + ("" if isinstance(state_dict, Mapping) else " (dict(pairs) makes one of pairs)"))
@@ -49,7 +49,7 @@ def load_state_dict(program, state_dict, strict=True, model=None):
     if state_dict and not names:  # strict=False matched nothing: a prefix (DataParallel's "module."), another model
         raise FeedError(f"state_dict: none of its names ({', '.join(sorted(state_dict)[:3])}, ...) is a state variable "
                         f"of the program ({', '.join(sorted(program.state)[:3])}, ...); nothing was set")
-    checked = {name: _checked(program, name, _numpy(state_dict[name]), "the state_dict", same_dtype=False)
+    checked = {name: checked_value(program, name, _numpy(state_dict[name]), "the state_dict", same_dtype=False)
                for name in names}
     for name, array in checked.items():  # all checked first: a refused state_dict changes nothing
         program.state[name] = array
@@ -61,13 +61,13 @@ def state_dict(program, model):
     gives them (those of its layers that PyTorch's have: not ``Buffer.ours``), the inverse of
     ``load_state_dict(program, ..., model=model)``: ``torch_model.load_state_dict({k: torch.from_numpy(v) for k, v in
     ct.state_dict(step, model).items()})`` (PyTorch converts each to its tensor's dtype as it copies it)."""
-    _program(program, "ct.state_dict")
+    compiled_program(program, "ct.state_dict")
     names = _pytorchs_names(model)
     missing = [name for name in names if name not in program.state]
     if missing:
         raise FeedError(f"ct.state_dict: the program's state has no {missing[:3]}{' ...' if len(missing) > 3 else ''} "
                         f"of the model; was the program compiled with model.initial_values()?")
-    return {name: _host(program.state[name]).copy() for name in names}
+    return {name: on_host(program.state[name]).copy() for name in names}
 
 
 def load_optimizer_state_dict(program, optimizer, state_dict, names=None, step=None):
@@ -82,59 +82,92 @@ def load_optimizer_state_dict(program, optimizer, state_dict, names=None, step=N
     as ``decay`` says, momentum, dampening, nesterov, amsgrad, maximize), state ``optimizer`` does not keep, steps
     that differ between parameters (the program keeps one count), state for some parameters and none for others
     (PyTorch makes it at a parameter's first step), names that are not the parameters ``optimizer`` updates. Nothing
-    is set where anything is refused. Returns the state variables set."""
-    _program(program, "ct.load_optimizer_state_dict")
+    is set where anything is refused. PyTorch's state is between steps, so an ``accumulate=`` optimizer's sums of
+    gradients and its count of calls are set to zero. Returns the state variables set."""
+    compiled_program(program, "ct.load_optimizer_state_dict")
     _optimizer(program, optimizer, "ct.load_optimizer_state_dict")
     groups, state = _parts(state_dict)
     indices = [index for group in groups for index in group["params"]]
+    stray = [key for key in state if key not in indices]
+    if stray:
+        raise FeedError(f"the optimizer's state_dict: its state has entries {stray[:3]}{' ...' if len(stray) > 3 else ''}"
+                        f", which no param_group lists (they list {indices[:3]}{' ...' if len(indices) > 3 else ''}): "
+                        f"not the state of these groups")
     names = _names(program, optimizer, groups, names)
     _check_settings(program, optimizer, groups, names)
     entries = _entries(optimizer, state, indices, names)
     count = f"{optimizer.name}.step"
-    values = {count: _checked(program, count, np.array(_count(optimizer, entries, names, step)), "step",
+    values = {count: checked_value(program, count, np.array(_count(optimizer, entries, names, step)), "step",
                               same_dtype=False)}
     for index, name, entry in zip(indices, names, entries):
         for key, kind in _moments(optimizer).items():
             var = f"{optimizer.name}.{kind}.{name}"
             value = _numpy(entry[key]) if entry else np.zeros(program.state[var].shape, program.state[var].dtype)
-            values[var] = _checked(program, var, value, f"the optimizer's state_dict, state[{index}][{key!r}]",
+            values[var] = checked_value(program, var, value, f"the optimizer's state_dict, state[{index}][{key!r}]",
                                    same_dtype=False)
+    for var in _accumulation(program, optimizer):  # PyTorch's state is between steps: no gradients summed yet
+        values[var] = np.zeros(program.state[var].shape, program.state[var].dtype)
     for var, array in values.items():  # all checked first: a refused state_dict changes nothing
         program.state[var] = array
     return list(values)
 
 
+def _accumulation(program, optimizer):
+    """The state variables of ``optimizer``'s gradient accumulation (``accumulate=``) in ``program``: its count of
+    calls and its sums, or none."""
+    return [name for name in program.state
+            if name == f"{optimizer.name}.phase" or name.startswith(f"{optimizer.name}.sum.")]
+
+
 def optimizer_state_dict(program, optimizer, names):
     """The state ``optimizer`` keeps in ``program`` as a PyTorch optimizer's ``state_dict()`` (NumPy arrays for its
     tensors), the inverse of ``load_optimizer_state_dict``: ``names`` are the parameters' names in the order the
-    PyTorch optimizer lists them; a group for each run of consecutive parameters with the same settings (decayed or
-    not), each with its ``param_names``; no state before the first step, as PyTorch has none then; Adam's ``step``
-    a float32 of shape (), as PyTorch keeps it; ``lr`` the rate of the next step where it is a schedule. SGD's step
-    count is not in it: PyTorch's SGD keeps none. What says how PyTorch computes (foreach, fused, capturable) is left
-    to the loading optimizer's defaults."""
-    _program(program, "ct.optimizer_state_dict")
+    PyTorch optimizer lists them, a group for each run of consecutive parameters with the same settings (decayed or
+    not), or a list of lists of them, one for each of its groups (whose settings must then agree within each); each
+    group with its ``param_names``; no state before the first step, as PyTorch has none then; Adam's ``step`` a
+    float32 of shape (), as PyTorch keeps it; ``lr`` the rate of the next step where it is a schedule. SGD's step
+    count is not in it: PyTorch's SGD keeps none. PyTorch has no sums of gradients being accumulated
+    (``accumulate=``), so a step between the calls that apply them is refused. The settings of how PyTorch computes
+    (foreach, fused, capturable) are not in it: PyTorch's ``load_state_dict`` sets them to its defaults."""
+    compiled_program(program, "ct.optimizer_state_dict")
     _optimizer(program, optimizer, "ct.optimizer_state_dict")
-    names = _parameters(program, optimizer, names)
-    count = int(_host(program.state[f"{optimizer.name}.step"]))
+    sizes = [len(group) for group in names] if _nested(names) else None
+    names = _parameters(program, optimizer, [name for group in names for name in group] if sizes else names)
+    phase = program.state[f"{optimizer.name}.phase"] if f"{optimizer.name}.phase" in program.state else 0
+    if int(on_host(phase)):
+        raise FeedError(f"ct.optimizer_state_dict: {_described(optimizer)} has accumulated the gradients of "
+                        f"{int(on_host(phase))} call(s) it has not applied yet, which PyTorch's state has no place for; "
+                        f"export after the call that applies them")
+    count = int(on_host(program.state[f"{optimizer.name}.step"]))
     moments = _moments(optimizer)
     state = {}
     if count and moments:  # PyTorch makes a parameter's state at its first step
         for index, name in enumerate(names):
             entry = {"step": np.array(count, np.float32)} if _counts_per_parameter(optimizer) else {}
-            state[index] = entry | {key: _host(program.state[f"{optimizer.name}.{kind}.{name}"]).copy()
+            state[index] = entry | {key: on_host(program.state[f"{optimizer.name}.{kind}.{name}"]).copy()
                                     for key, kind in moments.items()}
-    return {"state": state, "param_groups": _groups(program, optimizer, names, count)}
+    return {"state": state, "param_groups": _groups(program, optimizer, names, count, sizes)}
 
 
-def _groups(program, optimizer, names, count):
-    """PyTorch's param_groups of the parameters ``names``, in order, after ``count`` steps: one for each run of
-    consecutive parameters with the same settings, as a PyTorch optimizer with a group of decayed parameters and one
-    of the others lists them."""
+def _nested(names):
+    """Whether ``names`` are given group by group: a list of lists (not of strings)."""
+    return isinstance(names, list | tuple) and bool(names) and all(isinstance(g, list | tuple) for g in names)
+
+
+def _groups(program, optimizer, names, count, sizes=None):
+    """PyTorch's param_groups of the parameters ``names``, in order, after ``count`` steps: the groups of ``sizes``
+    where given, each of one setting, else one for each run of consecutive parameters with the same settings, as a
+    PyTorch optimizer with a group of decayed parameters and one of the others lists them."""
     lr = optimizer.lr(count + 1) if isinstance(optimizer.lr, optim.Schedule) else optimizer.lr
+    starts = set(np.cumsum([0] + sizes[:-1]).tolist()) if sizes else set()
     groups = []
     for index, name in enumerate(names):
         settings = {"lr": lr, **_settings(program, optimizer, name)}
-        if not groups or any(groups[-1][key] != value for key, value in settings.items()):
+        differ = bool(groups) and any(groups[-1][key] != value for key, value in settings.items())
+        if differ and sizes and index not in starts:
+            raise FeedError(f"ct.optimizer_state_dict: {name!r} is stepped with other settings than the parameters "
+                            f"before it in its group ({groups[-1]['param_names']}); PyTorch steps a group with one")
+        if not groups or index in starts or (differ and not sizes):
             groups.append(settings | {"params": [], "param_names": []})
         groups[-1]["params"].append(index)
         groups[-1]["param_names"].append(name)
@@ -195,8 +228,9 @@ def _parts(state_dict):
 def _names(program, optimizer, groups, names):
     """The parameters' names in the order of ``groups``: ``names``, or the groups' ``param_names``, which must
     agree: one for each index the groups list."""
-    kept = [name for group in groups for name in group.get("param_names", ())]
     count = sum(len(group["params"]) for group in groups)
+    kept = [name for group in groups for name in group.get("param_names", ())]
+    kept = kept if len(kept) == count else []  # names kept by some groups only name nothing by position
     if names is None and len(kept) != count:
         raise FeedError("ct.load_optimizer_state_dict: give names=, the parameters' names in the order PyTorch's "
                         "optimizer lists them ([n for n, _ in torch_model.named_parameters()] for an optimizer of "
@@ -315,7 +349,7 @@ def _step(value, name):
     array = _numpy(value)
     if array.shape != ():
         raise FeedError(f"the optimizer's state_dict: the step of {name!r} has shape {array.shape}, not ()")
-    return int(_converted(array, np.dtype(np.int32), f"the optimizer's state_dict: the step of {name!r}"))
+    return int(converted_losslessly(array, np.dtype(np.int32), f"the optimizer's state_dict: the step of {name!r}"))
 
 
 def _pytorchs_names(model):
@@ -332,4 +366,4 @@ def _numpy(value):
 
             return tensor.view(torch.int16).numpy().view(BFLOAT16)
         return tensor.numpy()
-    return _host(value)
+    return on_host(value)

@@ -22,13 +22,11 @@ def blas_products(monkeypatch):
 
 @pytest.fixture(autouse=True, scope="session")
 def _choices_of_the_session(tmp_path_factory):
-    """Tuning's choices (``calls.choices``) kept in a file of the test session's own: the suite neither takes the
-    choices a user's programs made on this machine nor leaves its own (some tests force a choice) behind for them."""
-    from cortado.backends.cupy.calls import choices
-
-    path = str(tmp_path_factory.mktemp("choices") / "choices.json")
+    """Tuning's choices (``calls.choices``) kept in a folder of the test session's own, for the processes the tests
+    start too: the suite neither takes the choices a user's programs made on this machine nor leaves its own (some
+    tests force a choice) behind for them."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(choices, "_path", lambda: path)
+        patch.setenv("CORTADO_CHOICES_DIR", str(tmp_path_factory.mktemp("choices")))
         yield
 
 
@@ -39,4 +37,4 @@ def fresh_choices(monkeypatch, tmp_path):
     from cortado.backends.cupy.calls import choices
 
     monkeypatch.setattr(choices, "_remembered", {})
-    monkeypatch.setattr(choices, "_path", lambda: str(tmp_path / "choices.json"))
+    monkeypatch.setattr(choices, "folder", lambda: str(tmp_path))

@@ -3,6 +3,8 @@
 import json
 import os
 
+import numpy as np
+
 from cortado.backends.cupy.calls import choices
 
 
@@ -25,13 +27,18 @@ def test_processes_writing_one_after_another_keep_each_others_choices(fresh_choi
 
 
 def test_an_unreadable_file_is_no_choice_and_is_written_over(fresh_choices):
-    path = choices._path()
+    path = choices._path("int8", "key")
     with open(path, "w") as file:
-        file.write('{"half written')
+        file.write('[2, [3.0')
     assert choices.recall("int8", "key") is None
     choices.remember("int8", "key", [2, [3.0]])
     with open(path) as file:
-        assert len(json.load(file)) == 1
+        assert json.load(file) == [2, [3.0]]
+
+
+def test_keys_equal_as_values_share_a_choice_in_the_process(fresh_choices):
+    choices.remember("cublaslt", (np.float32(0.5), (np.int64(3), 4)), "algorithm 7")
+    assert choices.recall("cublaslt", (0.5, (3, 4))) == "algorithm 7"
 
 
 def test_where_the_file_cannot_be_written_the_process_still_remembers(fresh_choices, monkeypatch):
@@ -41,4 +48,4 @@ def test_where_the_file_cannot_be_written_the_process_still_remembers(fresh_choi
     monkeypatch.setattr(choices, "write_atomically", full_disk)
     choices.remember("cudnn", "key", ["plan", None, {}])
     assert choices.recall("cudnn", "key") == ["plan", None, {}]
-    assert not os.path.exists(choices._path())
+    assert not os.path.exists(choices._path("cudnn", "key"))

@@ -628,3 +628,18 @@ def test_an_operand_read_twice_is_copied_to_nchw_for_each_read():
     nchw, copied = nchw_call(_call(term, {x: channels_last_strides(x.shape), term: contiguous_strides(term.shape)}))
     assert copied == [0, 1] and nchw.first.strides == nchw.second.strides == contiguous_strides(x.shape)
     assert nchw_call(_call(term, {x: contiguous_strides(x.shape), term: contiguous_strides(term.shape)})) is None
+
+
+def test_a_remembered_choice_the_call_could_not_have_made_is_not_taken(fresh_choices):
+    """A file of the choices edited or damaged into another shape, or naming a candidate the call lacks: timed
+    again, not taken."""
+    from cortado.backends.cupy.calls import choices, cudnn_conv
+
+    conv = object.__new__(cudnn_conv.Conv)
+    conv.__dict__.update(tuned_key="shapes", others={cudnn_conv.WINDOWS: None}, plans=[], graph=None)
+    for stored in (["windows", 1e-3], [cudnn_conv.SPLIT, 1e-3, {}], [cudnn_conv.WINDOWS, "fast", {}],
+                   [cudnn_conv.WINDOWS, None, {"elsewhere": 1.0}], {"windows": 1}):
+        choices.remember("cudnn", "shapes", stored)
+        assert conv._remembered() is None, stored
+    choices.remember("cudnn", "shapes", [cudnn_conv.WINDOWS, None, {cudnn_conv.WINDOWS: 2e-3}])
+    assert conv._remembered() == (cudnn_conv.WINDOWS, (None, {cudnn_conv.WINDOWS: 2e-3}))

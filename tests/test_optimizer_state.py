@@ -179,6 +179,10 @@ ADAMW_REFUSALS = {
                                 {"names": ["0.weight", "0.bias", "2.weight", "2.bias"]},
                                 r"4 names for the 5 parameters of the state_dict's param_groups"),
     "a step that disagrees": (_bad(lambda d: None), {"step": 5}, r"step=5, where the state_dict's is 2"),
+    "state of other indices": (_bad(lambda d: d.update(state={str(k): v for k, v in d["state"].items()})), {},
+                               r"its state has entries \['0', '1', '2'\] \.\.\., which no param_group lists"),
+    "param_names in some groups": (_bad(lambda d: (_split(d), d["param_groups"][1].pop("param_names"))), {},
+                                   r"give names=, the parameters' names in the order"),
     "an optimizer": (lambda d: object(), {}, r"an optimizer's state_dict is \{'state': .*, not object"),
     "a model's state_dict": (lambda d: {"0.weight": np.zeros((8, 4))}, {},
                              r"\(torch_optimizer.state_dict\(\)\), not a dict of keys \['0.weight'\]"),
@@ -353,3 +357,35 @@ def test_a_pytorch_run_with_a_scheduler_resumes_here_at_its_rate():
     for x, y in batches[3:]:
         program(x=x, y=y)
     _assert_same_parameters(program, theirs)
+
+
+def test_groups_given_as_lists_of_names_are_pytorchs_groups():
+    """A PyTorch optimizer of one group a layer, all of one setting: the groups come back as given, where runs of
+    one setting would merge them; a group whose parameters are stepped with two settings is refused."""
+    adamw = OPTIMIZERS["adamw matrices"]()
+    program, model = _step(adamw)
+    by_layer = [["0.weight", "0.bias"], ["2.weight", "2.bias"]]
+    with pytest.raises(ct.FeedError, match=r"'0.bias' is stepped with other settings than the parameters before it"):
+        ct.optimizer_state_dict(program, adamw, by_layer)
+    sgd = optim.SGD(0.1, momentum=0.9)
+    program, model = _step(sgd)
+    groups = ct.optimizer_state_dict(program, sgd, by_layer)["param_groups"]
+    assert [(g["params"], g["param_names"]) for g in groups] == [([0, 1], by_layer[0]), ([2, 3], by_layer[1])]
+
+
+def test_accumulated_gradients_are_not_exported_and_a_load_starts_without_them():
+    adamw = optim.AdamW(1e-2)
+    model = nn.MLP(4, 8, 2, activation=ct.tanh)
+    x, y = ct.var("x", (16, 4)), ct.var("y", (16, 2))
+    params = model.parameters()
+    state, updates = adamw.updates(params, ct.grad(nn.mse_loss(model(x), y), list(params.values())), accumulate=2)
+    program = ct.compile([], inputs=[x, y], state={**model.initial_values(0), **state}, updates=updates)
+    batches = _batches(3)
+    for xb, yb in batches[:2]:
+        program(x=xb, y=yb)
+    exported = ct.optimizer_state_dict(program, adamw, list(params))  # after the applying call
+    program(x=batches[2][0], y=batches[2][1])
+    with pytest.raises(ct.FeedError, match=r"has accumulated the gradients of 1 call\(s\) it has not applied yet"):
+        ct.optimizer_state_dict(program, adamw, list(params))
+    ct.load_optimizer_state_dict(program, adamw, exported)
+    assert program.state["adamw.phase"] == 0 and not np.any(program.state["adamw.sum.0.weight"])

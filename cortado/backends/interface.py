@@ -49,7 +49,7 @@ class Backend:
     kernel_shapes = KernelShapes()  # the fused kernels it takes (``rules.fusion``): fusion makes no other
     collectives = False  # its all-reduces reach the other ranks of a job (``cortado.distributed``); else a world of one
     keeps_casts = False  # a step reads its updated weights' narrow casts from state it updates (``rules.kept_casts``)
-    gathers_raise = False  # a gather stops its call at an index outside the axis (``IndexRangeError``), not clamping it
+    gathers_raise = True  # a gather may stop its call at an index outside the axis (``IndexRangeError``); False: it clamps
 
     def require(self):
         """Raise a BackendError saying what to install where this machine lacks what the backend needs."""

@@ -191,7 +191,7 @@ def _hard(dtype):
     if is_float(dtype):  # the plain values, then the dtype's own extremes: its smallest subnormal and normal, the
         info = finfo(dtype)  # square root of its largest (a square's edge) and its largest, of both signs
         extremes = [float(info.smallest_subnormal), float(info.tiny), float(np.sqrt(float(info.max))), float(info.max)]
-        values = list(PLAIN_FLOATS) + extremes + [-v for v in extremes[2:]]
+        values = list(PLAIN_FLOATS) + extremes + [-v for v in extremes]
         return tuple(float(np.array(v).astype(dtype)) for v in values)  # (a set would take -0.0 as 0.0)
     info = np.iinfo(dtype)
     return tuple(dict.fromkeys((0, 1, -1 if info.min < 0 else 2, 7, info.min, info.max, info.min + 1, info.max - 1)))

@@ -30,6 +30,7 @@ class CupyBackend(Backend):
     kernel_shapes = KernelShapes(one_op=True, sibling_columns=True, horizontal=True)
     collectives = True  # all-reduces through NCCL (cortado.distributed)
     keeps_casts = True  # the optimizer's kernels write the weights' casts, which the step's start read all of
+    gathers_raise = False  # the GPU's gathers clamp an index into the axis: no kernel stops a step on its values
 
     def require(self):
         try:

@@ -17,7 +17,6 @@ class NumpyBackend(Backend):
     name = "numpy"
     alignment = 64
     lowering = Lowering()
-    gathers_raise = True  # NumPy's gathers check their indices
 
     def steps(self, kernels, options):
         return layout.steps(kernels, options)

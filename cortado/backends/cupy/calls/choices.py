@@ -3,11 +3,13 @@
 A call's candidates (cuBLASLt's algorithms, cuDNN's plans, our int8 kernels) are timed when a program is built, and
 two candidates within the timing's noise may swap places from one process to the next. They add in other orders, so
 one model trained twice would take two paths (a small GPT step's loss after 113 steps was 2.8003 in one process and
-2.7419 in another). So a choice is kept beside the compiled kernels (``$CORTADO_CACHE_DIR/choices``, by default
-``~/.cache/cortado/choices``), one file for each kind of GPU with its driver and libraries, and a later process takes
-it instead of timing again: the same bits in every process on the machine, and a shorter build. Deleting the folder
-has them timed again. A choice is stored as what names it among its call's candidates (an algorithm's configuration,
-a plan's name, a kernel's description), and a caller takes it only where the candidates it is offered include it.
+2.7419 in another). So a choice is kept beside the compiled kernels (``$CORTADO_CHOICES_DIR``, by default
+``$CORTADO_CACHE_DIR/choices`` or ``~/.cache/cortado/choices``), in a folder for each kind of GPU with its driver
+and libraries, one small file a choice (written whole and renamed into place, so processes tuning side by side
+never read half of one or lose another's), and a later process takes it instead of timing again: the same bits in
+every later process on the machine, and a shorter build. Deleting the folder has them timed again. A choice is
+stored as what names it among its call's candidates (an algorithm's configuration, a plan's name, a kernel's index
+under a key naming every candidate), and a caller takes it only where the candidates it is offered include it.
 Where the folder cannot be written (a read-only home, a full disk), the choices last for the process.
 """
 
@@ -18,30 +20,27 @@ import os
 
 from ..kernels import cache_folder, write_atomically
 
-_remembered = {}  # (kind, the key's text) -> the value, for this process
+_remembered = {}  # (kind, key) -> the value, for this process: keys equal as values, as np.float32(0.5) and 0.5
 
 
 def recall(kind, key):
     """The value remembered for the call described by ``key`` (its repr is the same in every process) among those of
-    ``kind`` ("cublaslt", "cudnn", "int8"): by this process, else on disk; None where there is none."""
-    name = (kind, repr(key))
-    if name not in _remembered:
-        stored = _read(_path()).get(_digest(name))
+    ``kind`` ("cublaslt", "cudnn", "int8"): by this process, else on disk; None where there is none. The caller checks
+    it is one of the call's candidates."""
+    if (kind, key) not in _remembered:
+        stored = _read(_path(kind, key))
         if stored is None:
             return None
-        _remembered[name] = stored
-    return _remembered[name]
+        _remembered[kind, key] = stored
+    return _remembered[kind, key]
 
 
 def remember(kind, key, value):
-    """Keep ``value`` (numbers, strings and lists of them) as the choice for ``key`` among those of ``kind``."""
-    name = (kind, repr(key))
-    _remembered[name] = json.loads(json.dumps(value))  # as a later process reads it: lists, not tuples
-    path = _path()
-    entries = _read(path)  # again: another process may have added some since
-    entries[_digest(name)] = value
+    """Keep ``value`` (numbers, strings, and lists and dicts of them) as the choice for ``key`` among those of
+    ``kind``, for this process and in its own file."""
+    _remembered[kind, key] = json.loads(json.dumps(value))  # as a later process reads it: lists, not tuples
     try:
-        write_atomically(path, json.dumps(entries, sort_keys=True).encode())
+        write_atomically(_path(kind, key), json.dumps(value).encode())
     except OSError:
         pass
 
@@ -51,25 +50,26 @@ def forget():
     _remembered.clear()
 
 
-def _digest(name):
-    return hashlib.sha256(repr(name).encode()).hexdigest()
+def folder():
+    """Where the choices of this process's GPU are kept: ``$CORTADO_CHOICES_DIR``, else the cache's ``choices``."""
+    import cupy
+
+    root = os.environ.get("CORTADO_CHOICES_DIR") or cache_folder("choices")
+    return os.path.join(root, _machine(cupy.cuda.Device().id))
+
+
+def _path(kind, key):
+    return os.path.join(folder(), hashlib.sha256(repr((kind, repr(key))).encode()).hexdigest() + ".json")
 
 
 def _read(path):
-    """The entries of the file at ``path``; none where it is missing or unreadable (half written by a process that
-    died: ``write_atomically`` renames whole files into place, so only a damaged disk gives one)."""
+    """The value in the file at ``path``; None where it is missing or unreadable (``write_atomically`` renames whole
+    files into place, so only a damaged disk gives a half-written one)."""
     try:
         with open(path) as file:
-            entries = json.load(file)
+            return json.load(file)
     except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
-def _path():
-    import cupy
-
-    return os.path.join(cache_folder("choices"), _machine(cupy.cuda.Device().id) + ".json")
+        return None
 
 
 @functools.cache

@@ -279,8 +279,10 @@ class Conv:
         """``(choice, times)`` as ``choices`` remembers them for this call (a plan by its name, which its index
         among the plans built here gives back), or None where there are none or its candidates lack that choice."""
         stored = choices.recall("cudnn", self.tuned_key)
-        if stored is None:
-            return None
+        if not (isinstance(stored, list) and len(stored) == 3 and isinstance(stored[0], str)
+                and (stored[1] is None or isinstance(stored[1], (int, float))) and isinstance(stored[2], dict)
+                and set(stored[2]) <= set(self.others) and all(isinstance(t, (int, float)) for t in stored[2].values())):
+            return None  # none, or not one this call could have made
         named, best_time, timed = stored
         if named in self.others:
             return named, (best_time, timed)

@@ -46,6 +46,13 @@ VECTOR_ALIGNMENT = 16
 _R_8I, _R_32I = 3, 10  # cudaDataType
 
 
+def _well_formed(remembered, count):
+    """Whether a remembered choice among ``count`` candidates is one: ``[its index, the candidates' times]``."""
+    return (isinstance(remembered, list) and len(remembered) == 2 and isinstance(remembered[0], int)
+            and 0 <= remembered[0] < count and isinstance(remembered[1], list) and len(remembered[1]) == count
+            and all(isinstance(t, (int, float)) for t in remembered[1]))
+
+
 def _multiprocessors():
     import cupy
 
@@ -212,7 +219,7 @@ class Int8Gemm:
         """Time every candidate on ``pointers`` (``call``'s arguments, whose contents it overwrites); keep the
         fastest, or take the one ``choices`` remembers for the call (its key names every candidate)."""
         remembered = choices.recall("int8", self.key)
-        if remembered is not None:
+        if _well_formed(remembered, len(self.candidates)):
             self.choice, self.times = remembered
             return
         rounds = [[_time(c, pointers, stream) for c in self.candidates] for _ in range(TIMING_ROUNDS)]
