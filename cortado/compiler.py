@@ -174,18 +174,16 @@ def _kernels(roots, signature, updates=None):
     several outputs), one load per input. A kernel computing an update that does not read its state variable reads
     it all the same, in name only: it may write the update over the variable once the variable's readers are done
     (``_sinks``), rather than into a buffer copied in after the step."""
-    kernels, made = [], set()
+    kernels, made = [], set()  # every term the kernels so far define
     state = set(signature.state)
     overwritten = {}
     for var, value in (updates or {}).items():
         overwritten.setdefault(value, []).append(var)
     for t in schedule(roots):
-        if t.op is CONST or t in state:
-            continue
+        if t.op is CONST or t in state or t in made:  # made: a result of a kernel listed already (its results are
+            continue  # built once a kernel, not once a result: a region of n outputs would build n * n terms)
         terms = t.op.results_of(t)
-        if terms in made:
-            continue
-        made.add(terms)
+        made.update(terms)
         reads = tuple(dict.fromkeys(t.args))
         named = [v for d in terms for v in overwritten.get(d, ()) if v not in reads]
         kernels.append(Kernel(terms, reads + tuple(dict.fromkeys(named))))
