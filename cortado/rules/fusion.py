@@ -506,7 +506,8 @@ def _replace_region(region, position, replaced, trace):
         else "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
     if len(region.members) == 1:
         rule = "one-op-kernel"
+    kernel = kernel_shape(outputs)  # once a region: it walks the whole body
     for index, term in zip(itertools.count(), produced):
-        fused = make(FUSED_OP, inputs, (outputs, index, False, kernel_shape(outputs)))
+        fused = make(FUSED_OP, inputs, (outputs, index, False, kernel))
         replaced[term] = fused
         trace.append(Rewrite(rule, term, fused))
