@@ -194,8 +194,9 @@ def _may_raise(kernel, gathers_raise):
     """Whether ``kernel`` can stop its call on its values, in a fused body too: an integer power whose exponent may
     be negative, or, where the backend's gathers check their indices (``gathers_raise``), a gather at indices known
     only when the program runs."""
-    inside = [s for t in kernel.terms if t.op.kind == FUSED for s in schedule(t.attr("outputs"))]
-    return any(may_fail(t) or (gathers_raise and reads_unchecked_indices(t)) for t in kernel.terms + tuple(inside))
+    # a kernel's results share one body: walked once, not once a result (quadratic in a region's outputs)
+    inside = tuple(schedule(kernel.term.attr("outputs"))) if kernel.term.op.kind == FUSED else ()
+    return any(may_fail(t) or (gathers_raise and reads_unchecked_indices(t)) for t in kernel.terms + inside)
 
 
 def _sinks(kernels, steps, updates, live_out, gathers_raise):
