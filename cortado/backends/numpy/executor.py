@@ -91,10 +91,15 @@ def _load(destination, feeds, name):
     np.copyto(destination, feeds[name])
 
 
+def _memory(a):
+    """Where ``a``'s elements lie and their layout: equal for the same elements in the same layout (not, say, for
+    ``x`` and ``x.T``)."""
+    return a.__array_interface__["data"][0], a.shape, a.strides, a.dtype
+
+
 def _same_memory(a, b):
-    """Whether ``a`` and ``b`` are the same elements in the same layout (not, say, ``x`` and ``x.T``)."""
-    return (a.__array_interface__["data"][0] == b.__array_interface__["data"][0]
-            and (a.shape, a.strides, a.dtype) == (b.shape, b.strides, b.dtype))
+    """Whether ``a`` and ``b`` are the same elements in the same layout."""
+    return _memory(a) == _memory(b)
 
 
 class Executor(interface.Executor):
@@ -169,7 +174,8 @@ class Executor(interface.Executor):
         args = [arrays[a] for a in t.args]
         if t.op is FUSED_OP:
             outs = [arrays[d] for d in kernel.terms]
-            alias = {k: j for k, out in enumerate(outs) for j, arg in enumerate(args) if _same_memory(out, arg)}
+            held = {_memory(arg): j for j, arg in enumerate(args)}  # (by memory, not every output against every input)
+            alias = {k: held[_memory(out)] for k, out in enumerate(outs) if _memory(out) in held}
             emit_fused(em, t.attr("outputs"), args, outs, alias, self.native)
         elif t.op is ALL_REDUCE:  # the mean over a world of one rank: a copy, unless written in place
             for result, arg in zip(kernel.terms, args):
