@@ -3,12 +3,13 @@
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cortado.errors import PlanError
-from cortado.memplan import (MemoryPlan, Placement, Request, Step, best_placement, intervals, memory_order, place,
-                             plan_memory, verify)
+from cortado.memplan import (MemoryPlan, Placement, ReadBeforeWrite, Request, Step, best_placement, intervals,
+                             memory_order, place, plan_memory, verify)
+from cortado.memplan.liveness import matched_in_order
 from cortado.memplan.order import _peak
 
 
@@ -157,6 +158,63 @@ def test_random_plans_verify_and_never_beat_the_lower_bound(program, alignment):
     plan = plan_memory(steps, sizes, live_out=outputs, alignment=alignment)
     assert verify(plan)
     assert plan.lower_bound_bytes <= plan.peak_bytes <= plan.naive_bytes
+
+
+@st.composite
+def regions(draw):
+    """A region's in-place pairs as a ``ReadBeforeWrite`` (results written and operands last read at random places of
+    its body, of two kinds, an operand maybe read twice), with random costs (most results' pairs each of one cost, one
+    result's maybe of two) and which values are free or may take a place."""
+    outputs, operands = draw(st.integers(1, 6)), draw(st.integers(1, 8))
+    written = draw(st.lists(st.integers(0, 4), min_size=outputs, max_size=outputs))
+    last_read = draw(st.lists(st.integers(-1, 4), min_size=operands, max_size=operands))
+    kinds = st.sampled_from(["a", "b"])
+    defined_kinds = draw(st.lists(kinds, min_size=outputs, max_size=outputs))
+    read_kinds = draw(st.lists(kinds, min_size=operands, max_size=operands))
+    reads = [f"r{draw(st.integers(0, operands - 1))}" for _ in range(operands)]  # a value may be read twice
+    at_write = frozenset((k, m) for k in range(outputs) for m in range(operands)
+                         if last_read[m] == written[k] and draw(st.booleans()))
+    pairs = ReadBeforeWrite(tuple(f"d{k}" for k in range(outputs)), tuple(written), tuple(defined_kinds), tuple(reads),
+                            tuple(last_read), tuple(read_kinds), at_write)
+    listed = list(pairs)
+    costs = {}
+    for defined in draw(st.lists(st.sampled_from(pairs.defined), max_size=2, unique=True)):
+        cost = draw(st.sampled_from([10, 50, 90]))
+        costs.update({pair: cost for pair in listed if pair[0] == defined})
+    if listed and draw(st.booleans()):
+        costs[draw(st.sampled_from(listed))] = draw(st.sampled_from([10, 50, 90]))  # pairs of one result may differ
+    values = sorted(set(pairs.defined) | set(pairs.reads))
+    free = set(draw(st.lists(st.sampled_from(values), unique=True)))
+    takers = set(draw(st.lists(st.sampled_from(values), unique=True)))
+    sizes = {v: draw(st.sampled_from([64, 64, 128])) for v in values}
+    return pairs, listed, costs, free, takers, sizes
+
+
+@settings(max_examples=300)
+@given(regions(), st.data())
+def test_a_regions_pairs_are_taken_as_its_listed_pairs_would_be(region, data):
+    pairs, listed, costs, free, takers, sizes = region
+    assert listed == [(pairs.defined[k], pairs.reads[m]) for k in range(len(pairs.defined)) for m in pairs.candidates(k)]
+    for value in sorted(set(pairs.defined) | set(pairs.reads)):
+        other = data.draw(st.sampled_from(sorted(set(pairs.reads) | {"nothing"})))
+        assert ((value, other) in pairs) == ((value, other) in listed)
+    expected = matched_in_order(sorted(listed, key=lambda pair: costs.get(pair, 50)), takers.__contains__,
+                                free.__contains__, sizes.get)
+    assert pairs.matched(costs, 50, takers.__contains__, free.__contains__, sizes.get) == expected
+
+
+def test_a_step_plans_the_same_with_its_pairs_listed_or_not():
+    # a region reading a0..a3 and writing d0..d3 where each operand is last read before each result is written
+    pairs = ReadBeforeWrite(("d0", "d1", "d2", "d3"), (5, 6, 7, 8), ("f",) * 4, ("a0", "a1", "a2", "a3"), (1, 2, 3, 4),
+                            ("f",) * 4)
+    loads = [Step((read,)) for read in pairs.reads]
+    later = [Step(("out",), ("d0", "d1", "d2", "d3"))]
+    sizes = dict.fromkeys(["a0", "a1", "a2", "a3", "d0", "d1", "d2", "d3", "out"], 64)
+    plans = [plan_memory(loads + [Step(pairs.defined, pairs.reads, inplace=inplace)] + later, sizes, live_out=["out"])
+             for inplace in (pairs, tuple(pairs))]
+    assert [(p.key, p.offset, p.takes_from) for p in plans[0].placements] == \
+        [(p.key, p.offset, p.takes_from) for p in plans[1].placements]
+    assert [p.takes_from for p in plans[0].placements if p.key in pairs.defined] == ["a0", "a1", "a2", "a3"]
 
 
 def test_planning_a_long_nested_program_is_fast_enough_to_be_linear():

@@ -7,13 +7,14 @@
     plan.plot("plan.png")   # time across, address up
 """
 
-from .liveness import Interval, Step, intervals, owners
+from .liveness import Interval, ReadBeforeWrite, Step, intervals, owners
 from .order import affordable, beside_joins, joins, memory_order, overlapped
 from .offsets import ORDERS, Request, best_placement, live_bytes, most_live, place, sweep
 from .plan import Buffer, MemoryPlan, Placement, aligned, plan_memory, read_through_view, unallocatable
 from .verify import verify
 
-__all__ = ["Step", "Interval", "intervals", "owners", "memory_order", "overlapped", "joins", "beside_joins", "affordable",
+__all__ = ["Step", "ReadBeforeWrite", "Interval", "intervals", "owners", "memory_order", "overlapped", "joins",
+           "beside_joins", "affordable",
            "Request", "place", "sweep", "best_placement",
            "live_bytes", "most_live", "ORDERS", "MemoryPlan", "Placement", "Buffer", "plan_memory", "aligned",
            "read_through_view", "unallocatable", "verify"]

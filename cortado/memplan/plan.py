@@ -240,20 +240,31 @@ def read_through_view(step, value, owner):
 
 
 def _inplace(steps, lives, owner, planned, nbytes, alignment):
-    """``{value: the value whose buffer it takes}`` for each sharing the steps allow."""
+    """``{value: the value whose buffer it takes}`` for each sharing the steps allow: at each step, its pairs in the
+    order of the workspace each leaves the step (``costs``), each taken where both values are in no pair taken
+    before, the read one dies at the step (and is read through no view of it) and the two have one size."""
     planned = set(planned)
     takes, given = {}, set()
     for i, step in enumerate(steps):
         costs = dict(step.costs)
-        for defined, read in sorted(step.inplace, key=lambda pair: costs.get(pair, step.workspace)):
-            if defined in takes or read in given or defined not in planned or read not in planned:
-                continue
-            if owner.get(read, read) is not read or lives[read].end != i or lives[defined].start != i:
-                continue
-            if read_through_view(step, read, owner):
-                continue
-            if aligned(nbytes[defined], alignment) != aligned(nbytes[read], alignment):
-                continue
+        viewed = {owner[r] for r in step.reads if r in owner and owner[r] is not r}  # ``read_through_view``, once a step
+
+        def takes_place(defined, i=i):
+            return defined not in takes and defined in planned and lives[defined].start == i
+
+        def free(read, i=i, viewed=viewed):
+            return (read not in given and read in planned and owner.get(read, read) is read and lives[read].end == i
+                    and read not in viewed)
+
+        def size(value):
+            return aligned(nbytes[value], alignment)
+
+        if isinstance(step.inplace, liveness.ReadBeforeWrite):
+            taken = step.inplace.matched(costs, step.workspace, takes_place, free, size)
+        else:
+            pairs = sorted(step.inplace, key=lambda pair: costs.get(pair, step.workspace))
+            taken = liveness.matched_in_order(pairs, takes_place, free, size)
+        for defined, read in taken:
             takes[defined] = read
             given.add(read)
     return takes

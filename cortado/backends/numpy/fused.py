@@ -16,7 +16,7 @@ import numpy as np
 
 from ...exprgraph.graph import post_order
 from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, MAX, MEAN, PARAM, SUM, TANH
-from ...memplan import aligned
+from ...memplan import ReadBeforeWrite, aligned
 from . import csource, loops, native
 from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit, same_elements
 from .standins import may_share_memory
@@ -362,23 +362,21 @@ def plan_fused(outputs, arg_types):
     """``(workspace bytes, in-place pairs, costs)`` of a region.
 
     Pairs ``(output, input)`` may share a buffer: the body never reads the input after it writes
-    the output. Sharing the root's output takes it away as scratch, so the pair's workspace (in
-    ``costs``, by pair) may be larger. ``arg_types`` is a tuple of ``(shape, dtype)``.
+    the output; they are a ``memplan.ReadBeforeWrite`` over output and input numbers (a region of n outputs and n
+    inputs may have n * n of them). Sharing the root's output takes it away as scratch, so the pair's workspace (in
+    ``costs``, by pair of numbers) may be larger. ``arg_types`` is a tuple of ``(shape, dtype)``.
     """
     body = _body(outputs)
     workspace = _measure(outputs, arg_types, {})
-    shared_root = None  # the workspace when the root's output is shared: measured once, for any input
     parameters = {p.attr("index"): p for p in body.order if p.op is PARAM}
-    pairs, costs = [], {}
-    for k, out in enumerate(outputs):
-        for j, p in parameters.items():
-            if (p.shape, p.dtype) != (out.shape, out.dtype):
-                continue
-            written, read = body.position[out], body.last_read.get(p, -1)
-            if read > written or (read == written and not _reads_in_place(out, p)):
-                continue
-            if k == 0:
-                shared_root = _measure(outputs, arg_types, {0: BLOCKED}) if shared_root is None else shared_root
-                costs[(k, j)] = shared_root
-            pairs.append((k, j))
-    return workspace, pairs, costs
+    written = tuple(body.position[out] for out in outputs)
+    last_read = tuple(body.last_read.get(p, -1) for p in parameters.values())
+    number = {p: m for m, p in enumerate(parameters.values())}
+    at_write = frozenset((k, number[p]) for k, out in enumerate(outputs) for p in set(out.args)  # read as written
+                         if p in number and last_read[number[p]] == written[k]
+                         and (p.shape, p.dtype) == (out.shape, out.dtype) and _reads_in_place(out, p))
+    pairs = ReadBeforeWrite(tuple(range(len(outputs))), written, tuple((o.shape, o.dtype) for o in outputs),
+                            tuple(parameters), last_read, tuple((p.shape, p.dtype) for p in parameters.values()), at_write)
+    shared = pairs.candidates(0)
+    shared_root = _measure(outputs, arg_types, {0: BLOCKED}) if shared else None  # measured once, for any input
+    return workspace, pairs, {(0, pairs.reads[m]): shared_root for m in shared}

@@ -61,7 +61,7 @@ def steps(kernels, options):
             continue
         if t.op is FUSED_OP:
             workspace, pairs, costs = plan_region(t.attr("outputs"), tuple((a.shape, a.dtype) for a in t.args))
-            inplace = tuple((k.terms[o], t.args[i]) for o, i in pairs)
+            inplace = pairs.renamed(k.terms, t.args)
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
         else:
             if t.op not in EMITTERS:
