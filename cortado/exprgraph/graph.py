@@ -56,21 +56,26 @@ def post_order(roots):
 
 
 def _walk(outputs, order, seen):
+    # the results of one kernel of several (a fused region's) are terms with one tuple of args, each of them: once a
+    # node with those args is done, every arg is in ``seen``, so the others skip them (else a region of n results and
+    # n operands would cost n * n steps); no arg reached from a node can have that node's args (a cycle)
+    walked = {}  # id(args) -> args, for the args tuples of nodes done
     for out in outputs:
         if out in seen:
             continue
         seen.add(out)
-        stack = [(out, iter(out.args))]
+        stack = [(out, iter(() if id(out.args) in walked else out.args))]
         while stack:
             node, pending = stack[-1]
             for arg in pending:
                 if arg not in seen:
                     seen.add(arg)
-                    stack.append((arg, iter(arg.args)))
+                    stack.append((arg, iter(() if id(arg.args) in walked else arg.args)))
                     break
             else:
                 stack.pop()
                 order.append(node)
+                walked[id(node.args)] = node.args
 
 
 def users(order):
