@@ -116,10 +116,11 @@ class Executor(interface.Executor):
         self.native = native.Batch() if native.toolchain() else None
         numpy_blas = False
         for i, (kernel, step) in enumerate(zip(kernels, steps)):
-            for t in kernel.terms:
-                for a in t.args:
+            for args in {id(t.args): t.args for t in kernel.terms}.values():  # a kernel's results share their args
+                for a in args:
                     if a not in arrays and a.op is CONST:
                         arrays[a] = a.attr("value").array
+            for t in kernel.terms:
                 if t in plan and t not in arrays:
                     arrays[t] = _view(self.arena, plan[t].offset, t.shape, t.dtype)
             if step.view_of is not None:
