@@ -98,13 +98,27 @@ def apply(op, args, **params):
     return make(op, args, attrs)
 
 
+class HashedTuple(tuple):
+    """A tuple that computes its hash once: for the tuples that many terms hold alike, a fused region's operands and
+    body, which each of its results holds. Making (interning) a term hashes its args and attributes; with plain
+    tuples, making the n results of a region of n outputs and n operands would hash n * n terms. Equal to, and hashed
+    as, the plain tuple of the same items."""
+
+    def __hash__(self):
+        found = self.__dict__.get("hash")
+        if found is None:
+            found = self.__dict__["hash"] = tuple.__hash__(self)
+        return found
+
+
 def make(op, args, attrs=()):
     """The unique term ``op(*args)`` with attribute values ``attrs`` (in ``op.attr_names`` order).
 
     Shape and dtype are inferred by the op's rules; a rule that rejects its operands raises a
-    ShapeError or DTypeError naming the op, the operands and the user's line.
+    ShapeError or DTypeError naming the op, the operands and the user's line. ``args`` that are a ``HashedTuple`` are
+    kept as they are.
     """
-    args = tuple(args)
+    args = args if type(args) is HashedTuple else tuple(args)
     try:
         attrs = op.attributes._make(attrs)
     except TypeError:

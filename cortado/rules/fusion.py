@@ -55,7 +55,7 @@ from ..exprgraph.ops import (
     BROADCAST_TO, CONST, ELEMENTWISE, FUSED_OP, LOG_SOFTMAX, LOGSUMEXP, MAX, MEAN, PAD, PARAM, REDUCTION, RESHAPE,
     SOFTMAX, SUM, TRANSPOSE, parameter,
 )
-from ..exprgraph.term import make
+from ..exprgraph.term import HashedTuple, make
 from .engine import Rewrite, Trace, bottom_up
 
 # The kernels a fused term is, as fusion decides and every backend reads (``Op`` attribute ``kernel``): elementwise
@@ -501,7 +501,7 @@ def fuse(roots, trace=None, shapes=KernelShapes()):
 
 def _replace_region(region, position, replaced, trace):
     inputs, produced, outputs = _body(region, position)
-    inputs = tuple(replaced.get(a, a) for a in inputs)
+    inputs, outputs = HashedTuple(replaced.get(a, a) for a in inputs), HashedTuple(outputs)  # every result holds them
     rule = "fuse-rows" if region.row_reductions else "fuse-sibling-reductions" if region.siblings \
         else "fuse-reduction" if region.reduction is not None else "fuse-elementwise"
     if len(region.members) == 1:
