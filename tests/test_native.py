@@ -323,6 +323,26 @@ def test_consecutive_c_calls_of_several_kernels_are_one_call_and_errors_still_na
         program(**{**feeds, "i": np.array([0, 9, 3], np.int32)})
 
 
+def test_a_long_run_of_c_calls_is_sequences_of_at_most_most_calls_called_in_turn(monkeypatch):
+    """A run of more C calls than one sequence makes (``MOST_CALLS``: the C compiler's time grows faster than a
+    function's length) is sequences of that many, called by one more: the same calls, in the same order."""
+    x = ct.var("x", (8, 8))
+    h = x
+    for k in range(5):
+        h = ct.maximum(h @ x * 0.5 + (k + 1.0), 0.25)  # a product and a loop nest a layer, one run of C calls
+    feeds = {"x": np.random.default_rng(3).standard_normal((8, 8)).astype(np.float32)}
+    program, (whole,), _ = _both([h], [x], feeds, monkeypatch)
+    monkeypatch.setattr(native, "MOST_CALLS", 2)
+    chunked, (ours,), _ = _both([h], [x], feeds, monkeypatch)
+    sources = [source for source in chunked._executor.native.sources if source.startswith("void sequence_")]
+    assert len(sources) > 2 and all(source.count("((void* const*)p[") <= 2 for source in sources)
+    assert any("  sequence_" in source for source in sources)  # a sequence calling sequences
+    assert sum("sequence_" in getattr(getattr(c, "func", None), "__name__", "") for c in chunked._executor.calls) == \
+        sum("sequence_" in getattr(getattr(c, "func", None), "__name__", "") for c in program._executor.calls)
+    np.testing.assert_array_equal(ours, whole)
+    np.testing.assert_allclose(ours, ct.evaluate(h, feeds), rtol=1e-5)
+
+
 @pytest.mark.parametrize("shape", [(6, 5, 4, 4), (3, 8, 13, 11), (2, 3, 1, 1), (4, 1, 9, 9)])
 def test_channel_sums_and_means_in_c_are_numpys_to_the_bit(shape, monkeypatch, capsys):
     """A batch norm's sums over all but the channels of an image stored channels first: for each channel, NumPy adds
