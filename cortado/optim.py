@@ -78,7 +78,7 @@ class Optimizer:
                                    f"{p.shape}")
         state, updates = {}, {}
         if accumulate > 1:
-            gradients, applied = self._accumulated(params, gradients, accumulate, state, updates)
+            gradients, applied, state, updates = self._accumulated(params, gradients, accumulate)
         count = ct.var(f"{self.name}.step", (), "int32")
         step = count + 1
         state[count], stepped = np.zeros((), np.int32), {count: step}
@@ -96,14 +96,14 @@ class Optimizer:
             stepped = {var: ct.where(applied, new, var) for var, new in stepped.items()}
         return state, {**updates, **stepped}
 
-    def _accumulated(self, params, gradients, every, state, updates):
-        """The mean of the gradients of the last ``every`` calls, and whether this call is the last of them: each
-        parameter's gradients summed in a state variable (in float32 for a narrower float), and the call counted in
-        another, both set back to zero on the last call (their first values and updates added to ``state`` and
-        ``updates``)."""
+    def _accumulated(self, params, gradients, every):
+        """``(means, applied, state, updates)``: the mean of the gradients of the last ``every`` calls, whether this
+        call is the last of them, and the state variables that make them (with their first values and updates):
+        each parameter's gradients summed in one (in float32 for a narrower float), the calls counted in another,
+        both set back to zero on the last call."""
         phase = ct.var(f"{self.name}.phase", (), "int32")
         applied = ct.equal(phase, every - 1)
-        state[phase], updates[phase] = np.zeros((), np.int32), ct.where(applied, 0, phase + 1)
+        state, updates = {phase: np.zeros((), np.int32)}, {phase: ct.where(applied, 0, phase + 1)}
         means = []
         for p, g in zip(params, gradients):
             kept = np.dtype(np.float32) if is_float(g.dtype) and g.dtype.itemsize < 4 else g.dtype
@@ -112,7 +112,7 @@ class Optimizer:
             state[total_var], updates[total_var] = np.zeros(p.shape, kept), ct.where(applied, 0, total)
             mean = total * (1.0 / every)
             means.append(mean if mean.dtype == g.dtype else ct.cast(mean, g.dtype))
-        return means, applied
+        return means, applied, state, updates
 
     def decays(self, p):
         """Whether the parameter ``p`` (its variable) is decayed: ``weight_decay`` is not 0 and ``decay`` says so."""

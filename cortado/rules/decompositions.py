@@ -175,6 +175,11 @@ row_gathers = RuleSet([
 # -- einsum ---------------------------------------------------------------------------------
 
 
+def reshaped(term, shape):
+    """``term`` in ``shape`` (itself if it has it already)."""
+    return term if term.shape == tuple(shape) else ct.reshape(term, shape)
+
+
 def _reordered(labels, x, order):
     """``x``, whose axes ``labels`` name, with its axes in ``order`` (a permutation of ``labels``): a reshape where
     only axes of size 1 move (its elements stay in their order, so no copy is made of them), else a transpose."""
@@ -214,12 +219,10 @@ def _einsum_as_matmul(b):
 
     def gathered(labels, x, first, second):
         sides = (math.prod(sizes[label] for label in first), math.prod(sizes[label] for label in second))
-        reordered = _reordered(labels, x, batch + first + second)
-        return reordered if reordered.shape == lead + sides else ct.reshape(reordered, lead + sides)
+        return reshaped(_reordered(labels, x, batch + first + second), lead + sides)
 
     product = ct.matmul(gathered(la, a, left, contracted), gathered(lb, y, contracted, right))
-    shape = tuple(sizes[label] for label in batch + left + right)
-    product = product if product.shape == shape else ct.reshape(product, shape)
+    product = reshaped(product, tuple(sizes[label] for label in batch + left + right))
     return _reordered(batch + left + right, product, output)
 
 

@@ -42,7 +42,7 @@ from ..exprgraph.graph import post_order
 from ..exprgraph.term import Term
 from .attention_vjps import attention_grad_vjp, attention_vjp
 from .convolution_vjps import conv_input_vjp, conv_weight_vjp, overlap_add_vjp, pad_vjp, windows_vjp
-from .decompositions import places, taken_places
+from .decompositions import places, reshaped, taken_places
 from .engine import Rewrite, substitute
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable, placeholder_names
@@ -177,11 +177,6 @@ class Derivatives:
 
 
 # -- VJPs that need arithmetic on shapes and attributes --------------------------------------
-
-
-def reshaped(term, shape):
-    """``term`` in ``shape`` (itself if it has it already)."""
-    return term if term.shape == tuple(shape) else ct.reshape(term, shape)
 
 
 def kept(reduced, shape, axes):
