@@ -7,8 +7,8 @@
 #     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]    (conv, int8,
 #     float8, compile: those benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile (default and reduce-overhead) and jax.jit alone
-#     (bench_gpt_gpu.py), layer norm and cross-entropy against torch's (bench_norms_gpu.py), and gelu over values of
-#     three ranges (bench_gelu_gpu.py);
+#     (bench_gpt_gpu.py), layer norm and cross-entropy against torch's (bench_norms_gpu.py), gelu over values of
+#     three ranges (bench_gelu_gpu.py) and an embedding's gradient (bench_embedding_gradient_gpu.py);
 #     cpu: the CPU benchmarks (products, MLP, CNN and GPT steps against NumPy and torch's CPU eager mode) on this machine's cores;
 #     dp: the data-parallel tests and benchmark, which need two GPUs or more and run under all only where there are;
 #     ours: our side alone of the fused, MLP, CNN, GPT and norm benchmarks (no peers: plain CuPy, the copy floor and
@@ -57,6 +57,8 @@ if [ "$what" = bench ] || [ "$what" = gpt ] || [ "$what" = all ]; then
     python3 benchmarks/bench_gpt_gpu.py --out "$out/gpt_gpu.json" 2>&1 | tee "$out/bench_gpt.log" || status=1
     python3 benchmarks/bench_norms_gpu.py --out "$out/norms_gpu.json" 2>&1 | tee "$out/bench_norms.log" || status=1
     python3 benchmarks/bench_gelu_gpu.py --out "$out/gelu_gpu.json" 2>&1 | tee "$out/bench_gelu.log" || status=1
+    python3 benchmarks/bench_embedding_gradient_gpu.py --out "$out/embedding_gradient_gpu.json" 2>&1 \
+        | tee "$out/bench_embedding_gradient.log" || status=1
 fi
 if [ "$what" = ours ]; then
     python3 benchmarks/bench_fused_gpu.py --skip torch,torch.compile,cupy.fuse --out "$out/fused_gpu.json" 2>&1 \

@@ -233,6 +233,24 @@ def norms_table(results):
     return markdown(header, rows)
 
 
+def embedding_gradient_table(results):
+    """``bench_embedding_gradient_gpu.py``: a row a case, each contestant's microseconds a call, its time over the
+    add_at's, and our programs' arenas."""
+    names = ["cortado add_at", "cortado one-hot product", "torch embedding backward", "torch index_add_"]
+    header = ["tokens x vocabulary x width", "dtype", *[f"{name} us" for name in names], "arena MiB (add_at / one-hot)"]
+    rows = []
+    for case in results["cases"]:
+        cells = []
+        for name in names:
+            result = case["contestants"].get(name, {})
+            cells.append("" if "ms" not in result else f"{result['ms'] * 1e3:.1f}" + (
+                "" if name == names[0] else f" ({result['over_add_at']:.2f}x)"))
+        arenas = [case["contestants"][name].get("arena_mib") for name in names[:2]]
+        rows.append([f"{case['tokens']} x {case['vocabulary']} x {case['width']}", case["dtype"], *cells,
+                     " / ".join("" if a is None else f"{a:.1f}" for a in arenas)])
+    return markdown(header, rows)
+
+
 def over_ours(peer, ours):
     """A peer's time over ours: the benchmark's own figure where it wrote one, else the wall clocks' where the peer
     was timed by the wall clock (jax), else the device times'; None without both."""
@@ -254,7 +272,7 @@ MAKERS = {"steps": steps_table, "norms": norms_table, "fused": fused_table, "int
           "int8_requantized": int8_requantized_table,
           "float8": float8_table, "gelu": gelu_table,
           "data_parallel": data_parallel_table, "cpu_steps": cpu_steps_table,
-          "conv_layers": conv_layers_table}
+          "conv_layers": conv_layers_table, "embedding_gradient": embedding_gradient_table}
 
 
 def made(kind, path):

@@ -478,6 +478,21 @@ def _gather(index_shape):
     return build
 
 
+def _add_at(draw, name, values):
+    """``add_at(x, indices, x, axis)``: a nonempty value's rows along a drawn axis added back at drawn places (a
+    place may take several rows, or none), so the values always have the shape the indices take."""
+    choices = [i for i, v in enumerate(values) if v.term.ndim and all(v.shape) and not v.is_bool]
+    if not choices:
+        return None
+    i = draw(st.sampled_from(choices))
+    v = values[i]
+    axis = draw(st.integers(-v.term.ndim, v.term.ndim - 1))
+    size = v.shape[axis]
+    places = draw(st.lists(st.integers(-size, size - 1), min_size=size, max_size=size))
+    reach = size * max(abs(v.lo), abs(v.hi))  # a place takes at most every row
+    return Step(name, (i, Literal(tuple(places)), i), (("axis", axis),)), (v.lo - reach, v.hi + reach)
+
+
 def _as_tuples(nested):
     """Nested lists as nested tuples (a literal's repr reads as the value it was)."""
     return tuple(_as_tuples(x) for x in nested) if isinstance(nested, list) else nested
@@ -569,6 +584,7 @@ BUILDERS = {
     "conv": _conv,
     "take": _gather(lambda draw, shape, axis: tuple(draw(st.lists(st.integers(1, 3), max_size=2)))),
     "take_along_axis": _gather(lambda draw, shape, axis: shape[:axis] + (draw(st.integers(1, 3)),) + shape[axis + 1:]),
+    "add_at": _add_at,
 }
 
 

@@ -65,6 +65,14 @@ def _conv(x, w, strides, padding, lhs_dilation, rhs_dilation, groups):
     return out.astype(np.result_type(x, w))
 
 
+def _add_at(x, indices, values, axis):
+    """NumPy's ``np.add.at`` along ``axis``, out of place: each place's values summed first, then added to ``x``."""
+    x, values = np.asarray(x), np.asarray(values)
+    sums = np.zeros_like(x)
+    np.add.at(np.moveaxis(sums, axis, 0), np.asarray(indices), np.moveaxis(values, axis, 0))
+    return x + sums
+
+
 def _windows(x, window_shape, strides, dilation):
     """Each window gathered element by element."""
     x = np.asarray(x)
@@ -108,6 +116,7 @@ OVERRIDES = {
     "conv": _conv,
     "windows": _windows,
     "overlap_add": _overlap_add,
+    "add_at": _add_at,
     "take_along_axis": lambda x, indices, axis: np.take_along_axis(np.asarray(x), np.asarray(indices), axis=axis),
 }
 

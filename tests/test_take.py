@@ -350,22 +350,3 @@ def test_a_take_of_whole_rows_of_vectors_moves_a_vector_a_thread(shape, strides,
     assert ("uint4" in source.text) == vectors
     per = 16 // dtype.itemsize if vectors else 1
     assert f"i < {int(np.prod(out_shape)) // per};" in source.text
-
-
-def test_an_embeddings_gradient_reads_its_one_hot_matrix_where_it_is_made():
-    """The gradient of ``take`` is a product with the indices' one-hot matrix (tokens x vocabulary): the product
-    reads it transposed where it was made, and the adjoint's axes of size 1 move as reshapes, so the one-hot matrix
-    is the only buffer of its size (a transposed copy of it once doubled an embedding's arena)."""
-    emb = ct.nn.Embedding(1000, 16)
-    tokens = ct.var("tokens", (1, 512), "int64")
-    loss = ct.mean(emb(tokens) ** 2)
-    weight = emb.parameters()["weight"]
-    (gradient,) = ct.grad(loss, [weight])
-    step = ct.compile([loss], inputs=[tokens], state=emb.initial_values(0), updates={weight: weight - 0.1 * gradient})
-    made = [line for line in step.explain().splitlines() if line.startswith("  k") and "(a view)" not in line]
-    assert len([line for line in made if "[512,1000]" in line or "[1000,512]" in line]) == 1, "\n".join(made)
-    feed = np.random.default_rng(0).integers(0, 1000, (1, 512))
-    first = emb.initial_values(0)[weight]
-    expected = first - 0.1 * ct.evaluate(gradient, {"tokens": feed, "weight": first})
-    step(feed)
-    np.testing.assert_allclose(step.state["weight"], expected, rtol=1e-6, atol=1e-9)

@@ -31,7 +31,7 @@ __all__ = [
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient", "float8_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
-    "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis",
+    "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis", "add_at",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d", "random_uniform",
 ]
 
@@ -304,11 +304,36 @@ def take(x, indices, axis=None):
     """NumPy's ``take``: the elements of ``x`` at ``indices`` (an integer term, or a list or array of ints) along
     ``axis`` (None: of ``x`` flattened); shape ``x.shape[:axis] + indices.shape + x.shape[axis + 1:]``. Negative
     indices count from the end. One outside the axis is an ``IndexRangeError`` on the CPU; the GPU clamps it into
-    the axis (it never reads out of bounds). The gradient adds the adjoint's rows back where they were taken, a
-    repeated index's rows summed, as a product with the indices' one-hot matrix (deterministic, a GEMM on the GPU):
-    an infinite or NaN adjoint element makes NaN of its column in every row (0 * inf), where a scatter would leave
-    the rows not taken 0."""
+    the axis (it never reads out of bounds). The gradient adds the adjoint's rows back where they were taken
+    (``add_at``), a repeated index's rows summed in one fixed order, the same bits on every run."""
     return _gather("take", x, indices, axis)
+
+
+def add_at(x, indices, values, axis=None):
+    """``x`` with ``values`` added at ``indices`` along ``axis`` (None: of ``x`` flattened), a repeated index's
+    values summed: NumPy's ``np.add.at(x, ...)``, with ``x`` itself unchanged. ``values`` has the shape
+    ``take(x, indices, axis)`` has, or broadcasts to it; an array or number is taken in ``x``'s dtype, a term keeps
+    its own (the result's is that of ``x + values``). Indices as ``take``'s. The values added at one place are summed
+    first, then added to ``x``, in one fixed order: each chunk of 1024 indices' values in order, then the chunks'
+    sums in order (float16 and bfloat16 in float32, rounded once); so the result is the same bits on every run and
+    every backend, the GPU's too, with no atomics. ``take``'s gradient is this."""
+    x = as_term(x)
+    flat = axis is None
+    target, along = (_flattened(x), 0) if flat else (x, axis)
+    indices = as_term(indices)
+    values = values if isinstance(values, Term) else const(values, x.dtype)
+    size = 0  # (an axis that is not one of x's is refused below, as the op's)
+    if isinstance(along, (int, np.integer)) and not isinstance(along, bool) and -target.ndim <= along < target.ndim:
+        along, size = int(along) % target.ndim, target.shape[along]
+        taken = target.shape[:along] + indices.shape + target.shape[along + 1:]
+        if values.shape != taken:
+            values = broadcast_to(values, taken)
+    scattered = _call("add_at", values, indices, axis=along, size=size)
+    if called_by_user():
+        call = f"add_at({describe_operands((x, indices, values))}, axis={axis!r})"
+        gathering.written_gather(call, scattered, None if flat else scattered.attr("axis"), size)
+    result = target + scattered
+    return reshape(result, x.shape) if flat else result
 
 
 def take_along_axis(x, indices, axis):

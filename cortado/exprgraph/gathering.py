@@ -1,5 +1,5 @@
-"""What ``take`` and ``take_along_axis`` compute, with NumPy, for the reference interpreter, constant folding and
-the CPU backend alike: NumPy's ``take`` and ``take_along_axis``, whose indices may count from the end (``-1`` is the
+"""What ``take``, ``take_along_axis`` and ``add_at`` compute, with NumPy, for the reference interpreter, constant
+folding and the CPU backend alike: NumPy's ``take`` and ``take_along_axis``, whose indices may count from the end (``-1`` is the
 last element), and an index outside ``[-n, n)`` refused with an error that names the op, the index and the axis
 (NumPy's ``take_along_axis`` would wrap some silently, and its ``IndexError`` names neither).
 
@@ -7,6 +7,7 @@ An index out of range found when a program runs is reported as the gather the us
 even when the gather that found it is one that rewriting built: a gradient picks places along the user's axis
 with the user's indices, and its own ``take`` from ``0 .. n - 1`` along axis 0 is nothing the user wrote."""
 
+import math
 import weakref
 from dataclasses import dataclass
 
@@ -131,6 +132,40 @@ def _error(call, index, shown, axis, size, low, location):
 
 def take(a, indices, axis):
     return np.take(a, checked(indices, a.shape[axis], "take", axis), axis=axis)
+
+
+ADD_AT_CHUNK = 1024  # add_at sums the rows of each chunk of this many indices, then the chunks' sums
+
+
+def add_at(values, indices, axis, size):
+    """Zeros of ``size`` along ``axis`` with ``values``' rows added at ``indices`` (NumPy's ``np.add.at``)."""
+    out = np.empty(values.shape[:axis] + (size,) + values.shape[axis + np.ndim(indices):], values.dtype)
+    add_at_into(out, values, indices, axis)
+    return out
+
+
+def add_at_into(out, values, indices, axis):
+    """``add_at`` into ``out``, its sums taken in the one order every backend takes them: for each chunk of
+    ``ADD_AT_CHUNK`` indices, each place's rows in the order of the indices, then, for each place, the sums of the
+    chunks that hold it, in order (a GPU sums a chunk's runs side by side, with no atomics). So the sums are the
+    same bits wherever they are taken; with one chunk they are ``np.add.at``'s."""
+    flat = checked(indices, out.shape[axis], "add_at", axis).reshape(-1)
+    lead, trail = math.prod(out.shape[:axis]), math.prod(out.shape[axis + 1:])
+    rows = values.reshape(lead, flat.size, trail)
+    sums = out.reshape(lead, out.shape[axis], trail)  # a copy where ``out`` is not contiguous
+    sums[...] = 0
+    if flat.size <= ADD_AT_CHUNK:
+        np.add.at(sums, (slice(None), flat), rows)
+    else:
+        chunk_sums = np.zeros_like(sums)
+        for first in range(0, flat.size, ADD_AT_CHUNK):
+            places = flat[first:first + ADD_AT_CHUNK]
+            held = np.unique(places)
+            chunk_sums[:, held] = 0
+            np.add.at(chunk_sums, (slice(None), places), rows[:, first:first + ADD_AT_CHUNK])
+            sums[:, held] += chunk_sums[:, held]
+    if not np.shares_memory(sums, out):
+        out[...] = sums.reshape(out.shape)
 
 
 def take_along_axis(a, indices, axis):

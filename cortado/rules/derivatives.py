@@ -36,10 +36,10 @@ from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
 from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.ops import (
-    EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
+    ADD_AT, EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
 )
 from ..exprgraph.graph import post_order
-from ..exprgraph.term import Term
+from ..exprgraph.term import Term, apply
 from .attention_vjps import attention_grad_vjp, attention_vjp
 from .convolution_vjps import conv_input_vjp, conv_weight_vjp, overlap_add_vjp, pad_vjp, windows_vjp
 from .decompositions import places, reshaped, taken_places
@@ -355,15 +355,9 @@ def _einsum_vjp(b):
 
 
 def _take_vjp(b):
-    """The adjoint's rows added back where ``take`` took them, as a product with the indices' one-hot matrix:
-    ``vjp[p, v, q] = sum_i [index_i == v] dy[p, i, q]``. A GEMM, so deterministic on the GPU, with no scatter;
-    its cost, (number of indices) x (axis size) x (the rest), is that of a tied output head's."""
-    x, indices, axis, dy = b["_x"], b["_z"], b["_a"], b["_dy"]
-    size, count = x.shape[axis], indices.size
-    flat = taken_places(reshaped(indices, (count, 1)), size)
-    one_hot = ct.cast(ct.equal(flat, places(size, flat.dtype)), dy.dtype)
-    rows = (math.prod(x.shape[:axis]), count, math.prod(x.shape[axis + 1:]))
-    return reshaped(ct.einsum("iv,piq->pvq", one_hot, reshaped(dy, rows)), x.shape)
+    """The adjoint's rows added back where ``take`` took them, a repeated index's rows summed (``add_at``)."""
+    axis = b["_a"]
+    return apply(ADD_AT, (b["_dy"], b["_z"]), axis=axis, size=b["_x"].shape[axis])
 
 
 def _take_along_axis_vjp(b):
@@ -452,6 +446,7 @@ derivatives = Derivatives([
     Derivative("pad", "pad(_x, pad_width=_w, constant_values=_c)", _x=pad_vjp),
     Derivative("take", "take(_x, _z, axis=_a)", _x=_take_vjp, _z="0"),
     Derivative("take_along_axis", "take_along_axis(_x, _z, axis=_a)", _x=_take_along_axis_vjp, _z="0"),
+    Derivative("add_at", "add_at(_x, _z, axis=_a, size=_n)", _x="take(_dy, _z, axis=_a)", _z="0"),
     Derivative("random_uniform", "random_uniform(_s, _c, shape=_n, stream=_t)", _s="0", _c="0"),  # of its integer key: none
     Derivative("attention", "attention(_q, _k, _v, scale=_s, causal=_c)",
                _q=attention_vjp(0), _k=attention_vjp(1), _v=attention_vjp(2)),

@@ -27,17 +27,18 @@ def offset(strides, coordinate):
     return " + ".join(f"({coordinate(a)}) * {s}" for a, s in enumerate(strides) if s) or "0"
 
 
-def gather(kind, operands, out, statements):
+def gather(kind, operands, out, statements, extra=None):
     """A kernel over ``out``'s elements (a term or anything with ``shape`` and ``dtype``) reading ``operands``
-    (``in0, in1, ...``) and running ``statements`` for each, with ``i`` its flat index and ``c0, c1, ...`` its
-    coordinates. The loop runs once a thread but where the grid is capped, and is not unrolled: unrolled, working
-    out its trip count (a division by the grid's size) and its remainder cost more than an element's work."""
+    (``in0, in1, ...``, and ``extra``, a last parameter's declaration) and running ``statements`` for each, with
+    ``i`` its flat index and ``c0, c1, ...`` its coordinates. The loop runs once a thread but where the grid is
+    capped, and is not unrolled: unrolled, working out its trip count (a division by the grid's size) and its
+    remainder cost more than an element's work."""
     n = math.prod(out.shape)
     lines = ["  const long long stride = (long long)gridDim.x * blockDim.x;", "  #pragma unroll 1",
              f"  for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < {n}; i += stride) {{"]
     lines += coordinates(out.shape) + statements + ["  }"]
     blocks = max(1, min(-(-n // THREADS), 1 << 20))
-    return finished_source(kind, "\n".join(lines) + "\n", [out], list(operands), (), blocks, (THREADS, 1, 1))
+    return finished_source(kind, "\n".join(lines) + "\n", [out], list(operands), (), blocks, (THREADS, 1, 1), extra)
 
 
 def pad_source(operand, out, lows, value):

@@ -27,7 +27,7 @@ from ...exprgraph.term import make
 from ...exprgraph.dtypes import as_strided, finfo, is_float, is_float8, kind_of
 from ...exprgraph.ops import random
 from ...exprgraph.ops import (
-    ADD, ATTENTION, ATTENTION_GRAD, CAST, CONV, DIVIDE, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MAXIMUM, MEAN,
+    ADD, ADD_AT, ATTENTION, ATTENTION_GRAD, CAST, CONV, DIVIDE, EINSUM, LOG_SOFTMAX, LOGSUMEXP, MATMUL, MAX, MAXIMUM, MEAN,
     OVERLAP_ADD, PAD, RELU, RESHAPE, SOFTMAX, STOP_GRADIENT, SUBTRACT, FLOAT8_GRADIENT, SUM, TAKE, TAKE_ALONG_AXIS,
     UFUNCS, RANDOM_UNIFORM, WHERE, parameter, ufunc_loop,
 )
@@ -490,6 +490,10 @@ def _take(em, attrs, args, out):
     em.call(gathering.take_into, out, *args, attrs.axis)
 
 
+def _add_at(em, attrs, args, out):
+    em.call(gathering.add_at_into, out, *args, attrs.axis)
+
+
 def _take_along_axis(em, attrs, args, out):
     em.call(gathering.take_along_axis_into, out, *args, attrs.axis)
 
@@ -627,7 +631,7 @@ EMITTERS.update({
     STOP_GRADIENT: _cast, FLOAT8_GRADIENT: _cast,  # (identities: simplify takes them out before this)
     SUM: _sum, MEAN: _mean, MAX: _max, LOGSUMEXP: _logsumexp, SOFTMAX: _softmax, LOG_SOFTMAX: _log_softmax,
     MATMUL: _matmul, EINSUM: _einsum, RESHAPE: _reshape_copy, CONV: _conv, PAD: _pad, OVERLAP_ADD: _overlap_add,
-    TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,
+    TAKE: _take, TAKE_ALONG_AXIS: _take_along_axis, ADD_AT: _add_at, ATTENTION: _attention, ATTENTION_GRAD: _attention_grad,
     ATTENTION_KEEPING: _attention_keeping, ATTENTION_GRAD_GIVEN: _attention_grad_given, RANDOM_UNIFORM: _random_uniform,
 })
 EMITTERS.update({op: _in_float32(emitter, op.computes_in_float32)

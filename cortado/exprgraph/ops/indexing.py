@@ -1,7 +1,9 @@
-"""The ops that gather by index terms: ``take`` and ``take_along_axis``, with NumPy's names and semantics. The
-indices are a term of an integer dtype, so which elements are read is known only when the program runs; an index
-outside its axis is an error there on the CPU (``gathering``) and is clamped into the axis on the GPU, which never
-reads out of bounds. Slicing, ``concatenate`` and ``split`` need no ops of their own (``exprgraph.slicing``).
+"""The ops that gather by index terms, ``take`` and ``take_along_axis``, with NumPy's names and semantics, and
+``add_at``, ``take``'s adjoint, which adds rows back at the places they were taken from (NumPy's ``np.add.at`` into
+zeros). The indices are a term of an integer dtype, so which elements are read or written is known only when the
+program runs; an index outside its axis is an error there on the CPU (``gathering``) and is clamped into the axis
+on the GPU, which never reads or writes out of bounds. Slicing, ``concatenate`` and ``split`` need no ops of their
+own (``exprgraph.slicing``).
 """
 
 import math
@@ -10,6 +12,7 @@ from ...errors import IndexRangeError
 from .. import gathering
 from ..gathering import checked
 from ..term import RuleViolation, dtype_violation, shape_violation
+from ..dtypes import is_float8, is_narrow_float
 from .base import INDEXING, Op, broadcast_shapes
 from .layout import same_dtype
 from .leaves import CONST
@@ -23,12 +26,12 @@ def _integer_indices(args, op):
                               f"(cast them: ct.cast(indices, 'int32'))")
 
 
-def _constant_indices_in_range(args, axis):
+def _constant_indices_in_range(args, axis, size=None):
     """Indices known now (a constant) are checked now, where the user built the term."""
     indices = args[1]
     if indices.op is CONST:
         try:
-            checked(indices.attrs.value.array, args[0].shape[axis], None, axis)
+            checked(indices.attrs.value.array, args[0].shape[axis] if size is None else size, None, axis)
         except IndexRangeError as error:
             raise RuleViolation(str(error), IndexRangeError) from None
 
@@ -74,15 +77,45 @@ def _along_axis_shape(args, axis):
     return off[:axis] + (indices.shape[axis],) + off[axis + 1:]
 
 
+def _add_at_normalize(args, axis, size):
+    """``axis``: where the result's axis of ``size`` lies; the values hold the indices' axes there."""
+    _integer_indices(args, "add_at")
+    values, indices = args
+    if values.dtype.kind == "b" or is_float8(values.dtype):
+        raise dtype_violation(f"add_at adds numbers, not {values.dtype.name} values (cast them first)")
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise shape_violation(f"add_at needs a size that is an int >= 0, not {size!r}")
+    if values.ndim < indices.ndim:
+        raise shape_violation(f"add_at: the values {values.shape} need the indices' axes {indices.shape}")
+    axis = one_axis(axis, values.ndim - indices.ndim + 1)
+    if values.shape[axis:axis + indices.ndim] != indices.shape:
+        raise shape_violation(f"add_at: the values' axes {axis} .. {axis + indices.ndim - 1} must have the indices' "
+                              f"shape {indices.shape}, not {values.shape[axis:axis + indices.ndim]} (values "
+                              f"{values.shape})")
+    if size == 0 and indices.size:
+        raise shape_violation("add_at: the result's axis has size 0, so no index can be added into it")
+    _constant_indices_in_range((None, indices), axis, size)
+    return axis, size
+
+
+def _add_at_shape(args, axis, size):
+    values, indices = args
+    return values.shape[:axis] + (size,) + values.shape[axis + indices.ndim:]
+
+
 TAKE = Op("take", 2, ("axis",), _take_shape, same_dtype, INDEXING, _take_normalize, positions=(1,),
           evaluate=lambda xs, axis: gathering.take(*xs, axis))
 TAKE_ALONG_AXIS = Op("take_along_axis", 2, ("axis",), _along_axis_shape, same_dtype, INDEXING, _along_axis_normalize,
                      positions=(1,), evaluate=lambda xs, axis: gathering.take_along_axis(*xs, axis))
 
-FAMILY = (TAKE, TAKE_ALONG_AXIS)
+# sums of a float16 or bfloat16 axis are taken in float32 and rounded once, as a GPU kernel takes them
+ADD_AT = Op("add_at", 2, ("axis", "size"), _add_at_shape, same_dtype, INDEXING, _add_at_normalize, positions=(1,),
+            evaluate=lambda xs, axis, size: gathering.add_at(*xs, axis, size), computes_in_float32=is_narrow_float)
+
+FAMILY = (TAKE, TAKE_ALONG_AXIS, ADD_AT)
 
 
 def reads_unchecked_indices(t):
-    """Whether ``t`` gathers at indices known only when a program runs, so that an index outside the axis meets it
+    """Whether ``t`` gathers (or adds) at indices known only when a program runs, so that an index outside the axis meets it
     there (a constant's are checked when the term is built)."""
     return t.op in FAMILY and t.args[1].op is not CONST
