@@ -403,6 +403,11 @@ def header():
 
 
 HELPERS = """#include <stdint.h>
+#if defined(__GNUC__) && !defined(__clang__)
+#define CT_NOT_VECTORIZED __attribute__((optimize("no-tree-loop-vectorize")))
+#else
+#define CT_NOT_VECTORIZED
+#endif
 static inline float ct_maxf(float a, float b) { return (a > b || a != a) ? a : b; }
 static inline float ct_minf(float a, float b) { return (a < b || a != a) ? a : b; }
 static inline double ct_max(double a, double b) { return (a > b || a != a) ? a : b; }
