@@ -40,6 +40,7 @@ from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
 from .exprgraph import feeds as feed_checks, owed
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
 from .exprgraph.ops import CONST, FUSED, VAR, may_fail, reads_unchecked_indices
+from .exprgraph.printing import result_label
 from .exprgraph.term import Term
 from .memplan.copy_hosts import into_row_kernels
 from .memplan.recompute import choices, recomputed
@@ -405,7 +406,7 @@ def _planned(roots, signature, engine, options, traces, copies=None):
     sinks = _sinks(kernels, steps, updates, live_out, engine.gathers_raise)
     direct = engine.direct_outputs(kernels, steps, outputs, sinks, options)
     external = kept + list(sinks) + direct
-    labels = {t: _label(t, i) for i, k in enumerate(kernels) for t in k.terms}
+    labels = {t: result_label(t, i) for i, k in enumerate(kernels) for t in k.terms}
     placed_out = [v for v in live_out if v not in sinks and v not in direct]
     beside = affordable(steps, nbytes, external, placed_out,
                         beside_joins(steps, engine.beside(kernels, steps, sinks, options), sinks))
@@ -515,10 +516,3 @@ def _data_parallel(signature, engine, caps):
         distributed.init()  # a launched script that did not join its job yet: its ranks would train apart
     updates, buckets = distributed.data_parallel(signature.updates, signature.inputs, blocks=ranks > 1, **caps)
     return replace(signature, updates=updates, ranks=ranks), buckets
-
-
-def _label(t, i):
-    if t.op is VAR:
-        return t.name
-    several = t.op.result_count(t) > 1
-    return f"k{i}.{t.op.name}" + (f"[{t.attr(t.op.result_attr)}]" if several else "")

@@ -19,7 +19,7 @@ from .exprgraph.dtypes import converted, type_string
 from .exprgraph.graph import two_variables_named
 from .exprgraph.ops import FUSED_OP, VAR
 from .exprgraph.ops.collectives import ALL_REDUCE
-from .exprgraph.printing import body_text, inline
+from .exprgraph.printing import body_text, inline, result_label
 from .exprgraph.term import Term
 from .memplan import aligned
 
@@ -198,15 +198,22 @@ class Program:
         return lines
 
     def _schedule(self):
+        """A line for each kernel and each update. A region's body is written once, on its kernel's line, and its values
+        are named by that kernel wherever else they are read: a backward region reads hundreds of a forward one's
+        values, and the body written at each would grow the text with the square of the step."""
         lines = [f"kernels ({len(self.kernels)} in order; {self.kernels_run} do work each step, the others are "
                  "views, feeds read where they lie, or values another kernel writes in place):"]
+        named = {t: result_label(t, i) for i, k in enumerate(self.kernels) if k.term.op is FUSED_OP for t in k.terms}
+
+        def shown(t):
+            return named.get(t) or inline(t, 1)
+
         for i, kernel in enumerate(self.kernels):
             t = kernel.term
             if t.op is VAR:
                 what = f"load {t.name}"
             elif t.op is FUSED_OP:
-                args = ", ".join(inline(a, 1) for a in t.args)
-                what = f"fused({args}) {body_text(t)}"
+                what = f"fused({', '.join(shown(a) for a in t.args)}) {body_text(t)}"
             else:
                 what = inline(t, 1)
             if t in self._executor.choices:
@@ -215,7 +222,7 @@ class Program:
             lines.append(f"  k{i:<3} {what}  -> {where}" + ("  (beside the step)" if i in self._executor.beside else ""))
         for var, value in self.updates.items():
             how = "computed in place" if self._sinks.get(value) is var else "copied in after the step"
-            lines.append(f"  update {var.name} <- {inline(value, 1)}: {how}")
+            lines.append(f"  update {var.name} <- {shown(value)}: {how}")
         return lines
 
     def _buckets(self):

@@ -1,6 +1,6 @@
-"""How compile's work grows with a graph, counted and never timed: an elementwise chain's forward pass is one fused
-region with an output for each value its backward pass reads, and its backward pass one reading them all, so any
-work done per result per output (or per operand) of a region is quadratic in the chain's length
+"""How compile's work (and ``explain``'s) grows with a graph, counted and never timed: an elementwise chain's forward
+pass is one fused region with an output for each value its backward pass reads, and its backward pass one reading them
+all, so any work done per result per output (or per operand) of a region is quadratic in the chain's length
 (``benchmarks/bench_compile_scaling.py`` times it); and no stage recurses once a term."""
 
 import sys
@@ -8,6 +8,8 @@ import sys
 import numpy as np
 
 import cortado as ct
+from cortado import program as program_module
+from cortado.exprgraph import printing
 from cortado.exprgraph.graph import post_order
 from cortado.exprgraph.ops import FUSED_OP
 from cortado.exprgraph.term import HashedTuple
@@ -98,3 +100,20 @@ def test_a_long_chain_compiles_and_runs_with_little_room_for_recursion():
     finally:
         sys.setrecursionlimit(old)
     assert np.isfinite(value)
+
+
+def test_explain_writes_a_regions_body_once_and_grows_with_the_chain(monkeypatch):
+    short, long = _compiled(300), _compiled(1200)
+    assert len(long.explain()) < 6 * len(short.explain())  # 4x the ops: 4x the text (16x where bodies repeat)
+    bodies = []
+
+    def counted(term):
+        bodies.append(term)
+        return "{...}"
+
+    monkeypatch.setattr(printing, "body_text", counted)
+    monkeypatch.setattr(program_module, "body_text", counted)
+    text = short.explain(examples=0)
+    assert len(bodies) == sum(k.term.op is FUSED_OP for k in short.kernels)  # not once more for each value read
+    backward = next(line for line in text.splitlines() if line.startswith("  k1 "))
+    assert backward.count("k0.fused[") >= 100  # the forward region's values, by name

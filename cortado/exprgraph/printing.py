@@ -50,6 +50,15 @@ def inline(term, depth=3):
     return f"{term.op.name}({', '.join(parts)})"
 
 
+def result_label(term, kernel):
+    """``k3.matmul``, ``k5.fused[2]``: ``term`` by the kernel (its place in the schedule) that computes it, short
+    enough to name it wherever it is read (a variable by its name)."""
+    if term.op is VAR:
+        return term.name
+    several = term.op.result_count(term) > 1
+    return f"k{kernel}.{term.op.name}" + (f"[{term.attr(term.op.result_attr)}]" if several else "")
+
+
 def _names(graph):
     """A printed name per term: variables by name (made unique), the rest ``%0, %1, ...``."""
     names = {}
