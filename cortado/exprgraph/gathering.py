@@ -149,21 +149,22 @@ def add_at_into(out, values, indices, axis):
     ``ADD_AT_CHUNK`` indices, each place's rows in the order of the indices, then, for each place, the sums of the
     chunks that hold it, in order (a GPU sums a chunk's runs side by side, with no atomics). So the sums are the
     same bits wherever they are taken; with one chunk they are ``np.add.at``'s."""
-    flat = checked(indices, out.shape[axis], "add_at", axis).reshape(-1)
-    lead, trail = math.prod(out.shape[:axis]), math.prod(out.shape[axis + 1:])
+    flat = checked(indices, out.shape[axis], "add_at", axis).reshape(-1).astype(np.int64)  # (uint64 * int: float)
+    lead, size, trail = math.prod(out.shape[:axis]), out.shape[axis], math.prod(out.shape[axis + 1:])
     rows = values.reshape(lead, flat.size, trail)
-    sums = out.reshape(lead, out.shape[axis], trail)  # a copy where ``out`` is not contiguous
+    sums = out.reshape(lead, size, trail)  # a copy where ``out`` is not contiguous
     sums[...] = 0
-    if flat.size <= ADD_AT_CHUNK:
-        np.add.at(sums, (slice(None), flat), rows)
-    else:
-        chunk_sums = np.zeros_like(sums)
-        for first in range(0, flat.size, ADD_AT_CHUNK):
-            places = flat[first:first + ADD_AT_CHUNK]
+    chunk_sums = sums if flat.size <= ADD_AT_CHUNK else np.zeros_like(sums)
+    for first in range(0, flat.size, ADD_AT_CHUNK):
+        places = flat[first:first + ADD_AT_CHUNK]
+        # every element's own place in the flattened sums, so that one 1-d np.add.at adds them (six times faster than
+        # np.add.at of rows), each place's in the order of the indices
+        at = (np.arange(lead)[:, None, None] * size + places[None, :, None]) * trail + np.arange(trail)
+        np.add.at(chunk_sums.reshape(-1), at.reshape(-1), rows[:, first:first + ADD_AT_CHUNK].reshape(-1))
+        if chunk_sums is not sums:
             held = np.unique(places)
-            chunk_sums[:, held] = 0
-            np.add.at(chunk_sums, (slice(None), places), rows[:, first:first + ADD_AT_CHUNK])
             sums[:, held] += chunk_sums[:, held]
+            chunk_sums[:, held] = 0
     if not np.shares_memory(sums, out):
         out[...] = sums.reshape(out.shape)
 
