@@ -197,6 +197,17 @@ def _turning(f, *points):
     return bounds
 
 
+def _periodic(f, peak):
+    """Bounds of ``f`` of period 2 pi, which turns at ``peak`` and every pi from it."""
+
+    def bounds(lo, hi):
+        first = peak + math.pi * math.ceil((lo - peak) / math.pi)
+        turns = [first + k * math.pi for k in range(3) if first + k * math.pi < hi]
+        return _turning(f, *turns)(lo, hi) if hi - lo < 2 * math.pi else (-1.0, 1.0)
+
+    return bounds
+
+
 UNARY_BOUNDS = {
     "negative": lambda lo, hi: (-hi, -lo),
     "exp": _monotone(math.exp),
@@ -205,6 +216,9 @@ UNARY_BOUNDS = {
     "expm1": _monotone(math.expm1),
     "sqrt": _monotone(math.sqrt),
     "tanh": _monotone(math.tanh),
+    "sin": _periodic(math.sin, math.pi / 2),
+    "cos": _periodic(math.cos, 0.0),
+    "logical_not": lambda lo, hi: (0.0, 1.0),
     "relu": _monotone(lambda x: max(x, 0.0)),
     "abs": lambda lo, hi: (0.0 if lo < 0 < hi else min(abs(lo), abs(hi)), max(abs(lo), abs(hi))),
     "sign": lambda lo, hi: (-1.0 if lo < 0 else 0.0, 1.0 if hi > 0 else 0.0),

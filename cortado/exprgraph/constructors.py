@@ -26,10 +26,11 @@ from .term import (
 
 __all__ = [
     "var", "const", "as_term",
-    "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "abs", "sign", "rint", "sigmoid", "relu",
+    "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "abs", "sign", "rint", "sigmoid", "relu",
     "softplus", "gelu", "gelu_grad", "silu",
     "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
-    "less", "less_equal", "greater", "greater_equal", "equal", "not_equal", "where", "cast", "stop_gradient", "float8_gradient",
+    "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
+    "logical_and", "logical_or", "logical_xor", "logical_not", "where", "cast", "stop_gradient", "float8_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
     "matmul", "einsum", "transpose", "reshape", "broadcast_to", "flip", "take", "take_along_axis", "add_at",
     "conv", "windows", "overlap_add", "pad", "conv2d", "max_pool2d", "avg_pool2d", "random_uniform",
@@ -134,6 +135,8 @@ log1p = _ufunc_function("log1p", "``log(1 + x)``, accurate for small ``x``.")
 expm1 = _ufunc_function("expm1", "``exp(x) - 1``, accurate for small ``x``.")
 sqrt = _ufunc_function("sqrt")
 tanh = _ufunc_function("tanh")
+sin = _ufunc_function("sin", "NumPy's ``sin`` (radians). The GPU's is CUDA's, within an ulp or two of NumPy's.")
+cos = _ufunc_function("cos", "NumPy's ``cos`` (radians). The GPU's is CUDA's, within an ulp or two of NumPy's.")
 abs = _ufunc_function("abs")  # noqa: A001 (NumPy's name)
 sign = _ufunc_function("sign")
 rint = _ufunc_function("rint", "The nearest integer, ties to even (NumPy's ``rint``), in ``x``'s floating dtype.")
@@ -149,6 +152,11 @@ greater = _ufunc_function("greater")
 greater_equal = _ufunc_function("greater_equal")
 equal = _ufunc_function("equal", "Elementwise ``x == y`` (on terms, ``==`` itself is identity).")
 not_equal = _ufunc_function("not_equal", "Elementwise ``x != y`` (on terms, ``!=`` itself is identity).")
+logical_and = _ufunc_function("logical_and", "NumPy's ``logical_and``: bool, a number true where it is not 0 (NaN "
+                                             "too). On bool terms, ``x & y``.")
+logical_or = _ufunc_function("logical_or", "NumPy's ``logical_or``; on bool terms, ``x | y``.")
+logical_xor = _ufunc_function("logical_xor", "NumPy's ``logical_xor``; on bool terms, ``x ^ y``.")
+logical_not = _ufunc_function("logical_not", "NumPy's ``logical_not``; on a bool term, ``~x``.")
 
 
 def sigmoid(x):
@@ -585,6 +593,21 @@ def _swapped(function):
     return reflected
 
 
+def _on_bools(function, symbol):
+    """Python's ``symbol`` on bool terms, as NumPy's on bool arrays: ``function``. On numbers NumPy's is bitwise,
+    which cortado does not compute: refused, naming the logical function to call instead."""
+
+    def operator(*operands):
+        for x in operands:
+            if isinstance(x, Term) and x.dtype != np.bool_:
+                raise rejection(function.__name__, operands, dtype_violation(
+                    f"'{symbol}' takes bool terms (NumPy's is bitwise on {x.dtype.name}, which cortado does not "
+                    f"compute); call ct.{function.__name__} for the truth of numbers, or compare them first"))
+        return function(*operands)
+
+    return operator
+
+
 def _reshape_method(self, *shape):
     """NumPy's ``x.reshape(2, 3)`` or ``x.reshape((2, 3))``."""
     return reshape(self, shape[0] if len(shape) == 1 else shape)
@@ -601,6 +624,10 @@ TERM_METHODS = {
     "__pow__": power, "__rpow__": _swapped(power), "__matmul__": matmul, "__rmatmul__": _swapped(matmul),
     "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
     "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
+    "__and__": _on_bools(logical_and, "&"), "__rand__": _swapped(_on_bools(logical_and, "&")),
+    "__or__": _on_bools(logical_or, "|"), "__ror__": _swapped(_on_bools(logical_or, "|")),
+    "__xor__": _on_bools(logical_xor, "^"), "__rxor__": _swapped(_on_bools(logical_xor, "^")),
+    "__invert__": _on_bools(logical_not, "~"),
     "T": property(transpose), "sum": sum, "mean": mean, "max": max,
     "reshape": _reshape_method, "transpose": _transpose_method, "astype": cast,
 }

@@ -36,7 +36,8 @@ from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
 from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.ops import (
-    ADD_AT, EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, NOT_EQUAL, OPS, RINT, SIGN,
+    ADD_AT, EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, LOGICAL_AND, LOGICAL_NOT, LOGICAL_OR,
+    LOGICAL_XOR, NOT_EQUAL, OPS, RINT, SIGN,
 )
 from ..exprgraph.graph import post_order
 from ..exprgraph.term import Term, apply
@@ -383,7 +384,8 @@ def _with_axis_after(t, axis):
 
 # -- the rules -------------------------------------------------------------------------------
 
-NOT_DIFFERENTIABLE = (SIGN, RINT, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL, NOT_EQUAL)
+NOT_DIFFERENTIABLE = (SIGN, RINT, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL, NOT_EQUAL, LOGICAL_AND, LOGICAL_OR,
+                      LOGICAL_XOR, LOGICAL_NOT)
 
 
 def _constant_rule(op):
@@ -412,6 +414,8 @@ derivatives = Derivatives([
     Derivative("expm1", "expm1(_x)", _x="_dy * (_y + 1)"),
     Derivative("sqrt", "sqrt(_x)", _x="_dy / (2 * _y)"),
     Derivative("tanh", "tanh(_x)", _x="_dy * (1 - _y * _y)"),
+    Derivative("sin", "sin(_x)", _x="_dy * cos(_x)"),
+    Derivative("cos", "cos(_x)", _x="-(_dy * sin(_x))"),
     Derivative("sigmoid", "sigmoid(_x)", _x="_dy * _y * (1 - _y)"),
     Derivative("softplus", "softplus(_x)", _x="_dy * sigmoid(_x)"),
     Derivative("gelu", "gelu(_x)", _x="_dy * gelu_grad(_x)"),

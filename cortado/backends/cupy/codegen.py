@@ -28,9 +28,10 @@ from ...exprgraph.dtypes import is_float, is_float8, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.scaling import is_exact_power_of_two
 from ...exprgraph.ops import (
-    ABS, ADD, BROADCAST_TO, CAST, CONST, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, FLOAT8_GRADIENT, GREATER, GREATER_EQUAL,
-    LESS, LESS_EQUAL, LOG, LOG1P, MAX, MAXIMUM, MEAN, MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU,
-    RINT, SIGN, SQRT, STOP_GRADIENT, SUBTRACT, SUM, TANH, WHERE, may_fail,
+    ABS, ADD, BROADCAST_TO, CAST, CONST, COS, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, FLOAT8_GRADIENT, GREATER,
+    GREATER_EQUAL, LESS, LESS_EQUAL, LOG, LOG1P, LOGICAL_AND, LOGICAL_NOT, LOGICAL_OR, LOGICAL_XOR, MAX, MAXIMUM, MEAN,
+    MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU, RINT, SIGN, SIN, SQRT, STOP_GRADIENT, SUBTRACT,
+    SUM, TANH, WHERE, may_fail,
 )
 from ...rules.fusion import padded_rows
 from .launch import WAIT_PRIOR_GRIDS
@@ -224,6 +225,11 @@ def _infix(symbol):
     return lambda o: f"({o.arg(0)} {symbol} {o.arg(1)})"
 
 
+def _logical(symbol):
+    """A logical op of NumPy's: each operand's truth (a number's: not 0, NaN included), then ``symbol`` on them."""
+    return lambda o: f"((bool)({o.raw(0)}) {symbol} (bool)({o.raw(1)}))"
+
+
 def _abs(o):
     x = o.arg(0)
     if is_float(o.dtype):
@@ -314,11 +320,14 @@ COMPARISONS = {LESS: "<", LESS_EQUAL: "<=", GREATER: ">", GREATER_EQUAL: ">=", E
 C_EXPRESSIONS = {  # op -> its C expression, a function of the ``_Operands`` of one body term
     NEGATIVE: lambda o: f"(-{o.arg(0)})",
     **{op: _math_function(name) for op, name in ((EXP, "exp"), (LOG, "log"), (LOG1P, "log1p"), (EXPM1, "expm1"),
-                                                 (SQRT, "sqrt"), (TANH, "tanh"), (RINT, "rint"))},
+                                                 (SQRT, "sqrt"), (TANH, "tanh"), (RINT, "rint"), (SIN, "sin"),
+                                                 (COS, "cos"))},
     ABS: _abs,
     SIGN: lambda o: f"ct_sign<{o.c}>({o.arg(0)})",
     RELU: _relu,
     **{op: _infix(symbol) for op, symbol in (ARITHMETIC | COMPARISONS).items()},
+    **{op: _logical(symbol) for op, symbol in ((LOGICAL_AND, "&&"), (LOGICAL_OR, "||"), (LOGICAL_XOR, "!="))},
+    LOGICAL_NOT: lambda o: f"(!(bool)({o.raw(0)}))",
     MAXIMUM: lambda o: f"ct_max<{o.c}>({o.arg(0)}, {o.arg(1)})",
     MINIMUM: lambda o: f"ct_min<{o.c}>({o.arg(0)}, {o.arg(1)})",
     POWER: _power,

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ...exprgraph.graph import post_order
-from ...exprgraph.ops import BROADCAST_TO, CONST, EXP, EXPM1, LOG, LOG1P, MAX, MEAN, PARAM, SUM, TANH
+from ...exprgraph.ops import BROADCAST_TO, CONST, COS, EXP, EXPM1, LOG, LOG1P, MAX, MEAN, PARAM, SIN, SUM, TANH
 from ...memplan import ReadBeforeWrite, aligned
 from . import csource, loops, native
 from .kernels import INPLACE, SCRATCH_ALIGNMENT, Emitter, c_strided, emit, same_elements
@@ -139,7 +139,7 @@ def emit_fused(em, outputs, args, outs, alias, batch=None):
     _Run(em, _body(outputs), args, outs, alias).run()
 
 
-NUMPY_UNARY = {EXP: np.exp, LOG: np.log, LOG1P: np.log1p, EXPM1: np.expm1, TANH: np.tanh}
+NUMPY_UNARY = {EXP: np.exp, LOG: np.log, LOG1P: np.log1p, EXPM1: np.expm1, TANH: np.tanh, SIN: np.sin, COS: np.cos}
 NUMPY_REDUCTIONS = frozenset({SUM, MEAN, MAX})  # NumPy's, in its own order, between loop nests
 
 

@@ -64,6 +64,8 @@ LOG1P = _ufunc("log1p", np.log1p)
 EXPM1 = _ufunc("expm1", np.expm1)
 SQRT = _ufunc("sqrt", np.sqrt)
 TANH = _ufunc("tanh", np.tanh)
+SIN = _ufunc("sin", np.sin)
+COS = _ufunc("cos", np.cos)
 ABS = _ufunc("abs", np.absolute)
 SIGN = _ufunc("sign", np.sign)
 RINT = _ufunc("rint", np.rint)
@@ -80,6 +82,11 @@ GREATER = _ufunc("greater", np.greater)
 GREATER_EQUAL = _ufunc("greater_equal", np.greater_equal)
 EQUAL = _ufunc("equal", np.equal)
 NOT_EQUAL = _ufunc("not_equal", np.not_equal)
+# NumPy's logical ufuncs: a number is true where it is not 0 (NaN too); the result is bool
+LOGICAL_AND = _ufunc("logical_and", np.logical_and)
+LOGICAL_OR = _ufunc("logical_or", np.logical_or)
+LOGICAL_XOR = _ufunc("logical_xor", np.logical_xor)
+LOGICAL_NOT = _ufunc("logical_not", np.logical_not)
 UFUNC_OPS = {op.name: ufunc for op, ufunc in UFUNCS.items()}  # by name, for the constructors of the same names
 def may_fail(t):
     """Whether term ``t`` can fail on its values: an integer power whose exponent may be negative (NumPy raises
