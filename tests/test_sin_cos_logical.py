@@ -1,6 +1,6 @@
 """``sin``, ``cos`` and the logical ops: NumPy's values from the reference interpreter and the CPU backend in every
 dtype (NaNs and infinities too), gradients against finite differences, the operators ``& | ^ ~`` on bool terms
-and their refusal on numbers; on a GPU, CUDA's ``sin`` and ``cos`` within two ulps of NumPy's and the logical
+and their refusal on numbers; on a GPU, CUDA's ``sin`` and ``cos`` within a few ulps of NumPy's and the logical
 ops NumPy's bits."""
 
 import numpy as np
@@ -78,18 +78,22 @@ def test_bool_operators_are_the_logical_ops_and_refuse_numbers():
 @pytest.mark.gpu
 @pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
 @pytest.mark.parametrize("dtype", FLOATS)
-def test_on_the_gpu_sin_and_cos_are_within_two_ulps_of_numpys(dtype):
+def test_on_the_gpu_sin_and_cos_are_within_a_few_ulps_of_numpys(dtype):
+    """CUDA's sinf and cosf are within 2 ulps of the exact values, NumPy's float32 loops within about 1.5: the two
+    within 4 ulps of each other, their product within 8; float16 and bfloat16 through float32, rounded once."""
     values = _angles(dtype)
     x = ct.var("x", values.shape, dtype)
     outputs = [ct.sin(x), ct.cos(x), ct.sin(x) * ct.cos(x)]
     gpu = [r.get() for r in ct.compile(outputs, inputs=[x], backend="cupy")(x=values)]
     cpu = ct.compile(outputs, inputs=[x], backend="numpy")(x=values)
-    for ours, theirs in zip(gpu, cpu):
+    for ours, theirs, most in zip(gpu, cpu, (4, 4, 8)):
         ours, theirs = ours.astype(np.float64), theirs.astype(np.float64)
         assert np.array_equal(np.isnan(ours), np.isnan(theirs))
-        spacing = np.abs(np.spacing(theirs.astype(BFLOAT16 if dtype == "bfloat16" else dtype))).astype(np.float64)
         finite = ~np.isnan(theirs)
-        assert (np.abs(ours - theirs)[finite] <= 2 * np.maximum(spacing[finite], 1e-38)).all(), (ours, theirs)
+        ulp = np.abs(np.spacing(theirs[finite].astype(values.dtype))).astype(np.float64)
+        ulps = np.abs(ours - theirs)[finite] / np.maximum(ulp, np.finfo(np.float64).tiny)
+        print(f"{dtype}: at most {ulps.max():.1f} ulps apart")
+        assert ulps.max() <= most, (values[finite][ulps > most], ours[finite][ulps > most], theirs[finite][ulps > most])
 
 
 @pytest.mark.gpu
