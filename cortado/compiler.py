@@ -36,7 +36,7 @@ import warnings
 import numpy as np
 
 from .backends import interface
-from .errors import BackendError, DTypeError, FeedError, PlanError, ShapeError
+from .errors import BackendError, DTypeError, FeedError, PlanError, RewriteError, ShapeError
 from .exprgraph import feeds as feed_checks, owed
 from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
 from .exprgraph.ops import CONST, FUSED, VAR, may_fail, reads_unchecked_indices
@@ -47,7 +47,7 @@ from .memplan.recompute import choices, recomputed
 from .memplan import (affordable, beside_joins, intervals, joins, memory_order, overlapped, owners, plan_memory,
                       read_through_view, verify)
 from .rules.api import fast_simplifier, simplifier
-from .rules.engine import Rewrite, Trace
+from .rules.engine import Fixpoint, Postwalk, Rewrite, Rewriter, Rule, RuleSet, Trace
 from .rules.fusion import fuse
 from .rules.row_epilogues import into_producers, into_siblings
 from .rules.row_values import made_by_readers
@@ -149,14 +149,41 @@ def _signature(outputs, inputs, state, updates):
     return Signature(outputs, inputs, state, updates, single)
 
 
-def _rewrite(roots, backend, traces, variant=None, fast_math=False):
+@dataclass(frozen=True)
+class _Rewriting:
+    """What the caller asked of the rules: ``fast_math``, and ``yours``, the caller's own rules as a strategy run
+    before every other stage (None: none)."""
+
+    fast_math: bool = False
+    yours: object = None
+
+
+def _yours(rules):
+    """``compile``'s ``rules``: a strategy as it is, a ``Rule``, a ``RuleSet`` or a list of them run as the built-in
+    algebra is, bottom-up to a fixpoint; None for none."""
+    if rules is None:
+        return None
+    if isinstance(rules, Rewriter) and not isinstance(rules, (Rule, RuleSet)):
+        return rules
+    if isinstance(rules, (Rule, RuleSet)):
+        rules = [rules]
+    if not isinstance(rules, (list, tuple)) or not all(isinstance(r, (Rule, RuleSet)) for r in rules):
+        raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them or a strategy (Postwalk, Chain, ...), "
+                           f"not {rules!r}")
+    return Fixpoint(Postwalk(Fixpoint(RuleSet(rules, name="yours"))))
+
+
+def _rewrite(roots, backend, traces, variant=None, rewriting=_Rewriting()):
     """The rule pipeline over all roots at once, so they keep sharing their subterms; ``variant``: of the
     backend's lowering (one of its ``alternatives``)."""
     roots = list(roots)
+    if rewriting.yours is not None:
+        traces["your rules"] = Trace()
+        roots = rewriting.yours.run(roots, traces["your rules"])
     traces.update({stage: Trace() for stage in PIPELINE})
-    if fast_math:
+    if rewriting.fast_math:
         traces["simplify"].label = "simplify (fast_math)"  # explain() says fast_math is on, fired or not
-    roots = (fast_simplifier if fast_math else simplifier).run(roots, traces["simplify"])
+    roots = (fast_simplifier if rewriting.fast_math else simplifier).run(roots, traces["simplify"])
     roots = stabiliser.run(roots, traces["stability"])
     if backend.lowering is not None:
         roots = backend.lowering.run(roots, traces["lowering"], variant)
@@ -319,7 +346,7 @@ def _downstream(j, users):
 
 
 def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug=False, data_parallel=False,
-            recompute=True, fast_math=False, **options):
+            recompute=True, fast_math=False, rules=None, **options):
     """A ``Program`` computing ``outputs`` from fed ``inputs`` and persistent ``state``.
 
     ``state``: ``{variable: initial value}``. ``updates``: ``{state variable: new value term}``;
@@ -346,13 +373,17 @@ def compile(outputs, inputs=(), state=None, updates=None, backend="numpy", debug
     By default the program computes what the expressions say, each result within rounding of the written
     operations; ``fast_math=True`` adds the ``rules.fast_math`` rewrites, which may change a float result by
     more: ``x - x`` is 0 even for inf and nan, and constants are collected across sums and products whatever
-    the grouping (``(x + 1e8) - 1e8`` becomes ``x``; ``(x * 1e30) * 1e-30`` no longer overflows).
+    the grouping (``(x + 1e8) - 1e8`` becomes ``x``; ``(x * 1e30) * 1e-30`` no longer overflows). ``rules``: your
+    own rewrites, run before every other stage: a ``Rule``, a ``RuleSet`` or a list of them (bottom-up to a
+    fixpoint, as the built-in algebra runs), or a strategy (``Postwalk``, ``Chain``, ...); ``explain()`` lists what
+    they did as "your rules". A rule may change a value: ``ct.rules.check(rules)`` tests it first.
 
         step = ct.compile([loss], inputs=[x, y], state={W: Wv}, updates={W: W - 0.1 * gW})
         (loss_value,) = step(x=xv, y=yv)
     """
     with collector_paused():  # a collection during compile would rescan every live term, again and again
-        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, fast_math, options)
+        return _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, fast_math, rules,
+                        options)
 
 
 def _options(engine, given):
@@ -382,10 +413,10 @@ class _Built:
     live_out: list
 
 
-def _built(signature, engine, options, variant=None, fast_math=False):
+def _built(signature, engine, options, variant=None, rewriting=_Rewriting()):
     """The rule pipeline, the kernels, their memory-aware order and the memory plan of one step."""
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant, fast_math)
+    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant, rewriting)
     return _planned(roots, signature, engine, options, traces)
 
 
@@ -467,7 +498,7 @@ def _sizes(kernels):
     return nbytes
 
 
-def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, fast_math, options):
+def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, recompute, fast_math, rules, options):
     from .backends import backend_named
     from .program import Program
 
@@ -482,9 +513,10 @@ def _compile(outputs, inputs, state, updates, backend, debug, data_parallel, rec
         kept_outputs, kept_state, kept_updates, casts = kept_casts(signature.outputs, signature.state,
                                                                    signature.updates, state_trace, signature.inputs)
         signature = replace(signature, outputs=kept_outputs, state=kept_state, updates=kept_updates)
-    built = _built(signature, engine, options, fast_math=fast_math)
+    rewriting = _Rewriting(fast_math, _yours(rules))
+    built = _built(signature, engine, options, rewriting=rewriting)
     for variant in engine.alternatives(interface.PlannedStep(built.plan, built.traces)):
-        other = _built(signature, engine, options, variant, fast_math)
+        other = _built(signature, engine, options, variant, rewriting)
         if other.plan.peak_bytes < built.plan.peak_bytes:
             built = other
     if recompute:

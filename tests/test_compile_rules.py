@@ -1,0 +1,51 @@
+"""``ct.compile(..., rules=...)``: the caller's own rewrites run before every other stage, on the outputs, the
+gradients and the updates alike; a rule set as the built-in algebra runs (bottom-up to a fixpoint), a strategy as
+given; what they did listed first by ``explain()``; anything else refused."""
+
+import numpy as np
+import pytest
+
+import cortado as ct
+from cortado.rules import Postwalk, Rule, RuleSet
+
+TRIG = RuleSet([Rule("pythagoras", "sin(_t) ** 2 + cos(_t) ** 2", "1"),
+                Rule("sin-double", "sin(_t) * cos(_t) * 2", "sin(2 * _t)")], name="trig")
+
+
+def test_your_rules_run_first_and_explain_lists_them():
+    t = ct.var("t", (8,))
+    out = ct.sin(t) ** 2 + ct.cos(t) ** 2 + ct.sin(t) * ct.cos(t) * 2
+    program = ct.compile([out], inputs=[t], rules=TRIG)
+    text = program.explain()
+    assert text.splitlines()[1].startswith("  your rules: 2 rewrites:"), text
+    assert "pythagoras: add(power(sin(t), 2.0), power(cos(t), 2.0))  ->  full(1.0)" in text
+    values = np.linspace(-2, 2, 8).astype(np.float32)
+    np.testing.assert_allclose(program(t=values)[0], 1 + np.sin(2 * values), rtol=1e-6)
+    assert "your rules" not in ct.compile([out], inputs=[t]).explain()
+
+
+@pytest.mark.parametrize("rules", [TRIG["pythagoras"], [TRIG["pythagoras"]], Postwalk(TRIG)], ids=["rule", "list",
+                                                                                                    "strategy"])
+def test_a_rule_a_list_or_a_strategy(rules):
+    t = ct.var("t", (3,))
+    program = ct.compile([ct.sin(t) ** 2 + ct.cos(t) ** 2], inputs=[t], rules=rules)
+    assert "pythagoras x1" in program.explain()
+    np.testing.assert_array_equal(program(t=np.array([0.1, 2.0, -5.0], np.float32))[0], [1, 1, 1])
+
+
+def test_your_rules_rewrite_the_gradients_and_updates_too():
+    """A rule that would change nothing but the form: an update's ``w - 0.5 * g`` read as ``w - g / 2``."""
+    w, x = ct.var("w", (4,)), ct.var("x", (4,))
+    (g,) = ct.grad(ct.sum(ct.sin(w * x)), [w])
+    halve = Rule("halve", "_w - 0.5 * _g", "_w - _g / 2")
+    program = ct.compile([], inputs=[x], state={w: np.ones(4, np.float32)}, updates={w: w - 0.5 * g}, rules=halve)
+    assert "halve x1" in program.explain()
+    xv = np.arange(4, dtype=np.float32)
+    program(x=xv)
+    np.testing.assert_allclose(program.state["w"], 1 - np.cos(xv) * xv / 2, rtol=1e-6)
+
+
+def test_anything_else_is_refused():
+    t = ct.var("t", (3,))
+    with pytest.raises(ct.RewriteError, match=r"rules is a Rule, a RuleSet, a list of them or a strategy"):
+        ct.compile([t * 2], inputs=[t], rules="sin(_t) -> 0")
