@@ -238,6 +238,8 @@ BINARY_BOUNDS = {
     "subtract": lambda a, b: (a[0] - b[1], a[1] - b[0]),
     "multiply": _product,
     "divide": _divide,
+    "floor_divide": lambda a, b: tuple(map(math.floor, _divide(a, b))),
+    "remainder": lambda a, b: (min(0.0, b[0]), max(0.0, b[1])),  # of the divisor's sign, smaller than it
     "maximum": lambda a, b: (max(a[0], b[0]), max(a[1], b[1])),
     "minimum": lambda a, b: (min(a[0], b[0]), min(a[1], b[1])),
 }
@@ -250,6 +252,7 @@ REDUCTION_BOUNDS = {  # bounds of the result of reducing ``count`` elements boun
     "log_softmax": lambda lo, hi, count: (-(hi - lo) - math.log(max(count, 1)), 0.0),
 }
 SCALARS = [0.5, 2.0, -1.5, 3, 1.0]
+DIVISIONS = ("divide", "floor_divide", "remainder")  # their divisors are kept MARGIN from 0
 EXPONENTS = {2: -math.inf, 3: -math.inf, 0.5: MARGIN, -1.0: MARGIN}  # exponent -> least base
 
 
@@ -300,7 +303,7 @@ def _binary(draw, name, values):
     a = draw(st.sampled_from(numeric))
     with_value = [j for j in numeric if _broadcastable(values[a].shape, values[j].shape)
                   and _promotable(values[a], values[j])]
-    if name == "divide":
+    if name in DIVISIONS:
         with_value = [j for j in with_value if values[j].lo >= MARGIN or values[j].hi <= -MARGIN]
     if name == "power":
         exponent = draw(st.sampled_from([e for e, least in EXPONENTS.items() if values[a].lo >= least] or [2]))
@@ -312,7 +315,7 @@ def _binary(draw, name, values):
         scalar = draw(st.sampled_from(SCALARS))
         bounds_b, arg_b = (scalar, scalar), Literal(scalar)
     bounds_a = (values[a].lo, values[a].hi)
-    if draw(st.booleans()) and name != "divide":  # scalar on the left too: 2.0 - x
+    if draw(st.booleans()) and name not in DIVISIONS:  # scalar on the left too: 2.0 - x
         return Step(name, (arg_b, a)), BINARY_BOUNDS[name](bounds_b, bounds_a)
     return Step(name, (a, arg_b)), BINARY_BOUNDS[name](bounds_a, bounds_b)
 

@@ -28,7 +28,7 @@ __all__ = [
     "var", "const", "as_term",
     "negative", "exp", "log", "log1p", "expm1", "sqrt", "tanh", "sin", "cos", "abs", "sign", "rint", "sigmoid", "relu",
     "softplus", "gelu", "gelu_grad", "silu",
-    "add", "subtract", "multiply", "divide", "power", "maximum", "minimum",
+    "add", "subtract", "multiply", "divide", "floor_divide", "remainder", "power", "maximum", "minimum",
     "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
     "logical_and", "logical_or", "logical_xor", "logical_not", "where", "cast", "stop_gradient", "float8_gradient",
     "sum", "mean", "max", "logsumexp", "softmax", "log_softmax",
@@ -144,6 +144,11 @@ add = _ufunc_function("add")
 subtract = _ufunc_function("subtract")
 multiply = _ufunc_function("multiply")
 divide = _ufunc_function("divide", "True division, as NumPy's ``/``: integers divide into floats.")
+floor_divide = _ufunc_function("floor_divide", "NumPy's ``//``: the quotient rounded toward minus infinity (Python's "
+                                               "rule for negative operands); an integer divided by 0 is 0, as in "
+                                               "NumPy, and a float's quotient is NumPy's to the bit.")
+remainder = _ufunc_function("remainder", "NumPy's ``%``: ``x - floor_divide(x, y) * y``, of the divisor's sign; an "
+                                         "integer's by 0 is 0, a float's NaN, as in NumPy.")
 maximum = _ufunc_function("maximum")
 minimum = _ufunc_function("minimum")
 less = _ufunc_function("less")
@@ -621,6 +626,8 @@ def _transpose_method(self, *axes):
 TERM_METHODS = {
     "__add__": add, "__radd__": _swapped(add), "__sub__": subtract, "__rsub__": _swapped(subtract),
     "__mul__": multiply, "__rmul__": _swapped(multiply), "__truediv__": divide, "__rtruediv__": _swapped(divide),
+    "__floordiv__": floor_divide, "__rfloordiv__": _swapped(floor_divide), "__mod__": remainder,
+    "__rmod__": _swapped(remainder),
     "__pow__": power, "__rpow__": _swapped(power), "__matmul__": matmul, "__rmatmul__": _swapped(matmul),
     "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
     "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,

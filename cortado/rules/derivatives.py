@@ -36,7 +36,7 @@ from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
 from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.ops import (
-    ADD_AT, EQUAL, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, LOGICAL_AND, LOGICAL_NOT, LOGICAL_OR,
+    ADD_AT, EQUAL, FLOOR_DIVIDE, GELU_GRAD, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, LOGICAL_AND, LOGICAL_NOT, LOGICAL_OR,
     LOGICAL_XOR, NOT_EQUAL, OPS, RINT, SIGN,
 )
 from ..exprgraph.graph import post_order
@@ -384,8 +384,8 @@ def _with_axis_after(t, axis):
 
 # -- the rules -------------------------------------------------------------------------------
 
-NOT_DIFFERENTIABLE = (SIGN, RINT, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL, NOT_EQUAL, LOGICAL_AND, LOGICAL_OR,
-                      LOGICAL_XOR, LOGICAL_NOT)
+NOT_DIFFERENTIABLE = (SIGN, RINT, FLOOR_DIVIDE, LESS, LESS_EQUAL, GREATER, GREATER_EQUAL, EQUAL, NOT_EQUAL,
+                      LOGICAL_AND, LOGICAL_OR, LOGICAL_XOR, LOGICAL_NOT)
 
 
 def _constant_rule(op):
@@ -400,6 +400,8 @@ derivatives = Derivatives([
     Derivative("subtract", "_x - _z", _x="_dy", _z="-_dy"),
     Derivative("multiply", "_x * _z", _x="_dy * _z", _z="_dy * _x"),
     Derivative("divide", "_x / _z", _x="_dy / _z", _z="-(_dy * _y) / _z"),
+    # x % z = x - floor(x / z) * z, the floor piecewise constant (PyTorch's rule)
+    Derivative("remainder", "_x % _z", _x="_dy", _z="-(_dy * (_x // _z))"),
     Derivative("power", "_x ** _z", _x="where(_z == 0, 0, _dy * _z * _x ** (_z - 1))", _z=_power_exponent_vjp),
     # a NaN makes every comparison false, so neither input loses and each gets the whole adjoint (PyTorch's rule)
     Derivative("maximum", "maximum(_x, _z)",

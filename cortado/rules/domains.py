@@ -26,7 +26,8 @@ from .splats import splat_reduction
 
 # Python's operator spelling -> cortado op, by arity (text patterns match tensor terms through it)
 OPERATOR_OPS = {
-    ("+", 2): "add", ("-", 2): "subtract", ("*", 2): "multiply", ("/", 2): "divide",
+    ("+", 2): "add", ("-", 2): "subtract", ("*", 2): "multiply", ("/", 2): "divide", ("//", 2): "floor_divide",
+    ("%", 2): "remainder",
     ("**", 2): "power", ("@", 2): "matmul", ("-", 1): "negative", ("+", 1): "positive",
     ("<", 2): "less", ("<=", 2): "less_equal", (">", 2): "greater", (">=", 2): "greater_equal",
     ("==", 2): "equal", ("!=", 2): "not_equal", (".T", 1): "transpose",

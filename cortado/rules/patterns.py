@@ -56,6 +56,18 @@ class Pattern:
     def __rtruediv__(self, other):
         return self._node("divide", other, self)
 
+    def __floordiv__(self, other):
+        return self._node("floor_divide", self, other)
+
+    def __rfloordiv__(self, other):
+        return self._node("floor_divide", other, self)
+
+    def __mod__(self, other):
+        return self._node("remainder", self, other)
+
+    def __rmod__(self, other):
+        return self._node("remainder", other, self)
+
     def __pow__(self, other):
         return self._node("power", self, other)
 

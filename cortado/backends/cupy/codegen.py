@@ -28,9 +28,9 @@ from ...exprgraph.dtypes import is_float, is_float8, is_narrow_float, kind_of
 from ...exprgraph.graph import post_order
 from ...exprgraph.scaling import is_exact_power_of_two
 from ...exprgraph.ops import (
-    ABS, ADD, BROADCAST_TO, CAST, CONST, COS, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, FLOAT8_GRADIENT, GREATER,
-    GREATER_EQUAL, LESS, LESS_EQUAL, LOG, LOG1P, LOGICAL_AND, LOGICAL_NOT, LOGICAL_OR, LOGICAL_XOR, MAX, MAXIMUM, MEAN,
-    MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU, RINT, SIGN, SIN, SQRT, STOP_GRADIENT, SUBTRACT,
+    ABS, ADD, BROADCAST_TO, CAST, CONST, COS, DIVIDE, ELEMENTWISE, EQUAL, EXP, EXPM1, FLOAT8_GRADIENT, FLOOR_DIVIDE,
+    GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, LOG, LOG1P, LOGICAL_AND, LOGICAL_NOT, LOGICAL_OR, LOGICAL_XOR, MAX, MAXIMUM, MEAN,
+    MINIMUM, MULTIPLY, NEGATIVE, NOT_EQUAL, PAD, PARAM, POWER, RELU, REMAINDER, RINT, SIGN, SIN, SQRT, STOP_GRADIENT, SUBTRACT,
     SUM, TANH, WHERE, may_fail,
 )
 from ...rules.fusion import padded_rows
@@ -74,6 +74,35 @@ template <typename T> __device__ __forceinline__ T ct_ipow(T base, T exponent) {
     unsigned long long b = (unsigned long long)(long long)base, e = (unsigned long long)exponent, r = 1ULL;
     for (; e; e >>= 1, b *= b) { if (e & 1ULL) r *= b; }
     return (T)r; }
+// NumPy's floor_divide and remainder. Integers: by 0, 0; MIN // -1 wraps to MIN and MIN % -1 is 0; a quotient
+// rounded toward minus infinity, a remainder of the divisor's sign. Floats: NumPy's npy_divmod, step for step (fmod,
+// the quotient snapped to an integer, zeros signed as NumPy signs them), so the same bits.
+template <typename T> __device__ __forceinline__ T ct_floor_divide(T a, T b) {
+  if (b == (T)0) return (T)0;
+  if ((T)(-1) > (T)0) return a / b;
+  if (b == (T)(-1)) return (T)(0ull - (unsigned long long)(long long)a);
+  const T q = a / b;
+  return (a % b != (T)0 && ((a < (T)0) != (b < (T)0))) ? (T)(q - (T)1) : q;
+}
+template <typename T> __device__ __forceinline__ T ct_remainder(T a, T b) {
+  if (b == (T)0 || ((T)(-1) < (T)0 && b == (T)(-1))) return (T)0;
+  const T r = a % b;
+  return (r != (T)0 && ((r < (T)0) != (b < (T)0))) ? (T)(r + b) : r;
+}
+#define CT_DIVMOD(T, FMOD, FLOOR, COPYSIGN) \
+  __device__ __forceinline__ T ct_divmod(T a, T b, T* modulus) { \
+    T mod = FMOD(a, b); \
+    T div = (a - mod) / b; \
+    if (mod != (T)0) { if ((b < (T)0) != (mod < (T)0)) { mod += b; div -= (T)1; } } \
+    else { mod = COPYSIGN((T)0, b); } \
+    T floordiv; \
+    if (div != (T)0) { floordiv = FLOOR(div); if (div - floordiv > (T)0.5) floordiv += (T)1; } \
+    else { floordiv = COPYSIGN((T)0, a / b); } \
+    *modulus = mod; return floordiv; } \
+  __device__ __forceinline__ T ct_floor_divide(T a, T b) { T mod; return b == (T)0 ? a / b : ct_divmod(a, b, &mod); } \
+  __device__ __forceinline__ T ct_remainder(T a, T b) { \
+    T mod; if (b == (T)0) return FMOD(a, b); ct_divmod(a, b, &mod); return mod; }
+CT_DIVMOD(float, fmodf, floorf, copysignf) CT_DIVMOD(double, fmod, floor, copysign)
 template <typename T, int V> struct alignas(sizeof(T) * V) ct_vec { T v[V]; };
 // x rounded to the nearest (even) integer, or toward zero, and clamped into T's range in one instruction, NaN to 0
 template <typename T, bool NEAREST> __device__ __forceinline__ T ct_saturated(float x);
@@ -331,6 +360,9 @@ C_EXPRESSIONS = {  # op -> its C expression, a function of the ``_Operands`` of 
     MAXIMUM: lambda o: f"ct_max<{o.c}>({o.arg(0)}, {o.arg(1)})",
     MINIMUM: lambda o: f"ct_min<{o.c}>({o.arg(0)}, {o.arg(1)})",
     POWER: _power,
+    # both operands cast to the compute type, so that a float's or a double's overload is the one called
+    FLOOR_DIVIDE: lambda o: f"ct_floor_divide(({o.c})({o.arg(0)}), ({o.c})({o.arg(1)}))",
+    REMAINDER: lambda o: f"ct_remainder(({o.c})({o.arg(0)}), ({o.c})({o.arg(1)}))",
     WHERE: lambda o: f"(({o.raw(0)}) ? {o.arg(1)} : {o.arg(2)})",
     CAST: _cast,
     STOP_GRADIENT: lambda o: o.raw(0),  # (identities: simplify takes them out of a program before this)
