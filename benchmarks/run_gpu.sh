@@ -4,7 +4,9 @@
 # them), runs every test marked gpu or peer (PyTorch is there), the GPU benchmarks, then
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
-#     bash benchmarks/run_gpu.sh [tests|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]    (conv, int8,
+#     bash benchmarks/run_gpu.sh [tests|tests1|tests2|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]
+#     (tests1 and tests2: the first and the second half of the test files, in name order, each its own log, for
+#     a device call too short for the whole suite; conv, int8,
 #     float8, compile: those benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile (default and reduce-overhead) and jax.jit alone
 #     (bench_gpt_gpu.py), layer norm and cross-entropy against torch's (bench_norms_gpu.py), gelu over values of
@@ -29,10 +31,18 @@ export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # NVLink multicast stays off
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 status=0
-if [ "$what" = tests ] || [ "$what" = all ]; then
+files=(tests/test_*.py)
+half=$(( (${#files[@]} + 1) / 2 ))
+case "$what" in
+    tests|all) tested=(tests); log=gpu_tests.log ;;
+    tests1) tested=("${files[@]:0:$half}"); log=gpu_tests_1.log ;;
+    tests2) tested=("${files[@]:$half}"); log=gpu_tests_2.log ;;
+    *) tested=() ;;
+esac
+if [ ${#tested[@]} -gt 0 ]; then
     # the edge fuzzer compiles a program an example: 10 of each here keep the suite within one device call
-    CORTADO_FUZZ_EXAMPLES=${CORTADO_FUZZ_EXAMPLES:-10} python3 -m pytest -q -m "gpu or peer" -p no:cacheprovider tests 2>&1 \
-        | tee "$out/gpu_tests.log" || status=1
+    CORTADO_FUZZ_EXAMPLES=${CORTADO_FUZZ_EXAMPLES:-10} python3 -m pytest -q -m "gpu or peer" -p no:cacheprovider \
+        "${tested[@]}" 2>&1 | tee "$out/$log" || status=1
 fi
 if [ "$what" = bench ] || [ "$what" = all ]; then
     python3 benchmarks/bench_fused_gpu.py --out "$out/fused_gpu.json" 2>&1 | tee "$out/bench_fused.log" || status=1
