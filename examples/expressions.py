@@ -37,6 +37,15 @@ assert ct.softmax(ct.einsum("nd,d->n", points @ transform, query) / 3 ** 0.5) is
 # Types follow NumPy 2: a Python scalar does not widen float32, an array of float64 does.
 print((points * 2.0).dtype, (points * np.float64(2.0)).dtype)
 
+# Positions, masks and counts: sin and cos, // and %, logical ops on bools, and rows added back with add_at.
+position = ct.var("position", (8,), "int32")
+angle = ct.cast(position, "float32") / 10.0
+encoding = ct.sin(angle) * ct.cos(angle)
+every_third = ct.equal(position % 3, 0) & (position // 3 < 2)   # bools combine with & | ^ ~
+counts = ct.add_at(ct.const(np.zeros(3, np.float32)), position % 3, 1.0)
+values = ct.evaluate([encoding, every_third, counts], {"position": np.arange(8, dtype=np.int32)})
+print("\nsin * cos:", values[0].round(3), "\nevery third, below 6:", values[1], "\ncounts by position % 3:", values[2])
+
 # Mistakes are caught where they are made, with the line that made them.
 try:
     points @ ct.var("wrong", (4, 3))

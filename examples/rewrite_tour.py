@@ -49,6 +49,14 @@ result = everything.run(ct.rules.parse("(sin(u) ** 2 + cos(u) ** 2) * (2 * sin(v
 print(ct.rules.unparse(result))                                # sin(2 * v)
 print(trace.explain())
 
+print("\n-- your rule set in a program ----------------------------------------------")
+# The same rules on tensors: compile runs them before its own stages, and explain() lists what they did.
+angles = ct.var("angles", (4,))
+program = ct.compile([ct.sin(angles) ** 2 + ct.cos(angles) ** 2 + 2 * ct.sin(angles) * ct.cos(angles)],
+                     inputs=[angles], rules=double_angle)
+print(program.explain().split("\n  simplify")[0])
+print(program(angles=np.linspace(0, 1, 4).astype(np.float32))[0])   # 1 + sin(2 * angles)
+
 print("\n-- the trace of a tensor simplification -----------------------------------")
 # log(exp(x)) stays: exp(x) overflows to inf past 88.7 in float32 and rounds to 1 for tiny x, where x is another
 # value (on text, whose symbols stand for reals, log-exp fires); x * 0.0 stays too: it is NaN where x is infinite.
