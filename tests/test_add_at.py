@@ -238,3 +238,29 @@ def test_on_the_gpu_an_embeddings_training_step_equals_the_cpus():
     assert gpu.memory.peak_bytes < 64 << 20, gpu.memory.summary()
     cpu = ct.compile([gradient], inputs=[tokens], state=state, backend="numpy")
     np.testing.assert_array_equal(gpu(feed)[0].get(), cpu(feed)[0])
+
+
+@pytest.mark.parametrize("values", [0.5, [0.25, 1.5], np.array([2.0, 3.0])])
+def test_values_that_are_not_integers_are_refused_for_an_integer_x(values):
+    """Floats taken in an integer ``x``'s dtype were truncated, 0.5 to 0, leaving ``x`` silently unchanged (as
+    ``np.add.at`` does, casting unsafely, where ``np.add(x, 0.5, out=x)`` refuses and ``x + 0.5`` is a float): a
+    number or array that ``x``'s dtype cannot hold without changing its kind is refused."""
+    x = ct.var("x", (3,), "int32")
+    with pytest.raises(ct.DTypeError, match=r"add_at\(int32\[3\].*float64 values cannot be added into int32"):
+        ct.add_at(x, [0, 0], values, axis=0)
+    # integers and bools into an integer x, numbers into a float x, are taken in x's dtype as before
+    np.testing.assert_array_equal(ct.evaluate(ct.add_at(x, [0, 0], 2, axis=0), {"x": np.arange(3, dtype=np.int32)}),
+                                  [4, 1, 2])
+    f = ct.var("f", (3,), "float16")
+    assert ct.add_at(f, [1], np.array([0.5]), axis=0).dtype == np.float16
+
+
+@pytest.mark.parametrize("axis", [2, -3, True, 1.0, (0,)])
+def test_an_axis_that_is_not_one_of_xs_is_named_whatever_the_values(axis):
+    """The axis is checked before the values are shaped to it: a number's values once read ``the values () need the
+    indices' axes (1,)``, which names nothing the user wrote wrong."""
+    x = ct.var("x", (4, 3))
+    with pytest.raises(ct.ShapeError, match=r"add_at\(float32\[4,3\].*: axis"):
+        ct.add_at(x, [0], 1.0, axis=axis)
+    with pytest.raises(ct.ShapeError, match=r"add_at\(float32\[\].*: axis 0 is out of range"):
+        ct.add_at(ct.var("s", ()), [0], 1.0, axis=0)

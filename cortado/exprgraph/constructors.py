@@ -20,6 +20,7 @@ from ..errors import ShapeError
 from .dtypes import is_float
 from . import gathering
 from .location import called_by_user
+from .ops.reductions import one_axis
 from .term import (
     RuleViolation, Term, apply, describe_operands, dtype_violation, make, rejection, shape_violation, user_call,
 )
@@ -326,21 +327,31 @@ def add_at(x, indices, values, axis=None):
     """``x`` with ``values`` added at ``indices`` along ``axis`` (None: of ``x`` flattened), a repeated index's
     values summed: NumPy's ``np.add.at(x, ...)``, with ``x`` itself unchanged. ``values`` has the shape
     ``take(x, indices, axis)`` has, or broadcasts to it; an array or number is taken in ``x``'s dtype, a term keeps
-    its own (the result's is that of ``x + values``). Indices as ``take``'s. The values added at one place are summed
+    its own (the result's is that of ``x + values``); floats for an integer ``x`` are refused (``np.add.at`` would
+    truncate each, 0.5 to 0, where ``x + 0.5`` is a float). Indices as ``take``'s. The values added at one place are summed
     first, then added to ``x``, in one fixed order: each chunk of 1024 indices' values in order, then the chunks'
     sums in order (float16 and bfloat16 in float32, rounded once); so the result is the same bits on every run and
     every backend, the GPU's too, with no atomics. ``take``'s gradient is this."""
     x = as_term(x)
     flat = axis is None
-    target, along = (_flattened(x), 0) if flat else (x, axis)
+    target = _flattened(x) if flat else x
     indices = as_term(indices)
-    values = values if isinstance(values, Term) else const(values, x.dtype)
-    size = 0  # (an axis that is not one of x's is refused below, as the op's)
-    if isinstance(along, (int, np.integer)) and not isinstance(along, bool) and -target.ndim <= along < target.ndim:
-        along, size = int(along) % target.ndim, target.shape[along]
-        taken = target.shape[:along] + indices.shape + target.shape[along + 1:]
-        if values.shape != taken:
-            values = broadcast_to(values, taken)
+    try:  # the axis first: the values are shaped to it
+        along = 0 if flat else one_axis(axis, x.ndim)
+    except RuleViolation as violation:
+        raise rejection("add_at", (x, indices), violation) from None
+    if not isinstance(values, Term):
+        given = np.asarray(values).dtype
+        if not np.can_cast(given, x.dtype, "same_kind"):  # 0.5 into int32 would be 0: a silent wrong answer
+            raise rejection("add_at", (x, indices), dtype_violation(
+                f"{given.name} values cannot be added into {x.dtype.name} x without changing them (np.add.at would "
+                f"truncate each, 0.5 to 0): cast x first, or give the values as a term, whose dtype the result then "
+                f"takes, as x + values"))
+        values = const(values, x.dtype)
+    size = target.shape[along]
+    taken = target.shape[:along] + indices.shape + target.shape[along + 1:]
+    if values.shape != taken:
+        values = broadcast_to(values, taken)
     scattered = _call("add_at", values, indices, axis=along, size=size)
     if called_by_user():
         call = f"add_at({describe_operands((x, indices, values))}, axis={axis!r})"
