@@ -38,7 +38,7 @@ import numpy as np
 from .backends import interface
 from .errors import BackendError, DTypeError, FeedError, PlanError, RewriteError, ShapeError
 from .exprgraph import feeds as feed_checks, owed
-from .exprgraph.graph import as_outputs, collector_paused, schedule, two_variables_named
+from .exprgraph.graph import as_outputs, collector_paused, post_order, schedule, two_variables_named
 from .exprgraph.ops import CONST, FUSED, VAR, may_fail, reads_unchecked_indices
 from .exprgraph.printing import result_label
 from .exprgraph.term import Term
@@ -171,6 +171,27 @@ def _yours(rules):
         raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them or a strategy (Postwalk, Chain, ...), "
                            f"not {rules!r}")
     return Fixpoint(Postwalk(Fixpoint(RuleSet(rules, name="yours"))))
+
+
+def _variables_read(roots):
+    return {t for t in post_order(roots) if t.op is VAR}
+
+
+def _no_new_variables(signature, written, roots, trace):
+    """A RewriteError where the caller's rules made ``roots`` read a variable that the program as ``written`` did not
+    and that is neither an input nor state: the step would fail when it loads it (``_signature`` checks the written
+    program's own variables)."""
+    known = _variables_read(written) | set(signature.inputs) | set(signature.state)
+    for v in sorted(_variables_read(roots) - known, key=lambda v: v.name):
+        rules = sorted({step.rule for step in trace if isinstance(step.after, Term) and v in post_order([step.after])})
+        same_name = [k for k in known if k.name == v.name]
+        if same_name:
+            raise RewriteError(f"compile: your rules (rule {', '.join(rules) or '?'}) made the program read another "
+                               f"variable: {two_variables_named(same_name[0], v)}")
+        raise RewriteError(f"compile: your rules made the program read variable {v.name!r} ({v.attr('declaration')!r}), "
+                           f"which is neither an input nor state (rule {', '.join(rules) or '?'}); feed it as an "
+                           f"input or keep it as state, or write the rule so that it reads only what the program "
+                           f"reads")
 
 
 def _rewrite(roots, backend, traces, variant=None, rewriting=_Rewriting()):
@@ -416,7 +437,10 @@ class _Built:
 def _built(signature, engine, options, variant=None, rewriting=_Rewriting()):
     """The rule pipeline, the kernels, their memory-aware order and the memory plan of one step."""
     traces = {}
-    roots = _rewrite(list(signature.outputs) + list(signature.updates.values()), engine, traces, variant, rewriting)
+    written = list(signature.outputs) + list(signature.updates.values())
+    roots = _rewrite(written, engine, traces, variant, rewriting)
+    if rewriting.yours is not None:
+        _no_new_variables(signature, written, roots, traces["your rules"])
     return _planned(roots, signature, engine, options, traces)
 
 

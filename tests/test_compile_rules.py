@@ -49,3 +49,14 @@ def test_anything_else_is_refused():
     t = ct.var("t", (3,))
     with pytest.raises(ct.RewriteError, match=r"rules is a Rule, a RuleSet, a list of them or a strategy"):
         ct.compile([t * 2], inputs=[t], rules="sin(_t) -> 0")
+
+
+def test_a_rule_that_reads_a_variable_the_program_is_not_given_is_refused_at_compile():
+    """A rule's replacement reading a new variable compiled, then the step failed with a KeyError from inside the
+    executor's load of it: the variables the rules bring in are checked, and named, when compiling."""
+    x, z = ct.var("x", (4,)), ct.var("z", (4,))
+    brings_z = Rule("brings-z", "tanh(_t)", lambda b: ct.sin(b["_t"]) + z)
+    with pytest.raises(ct.RewriteError, match=r"read variable .z.*neither an input nor state.*brings-z"):
+        ct.compile([ct.tanh(x)], inputs=[x], rules=brings_z)
+    program = ct.compile([ct.tanh(x)], inputs=[x, z], rules=brings_z)  # z fed: nothing to refuse
+    np.testing.assert_allclose(program(x=np.ones(4, np.float32), z=np.ones(4, np.float32))[0], np.sin(1) + 1, rtol=1e-6)
