@@ -264,3 +264,19 @@ def test_an_axis_that_is_not_one_of_xs_is_named_whatever_the_values(axis):
         ct.add_at(x, [0], 1.0, axis=axis)
     with pytest.raises(ct.ShapeError, match=r"add_at\(float32\[\].*: axis 0 is out of range"):
         ct.add_at(ct.var("s", ()), [0], 1.0, axis=0)
+
+
+def test_the_gpu_refuses_an_axis_of_2_to_the_31_places_or_more():
+    """The GPU's sort keeps a place in 32 bits of its key and as an int, so an axis of 2**31 places or more would be
+    added at wrapped places: refused when planning (no GPU needed to see it)."""
+    from cortado.backends.cupy.targets import scatter
+    from cortado.exprgraph.ops import ADD_AT
+    from cortado.exprgraph.term import apply
+
+    class Kernel:
+        term = apply(ADD_AT, (ct.var("v", (3, 2)), ct.var("i", (3,), "int64")), axis=0, size=2 ** 31)
+
+    with pytest.raises(ct.BackendError, match=r"at most 2\*\*31 - 1 places along the axis of an add_at, not 2147483648"):
+        scatter._workspace(Kernel, None)
+    Kernel.term = apply(ADD_AT, Kernel.term.args, axis=0, size=2 ** 31 - 1)
+    assert scatter._workspace(Kernel, None) > 0

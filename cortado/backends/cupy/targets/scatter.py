@@ -36,6 +36,9 @@ def _workspace(kernel, view):
     if count >= 2 ** 31:
         raise BackendError(f"the cupy backend adds at most 2**31 - 1 indices in one add_at, not {count}: {t!r}, "
                            f"built at {t.where_built}")
+    if t.attrs.size >= 2 ** 31:  # the sort packs a place into 32 bits of its key and keeps it as an int
+        raise BackendError(f"the cupy backend adds into at most 2**31 - 1 places along the axis of an add_at, not "
+                           f"{t.attrs.size}: {t!r}, built at {t.where_built}")
     return add_at_plan(*t.args, t, t.attrs.axis).nbytes if count and t.size else 0
 
 
