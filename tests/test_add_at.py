@@ -244,13 +244,16 @@ def test_on_the_gpu_an_embeddings_training_step_equals_the_cpus():
 def test_values_that_are_not_integers_are_refused_for_an_integer_x(values):
     """Floats taken in an integer ``x``'s dtype were truncated, 0.5 to 0, leaving ``x`` silently unchanged (as
     ``np.add.at`` does, casting unsafely, where ``np.add(x, 0.5, out=x)`` refuses and ``x + 0.5`` is a float): a
-    number or array that ``x``'s dtype cannot hold without changing its kind is refused."""
+    float number or array for an integer ``x`` is refused."""
     x = ct.var("x", (3,), "int32")
     with pytest.raises(ct.DTypeError, match=r"add_at\(int32\[3\].*float64 values cannot be added into int32"):
         ct.add_at(x, [0, 0], values, axis=0)
-    # integers and bools into an integer x, numbers into a float x, are taken in x's dtype as before
+    # integers and bools into an integer x (a Python int into an unsigned one too), numbers into a float x, are
+    # taken in x's dtype as before
     np.testing.assert_array_equal(ct.evaluate(ct.add_at(x, [0, 0], 2, axis=0), {"x": np.arange(3, dtype=np.int32)}),
                                   [4, 1, 2])
+    u = ct.var("u", (3,), "uint8")
+    np.testing.assert_array_equal(ct.evaluate(ct.add_at(u, [2], 1), {"u": np.zeros(3, np.uint8)}), [0, 0, 1])
     f = ct.var("f", (3,), "float16")
     assert ct.add_at(f, [1], np.array([0.5]), axis=0).dtype == np.float16
 
