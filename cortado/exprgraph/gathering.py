@@ -154,19 +154,25 @@ def add_at_into(out, values, indices, axis):
     rows = values.reshape(lead, flat.size, trail)
     sums = out.reshape(lead, size, trail)  # a copy where ``out`` is not contiguous
     sums[...] = 0
-    chunk_sums = sums if flat.size <= ADD_AT_CHUNK else np.zeros_like(sums)
-    for first in range(0, flat.size, ADD_AT_CHUNK):
-        places = flat[first:first + ADD_AT_CHUNK]
-        # every element's own place in the flattened sums, so that one 1-d np.add.at adds them (six times faster than
-        # np.add.at of rows), each place's in the order of the indices
-        at = (np.arange(lead)[:, None, None] * size + places[None, :, None]) * trail + np.arange(trail)
-        np.add.at(chunk_sums.reshape(-1), at.reshape(-1), rows[:, first:first + ADD_AT_CHUNK].reshape(-1))
-        if chunk_sums is not sums:
-            held = np.unique(places)
-            sums[:, held] += chunk_sums[:, held]
-            chunk_sums[:, held] = 0
+    if flat.size <= ADD_AT_CHUNK:
+        _added(sums, flat, rows)
+    else:
+        for first in range(0, flat.size, ADD_AT_CHUNK):
+            held, places = np.unique(flat[first:first + ADD_AT_CHUNK], return_inverse=True)
+            chunk_sums = np.zeros((lead, held.size, trail), sums.dtype)  # the chunk's places only, in order
+            _added(chunk_sums, places, rows[:, first:first + ADD_AT_CHUNK])
+            sums[:, held] += chunk_sums
     if not np.shares_memory(sums, out):
         out[...] = sums.reshape(out.shape)
+
+
+def _added(sums, places, rows):
+    """``rows`` (lead x index x trail) added into ``sums`` (lead x place x trail) at ``places``, each place's in the
+    order of the indices: one 1-d ``np.add.at`` over every element's own place in the flattened sums (six times
+    faster than ``np.add.at`` of rows, and the same additions in the same order)."""
+    lead, size, trail = sums.shape
+    at = (np.arange(lead)[:, None, None] * size + places[None, :, None]) * trail + np.arange(trail)
+    np.add.at(sums.reshape(-1), at.reshape(-1), rows.reshape(-1))
 
 
 def take_along_axis(a, indices, axis):
