@@ -48,15 +48,23 @@ class Optimizer:
             clip_norm = real(kind, "clip_norm", clip_norm, 0, above=True)
         self.lr, self.weight_decay, self.decay, self.clip_norm, self.name = lr, weight_decay, decay, clip_norm, name
 
-    def updates(self, params, gradients, accumulate=1):
+    def updates(self, params, gradients, accumulate=1, scaler=None):
         """``(state, updates)``: the optimizer's state variables with their first values, and the new value of each
         parameter (``params``: ``{name: variable}`` or a list of variables) and state variable, given the
         parameters' ``gradients`` in the same order, or as ``ct.grad(loss, params)`` gives them for a dict: a dict
         with the same names. With ``accumulate=k``, a step adds its gradients to sums kept in state and steps the
         parameters every ``k``-th call only, on the mean of the ``k`` calls' gradients (PyTorch's gradient
         accumulation, each micro-batch's loss divided by ``k``); the other calls leave the parameters and the
-        optimizer's state as they were."""
+        optimizer's state as they were. With a ``scaler`` (``GradScaler``), the gradients are those of
+        ``scaler.scale(loss)``: they are divided by the scale, and a step whose gradients hold an infinity or NaN
+        leaves the parameters and the optimizer's state as they were and lowers the scale (PyTorch's
+        ``GradScaler.step`` and ``update``); the scaler's state joins the optimizer's."""
         accumulate = whole(type(self).__name__, "accumulate", accumulate, 1)
+        if scaler is not None and not isinstance(scaler, GradScaler):
+            raise CortadoError(f"{type(self).__name__}: scaler is an optim.GradScaler, not {scaler!r}")
+        if scaler is not None and accumulate > 1:
+            raise CortadoError(f"{type(self).__name__}: a GradScaler with accumulate={accumulate} is not supported: "
+                               f"the check for infinite gradients would have to see every call's")
         if isinstance(gradients, Mapping):
             if not isinstance(params, Mapping) or set(gradients) != set(params):
                 raise CortadoError(f"{type(self).__name__}: gradients given as a dict need params as a dict of the same "
@@ -79,6 +87,9 @@ class Optimizer:
         state, updates = {}, {}
         if accumulate > 1:
             gradients, applied, state, updates = self._accumulated(params, gradients, accumulate)
+        if scaler is not None:
+            gradients, finite, scaler_state, scaler_updates = scaler.unscaled(gradients)
+            state, updates = {**state, **scaler_state}, {**updates, **scaler_updates}
         count = ct.var(f"{self.name}.step", (), "int32")
         step = count + 1
         state[count], stepped = np.zeros((), np.int32), {count: step}
@@ -94,6 +105,8 @@ class Optimizer:
                     state[var] = first
         if accumulate > 1:  # the parameters and the optimizer's state move on the last call of each k only
             stepped = {var: ct.where(applied, new, var) for var, new in stepped.items()}
+        if scaler is not None:  # and only where every gradient was finite
+            stepped = {var: ct.where(finite, new, var) for var, new in stepped.items()}
         return state, {**updates, **stepped}
 
     def _accumulated(self, params, gradients, every):
@@ -191,6 +204,52 @@ class AdamW(Adam):
     def __init__(self, lr=1e-3, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01, decay=None, clip_norm=None,
                  name="adamw"):
         super().__init__(lr, betas, eps, weight_decay, decay, clip_norm, name)
+
+
+class GradScaler:
+    """PyTorch's ``torch.amp.GradScaler``, for float16 training, whose small gradients underflow: the loss is
+    multiplied by a scale (``scale(loss)``) before ``ct.grad``, and ``optimizer.updates(..., scaler=scaler)``
+    divides the gradients by it. A step whose scaled gradients hold an infinity or NaN is skipped (the parameters
+    and the optimizer's state stay) and the scale is multiplied by ``backoff_factor``; after ``growth_interval``
+    steps in a row that were not, by ``growth_factor`` (where the result is finite). The scale (float32) and the
+    count of good steps are state variables ``<name>.scale`` and ``<name>.growth_tracker``."""
+
+    def __init__(self, init_scale=65536.0, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000,
+                 name="scaler"):
+        kind = type(self).__name__
+        self.init_scale = real(kind, "init_scale", init_scale, 0, float(np.finfo(np.float32).max), above=True)
+        self.growth_factor = real(kind, "growth_factor", growth_factor, 1, above=True)
+        self.backoff_factor = real(kind, "backoff_factor", backoff_factor, 0, 1, above=True, below=True)
+        self.growth_interval = whole(kind, "growth_interval", growth_interval, 1)
+        self.variable = ct.var(f"{name}.scale", (), "float32")
+        self.tracker = ct.var(f"{name}.growth_tracker", (), "int32")
+
+    def scale(self, loss):
+        """``loss`` times the scale, in the loss's dtype (as PyTorch's scalar tensor multiplies it)."""
+        if not isinstance(loss, Term) or not is_float(loss.dtype):
+            raise CortadoError(f"GradScaler.scale: the loss is a floating term, not {loss!r}")
+        return loss * (self.variable if loss.dtype == self.variable.dtype else ct.cast(self.variable, loss.dtype))
+
+    def unscaled(self, gradients):
+        """``(gradients divided by the scale, whether every one is finite, state, updates)``: the check made on the
+        scaled gradients, the division by the scale's reciprocal (computed in float64, then float32), as PyTorch's
+        ``unscale_``; the state and updates of the scale and its count of good steps."""
+        wide = np.dtype(np.float32)
+        bad = [ct.sum(ct.where(ct.abs(g) <= float(np.finfo(g.dtype).max), 0.0, 1.0)) for g in gradients]
+        total = bad[0]
+        for count in bad[1:]:
+            total = total + count
+        finite = ct.equal(total, 0.0)
+        inverse = ct.cast(1.0 / ct.cast(self.variable, "float64"), wide)
+        gradients = [g * (inverse if g.dtype == wide else ct.cast(inverse, g.dtype)) for g in gradients]
+        good = self.tracker + 1
+        grown = ct.cast(ct.cast(self.variable, "float64") * self.growth_factor, wide)
+        grows = ct.logical_and(good >= self.growth_interval, ct.abs(grown) <= float(np.finfo(wide).max))
+        lowered = ct.cast(ct.cast(self.variable, "float64") * self.backoff_factor, wide)
+        state = {self.variable: np.float32(self.init_scale), self.tracker: np.zeros((), np.int32)}
+        updates = {self.variable: ct.where(finite, ct.where(grows, grown, self.variable), lowered),
+                   self.tracker: ct.where(finite, ct.where(good >= self.growth_interval, 0, good), 0)}
+        return gradients, finite, state, updates
 
 
 def clip_grad_norm(gradients, max_norm, eps=1e-6):

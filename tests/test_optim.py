@@ -305,3 +305,96 @@ def test_accumulated_gradients_against_pytorchs_accumulation():
     ours = _accumulated(CASES["adamw"][0], w0, b0, data, every=2)[-1]
     np.testing.assert_allclose(ours[0], w.detach().numpy(), rtol=2e-5, atol=2e-6)
     np.testing.assert_allclose(ours[1], b.detach().numpy(), rtol=2e-5, atol=2e-6)
+
+
+def _scaled(optimizer, scaler, w0, b0, data, dtype="float32"):
+    """Our steps with ``scaler``: the parameters, the scale and its count after each call."""
+    w, b = ct.var("w", w0.shape, dtype), ct.var("b", b0.shape, dtype)
+    x, y = ct.var("x", data[0][0].shape, dtype), ct.var("y", data[0][1].shape, dtype)
+    r = x @ ct.transpose(w) + b - y
+    loss = ct.mean(r * r)
+    state, updates = optimizer.updates({"w": w, "b": b}, ct.grad(scaler.scale(loss), {"w": w, "b": b}), scaler=scaler)
+    step = ct.compile([loss], inputs=[x, y], state={w: w0.astype(dtype), b: b0.astype(dtype), **state},
+                      updates=updates)
+    after = []
+    for xv, yv in data:
+        step(x=xv.astype(dtype), y=yv.astype(dtype))
+        after.append((np.array(step.state["w"]), np.array(step.state["b"]), float(step.state["scaler.scale"]),
+                      int(step.state["scaler.growth_tracker"])))
+    return after
+
+
+def test_a_grad_scaler_skips_the_steps_whose_gradients_overflow_and_lowers_its_scale():
+    """A scale near float32's largest overflows the gradients of some steps: those leave the parameters and Adam's
+    moments and count as they were, halve the scale and start its count of good steps again; the others are the
+    steps taken without a scale, on their batches alone (a power of two divides exactly)."""
+    w0, b0, data = _problem(7)
+    after = _scaled(optim.Adam(1e-2), optim.GradScaler(init_scale=2.0 ** 128 - 2.0 ** 104, growth_interval=100),
+                    w0, b0, data)
+    scale, w, good = 2.0 ** 128 - 2.0 ** 104, w0, 0
+    applied = []
+    for i, (w_after, _, scale_after, count) in enumerate(after):
+        if count == 0:  # skipped: nothing moved but the scale, halved, and the count of good steps, back to 0
+            np.testing.assert_array_equal(w_after, w)
+            assert scale_after == np.float32(scale / 2)
+            good = 0
+        else:
+            applied.append(i)
+            good += 1
+            assert scale_after == np.float32(scale) and count == good
+        scale, w = scale_after, w_after
+    assert 0 < len(applied) < len(data), applied
+    unscaled = _ours(optim.Adam(1e-2), w0, b0, [data[i] for i in applied])  # (another program: its own rounding)
+    np.testing.assert_allclose(after[-1][0], unscaled[0], rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(after[-1][1], unscaled[1], rtol=1e-6, atol=1e-7)
+
+
+def test_a_grad_scaler_grows_its_scale_after_growth_interval_good_steps():
+    w0, b0, data = _problem(9)
+    after = _scaled(optim.SGD(0.05), optim.GradScaler(init_scale=1.0, growth_factor=4.0, growth_interval=2), w0, b0,
+                    data)
+    assert [(scale, count) for _, _, scale, count in after][:4] == [(1.0, 1), (4.0, 0), (4.0, 1), (16.0, 0)]
+    unscaled = _ours(optim.SGD(0.05), w0, b0, data)
+    np.testing.assert_allclose(after[-1][0], unscaled[0], rtol=1e-6, atol=1e-7)
+
+
+def test_a_grad_scaler_refuses_what_it_cannot_do():
+    w = ct.var("w", (2,))
+    (g,) = ct.grad(ct.sum(w * w), [w])
+    with pytest.raises(ct.CortadoError, match="a GradScaler with accumulate=2 is not supported"):
+        optim.SGD(0.1).updates([w], [g], accumulate=2, scaler=optim.GradScaler())
+    with pytest.raises(ct.CortadoError, match="scaler is an optim.GradScaler"):
+        optim.SGD(0.1).updates([w], [g], scaler=2.0)
+    with pytest.raises(ct.CortadoError, match="backoff_factor is a finite number, above 0 and below 1, not 1.5"):
+        optim.GradScaler(backoff_factor=1.5)
+    with pytest.raises(ct.CortadoError, match="the loss is a floating term"):
+        optim.GradScaler().scale(ct.var("n", (), "int32"))
+
+
+@needs_torch
+@pytest.mark.parametrize("name", ["sgd nesterov", "adamw"])
+def test_a_grad_scaler_against_pytorchs(name):
+    """torch.amp.GradScaler on the CPU, from a scale that overflows the first steps' gradients: the same steps
+    skipped, the same scales and counts, the same parameters to float32's rounding."""
+    import torch
+
+    w0, b0, data = _problem(8)
+    w, b = torch.tensor(w0, requires_grad=True), torch.tensor(b0, requires_grad=True)
+    make = {"sgd nesterov": lambda p: torch.optim.SGD(p, lr=0.05, momentum=0.9, nesterov=True),
+            "adamw": lambda p: torch.optim.AdamW(p, lr=1e-2, betas=(0.8, 0.99))}[name]
+    optimizer = make([w, b])
+    scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 126, growth_interval=3)
+    theirs = []
+    for x, y in data:
+        optimizer.zero_grad()
+        loss = ((torch.from_numpy(x) @ w.T + b - torch.from_numpy(y)) ** 2).mean()
+        scaler.scale(loss).backward()
+        scaler.step(optimizer)
+        scaler.update()
+        theirs.append((w.detach().numpy().copy(), b.detach().numpy().copy(), scaler.get_scale(),
+                       int(scaler._growth_tracker.item())))
+    ours = _scaled(CASES[name][0], optim.GradScaler(init_scale=2.0 ** 126, growth_interval=3), w0, b0, data)
+    for (ow, ob, oscale, otrack), (tw, tb, tscale, ttrack) in zip(ours, theirs):
+        assert (oscale, otrack) == (tscale, ttrack)
+        np.testing.assert_allclose(ow, tw, rtol=2e-5, atol=2e-6)
+        np.testing.assert_allclose(ob, tb, rtol=2e-5, atol=2e-6)
