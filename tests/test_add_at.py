@@ -152,6 +152,24 @@ def test_past_a_chunk_of_indices_the_sums_of_chunks_are_added_in_order():
     np.testing.assert_allclose(got, exact, rtol=1e-5, atol=1e-4)
 
 
+@pytest.mark.parametrize("count", [5, 2500])
+def test_add_at_into_a_strided_view_writes_its_sums_there(count):
+    """``add_at_into`` an ``out`` whose rows are strided (a slice of a wider array): the sums land in it, one chunk
+    of indices or several, and the elements beside it are left alone (they were once added into a copy, and ``out``
+    left zeros)."""
+    from cortado.exprgraph.gathering import add_at_into
+
+    rng = np.random.default_rng(7)
+    places, rows = rng.integers(-10, 10, count), rng.standard_normal((4, count))
+    wide = np.full((4, 20), 7.0)
+    add_at_into(wide[:, :10], rows, places, 1)
+    expected = np.zeros((4, 10))
+    for first in range(0, count, 1024):
+        np.add.at(expected, (slice(None), places[first:first + 1024]), rows[:, first:first + 1024])
+    np.testing.assert_allclose(wide[:, :10], expected, rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(wide[:, 10:], 7.0)
+
+
 def test_an_infinite_adjoint_stays_in_the_rows_it_was_taken_from():
     table, tokens = ct.var("e", (6, 2)), ct.var("t", (3,), "int32")
     (gradient,) = ct.grad(ct.sum(ct.exp(ct.take(table, tokens, axis=0))), [table])
