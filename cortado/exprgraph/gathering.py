@@ -152,9 +152,8 @@ def add_at_into(out, values, indices, axis):
     flat = checked(indices, out.shape[axis], "add_at", axis).reshape(-1).astype(np.int64)  # (uint64 * int: float)
     lead, size, trail = math.prod(out.shape[:axis]), out.shape[axis], math.prod(out.shape[axis + 1:])
     rows = values.reshape(lead, flat.size, trail)
-    sums = out.reshape(lead, size, trail)  # a copy where ``out`` is not contiguous
-    if not sums.flags.c_contiguous:  # a strided view of ``out``: ``_added`` adds into its flattening, which would be a copy
-        sums = np.empty((lead, size, trail), out.dtype)
+    # contiguous, so that ``_added``'s flattening is a view: ``out`` itself, or a buffer copied into it at the end
+    sums = out.reshape(lead, size, trail) if out.flags.c_contiguous else np.empty((lead, size, trail), out.dtype)
     sums[...] = 0
     if flat.size <= ADD_AT_CHUNK:
         _added(sums, flat, rows)
