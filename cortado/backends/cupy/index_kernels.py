@@ -145,14 +145,9 @@ def _zeroed(values, indices, out, axis, plan):
     return _kernel("add_at_zero", lines, values, indices, out, max(1, min(-(-plan.runs // 256), 4096)), 256)
 
 
-def _index_offset(indices, position):
-    """The offset in ``indices`` (an ``Operand``) of the index at C-order ``position`` (an expression)."""
-    inner, terms = 1, []
-    for n, stride in reversed(list(zip(indices.shape, indices.strides))):
-        if stride:
-            terms.append(f"(({position}) / {inner} % {n}) * {stride}")
-        inner *= n
-    return " + ".join(terms) or "0"
+def _flat_offset(shape, strides, position):
+    """The offset, at ``strides``, of the element at C-order ``position`` (an expression) of ``shape``."""
+    return offset(strides, lambda a: f"(({position}) / {math.prod(shape[a + 1:])} % {shape[a]})")
 
 
 def _sorted(values, indices, out, axis, plan):
@@ -163,7 +158,8 @@ def _sorted(values, indices, out, axis, plan):
              f"  const long long n = (long long)blockIdx.x * {CHUNK} + t;",
              "  unsigned long long key = ~0ull;  // past the chunk's end: sorted last",
              f"  if (n < {plan.count}) {{",
-             *["  " + line for line in _place(f"in1[{_index_offset(indices, 'n')}]", plan.size, indices.dtype)],
+             *["  " + line for line in _place(f"in1[{_flat_offset(indices.shape, indices.strides, 'n')}]", plan.size,
+                                                  indices.dtype)],
              "    key = ((unsigned long long)p << 32) | t;",
              "  }",
              "  keys[t] = key;",
@@ -202,12 +198,9 @@ def _run_sums(values, indices, out, axis, plan):
     """A thread for each (lead row, sorted position, vector): where the position starts a run of its place within its
     chunk, the run's rows added in order into ``partials`` at the position's row."""
     rank, vectors, acc = len(indices.shape), plan.width // plan.vec, compute_type(out.dtype)
-    token = offset(values.strides[axis:axis + rank], lambda a: f"(n / {math.prod(indices.shape[a + 1:])} % "
-                                                               f"{indices.shape[a]})")
-    trailing = out.shape[axis + 1:]
-    element = offset(values.strides[axis + rank:], lambda a: f"((v * {plan.vec} + e) / {math.prod(trailing[a + 1:])} "
-                                                             f"% {trailing[a]})")
-    lead = offset(values.strides[:axis], lambda a: f"(r / {math.prod(out.shape[a + 1:axis])} % {out.shape[a]})")
+    token = _flat_offset(indices.shape, values.strides[axis:axis + rank], "n")
+    element = _flat_offset(out.shape[axis + 1:], values.strides[axis + rank:], f"v * {plan.vec} + e")
+    lead = _flat_offset(out.shape[:axis], values.strides[:axis], "r")
     total = plan.lead * plan.count * vectors
     if plan.vec > 1 and _row_vector(values, axis + rank - 1) > 1:  # a row's vectors lie whole and aligned: one load
         vector = f"ct_vec<{storage_type(values.dtype)}, {plan.vec}>"
