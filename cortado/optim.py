@@ -236,10 +236,7 @@ class GradScaler:
         ``unscale_``; the state and updates of the scale and its count of good steps."""
         wide = np.dtype(np.float32)
         bad = [ct.sum(ct.where(ct.abs(g) <= float(np.finfo(g.dtype).max), 0.0, 1.0)) for g in gradients]
-        total = bad[0]
-        for count in bad[1:]:
-            total = total + count
-        finite = ct.equal(total, 0.0)
+        finite = ct.equal(sum(bad[1:], bad[0]), 0.0)
         inverse = ct.cast(1.0 / ct.cast(self.variable, "float64"), wide)
         gradients = [g * (inverse if g.dtype == wide else ct.cast(inverse, g.dtype)) for g in gradients]
         good = self.tracker + 1
@@ -258,9 +255,7 @@ def clip_grad_norm(gradients, max_norm, eps=1e-6):
     gradients = list(gradients)
     squares = [ct.sum(ct.cast(g, "float32") * ct.cast(g, "float32")) if g.dtype.itemsize < 4 else ct.sum(g * g)
                for g in gradients]
-    total = squares[0]
-    for square in squares[1:]:
-        total = total + square
+    total = sum(squares[1:], squares[0])  # added left to right
     factor = ct.minimum(max_norm / (ct.sqrt(total) + eps), 1.0)
     return [g * ct.cast(factor, g.dtype) for g in gradients]
 

@@ -642,12 +642,12 @@ TERM_METHODS = {
     "__pow__": power, "__rpow__": _swapped(power), "__matmul__": matmul, "__rmatmul__": _swapped(matmul),
     "__neg__": negative, "__pos__": lambda self: self, "__abs__": abs,
     "__lt__": less, "__le__": less_equal, "__gt__": greater, "__ge__": greater_equal,
-    "__and__": _on_bools(logical_and, "&"), "__rand__": _swapped(_on_bools(logical_and, "&")),
-    "__or__": _on_bools(logical_or, "|"), "__ror__": _swapped(_on_bools(logical_or, "|")),
-    "__xor__": _on_bools(logical_xor, "^"), "__rxor__": _swapped(_on_bools(logical_xor, "^")),
     "__invert__": _on_bools(logical_not, "~"),
     "T": property(transpose), "sum": sum, "mean": mean, "max": max,
     "reshape": _reshape_method, "transpose": _transpose_method, "astype": cast,
 }
+for _name, _function, _symbol in (("and", logical_and, "&"), ("or", logical_or, "|"), ("xor", logical_xor, "^")):
+    _operator = _on_bools(_function, _symbol)
+    TERM_METHODS.update({f"__{_name}__": _operator, f"__r{_name}__": _swapped(_operator)})
 for _name, _method in TERM_METHODS.items():
     setattr(Term, _name, _method)
