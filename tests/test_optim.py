@@ -8,7 +8,9 @@ import pytest
 
 import cortado as ct
 from cortado import optim
+from cortado.backends import gpu_visible
 from peers import needs_torch
+from reference_checks import host
 
 STEPS = 6
 
@@ -307,7 +309,7 @@ def test_accumulated_gradients_against_pytorchs_accumulation():
     np.testing.assert_allclose(ours[1], b.detach().numpy(), rtol=2e-5, atol=2e-6)
 
 
-def _scaled(optimizer, scaler, w0, b0, data, dtype="float32"):
+def _scaled(optimizer, scaler, w0, b0, data, dtype="float32", backend="numpy"):
     """Our steps with ``scaler``: the parameters, the scale and its count after each call."""
     w, b = ct.var("w", w0.shape, dtype), ct.var("b", b0.shape, dtype)
     x, y = ct.var("x", data[0][0].shape, dtype), ct.var("y", data[0][1].shape, dtype)
@@ -315,11 +317,11 @@ def _scaled(optimizer, scaler, w0, b0, data, dtype="float32"):
     loss = ct.mean(r * r)
     state, updates = optimizer.updates({"w": w, "b": b}, ct.grad(scaler.scale(loss), {"w": w, "b": b}), scaler=scaler)
     step = ct.compile([loss], inputs=[x, y], state={w: w0.astype(dtype), b: b0.astype(dtype), **state},
-                      updates=updates)
+                      updates=updates, backend=backend)
     after = []
     for xv, yv in data:
         step(x=xv.astype(dtype), y=yv.astype(dtype))
-        after.append((np.array(step.state["w"]), np.array(step.state["b"]), float(step.state["scaler.scale"]),
+        after.append((np.array(host(step.state["w"])), np.array(host(step.state["b"])), float(step.state["scaler.scale"]),
                       int(step.state["scaler.growth_tracker"])))
     return after
 
@@ -369,6 +371,19 @@ def test_a_grad_scaler_refuses_what_it_cannot_do():
         optim.GradScaler(backoff_factor=1.5)
     with pytest.raises(ct.CortadoError, match="the loss is a floating term"):
         optim.GradScaler().scale(ct.var("n", (), "int32"))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not gpu_visible(), reason="no NVIDIA GPU is visible")
+def test_on_the_gpu_a_grad_scaler_skips_and_scales_as_on_the_cpu():
+    w0, b0, data = _problem(7)
+    cpu, gpu = (_scaled(optim.AdamW(1e-2), optim.GradScaler(init_scale=2.0 ** 128 - 2.0 ** 104, growth_interval=2),
+                        w0, b0, data, backend=backend) for backend in ("numpy", "cupy"))
+    assert [(scale, count) for *_, scale, count in gpu] == [(scale, count) for *_, scale, count in cpu]
+    assert any(count == 0 for *_, count in cpu) and any(count > 0 for *_, count in cpu)
+    for ours, theirs in zip(gpu, cpu):
+        np.testing.assert_allclose(ours[0], theirs[0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(ours[1], theirs[1], rtol=1e-5, atol=1e-6)
 
 
 @needs_torch
