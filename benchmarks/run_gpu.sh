@@ -5,8 +5,8 @@
 # profiles the MLP and CNN steps kernel by kernel.
 # Logs and JSON results go to $OUT (the device tool brings them back) or to benchmarks/results.
 #     bash benchmarks/run_gpu.sh [tests|tests1|tests2|bench|conv|int8|float8|compile|gpt|dp|profile|ours|all]
-#     (tests1 and tests2: the first and the second half of the test files, in name order, each its own log, for
-#     a device call too short for the whole suite; conv, int8,
+#     (tests1 and tests2: every other test file in name order, from the first and from the second, each its own
+#     log, for a device call too short for the whole suite; conv, int8,
 #     float8, compile: those benchmarks alone;
 #     gpt: the GPT training step against torch eager, torch.compile (default and reduce-overhead) and jax.jit alone
 #     (bench_gpt_gpu.py), layer norm and cross-entropy against torch's (bench_norms_gpu.py), gelu over values of
@@ -32,12 +32,13 @@ export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVL
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv | tee "$out/gpu.txt"
 status=0
 files=(tests/test_*.py)
-half=$(( (${#files[@]} + 1) / 2 ))
+tested=()
 case "$what" in
     tests|all) tested=(tests); log=gpu_tests.log ;;
-    tests1) tested=("${files[@]:0:$half}"); log=gpu_tests_1.log ;;
-    tests2) tested=("${files[@]:$half}"); log=gpu_tests_2.log ;;
-    *) tested=() ;;
+    tests1|tests2) for i in "${!files[@]}"; do
+            [ $(( i % 2 + 1 )) -eq "${what#tests}" ] && tested+=("${files[$i]}")
+        done
+        log=gpu_tests_${what#tests}.log ;;
 esac
 if [ ${#tested[@]} -gt 0 ]; then
     # the edge fuzzer compiles a program an example: 10 of each here keep the suite within one device call
