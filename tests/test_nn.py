@@ -417,6 +417,24 @@ def test_a_dropout_called_twice_in_a_step_draws_a_mask_for_each_call():
     assert np.mean(first != second) > 0.25 and int(step.state["counter"]) == 1
 
 
+def test_a_step_built_again_draws_the_masks_the_first_build_drew():
+    """A step rebuilt in the same process (a lower learning rate, a notebook cell run twice) draws the first build's
+    masks, as a process resuming from a checkpoint builds it once: a dropout's streams count from 0 in each build."""
+    model = nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5), nn.Dropout(0.5))
+    x = ct.var("x", (2, 4))
+
+    def built():
+        out = model(x)
+        return ct.compile([out], inputs=[x], state=model.initial_values(), updates=model.state_updates(out),
+                          backend="numpy")
+
+    first, again = built(), built()
+    for _ in range(2):
+        (a,), (b,) = first(x=np.ones((2, 4), np.float32)), again(x=np.ones((2, 4), np.float32))
+        np.testing.assert_array_equal(a, b)
+    assert 0.5 < np.mean(a == 0) < 0.95  # two dropouts of 0.5: about three elements of four zeroed
+
+
 @pytest.mark.parametrize("dtype, label", [("int32", -1), ("int64", -100), ("int8", -1)])
 def test_a_negative_label_or_token_id_is_out_of_range_not_counted_from_the_end(dtype, label):
     """PyTorch's padding label -100 given without ``ignore_index``, or a token id of -1, would pick a real class or

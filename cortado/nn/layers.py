@@ -228,14 +228,17 @@ class Dropout(Module):
     ``1 / (1 - p)``; in inference (``eval()``) the identity. Its numbers are ``ct.random_uniform`` keyed by its
     ``seed`` (drawn, as a parameter is, from the model's seed and its name, so two dropouts differ) and its
     ``counter``, which the step adds 1 to (``Module.state_updates``): the same masks on every backend, and a run
-    resumed from a checkpoint draws the masks it would have drawn."""
+    resumed from a checkpoint draws the masks it would have drawn. Each call in training since the tree's last
+    ``state_updates`` draws from a stream of its own (``ct.random_uniform``'s ``stream``: 0, 1, ...), and
+    ``state_updates``, which ends a step's build, starts the count again: a step built again (a new learning rate, a
+    notebook's cell run twice) draws the masks the first build drew."""
 
     def __init__(self, p=0.5):
         super().__init__()
         self.p = real("Dropout", "p, the probability of zeroing an element,", p, 0, 1, below=True)
         self.seed = Buffer((), _random_seed, "uint32", ours=True)
         self.counter = Buffer((), init.zeros, "uint32", ours=True)
-        object.__setattr__(self, "_calls", 0)  # calls made in training: each draws from a stream of its own
+        object.__setattr__(self, "_calls", 0)  # calls in training since the last state_updates: a stream each
 
     def forward(self, x):
         if not self.training or self.p == 0:
@@ -245,6 +248,9 @@ class Dropout(Module):
         y = ct.where(ct.random_uniform(self.seed, self.counter, x.shape, stream) < keep, x * (1 / keep), 0)
         self._record(y, {self.counter: self.counter + 1}, "it draws the same masks every step")
         return y
+
+    def _step_built(self):
+        object.__setattr__(self, "_calls", 0)
 
 
 def _random_seed(rng, shape, dtype):
