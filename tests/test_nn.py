@@ -83,6 +83,50 @@ def test_a_module_used_alone_cannot_join_a_model_later():
         nn.Sequential(layer)
 
 
+def test_a_module_setting_its_initialisers_in_init_can_still_join_a_model():
+    """named_parameters names no variable (examples/gpt.py's GPT sets its initialisers in __init__ this way), so the
+    module can be put in another, where its names grow the path; parameters(), which gives variables, fixes them."""
+    class Zeroed(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(4, 4)
+            for _, parameter in self.named_parameters():
+                parameter.init = nn.init.zeros
+            assert [name for name, _ in self.named_parameters()] == ["layer.weight", "layer.bias"]
+
+    outer = nn.Sequential(nn.Linear(4, 4), Zeroed())
+    values = {v.name: a for v, a in outer.initial_values().items()}
+    assert list(values) == ["0.weight", "0.bias", "1.layer.weight", "1.layer.bias"]
+    assert not values["1.layer.weight"].any() and values["0.weight"].any()
+    assert [name for name, _ in outer[1].named_parameters()] == ["1.layer.weight", "1.layer.bias"]
+    asked = nn.Linear(4, 4)
+    asked.parameters()
+    with pytest.raises(ct.CortadoError, match=r"called or asked for its parameters\(\) on its own"):
+        nn.Sequential(asked)
+
+
+@pytest.mark.parametrize("holder", [list, tuple, lambda layers: dict(enumerate(layers))])
+def test_modules_held_in_a_plain_list_or_dict_are_refused_naming_module_list(holder):
+    """PyTorch's classic slip: the model would not see their parameters (parameters() empty, the step's variables
+    unfed)."""
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = holder([nn.Linear(4, 4), nn.Linear(4, 4)])
+
+    with pytest.raises(ct.CortadoError, match=r"Net.layers is a \w+ of modules.*nn.ModuleList"):
+        Net()
+
+
+def test_two_models_built_apart_in_one_step_are_told_to_share_a_parent():
+    """Both name their first weight '0.weight': the step cannot keep two variables of one name."""
+    encoder, decoder = nn.MLP(4, 8), nn.MLP(8, 4)
+    x = ct.var("x", (2, 4))
+    out = decoder(encoder(x))
+    with pytest.raises(ct.FeedError, match="two variables are both named '0.weight'.*attributes of one nn.Module"):
+        ct.compile([out], inputs=[x], state={**encoder.initial_values(), **decoder.initial_values()})
+
+
 def test_initial_values_follow_the_seed_and_each_parameters_own_name():
     values = {v.name: a for v, a in Net().initial_values(seed=3).items()}
     again = {v.name: a for v, a in Net().initial_values(seed=3).items()}

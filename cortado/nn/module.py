@@ -120,6 +120,10 @@ class Module:
                                f"{name!r}")
         if isinstance(value, Module):
             value._adopt(self, name)
+        elif isinstance(value, list | tuple | dict) and any(
+                isinstance(v, Module | Parameter) for v in (value.values() if isinstance(value, dict) else value)):
+            raise CortadoError(f"{type(self).__name__}.{name} is a {type(value).__name__} of modules, whose "
+                               f"parameters the model would not see: hold them in nn.ModuleList(...), as in PyTorch")
         if isinstance(value, Parameter | Module):
             if value is self:
                 raise CortadoError(f"a module cannot be its own member ({name!r})")
@@ -144,8 +148,8 @@ class Module:
         if self._parent is None and any(p.var is not None for _, p in self._own_parameters()):
             named = next(p.var.name for _, p in self._own_parameters() if p.var is not None)
             raise CortadoError(f"{type(self).__name__} is put in {type(parent).__name__} as {name!r} after its "
-                               f"parameters were named ({named!r}, when it was used on its own): build the whole "
-                               f"model before calling any part of it")
+                               f"parameters were named ({named!r}, when it was called or asked for its parameters() "
+                               f"on its own): build the whole model before calling any part of it")
         if self._parent is None:
             object.__setattr__(self, "_parent", parent)
 
@@ -202,14 +206,20 @@ class Module:
     def named_parameters(self):
         """``(name, Parameter)`` of every trained parameter of the tree under this module, named from its topmost
         module: to change an initialiser before the first values are drawn (``parameter.init = nn.init.normal(0.02)``).
-        Buffers are ``named_buffers()``'s, as in PyTorch."""
-        self._root()._name_tree()
-        return [(p.var.name, p) for _, p in self._own_parameters() if p.trained]
+        It names no variable, so a module may set its initialisers in its ``__init__`` and still be put in a bigger
+        model (where the names grow its path). Buffers are ``named_buffers()``'s, as in PyTorch."""
+        return [(name, p) for name, p in self._paths() if p.trained]
 
     def named_buffers(self):
-        """``(name, Buffer)`` of every buffer of the tree under this module."""
-        self._root()._name_tree()
-        return [(p.var.name, p) for _, p in self._own_parameters() if not p.trained]
+        """``(name, Buffer)`` of every buffer of the tree under this module, named as ``named_parameters`` names."""
+        return [(name, p) for name, p in self._paths() if not p.trained]
+
+    def _paths(self):
+        """``(name, Parameter)`` of the tree under this module: its variable's name, or else the name naming the tree
+        from its topmost module now would give it."""
+        under = {id(p) for _, p in self._own_parameters()}
+        return [(p.var.name if p.var is not None else path, p) for path, p in self._root()._own_parameters()
+                if id(p) in under]
 
     def parameters(self):
         """``{name: variable}`` of every trained parameter of the tree (named from its topmost module), in declaration
