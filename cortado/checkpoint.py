@@ -46,6 +46,9 @@ def write(path, arrays, metadata=None):
     text += b" " * (-len(text) % ALIGNMENT)
     if os.path.isdir(path):
         raise FeedError(f"{path} is a directory; a checkpoint is a file (run.safetensors)")
+    folder = os.path.dirname(os.fspath(path))
+    if folder and not os.path.isdir(folder):
+        raise FeedError(f"{path}: there is no directory {folder} to write it in (os.makedirs({folder!r}) makes one)")
     temporary = f"{path}.{os.getpid()}.partial"
     try:
         with open(temporary, "wb") as file:
@@ -69,6 +72,9 @@ def read(path):
     try:
         header = json.loads(raw[8:8 + size])
     except ValueError as error:
+        if raw[:4] == b"PK\x03\x04" or raw[:1] == b"\x80":  # a zip archive or a pickle: what torch.save writes
+            raise FeedError(f"{path} is not a safetensors file but a PyTorch (torch.save) file, it seems: read it "
+                            f"with torch.load and give its state_dict to ct.load_state_dict (docs/training.md)") from None
         raise FeedError(f"{path} is not a safetensors file: its header does not parse ({error})") from None
     if not isinstance(header, dict):
         raise FeedError(f"{path} is not a safetensors file: its header is a JSON {type(header).__name__}, not an object")

@@ -32,6 +32,9 @@ class Optimizer:
 
     def __init__(self, lr, weight_decay=0.0, decay=None, clip_norm=None, name="optim"):
         kind = type(self).__name__
+        if isinstance(lr, dict | list | tuple) or hasattr(lr, "__next__"):
+            raise CortadoError(f"{kind} is built from its settings ({kind}(lr=...)); the parameters and their "
+                               f"gradients go to its updates: {kind}(...).updates(model.parameters(), gradients)")
         if not isinstance(lr, Schedule):
             if callable(lr):
                 raise CortadoError("a learning rate is a number or a Schedule (optim.schedule(function, steps)), not "

@@ -34,15 +34,17 @@ class State(Mapping):
     GPU keeps as state of its own, ``rules.kept_casts``), which a write into a GPU array in place would leave stale.
     """
 
-    def __init__(self, arrays, write):
+    def __init__(self, arrays, write, inputs=()):
         self._arrays = {v.name: (v, a) for v, a in arrays.items()}
         self._write = write
+        self._inputs = frozenset(inputs)  # the program's inputs' names, which a call feeds
 
     def _name(self, key):
         """The name of the state variable ``key`` is or names; a FeedError for anything else."""
         name = key.name if isinstance(key, Term) else key
         if name not in self._arrays:
-            raise FeedError(f"no state variable {key!r}; the state is {sorted(self._arrays) or 'empty'}")
+            fed = f" ({name!r} is an input, fed at each call)" if name in self._inputs else ""
+            raise FeedError(f"no state variable {key!r}{fed}; the state is {sorted(self._arrays) or 'empty'}")
         var = self._arrays[name][0]
         if isinstance(key, Term) and key is not var:
             raise FeedError(f"state: {two_variables_named(var, key)}")
@@ -101,7 +103,8 @@ class Program:
         for kept, (source, dtype) in (kept_casts or {}).items():
             self._casts.setdefault(source, []).append((kept, dtype))
         hidden = {kept for casts in self._casts.values() for kept, _ in casts}
-        self.state = State({v: a for v, a in executor.state.items() if v not in hidden}, self._write_state)
+        self.state = State({v: a for v, a in executor.state.items() if v not in hidden}, self._write_state,
+                           self._inputs)
 
     def _write_state(self, var, value):
         """Write ``var``'s value, and the casts of it that the program keeps as state (``rules.kept_casts``)."""

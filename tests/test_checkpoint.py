@@ -121,6 +121,25 @@ def test_loading_a_checkpoint_that_does_not_match_says_how(tmp_path):
         ct.load(program, path)
 
 
+def test_a_pytorch_file_and_a_missing_directory_are_said_to_be_so(tmp_path):
+    """torch.save writes a zip archive (or, with its legacy format, a pickle): told apart from a damaged checkpoint,
+    with what to do. A save into a directory that does not exist names the directory, not a temporary file."""
+    import pickle
+    import zipfile
+
+    program = _training("numpy")
+    with zipfile.ZipFile(tmp_path / "model.pt", "w") as archive:
+        archive.writestr("archive/data.pkl", pickle.dumps({"weight": [1.0]}))
+    (tmp_path / "legacy.pt").write_bytes(pickle.dumps({"weight": [1.0]}, protocol=2))
+    for name in ("model.pt", "legacy.pt"):
+        with pytest.raises(ct.FeedError, match=r"a PyTorch \(torch.save\) file, it seems: read it with torch.load "
+                                               r"and give its state_dict to ct.load_state_dict"):
+            ct.load(program, tmp_path / name)
+    missing = tmp_path / "runs" / "first"
+    with pytest.raises(ct.FeedError, match=f"there is no directory {missing} to write it in"):
+        ct.save(program, missing / "step.safetensors")
+
+
 def test_a_state_dict_loads_by_name():
     program = _training("numpy")
     weights = {"0.weight": np.ones((16, 6)), "2.bias": np.arange(16)}  # converted to the variables' float32

@@ -181,6 +181,9 @@ def test_optimizers_say_what_is_wrong():
     (lambda: optim.AdamW(lr=ct.var("lr", ())), "AdamW: lr is a number or a Schedule .* fixed when the step is "
                                                 "compiled, not a term"),
     (lambda: optim.SGD(-0.1), "lr is a finite number, at least 0, not -0.1"),
+    (lambda: optim.Adam({"w": ct.var("w", (2,))}), r"Adam is built from its settings .*the parameters and their "
+                                                   r"gradients go to its updates: Adam\(...\)\.updates\("),
+    (lambda: optim.SGD([ct.var("w", (2,))]), "SGD is built from its settings"),
     (lambda: optim.SGD(float("nan")), "lr is a finite number"),
     (lambda: optim.SGD("0.1"), "lr is a finite number, at least 0, not '0.1'"),
     (lambda: optim.Adam(betas=(1.5, 0.999)), r"betas\[0\] is a finite number, at least 0 and below 1"),

@@ -170,6 +170,19 @@ def test_an_input_left_out_by_position_is_named():
         step(xv)
 
 
+def test_a_misspelled_feed_is_named_beside_the_missing_one():
+    step, _, xv, yv = _step()
+    with pytest.raises(ct.FeedError, match=re.escape("no feed for variable 'y'") + r".* \['yy'\] name no variable "
+                                                                                  r"of the graph: a misspelling\?"):
+        step(x=xv, yy=yv)
+
+
+def test_an_input_asked_of_the_state_is_said_to_be_an_input():
+    step, _, _, _ = _step()
+    with pytest.raises(ct.FeedError, match=r"no state variable 'x' \('x' is an input, fed at each call\)"):
+        step.state["x"]
+
+
 def test_the_state_is_indexed_by_variable_or_name():
     step, W, _, _ = _step()
     assert np.array_equal(step.state[W], step.state["W"])

@@ -114,10 +114,12 @@ def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for
             raise FeedError(f"feeds must be a mapping from names or variables to values, not {feeds!r}") from None
     if named.keys() != variables_by_name.keys():
         missing = sorted(set(variables_by_name) - set(named))
+        extra = sorted(set(named) - set(variables_by_name))
         if missing:
             listed = "; ".join(_declared(variables_by_name[name]) for name in missing)
-            raise FeedError(f"no feed for {listed}")
-        extra = sorted(set(named) - set(variables_by_name))
+            unknown = [name for name in extra if name not in state]
+            also = f" (and {unknown} name no variable of the graph: a misspelling?)" if unknown else ""
+            raise FeedError(f"no feed for {listed}{also}")
         known = ", ".join(sorted(variables_by_name)) or "none"
         kept = [name for name in extra if name in state]
         if kept:
