@@ -361,6 +361,19 @@ def test_a_wrong_rule_is_caught_by_the_gradient_check_and_rules_can_be_replaced(
     assert ct.grad(ct.sum(ct.sign(x)), x, rules=straight_through).attrs[0].scalar == 1
 
 
+def test_a_vjp_of_another_shape_or_no_floating_dtype_is_refused_not_summed():
+    """A VJP broadcast past its elementwise term's shape was summed back: the gradient silently doubled. A boolean
+    one was cast to the input's dtype."""
+    x = ct.var("x", (3,))
+    widened = derivatives + Derivative("tanh", "tanh(_x)", _x="broadcast_to(_dy * _y, shape=(2, 3))")
+    with pytest.raises(ct.ShapeError, match=r"gave a VJP of shape \(2, 3\) for the input .* a VJP has the input's "
+                                            r"shape, or the term's along the axes where the input was broadcast"):
+        ct.grad(ct.sum(ct.tanh(x)), x, rules=widened)
+    boolean = derivatives + Derivative("tanh", "tanh(_x)", _x="_dy * _y > 0")
+    with pytest.raises(ct.DTypeError, match="gave a VJP of bool .*; a VJP is floating"):
+        ct.grad(ct.sum(ct.tanh(x)), x, rules=boolean)
+
+
 def test_the_trace_explains_which_derivative_rules_fired():
     x = ct.var("x", (3,))
     trace = Trace()

@@ -51,3 +51,22 @@ def test_integer_operands_with_floating_results_are_compared_as_floats():
     """``log`` of an int32 is a float: NaN for NaN and a rounding's difference are the same value there."""
     report = check(Rule("log-quarter", "log(_x / 4)", "log(_x * 0.25)"), dtypes=("int32", "int64"))
     assert report, str(report)
+
+
+def test_rules_over_terms_that_combine_elements_are_tried_on_vectors_of_their_own():
+    """A sum of one vector holding every hard value was NaN or infinite on both sides, so rules over reductions
+    passed whatever they did: each case is now a vector of its own."""
+    report = check([Rule("lse-max", "logsumexp(_x)", "max(_x)"), Rule("mean-sum", "mean(_x)", "sum(_x)"),
+                    Rule("sum-scale", "sum(_x * 2)", "2 * sum(_x)"), Rule("dot-commutes", "_a @ _b", "_b @ _a")],
+                   dtypes=("float32",))
+    found = {f.rule: f for f in report.failures}
+    assert set(found) == {"lse-max", "mean-sum", "sum-scale"} and "dot-commutes" in report.checked
+    mean = found["mean-sum"]
+    assert mean.inputs["_x"].shape == (4,) and mean.expected == mean.inputs["_x"].mean()
+    assert str(mean).startswith("mean-sum changes float32 values: _x = [")
+
+
+def test_a_rule_whose_replacement_builds_no_term_is_reported_beside_the_others():
+    report = check([Rule("max-negated", "max(-_x)", "-min(_x)"), Rule("times-one", "_x * 1", "_x")])
+    assert report.checked == ["times-one"]
+    assert report.skipped["max-negated"] == "it builds no term: a replacement calls 'min', which is no cortado op"

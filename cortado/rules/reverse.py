@@ -5,9 +5,10 @@ ops (``rules.attention_vjps``), which is why the walk lives with the rules, unde
 
 import numpy as np
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import is_float, is_float8
+from ..exprgraph.ops import ELEMENTWISE
 
 
 def backpropagate(order, outputs, cotangents, variables, rules, trace=None):
@@ -45,12 +46,19 @@ def _fitted(vjp, arg, term):
     """``vjp`` summed over the axes along which ``arg`` was broadcast, in ``arg``'s dtype; a float8 value's in
     float32 (a cotangent rounded to float8 without a scale would lose most of its values: it passes through a
     cast to float8 as through the identity, and is quantized only where the model says so)."""
+    if not is_float(vjp.dtype):
+        raise DTypeError(f"the derivative rule of {term.op.name} gave a VJP of {vjp.dtype} for the input {arg!r} of "
+                         f"{term!r}; a VJP is floating")
     if vjp.shape != arg.shape:
-        lead = vjp.ndim - arg.ndim
-        if lead < 0 or any(arg.shape[i - lead] not in (1, vjp.shape[i]) for i in range(lead, vjp.ndim)):
-            raise ShapeError(f"the derivative rule of {term.op.name} gave a VJP of shape {vjp.shape} "
-                             f"for the input {arg!r} of {term!r}; it cannot be summed to {arg.shape}")
+        lead, past = vjp.ndim - arg.ndim, vjp.ndim - term.ndim
         axes = tuple(i for i in range(vjp.ndim) if vjp.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
+        # an elementwise op's is summed only along the axes where the input was broadcast to it: the term's own (a
+        # contraction's may be along one it contracts: einsum("ij,j->i") of a (1,) operand)
+        if lead < 0 or any(arg.shape[i - lead] not in (1, vjp.shape[i]) for i in range(lead, vjp.ndim)) or (
+                term.op.kind == ELEMENTWISE and any(i < past or term.shape[i - past] != vjp.shape[i] for i in axes)):
+            raise ShapeError(f"the derivative rule of {term.op.name} gave a VJP of shape {vjp.shape} "
+                             f"for the input {arg!r} of {term!r}; a VJP has the input's shape, or the term's "
+                             f"along the axes where the input was broadcast, to be summed to {arg.shape}")
         if axes:  # kept where the input has them, so a row's sum broadcasts back without a reshape (a row kernel)
             vjp = ct.sum(vjp, axis=axes, keepdims=not lead)
         if vjp.shape != arg.shape:
