@@ -159,17 +159,18 @@ class _Rewriting:
 
 
 def _yours(rules):
-    """``compile``'s ``rules``: a strategy as it is, a ``Rule``, a ``RuleSet`` or a list of them run as the built-in
-    algebra is, bottom-up to a fixpoint; None for none."""
+    """``compile``'s ``rules``: a strategy as it is, a ``Rule``, a ``RuleSet`` or a list of them (or of ``(pattern,
+    replacement)`` pairs, as a ``RuleSet`` takes) run as the built-in algebra is, bottom-up to a fixpoint; None for
+    none."""
     if rules is None:
         return None
     if isinstance(rules, Rewriter) and not isinstance(rules, (Rule, RuleSet)):
         return rules
     if isinstance(rules, (Rule, RuleSet)):
         rules = [rules]
-    if not isinstance(rules, (list, tuple)) or not all(isinstance(r, (Rule, RuleSet)) for r in rules):
-        raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them or a strategy (Postwalk, Chain, ...), "
-                           f"not {rules!r}")
+    if not isinstance(rules, (list, tuple)) or not all(isinstance(r, (Rule, RuleSet, tuple)) for r in rules):
+        raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them (or of (pattern, replacement) pairs) "
+                           f"or a strategy (Postwalk, Chain, ...), not {rules!r}")
     return Fixpoint(Postwalk(Fixpoint(RuleSet(rules, name="yours"))))
 
 

@@ -22,6 +22,7 @@ from .exprgraph.ops.collectives import ALL_REDUCE
 from .exprgraph.printing import body_text, inline, result_label
 from .exprgraph.term import Term
 from .memplan import aligned
+from .rules.engine import refusals
 
 
 class State(Mapping):
@@ -190,14 +191,18 @@ class Program:
     def _rules(self, examples):
         lines = ["rules:"]
         for stage, trace in self.traces.items():
-            counts, stage = trace.counts(), trace.label or stage
+            counts, label = trace.counts(), trace.label or stage
             if not counts:
-                lines.append(f"  {stage}: nothing fired")
-                continue
-            lines.append(f"  {stage}: {len(trace)} rewrites: " + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
-            lines += [f"      {step}" for step in list(trace)[:examples]]
-            if len(trace) > examples:
-                lines.append(f"      ... and {len(trace) - examples} more (explain(examples=n) shows n of each stage)")
+                lines.append(f"  {label}: nothing fired")
+            else:
+                lines.append(f"  {label}: {len(trace)} rewrites: "
+                             + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
+                lines += [f"      {step}" for step in list(trace)[:examples]]
+                if len(trace) > examples:
+                    lines.append(f"      ... and {len(trace) - examples} more (explain(examples=n) shows n of each "
+                                 "stage)")
+            if stage == "your rules":  # why a rule of yours that matched did not fire: the first refusal of each
+                lines += [f"      refused: {line}" for line in refusals(trace)]
         return lines
 
     def _schedule(self):

@@ -24,12 +24,12 @@ def test_your_rules_run_first_and_explain_lists_them():
     assert "your rules" not in ct.compile([out], inputs=[t]).explain()
 
 
-@pytest.mark.parametrize("rules", [TRIG["pythagoras"], [TRIG["pythagoras"]], Postwalk(TRIG)], ids=["rule", "list",
-                                                                                                    "strategy"])
-def test_a_rule_a_list_or_a_strategy(rules):
+@pytest.mark.parametrize("rules", [TRIG["pythagoras"], [TRIG["pythagoras"]], Postwalk(TRIG),
+                                   [("sin(_t) ** 2 + cos(_t) ** 2", "1")]], ids=["rule", "list", "strategy", "pairs"])
+def test_a_rule_a_list_a_strategy_or_pairs(rules):
     t = ct.var("t", (3,))
     program = ct.compile([ct.sin(t) ** 2 + ct.cos(t) ** 2], inputs=[t], rules=rules)
-    assert "pythagoras x1" in program.explain()
+    assert " x1" in program.explain()
     np.testing.assert_array_equal(program(t=np.array([0.1, 2.0, -5.0], np.float32))[0], [1, 1, 1])
 
 
@@ -47,7 +47,8 @@ def test_your_rules_rewrite_the_gradients_and_updates_too():
 
 def test_anything_else_is_refused():
     t = ct.var("t", (3,))
-    with pytest.raises(ct.RewriteError, match=r"rules is a Rule, a RuleSet, a list of them or a strategy"):
+    with pytest.raises(ct.RewriteError, match=r"rules is a Rule, a RuleSet, a list of them \(or of \(pattern, "
+                                                         r"replacement\) pairs\) or a strategy"):
         ct.compile([t * 2], inputs=[t], rules="sin(_t) -> 0")
 
 
@@ -60,3 +61,11 @@ def test_a_rule_that_reads_a_variable_the_program_is_not_given_is_refused_at_com
         ct.compile([ct.tanh(x)], inputs=[x], rules=brings_z)
     program = ct.compile([ct.tanh(x)], inputs=[x, z], rules=brings_z)  # z fed: nothing to refuse
     np.testing.assert_allclose(program(x=np.ones(4, np.float32), z=np.ones(4, np.float32))[0], np.sin(1) + 1, rtol=1e-6)
+
+
+def test_explain_says_why_a_rule_of_yours_that_matched_did_not_fire():
+    x = ct.var("x", (4,))
+    widen = Rule("widen", "exp(_x)", "exp(cast(_x, dtype='float64'))")
+    text = ct.compile([ct.exp(x)], inputs=[x], rules=widen).explain()
+    assert ("  your rules: nothing fired\n      refused: widen at exp(x): its replacement would be float64[4], not the "
+            "term's float32[4]") in text

@@ -64,12 +64,17 @@ def explain(trace, limit=40):
         lines.append(f"      ... and {len(trace) - limit} more")
     refused = getattr(trace, "refused", ())
     if refused:
-        first = {}
-        for rule, term, why in refused:
-            first.setdefault(rule, (term, why))
         lines.append(f"{len(refused)} match(es) refused:")
-        lines += [f"      {rule} at {domain_of(term).describe(term)}: {why}" for rule, (term, why) in first.items()]
+        lines += [f"      {line}" for line in refusals(trace)]
     return "\n".join(lines)
+
+
+def refusals(trace):
+    """A line for the first refused match of each rule in ``trace``: the rule, where, and why."""
+    first = {}
+    for rule, term, why in getattr(trace, "refused", ()):
+        first.setdefault(rule, (term, why))
+    return [f"{rule} at {domain_of(term).describe(term)}: {why}" for rule, (term, why) in first.items()]
 
 
 REFUSALS_KEPT = 1000  # the matches refused a trace keeps (the first of each rule is what explain shows)
