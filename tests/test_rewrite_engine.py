@@ -50,6 +50,11 @@ def test_growth_without_end_stops_at_the_cap():
     grow = Rule("grow", "f(_x)", "f(g(_x))")
     with pytest.raises(ct.RewriteError, match="grow were still rewriting after 20 rounds"):
         Fixpoint(Postwalk(grow), max_iterations=20).run(parse("f(a)"))
+    # a walk's memo replays the first rewrite inside the grown term: later rounds record none, the error names it
+    with pytest.raises(ct.RewriteError, match=r"rules wrap-double were still rewriting after 20 rounds, each round "
+                                              r"the term grown by their rewrites \(shown\) inside it again.*: "
+                                              r"wrap-double: a \* 2  ->  a \* 2 \* 1"):
+        Fixpoint(Postwalk(Rule("wrap-double", "_a * 2", "(_a * 2) * 1")), max_iterations=20).run(parse("a * 2"))
     with pytest.raises(ct.RewriteError, match="rewrite a term into one that contains it"):
         Prewalk(Rule("wrap", "f(_x)", "h(f(_x))")).run(parse("f(a)"))
     with pytest.raises(ct.RewriteError, match="nested 50 rewrites deep"):

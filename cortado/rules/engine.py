@@ -341,8 +341,13 @@ class Fixpoint(Rewriter):
                 raise _cycle_error(run.trace[seen[new]:], "rewrite in a cycle, so no rewriting with them ends")
             seen[new] = len(run.trace)
             current = new
-        raise _cycle_error(run.trace[start:], f"were still rewriting after {self.max_iterations} rounds "
-                                              f"(the last round is shown); does one undo or grow another?")
+        if len(run.trace) > start:
+            raise _cycle_error(run.trace[start:], f"were still rewriting after {self.max_iterations} rounds "
+                                                  f"(the last round is shown); does one undo or grow another?")
+        # the last rounds only replayed a walk's memoised rewrites inside a term that grows: the rewrites that began it
+        raise _cycle_error(run.trace[seen[term]:], f"were still rewriting after {self.max_iterations} rounds, each "
+                                                   f"round the term grown by their rewrites (shown) inside it again; "
+                                                   f"does one grow the term it matched?")
 
 
 class Postwalk(Rewriter):
