@@ -47,6 +47,7 @@ from .memplan.recompute import choices, recomputed
 from .memplan import (affordable, beside_joins, intervals, joins, memory_order, overlapped, owners, plan_memory,
                       read_through_view, verify)
 from .rules.api import fast_simplifier, simplifier
+from .rules.domains import tensor_problems
 from .rules.engine import Fixpoint, Postwalk, Rewrite, Rewriter, Rule, RuleSet, Trace
 from .rules.fusion import fuse
 from .rules.row_epilogues import into_producers, into_siblings
@@ -54,6 +55,7 @@ from .rules.row_values import made_by_readers
 from .rules.shared_reads import into_readers
 from .rules.scalar_epilogues import into_reductions
 from .rules.horizontal import side_by_side
+from .rules.patterns import Pattern
 from .rules.kept_casts import kept_casts
 from .rules.primitives import primitives
 from .rules.stability import stabiliser
@@ -171,7 +173,13 @@ def _yours(rules):
     if not isinstance(rules, (list, tuple)) or not all(isinstance(r, (Rule, RuleSet, tuple)) for r in rules):
         raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them (or of (pattern, replacement) pairs) "
                            f"or a strategy (Postwalk, Chain, ...), not {rules!r}")
-    return Fixpoint(Postwalk(Fixpoint(RuleSet(rules, name="yours"))))
+    yours = RuleSet(rules, name="yours")
+    for rule in yours.rules:  # a pattern that fits no term would never fire, without a word
+        parts = [rule.pattern] + ([rule.replacement] if isinstance(rule.replacement, Pattern) else [])
+        problems = [problem for part in parts for problem in tensor_problems(part)]
+        if problems:
+            raise RewriteError(f"compile: your rule {rule.name!r} fits no term of a program: {problems[0]}")
+    return Fixpoint(Postwalk(Fixpoint(yours)))
 
 
 def _variables_read(roots):

@@ -69,3 +69,17 @@ def test_explain_says_why_a_rule_of_yours_that_matched_did_not_fire():
     text = ct.compile([ct.exp(x)], inputs=[x], rules=widen).explain()
     assert ("  your rules: nothing fired\n      refused: widen at exp(x): its replacement would be float64[4], not the "
             "term's float32[4]") in text
+
+
+@pytest.mark.parametrize("rule, message", [
+    (Rule("printed", "sum(_x, axes=_a)", "_x"), r"ct.sum takes no axes= \(its keywords: axis=, keepdims=; a pattern "
+                                                r"writes the call, as ct.sum is called\)"),
+    (Rule("misspelt", "sum(_x, axiz=_a)", "_x"), "ct.sum takes no axiz="),
+    (Rule("unknown", "foo(_x)", "_x"), "'foo' is no cortado op"),
+    (Rule("unknown-replacement", "max(-_x)", "-min(_x)"), "'min' is no cortado op"),
+])
+def test_a_rule_that_fits_no_term_is_refused_rather_than_never_firing(rule, message):
+    """A pattern copied from explain() (which prints attributes, axes=) matched nothing, without a word."""
+    x = ct.var("x", (3,))
+    with pytest.raises(ct.RewriteError, match=rf"your rule '{rule.name}' fits no term of a program: {message}"):
+        ct.compile([ct.sum(x)], inputs=[x], rules=rule)

@@ -28,10 +28,10 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.graph import Graph
 from ..exprgraph.dtypes import as_dtype, finfo, is_float
 from ..exprgraph.ops import BROADCAST_TO, ELEMENTWISE, LEAF
-from .domains import TENSOR, NotApplicable
+from .domains import TENSOR, NotApplicable, tensor_problems
 from .engine import Rule, RuleSet, as_rule
 from .matching import Bindings, instantiate
-from .patterns import Named, PatternNode, Splat, placeholder_names
+from .patterns import Named, Pattern, PatternNode, Splat, placeholder_names
 
 PLAIN_FLOATS = (0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 3.0, np.inf, -np.inf, np.nan)
 COMBINED = 3  # the most variables whose hard values are tried in every combination
@@ -86,6 +86,11 @@ def check(rules, dtypes=("float32", "float64", "int32"), ulps=4, seed=0):
     changes one."""
     report = Report()
     for rule in _rules(rules):
+        parts = [rule.pattern] + ([rule.replacement] if isinstance(rule.replacement, Pattern) else [])
+        problems = [problem for part in parts for problem in tensor_problems(part)]
+        if problems:
+            report.skipped[rule.name] = f"it fits no tensor term: {problems[0]}"
+            continue
         why = _unbuildable(rule)
         if why:
             report.skipped[rule.name] = why

@@ -8,6 +8,7 @@ keep the term's shape and dtype; one that would not is simply not applied there 
 broadcasting ``1`` stays as it is).
 """
 
+import inspect
 import math
 import operator
 
@@ -16,12 +17,12 @@ import numpy as np
 from ..errors import DTypeError, RewriteError, ShapeError
 from ..exprgraph import constructors
 from ..exprgraph.dtypes import is_float, kind_of
-from ..exprgraph.ops import CAST, CONST, LAYOUT, VAR, Constant
+from ..exprgraph.ops import CAST, CONST, LAYOUT, OPS, VAR, Constant
 from ..exprgraph.printing import inline
 from ..exprgraph.semantics import implementation
 from ..exprgraph.term import RuleViolation, Term, make
 from . import text as textforms
-from .patterns import DTYPE_CLASSES, Literal, Pattern, Placeholder
+from .patterns import DTYPE_CLASSES, Literal, Pattern, PatternNode, Placeholder
 from .splats import splat_reduction
 
 # Python's operator spelling -> cortado op, by arity (text patterns match tensor terms through it)
@@ -52,6 +53,30 @@ def op_name(head, arity):
         if head.startswith(prefix):
             return head[len(prefix):]
     return head
+
+
+def tensor_problems(pattern):
+    """Why ``pattern`` (a rule's pattern or replacement) can match or build no tensor term, as strings: a call of what
+    is no cortado op, or a keyword its function does not take (terms print their attributes, ``axes=(0,)``, where
+    a pattern writes the call ``sum(_x, axis=_a)``); empty where none. Text has no such limits."""
+    problems, stack = [], [pattern]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, PatternNode):
+            continue
+        stack.extend(node.args)
+        name = op_name(node.head, len(node.args))
+        function = getattr(constructors, name) if name in constructors.__all__ else None
+        if function is None and name not in OPS:
+            problems.append(f"{node.head!r} is no cortado op")
+        elif function is not None and node.params:
+            taken = inspect.signature(function).parameters
+            wrong = [k for k in node.params if k not in taken]
+            if wrong and not any(q.kind is q.VAR_KEYWORD for q in taken.values()):
+                keywords = ", ".join(f"{k}=" for k, q in taken.items() if q.default is not q.empty)
+                problems.append(f"ct.{name} takes no {', '.join(f'{k}=' for k in wrong)} (its keywords: "
+                                f"{keywords or 'none'}; a pattern writes the call, as ct.{name} is called)")
+    return problems
 
 
 def same_binding(a, b):
@@ -142,8 +167,13 @@ class TensorDomain:
             raise RewriteError(f"a replacement calls {name} wrongly: {error}") from None
 
     def finish(self, result, original):
-        """The replacement if it can stand for ``original`` (same shape and dtype), else None."""
+        """The replacement if it can stand for ``original`` (same shape and dtype), else None; a number is filled to
+        its shape; anything else is no replacement (a RewriteError)."""
         if not isinstance(result, Term):
+            if not isinstance(result, int | float | np.number | np.bool_) and not (
+                    isinstance(result, np.ndarray) and result.ndim == 0):
+                raise RewriteError(f"a replacement gave {type(result).__name__} {result!r:.60}, where it gives a "
+                                   f"term, a number (filled to the term's shape) or None to decline")
             result = self.full_like(original, result)
         if result is None or result.shape != original.shape or result.dtype != original.dtype:
             return None

@@ -217,7 +217,10 @@ class Rule(Rewriter):
                 result = self.replacement(bindings)
                 if result is None:
                     return None
-            finished = domain.finish(result, term)
+            try:
+                finished = domain.finish(result, term)
+            except RewriteError as error:
+                raise RewriteError(f"rule {self.name!r}: {error}") from None
         except (NotApplicable, ShapeError, DTypeError) as error:
             # a replacement pattern whose ops refuse the operands is refused; a function declining is no refusal
             if run is not None and isinstance(self.replacement, Pattern):
