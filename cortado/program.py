@@ -19,7 +19,7 @@ from .exprgraph.dtypes import converted, type_string
 from .exprgraph.graph import two_variables_named
 from .exprgraph.ops import FUSED_OP, VAR
 from .exprgraph.ops.collectives import ALL_REDUCE
-from .exprgraph.printing import body_text, inline, result_label
+from .exprgraph.printing import body_text, call_text, inline, result_label
 from .exprgraph.term import Term
 from .memplan import aligned
 from .rules.engine import refusals
@@ -206,12 +206,13 @@ class Program:
         return lines
 
     def _schedule(self):
-        """A line for each kernel and each update. A region's body is written once, on its kernel's line, and its values
-        are named by that kernel wherever else they are read: a backward region reads hundreds of a forward one's
-        values, and the body written at each would grow the text with the square of the step."""
+        """A line for each kernel and each update. A kernel's operands are named by the kernels that make them
+        (``k3.matmul``, ``k5.fused[2]``), so the data flow reads from the text; a region's body is written once, on
+        its kernel's line: a backward region reads hundreds of a forward one's values, and the body written at each
+        would grow the text with the square of the step."""
         lines = [f"kernels ({len(self.kernels)} in order; {self.kernels_run} do work each step, the others are "
                  "views, feeds read where they lie, or values another kernel writes in place):"]
-        named = {t: result_label(t, i) for i, k in enumerate(self.kernels) if k.term.op is FUSED_OP for t in k.terms}
+        named = {t: result_label(t, i) for i, k in enumerate(self.kernels) for t in k.terms}
 
         def shown(t):
             return named.get(t) or inline(t, 1)
@@ -223,7 +224,7 @@ class Program:
             elif t.op is FUSED_OP:
                 what = f"fused({', '.join(shown(a) for a in t.args)}) {body_text(t)}"
             else:
-                what = inline(t, 1)
+                what = call_text(t, shown)
             if t in self._executor.choices:
                 what += f"  [{self._executor.choices[t].describe()}]"
             where = ", ".join(self._where(d) for d in kernel.terms)

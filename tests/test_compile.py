@@ -1,5 +1,6 @@
 """compile() and the CPU executor against the reference interpreter; state, updates, errors, memory."""
 
+import re
 import sys
 import threading
 import tracemalloc
@@ -345,6 +346,20 @@ def test_explain_lists_rules_kernels_and_the_plan():
             "negative(add(in0, in1)), add(in0, in1)))))}") in text
     assert "lower bound" in text and "one buffer per value" in text
     assert repr(program).startswith("<Program (x: float32[4,3], b: float32[3]) -> 1 outputs")
+
+
+def test_explain_names_each_kernels_operands_by_the_kernels_that_make_them():
+    """An unfused kernel's operands printed as ``...`` (``matmul(..., ...)``): the data flow could not be read."""
+    x, w, b = ct.var("x", (8, 4)), ct.var("w", (4, 5)), ct.var("b", (5,))
+    h = ct.tanh(x @ w + b)
+    text = ct.compile([ct.sum(h @ ct.transpose(w))], inputs=[x], state={w: np.ones((4, 5), np.float32),
+                                                                        b: np.ones(5, np.float32)}).explain()
+    lines = [line.split("  -> ")[0].split(None, 1) for line in text.splitlines() if line.startswith("  k")]
+    labels = {label: i for i, (label, _) in enumerate(lines)}
+    assert "..." not in text.split("kernels")[1].split("memory:")[0]
+    for label, what in lines:  # every operand a kernel reads is named by an earlier kernel, or is a variable
+        for name in re.findall(r"\b(k\d+)\.", what):
+            assert labels[name] < labels[label], (label, what)
 
 
 def test_the_memory_plan_draws(tmp_path):

@@ -50,6 +50,11 @@ def inline(term, depth=3):
     return f"{term.op.name}({', '.join(parts)})"
 
 
+def call_text(term, shown):
+    """``matmul(k2.fused, W)``: ``term``'s op over its operands as ``shown`` writes them, with its attributes."""
+    return f"{term.op.name}({', '.join([shown(a) for a in term.args] + _attr_text(term))})"
+
+
 def result_label(term, kernel):
     """``k3.matmul``, ``k5.fused[2]``: ``term`` by the kernel (its place in the schedule) that computes it, short
     enough to name it wherever it is read (a variable by its name)."""
