@@ -195,7 +195,7 @@ class Program:
             if not counts:
                 lines.append(f"  {label}: nothing fired")
             else:
-                lines.append(f"  {label}: {len(trace)} rewrites: "
+                lines.append(f"  {label}: {len(trace)} rewrite{'' if len(trace) == 1 else 's'}: "
                              + ", ".join(f"{n} x{c}" for n, c in counts.most_common()))
                 lines += [f"      {step}" for step in list(trace)[:examples]]
                 if len(trace) > examples:

@@ -340,8 +340,8 @@ def test_explain_lists_rules_kernels_and_the_plan():
     program = ct.compile([ct.log(1 + ct.exp(x + b))], inputs=[x, b])
     text = program.explain()
     assert "stability: " in text and "softplus" in text
-    assert "fusion: 1 rewrites: fuse-elementwise x1" in text
-    assert "primitives: 1 rewrites: spell-out-softplus x1" in text  # the composite, in primitives for the kernel
+    assert "fusion: 1 rewrite: fuse-elementwise x1" in text
+    assert "primitives: 1 rewrite: spell-out-softplus x1" in text  # the composite, in primitives for the kernel
     assert ("fused(x, b) {add(maximum(add(in0, in1), 0.0), log1p(exp(where(greater_equal(add(in0, in1), 0.0), "
             "negative(add(in0, in1)), add(in0, in1)))))}") in text
     assert "lower bound" in text and "one buffer per value" in text
