@@ -362,6 +362,19 @@ def test_explain_names_each_kernels_operands_by_the_kernels_that_make_them():
             assert labels[name] < labels[label], (label, what)
 
 
+def test_a_long_regions_body_is_written_as_steps_each_value_once():
+    """A gelu region of several outputs printed 2000 characters of nested calls, repeating shared subterms and
+    cutting them to ``...``: written as steps, each value once, nothing cut."""
+    x = ct.var("x", (8, 16))
+    g = ct.gelu(x)
+    text = ct.compile([g, ct.grad(ct.sum(g * g), [x])[0]], inputs=[x]).explain()
+    (line,) = [line for line in text.splitlines() if line.startswith("  k") and "%0 = " in line]
+    body = line[line.index("{"):line.index("}")]
+    assert "..." not in body and "-> %" in body
+    steps = re.findall(r"%(\d+) = ", body)
+    assert steps == [str(i) for i in range(len(steps))] and len(steps) > 8
+
+
 def test_the_memory_plan_draws(tmp_path):
     pytest.importorskip("matplotlib")
     step = _training_step(64)[0]

@@ -13,11 +13,30 @@ def _is_inline_const(term):
     return term.op is CONST and term.attr("value").array.ndim == 0
 
 
+BODY_INLINE = 160  # the longest body written as nested calls; a longer one, or one cut short, is written as steps
+
+
 def body_text(term):
-    """A fused term's body as one line: its outputs over the parameters ``in0, in1, ...``."""
+    """A fused term's body as one line: its outputs over the parameters ``in0, in1, ...``, as nested calls where
+    they are short and whole, else as steps (``%0 = add(in0, in1); %1 = tanh(%0); -> %1``), which write each value
+    once: a region's outputs share their subterms, which nested calls would repeat or cut to ``...``."""
     outputs, index = term.attr("outputs"), term.attr("index")
     shown = "; ".join(inline(o, depth=6) for o in outputs)
+    if "..." in shown or len(shown) > BODY_INLINE:
+        shown = _steps(outputs)
     return f"{{{shown}}}" + (f"[{index}]" if len(outputs) > 1 else "") + (" made again" if term.attr("again") else "")
+
+
+def _steps(outputs):
+    """``outputs`` as ``%i = op(...)`` steps, each value once, then ``-> `` the outputs."""
+    names, steps = {}, []
+    for t in _as_graph(list(outputs)).schedule:
+        if t.op in (PARAM, VAR, CONST):
+            names[t] = inline(t)
+        else:
+            names[t] = f"%{len(steps)}"
+            steps.append(f"{names[t]} = {t.op.name}({', '.join([names[a] for a in t.args] + _attr_text(t))})")
+    return "; ".join(steps + ["-> " + ", ".join(names[o] for o in outputs)])
 
 
 def _attr_text(term):
