@@ -144,6 +144,15 @@ def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false
         _ = other != x
 
 
+def test_where_refuses_the_bool_that_two_terms_compared_by_eq_give():
+    """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, without a word."""
+    x, y = ct.var("x", (2,)), ct.var("y", (2,))
+    with pytest.raises(ct.DTypeError, match=r"where's condition is the Python bool False: == and != between two terms "
+                                            r"compare the terms themselves .* ct.equal\(x, y\)"):
+        ct.where(x == y, x, y)
+    assert ct.evaluate(ct.where(np.bool_(True), x, y), {"x": np.ones(2, "f4"), "y": np.zeros(2, "f4")}).all()
+
+
 def test_users_and_schedule_order():
     x, W = ct.var("x", (2, 3)), ct.var("W", (3, 3))
     h = x @ W

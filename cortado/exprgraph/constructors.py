@@ -16,7 +16,7 @@ from .ops import (
     CONST, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, OPS, UFUNC_OPS, VAR, WHERE, Constant, dtype_attr, ufunc_loop,
     weak_scalars_as_bfloat16,
 )
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from .dtypes import is_float
 from . import gathering
 from .location import called_by_user
@@ -207,7 +207,13 @@ def power(x, y):
 
 
 def where(condition, x, y):
-    """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote."""
+    """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote. A Python bool
+    condition is refused: it is what ``==`` or ``!=`` between two terms gives (they compare the terms themselves),
+    where ``ct.equal`` compares their elements."""
+    if type(condition) is bool:
+        raise DTypeError(f"where's condition is the Python bool {condition}: == and != between two terms compare the "
+                         f"terms themselves (terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare "
+                         f"their elements (a constant condition: np.bool_({condition}))")
     terms = operands("where", (condition, x, y))
     if any(isinstance(t, Scalar) for t in terms[1:]):
         keys = weak_scalars_as_bfloat16(tuple(t.value if isinstance(t, Scalar) else t.dtype for t in terms[1:]))
