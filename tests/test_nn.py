@@ -101,7 +101,7 @@ def test_a_module_setting_its_initialisers_in_init_can_still_join_a_model():
     assert [name for name, _ in outer[1].named_parameters()] == ["1.layer.weight", "1.layer.bias"]
     asked = nn.Linear(4, 4)
     asked.parameters()
-    with pytest.raises(ct.CortadoError, match=r"called or asked for its parameters\(\) on its own"):
+    with pytest.raises(ct.CortadoError, match=r"called or asked for its parameters\(\), buffers\(\) or initial_values\(\) on its own"):
         nn.Sequential(asked)
 
 
@@ -114,8 +114,19 @@ def test_modules_held_in_a_plain_list_or_dict_are_refused_naming_module_list(hol
             super().__init__()
             self.layers = holder([nn.Linear(4, 4), nn.Linear(4, 4)])
 
-    with pytest.raises(ct.CortadoError, match=r"Net.layers is a \w+ of modules.*nn.ModuleList"):
+    with pytest.raises(ct.CortadoError, match=r"Net.layers is a \w+ holding modules or parameters the model would "
+                                              r"not see: hold modules in nn.ModuleList"):
         Net()
+
+
+def test_members_kept_again_in_a_tuple_are_seen():
+    class Pair(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(2, 2), nn.Linear(2, 2)
+            self.both = (self.a, self.b)
+
+    assert list(Pair().parameters()) == ["a.weight", "a.bias", "b.weight", "b.bias"]
 
 
 def test_two_models_built_apart_in_one_step_are_told_to_share_a_parent():

@@ -120,10 +120,10 @@ class Module:
                                f"{name!r}")
         if isinstance(value, Module):
             value._adopt(self, name)
-        elif isinstance(value, list | tuple | dict) and any(
-                isinstance(v, Module | Parameter) for v in (value.values() if isinstance(value, dict) else value)):
-            raise CortadoError(f"{type(self).__name__}.{name} is a {type(value).__name__} of modules, whose "
-                               f"parameters the model would not see: hold them in nn.ModuleList(...), as in PyTorch")
+        elif isinstance(value, list | tuple | dict) and self._unseen(value):
+            raise CortadoError(f"{type(self).__name__}.{name} is a {type(value).__name__} holding modules or "
+                               f"parameters the model would not see: hold modules in nn.ModuleList(...), as in "
+                               f"PyTorch, or each as an attribute of its own")
         if isinstance(value, Parameter | Module):
             if value is self:
                 raise CortadoError(f"a module cannot be its own member ({name!r})")
@@ -132,6 +132,13 @@ class Module:
         else:
             self._members.pop(name, None)
             object.__setattr__(self, name, value)
+
+    def _unseen(self, held):
+        """Whether a plain list, tuple or dict holds a module or parameter that is no member of this module (one that
+        is, kept again in a tuple for convenience, is seen)."""
+        members = {id(m) for m in self._members.values()}
+        items = held.values() if isinstance(held, dict) else held
+        return any(isinstance(v, Module | Parameter) and id(v) not in members for v in items)
 
     def __getattr__(self, name):  # only for names not found the usual way: members
         if "_members" not in self.__dict__:
@@ -148,8 +155,8 @@ class Module:
         if self._parent is None and any(p.var is not None for _, p in self._own_parameters()):
             named = next(p.var.name for _, p in self._own_parameters() if p.var is not None)
             raise CortadoError(f"{type(self).__name__} is put in {type(parent).__name__} as {name!r} after its "
-                               f"parameters were named ({named!r}, when it was called or asked for its parameters() "
-                               f"on its own): build the whole model before calling any part of it")
+                               f"parameters were named ({named!r}, when it was called or asked for its parameters(), "
+                               f"buffers() or initial_values() on its own): build the whole model before calling any part of it")
         if self._parent is None:
             object.__setattr__(self, "_parent", parent)
 
@@ -215,11 +222,10 @@ class Module:
         return [(name, p) for name, p in self._paths() if not p.trained]
 
     def _paths(self):
-        """``(name, Parameter)`` of the tree under this module: its variable's name, or else the name naming the tree
-        from its topmost module now would give it."""
-        under = {id(p) for _, p in self._own_parameters()}
-        return [(p.var.name if p.var is not None else path, p) for path, p in self._root()._own_parameters()
-                if id(p) in under]
+        """``(name, Parameter)`` of the tree under this module, in its own order: its variable's name, or else the
+        name naming the tree from its topmost module now would give it."""
+        named = {id(p): path for path, p in self._root()._own_parameters()}
+        return [(p.var.name if p.var is not None else named[id(p)], p) for _, p in self._own_parameters()]
 
     def parameters(self):
         """``{name: variable}`` of every trained parameter of the tree (named from its topmost module), in declaration
