@@ -47,7 +47,7 @@ from .memplan.recompute import choices, recomputed
 from .memplan import (affordable, beside_joins, intervals, joins, memory_order, overlapped, owners, plan_memory,
                       read_through_view, verify)
 from .rules.api import fast_simplifier, simplifier
-from .rules.domains import tensor_problems
+from .rules.domains import rule_problems
 from .rules.engine import Fixpoint, Postwalk, Rewrite, Rewriter, Rule, RuleSet, Trace
 from .rules.fusion import fuse
 from .rules.row_epilogues import into_producers, into_siblings
@@ -55,7 +55,6 @@ from .rules.row_values import made_by_readers
 from .rules.shared_reads import into_readers
 from .rules.scalar_epilogues import into_reductions
 from .rules.horizontal import side_by_side
-from .rules.patterns import Pattern
 from .rules.kept_casts import kept_casts
 from .rules.primitives import primitives
 from .rules.stability import stabiliser
@@ -167,19 +166,29 @@ def _yours(rules):
     if rules is None:
         return None
     if isinstance(rules, Rewriter) and not isinstance(rules, (Rule, RuleSet)):
-        return rules
-    if isinstance(rules, (Rule, RuleSet)):
-        rules = [rules]
-    if not isinstance(rules, (list, tuple)) or not all(isinstance(r, (Rule, RuleSet, tuple)) for r in rules):
-        raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them (or of (pattern, replacement) pairs) "
-                           f"or a strategy (Postwalk, Chain, ...), not {rules!r}")
-    yours = RuleSet(rules, name="yours")
-    for rule in yours.rules:  # a pattern that fits no term would never fire, without a word
-        parts = [rule.pattern] + ([rule.replacement] if isinstance(rule.replacement, Pattern) else [])
-        problems = [problem for part in parts for problem in tensor_problems(part)]
+        strategy = rules
+    else:
+        if isinstance(rules, (Rule, RuleSet)):
+            rules = [rules]
+        if not isinstance(rules, (list, tuple)) or not all(isinstance(r, (Rule, RuleSet, tuple)) for r in rules):
+            raise RewriteError(f"compile: rules is a Rule, a RuleSet, a list of them (or of (pattern, replacement) "
+                               f"pairs) or a strategy (Postwalk, Chain, ...), not {rules!r}")
+        strategy = Fixpoint(Postwalk(Fixpoint(RuleSet(rules, name="yours"))))
+    for rule in _rules_in(strategy):  # a pattern that fits no term would never fire, without a word
+        problems = rule_problems(rule)
         if problems:
             raise RewriteError(f"compile: your rule {rule.name!r} fits no term of a program: {problems[0]}")
-    return Fixpoint(Postwalk(Fixpoint(yours)))
+    return strategy
+
+
+def _rules_in(rewriter):
+    """The ``Rule`` s a strategy runs: those of its rule sets and of the strategies it wraps."""
+    if isinstance(rewriter, Rule):
+        return [rewriter]
+    if isinstance(rewriter, RuleSet):
+        return list(rewriter.rules)
+    inner = [getattr(rewriter, "rewriter", None), *getattr(rewriter, "rewriters", ())]
+    return [rule for r in inner if isinstance(r, Rewriter) for rule in _rules_in(r)]
 
 
 def _variables_read(roots):

@@ -101,7 +101,8 @@ def test_a_module_setting_its_initialisers_in_init_can_still_join_a_model():
     assert [name for name, _ in outer[1].named_parameters()] == ["1.layer.weight", "1.layer.bias"]
     asked = nn.Linear(4, 4)
     asked.parameters()
-    with pytest.raises(ct.CortadoError, match=r"called or asked for its parameters\(\), buffers\(\) or initial_values\(\) on its own"):
+    with pytest.raises(ct.CortadoError, match=r"called or asked for its parameters\(\), buffers\(\) or "
+                                              r"initial_values\(\) on its own"):
         nn.Sequential(asked)
 
 

@@ -70,3 +70,18 @@ def test_a_rule_whose_replacement_builds_no_term_is_reported_beside_the_others()
     report = check([Rule("max-negated", "max(-_x)", "-min(_x)"), Rule("times-one", "_x * 1", "_x")])
     assert report.checked == ["times-one"]
     assert report.skipped["max-negated"] == "it fits no tensor term: 'min' is no cortado op"
+
+
+def test_a_wrong_identity_under_a_sum_is_caught_across_its_variables():
+    """The per-case vectors paired each variable's hard values with neighbours only: x = 0 never met y = 1e-45."""
+    report = check(Rule("sum-div-as-mul", "sum(_x / _y)", "sum(_x * (1 / _y))"), dtypes=("float32",))
+    assert [f.rule for f in report.failures] == ["sum-div-as-mul"], str(report)
+
+
+def test_a_rule_of_constants_alone_and_one_that_takes_no_short_vector():
+    from cortado.rules.guards import constants
+
+    (failure,) = check(Rule("sum-const", "sum(_c)", "_c", guard=constants("_c")), dtypes=("float32",)).failures
+    assert failure.inputs == {"_c": np.float32(-0.0)}  # NumPy's sum starts from +0.0
+    longer = check(Rule("sum-as-max", "sum(_x)", "max(_x)", guard=lambda b: b["_x"].ndim and b["_x"].shape[0] > 8))
+    assert not longer.checked and "applies to none" in longer.skipped["sum-as-max"]  # said, not passed

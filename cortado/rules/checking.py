@@ -28,10 +28,10 @@ from ..exprgraph import constructors as ct
 from ..exprgraph.graph import Graph
 from ..exprgraph.dtypes import as_dtype, finfo, is_float
 from ..exprgraph.ops import BROADCAST_TO, ELEMENTWISE, LEAF
-from .domains import TENSOR, NotApplicable, tensor_problems
+from .domains import TENSOR, NotApplicable, rule_problems
 from .engine import Rule, RuleSet, as_rule
 from .matching import Bindings, instantiate
-from .patterns import Named, Pattern, PatternNode, Splat, placeholder_names
+from .patterns import Named, PatternNode, Splat, placeholder_names
 
 PLAIN_FLOATS = (0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 3.0, np.inf, -np.inf, np.nan)
 COMBINED = 3  # the most variables whose hard values are tried in every combination
@@ -86,8 +86,7 @@ def check(rules, dtypes=("float32", "float64", "int32"), ulps=4, seed=0):
     changes one."""
     report = Report()
     for rule in _rules(rules):
-        parts = [rule.pattern] + ([rule.replacement] if isinstance(rule.replacement, Pattern) else [])
-        problems = [problem for part in parts for problem in tensor_problems(part)]
+        problems = rule_problems(rule)
         if problems:
             report.skipped[rule.name] = f"it fits no tensor term: {problems[0]}"
             continue
@@ -158,11 +157,13 @@ def _check(rule, dtype, ulps, rng):
                 rewritten = None if written is None else rule.rewrite(written)
                 if rewritten is None or rewritten is written:
                     continue
-                fired = True
                 if _mixes(written) or _mixes(rewritten):
-                    found = _compared_by_case(rule, dtype, bound, variables, ulps, rng)
+                    found, applied = _compared_by_case(rule, dtype, bound, variables, feeds, ulps)
+                    if not applied:
+                        continue
                 else:
                     found = _compared(rule, dtype, written, rewritten, bound, feeds, size, ulps)
+                fired = True
                 if found is not None:
                     return found, True
         if fired:
@@ -206,38 +207,40 @@ def _mixes(term):
     return any(t.op.kind not in (ELEMENTWISE, LEAF) and t.op is not BROADCAST_TO for t in Graph([term]).schedule)
 
 
-def _compared_by_case(rule, dtype, bound, variables, ulps, rng):
+def _compared_by_case(rule, dtype, bound, variables, feeds, ulps):
     """As ``_compared``, for a rule over terms that combine elements: each case its own vector of ``CASE`` values
-    for each variable (``_cases``), the written and the rewritten term evaluated on each."""
+    for each variable (``_cases``), the written and the rewritten term evaluated on each. Also whether the rule
+    rewrites the form built of such vectors at all (a guard may want longer ones)."""
     small = {n: ct.var(bound[n].name, (CASE,), dtype) if n in variables else bound[n] for n in bound}
     written = _built(rule, small)
     rewritten = None if written is None else rule.rewrite(written)
     if rewritten is None or rewritten is written:
-        return None
-    for case in _cases(dtype, variables, rng):
-        feeds = {small[n].name: value for n, value in case.items()}
+        return None, False
+    reads = [(t, set(Graph([t]).variables_by_name())) for t in (written, rewritten)]
+    for case in _cases(dtype, variables, feeds):
+        named = {small[n].name: value for n, value in case.items()}
         with np.errstate(all="ignore"):
-            expected, got = (np.asarray(evaluate(t, {k: v for k, v in feeds.items()
-                                                     if k in Graph([t]).variables_by_name()}))
-                             for t in (written, rewritten))
+            expected, got = (np.asarray(evaluate(t, {k: v for k, v in named.items() if k in used})) for t, used in reads)
         if not _same(expected, got, ulps).all():
             inputs = dict(case)
             inputs.update({n: small[n].attr("value").scalar for n in small if n not in case})
-            return Counterexample(rule.name, dtype.name, written, inputs, expected, got)
-    return None
+            return Counterexample(rule.name, dtype.name, written, inputs, expected, got), True
+    return None, True
 
 
-def _cases(dtype, variables, rng):
-    """``{placeholder: vector}`` cases: every pair of hard values in a vector (``[a, b, b, a]``, the variables'
-    pairs shifted apart), then random vectors."""
+def _cases(dtype, variables, feeds):
+    """``{placeholder: vector}`` cases: every pair of hard values in one vector, ``[a, b, b, a]`` (every variable
+    the same), then ``feeds`` (every combination of hard values across the variables, then random values) cut into
+    vectors of ``CASE``; one case of none where there are no variables."""
+    if not variables:
+        yield {}
+        return
     hard = _hard(dtype)
-    for i, j in itertools.product(range(len(hard)), repeat=2):
-        yield {n: np.array([hard[(i + k) % len(hard)], hard[(j + 2 * k) % len(hard)],
-                            hard[(j + 2 * k) % len(hard)], hard[(i + k) % len(hard)]]).astype(dtype)
-               for k, n in enumerate(variables)}
-    random = _feeds(dtype, variables, rng)
-    for start in range(len(next(iter(random.values()))) - RANDOM, len(next(iter(random.values()))), CASE):
-        yield {n: values[start:start + CASE] for n, values in random.items()}
+    for a, b in itertools.product(hard, repeat=2):
+        yield {n: np.array([a, b, b, a]).astype(dtype) for n in variables}
+    size = len(feeds[variables[0]])
+    for start in range(0, size - size % CASE, CASE):
+        yield {n: feeds[n][start:start + CASE] for n in variables}
 
 
 def _hard(dtype):

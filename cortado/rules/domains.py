@@ -55,10 +55,11 @@ def op_name(head, arity):
     return head
 
 
-def tensor_problems(pattern):
-    """Why ``pattern`` (a rule's pattern or replacement) can match or build no tensor term, as strings: a call of what
-    is no cortado op, or a keyword its function does not take (terms print their attributes, ``axes=(0,)``, where
-    a pattern writes the call ``sum(_x, axis=_a)``); empty where none. Text has no such limits."""
+def tensor_problems(pattern, replacement=False):
+    """Why ``pattern`` can match (or, a ``replacement``, build) no tensor term, as strings: a head that is no op
+    (terms are matched by their op: ``conv`` matches, ``conv2d`` builds), or a keyword the op does not take (a pattern
+    writes a call, ``sum(_x, axis=_a)``, where terms print their attributes, ``axes=(0,)``); empty where none.
+    Text has no such limits."""
     problems, stack = [], [pattern]
     while stack:
         node = stack.pop()
@@ -66,16 +67,36 @@ def tensor_problems(pattern):
             continue
         stack.extend(node.args)
         name = op_name(node.head, len(node.args))
-        function = getattr(constructors, name) if name in constructors.__all__ else None
-        if function is None and name not in OPS:
-            problems.append(f"{node.head!r} is no cortado op")
-        elif function is not None and node.params:
-            taken = inspect.signature(function).parameters
-            wrong = [k for k in node.params if k not in taken]
-            if wrong and not any(q.kind is q.VAR_KEYWORD for q in taken.values()):
-                keywords = ", ".join(f"{k}=" for k, q in taken.items() if q.default is not q.empty)
-                problems.append(f"ct.{name} takes no {', '.join(f'{k}=' for k in wrong)} (its keywords: "
-                                f"{keywords or 'none'}; a pattern writes the call, as ct.{name} is called)")
+        if replacement:
+            taken = _replacement_keywords(name)
+        else:
+            taken = inspect.signature(OPS[name].normalize).parameters if name in OPS else None
+        if taken is None:
+            problems.append(f"{node.head!r} is no cortado op" if replacement else f"{node.head!r} is the op of no term")
+            continue
+        wrong = [k for k in node.params if k not in taken]
+        if wrong and not any(q.kind is q.VAR_KEYWORD for q in taken.values()):
+            keywords = [k for k, q in taken.items() if k != "args" and (q.default is not q.empty or not replacement)]
+            problems.append(f"{name} takes no {', '.join(f'{k}=' for k in wrong)} (its keywords: "
+                            f"{', '.join(f'{k}=' for k in keywords) or 'none'})")
+    return problems
+
+
+def _replacement_keywords(name):
+    """The parameters of the function a replacement's call of ``name`` builds with (``TensorDomain.build``), or None
+    where there is none."""
+    if name == "positive":
+        return {}
+    if name not in constructors.__all__ or name in ("var", "const", "as_term"):
+        return None
+    return inspect.signature(getattr(constructors, name)).parameters
+
+
+def rule_problems(rule):
+    """``tensor_problems`` of a rule's pattern and of its replacement, where that is a pattern."""
+    problems = tensor_problems(rule.pattern)
+    if isinstance(rule.replacement, Pattern):
+        problems += tensor_problems(rule.replacement, replacement=True)
     return problems
 
 
