@@ -3,6 +3,8 @@ GPT built from it compiling to the same kernels as the one written by hand."""
 
 import collections
 import math
+import os
+import subprocess
 import sys
 import warnings
 from pathlib import Path
@@ -474,8 +476,9 @@ def test_a_dropout_called_twice_in_a_step_draws_a_mask_for_each_call():
 
 
 def test_a_step_built_again_draws_the_masks_the_first_build_drew():
-    """A step rebuilt in the same process (a lower learning rate, a notebook cell run twice) draws the first build's
-    masks, as a process resuming from a checkpoint builds it once: a dropout's streams count from 0 in each build."""
+    """A step rebuilt in the same process (a lower learning rate, a notebook cell run twice, after a call that only
+    looked at a shape) draws the first build's masks, as a process resuming from a checkpoint builds it once: a
+    dropout's stream is its input's fingerprint, not a count of its calls."""
     model = nn.Sequential(nn.Linear(4, 64), nn.Dropout(0.5), nn.Dropout(0.5))
     x = ct.var("x", (2, 4))
 
@@ -484,11 +487,33 @@ def test_a_step_built_again_draws_the_masks_the_first_build_drew():
         return ct.compile([out], inputs=[x], state=model.initial_values(), updates=model.state_updates(out),
                           backend="numpy")
 
-    first, again = built(), built()
+    first = built()
+    assert model(x).shape == (2, 64)  # a look at the shape, in training
+    again = built()
     for _ in range(2):
         (a,), (b,) = first(x=np.ones((2, 4), np.float32)), again(x=np.ones((2, 4), np.float32))
         np.testing.assert_array_equal(a, b)
     assert 0.5 < np.mean(a == 0) < 0.95  # two dropouts of 0.5: about three elements of four zeroed
+
+
+def test_two_passes_of_one_step_draw_two_masks_whatever_is_asked_between_them():
+    drop = nn.Dropout(0.5)
+    a, b = ct.var("a", (256,)), ct.var("b", (256,))
+    ya = drop(a)
+    drop.state_updates(ya)  # a per-pass loop may ask between the passes
+    yb = drop(b)
+    step = ct.compile([ya, yb], inputs=[a, b], state=drop.initial_values(), updates=drop.state_updates([ya, yb]))
+    first, second = step(a=np.ones(256, np.float32), b=np.ones(256, np.float32))
+    assert np.mean((first == 0) != (second == 0)) > 0.25
+
+
+def test_a_fingerprint_is_the_same_in_another_process():
+    """Python's hash of a string differs from process to process; a dropout's stream must not."""
+    code = ("import numpy as np, cortado as ct; from cortado.exprgraph.fingerprint import fingerprint; "
+            "x = ct.var('x', (2, 3), 'bfloat16'); print(fingerprint(ct.sum(ct.tanh(x * 2 + np.ones(3)), axis=0)).hex())")
+    seen = {subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           env={**os.environ, "PYTHONHASHSEED": seed}).stdout for seed in ("1", "2")}
+    assert len(seen) == 1 and len(seen.pop().strip()) == 64
 
 
 @pytest.mark.parametrize("dtype, label", [("int32", -1), ("int64", -100), ("int8", -1)])

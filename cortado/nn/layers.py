@@ -9,6 +9,7 @@ import numpy as np
 from ..errors import CortadoError, ShapeError
 from ..exprgraph import constructors as ct
 from ..exprgraph.dtypes import BFLOAT16, as_dtype, finfo
+from ..exprgraph.fingerprint import fingerprint
 from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.term import describe_operands
 from . import init
@@ -228,29 +229,26 @@ class Dropout(Module):
     ``1 / (1 - p)``; in inference (``eval()``) the identity. Its numbers are ``ct.random_uniform`` keyed by its
     ``seed`` (drawn, as a parameter is, from the model's seed and its name, so two dropouts differ) and its
     ``counter``, which the step adds 1 to (``Module.state_updates``): the same masks on every backend, and a run
-    resumed from a checkpoint draws the masks it would have drawn. Each call in training since the tree's last
-    ``state_updates`` draws from a stream of its own (``ct.random_uniform``'s ``stream``: 0, 1, ...), and
-    ``state_updates``, which ends a step's build, starts the count again: a step built again (a new learning rate, a
-    notebook's cell run twice) draws the masks the first build drew."""
+    resumed from a checkpoint draws the masks it would have drawn. Its ``stream`` (``ct.random_uniform``'s) is the
+    fingerprint of the term it is called on, so calls on different terms draw different masks, and a step built again
+    (a new learning rate, a notebook's cell run twice, another process) draws the masks the first build drew; called
+    twice on one term in one step, it drops the same elements both times (as a pure function of its input)."""
 
     def __init__(self, p=0.5):
         super().__init__()
         self.p = real("Dropout", "p, the probability of zeroing an element,", p, 0, 1, below=True)
         self.seed = Buffer((), _random_seed, "uint32", ours=True)
         self.counter = Buffer((), init.zeros, "uint32", ours=True)
-        object.__setattr__(self, "_calls", 0)  # calls in training since the last state_updates: a stream each
 
     def forward(self, x):
         if not self.training or self.p == 0:
             return x
-        keep, stream = 1 - self.p, self._calls
-        object.__setattr__(self, "_calls", stream + 1)
+        keep = 1 - self.p
+        x = term("Dropout", x)
+        stream = int.from_bytes(fingerprint(x)[:4], "little")
         y = ct.where(ct.random_uniform(self.seed, self.counter, x.shape, stream) < keep, x * (1 / keep), 0)
         self._record(y, {self.counter: self.counter + 1}, "it draws the same masks every step")
         return y
-
-    def _step_built(self):
-        object.__setattr__(self, "_calls", 0)
 
 
 def _random_seed(rng, shape, dtype):

@@ -268,8 +268,7 @@ class Module:
         """``{buffer variable: new value}`` of the calls in training whose results ``outputs`` (a term or a list) read:
         what ``ct.compile``'s ``updates`` needs beside the optimizer's (a batch norm's running statistics). A buffer
         updated by two calls that ``outputs`` read is an error: it can take one new value a step. Updates taken
-        from gradients (``FromGradient``: a float8 layer's gradient amax) need ``outputs`` to be the scalar loss.
-        It ends a step's build: calls after it count as another step's (a dropout draws its first stream again)."""
+        from gradients (``FromGradient``: a float8 layer's gradient amax) need ``outputs`` to be the scalar loss."""
         from ..exprgraph.graph import Graph
         from ..grad import grad
 
@@ -291,13 +290,7 @@ class Module:
                 raise CortadoError(f"{from_gradients[0].name!r} is updated from the loss's gradient (a float8 "
                                    f"layer's gradient amax): give state_updates the scalar loss, not {outputs!r}")
             updates.update(zip(from_gradients, grad(loss, from_gradients)))
-        for module in self._modules():
-            module._step_built()
         return updates
-
-    def _step_built(self):
-        """Called by ``state_updates``, which ends the build of a step: a module that counts its calls within one
-        step (``Dropout``'s streams) starts again."""
 
     def initial_values(self, seed=0):
         """``{variable: array}``: each parameter drawn by its initialiser from a generator seeded by ``seed`` and its
