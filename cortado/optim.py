@@ -14,7 +14,7 @@ when the step is built and read by the step at its count, so cosine decay costs 
 """
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import numpy as np
 
@@ -30,11 +30,17 @@ class Optimizer:
     decays (``decay(name, variable)``; by default every one, as PyTorch), the step count in state, and gradient
     clipping by global norm (``clip_norm``)."""
 
+    def __new__(cls, *args, **kwargs):
+        """Refuses the parameters where the settings go, as ``torch.optim.SGD(model.parameters(), lr=0.1)`` takes them,
+        before Python binds them to ``lr`` (or refuses ``lr`` given twice)."""
+        if args and isinstance(args[0], Mapping | Iterable) and not isinstance(args[0], str | np.ndarray | Term):
+            raise CortadoError(f"{cls.__name__} is built from its settings ({cls.__name__}(lr=...)); the parameters "
+                               f"and their gradients go to its updates: "
+                               f"{cls.__name__}(...).updates(model.parameters(), gradients)")
+        return super().__new__(cls)
+
     def __init__(self, lr, weight_decay=0.0, decay=None, clip_norm=None, name="optim"):
         kind = type(self).__name__
-        if isinstance(lr, dict | list | tuple) or hasattr(lr, "__next__"):
-            raise CortadoError(f"{kind} is built from its settings ({kind}(lr=...)); the parameters and their "
-                               f"gradients go to its updates: {kind}(...).updates(model.parameters(), gradients)")
         if not isinstance(lr, Schedule):
             if callable(lr):
                 raise CortadoError("a learning rate is a number or a Schedule (optim.schedule(function, steps)), not "
@@ -93,7 +99,7 @@ class Optimizer:
         if scaler is not None:
             gradients, finite, scaler_state, scaler_updates = scaler.unscaled(gradients)
             state, updates = {**state, **scaler_state}, {**updates, **scaler_updates}
-        count = ct.var(f"{self.name}.step", (), "int32")
+        count = _state_variable(f"{self.name}.step", (), "int32")
         step = count + 1
         state[count], stepped = np.zeros((), np.int32), {count: step}
         if self.clip_norm is not None:
@@ -117,13 +123,13 @@ class Optimizer:
         call is the last of them, and the state variables that make them (with their first values and updates):
         each parameter's gradients summed in one (in float32 for a narrower float), the calls counted in another,
         both set back to zero on the last call."""
-        phase = ct.var(f"{self.name}.phase", (), "int32")
+        phase = _state_variable(f"{self.name}.phase", (), "int32")
         applied = ct.equal(phase, every - 1)
         state, updates = {phase: np.zeros((), np.int32)}, {phase: ct.where(applied, 0, phase + 1)}
         means = []
         for p, g in zip(params, gradients):
             kept = np.dtype(np.float32) if is_float(g.dtype) and g.dtype.itemsize < 4 else g.dtype
-            total_var = ct.var(f"{self.name}.sum.{p.name}", p.shape, kept)
+            total_var = _state_variable(f"{self.name}.sum.{p.name}", p.shape, kept)
             total = total_var + (g if g.dtype == kept else ct.cast(g, kept))
             state[total_var], updates[total_var] = np.zeros(p.shape, kept), ct.where(applied, 0, total)
             mean = total * (1.0 / every)
@@ -136,7 +142,7 @@ class Optimizer:
 
     def _moment(self, p, kind):
         """A state variable of ``p``'s shape (a moment, a momentum buffer), zero at first."""
-        var = ct.var(f"{self.name}.{kind}.{p.name}", p.shape, p.dtype)
+        var = _state_variable(f"{self.name}.{kind}.{p.name}", p.shape, p.dtype)
         return var, np.zeros(p.shape, p.dtype)
 
 
@@ -224,8 +230,8 @@ class GradScaler:
         self.growth_factor = real(kind, "growth_factor", growth_factor, 1, above=True)
         self.backoff_factor = real(kind, "backoff_factor", backoff_factor, 0, 1, above=True, below=True)
         self.growth_interval = whole(kind, "growth_interval", growth_interval, 1)
-        self.variable = ct.var(f"{name}.scale", (), "float32")
-        self.tracker = ct.var(f"{name}.growth_tracker", (), "int32")
+        self.variable = _state_variable(f"{name}.scale", (), "float32")
+        self.tracker = _state_variable(f"{name}.growth_tracker", (), "int32")
 
     def scale(self, loss):
         """``loss`` times the scale, in the loss's dtype (as PyTorch's scalar tensor multiplies it)."""
@@ -321,3 +327,11 @@ def step_decay(lr, every, gamma=0.1, total=None):
         raise CortadoError("step_decay needs the run's total steps (total=...), the length of its table")
     every = whole("step_decay", "every", every, 1)
     return Schedule(lambda t: lr * gamma ** ((t - 1) // every), total)
+
+
+def _state_variable(name, shape, dtype):
+    """A variable of an optimizer's state (``name`` under the optimizer's own), marked as cortado.optim's for the error
+    of two of one name."""
+    var = ct.var(name, shape, dtype)
+    var.attr("declaration").maker = "cortado.optim"
+    return var

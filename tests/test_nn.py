@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cortado as ct
-from cortado import nn
+from cortado import nn, optim
 from cortado.gradcheck import check_grads
 from peers import needs_torch
 
@@ -139,6 +139,17 @@ def test_two_models_built_apart_in_one_step_are_told_to_share_a_parent():
     out = decoder(encoder(x))
     with pytest.raises(ct.FeedError, match="two variables are both named '0.weight'.*attributes of one nn.Module"):
         ct.compile([out], inputs=[x], state={**encoder.initial_values(), **decoder.initial_values()})
+
+
+def test_two_optimizers_of_one_name_are_told_to_take_two_names():
+    """A GAN's two default-named Adams both keep 'adam.step': the hint names the optimizers, not the models."""
+    model, x = nn.Linear(2, 2), ct.var("x", (3, 2))
+    loss = ct.sum(model(x))
+    params = model.parameters()
+    first, _ = optim.Adam(1e-3).updates(params, ct.grad(loss, list(params.values())))
+    second, _ = optim.Adam(1e-3).updates(params, ct.grad(loss, list(params.values())))
+    with pytest.raises(ct.FeedError, match=r"both named 'adam.step'.*two optimizers of one name .* name them apart"):
+        ct.compile([loss], inputs=[x], state={**model.initial_values(), **first, **second})
 
 
 def test_initial_values_follow_the_seed_and_each_parameters_own_name():

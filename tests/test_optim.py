@@ -184,6 +184,8 @@ def test_optimizers_say_what_is_wrong():
     (lambda: optim.Adam({"w": ct.var("w", (2,))}), r"Adam is built from its settings .*the parameters and their "
                                                    r"gradients go to its updates: Adam\(...\)\.updates\("),
     (lambda: optim.SGD([ct.var("w", (2,))]), "SGD is built from its settings"),
+    (lambda: optim.SGD({"w": ct.var("w", (2,))}.values(), lr=0.1), "SGD is built from its settings"),  # PyTorch's way
+    (lambda: optim.AdamW(iter([ct.var("w", (2,))])), "AdamW is built from its settings"),
     (lambda: optim.SGD(float("nan")), "lr is a finite number"),
     (lambda: optim.SGD("0.1"), "lr is a finite number, at least 0, not '0.1'"),
     (lambda: optim.Adam(betas=(1.5, 0.999)), r"betas\[0\] is a finite number, at least 0 and below 1"),

@@ -134,9 +134,12 @@ class Graph:
 def two_variables_named(first, second):
     """The error for two variables of one name in one graph: each ``ct.var`` call declares a variable of its
     own, and feeds, state and updates know variables by name."""
-    models = (" (two cortado.nn models built apart name their parameters alike: make them attributes of one "
-              "nn.Module, which names each by its path)") if "." in first.name else ""
+    makers = {first.attr("declaration").maker, second.attr("declaration").maker}
+    models = {"cortado.nn": " (two cortado.nn models built apart name their parameters alike: make them attributes "
+                            "of one nn.Module, which names each by its path)",
+              "cortado.optim": " (two optimizers of one name keep their state under it: name them apart, "
+                               "optim.Adam(..., name='discriminator'))"}.get(makers.pop()) if len(makers) == 1 else None
     return (f"two variables are both named {first.name!r}: {first!r} {first.attr('declaration')!r} and "
             f"{second!r} {second.attr('declaration')!r}. Each ct.var call declares a new variable: to use one "
             f"variable in two places, declare it once and pass that term to both; to have two, give them two "
-            f"names{models}")
+            f"names{models or ''}")

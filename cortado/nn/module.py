@@ -206,6 +206,7 @@ class Module:
         for name, parameter in self._own_parameters():
             if parameter.var is None:
                 parameter.var = ct.var(name, parameter.shape, parameter.dtype)
+                parameter.var.attr("declaration").maker = "cortado.nn"
             elif parameter.var.name != name:
                 raise CortadoError(f"parameter {parameter.var.name!r} would be named {name!r} here: a module of one "
                                    f"model was used in another before it was put there")

@@ -64,12 +64,15 @@ class Declaration:
     """What makes the variable of one ``ct.var`` call its own: compared by identity, so two calls are
     two variables even with one name, shape and dtype (as two ``torch.nn.Parameter``s are), and a helper
     that declares its weight and is called twice cannot tie two layers by accident. A variable used in
-    two places is the one term passed to both. ``where`` is the call's line and its caller's, for errors."""
+    two places is the one term passed to both. ``where`` is the call's line and its caller's, for errors;
+    ``maker``, the part of cortado that declared it for the user where one did (``cortado.nn`` a parameter,
+    ``cortado.optim`` an optimizer's state), for the error of two variables of one name."""
 
-    __slots__ = ("where",)
+    __slots__ = ("where", "maker")
 
     def __init__(self, where):
         self.where = where
+        self.maker = None
 
     def __repr__(self):
         return f"declared at {self.where}"
