@@ -30,6 +30,11 @@ ALIGNMENT = 8  # the header is padded with spaces to a multiple of this, as safe
 def write(path, arrays, metadata=None):
     """Write ``arrays`` (``{name: array}``, NumPy or CuPy) to a safetensors file at ``path``, with string
     ``metadata``; atomically (a partial file never has the name)."""
+    if os.path.isdir(path):
+        raise FeedError(f"{path} is a directory; a checkpoint is a file (run.safetensors)")
+    folder = os.path.dirname(os.fspath(path))
+    if folder and not os.path.isdir(folder):
+        raise FeedError(f"{path}: there is no directory {folder} to write it in (os.makedirs({folder!r}) makes one)")
     header, chunks, offset = {}, [], 0
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
@@ -44,11 +49,6 @@ def write(path, arrays, metadata=None):
         offset += len(data)
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % ALIGNMENT)
-    if os.path.isdir(path):
-        raise FeedError(f"{path} is a directory; a checkpoint is a file (run.safetensors)")
-    folder = os.path.dirname(os.fspath(path))
-    if folder and not os.path.isdir(folder):
-        raise FeedError(f"{path}: there is no directory {folder} to write it in (os.makedirs({folder!r}) makes one)")
     temporary = f"{path}.{os.getpid()}.partial"
     try:
         with open(temporary, "wb") as file:

@@ -122,6 +122,17 @@ def test_modules_held_in_a_plain_list_or_dict_are_refused_naming_module_list(hol
         Net()
 
 
+def test_a_list_filled_after_it_was_set_is_refused_when_the_model_is_named():
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = []
+            self.layers.append(nn.Linear(4, 4))
+
+    with pytest.raises(ct.CortadoError, match=r"Net.layers is a list holding modules or parameters"):
+        Net().parameters()
+
+
 def test_members_kept_again_in_a_tuple_are_seen():
     class Pair(nn.Module):
         def __init__(self):

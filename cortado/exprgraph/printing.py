@@ -18,8 +18,9 @@ BODY_INLINE = 160  # the longest body written as nested calls; a longer one, or 
 
 def body_text(term):
     """A fused term's body as one line: its outputs over the parameters ``in0, in1, ...``, as nested calls where
-    they are short and whole, else as steps (``%0 = add(in0, in1); %1 = tanh(%0); -> %1``), which write each value
-    once: a region's outputs share their subterms, which nested calls would repeat or cut to ``...``."""
+    they are short and whole, else as steps (a long body's ``%0 = add(in0, in1); %1 = tanh(%0); ...; -> %14, %0``),
+    which write each value once: a region's outputs share their subterms, which nested calls would repeat or cut
+    to ``...``."""
     outputs, index = term.attr("outputs"), term.attr("index")
     shown = "; ".join(inline(o, depth=6) for o in outputs)
     if "..." in shown or len(shown) > BODY_INLINE:

@@ -120,10 +120,8 @@ class Module:
                                f"{name!r}")
         if isinstance(value, Module):
             value._adopt(self, name)
-        elif isinstance(value, list | tuple | dict) and self._unseen(value):
-            raise CortadoError(f"{type(self).__name__}.{name} is a {type(value).__name__} holding modules or "
-                               f"parameters the model would not see: hold modules in nn.ModuleList(...), as in "
-                               f"PyTorch, or each as an attribute of its own")
+        elif isinstance(value, list | tuple | dict):
+            self._refuse_unseen(name, value)
         if isinstance(value, Parameter | Module):
             if value is self:
                 raise CortadoError(f"a module cannot be its own member ({name!r})")
@@ -133,12 +131,16 @@ class Module:
             self._members.pop(name, None)
             object.__setattr__(self, name, value)
 
-    def _unseen(self, held):
-        """Whether a plain list, tuple or dict holds a module or parameter that is no member of this module (one that
-        is, kept again in a tuple for convenience, is seen)."""
+    def _refuse_unseen(self, name, held):
+        """An error where the plain list, tuple or dict ``held`` (the attribute ``name``) holds a module or parameter
+        that is no member of this module, whose parameters the model would not see (one that is, kept again in a
+        tuple for convenience, is seen)."""
         members = {id(m) for m in self._members.values()}
         items = held.values() if isinstance(held, dict) else held
-        return any(isinstance(v, Module | Parameter) and id(v) not in members for v in items)
+        if any(isinstance(v, Module | Parameter) and id(v) not in members for v in items):
+            raise CortadoError(f"{type(self).__name__}.{name} is a {type(held).__name__} holding modules or "
+                               f"parameters the model would not see: hold modules in nn.ModuleList(...), as in "
+                               f"PyTorch, or each as an attribute of its own")
 
     def __getattr__(self, name):  # only for names not found the usual way: members
         if "_members" not in self.__dict__:
@@ -203,6 +205,10 @@ class Module:
         return found
 
     def _name_tree(self):
+        for module in self._modules():  # a list filled after it was set (self.layers = []; .append(...)) as well
+            for attribute, value in vars(module).items():
+                if isinstance(value, list | tuple | dict):
+                    module._refuse_unseen(attribute, value)
         for name, parameter in self._own_parameters():
             if parameter.var is None:
                 parameter.var = ct.var(name, parameter.shape, parameter.dtype)

@@ -162,7 +162,7 @@ def _result(new, old):
 
 
 def _cycle_error(steps, what):
-    names = list(dict.fromkeys(step.rule for step in steps))
+    names = list(dict.fromkeys(step.rule for step in steps)) or ["(none recorded: a rewriter of your own?)"]
     shown = " | ".join(str(step) for step in steps[:6])
     more = f" | ... ({len(steps) - 6} more)" if len(steps) > 6 else ""
     return RewriteError(f"rules {', '.join(names)} {what}: {shown}{more}")

@@ -50,15 +50,15 @@ def _fitted(vjp, arg, term):
         raise DTypeError(f"the derivative rule of {term.op.name} gave a VJP of {vjp.dtype} for the input {arg!r} of "
                          f"{term!r}; a VJP is floating")
     if vjp.shape != arg.shape:
-        lead, past = vjp.ndim - arg.ndim, vjp.ndim - term.ndim
+        lead = vjp.ndim - arg.ndim
         axes = tuple(i for i in range(vjp.ndim) if vjp.shape[i] != 1 and (i < lead or arg.shape[i - lead] == 1))
-        # an elementwise op's is summed only along the axes where the input was broadcast to it: the term's own (a
-        # contraction's may be along one it contracts: einsum("ij,j->i") of a (1,) operand)
-        if lead < 0 or any(arg.shape[i - lead] not in (1, vjp.shape[i]) for i in range(lead, vjp.ndim)) or (
-                term.op.kind == ELEMENTWISE and any(i < past or term.shape[i - past] != vjp.shape[i] for i in axes)):
+        if not _sums_to(vjp.shape, arg.shape):
             raise ShapeError(f"the derivative rule of {term.op.name} gave a VJP of shape {vjp.shape} "
-                             f"for the input {arg!r} of {term!r}; a VJP has the input's shape, or the term's "
-                             f"along the axes where the input was broadcast, to be summed to {arg.shape}")
+                             f"for the input {arg!r} of {term!r}; it cannot be summed to {arg.shape}")
+        if term.op.kind == ELEMENTWISE and not _along_the_term(vjp.shape, term.shape, axes):
+            raise ShapeError(f"the derivative rule of {term.op.name} gave a VJP of shape {vjp.shape} "
+                             f"for the input {arg!r} of {term!r}: an elementwise op's VJP has the input's shape, or "
+                             f"the term's {term.shape} along the axes where the input was broadcast")
         if axes:  # kept where the input has them, so a row's sum broadcasts back without a reshape (a row kernel)
             vjp = ct.sum(vjp, axis=axes, keepdims=not lead)
         if vjp.shape != arg.shape:
@@ -67,3 +67,17 @@ def _fitted(vjp, arg, term):
     if vjp.dtype != dtype:
         vjp = ct.cast(vjp, dtype)
     return vjp
+
+
+def _sums_to(shape, target):
+    """Whether a value of ``shape`` sums, over its leading axes and those where ``target`` has 1, to ``target``."""
+    lead = len(shape) - len(target)
+    return lead >= 0 and all(target[i - lead] in (1, shape[i]) for i in range(lead, len(shape)))
+
+
+def _along_the_term(shape, term_shape, summed):
+    """Whether each of the ``summed`` axes of a value of ``shape`` is one of the term's, of its size (aligned at the
+    right): an elementwise op's input is broadcast only along its result's axes (a contraction's may be along one it
+    contracts: ``einsum("ij,j->i")`` of a (1,) operand)."""
+    past = len(shape) - len(term_shape)
+    return all(i >= past and term_shape[i - past] == shape[i] for i in summed)
