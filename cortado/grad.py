@@ -38,10 +38,20 @@ from .rules.stability import stabiliser
 _returned = weakref.WeakSet()
 
 
+# each such gradient -> the variables it was returned as the gradient of (one term may be several's: zeros, say)
+_of = weakref.WeakKeyDictionary()
+
+
 def is_gradient(term):
     """Whether ``term`` is a gradient that ``grad``, ``vjp`` or ``hvp`` returned (terms are shared: one built the same
     way is the same term)."""
     return term in _returned
+
+
+def gradient_of(term):
+    """The variables ``term`` was returned as the gradient of (empty for a term no ``grad`` returned): what an
+    optimizer pairing gradients with parameters checks them by."""
+    return frozenset(_of.get(term, ()))
 
 
 def grad(y, wrt, *, rules=None, trace=None):
@@ -90,6 +100,8 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]
     gradients = simplify(gradients, trace, keep=model)
     _returned.update(gradients)
+    for v, g in zip(variables, gradients):
+        _of.setdefault(g, set()).add(v)
     if keys is not None:
         return dict(zip(keys, gradients))
     return gradients[0] if isinstance(wrt, Term) else gradients

@@ -23,6 +23,7 @@ from .settings import real, whole
 from .exprgraph import constructors as ct
 from .exprgraph.dtypes import is_float
 from .exprgraph.term import Term
+from .grad import gradient_of
 
 
 class Optimizer:
@@ -93,6 +94,11 @@ class Optimizer:
             if p.shape != g.shape:
                 raise CortadoError(f"{type(self).__name__}: the gradient of {p.name!r} has shape {g.shape}, not "
                                    f"{p.shape}")
+            of = gradient_of(g)
+            if of and p not in of:  # two layers of one shape would train on each other's gradients
+                raise CortadoError(f"{type(self).__name__}: the gradient given for {p.name!r} is ct.grad's of "
+                                   f"{', '.join(sorted(repr(v.name) for v in of))}: are the gradients in the "
+                                   f"parameters' order? (ct.grad(loss, params) gives them so)")
         state, updates = {}, {}
         if accumulate > 1:
             gradients, applied, state, updates = self._accumulated(params, gradients, accumulate)

@@ -163,6 +163,18 @@ def test_weight_decay_skips_what_decay_refuses_and_clipping_scales_by_the_global
     np.testing.assert_array_equal(np.concatenate(small), [3, 0, 0, 0, 4])
 
 
+def test_gradients_out_of_the_parameters_order_are_refused_where_their_shapes_agree():
+    """Two layers of one shape would have trained on each other's gradients without a word."""
+    w1, w2 = ct.var("w1", (3, 3)), ct.var("w2", (3, 3))
+    x = ct.var("x", (2, 3))
+    loss = ct.sum(ct.tanh(x @ w1) @ w2)
+    g1, g2 = ct.grad(loss, [w1, w2])
+    with pytest.raises(ct.CortadoError, match=r"the gradient given for 'w1' is ct.grad's of 'w2': are the gradients "
+                                              r"in the parameters' order\?"):
+        optim.SGD(0.1).updates([w1, w2], [g2, g1])
+    optim.SGD(0.1).updates([w1, w2], [g1, g2 * 0.5])  # a gradient of one's own making is taken as given
+
+
 def test_optimizers_say_what_is_wrong():
     with pytest.raises(ct.CortadoError, match="Nesterov"):
         optim.SGD(0.1, nesterov=True)
