@@ -203,6 +203,8 @@ class Program:
                                  "stage)")
             if stage == "your rules":  # why a rule of yours that matched did not fire: the first refusal of each
                 lines += [f"      refused: {line}" for line in refusals(trace)]
+            elif stage == "simplify":  # the guarded rewrites not made, and why (fast_math=True makes some)
+                lines += [f"      {line}" for line in refusals(trace, kept_only=True)]
         return lines
 
     def _schedule(self):

@@ -375,6 +375,16 @@ def test_a_long_regions_body_is_written_as_steps_each_value_once():
     assert steps == [str(i) for i in range(len(steps))] and len(steps) > 8
 
 
+def test_explain_says_which_guarded_rewrites_it_kept_and_what_fast_math_would_do():
+    x, w = ct.var("x", (4,)), ct.var("w", (4,))
+    text = ct.compile([x - x + w * 0, w + 0.0], inputs=[x, w]).explain()
+    assert ("self-difference at subtract(x, x): kept: a float may be infinite or NaN there, where the rewrite changes "
+            "the value; fast_math=True makes it") in text
+    assert "multiply-zero at multiply(0.0, w): kept" in text and "multiply-zero-right" not in text  # rewritten after
+    assert "add-zero at add(0.0, w): kept: it would change the sign of a zero result" in text
+    assert "kept" not in ct.compile([x - x], inputs=[x], fast_math=True).explain()
+
+
 def test_the_memory_plan_draws(tmp_path):
     pytest.importorskip("matplotlib")
     step = _training_step(64)[0]

@@ -281,19 +281,24 @@ def _einsum_as_transpose(b):
     return operands[0] if axes == tuple(range(len(axes))) else ct.transpose(operands[0], axes)
 
 
+# why a guarded rewrite was not made, for explain() (``Rule``'s ``declined``)
+NOT_FINITE = "kept: a float may be infinite or NaN there, where the rewrite changes the value"
+FAST = "; fast_math=True makes it"
+ZERO_SIGN = "kept: it would change the sign of a zero result" + FAST
+
 algebra = RuleSet([
     Rule("fold-constants", "_e", _fold),
     Rule("scalar-constants", "_e", _scalar_splats),
     Rule("stop-gradient", "stop_gradient(_x)", _identity("_x")),  # gradients are taken before a program is built
     Rule("float8-gradient", "float8_gradient(_x, *_history, dtype=_d)", _identity("_x")),  # likewise
-    Rule("add-zero", "0 + _x", _identity("_x"), guard=signed_zero_kept(0, negative=True)),
-    Rule("add-zero-right", "_x + 0", _identity("_x"), guard=signed_zero_kept(1, negative=True)),
-    Rule("subtract-zero", "_x - 0", _identity("_x"), guard=signed_zero_kept(1, negative=False)),
-    Rule("zero-minus", "0 - _x", "-_x", guard=signed_zero_kept(0, negative=True)),
+    Rule("add-zero", "0 + _x", _identity("_x"), guard=signed_zero_kept(0, negative=True), declined=ZERO_SIGN),
+    Rule("add-zero-right", "_x + 0", _identity("_x"), guard=signed_zero_kept(1, negative=True), declined=ZERO_SIGN),
+    Rule("subtract-zero", "_x - 0", _identity("_x"), guard=signed_zero_kept(1, negative=False), declined=ZERO_SIGN),
+    Rule("zero-minus", "0 - _x", "-_x", guard=signed_zero_kept(0, negative=True), declined=ZERO_SIGN),
     Rule("multiply-one", "1 * _x", _identity("_x")),
     Rule("multiply-one-right", "_x * 1", _identity("_x")),
-    Rule("multiply-zero", "0 * _x", "0", guard=exact_for_every_input),
-    Rule("multiply-zero-right", "_x * 0", "0", guard=exact_for_every_input),
+    Rule("multiply-zero", "0 * _x", "0", guard=exact_for_every_input, declined=NOT_FINITE),
+    Rule("multiply-zero-right", "_x * 0", "0", guard=exact_for_every_input, declined=NOT_FINITE),
     Rule("divide-one", "_x / 1", _identity("_x")),
     Rule("constant-first-add", "_x + _c", "_c + _x", guard=all_of(constants("_c"), not_constant("_x"))),
     Rule("constant-first-multiply", "_x * _c", "_c * _x", guard=all_of(constants("_c"), not_constant("_x"))),
@@ -303,9 +308,10 @@ algebra = RuleSet([
     Rule("subtract-negative", "_x - (-_y)", "_x + _y", guard=negated_as_the_result("_y")),
     Rule("add-negative", "_x + (-_y)", "_x - _y", guard=negated_as_the_result("_y")),
     Rule("negative-plus", "(-_x) + _y", "_y - _x", guard=negated_as_the_result("_x")),
-    Rule("negate-difference", "-(_x - _y)", "_y - _x", guard=exact_for_every_input),  # -(x - x) is -0.0
+    Rule("negate-difference", "-(_x - _y)", "_y - _x", guard=exact_for_every_input,
+         declined="kept: -(x - y) is -0.0 where x equals y" + FAST),
     Rule("negative-product", "(-_x) * (-_y)", "_x * _y", guard=negated_as_the_result("_x", "_y")),
-    Rule("self-difference", "_x - _x", "0", guard=exact_for_every_input),
+    Rule("self-difference", "_x - _x", "0", guard=exact_for_every_input, declined=NOT_FINITE + FAST),
     Rule("self-sum", "_x + _x", "2 * _x"),
     Rule("collect-sums", "_a + (_b + _x)", _collect("+", _regroups_exactly), guard=constants("_a", "_b")),
     Rule("collect-products", "_a * (_b * _x)", _collect("*", _regroups_exactly), guard=constants("_a", "_b")),

@@ -69,11 +69,14 @@ def explain(trace, limit=40):
     return "\n".join(lines)
 
 
-def refusals(trace):
-    """A line for the first refused match of each rule in ``trace``: the rule, where, and why."""
+def refusals(trace, kept_only=False):
+    """A line for the first refused match of each rule in ``trace``: the rule, where, and why; with ``kept_only``,
+    at terms no other rule of the trace rewrote."""
+    rewritten = {step.before for step in trace} if kept_only else set()
     first = {}
     for rule, term, why in getattr(trace, "refused", ()):
-        first.setdefault(rule, (term, why))
+        if term not in rewritten:
+            first.setdefault(rule, (term, why))
     return [f"{rule} at {domain_of(term).describe(term)}: {why}" for rule, (term, why) in first.items()]
 
 
@@ -179,8 +182,9 @@ class Rule(Rewriter):
     A rule applies at the root of the term it is given; strategies apply it elsewhere.
     """
 
-    def __init__(self, name, pattern, replacement, guard=None):
+    def __init__(self, name, pattern, replacement, guard=None, declined=None):
         self.name = name
+        self.declined = declined  # where given, why the guard declined, noted in the run's trace (explain: kept)
         self.pattern = matchable(pattern)
         function = callable(replacement) and not isinstance(replacement, Pattern)
         self.replacement = replacement if function else as_pattern(replacement)
@@ -209,6 +213,8 @@ class Rule(Rewriter):
             return None
         bindings = Bindings(bound, term, domain, run)
         if self.guard is not None and not self.guard(bindings):
+            if self.declined and run is not None:
+                run.refuse(self.name, term, self.declined)
             return None
         try:
             if isinstance(self.replacement, Pattern):
