@@ -144,12 +144,16 @@ def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false
         _ = other != x
 
 
-def test_where_refuses_the_bool_that_two_terms_compared_by_eq_give():
-    """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, without a word."""
+def test_where_cast_and_sums_refuse_the_bool_that_two_terms_compared_by_eq_give():
+    """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, and an accuracy always 0, without a word."""
     x, y = ct.var("x", (2,)), ct.var("y", (2,))
     with pytest.raises(ct.DTypeError, match=r"where's condition is the Python bool False: == and != between two terms "
                                             r"compare the terms themselves .* ct.equal\(x, y\)"):
         ct.where(x == y, x, y)
+    with pytest.raises(ct.DTypeError, match="cast's operand is the Python bool False"):  # an accuracy, always 0
+        ct.mean(ct.cast(x == y, "float32"))
+    with pytest.raises(ct.DTypeError, match="sum's operand is the Python bool False"):
+        ct.sum(x == y)
     assert ct.evaluate(ct.where(np.bool_(True), x, y), {"x": np.ones(2, "f4"), "y": np.zeros(2, "f4")}).all()
 
 

@@ -206,14 +206,19 @@ def power(x, y):
     return result
 
 
+def _no_compared_terms(what, value):
+    """Refuses a Python bool where an elementwise test is meant (``where``'s condition, what ``cast`` or a sum
+    reads): it is what ``==`` or ``!=`` between two terms gives, which compare the terms themselves."""
+    if type(value) is bool:
+        raise DTypeError(f"{what} is the Python bool {value}: == and != between two terms compare the terms "
+                         f"themselves (terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare their "
+                         f"elements (a constant: np.bool_({value}))")
+
+
 def where(condition, x, y):
     """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote. A Python bool
-    condition is refused: it is what ``==`` or ``!=`` between two terms gives (they compare the terms themselves),
-    where ``ct.equal`` compares their elements."""
-    if type(condition) is bool:
-        raise DTypeError(f"where's condition is the Python bool {condition}: == and != between two terms compare the "
-                         f"terms themselves (terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare "
-                         f"their elements (a constant condition: np.bool_({condition}))")
+    condition is refused (``_no_compared_terms``)."""
+    _no_compared_terms("where's condition", condition)
     terms = operands("where", (condition, x, y))
     if any(isinstance(t, Scalar) for t in terms[1:]):
         keys = weak_scalars_as_bfloat16(tuple(t.value if isinstance(t, Scalar) else t.dtype for t in terms[1:]))
@@ -227,7 +232,8 @@ def where(condition, x, y):
 
 
 def cast(x, dtype):
-    """``x`` converted to ``dtype`` (NumPy's ``astype``)."""
+    """``x`` converted to ``dtype`` (NumPy's ``astype``); a Python bool is refused (``_no_compared_terms``)."""
+    _no_compared_terms("cast's operand", x)
     return _call("cast", x, dtype=dtype)
 
 
@@ -256,10 +262,12 @@ def stop_gradient(x):
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (NumPy's name)
+    _no_compared_terms("sum's operand", x)
     return _call("sum", x, axis=axis, keepdims=keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
+    _no_compared_terms("mean's operand", x)
     return _call("mean", x, axis=axis, keepdims=keepdims)
 
 
