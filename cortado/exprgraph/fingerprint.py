@@ -9,7 +9,6 @@ import weakref
 
 import numpy as np
 
-from .graph import post_order
 from .ops import VAR
 from .ops.leaves import Constant
 
@@ -17,11 +16,19 @@ _known = weakref.WeakKeyDictionary()  # term -> its digest: each term is read on
 
 
 def fingerprint(term):
-    """The 32-byte digest of ``term``."""
-    if term not in _known:
-        for t in post_order([term]):
-            if t not in _known:
-                _known[t] = _digest(t)
+    """The 32-byte digest of ``term``: its arguments' first, the walk stopping at terms already known, so a model's
+    dropouts read each term of the graph once between them."""
+    stack = [term]
+    while stack:
+        t = stack[-1]
+        if t in _known:
+            stack.pop()
+            continue
+        unknown = [a for a in t.args if a not in _known]
+        if unknown:
+            stack.extend(unknown)
+        else:
+            _known[stack.pop()] = _digest(t)
     return _known[term]
 
 

@@ -205,11 +205,14 @@ class Module:
         return found
 
     def _name_tree(self):
-        for module in self._modules():  # a list filled after it was set (self.layers = []; .append(...)) as well
-            for attribute, value in vars(module).items():
-                if isinstance(value, list | tuple | dict):
-                    module._refuse_unseen(attribute, value)
-        for name, parameter in self._own_parameters():
+        parameters = self._own_parameters()
+        if not parameters or any(p.var is None for _, p in parameters):  # naming now (a tree of none: each call)
+            # a list filled after it was set (self.layers = []; .append(...)) is refused as one set full is
+            for module in self._modules():
+                for attribute, value in vars(module).items():
+                    if isinstance(value, list | tuple | dict):
+                        module._refuse_unseen(attribute, value)
+        for name, parameter in parameters:
             if parameter.var is None:
                 parameter.var = ct.var(name, parameter.shape, parameter.dtype)
                 parameter.var.attr("declaration").maker = "cortado.nn"
