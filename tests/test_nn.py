@@ -228,7 +228,7 @@ def _numpy_attention(x, qkv_w, qkv_b, proj_w, proj_b, heads, kv_heads):
 
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_causal_self_attention_multi_head_and_grouped_query(kv_heads):
-    attention = nn.CausalSelfAttention(16, 4, kv_heads)
+    attention = nn.CausalSelfAttention(16, 4, kv_heads, dtype="float64")
     x = ct.var("x", (2, 5, 16), "float64")
     y = attention(x)
     rng = np.random.default_rng(2)
@@ -236,8 +236,7 @@ def test_causal_self_attention_multi_head_and_grouped_query(kv_heads):
     xv = rng.standard_normal((2, 5, 16))
     expected = _numpy_attention(xv, values["qkv.weight"], values["qkv.bias"], values["proj.weight"],
                                 values["proj.bias"], 4, kv_heads)
-    feeds = {"x": xv, **{k: v.astype(np.float32) for k, v in values.items()}}
-    np.testing.assert_allclose(ct.evaluate(y, feeds), expected, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ct.evaluate(y, {"x": xv, **values}), expected, rtol=1e-12, atol=1e-12)
 
 
 def test_losses_are_stable_at_extreme_logits():
@@ -276,7 +275,11 @@ def test_losses_and_layers_say_what_is_wrong():
     (lambda: nn.Linear(4, 2, float8=True, history=0), ct.ShapeError, "history, the steps whose amax it keeps,"),
     (lambda: nn.MLP(4, 5, 3, activation="relu"), ct.CortadoError, "activation is a function"),
     (lambda: nn.Linear(4, 2, weight_init=0.0), ct.CortadoError, "init is a function"),
-    (lambda: nn.Linear(4, 2)({"x": 1}), ct.DTypeError, "Linear is called with a term .* or an array, not dict"),
+    (lambda: nn.Linear(4, 2)({"x": 1}), ct.DTypeError, r"nn.Linear\(4, 2\) is called with a term .* or an array, not dict"),
+    (lambda: nn.Linear(4, 2)(np.ones((3, 4))), ct.DTypeError,
+     r"nn.Linear\(4, 2\) has float32 weights and is called with float64 input: cast it"),
+    (lambda: nn.Conv2d(3, 8, 3)(ct.var("i", (1, 3, 8, 8), "float16")), ct.DTypeError,
+     r"nn.Conv2d\(3, 8\) has float32 weights and is called with float16 input"),
     (lambda: nn.CausalSelfAttention(8, 2)(ct.var("s", (4, 8))), ct.ShapeError, r"takes \(batch, time, 8\)"),
     (lambda: nn.Linear(4, 2).initial_values(seed=-1), ct.CortadoError, "seed is a whole number of at least 0"),
     (lambda: nn.Linear(4, 2).initial_values(seed=None), ct.CortadoError, "seed is a whole number of at least 0"),
@@ -467,6 +470,7 @@ def test_compute_in_casts_a_floating_input_where_it_enters_so_the_products_are_i
     assert embed(ct.var("tokens", (3,), "int32")).dtype == BFLOAT16
     half = nn.Linear(20, 8).compute_in("float16")  # a bfloat16 batch (no NumPy kind "f") is a float too
     assert half(ct.var("b", (4, 20), "bfloat16")).dtype == np.float16
+    assert nn.Linear(20, 8).compute_in("float32")(np.ones((4, 20))).dtype == np.float32  # a float64 array too
 
 
 @pytest.mark.parametrize("layer", ["LayerNorm", "RMSNorm"])

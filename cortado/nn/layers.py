@@ -14,7 +14,8 @@ from ..exprgraph.scaling import pushed, scale_for
 from ..exprgraph.term import describe_operands
 from . import init
 from ..settings import real, whole
-from .module import Buffer, FromGradient, Function, Module, Parameter, Sequential, gathered_from_zero, size, term
+from .module import (Buffer, FromGradient, Function, Module, Parameter, Sequential, gathered_from_zero, product_input,
+                     size, term)
 
 
 class Linear(Module):
@@ -53,6 +54,7 @@ class Linear(Module):
         self.in_features, self.out_features, self.has_bias, self.float8 = in_features, out_features, bias, float8
 
     def forward(self, x):
+        x = x if self.float8 else product_input(f"nn.Linear({self.in_features}, {self.out_features})", x, self.weight)
         if term("Linear", x).shape[-1:] != (self.in_features,):
             raise ShapeError(f"Linear({self.in_features}, {self.out_features}) takes inputs whose last axis has "
                              f"{self.in_features} features, not {x.shape}")
@@ -169,7 +171,9 @@ class Conv2d(Module):
         self.stride, self.padding, self.dilation, self.groups, self.has_bias = stride, padding, dilation, groups, bias
 
     def forward(self, x):
-        y = ct.conv2d(term("Conv2d", x), self.weight, self.stride, self.padding, self.dilation, self.groups)
+        weight = self.weight
+        x = product_input(f"nn.Conv2d({weight.shape[1] * self.groups}, {weight.shape[0]})", x, weight)
+        y = ct.conv2d(x, weight, self.stride, self.padding, self.dilation, self.groups)
         return y + ct.reshape(self.bias, (self.bias.shape[0], 1, 1)) if self.has_bias else y
 
 

@@ -40,6 +40,19 @@ def term(layer, x):
                      f"output) or an array, not {type(x).__name__}")
 
 
+def product_input(layer, x, weight):
+    """``x`` as a term, the input of a product layer (linear, convolution) whose weight reads as ``weight``: a
+    floating one of another dtype is refused, as PyTorch refuses it. NumPy's promotion would compute the layer, and
+    every layer after it, in the wider dtype: a float64 array, NumPy's default, made a float32 model compute in
+    float64 without a word."""
+    x = term(layer, x)
+    if is_float(x.dtype) and is_float(weight.dtype) and x.dtype != weight.dtype:
+        raise DTypeError(f"{layer} has {weight.dtype} weights and is called with {x.dtype} input: cast it "
+                         f"(ct.cast(x, {weight.dtype.name!r}); an array's .astype({weight.dtype.name!r})), or compute "
+                         f"the model in one dtype with model.compute_in(...)")
+    return x
+
+
 def gathered_from_zero(call, gather, x, indices, axis):
     """``gather(x, indices, axis=axis)`` (``ct.take`` or ``ct.take_along_axis``) of labels or token ids, which are
     never negative: signed ones read as unsigned of at least 32 bits, so that a negative one (-1, PyTorch's padding
@@ -61,6 +74,8 @@ def gathered_from_zero(call, gather, x, indices, axis):
 
 def _entering(x, dtype):
     """``x``, an argument of a module computing in ``dtype``: a floating term of another dtype (float8 aside) cast."""
+    if isinstance(x, np.ndarray) and is_float(x.dtype):
+        x = ct.as_term(x)
     if isinstance(x, Term) and is_float(x.dtype) and x.dtype.itemsize >= 2 and x.dtype != dtype:
         return ct.cast(x, dtype)
     return x
