@@ -61,10 +61,12 @@ def test_logical_ops_of_numbers_are_numpys(name):
 def test_bool_operators_are_the_logical_ops_and_refuse_numbers():
     p, q = ct.var("p", (4,), "bool"), ct.var("q", (4,), "bool")
     pv, qv = np.array([0, 0, 1, 1], bool), np.array([0, 1, 0, 1], bool)
-    outputs = [p & q, p | q, p ^ q, ~p, p & True, False | q]
+    outputs = [p & q, p | q, p ^ q, ~p, p & np.True_, np.False_ | q]
     expected = [pv & qv, pv | qv, pv ^ qv, ~pv, pv & True, False | qv]
     for got, want in zip(ct.compile(outputs, inputs=[p, q])(p=pv, q=qv), expected):
         np.testing.assert_array_equal(got, want)
+    with pytest.raises(ct.DTypeError, match="the Python bool False: == and != between two terms compare the terms"):
+        _ = p & (q == p)  # identity of two terms, not their elements
     x = ct.var("x", (4,), "int32")
     with pytest.raises(ct.DTypeError, match=r"'&' takes bool terms .* call ct.logical_and"):
         x & p

@@ -144,7 +144,7 @@ def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false
         _ = other != x
 
 
-def test_where_cast_and_sums_refuse_the_bool_that_two_terms_compared_by_eq_give():
+def test_where_cast_sums_and_elementwise_ops_refuse_the_bool_that_two_terms_compared_by_eq_give():
     """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, and an accuracy always 0, without a word."""
     x, y = ct.var("x", (2,)), ct.var("y", (2,))
     with pytest.raises(ct.DTypeError, match=r"where's condition is the Python bool False: == and != between two terms "
@@ -154,6 +154,10 @@ def test_where_cast_and_sums_refuse_the_bool_that_two_terms_compared_by_eq_give(
         ct.mean(ct.cast(x == y, "float32"))
     with pytest.raises(ct.DTypeError, match="sum's operand is the Python bool False"):
         ct.sum(x == y)
+    with pytest.raises(ct.DTypeError, match="an operand of multiply is the Python bool False"):  # a masked accuracy
+        ct.sum(x * (x == y))
+    with pytest.raises(ct.DTypeError, match=r"mean's operand is the Python number 0.0, no term: .* ct.equal\(x, y\)"):
+        ct.mean(1.0 * (x == y))  # made by Python before cortado sees it
     assert ct.evaluate(ct.where(np.bool_(True), x, y), {"x": np.ones(2, "f4"), "y": np.zeros(2, "f4")}).all()
 
 

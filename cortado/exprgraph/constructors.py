@@ -5,6 +5,7 @@ Names and argument conventions are NumPy's. Each function turns its operands int
 asks the op table for the term.
 """
 
+import builtins
 import functools
 import inspect
 import itertools
@@ -91,6 +92,9 @@ def _out_of_range_comparison(name, terms):
 
 
 def _ufunc_call(name, *values):
+    if len(values) > 1 and builtins.any(isinstance(v, Term) for v in values):
+        for value in values:
+            _no_compared_terms(f"an operand of {name}", value)
     terms = operands(name, values)
     if not any(isinstance(t, Scalar) for t in terms):
         return apply(OPS[name], terms)
@@ -206,13 +210,19 @@ def power(x, y):
     return result
 
 
-def _no_compared_terms(what, value):
+def _no_compared_terms(what, value, numbers=False):
     """Refuses a Python bool where an elementwise test is meant (``where``'s condition, what ``cast`` or a sum
-    reads): it is what ``==`` or ``!=`` between two terms gives, which compare the terms themselves."""
+    reads, an operand of an elementwise op beside a term): it is what ``==`` or ``!=`` between two terms gives,
+    which compare the terms themselves. With ``numbers``, a Python number too (a sum's operand): ``1.0 * (x == y)``
+    is one, made by Python before cortado sees it."""
     if type(value) is bool:
         raise DTypeError(f"{what} is the Python bool {value}: == and != between two terms compare the terms "
                          f"themselves (terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare their "
                          f"elements (a constant: np.bool_({value}))")
+    if numbers and type(value) in (int, float):
+        raise DTypeError(f"{what} is the Python number {value}, no term: where it comes from arithmetic on x == y "
+                         f"between two terms (which compares the terms themselves, a Python bool), ct.equal(x, y) "
+                         f"compares their elements (a constant: np.float64({value}))")
 
 
 def where(condition, x, y):
@@ -262,12 +272,12 @@ def stop_gradient(x):
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (NumPy's name)
-    _no_compared_terms("sum's operand", x)
+    _no_compared_terms("sum's operand", x, numbers=True)
     return _call("sum", x, axis=axis, keepdims=keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
-    _no_compared_terms("mean's operand", x)
+    _no_compared_terms("mean's operand", x, numbers=True)
     return _call("mean", x, axis=axis, keepdims=keepdims)
 
 
