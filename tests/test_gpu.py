@@ -775,3 +775,14 @@ def test_feeds_that_cannot_be_read_in_place_are_staged():
         kept.append(cupy.asarray(value))
         assert_close(program(x=kept[-1]), ct.evaluate(out, {"x": value}, precision="float64"))
     assert sum(any(kind == "in place" for kind, _ in key) for key in program._executor.prepared) <= ADDRESS_SETS
+
+
+def test_arithmetic_on_bools_in_a_kernel_is_numpys():
+    """True + True is True (NumPy's ``or``) and True / False infinity, as the CPU's C regions were found not to
+    compute them: each kernel holds a bool in C++'s ``bool``, and a division's operands are converted first."""
+    from test_native import bool_arithmetic
+
+    outputs, inputs, feeds, expected = bool_arithmetic()
+    program = ct.compile(outputs, inputs=inputs, backend="cupy")
+    for ours, want in zip(program(**feeds), expected):
+        np.testing.assert_array_equal(host(ours), want)

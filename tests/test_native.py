@@ -47,6 +47,29 @@ def test_nans_and_infinities_pass_as_numpy_passes_them(monkeypatch):
         np.testing.assert_array_equal(a, b)
 
 
+def bool_arithmetic():
+    """Outputs of arithmetic on bools, their feeds and NumPy's values: ``+`` is NumPy's ``or``, ``/`` a float64's."""
+    a, b = ct.var("a", (4,), "bool"), ct.var("b", (4,), "bool")
+    av, bv = np.array([False, False, True, True]), np.array([False, True, False, True])
+    outputs = [ct.cast(a + b, "float32"), (a + b) * 1.5, ct.argmax(a + a), a / b + 0.5, a * b * 2.0,
+               ct.maximum(a, b) * 1.0, ct.equal(a + b, np.True_)]
+    with np.errstate(all="ignore"):
+        expected = [(av + bv).astype(np.float32), (av + bv) * 1.5, np.argmax(av + av), av / bv + 0.5, av * bv * 2.0,
+                    np.maximum(av, bv) * 1.0, np.equal(av + bv, True)]
+    return outputs, [a, b], {"a": av, "b": bv}, expected
+
+
+def test_arithmetic_on_bools_is_numpys_not_cs_on_their_bytes(monkeypatch):
+    """C's ``+`` on the bytes that hold bools made True + True 2 (an argmax past the end of its row), and its ``/``
+    divided them as integers, True / False killing the process (SIGFPE): such terms stay NumPy's."""
+    outputs, inputs, feeds, expected = bool_arithmetic()
+    with np.errstate(all="ignore"):
+        _, ours, numpy = _both(outputs, inputs, feeds, monkeypatch)
+    for a, b, want in zip(ours, numpy, expected):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(a, want)
+
+
 def test_a_transcendental_is_numpys_own_loop_called_from_c_between_loop_nests_where_that_saves_passes_or_calls(
         monkeypatch):
     """A region whose C makes as many passes as NumPy's calls is C where every piece is (one call from Python instead

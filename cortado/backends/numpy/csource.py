@@ -56,6 +56,9 @@ def _expression(t, operand):
     """The C expression of term ``t`` from its operands' C names (``operand(a)``), or None if it has none here."""
     if any(x.dtype in INTEGERS for x in t.args) and (t.op not in COMPARISONS or t.args[0].dtype != t.args[1].dtype):
         return None
+    if t.op not in COMPARISONS and t.op is not CAST and (t.dtype not in FLOATING or any(
+            x.dtype != t.dtype for x in t.args[t.op is WHERE:])):
+        return None  # C's arithmetic on bytes is no bool's (True + True is 2), nor a float's division of bools
     a = [operand(x) for x in t.args]
     f = _suffix(t.dtype)
     if t.op in INFIX:
