@@ -69,6 +69,19 @@ def test_sum_of_a_broadcast_over_nothing_is_zero_even_of_inf():
     np.testing.assert_array_equal(ct.evaluate(simplify(total), {}), 0.0)
 
 
+@pytest.mark.parametrize("copies", [(4, 3), (1, 3)])
+def test_sum_of_a_broadcast_of_negative_zeros_is_positive_zero_as_a_sum_is(copies):
+    """``sum(broadcast_to(x, (4, 3)), 0)`` became ``4 * x``: -0.0 where a sum, adding from +0.0, gives +0.0, so
+    ``1 / s`` was -inf."""
+    x = ct.var("x", (3,))
+    total = ct.sum(ct.broadcast_to(x, copies), axis=0)
+    feeds = {"x": np.array([-0.0, -0.0, 1.0], np.float32)}
+    assert simplify(total) is not total
+    for got in (ct.evaluate(1.0 / simplify(total), feeds), ct.compile([1.0 / total], inputs=[x])(**feeds)[0]):
+        np.testing.assert_array_equal(got, ct.evaluate(1.0 / total, feeds))
+        assert got[0] == np.inf
+
+
 def test_sum_of_a_broadcast_keeps_a_factor_the_dtype_cannot_hold():
     h = ct.var("h", (1,), "float16")
     total = ct.sum(ct.broadcast_to(h, (70000,)))

@@ -227,7 +227,8 @@ def _sum_of_broadcast(b):
 
     Declined where it would not pay: when the result would still need a broadcast or a reshape
     and a multiply, when the broadcast has other users (it would stay, and the multiply come on
-    top), or when ``n`` is no exact value of the dtype.
+    top), or when ``n`` is no exact value of the dtype. Where no sum is left (``n * x``, or ``x``), a
+    float's ``+ 0.0`` stays, as a sum adds from ``+0.0``: the sum of copies of ``-0.0`` is ``+0.0``.
     """
     x, shape, axes, keepdims = b["_x"], b["_s"], b["_a"], b["_k"]
     if not isinstance(x, Term):
@@ -248,7 +249,8 @@ def _sum_of_broadcast(b):
         if factor != 1:
             return None  # sum, reshape and multiply would be more terms than the two we replace
         result = ct.reshape(result, b.term.shape)
-    return result if factor == 1 else factor * result
+    result = result if factor == 1 else factor * result
+    return result + 0.0 if not own and b.term.dtype.kind == "f" else result
 
 
 def _einsum_without_ones(b):
