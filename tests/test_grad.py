@@ -335,6 +335,27 @@ def test_a_half_precision_softmaxs_gradient_is_computed_in_float32_and_rounded_o
         np.testing.assert_array_equal(got, expected)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_means_gradient_is_its_adjoint_over_the_count_rounded_once(dtype):
+    """``dy * (1 / n)`` in float16 took ``1 / n`` as a float16 subnormal: over 5 million values the gradient was 11%
+    small, and 0 past 3.4e7."""
+    n = 5_000_000
+    x = ct.var("x", (n,), dtype)
+    (gradient,) = ct.grad(ct.mean(x) * 1000.0, [x])
+    got = ct.evaluate(gradient, {})
+    assert got.dtype == x.dtype and (got == np.float32(1000.0 / n).astype(x.dtype)).all()
+
+
+@pytest.mark.parametrize("dtype", ["int8", "int16", "int32", "int64"])
+def test_the_gradient_of_a_power_at_the_smallest_integer_exponent_is_the_derivative(dtype):
+    """``z - 1`` in the exponent's own dtype wrapped at its minimum: int8's -128 - 1 is 127."""
+    x, z = ct.var("x", (2,), "float64"), ct.var("z", (2,), dtype)
+    (gradient,) = ct.grad(ct.sum(x ** z), [x])
+    xv, zv = np.array([1.0001, 0.5]), np.array([np.iinfo(dtype).min, 3], dtype)
+    expected = zv * xv ** (zv.astype(np.float64) - 1)
+    np.testing.assert_allclose(ct.evaluate(gradient, {"x": xv, "z": zv}), expected, rtol=1e-12)
+
+
 def test_derivative_rules_refuse_to_be_incomplete():
     with pytest.raises(ct.RewriteError, match=r"gives VJPs for \['_x'\].*inputs \['_x', '_z'\]"):
         Derivative("bad", "_x * _z", _x="_dy * _z")

@@ -66,15 +66,16 @@ def _redundant_forms(term, draw):
     if term.ndim:
         perm = draw(st.permutations(range(term.ndim)))
         forms.append(ct.transpose(ct.transpose(term, perm), np.argsort(perm).tolist()))
-        forms.append(ct.sum(ct.broadcast_to(term, (1,) + term.shape), axis=0))
     return forms
 
 
 def _fast_math_forms(term, draw):
-    """Forms with ``term``'s value for finite values of moderate size, which only fast_math undoes."""
+    """Forms with ``term``'s value for finite values of moderate size, which only fast_math undoes (a sum of one copy
+    is ``term + 0.0``: a sum adds from +0.0, so it is +0.0 of -0.0)."""
     forms = [2.0 * (0.5 * term), term - term + term, (term + 1.0) + (-1.0), term + 0.0]
     if term.ndim:
         forms.append(0.5 * ct.sum(ct.broadcast_to(term, (2,) + term.shape), axis=0))
+        forms.append(ct.sum(ct.broadcast_to(term, (1,) + term.shape), axis=0))
     return forms
 
 
