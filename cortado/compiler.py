@@ -135,11 +135,7 @@ def _signature(outputs, inputs, state, updates):
             raise DTypeError(f"compile: the update of {v.name!r} has dtype {new.dtype}, the variable {v.dtype}; "
                              f"use ct.cast(..., {v.dtype.name!r})")
     computed = schedule(list(outputs) + list(updates.values()))
-    # a program that updates nothing is no training step (gradients computed to look at them): nothing is owed
-    for what, owing, unupdated in owed.unpaid(computed, {v.name for v in updates}) if updates else ():
-        warnings.warn(f"compile: the step computes {what} in training, but its updates leave {list(owing)} as they "
-                      f"are, so {unupdated}: add model.state_updates(outputs) to updates, or call model.eval() "
-                      f"for inference", stacklevel=4)
+    _warn_of_training_modes(computed, updates)
     read = [t for t in computed if t.op is VAR]
     for v in read:
         if v.name in names and names[v.name] is not v:
@@ -148,6 +144,29 @@ def _signature(outputs, inputs, state, updates):
             raise FeedError(f"compile: the graph reads variable {v.name!r} ({v.attr('declaration')!r}), "
                             f"but it is neither an input nor state")
     return Signature(outputs, inputs, state, updates, single)
+
+
+def _warn_of_training_modes(computed, updates):
+    """Warns where layers in training (a batch norm, a dropout) compute what ``computed`` holds but the program's
+    ``updates`` leave their state as it is: a training step without ``model.state_updates``, or a program that
+    updates nothing and computes no gradient, an evaluation program built before ``model.eval()`` (a module's mode
+    is read where ``model(x)`` builds the terms, so ``eval()`` called afterwards changes nothing). A program of
+    gradients without updates (a gradient check) is a look at a training step: nothing is owed."""
+    from .grad import gradient_of
+
+    if updates:
+        for what, owing, unupdated in owed.unpaid(computed, {v.name for v in updates}):
+            warnings.warn(f"compile: the step computes {what} in training, but its updates leave {list(owing)} as "
+                          f"they are, so {unupdated}: add model.state_updates(outputs) to updates, or call "
+                          f"model.eval() for inference", stacklevel=5)
+        return
+    training = sorted({what for what, _, _ in owed.unpaid(computed, ())})
+    if training and not any(gradient_of(t) for t in computed if t.op is not CONST):  # (zeros: any variable's)
+        warnings.warn(f"compile: the program computes {' and '.join(training)} in training mode and updates nothing: "
+                      f"a batch norm normalises by each batch's statistics and a dropout draws the same mask every "
+                      f"call. For inference, call model.eval() before model(x) builds the program's terms (the mode "
+                      f"is read there, so eval() afterwards changes nothing); for training, give it "
+                      f"updates=model.state_updates(outputs)", stacklevel=5)
 
 
 @dataclass(frozen=True)

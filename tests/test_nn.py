@@ -680,6 +680,17 @@ def test_a_step_computing_a_layer_in_training_without_its_state_updates_is_warne
         ct.compile([model.eval()(x)], inputs=[x], state=model.initial_values())
 
 
+def test_an_evaluation_program_built_before_eval_is_warned_of():
+    """A module's mode is read where ``model(x)`` builds the terms: ``eval()`` called after an evaluation program was
+    built changed nothing, and the program normalised by each batch's statistics and drew one dropout mask for every
+    call, without a word."""
+    model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Dropout(0.5), nn.Linear(8, 2))
+    x = ct.var("x", (16, 4))
+    with pytest.warns(UserWarning, match=r"computes BatchNorm and Dropout in training mode and updates nothing: .* "
+                                         r"call model.eval\(\) before model\(x\) builds"):
+        ct.compile([model(x)], inputs=[x], state=model.initial_values())
+
+
 def test_cross_entropy_smooths_labels_as_pytorch_defines_it():
     """Target ``1 - e`` on the label and ``e`` spread over the classes: ``lse - (1 - e) x[label] - e mean(x)``, over
     the positions not ignored."""

@@ -31,6 +31,9 @@ def as_outputs(outputs):
     """A tuple of terms from one term or an iterable of them."""
     if isinstance(outputs, Term):
         return (outputs,)
+    if isinstance(outputs, dict):
+        raise DTypeError("expected a cortado term or a list of them, not a dict (ct.grad of a model's parameters() "
+                         "gives one, keyed by name): list(gradients.values()) is its terms")
     try:
         outputs = tuple(outputs)
     except TypeError:
