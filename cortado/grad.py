@@ -54,6 +54,26 @@ def gradient_of(term):
     return frozenset(_of.get(term, ()))
 
 
+def gradients_made_from(term, memo):
+    """The variables whose ``grad`` gradients ``term`` is made from: its own (``gradient_of``), or those of the
+    gradients it computes with (a gradient scaled, clipped or averaged), the walk stopping at each gradient it meets.
+    ``memo`` (a dict) is shared by the calls on one graph, so each term is looked at once."""
+    pending = [term]
+    while pending:
+        t = pending[-1]
+        if t in memo:
+            pending.pop()
+            continue
+        own = gradient_of(t) if t.op.name != "const" else frozenset()  # (zeros: any variable's)
+        waiting = [a for a in t.args if a not in memo] if not own else []
+        if waiting:
+            pending.extend(waiting)
+            continue
+        pending.pop()
+        memo[t] = own or frozenset().union(*(memo[a] for a in t.args))
+    return memo[term]
+
+
 def grad(y, wrt, *, rules=None, trace=None):
     """The gradient of the scalar ``y`` with respect to ``wrt``: a variable, a list of them, or a dict of them (a
     model's ``parameters()``).

@@ -23,7 +23,7 @@ from .settings import real, whole
 from .exprgraph import constructors as ct
 from .exprgraph.dtypes import is_float
 from .exprgraph.term import Term
-from .grad import gradient_of
+from .grad import gradients_made_from
 
 
 class Optimizer:
@@ -84,6 +84,7 @@ class Optimizer:
         gradients = list(gradients)
         if len(params) != len(gradients):
             raise CortadoError(f"{type(self).__name__}: {len(params)} parameters and {len(gradients)} gradients")
+        made_from = {}
         for p, g in zip(params, gradients):
             if not isinstance(p, Term) or p.op.name != "var":
                 raise CortadoError(f"{type(self).__name__}: the parameters are variables (a model's parameters(), or "
@@ -94,10 +95,10 @@ class Optimizer:
             if p.shape != g.shape:
                 raise CortadoError(f"{type(self).__name__}: the gradient of {p.name!r} has shape {g.shape}, not "
                                    f"{p.shape}")
-            of = gradient_of(g)
+            of = gradients_made_from(g, made_from)
             if of and p not in of:  # two layers of one shape would train on each other's gradients
-                raise CortadoError(f"{type(self).__name__}: the gradient given for {p.name!r} is ct.grad's of "
-                                   f"{', '.join(sorted(repr(v.name) for v in of))}: are the gradients in the "
+                raise CortadoError(f"{type(self).__name__}: the gradient given for {p.name!r} is made from ct.grad's "
+                                   f"of {', '.join(sorted(repr(v.name) for v in of))}: are the gradients in the "
                                    f"parameters' order? (ct.grad(loss, params) gives them so)")
         state, updates = {}, {}
         if accumulate > 1:

@@ -169,10 +169,14 @@ def test_gradients_out_of_the_parameters_order_are_refused_where_their_shapes_ag
     x = ct.var("x", (2, 3))
     loss = ct.sum(ct.tanh(x @ w1) @ w2)
     g1, g2 = ct.grad(loss, [w1, w2])
-    with pytest.raises(ct.CortadoError, match=r"the gradient given for 'w1' is ct.grad's of 'w2': are the gradients "
-                                              r"in the parameters' order\?"):
+    with pytest.raises(ct.CortadoError, match=r"the gradient given for 'w1' is made from ct.grad's of 'w2': are the "
+                                              r"gradients in the parameters' order\?"):
         optim.SGD(0.1).updates([w1, w2], [g2, g1])
-    optim.SGD(0.1).updates([w1, w2], [g1, g2 * 0.5])  # a gradient of one's own making is taken as given
+    with pytest.raises(ct.CortadoError, match=r"given for 'w1' is made from ct.grad's of 'w2'"):  # scaled first
+        optim.SGD(0.1).updates([w1, w2], [g2 * 0.5, g1 * 0.5])
+    optim.SGD(0.1).updates([w1, w2], [g1, g2 * 0.5])
+    optim.SGD(0.1).updates([w1, w2], optim.clip_grad_norm([g1, g2], 1.0))  # each made from both: taken as given
+    optim.SGD(0.1).updates([w1, w2], [ct.tanh(ct.transpose(x) @ x), g2])  # a gradient of one's own making too
 
 
 def test_optimizers_say_what_is_wrong():
