@@ -72,6 +72,8 @@ SHAPE_ERRORS = {
 DTYPE_ERRORS = {
     "var dtype": (lambda: ct.var("c", (2,), "complex64"), "var:", "unsupported dtype 'complex64'", "float32"),
     "var dtype None": (lambda: ct.var("c", (2,), None), "unsupported dtype None"),
+    "var dtype float": (lambda: ct.var("c", (2,), "float"), "'float' is float64 in NumPy and float32 in PyTorch"),
+    "cast dtype int": (lambda: ct.cast(x, "int"), "'int' is int64 in NumPy and int32 in PyTorch: name its width"),
     "cast dtype": (lambda: ct.cast(x, "float128"), "cast(float32[4,6])", "unsupported dtype 'float128'"),
     "const dtype": (lambda: ct.const(1, dtype="foo"), "const: dtype:", "unsupported dtype 'foo'"),
     "weak overflow": (lambda: i8 + 1000, "add(int8[3], 1000)", "Python integer 1000 out of bounds for int8"),

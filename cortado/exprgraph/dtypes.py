@@ -86,8 +86,15 @@ def as_strided(array, shape, strides, writeable=True):
 ML_DTYPES_NAMES = ("bfloat16", "float8_e4m3fn", "float8_e5m2")
 
 
+AMBIGUOUS = {"float": ("float64", "float32"), "int": ("int64", "int32")}  # name: (NumPy's dtype, PyTorch's)
+
+
 def as_dtype(spec):
-    """The supported NumPy dtype named by ``spec`` (a string, a NumPy type or a dtype)."""
+    """The supported NumPy dtype named by ``spec`` (a string, a NumPy type or a dtype). The names NumPy and PyTorch
+    give two widths (``AMBIGUOUS``) are refused: ``"float"`` would be float64 where a PyTorch user means float32."""
+    if isinstance(spec, str) and spec in AMBIGUOUS:
+        raise DTypeError(f"the dtype {spec!r} is {AMBIGUOUS[spec][0]} in NumPy and {AMBIGUOUS[spec][1]} in PyTorch: "
+                         f"name its width ({AMBIGUOUS[spec][1]!r} or {AMBIGUOUS[spec][0]!r})")
     if ml_dtypes is None and isinstance(spec, str) and spec in ML_DTYPES_NAMES:
         raise DTypeError(f"the dtype {spec} needs the ml_dtypes package, which is not installed: pip install ml_dtypes")
     try:

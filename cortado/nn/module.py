@@ -45,9 +45,11 @@ def product_input(layer, x, weight):
     floating one of another dtype is refused, as PyTorch refuses it. NumPy's promotion would compute the layer, and
     every layer after it, in the wider dtype: a float64 array, NumPy's default, made a float32 model compute in
     float64 without a word."""
-    x = term(layer, x)
+    given, x = x, term(layer, x)
     if is_float(x.dtype) and is_float(weight.dtype) and x.dtype != weight.dtype:
-        raise DTypeError(f"{layer} has {weight.dtype} weights and is called with {x.dtype} input: cast it "
+        widened = (" (a NumPy float64 scalar, np.sqrt(d) say, makes a float32 term float64, as in NumPy 2; a Python "
+                   "float does not)" if x.dtype == np.float64 and isinstance(given, Term) else "")
+        raise DTypeError(f"{layer} has {weight.dtype} weights and is called with {x.dtype} input{widened}: cast it "
                          f"(ct.cast(x, {weight.dtype.name!r}); an array's .astype({weight.dtype.name!r})), or compute "
                          f"the model in one dtype with model.compute_in(...)")
     return x
