@@ -174,6 +174,12 @@ def test_numpys_functions_refuse_terms_naming_cortados():
         np.concatenate([t, t])
     with pytest.raises(TypeError, match="a symbolic term is no array: ct.evaluate"):
         np.asarray(t)
+    with pytest.raises(TypeError, match="NumPy's exp does not take a symbolic term: use ct.exp"):  # a ufunc
+        np.exp(t)
+    array = np.ones(2, np.float32)
+    with pytest.raises(TypeError, match="an array cannot hold a term: write a = a"):
+        array += t
+    assert (array - t).head == "subtract" and (array < t).head == "greater" and (np.float64(2) * t).dtype == np.float64
 
 
 def test_a_convolution_kernel_with_an_empty_axis_is_refused():

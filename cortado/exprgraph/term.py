@@ -155,6 +155,18 @@ def _refuse_elementwise(other, operator, function):
                         f"use {function}(x, y)")
 
 
+# NumPy's ufuncs that Python's operators call between an array and a term: (the term's operator, its reflection)
+OPERATOR_UFUNCS = {
+    "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
+    "divide": ("__truediv__", "__rtruediv__"), "floor_divide": ("__floordiv__", "__rfloordiv__"),
+    "remainder": ("__mod__", "__rmod__"), "power": ("__pow__", "__rpow__"), "matmul": ("__matmul__", "__rmatmul__"),
+    "less": ("__lt__", "__gt__"), "less_equal": ("__le__", "__ge__"), "greater": ("__gt__", "__lt__"),
+    "greater_equal": ("__ge__", "__le__"), "equal": ("__eq__", "__eq__"), "not_equal": ("__ne__", "__ne__"),
+    "bitwise_and": ("__and__", "__rand__"), "bitwise_or": ("__or__", "__ror__"),
+    "bitwise_xor": ("__xor__", "__rxor__"),
+}
+
+
 class Term:
     """One node of an expression: ``op(*args)`` with attributes, a shape and a dtype.
 
@@ -163,7 +175,22 @@ class Term:
     """
 
     __slots__ = ("op", "args", "attrs", "shape", "dtype", "location", "__weakref__")
-    __array_ufunc__ = None  # make NumPy defer to our reflected operators: ndarray + term -> term
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        """An array's operator with a term (``array + term``, which NumPy calls as ``np.add``) is the term's own
+        reflected operator; NumPy's other ufuncs (``np.exp(term)``) refuse the term naming cortado's function, as
+        NumPy's functions do (``__array_function__``)."""
+        names = OPERATOR_UFUNCS.get(ufunc.__name__)
+        if method == "__call__" and not kwargs and names and len(inputs) == 2:
+            if inputs[1] is self:
+                return getattr(self, names[1])(inputs[0])
+            return getattr(self, names[0])(inputs[1])
+        import cortado
+
+        name = ufunc.__name__
+        hint = f"use ct.{name}" if hasattr(cortado, name) else "use cortado's functions"
+        if "out" in kwargs:
+            hint = "an array cannot hold a term: write a = a + term, not a += term"
+        raise TypeError(f"NumPy's {name} does not take a symbolic term: {hint} (ct.evaluate gives a term's value)")
 
     def __array_function__(self, func, types, args, kwargs):
         """NumPy's functions (``np.sum``, ``np.concatenate``) refuse terms with the function that takes them, instead
