@@ -19,6 +19,8 @@ from .exprgraph.constructors import *  # noqa: F401,F403  (var, const, exp, matm
 from .exprgraph.constructors import __all__ as _constructors
 from .exprgraph.quantization import dequantize, fake_quantize, quantize
 from .exprgraph.slicing import concatenate, split
+from .exprgraph.shaping import *  # noqa: F401,F403  (expand_dims, stack, zeros, ...: see __all__ there)
+from .exprgraph.shaping import __all__ as _shaping
 from .grad import grad, hvp, vjp
 from .program import Program
 from .torch_state import load_optimizer_state_dict, load_state_dict, optimizer_state_dict, state_dict
@@ -26,7 +28,8 @@ from .torch_state import load_optimizer_state_dict, load_state_dict, optimizer_s
 __version__ = "0.1.0"
 
 __all__ = [
-    *_constructors, "min", "clip", "argmax", "argmin", "quantize", "dequantize", "fake_quantize", "concatenate", "split",
+    *_constructors, *_shaping, "min", "clip", "argmax", "argmin", "quantize", "dequantize", "fake_quantize",
+    "concatenate", "split",
     "grad", "vjp", "hvp", "rules", "distributed", "nn", "optim", "save", "load", "load_state_dict", "state_dict",
     "load_optimizer_state_dict", "optimizer_state_dict",
     "evaluate", "compile", "Program", "Graph", "Term", "format_graph", "schedule", "to_dot",
