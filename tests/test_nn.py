@@ -595,8 +595,11 @@ def test_pytorchs_activation_modules_are_cortados_ops_and_gelu_is_only_the_tanh_
     x = ct.var("x", (2, 3), "float64")
     values = {"x": np.linspace(-2, 2, 6).reshape(2, 3)}
     for module, op in ((nn.ReLU(), ct.relu), (nn.GELU(approximate="tanh"), ct.gelu), (nn.SiLU(), ct.silu),
-                       (nn.Sigmoid(), ct.sigmoid), (nn.Tanh(), ct.tanh)):
+                       (nn.Sigmoid(), ct.sigmoid), (nn.Tanh(), ct.tanh), (nn.Identity(), lambda t: t),
+                       (nn.Softmax(dim=0), lambda t: ct.softmax(t, axis=0)),
+                       (nn.LogSoftmax(dim=-1), lambda t: ct.log_softmax(t, axis=-1))):
         np.testing.assert_array_equal(ct.evaluate(module(x), values), ct.evaluate(op(x), values))
+    assert repr(nn.Sequential(nn.ReLU(), nn.LogSoftmax(1))) == "Sequential(\n  0: ReLU()\n  1: LogSoftmax(dim=1))"
     with pytest.raises(ct.CortadoError, match=r"the tanh form, nn.GELU\(approximate='tanh'\), not the erf form"):
         nn.GELU()
 
@@ -608,9 +611,23 @@ def test_the_activation_modules_match_pytorchs():
     x = np.linspace(-30, 30, 101)
     v = ct.var("x", (101,), "float64")
     for ours, theirs in ((nn.ReLU(), torch.nn.ReLU()), (nn.GELU(approximate="tanh"), torch.nn.GELU(approximate="tanh")),
-                         (nn.SiLU(), torch.nn.SiLU()), (nn.Sigmoid(), torch.nn.Sigmoid()), (nn.Tanh(), torch.nn.Tanh())):
+                         (nn.SiLU(), torch.nn.SiLU()), (nn.Sigmoid(), torch.nn.Sigmoid()), (nn.Tanh(), torch.nn.Tanh()),
+                         (nn.Softmax(0), torch.nn.Softmax(0)), (nn.LogSoftmax(0), torch.nn.LogSoftmax(0))):
         np.testing.assert_allclose(ct.evaluate(ours(v), {"x": x}), theirs(torch.from_numpy(x)).numpy(), rtol=1e-13,
                                    atol=1e-15)  # far out gelu's x sigmoid(z) keeps what torch's 1 + tanh rounds to 0
+
+
+def test_batch_norm_1d_and_2d_are_batch_norm_of_pytorchs_ranks():
+    x, images = ct.var("x", (4, 3)), ct.var("images", (2, 3, 5, 5))
+    values = {"x": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)}
+    np.testing.assert_array_equal(ct.evaluate(nn.BatchNorm1d(3, affine=False)(x), values),
+                                  ct.evaluate(nn.BatchNorm(3, affine=False)(x), values))
+    assert nn.BatchNorm2d(3)(images).shape == (2, 3, 5, 5) and nn.BatchNorm1d(3)(ct.var("s", (2, 3, 7))).shape
+    with pytest.raises(ct.ShapeError, match=r"BatchNorm2d\(3\) normalises axis 1 of \(N, 3, H, W\) inputs, not "
+                                            r"\(4, 3\)"):
+        nn.BatchNorm2d(3)(x)
+    with pytest.raises(ct.ShapeError, match=r"BatchNorm1d\(3\) normalises axis 1 of \(N, 3\) or \(N, 3, L\)"):
+        nn.BatchNorm1d(3)(images)
 
 
 def test_pooling_and_flatten_modules_are_the_ops_they_name_and_refuse_what_they_lack():

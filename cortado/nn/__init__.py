@@ -9,9 +9,9 @@ expressions that the engine rewrites, differentiates and plans like any other.
 """
 
 from . import init
-from .activations import GELU, ReLU, Sigmoid, SiLU, Tanh
+from .activations import GELU, Identity, LogSoftmax, ReLU, Sigmoid, SiLU, Softmax, Tanh
 from .attention import CausalSelfAttention
-from .layers import MLP, BatchNorm, Conv2d, Dropout, Embedding, LayerNorm, Linear, RMSNorm
+from .layers import MLP, BatchNorm, BatchNorm1d, BatchNorm2d, Conv2d, Dropout, Embedding, LayerNorm, Linear, RMSNorm
 from .losses import binary_cross_entropy_with_logits, cross_entropy, mse_loss
 from .module import Buffer, Function, Module, ModuleList, Parameter, Sequential
 from .pooling import AvgPool2d, Flatten, MaxPool2d
@@ -20,5 +20,5 @@ __all__ = [
     "Module", "Parameter", "Buffer", "Sequential", "ModuleList", "Function", "Linear", "Embedding", "LayerNorm",
     "RMSNorm", "Conv2d", "BatchNorm", "Dropout", "MLP", "CausalSelfAttention", "cross_entropy",
     "binary_cross_entropy_with_logits", "mse_loss", "init", "ReLU", "GELU", "SiLU", "Sigmoid", "Tanh", "MaxPool2d",
-    "AvgPool2d", "Flatten",
+    "AvgPool2d", "Flatten", "BatchNorm1d", "BatchNorm2d", "Identity", "Softmax", "LogSoftmax",
 ]

@@ -1,4 +1,7 @@
-"""PyTorch's activation modules by their names, for a ``Sequential`` (each ``Function`` of cortado's op)."""
+"""PyTorch's activation modules by their names, and its ``Identity``, ``Softmax`` and ``LogSoftmax``, for a
+``Sequential`` (each ``Function`` of cortado's op)."""
+
+import functools
 
 from ..errors import CortadoError
 from ..exprgraph import constructors as ct
@@ -42,3 +45,36 @@ class Tanh(Function):
 
     def __init__(self):
         super().__init__(ct.tanh)
+
+
+class Identity(Function):
+    """PyTorch's ``nn.Identity``: its input (a placeholder where a layer is optional)."""
+
+    def __init__(self, *args, **kwargs):  # (PyTorch's takes any arguments and ignores them)
+        super().__init__(_identity)
+
+
+def _identity(x):
+    return x
+
+
+class Softmax(Function):
+    """PyTorch's ``nn.Softmax(dim)``: ``ct.softmax`` along ``dim``, which is required (PyTorch's default guesses it)."""
+
+    def __init__(self, dim):
+        super().__init__(functools.partial(ct.softmax, axis=dim))
+        self.dim = dim
+
+    def __repr__(self):
+        return f"Softmax(dim={self.dim})"
+
+
+class LogSoftmax(Function):
+    """PyTorch's ``nn.LogSoftmax(dim)``: ``ct.log_softmax`` along ``dim``, which is required."""
+
+    def __init__(self, dim):
+        super().__init__(functools.partial(ct.log_softmax, axis=dim))
+        self.dim = dim
+
+    def __repr__(self):
+        return f"LogSoftmax(dim={self.dim})"

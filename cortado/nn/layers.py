@@ -197,9 +197,13 @@ class BatchNorm(Module):
         self.running_var = Buffer((self.size,), init.ones, statistics)
         self.num_batches_tracked = Buffer((), init.zeros, "int32")
 
+    RANKS, LAYOUT = None, "(N, {}, ...)"  # the ranks of input a subclass takes (PyTorch's BatchNorm1d, 2d), or any
+
     def forward(self, x):
-        if term("BatchNorm", x).ndim < 2 or x.shape[1] != self.size:
-            raise ShapeError(f"BatchNorm({self.size}) normalises axis 1 of (N, {self.size}, ...) inputs, not {x.shape}")
+        rank = term("BatchNorm", x).ndim
+        if rank < 2 or x.shape[1] != self.size or (self.RANKS and rank not in self.RANKS):
+            raise ShapeError(f"{type(self).__name__}({self.size}) normalises axis 1 of {self.LAYOUT.format(self.size)} "
+                             f"inputs, not {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))
         channels = (1, self.size) + (1,) * (x.ndim - 2)
         if self.training:
@@ -226,6 +230,18 @@ class BatchNorm(Module):
                              self.num_batches_tracked: self.num_batches_tracked + 1},
                          "its running statistics stay at their first values")
         return y
+
+
+class BatchNorm1d(BatchNorm):
+    """PyTorch's ``BatchNorm1d``: ``BatchNorm`` of ``(N, C)`` or ``(N, C, L)`` inputs."""
+
+    RANKS, LAYOUT = (2, 3), "(N, {0}) or (N, {0}, L)"
+
+
+class BatchNorm2d(BatchNorm):
+    """PyTorch's ``BatchNorm2d``: ``BatchNorm`` of ``(N, C, H, W)`` images."""
+
+    RANKS, LAYOUT = (4,), "(N, {}, H, W)"
 
 
 class Dropout(Module):
