@@ -166,7 +166,7 @@ def test_a_feed_naming_the_programs_state_says_how_to_set_it():
         step(x=np.ones(2, np.float32), W=np.ones(2, np.float32))
 
 
-def test_numpys_functions_refuse_terms_naming_cortados():
+def test_numpys_functions_and_tensors_methods_refuse_terms_naming_cortados():
     t = ct.var("t", (2,))
     with pytest.raises(TypeError, match="NumPy's sum does not take a symbolic term: use ct.sum"):
         np.sum(t)
@@ -174,6 +174,11 @@ def test_numpys_functions_refuse_terms_naming_cortados():
         np.concatenate([t, t])
     with pytest.raises(TypeError, match="a symbolic term is no array: ct.evaluate"):
         np.asarray(t)
+    with pytest.raises(AttributeError, match=r"a term has no attribute 'numpy': it is a symbolic expression, whose "
+                                             r"value ct.evaluate\(term, feeds\)"):
+        t.numpy()
+    with pytest.raises(AttributeError, match=r"ct.argmax\(x, ...\) is cortado's function"):
+        t.argmax(0)
     with pytest.raises(TypeError, match="NumPy's exp does not take a symbolic term: use ct.exp"):  # a ufunc
         np.exp(t)
     array = np.ones(2, np.float32)

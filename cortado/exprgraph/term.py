@@ -192,6 +192,17 @@ class Term:
             hint = "an array cannot hold a term: write a = a + term, not a += term"
         raise TypeError(f"NumPy's {name} does not take a symbolic term: {hint} (ct.evaluate gives a term's value)")
 
+    def __getattr__(self, name):
+        """A method a PyTorch tensor or a NumPy array has and a term lacks (``.numpy()``, ``.argmax(1)``) is refused
+        saying what a term is and, where there is one, cortado's function of that name."""
+        if name.startswith("__"):
+            raise AttributeError(name)
+        import cortado
+
+        hint = f"; ct.{name}(x, ...) is cortado's function" if hasattr(cortado, name) else ""
+        raise AttributeError(f"a term has no attribute {name!r}: it is a symbolic expression, whose value "
+                             f"ct.evaluate(term, feeds) or a compiled program's call gives{hint}")
+
     def __array_function__(self, func, types, args, kwargs):
         """NumPy's functions (``np.sum``, ``np.concatenate``) refuse terms with the function that takes them, instead
         of an error about an argument the term lacks or an array of one object."""
