@@ -250,6 +250,11 @@ def test_losses_are_stable_at_extreme_logits():
     got = ct.evaluate(nn.binary_cross_entropy_with_logits(x, t), {"x": xv, "t": tv})
     np.testing.assert_allclose(got, np.mean([100.0, 100.0, np.log1p(np.exp(-0.5))]), rtol=1e-6)
     np.testing.assert_allclose(ct.evaluate(nn.mse_loss(x, t), {"x": xv, "t": tv}), np.mean((xv - tv) ** 2), rtol=1e-6)
+    confident = {"x": np.array([20.0, -20.0, 0.0], np.float32), "t": np.array([1.0, 0.0, 0.25], np.float32)}
+    losses = nn.binary_cross_entropy_with_logits(x, t, reduction="none")  # softplus(x) - t x cancelled to 0
+    got, gradient = ct.evaluate([losses, ct.grad(ct.sum(losses), x)], confident)
+    np.testing.assert_allclose(got, [np.log1p(np.exp(-20.0)), np.log1p(np.exp(-20.0)), np.log(2)], rtol=1e-6)
+    np.testing.assert_allclose(gradient, [-np.exp(-20.0), np.exp(-20.0), 0.25], rtol=1e-6)
 
 
 def test_losses_and_layers_say_what_is_wrong():

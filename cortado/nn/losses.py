@@ -67,11 +67,13 @@ def _soft_target_losses(logits, probabilities, ignore_index, smoothing):
 
 
 def binary_cross_entropy_with_logits(logits, targets, reduction="mean"):
-    """The mean of ``-(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))``, as ``softplus(x) - t x``, which neither
-    overflows nor rounds to log(0); ``reduction`` as ``cross_entropy``'s."""
+    """The mean of ``-(t log sigmoid(x) + (1 - t) log(1 - sigmoid(x)))``, as ``t softplus(-x) + (1 - t) softplus(x)``,
+    which neither overflows nor rounds to log(0), and keeps a small loss's digits: ``softplus(x) - t x`` (PyTorch's
+    form, rearranged) cancels to 0 at a confident right answer (logit 20, target 1: 2.1e-9). Its gradient is
+    ``sigmoid(x) - t`` with no kink. ``reduction`` as ``cross_entropy``'s."""
     _same_shape("binary_cross_entropy_with_logits", logits, targets)
     _check_reduction("binary_cross_entropy_with_logits", reduction)
-    return _reduced(ct.softplus(logits) - targets * logits, reduction)
+    return _reduced(targets * ct.softplus(-logits) + (1 - targets) * ct.softplus(logits), reduction)
 
 
 def mse_loss(predictions, targets, reduction="mean"):
