@@ -262,6 +262,9 @@ def test_losses_and_layers_say_what_is_wrong():
         nn.cross_entropy(ct.var("l", (2, 3)), ct.var("y", (2,)))
     with pytest.raises(ct.ShapeError, match="one label for each row"):
         nn.cross_entropy(ct.var("l", (2, 3)), ct.var("y", (3,), "int32"))
+    with pytest.raises(ct.ShapeError, match=r"the classes are the logits' last axis, where PyTorch's \(N, C, ...\) "
+                                            r"has them second \(ct.moveaxis\(logits, 1, -1\)\)"):
+        nn.cross_entropy(ct.var("l", (2, 5, 7)), ct.var("y", (2, 7), "int32"))
     with pytest.raises(ct.ShapeError, match="last axis has 4 features"):
         nn.Linear(4, 2)(ct.var("x", (2, 5)))
     with pytest.raises(ct.ShapeError, match="must divide"):

@@ -13,7 +13,8 @@ REDUCTIONS = ("mean", "sum", "none")  # PyTorch's reduction= of a loss: the mean
 
 
 def cross_entropy(logits, labels, ignore_index=None, label_smoothing=0.0, reduction="mean"):
-    """The mean over every position of ``logsumexp(logits) - logits[label]``: ``logits`` ``(..., classes)``, ``labels``
+    """The mean over every position of ``logsumexp(logits) - logits[label]``: ``logits`` ``(..., classes)`` (the
+    classes last, where PyTorch's ``(N, C, ...)`` has them second), ``labels``
     integers in ``[0, classes)`` of ``logits``' leading shape. With ``ignore_index`` (PyTorch's padding label, -100),
     positions of that label count for nothing, the mean taken over the others (0 where there are none). Any other
     label outside the classes, a negative one too, is an error on the CPU; the GPU clamps it into them. With
@@ -36,10 +37,13 @@ def cross_entropy(logits, labels, ignore_index=None, label_smoothing=0.0, reduct
         raise DTypeError(f"cross_entropy takes integer labels (class indices) or floating probabilities, not "
                          f"{labels.dtype}")
     if labels.shape != logits.shape[:-1]:
+        pytorchs = logits.ndim > 2 and labels.shape == logits.shape[:1] + logits.shape[2:]
         raise ShapeError(f"cross_entropy: labels of shape {labels.shape} for logits of shape {logits.shape}: one "
                          f"label for each row of logits, shape {logits.shape[:-1]}"
                          + (" (probabilities of the classes, of the logits' shape, are floating)"
-                            if labels.shape == logits.shape else ""))
+                            if labels.shape == logits.shape else "")
+                         + (": the classes are the logits' last axis, where PyTorch's (N, C, ...) has them second "
+                            "(ct.moveaxis(logits, 1, -1))" if pytorchs else ""))
     call = f"nn.cross_entropy({describe_operands((logits, labels))})"
     counted = None if ignore_index is None else ct.not_equal(labels, ignore_index)
     places = labels if counted is None else ct.where(counted, labels, 0)
