@@ -629,6 +629,27 @@ def _input_shapes(draw, count, max_rank, max_side):
     return shapes
 
 
+def _lacking(ops):
+    """What each of ``ops`` lacks to be drawn, and where it goes: a builder, or the bounds its builder reads."""
+    lacking = []
+    for name in ops:
+        if name in NOT_DRAWN:
+            lacking.append(f"{name}: {NOT_DRAWN[name]}")
+        elif name in OPS and name not in BUILDERS and name != "cast":
+            lacking.append(f"{name}: it has no builder (add one to cortado.testing.BUILDERS, or list it in "
+                           f"cortado.testing.NOT_DRAWN with the reason)")
+        elif name not in BUILDERS and name != "cast":
+            lacking.append(f"{name}: it is no op of the table")
+        elif name in UNARY and name not in UNARY_BOUNDS:
+            lacking.append(f"{name}: it has no bounds (add them to cortado.testing.UNARY_BOUNDS, or give its record "
+                           f"the places it turns, Op.turns)")
+        elif name in BINARY and name not in BINARY_BOUNDS and name != "power":  # power: its exponents' own
+            lacking.append(f"{name}: it has no bounds (add them to cortado.testing.BINARY_BOUNDS)")
+        elif name in REDUCTIONS and name not in REDUCTION_BOUNDS:
+            lacking.append(f"{name}: it has no bounds (add them to cortado.testing.REDUCTION_BOUNDS)")
+    return lacking
+
+
 def graphs(ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, max_rank=3, max_side=4):
     """A strategy of ``RandomGraph``: well-typed graphs over ``ops`` (names of cortado functions).
 
@@ -638,9 +659,9 @@ def graphs(ops=None, dtypes=("float32", "float64"), max_inputs=3, max_steps=8, m
     fewer than ``max_steps`` of them.
     """
     ops = list(ALL_OPS if ops is None else ops)
-    unknown = sorted(set(ops) - set(BUILDERS) - {"cast"})
-    if unknown:
-        raise ValueError(f"cortado.testing.graphs: no builder for ops {unknown}; known: {ALL_OPS}")
+    lacking = _lacking(ops)
+    if lacking:
+        raise ValueError(f"cortado.testing.graphs cannot draw {'; '.join(lacking)}; the ops it draws: {ALL_OPS}")
     dtypes = [as_dtype(d) for d in dtypes]
     if not dtypes or not all(is_float(d) for d in dtypes):
         raise ValueError(f"cortado.testing.graphs draws floating variables; got dtypes {[d.name for d in dtypes]}")

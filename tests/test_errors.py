@@ -275,3 +275,13 @@ def test_the_cpu_backend_refuses_what_only_gpu_lowering_makes():
     a, b = ct.var("a", (3, 4)), ct.var("b", (4, 5))
     with pytest.raises(ct.errors.BackendError, match="numpy backend has no kernel for gemm"):
         ct.compile(gemm(a, b), inputs=[a, b])
+
+
+def test_the_cpu_backend_names_the_emitter_an_op_of_the_table_lacks(monkeypatch):
+    from cortado.backends.numpy import kernels
+    from cortado.exprgraph.ops import OVERLAP_ADD
+
+    monkeypatch.delitem(kernels.EMITTERS, OVERLAP_ADD)
+    x = ct.var("x", (3, 2))
+    check_error(ct.errors.BackendError, lambda: ct.compile(ct.overlap_add(x, shape=(4,)), inputs=[x]),
+                "numpy backend has no kernel for overlap_add", "no emitter in cortado/backends/numpy/kernels.py")

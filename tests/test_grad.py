@@ -371,6 +371,21 @@ def test_derivative_rules_refuse_to_be_incomplete():
     assert repr(Derivative("tanh", "tanh(_x)", _x="_dy * (1 - _y * _y)")).endswith("_x=_dy * (1 - (_y * _y)))")
 
 
+def test_derivative_patterns_that_cannot_match_every_term_of_their_op_are_refused_where_written():
+    """Not at ct.grad, where such a pattern said only that it does not match the term."""
+    with pytest.raises(ct.RewriteError, match=r"derivative 'bad': its pattern flip\(_x, axes=_a\) cannot match every "
+                                              r"term of flip: flip takes no axes= \(its keywords: axis=\)"):
+        Derivative("bad", "flip(_x, axes=_a)", _x="flip(_dy, axis=_a)")
+    with pytest.raises(ct.RewriteError, match=r"it leaves out keepdims= \(a derivative's pattern binds every keyword "
+                                              r"of its op; sum's: axis=, keepdims=\)"):
+        Derivative("bad", "sum(_x, axis=_a)", _x="_dy")
+    with pytest.raises(ct.RewriteError, match="pad takes no width="):
+        Derivative("bad", "pad(_x, pad_width=_w, constant_values=_c, width=_n)", _x="_dy")
+    with pytest.raises(ct.RewriteError, match=r"the VJP of _x, flip\(_dy, axes=_a\), cannot be built: flip takes no "
+                                              r"axes= \(its keywords: axis=\)"):
+        Derivative("bad", "flip(_x, axis=_a)", _x="flip(_dy, axes=_a)")
+
+
 def test_a_wrong_rule_is_caught_by_the_gradient_check_and_rules_can_be_replaced():
     x = ct.var("x", (4,), "float64")
     feeds = {"x": np.linspace(-1, 1, 4)}

@@ -2,18 +2,23 @@
 of that part's exceptions, listed with the reason. An op added to the table fails here until each
 part handles it or excepts it on purpose (its derivative rule is checked in test_grad.py)."""
 
+import importlib
+import pkgutil
+
 import numpy as np
 import pytest
 
 import cortado as ct
 from cortado import testing
-from cortado.backends.cupy import codegen, sources
+from cortado.backends.cupy import codegen, sources, targets
+from cortado.backends.cupy import layout as gpu_layout
 from cortado.backends.numpy import kernels, layout
 from cortado.errors import BackendError, DTypeError
 from cortado.exprgraph.dtypes import SUPPORTED
-from cortado.exprgraph.ops import LOWERED, OPS, REDUCTION, may_fail, parameter
+from cortado.exprgraph.ops import LOWERED, OPS, REDUCTION, Op, may_fail, parameter
+from cortado.exprgraph.ops.collectives import ALL_REDUCE
 from cortado.rules import primitives
-from cortado.rules.decompositions import composites
+from cortado.rules.decompositions import composites, einsum_lowering
 
 
 def assert_covered(ops, covered, exceptions):
@@ -33,13 +38,7 @@ def test_every_op_is_drawn_by_the_strategies_or_excluded_on_purpose():
 
 
 def test_every_drawn_op_has_a_builder_and_bounds():
-    testing.graphs(ops=testing.ALL_OPS)  # refuses ops without a builder
-    without_bounds = {
-        "UNARY_BOUNDS": set(testing.UNARY) - set(testing.UNARY_BOUNDS),
-        "BINARY_BOUNDS": set(testing.BINARY) - set(testing.BINARY_BOUNDS) - {"power"},  # power: its exponents' own
-        "REDUCTION_BOUNDS": set(testing.REDUCTIONS) - set(testing.REDUCTION_BOUNDS),
-    }
-    assert not any(without_bounds.values()), f"drawn ops missing from cortado.testing's bounds: {without_bounds}"
+    testing.graphs(ops=testing.ALL_OPS)  # refuses ops without a builder or bounds, naming where they go
 
 
 # -- reference semantics -----------------------------------------------------------------------
@@ -125,6 +124,56 @@ def test_cuda_source_of_a_one_op_body_for_every_dtype_the_op_takes(name):
         assert sources.kernel_source((term,), operands).text
         generated += 1
     assert generated
+
+
+# -- GPU targets ---------------------------------------------------------------------------------
+
+GPU_LOWERING = importlib.import_module("cortado.backends.cupy.lowering")  # the package (its ``lowering`` is the pass)
+IN_A_FUSED_KERNEL = {op.name for op in (*codegen.C_EXPRESSIONS, *codegen.REDUCTIONS)}  # targets.fused runs these
+LOWERED_TO = "the GPU's lowering makes it a library call of its own (backends/cupy/lowering/, TARGETS)"
+GPU_TARGET_EXCEPTIONS = {  # ops of the table the GPU runs without a target of their own, and why
+    **COMPOSITES,
+    **CODEGEN_EXCEPTIONS,
+    "var": "a feed: the executor reads it where the caller keeps it, or stages it",
+    "const": "the executor copies its array to the device when the program is built",
+    "param": "in a fused body, it is the region's operand of its index",
+    **{op.name: "a view: its strides, no kernel (backends/cupy/layout.py VIEWS)" for op in gpu_layout.VIEWS},
+    "einsum": "spelled out in matmuls and products first (rules.decompositions.einsum_lowering)",
+    "matmul": f"{LOWERED_TO}: gemm, float8_gemm or int8_gemm, or a reduction where none takes it",
+    "conv": f"{LOWERED_TO}: dnn_conv or int8_gemm",
+    "attention": f"{LOWERED_TO}: dnn_attention",
+    "attention_grad": f"{LOWERED_TO}: dnn_attention_grad",
+}
+
+
+def test_every_op_the_gpu_runs_has_a_target_or_is_excepted_on_purpose():
+    """On the CPU: a target is a module of backends/cupy/targets/, found by the ops it runs; without one, a program
+    holding the op is refused only when it is built on a GPU."""
+    targeted = {op.name for op in targets._by_op() if OPS.get(op.name) is op}
+    assert_covered(OPS, targeted | IN_A_FUSED_KERNEL, GPU_TARGET_EXCEPTIONS)
+
+
+def test_the_ops_excepted_from_gpu_targets_are_taken_apart_before_they_need_one():
+    lowered = {rule.key for target in GPU_LOWERING.TARGETS for rule in target.rules}
+    assert {name for name, why in GPU_TARGET_EXCEPTIONS.items() if why.startswith(LOWERED_TO)} <= lowered
+    assert "einsum" in {rule.key for rule in einsum_lowering}
+
+
+def _lowered_ops():
+    """The ops the GPU's lowering builds (outside the table: each lives with the lowering that builds it), and the
+    all-reduce of data parallelism."""
+    found = {ALL_REDUCE}
+    for info in pkgutil.iter_modules(GPU_LOWERING.__path__):
+        module = importlib.import_module(f"{GPU_LOWERING.__name__}.{info.name}")
+        found |= {value for value in vars(module).values() if isinstance(value, Op) and value.kind == LOWERED}
+    return found
+
+
+def test_every_op_the_gpu_lowering_builds_has_a_target():
+    built = _lowered_ops()
+    assert {"gemm", "dnn_conv", "dnn_attention"} <= {op.name for op in built}
+    untargeted = sorted(op.name for op in built - set(targets._by_op()))
+    assert not untargeted, f"built by the GPU's lowering, yet no module of backends/cupy/targets/ runs: {untargeted}"
 
 
 def test_only_a_variable_has_a_name_attribute():

@@ -11,6 +11,9 @@ from numpy_oracle import NUMPY_FLOAT64, replay_numpy
 
 import cortado as ct
 from cortado.exprgraph.dtypes import SUPPORTED, is_float8
+from cortado.exprgraph.ops import ELEMENTWISE, Op
+from cortado.exprgraph.ops.base import no_attributes
+from cortado.exprgraph.term import make
 from cortado.testing import ALL_OPS, graphs_with_feeds
 
 
@@ -255,3 +258,42 @@ def test_power_checks_the_computed_dtype_and_runtime_exponents():
     exponent = ct.var("e", (3,), "int8")
     with pytest.raises(ct.BackendError, match="failed on these values: Integers to negative integer powers"):
         ct.evaluate(i8 ** exponent, {"i8": [1, 2, 3], "e": [1, -1, 2]})
+
+
+def _misrecorded(name, shape_rule, dtype_rule, evaluate, computes_in_float32=None):
+    """A unary op whose record's rules say one thing and whose ``evaluate`` computes another."""
+    return Op(name, 1, (), lambda args: shape_rule(args[0]), lambda args: dtype_rule(args[0]), ELEMENTWISE,
+              no_attributes, evaluate=evaluate, computes_in_float32=computes_in_float32)
+
+
+def test_a_value_of_another_shape_than_its_record_says_is_an_internal_error():
+    """Cast to the term's dtype and kept, it stood for the term: a wrong shape rule went unnoticed."""
+    first_row = _misrecorded("first_row", lambda x: x.shape, lambda x: x.dtype, lambda xs: xs[0][:1])
+    x = ct.var("x", (3, 2))
+    with pytest.raises(RuntimeError, match=r"internal error: first_row's evaluate gave a value of shape \(1, 2\) for "
+                                           r".*, whose shape rule says \(3, 2\): the op's record and its evaluation"):
+        ct.evaluate(make(first_row, (x,)), {"x": np.ones((3, 2), np.float32)})
+
+
+@pytest.mark.parametrize("precision", [None, "float64"])
+def test_a_value_of_another_kind_or_integer_dtype_than_its_record_says_is_an_internal_error(precision):
+    """An int8 running sum computed as NumPy's cumsum (in int64) was cast back to int8, wrapping."""
+    running_sum = _misrecorded("running_sum", lambda x: x.shape, lambda x: x.dtype, lambda xs: np.cumsum(xs[0]))
+    n = ct.var("n", (300,), "int8")
+    with pytest.raises(RuntimeError, match=r"running_sum's evaluate gave a value of int64 for .*, whose dtype rule "
+                                           r"says int8"):
+        ct.evaluate(make(running_sum, (n,)), {"n": np.ones(300, np.int8)}, precision=precision)
+    floor = _misrecorded("floor", lambda x: x.shape, lambda x: x.dtype, lambda xs: np.floor(xs[0]).astype(np.int64))
+    x = ct.var("x", (3,))
+    with pytest.raises(RuntimeError, match=r"floor's evaluate gave a value of int64 for .*, whose dtype rule says "
+                                           r"float(32|64)"):
+        ct.evaluate(make(floor, (x,)), {"x": np.ones(3, np.float32)}, precision=precision)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_floating_value_computed_wider_than_its_term_is_rounded_once(dtype):
+    """As an op computing narrow floats in float32 says it does, or a lowered product whose output is narrower."""
+    thirds = _misrecorded("thirds", lambda x: x.shape, lambda x: x.dtype, lambda xs: xs[0].astype(np.float64) / 3)
+    x = ct.var("x", (3,), dtype)
+    value = ct.evaluate(make(thirds, (x,)), {"x": np.array([1.0, 2.0, 3.0]).astype(x.dtype)})
+    assert value.dtype == x.dtype and value.tolist() == (np.array([1.0, 2.0, 3.0]) / 3).astype(x.dtype).tolist()

@@ -8,6 +8,7 @@ from numpy_oracle import replay_numpy
 
 import cortado as ct
 from cortado.exprgraph.dtypes import finfo
+from cortado import testing
 from cortado.testing import ALL_OPS, LIMIT, feeds, graphs, graphs_with_feeds
 
 
@@ -55,8 +56,24 @@ def test_feeds_for_plain_variables(values):
     assert np.abs(values["a"]).max() <= 1
 
 
+@pytest.mark.parametrize("table, name, told", [
+    ("BUILDERS", "flip", "flip: it has no builder (add one to cortado.testing.BUILDERS, or list it in "
+                         "cortado.testing.NOT_DRAWN"),
+    ("UNARY_BOUNDS", "softplus", "softplus: it has no bounds (add them to cortado.testing.UNARY_BOUNDS"),
+    ("BINARY_BOUNDS", "maximum", "maximum: it has no bounds (add them to cortado.testing.BINARY_BOUNDS)"),
+    ("REDUCTION_BOUNDS", "mean", "mean: it has no bounds (add them to cortado.testing.REDUCTION_BOUNDS)"),
+])
+def test_an_op_without_its_builder_or_bounds_is_refused_naming_what_it_lacks(monkeypatch, table, name, told):
+    """Before any draw: a draw would fail on a bare KeyError of the op's name."""
+    monkeypatch.delitem(getattr(testing, table), name)
+    for ops in ([name], None):
+        with pytest.raises(ValueError) as refused:
+            graphs(ops=ops)
+        assert told in str(refused.value)
+
+
 def test_bad_options_are_refused():
-    with pytest.raises(ValueError, match="no builder for ops"):
+    with pytest.raises(ValueError, match="cannot draw conv2d: it is no op of the table"):
         graphs(ops=["conv2d"])
     with pytest.raises(ValueError, match="floating"):
         graphs(dtypes=("int32",))

@@ -49,8 +49,23 @@ def _value(term, values, variable, widen):
     elif term.op is CONST:
         value = term.attr("value").array
     else:
-        value = _apply(term, [values[a] for a in term.args], widen)
+        value = np.asarray(_apply(term, [values[a] for a in term.args], widen))
+        _check_agrees(term, value, widen)
     return np.asarray(value).astype(_result_dtype(term, widen), copy=False)
+
+
+def _check_agrees(term, value, widen):
+    """Refuse ``value``, what ``term``'s op computed, where its shape is not the term's, or its dtype is of another
+    kind or (an integer or bool) not the term's own: the op's record and its ``evaluate`` disagree, and the cast to the
+    term's dtype would hide it (an int8 running sum computed in int64 wraps when cast back). A floating value may be
+    of any width: an op computes in float32 where it says so, and its result is rounded once to the term's dtype."""
+    if value.shape != term.shape:
+        raise RuntimeError(f"internal error: {term.op.name}'s evaluate gave a value of shape {value.shape} for "
+                           f"{term!r}, whose shape rule says {term.shape}: the op's record and its evaluation disagree")
+    declared = _result_dtype(term, widen)
+    if not (is_float(value.dtype) if is_float(declared) else value.dtype == declared):
+        raise RuntimeError(f"internal error: {term.op.name}'s evaluate gave a value of {value.dtype} for {term!r}, "
+                           f"whose dtype rule says {declared}: the op's record and its evaluation disagree")
 
 
 def _fused(term, args, widen):

@@ -2,7 +2,8 @@
 
 The reference interpreter evaluates terms with ``implementation``, and constant folding (rules)
 folds with it too, so a folded constant is exactly what evaluating the term would give. It takes
-the list of operand arrays and the op's attributes; its result is cast to the term's dtype by the caller.
+the list of operand arrays and the op's attributes; its result is cast to the term's dtype by the caller, which
+refuses a result of another shape, of another kind of dtype, or of another integer dtype (``reference``).
 
 Some ops take float16 and bfloat16 in float32 and round their result once (``Op.computes_in_float32``,
 which every backend follows). NumPy adds float16 in float16 along any axis but a contiguous last one

@@ -25,6 +25,7 @@ Where a function has no derivative, the rules choose what PyTorch and JAX choose
   ``x ** p`` with respect to ``p`` counts ``log(0)`` as 0, so ``0 ** p`` has derivative 0 in ``p``.
 """
 
+import inspect
 import math
 
 import numpy as np
@@ -49,14 +50,15 @@ from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, Placeholder, Splat, as_pattern, matchable, placeholder_names
 from .primitives import in_primitives
 from .reverse import backpropagate
-from .domains import TENSOR, NotApplicable, op_name
+from .domains import TENSOR, NotApplicable, op_name, tensor_problems
 
 
 class Derivative:
     """The vector-Jacobian products (VJPs) of one op: ``Derivative("exp", "exp(_x)", _x="_dy * _y")``.
 
     ``pattern`` is a call of the op whose arguments are placeholders (a trailing splat for ops
-    of any arity); each keyword names one of them and gives its VJP, as a text pattern over
+    of any arity), binding each of the op's keywords to a placeholder; each keyword of the
+    ``Derivative`` names one of the arguments and gives its VJP, as a text pattern over
     the pattern's placeholders, ``_y`` and ``_dy``, or as a function of the bindings (a splat's
     function also finds the argument's index within the splat as ``_i``).
     """
@@ -79,6 +81,15 @@ class Derivative:
             raise RewriteError(f"derivative {name!r} gives VJPs for {sorted(vjps)} but its pattern "
                                f"{self.pattern!r} has the inputs {sorted(self.inputs)}: give one VJP each")
         self.vjps = {k: v if callable(v) and not isinstance(v, Pattern) else as_pattern(v) for k, v in vjps.items()}
+        problems = tensor_problems(self.pattern) + self._left_out()
+        if problems:
+            raise RewriteError(f"derivative {name!r}: its pattern {self.pattern!r} cannot match every term of "
+                               f"{self.op}: {'; '.join(problems)}")
+        for k, vjp in self.vjps.items():
+            problems = tensor_problems(vjp, replacement=True) if isinstance(vjp, Pattern) else []
+            if problems:
+                raise RewriteError(f"derivative {name!r}: the VJP of {k}, {vjp!r}, cannot be built: "
+                                   f"{'; '.join(problems)}")
         known = set(placeholder_names(self.pattern)) | {"_y", "_dy"}
         for k, vjp in self.vjps.items():
             unbound = set(placeholder_names(vjp)) - known if isinstance(vjp, Pattern) else set()
@@ -86,6 +97,16 @@ class Derivative:
                 raise RewriteError(f"derivative {name!r}: the VJP of {k} uses {', '.join(sorted(unbound))}, which "
                                    f"neither the pattern {self.pattern!r} binds nor is _y (the output) or _dy (its "
                                    f"adjoint)")
+
+    def _left_out(self):
+        """The op's keywords the pattern does not bind, as a problem: a rule covers every term of its op, and a
+        keyword left out matches only the terms that have its default."""
+        keywords = [k for k in inspect.signature(OPS[self.op].normalize).parameters if k != "args"]
+        missing = [k for k in keywords if k not in self.pattern.params]
+        if not missing:
+            return []
+        return [f"it leaves out {', '.join(f'{k}=' for k in missing)} (a derivative's pattern binds every keyword of "
+                f"its op; {self.op}'s: {', '.join(f'{k}=' for k in keywords)})"]
 
     def vjp(self, term, position, adjoint, trace=None):
         """The VJP of ``adjoint`` (the adjoint of ``term``) with respect to ``term.args[position]``.

@@ -1,7 +1,7 @@
 """What the memory planner needs to know of each kernel on the CPU: views, in-place pairs, workspace."""
 
 from ...errors import BackendError
-from ...exprgraph.ops import BROADCAST_TO, CONST, FLIP, FUSED_OP, RESHAPE, TRANSPOSE, VAR, WINDOWS
+from ...exprgraph.ops import BROADCAST_TO, CONST, FLIP, FUSED_OP, OPS, RESHAPE, TRANSPOSE, VAR, WINDOWS
 from ...exprgraph.ops.collectives import ALL_REDUCE
 from ...memplan import Step
 from .fused import plan_fused
@@ -65,13 +65,23 @@ def steps(kernels, options):
             costs = tuple(((k.terms[o], t.args[i]), cost) for (o, i), cost in costs.items() if cost > workspace)
         else:
             if t.op not in EMITTERS:
-                raise BackendError(f"{t!r}: the numpy backend has no kernel for {name}, which only GPU lowering makes")
+                raise BackendError(_no_kernel(t))
             arg_types = tuple((a.shape, a.dtype) for a in t.args)
             result_types = tuple((d.shape, d.dtype) for d in k.terms)
             workspace, inplace, costs = workspace_of(t.op, t.attrs, arg_types, result_types), _inplace(t), ()
         found.append(Step(k.terms, k.reads, inplace=inplace, workspace=workspace, costs=costs, label=name))
         contiguous.update({d: True for d in k.terms})
     return found
+
+
+def _no_kernel(t):
+    """Why the CPU has no kernel for ``t``: an op of the table missing from ``EMITTERS`` is cortado's own omission;
+    an op outside it is another backend's lowered op (the GPU's ``gemm``), which no program for the CPU holds."""
+    name = t.op.name
+    if OPS.get(name) is t.op:
+        return (f"{t!r}: the numpy backend has no kernel for {name}: the op has no emitter in "
+                f"cortado/backends/numpy/kernels.py (EMITTERS)")
+    return f"{t!r}: the numpy backend has no kernel for {name}, which only GPU lowering makes"
 
 
 def _stored_contiguously(t):
