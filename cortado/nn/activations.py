@@ -58,23 +58,26 @@ def _identity(x):
     return x
 
 
-class Softmax(Function):
-    """PyTorch's ``nn.Softmax(dim)``: ``ct.softmax`` along ``dim``, which is required (PyTorch's default guesses it)."""
+class _AlongDim(Function):
+    """A module of ``op(x, axis=dim)``, ``dim`` required (PyTorch's default guesses it)."""
+
+    op = None
 
     def __init__(self, dim):
-        super().__init__(functools.partial(ct.softmax, axis=dim))
+        super().__init__(functools.partial(type(self).op, axis=dim))
         self.dim = dim
 
     def __repr__(self):
-        return f"Softmax(dim={self.dim})"
+        return f"{type(self).__name__}(dim={self.dim})"
 
 
-class LogSoftmax(Function):
-    """PyTorch's ``nn.LogSoftmax(dim)``: ``ct.log_softmax`` along ``dim``, which is required."""
+class Softmax(_AlongDim):
+    """PyTorch's ``nn.Softmax(dim)``: ``ct.softmax`` along ``dim``."""
 
-    def __init__(self, dim):
-        super().__init__(functools.partial(ct.log_softmax, axis=dim))
-        self.dim = dim
+    op = staticmethod(ct.softmax)
 
-    def __repr__(self):
-        return f"LogSoftmax(dim={self.dim})"
+
+class LogSoftmax(_AlongDim):
+    """PyTorch's ``nn.LogSoftmax(dim)``: ``ct.log_softmax`` along ``dim``."""
+
+    op = staticmethod(ct.log_softmax)
