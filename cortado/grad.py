@@ -28,7 +28,8 @@ from .exprgraph.graph import as_outputs, schedule
 from .exprgraph.operands import strong_const
 from .exprgraph.ops import VAR
 from .exprgraph.term import Term
-from .rules import derivatives, simplify
+from .rules import derivatives
+from .rules.api import gradient_simplifier
 from .rules.derivatives import Derivatives
 from .rules.reverse import backpropagate
 from .rules.stability import stabiliser
@@ -118,7 +119,7 @@ def vjp(outputs, wrt, cotangents, *, rules=None, trace=None):
     model = schedule(outputs)
     adjoints = backpropagate(model, outputs, cotangents, variables, rules, trace)
     gradients = [adjoints[v] if v in adjoints else _zeros(v) for v in variables]
-    gradients = simplify(gradients, trace, keep=model)
+    gradients = gradient_simplifier.run(gradients, trace, model)  # stop_gradient kept: gradients are differentiable
     _returned.update(gradients)
     for v, g in zip(variables, gradients):
         _of.setdefault(g, set()).add(v)

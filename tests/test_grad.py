@@ -356,6 +356,21 @@ def test_the_gradient_of_a_power_at_the_smallest_integer_exponent_is_the_derivat
     np.testing.assert_allclose(ct.evaluate(gradient, {"x": xv, "z": zv}), expected, rtol=1e-12)
 
 
+def test_a_gradient_keeps_its_stop_gradients_so_that_its_own_gradient_is_right():
+    """Gradients were simplified with ``stop_gradient(x) -> x``: the gradient of ``sum(stop_gradient(x) * x)`` became
+    ``x``, so its Hessian was 1 where it is 0 (JAX's answer), and a VJP written with ``stop_gradient`` lost it."""
+    x = ct.var("x", (3,), "float64")
+    f = ct.sum(ct.stop_gradient(x) * x)
+    (gradient,) = ct.grad(f, [x])
+    assert gradient.op.name == "stop_gradient"
+    np.testing.assert_array_equal(ct.evaluate(ct.grad(ct.sum(gradient), x), {}), 0.0)
+    frozen = ct.rules.derivatives + Derivative("tanh-frozen", "tanh(_x)", _x="_dy * (1 - stop_gradient(_y * _y))")
+    hessian = ct.hvp(ct.sum(ct.tanh(x)), [x], [np.ones(3)], rules=frozen)
+    np.testing.assert_array_equal(ct.evaluate(hessian, {}), 0.0)
+    values = np.array([1.0, -2.0, 3.0])
+    np.testing.assert_array_equal(ct.compile([gradient], inputs=[x])(values)[0], values)  # a program computes x
+
+
 def test_derivative_rules_refuse_to_be_incomplete():
     with pytest.raises(ct.RewriteError, match=r"gives VJPs for \['_x'\].*inputs \['_x', '_z'\]"):
         Derivative("bad", "_x * _z", _x="_dy * _z")
