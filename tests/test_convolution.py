@@ -418,6 +418,14 @@ def test_bad_geometry_is_a_shape_error_naming_the_shapes(build, fragments):
         assert fragment in str(info.value), f"{fragment!r} not in:\n{info.value}"
 
 
+@pytest.mark.parametrize("dtype, value", [("uint8", -1), ("uint8", 300), ("int8", 128), ("bool", 2)])
+def test_a_pad_value_its_tensors_dtype_cannot_hold_is_refused_when_built(dtype, value):
+    """It was accepted, then failed when run (NumPy's pad wraps it: 300 pads a uint8 with 44)."""
+    with pytest.raises(ct.DTypeError, match=f"{dtype}"):
+        ct.pad(ct.var("u", (3,), dtype), 1, constant_values=value)
+    assert ct.pad(ct.var("u", (3,), dtype), 1, constant_values=1).shape == (5,)
+
+
 def test_operands_without_a_common_dtype_are_a_dtype_error():
     with pytest.raises(ct.DTypeError, match=r"conv\(bfloat16\[2,4,5,5\], float16\[6,4,3,3\]\).*no common dtype"):
         ct.conv(ct.var("a", (2, 4, 5, 5), "bfloat16"), ct.var("b", (6, 4, 3, 3), "float16"))

@@ -625,6 +625,27 @@ def test_the_activation_modules_match_pytorchs():
                                    atol=1e-15)  # far out gelu's x sigmoid(z) keeps what torch's 1 + tanh rounds to 0
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_a_half_precision_batch_norm_takes_its_statistics_in_float32(dtype):
+    """In float16 a value 256 from its channel's mean squared past 65504: the variance was inf, every output 0 and
+    the running variance inf."""
+    norm, x = nn.BatchNorm1d(1, dtype=dtype, affine=False), ct.var("x", (4, 1), dtype)
+    y = norm(x)
+    step = ct.compile([y], inputs=[x], state=norm.initial_values(), updates=norm.state_updates(y))
+    values = np.array([[-300.0], [-100.0], [100.0], [300.0]], np.float32)
+    (got,) = step(x=values.astype(x.dtype))
+    centered = values - values.mean()
+    expected = (centered / np.sqrt((centered ** 2).mean() + 1e-5)).astype(x.dtype)
+    np.testing.assert_array_equal(got, expected)
+    np.testing.assert_allclose(step.state["running_var"], 0.9 + 0.1 * centered.var() * 4 / 3, rtol=1e-6)
+    norm.eval()
+    predict = ct.compile([norm(x)], inputs=[x], state=norm.initial_values())
+    ct.load_state_dict(predict, step.state, strict=False)
+    (inferred,) = predict(x=values.astype(x.dtype))
+    mean, variance = step.state["running_mean"], step.state["running_var"]
+    np.testing.assert_array_equal(inferred, ((values - mean) / np.sqrt(variance + 1e-5)).astype(x.dtype))
+
+
 def test_batch_norm_1d_and_2d_are_batch_norm_of_pytorchs_ranks():
     x, images = ct.var("x", (4, 3)), ct.var("images", (2, 3, 5, 5))
     values = {"x": np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)}

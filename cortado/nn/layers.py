@@ -183,7 +183,7 @@ class BatchNorm(Module):
     the step updates the running statistics, ``(1 - momentum) * running + momentum * batch`` (the variance's
     unbiased; kept in float64 for a float64 layer, else in float32), and counts the batches
     (``Module.state_updates`` gives those updates); in inference (``eval()``), it is normalised by the running
-    statistics."""
+    statistics. A float16 or bfloat16 input is normalised in float32 and rounded once, as PyTorch does it."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype="float32"):
         super().__init__()
@@ -206,18 +206,19 @@ class BatchNorm(Module):
                              f"inputs, not {x.shape}")
         axes = (0,) + tuple(range(2, x.ndim))
         channels = (1, self.size) + (1,) * (x.ndim - 2)
+        wide = _in_float32(x)  # a float16 value 256 from its mean squares past float16's range: statistics in float32
         if self.training:
             count = x.size // self.size
             if count < 2:
                 raise ShapeError(f"BatchNorm in training needs more than one value a channel, not {x.shape}")
-            mean = ct.mean(x, axis=axes, keepdims=True)
-            centered = x - mean
+            mean = ct.mean(wide, axis=axes, keepdims=True)
+            centered = wide - mean
             variance = ct.mean(centered * centered, axis=axes, keepdims=True)
-            y = _over_root(centered, variance, self.eps)
+            y = ct.cast(_over_root(centered, variance, self.eps), x.dtype)
         else:
-            mean = ct.reshape(ct.cast(self.running_mean, x.dtype), channels)
-            variance = ct.reshape(ct.cast(self.running_var, x.dtype), channels)
-            y = _over_root(x - mean, variance, self.eps)
+            mean = ct.reshape(ct.cast(self.running_mean, wide.dtype), channels)
+            variance = ct.reshape(ct.cast(self.running_var, wide.dtype), channels)
+            y = ct.cast(_over_root(wide - mean, variance, self.eps), x.dtype)
         if self.affine:
             y = y * ct.reshape(self.weight, channels) + ct.reshape(self.bias, channels)
         if self.training:

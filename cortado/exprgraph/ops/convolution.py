@@ -17,7 +17,7 @@ import numpy as np
 
 from .. import windowing
 from ..dtypes import is_narrow_float
-from ..term import shape_violation
+from ..term import dtype_violation, shape_violation
 from ..windowing import dilated_size, window_extent, windowed_size
 from .base import LAYOUT, Op, int_tuple
 from .contractions import matmul_dtype
@@ -131,6 +131,11 @@ def _pad_normalize(args, pad_width, constant_values=0):
         raise shape_violation(f"constant_values must be one Python number, not {constant_values!r}")
     if x.dtype.kind in "iub" and not float(constant_values).is_integer():
         raise shape_violation(f"an integer tensor cannot be padded with {constant_values!r}")
+    if x.dtype.kind in "iu" and not np.iinfo(x.dtype).min <= constant_values <= np.iinfo(x.dtype).max:
+        raise dtype_violation(f"{constant_values!r} is out of the range of {x.dtype.name}, whose tensor it would pad "
+                              f"(NumPy's pad would wrap it)")
+    if x.dtype.kind == "b" and constant_values not in (0, 1):
+        raise dtype_violation(f"a bool tensor is padded with 0 or 1, not {constant_values!r}")
     return widths, constant_values
 
 
