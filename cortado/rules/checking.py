@@ -37,6 +37,7 @@ PLAIN_FLOATS = (0.0, -0.0, 1.0, -1.0, 0.5, -2.0, 3.0, np.inf, -np.inf, np.nan)
 COMBINED = 3  # the most variables whose hard values are tried in every combination
 RANDOM = 64  # random values tried beside them, per variable
 CASE = 4  # the values of one case, for a rule over terms that combine elements (a sum): a vector each
+SHAPES = ((5,), (3, 3), (2, 3))  # the placeholders' shapes of the random check beside the hard values' vectors
 
 
 @dataclass
@@ -71,7 +72,8 @@ class Report:
     skipped: dict = field(default_factory=dict)
 
     def __bool__(self):
-        return not self.failures
+        """True where every rule was checked and none changes a value: a rule skipped is no rule shown right."""
+        return not self.failures and not self.skipped
 
     def __str__(self):
         lines = [str(f) for f in self.failures]
@@ -82,8 +84,8 @@ class Report:
 
 def check(rules, dtypes=("float32", "float64", "int32"), ulps=4, seed=0):
     """A ``Report`` of whether each rule of ``rules`` (a ``Rule``, a ``RuleSet`` or a list of them) keeps the
-    written term's values in each of ``dtypes``, within ``ulps`` units in the last place; true where none
-    changes one."""
+    written term's values in each of ``dtypes``, within ``ulps`` units in the last place; true where every rule
+    was checked and none changes one."""
     report = Report()
     for rule in _rules(rules):
         problems = rule_problems(rule)
@@ -98,6 +100,8 @@ def check(rules, dtypes=("float32", "float64", "int32"), ulps=4, seed=0):
         for dtype in map(as_dtype, dtypes):
             try:
                 found, fired = _check(rule, dtype, ulps, np.random.default_rng(seed))
+                if found is None and fired:
+                    found = _shaped(rule, dtype, ulps, np.random.default_rng(seed))
             except RewriteError as error:  # a replacement no tensor term can be (an op cortado does not have)
                 report.skipped[rule.name] = f"it builds no term: {str(error).splitlines()[0]}"
                 applied = False
@@ -151,7 +155,7 @@ def _check(rule, dtype, ulps, rng):
             variables = [n for n in names if n not in constants]
             feeds = _feeds(dtype, variables, rng)
             size = len(next(iter(feeds.values()))) if feeds else 1
-            for values in itertools.product(_hard(dtype), repeat=count):
+            for values in itertools.product(_hard(dtype) + _ordinary(dtype), repeat=count):
                 bound = {n: ct.var(n.lstrip("_") or "x", (size,), dtype) for n in variables}
                 bound.update({n: ct.const(np.array(v, dtype)) for n, v in zip(constants, values)})
                 written = _built(rule, bound)
@@ -170,6 +174,30 @@ def _check(rule, dtype, ulps, rng):
         if fired:
             return None, True  # checked with the fewest constants it applies with
     return None, fired
+
+
+def _shaped(rule, dtype, ulps, rng):
+    """A counterexample of ``rule`` where its placeholders are variables of ``SHAPES`` (not the vectors of
+    ``_check``, where a dot product commutes, a transpose is the identity and every mean is over 4 values) holding
+    random values, or None."""
+    names = sorted(set(placeholder_names(rule.pattern)))
+    for shape in SHAPES:
+        bound = {n: ct.var(n.lstrip("_") or "x", shape, dtype) for n in names}
+        written = _built(rule, bound)
+        rewritten = None if written is None else rule.rewrite(written)
+        if rewritten is None or rewritten is written:
+            continue
+        low = -5 if is_float(dtype) or (dtype != np.bool_ and np.iinfo(dtype).min < 0) else 0
+        feeds = {n: (rng.standard_normal(shape) if is_float(dtype) else rng.integers(low, 6 if low else 2, shape))
+                 .astype(dtype) for n in names}
+        named = {bound[n].name: v for n, v in feeds.items()}
+        with np.errstate(all="ignore"):
+            expected, got = (np.asarray(evaluate(t, {k: v for k, v in named.items()
+                                                     if k in Graph([t]).variables_by_name()}))
+                             for t in (written, rewritten))
+        if expected.shape != got.shape or not _same(expected, got, ulps).all():
+            return Counterexample(rule.name, dtype.name, written, feeds, expected, got)
+    return None
 
 
 def _built(rule, bound):
@@ -254,6 +282,16 @@ def _hard(dtype):
         return tuple(float(np.array(v).astype(dtype)) for v in values)  # (a set would take -0.0 as 0.0)
     info = np.iinfo(dtype)
     return tuple(dict.fromkeys((0, 1, -1 if info.min < 0 else 2, 7, info.min, info.max, info.min + 1, info.max - 1)))
+
+
+def _ordinary(dtype):
+    """Constants beside the hard values: a guard may admit only values near a hard one (``c`` within 1% of 1),
+    where the hard value alone would show the rule right."""
+    if dtype == np.bool_:
+        return ()
+    values = (1.001, 0.999, 2.5, -1.5, 1e-3, 100.0) if is_float(dtype) else (2, 3, 100, -5)
+    return tuple(v for v in (np.array(v).astype(dtype).item() for v in values)
+                 if is_float(dtype) or np.iinfo(dtype).min <= v <= np.iinfo(dtype).max)
 
 
 def _feeds(dtype, variables, rng):
