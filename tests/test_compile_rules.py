@@ -76,7 +76,10 @@ def test_explain_says_why_a_rule_of_yours_that_matched_did_not_fire():
     (Rule("misspelt", "sum(_x, axiz=_a)", "_x"), "sum takes no axiz="),
     (Rule("unknown", "foo(_x)", "_x"), "'foo' is the op of no term"),
     (Rule("builds-only", "conv2d(_x, _w)", "_x"), "'conv2d' is the op of no term"),  # its terms' op is conv
-    (Rule("unknown-replacement", "max(-_x)", "-min(_x)"), "'min' is no cortado op"),
+    (Rule("unknown-replacement", "max(-_x)", "-min(_x)"), r"'min' is no cortado op \(ct.min is a function written "
+                                                          r"with other ops, which a rule writes out"),
+    (Rule("positional", "sum(_x, 0)", "_x"), r"sum takes 1 operand\(s\), not 2: its attributes are keywords "
+                                             r"\(axis=, keepdims=\)"),
     (Postwalk(RuleSet([Rule("in-a-strategy", "foo(_x)", "_x")])), "'foo' is the op of no term"),
 ])
 def test_a_rule_that_fits_no_term_is_refused_rather_than_never_firing(rule, message):

@@ -72,7 +72,7 @@ def test_rules_over_terms_that_combine_elements_are_tried_on_vectors_of_their_ow
 def test_a_rule_whose_replacement_builds_no_term_is_reported_beside_the_others():
     report = check([Rule("max-negated", "max(-_x)", "-min(_x)"), Rule("times-one", "_x * 1", "_x")])
     assert report.checked == ["times-one"]
-    assert report.skipped["max-negated"] == "it fits no tensor term: 'min' is no cortado op"
+    assert report.skipped["max-negated"].startswith("it fits no tensor term: 'min' is no cortado op")
 
 
 def test_a_wrong_identity_under_a_sum_is_caught_across_its_variables():

@@ -22,7 +22,7 @@ from ..exprgraph.printing import inline
 from ..exprgraph.semantics import implementation
 from ..exprgraph.term import RuleViolation, Term, make
 from . import text as textforms
-from .patterns import DTYPE_CLASSES, Literal, Pattern, PatternNode, Placeholder
+from .patterns import DTYPE_CLASSES, Literal, Pattern, PatternNode, Placeholder, Splat
 from .splats import splat_reduction
 
 # Python's operator spelling -> cortado op, by arity (text patterns match tensor terms through it)
@@ -72,7 +72,15 @@ def tensor_problems(pattern, replacement=False):
         else:
             taken = inspect.signature(OPS[name].normalize).parameters if name in OPS else None
         if taken is None:
-            problems.append(f"{node.head!r} is no cortado op" if replacement else f"{node.head!r} is the op of no term")
+            problems.append((f"{node.head!r} is no cortado op" if replacement else f"{node.head!r} is the op of no term")
+                            + _written_with_others(node.head))
+            continue
+        arity = OPS[name].arity if name in OPS and not replacement else None
+        if arity is not None and len(node.args) != arity and not any(isinstance(a, Splat) for a in node.args):
+            keywords = [k for k in taken if k != "args"]
+            problems.append(f"{name} takes {arity} operand(s), not {len(node.args)}"
+                            + (f": its attributes are keywords ({', '.join(f'{k}=' for k in keywords)})"
+                               if len(node.args) > arity and keywords else ""))
             continue
         wrong = [k for k in node.params if k not in taken]
         if wrong and not any(q.kind is q.VAR_KEYWORD for q in taken.values()):
@@ -80,6 +88,15 @@ def tensor_problems(pattern, replacement=False):
             problems.append(f"{name} takes no {', '.join(f'{k}=' for k in wrong)} (its keywords: "
                             f"{', '.join(f'{k}=' for k in keywords) or 'none'})")
     return problems
+
+
+def _written_with_others(name):
+    """Where ``name`` is a function of cortado's that builds other ops (``ct.min``, ``ct.argmax``), a hint saying so."""
+    import cortado
+
+    if name in OPS or not callable(getattr(cortado, name, None)):
+        return ""
+    return f" (ct.{name} is a function written with other ops, which a rule writes out: see print(ct.{name}(x)))"
 
 
 def _replacement_keywords(name):
