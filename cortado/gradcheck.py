@@ -77,15 +77,16 @@ def gradient_check(outputs, wrt, feeds, *, order=1, seed=0, step=1e-3, rules=Non
     return _compare(symbolic_value, values, step)
 
 
-def check_grads(outputs, wrt, feeds, *, order=1, rtol=1e-6, atol=1e-12, seed=0, rules=None):
+def check_grads(outputs, wrt, feeds, *, order=1, rtol=1e-6, atol=1e-12, seed=0, step=1e-3, rules=None):
     """Raise AssertionError where ``gradient_check`` finds the two derivatives apart by more than
     ``rtol`` relative and ``atol`` absolute, or cannot tell (a value is not finite, or a kink lies
-    within the step); return the check otherwise."""
-    check = gradient_check(outputs, wrt, feeds, order=order, seed=seed, rules=rules)
+    within the ``step``: a smaller one steps over fewer, a relu network's many); return the check otherwise."""
+    check = gradient_check(outputs, wrt, feeds, order=order, seed=seed, step=step, rules=rules)
     if not check.finite:
         raise AssertionError(f"the outputs are not finite near these feeds, so nothing can be compared: {check}")
     if not check.smooth:
-        raise AssertionError(f"the outputs are not smooth near these feeds (a kink lies within the step): {check}")
+        raise AssertionError(f"the outputs are not smooth near these feeds (a kink lies within the step, {step:g}: "
+                             f"a smaller step= may step over none): {check}")
     if not check.close(rtol, atol):
         raise AssertionError(f"order-{order} gradients disagree with finite differences: relative error "
                              f"{check.error:.3g} > {rtol:g} ({check})")

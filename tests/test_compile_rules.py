@@ -90,6 +90,14 @@ def test_a_rule_that_fits_no_term_is_refused_rather_than_never_firing(rule, mess
         ct.compile([ct.sum(x)], inputs=[x], rules=rule)
 
 
+def test_a_rules_guard_is_a_function_and_a_name_given_for_it_is_refused():
+    """A third item of a rule's tuple is its guard: a name given there failed deep in the engine, calling a str."""
+    x = ct.var("x", (4,))
+    with pytest.raises(ct.RewriteError, match=r"its guard is a function of the bindings, not 'my-name'; a rule is "
+                                              r"named with Rule\(name, pattern, replacement\)"):
+        ct.compile([ct.log(1 + x)], inputs=[x], rules=[("log(1 + _a)", "log1p(_a)", "my-name")])
+
+
 def test_a_pattern_with_the_ops_own_keywords_is_taken():
     """add_at's terms carry size=, which its function derives: a pattern may bind it (the built-in derivative does)."""
     base, values = ct.var("base", (6,)), ct.var("values", (3,))

@@ -371,6 +371,18 @@ def test_a_gradient_keeps_its_stop_gradients_so_that_its_own_gradient_is_right()
     np.testing.assert_array_equal(ct.compile([gradient], inputs=[x])(values)[0], values)  # a program computes x
 
 
+def test_check_grads_takes_a_step_small_enough_to_step_over_a_relu_networks_kinks():
+    """At its fixed step of 1e-3 a small relu network's check said only that a kink lay within it."""
+    rng = np.random.default_rng(0)
+    x, w1, w2 = ct.var("x", (64, 20), "float64"), ct.var("w1", (20, 64), "float64"), ct.var("w2", (64, 1), "float64")
+    feeds = {"x": rng.standard_normal((64, 20)), "w1": rng.standard_normal((20, 64)) * 0.3,
+             "w2": rng.standard_normal((64, 1)) * 0.3}
+    loss = ct.mean((ct.relu(x @ w1) @ w2) ** 2)
+    with pytest.raises(AssertionError, match="a kink lies within the step, 0.001: a smaller step= may step over none"):
+        check_grads(loss, [w1, w2], feeds)
+    assert check_grads(loss, [w1, w2], feeds, step=1e-5).error < 1e-8
+
+
 def test_derivative_rules_refuse_to_be_incomplete():
     with pytest.raises(ct.RewriteError, match=r"gives VJPs for \['_x'\].*inputs \['_x', '_z'\]"):
         Derivative("bad", "_x * _z", _x="_dy * _z")

@@ -188,6 +188,9 @@ class Rule(Rewriter):
         self.pattern = matchable(pattern)
         function = callable(replacement) and not isinstance(replacement, Pattern)
         self.replacement = replacement if function else as_pattern(replacement)
+        if guard is not None and not callable(guard):  # ("log(1 + _a)", "log1p(_a)", "my-name") took a name for it
+            raise RewriteError(f"rule {name!r}: its guard is a function of the bindings, not {guard!r}; a rule is "
+                               f"named with Rule(name, pattern, replacement)")
         self.guard = guard
         if not function:
             unbound = set(placeholder_names(self.replacement)) - set(placeholder_names(self.pattern))
