@@ -70,6 +70,22 @@ def test_arithmetic_on_bools_is_numpys_not_cs_on_their_bytes(monkeypatch):
         np.testing.assert_array_equal(a, want)
 
 
+@pytest.mark.parametrize("shape", [(3, 2), (8, 8), (64, 4), (2, 2, 4), (5, 7), (16, 16)])
+def test_a_choice_reading_a_reversed_operand_is_numpys(shape, monkeypatch):
+    """GCC 12.2 at -O3 vectorized ``where(y > 0, y, x[:, ::-1])`` over short rows wrongly (rows reversed or shifted
+    onto others): a loop nest reading an array backwards is compiled unvectorized."""
+    x, y = ct.var("x", shape), ct.var("y", shape)
+    flipped = x[..., ::-1]
+    outputs = [ct.where(y > 0, y, flipped), ct.where(flipped > 0, flipped * 2, y)]
+    rng = np.random.default_rng(1)
+    feeds = {"x": rng.standard_normal(shape).astype(np.float32), "y": rng.standard_normal(shape).astype(np.float32)}
+    _, ours, numpy = _both(outputs, [x, y], feeds, monkeypatch)
+    xv, yv = feeds["x"][..., ::-1], feeds["y"]
+    for got, theirs, want in zip(ours, numpy, [np.where(yv > 0, yv, xv), np.where(xv > 0, xv * 2, yv)]):
+        np.testing.assert_array_equal(theirs, want)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_a_transcendental_is_numpys_own_loop_called_from_c_between_loop_nests_where_that_saves_passes_or_calls(
         monkeypatch):
     """A region whose C makes as many passes as NumPy's calls is C where every piece is (one call from Python instead

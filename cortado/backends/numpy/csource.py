@@ -176,7 +176,7 @@ def loop_nest(targets, sources, shape):
         names[t], depth[t] = f"v{len(lines)}", max(depth[a] for a in t.args)
         lines.append((depth[t], f"const {C_TYPES[t.dtype]} {names[t]} = {expression};"))
     innermost = len(sizes) - 1
-    mixed = _mixes_widths(arrays, order)
+    mixed = _mixes_widths(arrays, order) or _reads_backwards(arrays)
     lines += [(innermost, f"o{k}[{place(len(read) + k)}] = {names[t]};") for k, (t, _) in enumerate(targets)]
     pointers = [f"const {_c_type(sources[t].dtype)}* a{k} = (const {_c_type(sources[t].dtype)}*)p[{k}];"
                 for k, t in enumerate(read)]
@@ -199,6 +199,13 @@ def _mixes_widths(arrays, terms):
     ``where(x64 < x32, -x64, x64)``, x32 broadcast along its rows, left two elements unwritten, and 71 of 120 small
     nests comparing or adding float and double values came out wrong, where none of one width did."""
     return len({a.dtype for a in arrays if a.dtype in FLOATING} | {t.dtype for t in terms if t.dtype in FLOATING}) > 1
+
+
+def _reads_backwards(arrays):
+    """Whether a loop nest reads an array at a negative stride (``x[:, ::-1]``): it is then compiled unvectorized, as
+    ``_mixes_widths`` says. GCC 12.2 at -O3 vectorized ``where(y > 0, y, x[:, ::-1])`` over rows of 2 to 16 wrongly,
+    rows reversed or shifted onto others, where the same C at -O2 was right."""
+    return any(stride < 0 for a in arrays for stride in a.strides)
 
 
 def region(outputs, args, outs):
