@@ -39,6 +39,9 @@ def write(path, arrays, metadata=None):
     if metadata:
         header["__metadata__"] = {str(k): str(v) for k, v in metadata.items()}
     for name, array in arrays.items():
+        if name == "__metadata__":  # safetensors' own key: the file would read as one whose tensor is no tensor
+            raise FeedError(f"{path}: a tensor cannot be named '__metadata__', the safetensors header's key for "
+                            f"metadata; rename the variable")
         host = np.array(on_host(array), order="C", copy=None)  # 0-d stays 0-d (ascontiguousarray makes it 1-d)
         if host.dtype.name not in _CODES:
             raise FeedError(f"a checkpoint stores {', '.join(_CODES)}; {name!r} is {host.dtype}")
@@ -84,7 +87,7 @@ def read(path):
     if malformed:
         raise FeedError(f"{path}: the header's entries for {malformed} lack a dtype, shape or two data offsets")
     arrays, covered = {}, 0
-    for name, entry in sorted(header.items(), key=lambda item: item[1]["data_offsets"][0]):
+    for name, entry in sorted(header.items(), key=lambda item: tuple(item[1]["data_offsets"])):  # empty ones first
         code = entry.get("dtype")
         if code not in _DTYPES or (code in ("BF16", "F8_E4M3", "F8_E5M2") and BFLOAT16 is None):  # ml_dtypes' own
             raise FeedError(f"{path}: {name!r} is stored as {code}, which cortado does not read")

@@ -126,6 +126,8 @@ def _signature(outputs, inputs, state, updates):
     for v, new in updates.items():
         _variable(v, "update keys")
         if v not in state:
+            if v.name in names:  # another variable of that name is in state (or an input)
+                raise FeedError(f"compile: {two_variables_named(names[v.name], v)}")
             raise FeedError(f"compile: the update of {v.name!r} needs {v.name!r} in state, with its initial value")
         if not isinstance(new, Term):
             raise DTypeError(f"compile: the update of {v.name!r} must be a cortado term, not {type(new).__name__}")

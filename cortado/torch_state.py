@@ -20,7 +20,7 @@ import numpy as np
 from . import optim
 from .checkpoint import checked_value, converted_losslessly, on_host, compiled_program
 from .errors import FeedError
-from .exprgraph.dtypes import BFLOAT16
+from .exprgraph.dtypes import as_dtype
 from .settings import whole
 
 
@@ -361,9 +361,15 @@ def _numpy(value):
     """A NumPy array of ``value``: a torch tensor (bfloat16 by its bits), a CuPy or NumPy array."""
     if hasattr(value, "detach"):  # torch, without importing it
         tensor = value.detach().cpu()
-        if str(tensor.dtype) == "torch.bfloat16":  # NumPy has no bfloat16 of torch's: read its bits
+        bits = BY_BITS.get(str(tensor.dtype).removeprefix("torch."))
+        if bits is not None:  # a dtype NumPy has only as ml_dtypes': read its bits
             import torch
 
-            return tensor.view(torch.int16).numpy().view(BFLOAT16)
+            return tensor.view(getattr(torch, bits[0])).numpy().view(as_dtype(bits[1]))
         return tensor.numpy()
     return on_host(value)
+
+
+# torch's dtypes that NumPy holds only as ml_dtypes': (torch's integer of their width, ml_dtypes' name)
+BY_BITS = {"bfloat16": ("int16", "bfloat16"), "float8_e4m3fn": ("uint8", "float8_e4m3fn"),
+           "float8_e5m2": ("uint8", "float8_e5m2")}

@@ -140,6 +140,25 @@ def test_a_pytorch_file_and_a_missing_directory_are_said_to_be_so(tmp_path):
         ct.save(program, missing / "step.safetensors")
 
 
+def test_a_variable_named_as_safetensors_metadata_key_is_refused_when_saved(tmp_path):
+    """The file was written, then could not be read: its tensor read as the header's metadata."""
+    meta = ct.var("__metadata__", (3,))
+    program = ct.compile([meta], state={meta: np.ones(3, np.float32)})
+    with pytest.raises(ct.FeedError, match="a tensor cannot be named '__metadata__'"):
+        ct.save(program, str(tmp_path / "m.safetensors"))
+
+
+def test_an_empty_tensor_listed_after_another_at_its_offset_reads(tmp_path):
+    """Entries were ordered by where they start alone: an empty one listed after a tensor starting at its offset
+    seemed to overlap it, and a file the safetensors library reads was refused."""
+    header = b'{"m": {"dtype": "F32", "shape": [3], "data_offsets": [0, 12]}, ' \
+             b'"m_empty": {"dtype": "F32", "shape": [0], "data_offsets": [0, 0]}}'
+    path = tmp_path / "empty.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header + np.arange(3, dtype="<f4").tobytes())
+    arrays, _ = checkpoint.read(str(path))
+    assert arrays["m_empty"].shape == (0,) and arrays["m"].tolist() == [0.0, 1.0, 2.0]
+
+
 def test_a_state_dict_loads_by_name():
     program = _training("numpy")
     weights = {"0.weight": np.ones((16, 6)), "2.bias": np.arange(16)}  # converted to the variables' float32
@@ -201,6 +220,19 @@ def test_a_pytorch_models_state_dict_gives_its_outputs():
         halves = {k: v.to(torch.bfloat16) for k, v in reference.state_dict().items()}
         ct.load_state_dict(program, halves)
         np.testing.assert_array_equal(program.state["0.weight"], halves["0.weight"].float().numpy())
+
+
+@needs_torch
+def test_pytorchs_float8_tensors_load_by_their_bits():
+    """``torch.from_numpy``'s way failed on them with torch's own TypeError (a float8 safetensors file read by
+    safetensors.torch, say)."""
+    import torch
+
+    pytest.importorskip("ml_dtypes")
+    v = ct.var("v", (2, 3), "float8_e4m3fn")
+    program = ct.compile([ct.cast(v, "float32")], state={v: np.zeros((2, 3), np.float32).astype(v.dtype)})
+    ct.load_state_dict(program, {"v": torch.full((2, 3), -1.5).to(torch.float8_e4m3fn)})
+    np.testing.assert_array_equal(program()[0], np.full((2, 3), -1.5, np.float32))
 
 
 def test_strict_loading_asks_for_no_buffer_pytorchs_layers_lack():

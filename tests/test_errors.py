@@ -135,6 +135,17 @@ def test_missing_feed_is_named_with_its_declaration():
 def test_extra_feed_is_named():
     check_error(ct.FeedError, lambda: ct.evaluate(loss, {**GOOD, "z": 1.0}),
                 "feeds ['z'] name no variable of the graph", "its variables: W, x, y")
+    counter = ct.var("counter", (3,))  # a program of state alone is no constant, as the evaluator's message said
+    step = ct.compile([counter], state={counter: np.zeros(3, np.float32)}, updates={counter: counter + 1})
+    check_error(ct.FeedError, lambda: step(x=np.ones(3, np.float32)),
+                "feeds ['x'] name no input of the program (its inputs: none; its state: counter)")
+
+
+def test_an_update_keyed_by_another_variable_of_a_state_variables_name_says_so():
+    """It said the variable was not in state, where one of its name was."""
+    a, other = ct.var("A", (3,)), ct.var("A", (3,))
+    check_error(ct.FeedError, lambda: ct.compile([a], state={a: np.ones(3, np.float32)}, updates={other: a + 1}),
+                "compile: two variables are both named 'A'")
 
 
 def test_a_state_variables_first_value_or_a_value_written_to_it_is_called_so_not_a_feed():

@@ -125,6 +125,9 @@ def bind(variables_by_name, feeds, any_float=False, state=(), what="the feed for
         if kept:
             raise FeedError(f"feeds {kept} name the program's state, which a call does not feed (its inputs: {known}): "
                             f"set it with program.state[{kept[0]!r}] = value")
+        if compiled:
+            raise FeedError(f"feeds {extra} name no input of the program (its inputs: {known}"
+                            + (f"; its state: {', '.join(sorted(state))}" if state else "") + ")")
         why = "" if variables_by_name else (": it is a constant, which depends on no variable (a gradient of a sum, "
                                             "say, is ones whatever its variable holds); evaluate it with no feeds")
         raise FeedError(f"feeds {extra} name no variable of the graph (its variables: {known}){why}")
