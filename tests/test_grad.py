@@ -356,6 +356,15 @@ def test_the_gradient_of_a_power_at_the_smallest_integer_exponent_is_the_derivat
     np.testing.assert_allclose(ct.evaluate(gradient, {"x": xv, "z": zv}), expected, rtol=1e-12)
 
 
+def test_the_gradient_of_a_bfloat16_power_at_int8s_smallest_exponent_is_the_derivative():
+    x, z = ct.var("x", (2,), "bfloat16"), ct.var("z", (2,), "int8")
+    (gradient,) = ct.grad(ct.sum(x ** z), [x])
+    xv, zv = np.array([1.5, 1.0], np.float32).astype(x.dtype), np.array([-128, 3], np.int8)
+    got = ct.evaluate(gradient, {"x": xv, "z": zv}).astype(np.float64)
+    exact = zv * xv.astype(np.float64) ** (zv.astype(np.float64) - 1)
+    np.testing.assert_allclose(got, exact, rtol=2e-2)  # (it was -2.97e+24 for -2.46e-21)
+
+
 def test_a_gradient_keeps_its_stop_gradients_so_that_its_own_gradient_is_right():
     """Gradients were simplified with ``stop_gradient(x) -> x``: the gradient of ``sum(stop_gradient(x) * x)`` became
     ``x``, so its Hessian was 1 where it is 0 (JAX's answer), and a VJP written with ``stop_gradient`` lost it."""

@@ -46,6 +46,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..exprgraph import constructors as ct
+from ..exprgraph.dtypes import is_float
 from ..exprgraph.ops import CONST, MATMUL, TRANSPOSE
 from ..exprgraph.term import Term
 from .engine import Rule, RuleSet
@@ -250,7 +251,7 @@ def _sum_of_broadcast(b):
             return None  # sum, reshape and multiply would be more terms than the two we replace
         result = ct.reshape(result, b.term.shape)
     result = result if factor == 1 else factor * result
-    return result + 0.0 if not own and b.term.dtype.kind == "f" else result
+    return result + 0.0 if not own and is_float(b.term.dtype) else result
 
 
 def _einsum_without_ones(b):

@@ -32,7 +32,7 @@ import numpy as np
 
 from ..errors import RewriteError
 from ..exprgraph import constructors as ct
-from ..exprgraph.dtypes import is_narrow_float
+from ..exprgraph.dtypes import is_float, is_narrow_float
 from ..exprgraph.einsum import LABELS, spelled_out
 from ..exprgraph.numerics import GELU_CUBIC, GELU_SCALE, gelu_argument, gelu_slope
 from ..exprgraph.scaling import pushed, scale_for
@@ -339,7 +339,7 @@ def _power_base_vjp(b):
     """``dy * z * x ** (z - 1)`` (0 where ``z`` is 0), an integer exponent taken in the output's dtype first: its
     own ``z - 1`` wraps at its minimum (int8's -128 - 1 is 127)."""
     x, z, y = b["_x"], b["_z"], b["_y"]
-    if z.dtype.kind in "iu" and y.dtype.kind == "f":
+    if z.dtype.kind in "iu" and is_float(y.dtype):
         z = ct.cast(z, y.dtype)
     return ct.where(ct.equal(z, 0), 0, b["_dy"] * z * x ** (z - 1))
 
