@@ -147,8 +147,9 @@ def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false
 def test_where_cast_sums_and_elementwise_ops_refuse_the_bool_that_two_terms_compared_by_eq_give():
     """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, and an accuracy always 0, without a word."""
     x, y = ct.var("x", (2,)), ct.var("y", (2,))
-    with pytest.raises(ct.DTypeError, match=r"where's condition is the Python bool False: == and != between two terms "
-                                            r"compare the terms themselves .* ct.equal\(x, y\)"):
+    with pytest.raises(ct.DTypeError, match=r"where's condition is the Python bool False, which == and != between two "
+                                            r"terms give \(they compare the terms themselves.* ct.equal\(x, y\).* "
+                                            r"A flag of your own is float\(flag\)"):
         ct.where(x == y, x, y)
     with pytest.raises(ct.DTypeError, match="cast's operand is the Python bool False"):  # an accuracy, always 0
         ct.mean(ct.cast(x == y, "float32"))

@@ -216,13 +216,13 @@ def _no_compared_terms(what, value, numbers=False):
     which compare the terms themselves. With ``numbers``, a Python number too (a sum's operand): ``1.0 * (x == y)``
     is one, made by Python before cortado sees it."""
     if type(value) is bool:
-        raise DTypeError(f"{what} is the Python bool {value}: == and != between two terms compare the terms "
-                         f"themselves (terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare their "
-                         f"elements (a constant: np.bool_({value}))")
+        raise DTypeError(f"{what} is the Python bool {value}, which == and != between two terms give (they compare "
+                         f"the terms themselves: terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare "
+                         f"their elements. A flag of your own is float(flag), or np.bool_({value})")
     if numbers and type(value) in (int, float):
         raise DTypeError(f"{what} is the Python number {value}, no term: where it comes from arithmetic on x == y "
                          f"between two terms (which compares the terms themselves, a Python bool), ct.equal(x, y) "
-                         f"compares their elements (a constant: np.float64({value}))")
+                         f"compares their elements; a number of your own is np.float64({value})")
 
 
 def where(condition, x, y):
