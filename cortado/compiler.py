@@ -163,7 +163,7 @@ def _warn_of_training_modes(computed, updates):
                           f"model.eval() for inference", stacklevel=5)
         return
     training = sorted({what for what, _, _ in owed.unpaid(computed, ())})
-    if training and not any(gradient_of(t) for t in computed if t.op is not CONST):  # (zeros: any variable's)
+    if training and not any(gradient_of(t) for t in computed):
         warnings.warn(f"compile: the program computes {' and '.join(training)} in training mode and updates nothing: "
                       f"a batch norm normalises by each batch's statistics and a dropout draws the same mask every "
                       f"call. For inference, call model.eval() before model(x) builds the program's terms (the mode "

@@ -51,7 +51,10 @@ def is_gradient(term):
 
 def gradient_of(term):
     """The variables ``term`` was returned as the gradient of (empty for a term no ``grad`` returned): what an
-    optimizer pairing gradients with parameters checks them by."""
+    optimizer pairing gradients with parameters checks them by. Empty for a variable or a constant too: terms are
+    shared, so zeros are any variable's gradient, and the gradient of ``sum(v * x)`` in ``v`` is ``x`` itself."""
+    if term.op.name in ("var", "const"):
+        return frozenset()
     return frozenset(_of.get(term, ()))
 
 
@@ -65,7 +68,7 @@ def gradients_made_from(term, memo):
         if t in memo:
             pending.pop()
             continue
-        own = gradient_of(t) if t.op.name != "const" else frozenset()  # (zeros: any variable's)
+        own = gradient_of(t)
         waiting = [a for a in t.args if a not in memo] if not own else []
         if waiting:
             pending.extend(waiting)

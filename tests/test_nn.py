@@ -288,6 +288,8 @@ def test_losses_and_layers_say_what_is_wrong():
      r"nn.Linear\(4, 2\) has float32 weights and is called with float64 input: cast it"),
     (lambda: nn.Conv2d(3, 8, 3)(ct.var("i", (1, 3, 8, 8), "float16")), ct.DTypeError,
      r"nn.Conv2d\(3, 8\) has float32 weights and is called with float16 input"),
+    (lambda: nn.Linear(3, 2)(np.array([[1, 2, 3]])), ct.DTypeError,
+     r"nn.Linear\(3, 2\) has float32 weights and is called with int64 input: cast it"),
     (lambda: nn.CausalSelfAttention(8, 2)(ct.var("s", (4, 8))), ct.ShapeError, r"takes \(batch, time, 8\)"),
     (lambda: nn.Linear(4, 2).initial_values(seed=-1), ct.CortadoError, "seed is a whole number of at least 0"),
     (lambda: nn.Linear(4, 2).initial_values(seed=None), ct.CortadoError, "seed is a whole number of at least 0"),
@@ -732,6 +734,8 @@ def test_an_evaluation_program_built_before_eval_is_warned_of():
     call, without a word."""
     model = nn.Sequential(nn.Linear(4, 8), nn.BatchNorm(8), nn.Dropout(0.5), nn.Linear(8, 2))
     x = ct.var("x", (16, 4))
+    v = ct.var("v", (16, 4))
+    ct.grad(ct.sum(v * x), v)  # x itself: no gradient of the program's making
     with pytest.warns(UserWarning, match=r"computes BatchNorm and Dropout in training mode and updates nothing: .* "
                                          r"call model.eval\(\) before model\(x\) builds"):
         ct.compile([model(x)], inputs=[x], state=model.initial_values())

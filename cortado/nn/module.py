@@ -41,12 +41,12 @@ def term(layer, x):
 
 
 def product_input(layer, x, weight):
-    """``x`` as a term, the input of a product layer (linear, convolution) whose weight reads as ``weight``: a
-    floating one of another dtype is refused, as PyTorch refuses it. NumPy's promotion would compute the layer, and
-    every layer after it, in the wider dtype: a float64 array, NumPy's default, made a float32 model compute in
+    """``x`` as a term, the input of a product layer (linear, convolution) whose weight reads as ``weight``: one of
+    another dtype is refused, as PyTorch refuses it. NumPy's promotion would compute the layer, and every layer after
+    it, in the wider dtype: a float64 array, NumPy's default, or an int64 one, made a float32 model compute in
     float64 without a word."""
     given, x = x, term(layer, x)
-    if is_float(x.dtype) and is_float(weight.dtype) and x.dtype != weight.dtype:
+    if is_float(weight.dtype) and x.dtype != weight.dtype:
         widened = (" (a NumPy float64 scalar, np.sqrt(d) say, makes a float32 term float64, as in NumPy 2; a Python "
                    "float does not)" if x.dtype == np.float64 and isinstance(given, Term) else "")
         raise DTypeError(f"{layer} has {weight.dtype} weights and is called with {x.dtype} input{widened}: cast it "
