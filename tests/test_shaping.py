@@ -77,3 +77,13 @@ def test_filled_tensors_are_one_broadcast_scalar_of_numpys_dtypes():
 def test_axis_helpers_refuse_what_numpy_refuses_naming_the_call(make, message):
     with pytest.raises(ct.ShapeError, match=message):
         make(ct.var("x", (2, 1, 3)))
+
+
+@pytest.mark.parametrize("make, error, message", [
+    (lambda: ct.full((2,), 300, "int8"), ct.DTypeError, "Python integer 300 out of bounds for int8"),
+    (lambda: ct.arange(0, 10, 0), ct.ShapeError, "step is 0"),
+    (lambda: ct.arange(0, 300, dtype="int8"), ct.DTypeError, "int8 cannot hold the values from 0 to 299"),
+])
+def test_filled_tensors_refuse_values_their_dtype_cannot_hold_where_numpy_wraps_or_fails_inside(make, error, message):
+    with pytest.raises(error, match=message):
+        make()

@@ -9,7 +9,7 @@ from . import constructors as ct
 from .dtypes import as_dtype
 from .ops.reductions import normalize_axes, one_axis
 from .slicing import concatenate
-from .term import RuleViolation, rejection, shape_violation
+from .term import RuleViolation, dtype_violation, rejection, shape_violation
 
 __all__ = ["expand_dims", "squeeze", "swapaxes", "moveaxis", "stack", "zeros", "ones", "full", "zeros_like",
            "ones_like", "full_like", "arange"]
@@ -83,6 +83,7 @@ def moveaxis(a, source, destination):
 
 
 def _listed(axes):
+    """One axis or a sequence of them, as a list."""
     return list(axes) if isinstance(axes, (tuple, list)) else [axes]
 
 
@@ -99,8 +100,9 @@ def stack(arrays, axis=0):
 
 
 def full(shape, fill_value, dtype=None):
-    """A tensor of ``shape`` holding ``fill_value`` (in ``dtype``; None: NumPy's dtype of the value)."""
-    value = ct.const(np.asarray(fill_value, dtype=None if dtype is None else as_dtype(dtype)))
+    """A tensor of ``shape`` holding ``fill_value`` (in ``dtype``, which must hold it; None: NumPy's dtype of the
+    value)."""
+    value = ct.const(np.asarray(fill_value)) if dtype is None else ct.const(fill_value, dtype)
     return ct.broadcast_to(value, tuple(shape) if isinstance(shape, (tuple, list)) else (shape,))
 
 
@@ -121,14 +123,25 @@ def full_like(a, fill_value, dtype=None):
 
 
 def zeros_like(a, dtype=None):
+    """Zeros of ``a``'s shape, in ``a``'s dtype unless ``dtype`` is given."""
     return full_like(a, 0, dtype)
 
 
 def ones_like(a, dtype=None):
+    """Ones of ``a``'s shape, in ``a``'s dtype unless ``dtype`` is given."""
     return full_like(a, 1, dtype)
 
 
 def arange(start, stop=None, step=1, dtype=None):
-    """NumPy's ``arange``: the values from ``start`` up to ``stop`` (exclusive) by ``step``, a constant."""
+    """NumPy's ``arange``: the values from ``start`` up to ``stop`` (exclusive) by ``step``, a constant; a step of 0,
+    or values ``dtype`` cannot hold (NumPy would wrap them), are refused."""
+    if step == 0:
+        raise rejection("arange", [], shape_violation("step is 0: the values would never reach stop"))
     values = np.arange(start, stop, step) if stop is not None else np.arange(start)
-    return ct.const(values if dtype is None else values.astype(as_dtype(dtype)))
+    if dtype is None:
+        return ct.const(values)
+    held = values.astype(as_dtype(dtype))
+    if len(values) and not np.array_equal(held.astype(values.dtype), values):
+        raise rejection("arange", [], dtype_violation(f"{as_dtype(dtype).name} cannot hold the values from "
+                                                      f"{values[0]} to {values[-1]}"))
+    return ct.const(held)
