@@ -190,6 +190,8 @@ def test_numpys_functions_and_tensors_methods_refuse_terms_naming_cortados():
         t.numpy()
     with pytest.raises(AttributeError, match=r"ct.argmax\(x, ...\) is cortado's function"):
         t.argmax(0)
+    with pytest.raises(AttributeError, match=r"gives$"):  # ct.nn is a module, no function to send anyone to
+        _ = t.nn
     with pytest.raises(TypeError, match="NumPy's exp does not take a symbolic term: use ct.exp"):  # a ufunc
         np.exp(t)
     array = np.ones(2, np.float32)

@@ -155,6 +155,16 @@ def _refuse_elementwise(other, operator, function):
                         f"use {function}(x, y)")
 
 
+def cortados_function(name):
+    """Whether ``ct.<name>`` is a function (not a module, ``ct.nn``, or a class): what an error may send a user to."""
+    import inspect
+
+    import cortado
+
+    found = getattr(cortado, name, None)
+    return inspect.isfunction(found) or inspect.isbuiltin(found)
+
+
 # NumPy's ufuncs that Python's operators call between an array and a term: (the term's operator, its reflection)
 OPERATOR_UFUNCS = {
     "add": ("__add__", "__radd__"), "subtract": ("__sub__", "__rsub__"), "multiply": ("__mul__", "__rmul__"),
@@ -175,6 +185,7 @@ class Term:
     """
 
     __slots__ = ("op", "args", "attrs", "shape", "dtype", "location", "__weakref__")
+
     def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
         """An array's operator with a term (``array + term``, which NumPy calls as ``np.add``) is the term's own
         reflected operator; NumPy's other ufuncs (``np.exp(term)``) refuse the term naming cortado's function, as
@@ -184,10 +195,8 @@ class Term:
             if inputs[1] is self:
                 return getattr(self, names[1])(inputs[0])
             return getattr(self, names[0])(inputs[1])
-        import cortado
-
         name = ufunc.__name__
-        hint = f"use ct.{name}" if hasattr(cortado, name) else "use cortado's functions"
+        hint = f"use ct.{name}" if cortados_function(name) else "use cortado's functions"
         if "out" in kwargs:
             hint = "an array cannot hold a term: write a = a + term, not a += term"
         raise TypeError(f"NumPy's {name} does not take a symbolic term: {hint} (ct.evaluate gives a term's value)")
@@ -197,19 +206,15 @@ class Term:
         saying what a term is and, where there is one, cortado's function of that name."""
         if name.startswith("__"):
             raise AttributeError(name)
-        import cortado
-
-        hint = f"; ct.{name}(x, ...) is cortado's function" if hasattr(cortado, name) else ""
+        hint = f"; ct.{name}(x, ...) is cortado's function" if cortados_function(name) else ""
         raise AttributeError(f"a term has no attribute {name!r}: it is a symbolic expression, whose value "
                              f"ct.evaluate(term, feeds) or a compiled program's call gives{hint}")
 
     def __array_function__(self, func, types, args, kwargs):
         """NumPy's functions (``np.sum``, ``np.concatenate``) refuse terms with the function that takes them, instead
         of an error about an argument the term lacks or an array of one object."""
-        import cortado
-
         name = func.__name__
-        hint = f"use ct.{name}" if hasattr(cortado, name) else "use cortado's functions"
+        hint = f"use ct.{name}" if cortados_function(name) else "use cortado's functions"
         raise TypeError(f"NumPy's {name} does not take a symbolic term: {hint} (ct.evaluate gives a term's value)")
 
     def __array__(self, dtype=None, copy=None):

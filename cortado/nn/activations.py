@@ -25,6 +25,9 @@ class GELU(Function):
                                f"form (approximate={approximate!r}), PyTorch's default")
         super().__init__(ct.gelu)
 
+    def __repr__(self):
+        return "GELU(approximate='tanh')"
+
 
 class SiLU(Function):
     """PyTorch's ``nn.SiLU``: ``ct.silu``."""

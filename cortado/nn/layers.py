@@ -183,7 +183,8 @@ class BatchNorm(Module):
     the step updates the running statistics, ``(1 - momentum) * running + momentum * batch`` (the variance's
     unbiased; kept in float64 for a float64 layer, else in float32), and counts the batches
     (``Module.state_updates`` gives those updates); in inference (``eval()``), it is normalised by the running
-    statistics. A float16 or bfloat16 input is normalised in float32 and rounded once, as PyTorch does it."""
+    statistics. A float16 or bfloat16 input is normalised in float32 (its statistics too, as PyTorch takes them),
+    then rounded to its dtype for the affine step."""
 
     def __init__(self, num_features, eps=1e-5, momentum=0.1, affine=True, dtype="float32"):
         super().__init__()

@@ -425,6 +425,6 @@ class Function(Module):
         return self.function(x)
 
     def __repr__(self):
-        if type(self) is not Function:  # PyTorch's modules by their names: ReLU()
+        if type(self).__module__ == "cortado.nn.activations":  # PyTorch's modules by their names: ReLU()
             return f"{type(self).__name__}()"
-        return f"Function({getattr(self.function, '__name__', self.function)})"
+        return f"{type(self).__name__}({getattr(self.function, '__name__', self.function)})"

@@ -289,17 +289,18 @@ NOT_FINITE = "kept: a float may be infinite or NaN there, where the rewrite chan
 FAST = "; fast_math=True makes it"
 ZERO_SIGN = "kept: it would change the sign of a zero result" + FAST
 
-# the rules that take out what only a gradient reads: gradients themselves keep them, since a gradient may be
-# differentiated again (ct.hvp, a gradient penalty), where stop_gradient(x) taken out as x gave a wrong Hessian
-GRADIENT_MARKERS = ("stop-gradient", "float8-gradient")
+# the markers only a gradient reads, which a compiled program computes as their operand (its gradients are taken);
+# gradients themselves keep them, since a gradient may be differentiated again (ct.hvp, a gradient penalty), where
+# stop_gradient(x) taken out as x gave a wrong Hessian
+gradient_markers = RuleSet([
+    Rule("stop-gradient", "stop_gradient(_x)", _identity("_x")),
+    Rule("float8-gradient", "float8_gradient(_x, *_history, dtype=_d)", _identity("_x")),
+])
 
 algebra = RuleSet([
     Rule("fold-constants", "_e", _fold),
     Rule("scalar-constants", "_e", _scalar_splats),
-    *RuleSet([  # (GRADIENT_MARKERS: a compiled program computes them as their operand; its gradients are taken)
-        Rule("stop-gradient", "stop_gradient(_x)", _identity("_x")),
-        Rule("float8-gradient", "float8_gradient(_x, *_history, dtype=_d)", _identity("_x")),
-    ]),
+    gradient_markers,
     Rule("add-zero", "0 + _x", _identity("_x"), guard=signed_zero_kept(0, negative=True), declined=ZERO_SIGN),
     Rule("add-zero-right", "_x + 0", _identity("_x"), guard=signed_zero_kept(1, negative=True), declined=ZERO_SIGN),
     Rule("subtract-zero", "_x - 0", _identity("_x"), guard=signed_zero_kept(1, negative=False), declined=ZERO_SIGN),

@@ -15,7 +15,7 @@ from ..exprgraph.graph import two_variables_named
 from ..exprgraph.ops import VAR
 from ..exprgraph.term import Term
 from . import text as textforms
-from .algebra import GRADIENT_MARKERS, algebra, fast_math
+from .algebra import algebra, fast_math, gradient_markers
 from .engine import Fixpoint, Postwalk, Rule, RuleSet, substitute, subterms
 from .matching import match
 from .patterns import as_pattern, matchable
@@ -91,7 +91,7 @@ def rewrite_all(ex, rules, trace=None):
 
 
 simplifier = Fixpoint(Postwalk(Fixpoint(algebra)))
-gradient_simplifier = Fixpoint(Postwalk(Fixpoint(RuleSet([r for r in algebra if r.name not in GRADIENT_MARKERS]))))
+gradient_simplifier = Fixpoint(Postwalk(Fixpoint(RuleSet([r for r in algebra if r not in gradient_markers.rules]))))
 fast_simplifier = Fixpoint(Postwalk(Fixpoint(algebra + fast_math)))
 
 

@@ -191,10 +191,9 @@ def _shaped(rule, dtype, ulps, rng):
         feeds = {n: (rng.standard_normal(shape) if is_float(dtype) else rng.integers(low, 6 if low else 2, shape))
                  .astype(dtype) for n in names}
         named = {bound[n].name: v for n, v in feeds.items()}
+        reads = [(t, set(Graph([t]).variables_by_name())) for t in (written, rewritten)]
         with np.errstate(all="ignore"):
-            expected, got = (np.asarray(evaluate(t, {k: v for k, v in named.items()
-                                                     if k in Graph([t]).variables_by_name()}))
-                             for t in (written, rewritten))
+            expected, got = (np.asarray(evaluate(t, {k: v for k, v in named.items() if k in used})) for t, used in reads)
         if expected.shape != got.shape or not _same(expected, got, ulps).all():
             return Counterexample(rule.name, dtype.name, written, feeds, expected, got)
     return None

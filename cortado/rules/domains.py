@@ -20,7 +20,7 @@ from ..exprgraph.dtypes import is_float, kind_of
 from ..exprgraph.ops import CAST, CONST, LAYOUT, OPS, VAR, Constant
 from ..exprgraph.printing import inline
 from ..exprgraph.semantics import implementation
-from ..exprgraph.term import RuleViolation, Term, make
+from ..exprgraph.term import RuleViolation, Term, cortados_function, make
 from . import text as textforms
 from .patterns import DTYPE_CLASSES, Literal, Pattern, PatternNode, Placeholder, Splat
 from .splats import splat_reduction
@@ -92,9 +92,7 @@ def tensor_problems(pattern, replacement=False):
 
 def _written_with_others(name):
     """Where ``name`` is a function of cortado's that builds other ops (``ct.min``, ``ct.argmax``), a hint saying so."""
-    import cortado
-
-    if name in OPS or not callable(getattr(cortado, name, None)):
+    if name in OPS or not cortados_function(name):
         return ""
     return f" (ct.{name} is a function written with other ops, which a rule writes out: see print(ct.{name}(x)))"
 
