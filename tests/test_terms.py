@@ -126,7 +126,7 @@ def test_operators_follow_numpy_and_mix_with_arrays():
 
 def test_equality_operators_are_identity_so_terms_are_dict_keys():
     x, y = ct.var("x", (2,)), ct.var("y", (2,))
-    assert (x == x) is True and (x == y) is False and (x != y) is True
+    assert bool(x == x) is True and bool(x == y) is False and bool(x != y) is True
     table = {x: 1, y: 2}
     assert table[x] == 1 and ct.var("x", (2,)) not in table
     assert ct.evaluate(ct.equal(x, y), {"x": np.ones(2, "f4"), "y": np.ones(2, "f4")}).all()
@@ -144,21 +144,23 @@ def test_a_term_compared_with_a_number_or_an_array_is_refused_not_answered_false
         _ = other != x
 
 
-def test_where_cast_sums_and_elementwise_ops_refuse_the_bool_that_two_terms_compared_by_eq_give():
-    """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, and an accuracy always 0, without a word."""
+def test_what_eq_between_two_terms_gives_is_refused_by_every_op_and_by_arithmetic():
+    """``ct.where(x == y, x, y)`` was ``where(False, x, y)``: always ``y``, and an accuracy
+    ``ct.mean(ct.cast(x == y, "float32"))`` or ``ct.sum(mask * (pred == labels))`` always 0, without a word. ``==``
+    between terms gives an ``Identity``, a bool to ``if`` and to dicts, refused as an operand or a number."""
     x, y = ct.var("x", (2,)), ct.var("y", (2,))
-    with pytest.raises(ct.DTypeError, match=r"where's condition is the Python bool False, which == and != between two "
-                                            r"terms give \(they compare the terms themselves.* ct.equal\(x, y\).* "
-                                            r"A flag of your own is float\(flag\)"):
-        ct.where(x == y, x, y)
-    with pytest.raises(ct.DTypeError, match="cast's operand is the Python bool False"):  # an accuracy, always 0
-        ct.mean(ct.cast(x == y, "float32"))
-    with pytest.raises(ct.DTypeError, match="sum's operand is the Python bool False"):
-        ct.sum(x == y)
-    with pytest.raises(ct.DTypeError, match="an operand of multiply is the Python bool False"):  # a masked accuracy
-        ct.sum(x * (x == y))
+    assert bool(x == x) and not bool(x == y) and {x: 1}[x] == 1 and repr(x == y) == "False"
+    refused = r"an operand is False, which == or != between two terms gives: .* ct.equal\(x, y\)"
+    for build in (lambda: ct.where(x == y, x, y), lambda: ct.cast(x == y, "float32"), lambda: ct.sum(x == y),
+                  lambda: x * (x == y), lambda: ct.maximum(x, x == y)):
+        with pytest.raises(ct.DTypeError, match=refused):
+            build()
+    with pytest.raises(TypeError, match="False here is what == or != between two terms gives"):
+        _ = 1 * (x == y)
     with pytest.raises(ct.DTypeError, match=r"mean's operand is the Python number 0.0, no term: .* ct.equal\(x, y\)"):
         ct.mean(1.0 * (x == y))  # made by Python before cortado sees it
+    flag = True  # a flag of one's own is a number, as in NumPy
+    assert ct.evaluate(x * flag, {"x": np.ones(2, "f4")}).tolist() == [1.0, 1.0]
     assert ct.evaluate(ct.where(np.bool_(True), x, y), {"x": np.ones(2, "f4"), "y": np.zeros(2, "f4")}).all()
 
 

@@ -5,7 +5,6 @@ Names and argument conventions are NumPy's. Each function turns its operands int
 asks the op table for the term.
 """
 
-import builtins
 import functools
 import inspect
 import itertools
@@ -92,9 +91,6 @@ def _out_of_range_comparison(name, terms):
 
 
 def _ufunc_call(name, *values):
-    if len(values) > 1 and builtins.any(isinstance(v, Term) for v in values):
-        for value in values:
-            _no_compared_terms(f"an operand of {name}", value)
     terms = operands(name, values)
     if not any(isinstance(t, Scalar) for t in terms):
         return apply(OPS[name], terms)
@@ -210,25 +206,17 @@ def power(x, y):
     return result
 
 
-def _no_compared_terms(what, value, numbers=False):
-    """Refuses a Python bool where an elementwise test is meant (``where``'s condition, what ``cast`` or a sum
-    reads, an operand of an elementwise op beside a term): it is what ``==`` or ``!=`` between two terms gives,
-    which compare the terms themselves. With ``numbers``, a Python number too (a sum's operand): ``1.0 * (x == y)``
-    is one, made by Python before cortado sees it."""
-    if type(value) is bool:
-        raise DTypeError(f"{what} is the Python bool {value}, which == and != between two terms give (they compare "
-                         f"the terms themselves: terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare "
-                         f"their elements. A flag of your own is float(flag), or np.bool_({value})")
-    if numbers and type(value) in (int, float):
+def _no_python_number(what, value):
+    """Refuses a Python number as a sum's operand: ``1.0 * (x == y)`` is one, made by Python before cortado sees it,
+    where ``==`` between two terms compares the terms themselves (a sum of one number is that number)."""
+    if type(value) in (bool, int, float):
         raise DTypeError(f"{what} is the Python number {value}, no term: where it comes from arithmetic on x == y "
-                         f"between two terms (which compares the terms themselves, a Python bool), ct.equal(x, y) "
-                         f"compares their elements; a number of your own is np.float64({value})")
+                         f"between two terms (which compares the terms themselves), ct.equal(x, y) compares their "
+                         f"elements; a number of your own is np.float64({value})")
 
 
 def where(condition, x, y):
-    """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote. A Python bool
-    condition is refused (``_no_compared_terms``)."""
-    _no_compared_terms("where's condition", condition)
+    """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote."""
     terms = operands("where", (condition, x, y))
     if any(isinstance(t, Scalar) for t in terms[1:]):
         keys = weak_scalars_as_bfloat16(tuple(t.value if isinstance(t, Scalar) else t.dtype for t in terms[1:]))
@@ -242,8 +230,7 @@ def where(condition, x, y):
 
 
 def cast(x, dtype):
-    """``x`` converted to ``dtype`` (NumPy's ``astype``); a Python bool is refused (``_no_compared_terms``)."""
-    _no_compared_terms("cast's operand", x)
+    """``x`` converted to ``dtype`` (NumPy's ``astype``)."""
     return _call("cast", x, dtype=dtype)
 
 
@@ -272,12 +259,12 @@ def stop_gradient(x):
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (NumPy's name)
-    _no_compared_terms("sum's operand", x, numbers=True)
+    _no_python_number("sum's operand", x)
     return _call("sum", x, axis=axis, keepdims=keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
-    _no_compared_terms("mean's operand", x, numbers=True)
+    _no_python_number("mean's operand", x)
     return _call("mean", x, axis=axis, keepdims=keepdims)
 
 

@@ -10,7 +10,7 @@ import numpy as np
 
 from .dtypes import SUPPORTED
 from .ops import CONST, Constant
-from .term import RuleViolation, Term, dtype_violation, make, rejection
+from .term import Identity, RuleViolation, Term, dtype_violation, make, rejection
 
 WEAK_TYPES = (int, float)
 
@@ -71,9 +71,14 @@ def operand(value):
 
 
 def operands(op_name, values):
-    """Every value as an operand; a value that is no tensor is refused, naming the op."""
+    """Every value as an operand; a value that is no tensor is refused, naming the op, and so is what ``==`` or
+    ``!=`` between two terms gives (``Identity``: ``where(x == y, ...)`` would have chosen by the terms' identity)."""
     result = []
     for value in values:
+        if isinstance(value, Identity):
+            raise rejection(op_name, [*result], dtype_violation(
+                f"an operand is {value!r}, which == or != between two terms gives: they compare the terms "
+                f"themselves (terms are dict keys); ct.equal(x, y) and ct.not_equal(x, y) compare their elements"))
         try:
             result.append(operand(value))
         except RuleViolation as violation:

@@ -155,6 +155,27 @@ def _refuse_elementwise(other, operator, function):
                         f"use {function}(x, y)")
 
 
+class Identity(int):
+    """What ``==`` and ``!=`` between two terms give: whether they are one term, as a bool (terms are dict keys, and
+    ``if x == y`` reads it). It is no number: arithmetic on it, or an op given it, is refused, since ``x == y`` meant
+    elementwise is ``ct.equal(x, y)``; a plain bool would have made ``mask * (pred == labels)`` a constant 0."""
+
+    __slots__ = ()
+
+    def __repr__(self):
+        return repr(bool(self))
+
+    def _refused(self, *_):
+        raise TypeError(f"{self!r} here is what == or != between two terms gives: they compare the terms themselves "
+                        f"(terms are dict keys), not their elements; ct.equal(x, y) and ct.not_equal(x, y) compare "
+                        f"the elements")
+
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refused
+    __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = _refused
+    __abs__ = __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __invert__ = __float__ = _refused
+    __matmul__ = __rmatmul__ = _refused
+
+
 def cortados_function(name):
     """Whether ``ct.<name>`` is a function (not a module, ``ct.nn``, or a class): what an error may send a user to."""
     import inspect
@@ -285,13 +306,13 @@ class Term:
         number or an array, NumPy's elementwise test, is refused rather than answered ``False``, which
         ``ct.where(x == 0, ...)`` would take for a constant condition."""
         if isinstance(other, Term):
-            return self is other
+            return Identity(self is other)
         _refuse_elementwise(other, "==", "ct.equal")
         return NotImplemented
 
     def __ne__(self, other):
         if isinstance(other, Term):
-            return self is not other
+            return Identity(self is not other)
         _refuse_elementwise(other, "!=", "ct.not_equal")
         return NotImplemented
 
