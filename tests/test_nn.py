@@ -611,6 +611,8 @@ def test_pytorchs_activation_modules_are_cortados_ops_and_gelu_is_only_the_tanh_
         np.testing.assert_array_equal(ct.evaluate(module(x), values), ct.evaluate(op(x), values))
     assert repr(nn.Sequential(nn.ReLU(), nn.LogSoftmax(1))) == "Sequential(\n  0: ReLU()\n  1: LogSoftmax(dim=1))"
     assert repr(nn.GELU(approximate="tanh")) == "GELU(approximate='tanh')"  # GELU() is the erf form, refused
+    with pytest.raises(ct.CortadoError, match="dim is the axis to normalise, an int, not None"):
+        nn.Softmax(None)  # PyTorch's guesses an axis
     with pytest.raises(ct.CortadoError, match=r"the tanh form, nn.GELU\(approximate='tanh'\), not the erf form"):
         nn.GELU()
 

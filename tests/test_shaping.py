@@ -56,7 +56,9 @@ def test_filled_tensors_are_one_broadcast_scalar_of_numpys_dtypes():
              (ct.full((2,), 1.5), np.full((2,), 1.5)), (ct.zeros_like(x), np.zeros((2, 3), x.dtype)),
              (ct.ones_like(x, "float32"), np.ones((2, 3), np.float32)),
              (ct.full_like(x, 7, "int32"), np.full((2, 3), 7, np.int32)),
-             (ct.arange(5), np.arange(5)), (ct.arange(1, 7, 2, "float32"), np.arange(1, 7, 2, dtype=np.float32))]
+             (ct.arange(5), np.arange(5)), (ct.arange(1, 7, 2, "float32"), np.arange(1, 7, 2, dtype=np.float32)),
+             (ct.arange(5, step=2), np.arange(0, 5, 2)),  # (a stop alone with a step: the step was dropped)
+             (ct.arange(0, 1, 0.1, dtype="float32"), np.arange(0, 1, 0.1).astype(np.float32))]  # rounded, as NumPy
     for term, expected in cases:
         got = ct.evaluate(term, {})
         assert got.dtype == expected.dtype and term.dtype == expected.dtype
@@ -81,7 +83,9 @@ def test_axis_helpers_refuse_what_numpy_refuses_naming_the_call(make, message):
 
 @pytest.mark.parametrize("make, error, message", [
     (lambda: ct.full((2,), 300, "int8"), ct.DTypeError, "Python integer 300 out of bounds for int8"),
-    (lambda: ct.arange(0, 10, 0), ct.ShapeError, "step is 0"),
+    (lambda: ct.arange(0, 10, 0), ct.ShapeError, "step is not 0"),
+    (lambda: ct.arange(0, np.inf), ct.ShapeError, "start, stop and step are finite"),
+    (lambda: ct.arange("a"), ct.ShapeError, "start, stop and step are numbers"),
     (lambda: ct.arange(0, 300, dtype="int8"), ct.DTypeError, "int8 cannot hold the values from 0 to 299"),
 ])
 def test_filled_tensors_refuse_values_their_dtype_cannot_hold_where_numpy_wraps_or_fails_inside(make, error, message):

@@ -155,10 +155,14 @@ def test_what_eq_between_two_terms_gives_is_refused_by_every_op_and_by_arithmeti
                   lambda: x * (x == y), lambda: ct.maximum(x, x == y)):
         with pytest.raises(ct.DTypeError, match=refused):
             build()
-    with pytest.raises(TypeError, match="False here is what == or != between two terms gives"):
-        _ = 1 * (x == y)
-    with pytest.raises(ct.DTypeError, match=r"mean's operand is the Python number 0.0, no term: .* ct.equal\(x, y\)"):
-        ct.mean(1.0 * (x == y))  # made by Python before cortado sees it
+    for build in (lambda: 1 * (x == y), lambda: ct.mean(1.0 * (x == y)), lambda: np.ones(2) * (x == y)):
+        with pytest.raises(TypeError, match="False here is what == or != between two terms gives"):
+            build()
+    rows, labels = ct.var("rows", (4, 3)), ct.var("labels", (4,), "int64")
+    with pytest.raises(ct.ShapeError, match="only ints, slices"):  # an int would have taken row 0
+        _ = rows[labels == labels[::-1]]
+    with pytest.raises(ct.ShapeError, match="must be an int or a tuple of ints"):
+        ct.sum(rows, axis=(x == y))
     flag = True  # a flag of one's own is a number, as in NumPy
     assert ct.evaluate(x * flag, {"x": np.ones(2, "f4")}).tolist() == [1.0, 1.0]
     assert ct.evaluate(ct.where(np.bool_(True), x, y), {"x": np.ones(2, "f4"), "y": np.zeros(2, "f4")}).all()

@@ -16,7 +16,7 @@ from .ops import (
     CONST, GREATER, GREATER_EQUAL, LESS, LESS_EQUAL, OPS, UFUNC_OPS, VAR, WHERE, Constant, dtype_attr, ufunc_loop,
     weak_scalars_as_bfloat16,
 )
-from ..errors import DTypeError, ShapeError
+from ..errors import ShapeError
 from .dtypes import is_float
 from . import gathering
 from .location import called_by_user
@@ -206,15 +206,6 @@ def power(x, y):
     return result
 
 
-def _no_python_number(what, value):
-    """Refuses a Python number as a sum's operand: ``1.0 * (x == y)`` is one, made by Python before cortado sees it,
-    where ``==`` between two terms compares the terms themselves (a sum of one number is that number)."""
-    if type(value) in (bool, int, float):
-        raise DTypeError(f"{what} is the Python number {value}, no term: where it comes from arithmetic on x == y "
-                         f"between two terms (which compares the terms themselves), ct.equal(x, y) compares their "
-                         f"elements; a number of your own is np.float64({value})")
-
-
 def where(condition, x, y):
     """``x`` where ``condition`` is true (nonzero), else ``y``; shapes broadcast, dtypes promote."""
     terms = operands("where", (condition, x, y))
@@ -259,12 +250,10 @@ def stop_gradient(x):
 
 
 def sum(x, axis=None, keepdims=False):  # noqa: A001 (NumPy's name)
-    _no_python_number("sum's operand", x)
     return _call("sum", x, axis=axis, keepdims=keepdims)
 
 
 def mean(x, axis=None, keepdims=False):
-    _no_python_number("mean's operand", x)
     return _call("mean", x, axis=axis, keepdims=keepdims)
 
 

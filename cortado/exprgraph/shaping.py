@@ -133,15 +133,22 @@ def ones_like(a, dtype=None):
 
 
 def arange(start, stop=None, step=1, dtype=None):
-    """NumPy's ``arange``: the values from ``start`` up to ``stop`` (exclusive) by ``step``, a constant; a step of 0,
-    or values ``dtype`` cannot hold (NumPy would wrap them), are refused."""
-    if step == 0:
-        raise rejection("arange", [], shape_violation("step is 0: the values would never reach stop"))
-    values = np.arange(start, stop, step) if stop is not None else np.arange(start)
+    """NumPy's ``arange``: the values from ``start`` (0 where ``stop`` is not given) up to ``stop`` (exclusive) by
+    ``step``, a constant. Numbers only; a step of 0, and integers ``dtype`` cannot hold (NumPy would wrap them), are
+    refused."""
+    start, stop = (0, start) if stop is None else (start, stop)
+    given = (start, stop, step)
+    if not all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in given):
+        raise rejection("arange", [], shape_violation(f"start, stop and step are numbers, not {given!r}"))
+    if not all(np.isfinite(v) for v in given) or step == 0:
+        raise rejection("arange", [], shape_violation(f"start, stop and step are finite and step is not 0, not "
+                                                      f"{given!r}"))
+    values = np.arange(start, stop, step)
     if dtype is None:
         return ct.const(values)
-    held = values.astype(as_dtype(dtype))
-    if len(values) and not np.array_equal(held.astype(values.dtype), values):
-        raise rejection("arange", [], dtype_violation(f"{as_dtype(dtype).name} cannot hold the values from "
-                                                      f"{values[0]} to {values[-1]}"))
+    dtype = as_dtype(dtype)
+    held = values.astype(dtype)
+    if dtype.kind in "iu" and len(values) and not np.array_equal(held, values):
+        raise rejection("arange", [], dtype_violation(f"{dtype.name} cannot hold the values from {values[0]} to "
+                                                      f"{values[-1]}"))
     return ct.const(held)

@@ -155,15 +155,28 @@ def _refuse_elementwise(other, operator, function):
                         f"use {function}(x, y)")
 
 
-class Identity(int):
+class Identity:
     """What ``==`` and ``!=`` between two terms give: whether they are one term, as a bool (terms are dict keys, and
-    ``if x == y`` reads it). It is no number: arithmetic on it, or an op given it, is refused, since ``x == y`` meant
-    elementwise is ``ct.equal(x, y)``; a plain bool would have made ``mask * (pred == labels)`` a constant 0."""
+    ``if x == y`` reads it). It is no number, index or axis: arithmetic on it, an op or an index given it, is refused,
+    since ``x == y`` meant elementwise is ``ct.equal(x, y)``; a plain bool made ``mask * (pred == labels)`` a
+    constant 0, and an int ``x[pred == labels]`` row 0."""
 
-    __slots__ = ()
+    __slots__ = ("same",)
+
+    def __init__(self, same):
+        object.__setattr__(self, "same", bool(same))
+
+    def __bool__(self):
+        return self.same
+
+    def __eq__(self, other):
+        return self.same == (other.same if isinstance(other, Identity) else other)
+
+    def __hash__(self):
+        return hash(self.same)
 
     def __repr__(self):
-        return repr(bool(self))
+        return repr(self.same)
 
     def _refused(self, *_):
         raise TypeError(f"{self!r} here is what == or != between two terms gives: they compare the terms themselves "
@@ -173,7 +186,7 @@ class Identity(int):
     __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __rtruediv__ = _refused
     __floordiv__ = __rfloordiv__ = __mod__ = __rmod__ = __pow__ = __rpow__ = __neg__ = __pos__ = _refused
     __abs__ = __and__ = __rand__ = __or__ = __ror__ = __xor__ = __rxor__ = __invert__ = __float__ = _refused
-    __matmul__ = __rmatmul__ = _refused
+    __matmul__ = __rmatmul__ = __int__ = __index__ = __array__ = _refused
 
 
 def cortados_function(name):

@@ -3,6 +3,8 @@
 
 import functools
 
+import numpy as np
+
 from ..errors import CortadoError
 from ..exprgraph import constructors as ct
 from .module import Function
@@ -67,6 +69,8 @@ class _AlongDim(Function):
     op = None
 
     def __init__(self, dim):
+        if not isinstance(dim, (int, np.integer)) or isinstance(dim, bool):  # (PyTorch's None guesses an axis)
+            raise CortadoError(f"nn.{type(self).__name__}(dim): dim is the axis to normalise, an int, not {dim!r}")
         super().__init__(functools.partial(type(self).op, axis=dim))
         self.dim = dim
 
