@@ -72,6 +72,7 @@ def test_filled_tensors_are_one_broadcast_scalar_of_numpys_dtypes():
     (lambda x: ct.expand_dims(x, None), "axis is an int or a tuple of ints, not None"),
     (lambda x: ct.stack([x, ct.var("y", (2, 3))]), r"stack\(.*\): the tensors must have one shape"),
     (lambda x: ct.stack([]), "takes a non-empty list or tuple of tensors"),
+    (lambda x: ct.stack([x, x], 4), r"stack\(arrays=.*axis=4\): axis 4 is out of range"),  # the call, as written
     (lambda x: ct.moveaxis(x, 0, (1, 2)), "name different numbers of axes"),
     (lambda x: ct.moveaxis(x, (0, 0), (1, 2)), r"repeated axis in \[0, 0\]"),
     (lambda x: ct.swapaxes(x, 0, 3), "axis 3 is out of range for a tensor of rank 3"),

@@ -1,7 +1,8 @@
 """NumPy's helpers that move, add and drop axes (``expand_dims``, ``squeeze``, ``swapaxes``, ``moveaxis``,
 ``stack``) and make filled tensors (``zeros``, ``ones``, ``full``, their ``_like`` forms, ``arange``), written with
 ``reshape``, ``transpose``, ``concatenate`` and constants, so that each has their semantics, kernels and
-derivatives. A filled tensor is one scalar broadcast, never a dense constant."""
+derivatives. A filled tensor is one scalar broadcast, never a dense constant. Errors name the call as written
+(``ct._as_written``), not the ops it builds."""
 
 import numpy as np
 
@@ -87,6 +88,7 @@ def _listed(axes):
     return list(axes) if isinstance(axes, (tuple, list)) else [axes]
 
 
+@ct._as_written
 def stack(arrays, axis=0):
     """NumPy's ``stack``: the operands, of one shape, joined along a new axis ``axis``."""
     if not isinstance(arrays, (list, tuple)) or not arrays:
@@ -99,6 +101,7 @@ def stack(arrays, axis=0):
     return concatenate([expand_dims(t, axis) for t in terms], axis=axis)
 
 
+@ct._as_written
 def full(shape, fill_value, dtype=None):
     """A tensor of ``shape`` holding ``fill_value`` (in ``dtype``, which must hold it; None: NumPy's dtype of the
     value)."""
@@ -106,27 +109,32 @@ def full(shape, fill_value, dtype=None):
     return ct.broadcast_to(value, tuple(shape) if isinstance(shape, (tuple, list)) else (shape,))
 
 
+@ct._as_written
 def zeros(shape, dtype="float32"):
     """Zeros of ``shape`` and ``dtype`` (float32 unless given, as ``ct.var``)."""
     return full(shape, 0, dtype)
 
 
+@ct._as_written
 def ones(shape, dtype="float32"):
     """Ones of ``shape`` and ``dtype`` (float32 unless given, as ``ct.var``)."""
     return full(shape, 1, dtype)
 
 
+@ct._as_written
 def full_like(a, fill_value, dtype=None):
     """A tensor of ``a``'s shape holding ``fill_value``, in ``a``'s dtype unless ``dtype`` is given."""
     x = ct.as_term(a)
     return full(x.shape, fill_value, x.dtype if dtype is None else dtype)
 
 
+@ct._as_written
 def zeros_like(a, dtype=None):
     """Zeros of ``a``'s shape, in ``a``'s dtype unless ``dtype`` is given."""
     return full_like(a, 0, dtype)
 
 
+@ct._as_written
 def ones_like(a, dtype=None):
     """Ones of ``a``'s shape, in ``a``'s dtype unless ``dtype`` is given."""
     return full_like(a, 1, dtype)
