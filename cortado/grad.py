@@ -24,7 +24,7 @@ import numpy as np
 
 from .errors import DTypeError, GradError, ShapeError
 from .exprgraph.dtypes import is_float, is_float8, kind_of, type_string
-from .exprgraph.graph import as_outputs, schedule
+from .exprgraph.graph import as_outputs, folded, schedule
 from .exprgraph.operands import strong_const
 from .exprgraph.ops import VAR
 from .exprgraph.term import Term
@@ -62,20 +62,8 @@ def gradients_made_from(term, memo):
     """The variables whose ``grad`` gradients ``term`` is made from: its own (``gradient_of``), or those of the
     gradients it computes with (a gradient scaled, clipped or averaged), the walk stopping at each gradient it meets.
     ``memo`` (a dict) is shared by the calls on one graph, so each term is looked at once."""
-    pending = [term]
-    while pending:
-        t = pending[-1]
-        if t in memo:
-            pending.pop()
-            continue
-        own = gradient_of(t)
-        waiting = [a for a in t.args if a not in memo] if not own else []
-        if waiting:
-            pending.extend(waiting)
-            continue
-        pending.pop()
-        memo[t] = own or frozenset().union(*(memo[a] for a in t.args))
-    return memo[term]
+    return folded(term, memo, lambda t: frozenset().union(*(memo[a] for a in t.args)),
+                  lambda t: gradient_of(t) or None)
 
 
 def grad(y, wrt, *, rules=None, trace=None):

@@ -9,6 +9,7 @@ import weakref
 
 import numpy as np
 
+from .graph import folded
 from .ops import VAR
 from .ops.leaves import Constant
 
@@ -18,18 +19,7 @@ _known = weakref.WeakKeyDictionary()  # term -> its digest: each term is read on
 def fingerprint(term):
     """The 32-byte digest of ``term``: its arguments' first, the walk stopping at terms already known, so a model's
     dropouts read each term of the graph once between them."""
-    stack = [term]
-    while stack:
-        t = stack[-1]
-        if t in _known:
-            stack.pop()
-            continue
-        unknown = [a for a in t.args if a not in _known]
-        if unknown:
-            stack.extend(unknown)
-        else:
-            _known[stack.pop()] = _digest(t)
-    return _known[term]
+    return folded(term, _known, _digest)
 
 
 def _digest(term):

@@ -81,6 +81,25 @@ def _walk(outputs, order, seen):
                 walked[id(node.args)] = node.args
 
 
+def folded(root, memo, value, settled=None):
+    """``memo[root]`` once every term under ``root`` has its value there: ``value(term)`` once its arguments' are in
+    ``memo``, or ``settled(term)`` where that is not None, its arguments then not walked. Iterative, children first,
+    each term once however many calls share ``memo``."""
+    stack = [root]
+    while stack:
+        t = stack[-1]
+        if t in memo:
+            stack.pop()
+            continue
+        given = None if settled is None else settled(t)
+        pending = [] if given is not None else [a for a in t.args if a not in memo]
+        if pending:
+            stack.extend(pending)
+            continue
+        memo[stack.pop()] = given if given is not None else value(t)
+    return memo[root]
+
+
 def users(order):
     """For each term of a schedule, the ``(user, argument position)`` pairs that read it."""
     result = {term: [] for term in order}

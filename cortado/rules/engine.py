@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from ..errors import DTypeError, RewriteError, ShapeError
-from ..exprgraph.graph import post_order
+from ..exprgraph.graph import folded, post_order
 from ..exprgraph.term import Term
 from .matching import Bindings, instantiate, match
 from .patterns import Pattern, PatternNode, as_pattern, matchable, placeholder_names
@@ -443,20 +443,11 @@ def bottom_up(root, memo, finish):
     Each term's arguments are replaced by their results; ``finish(term, rebuilt)`` gives the
     term's own result, which goes into ``memo``.
     """
-    stack = [root]
-    while stack:
-        t = stack[-1]
-        if t in memo:
-            stack.pop()
-            continue
-        pending = [a for a in t.args if a not in memo]
-        if pending:
-            stack.extend(pending)
-            continue
-        stack.pop()
+    def result(t):
         args = tuple(memo[a] for a in t.args)
-        memo[t] = finish(t, t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args))
-    return memo[root]
+        return finish(t, t if all(a is b for a, b in zip(args, t.args)) else t.rebuild(args))
+
+    return folded(root, memo, result)
 
 
 def subterms(term):
